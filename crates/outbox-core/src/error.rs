@@ -1,0 +1,62 @@
+use std::error::Error as StdError;
+
+/// What went wrong in a [`crate::Store`] call, coarse enough to decide what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The database could not be reached or the connection broke. Retry later.
+    Unavailable,
+    /// A claim's lease token no longer owns the rows: another relay took them over after the
+    /// lease expired. The caller must drop the batch without marking anything.
+    LeaseLost,
+    /// The schema in the database is missing, older or newer than this library understands.
+    Schema,
+    /// A constraint rejected the write (duplicate event id or aggregate version, bad value).
+    Constraint,
+    /// Anything else the database reported.
+    Other,
+}
+
+/// Error returned by [`crate::Store`] methods.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl StoreError {
+    /// Builds an error of `kind` with a human message.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Builds an error of `kind` that wraps the driver's error.
+    pub fn with_source(
+        kind: StoreErrorKind,
+        message: impl Into<String>,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// True when waiting and trying again may succeed (an outage, not a bug or a lost lease).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unavailable)
+    }
+}

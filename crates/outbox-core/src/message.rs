@@ -1,0 +1,421 @@
+//! The message model: what a producer enqueues ([`NewMessage`]) and what the relay reads back
+//! ([`OutboxMessage`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// The identity of one event. Chosen by the producer (UUIDv7 by default), stored with the row
+/// and carried unchanged by every publish and republish.
+pub type EventId = Uuid;
+
+/// The W3C trace-context header name carried in [`NewMessage::headers`].
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// Longest accepted header name.
+pub const MAX_HEADER_NAME_LEN: usize = 128;
+
+const MAX_NAME_LEN: usize = 255;
+
+/// Why a [`NewMessage`] was refused before it reached the database.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MessageError {
+    /// A required text field is empty or too long.
+    #[error("field `{field}` must be 1..={max} characters, got {len}")]
+    BadLength {
+        /// The field's name.
+        field: &'static str,
+        /// Its length in characters.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// `aggregate_version` must be at least 1.
+    #[error("aggregate_version must be >= 1, got {0}")]
+    BadVersion(i64),
+    /// `schema_version` must be at least 1.
+    #[error("schema_version must be >= 1, got {0}")]
+    BadSchemaVersion(i32),
+    /// A header name is not an HTTP-style token, or uses the reserved `ce-`/`ce_` prefix.
+    #[error(
+        "header name `{0}` is invalid: use 1..=128 ASCII letters, digits or -_. and no `ce-`/`ce_` prefix"
+    )]
+    BadHeaderName(String),
+    /// A header value contains a control character (CR, LF, NUL ...).
+    #[error("header `{0}` has a control character in its value")]
+    BadHeaderValue(String),
+    /// The JSON payload could not be serialised.
+    #[error("payload is not serialisable as JSON: {0}")]
+    Json(String),
+}
+
+/// A payload's media type, e.g. `application/json`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ContentType(pub String);
+
+impl ContentType {
+    /// `application/json`.
+    pub fn json() -> Self {
+        Self("application/json".to_owned())
+    }
+}
+
+impl fmt::Display for ContentType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The exact payload bytes and their media type. The bytes are stored and published unchanged;
+/// the [`Fingerprint`] is computed over them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payload {
+    /// Media type published as the CloudEvents `datacontenttype`.
+    pub content_type: ContentType,
+    /// The exact bytes.
+    pub bytes: Bytes,
+}
+
+impl Payload {
+    /// Serialises `value` as JSON (`application/json`).
+    ///
+    /// # Errors
+    /// [`MessageError::Json`] when `serde_json` refuses the value (a map with non-string keys,
+    /// a failing `Serialize` impl).
+    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Self, MessageError> {
+        let bytes = serde_json::to_vec(value).map_err(|e| MessageError::Json(e.to_string()))?;
+        Ok(Self {
+            content_type: ContentType::json(),
+            bytes: Bytes::from(bytes),
+        })
+    }
+
+    /// Raw bytes with an explicit media type (protobuf, avro, text ...).
+    pub fn bytes(content_type: impl Into<String>, bytes: impl Into<Bytes>) -> Self {
+        Self {
+            content_type: ContentType(content_type.into()),
+            bytes: bytes.into(),
+        }
+    }
+
+    /// The SHA-256 fingerprint of the exact bytes.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(&self.bytes)
+    }
+}
+
+/// SHA-256 of a payload's exact bytes. Stored with the outbox row (computed by the database in
+/// PostgreSQL, so plain-SQL producers get it too) and compared by the consumer inbox to tell a
+/// redelivery from a conflicting reuse of an event id.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Fingerprint of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+
+    /// Parses the 32 raw bytes stored in the database.
+    ///
+    /// Returns `None` when `raw` is not exactly 32 bytes long.
+    pub fn from_slice(raw: &[u8]) -> Option<Self> {
+        raw.try_into().ok().map(Self)
+    }
+
+    /// Lower-case hex, as carried on the wire.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// An event to enqueue in the caller's transaction.
+///
+/// ```
+/// use outbox_core::{NewMessage, Payload};
+/// let msg = NewMessage::new(
+///     "payment",
+///     "pay-42",
+///     1,
+///     "PaymentCreated",
+///     Payload::json(&serde_json::json!({"amount": 100})).unwrap(),
+/// )
+/// .with_header("tenant", "acme");
+/// assert!(msg.validate().is_ok());
+/// assert_eq!(msg.event_id.get_version_num(), 7);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewMessage {
+    /// Chosen here, once: UUIDv7 unless set with [`NewMessage::with_event_id`].
+    pub event_id: EventId,
+    /// E.g. `payment`. Events are ordered per `(aggregate_type, aggregate_id)`.
+    pub aggregate_type: String,
+    /// The aggregate's identity.
+    pub aggregate_id: String,
+    /// Monotonic per aggregate, starting at 1. See `next_aggregate_version` in the store crate.
+    pub aggregate_version: i64,
+    /// E.g. `PaymentCreated`; published as the CloudEvents `type`.
+    pub event_type: String,
+    /// Version of the payload's schema; consumers refuse versions they do not know.
+    pub schema_version: i32,
+    /// The payload.
+    pub payload: Payload,
+    /// Extra headers published with the message, e.g. [`TRACEPARENT_HEADER`].
+    pub headers: BTreeMap<String, String>,
+    /// Overrides the transport's default subject / routing key for this event.
+    pub destination: Option<String>,
+    /// Overrides the partition key (defaults to `aggregate_id`).
+    pub partition_key: Option<String>,
+}
+
+impl NewMessage {
+    /// A message with a fresh UUIDv7 event id, schema version 1 and no headers.
+    pub fn new(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        aggregate_version: i64,
+        event_type: impl Into<String>,
+        payload: Payload,
+    ) -> Self {
+        Self {
+            event_id: Uuid::now_v7(),
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            aggregate_version,
+            event_type: event_type.into(),
+            schema_version: 1,
+            payload,
+            headers: BTreeMap::new(),
+            destination: None,
+            partition_key: None,
+        }
+    }
+
+    /// Uses a caller-chosen event id (e.g. derived from a command id).
+    pub fn with_event_id(mut self, event_id: EventId) -> Self {
+        self.event_id = event_id;
+        self
+    }
+
+    /// Sets the payload schema version.
+    pub fn with_schema_version(mut self, v: i32) -> Self {
+        self.schema_version = v;
+        self
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Carries a W3C `traceparent` (and optional `tracestate`) so the consumer can continue the
+    /// producer's trace.
+    pub fn with_trace_context(
+        mut self,
+        traceparent: impl Into<String>,
+        tracestate: Option<String>,
+    ) -> Self {
+        self.headers
+            .insert(TRACEPARENT_HEADER.to_owned(), traceparent.into());
+        if let Some(ts) = tracestate {
+            self.headers.insert("tracestate".to_owned(), ts);
+        }
+        self
+    }
+
+    /// Overrides the destination (subject / routing key) for this event.
+    pub fn with_destination(mut self, destination: impl Into<String>) -> Self {
+        self.destination = Some(destination.into());
+        self
+    }
+
+    /// Overrides the partition key.
+    pub fn with_partition_key(mut self, key: impl Into<String>) -> Self {
+        self.partition_key = Some(key.into());
+        self
+    }
+
+    /// Checks field lengths, versions and header names.
+    ///
+    /// # Errors
+    /// The first [`MessageError`] found.
+    pub fn validate(&self) -> Result<(), MessageError> {
+        check_len("aggregate_type", &self.aggregate_type)?;
+        check_len("aggregate_id", &self.aggregate_id)?;
+        check_len("event_type", &self.event_type)?;
+        check_len("content_type", &self.payload.content_type.0)?;
+        if let Some(d) = &self.destination {
+            check_len("destination", d)?;
+        }
+        if let Some(k) = &self.partition_key {
+            check_len("partition_key", k)?;
+        }
+        if self.aggregate_version < 1 {
+            return Err(MessageError::BadVersion(self.aggregate_version));
+        }
+        if self.schema_version < 1 {
+            return Err(MessageError::BadSchemaVersion(self.schema_version));
+        }
+        for (name, value) in &self.headers {
+            validate_header(name, value)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_len(field: &'static str, value: &str) -> Result<(), MessageError> {
+    let len = value.chars().count();
+    if len == 0 || len > MAX_NAME_LEN {
+        return Err(MessageError::BadLength {
+            field,
+            len,
+            max: MAX_NAME_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// Checks one user header; the transports rely on this to build protocol headers safely.
+///
+/// # Errors
+/// [`MessageError::BadHeaderName`] or [`MessageError::BadHeaderValue`].
+pub(crate) fn validate_header(name: &str, value: &str) -> Result<(), MessageError> {
+    let lower = name.to_ascii_lowercase();
+    let ok_name = !name.is_empty()
+        && name.len() <= MAX_HEADER_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !lower.starts_with("ce-")
+        && !lower.starts_with("ce_")
+        && !lower.starts_with("cloudevents")
+        && !lower.starts_with("nats-");
+    if !ok_name {
+        return Err(MessageError::BadHeaderName(name.to_owned()));
+    }
+    if value.chars().any(|c| c.is_control()) {
+        return Err(MessageError::BadHeaderValue(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A committed outbox row as the relay claimed it. Every field is exactly what the producer
+/// stored; a republish after a crash carries the same values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// Storage id: an internal handle for marking, never an ordering or identity promise.
+    pub id: i64,
+    /// The producer's event id.
+    pub event_id: EventId,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Version within the aggregate.
+    pub aggregate_version: i64,
+    /// Event type.
+    pub event_type: String,
+    /// Payload schema version.
+    pub schema_version: i32,
+    /// The payload.
+    pub payload: Payload,
+    /// SHA-256 of the payload bytes, as stored.
+    pub fingerprint: Fingerprint,
+    /// Extra headers.
+    pub headers: BTreeMap<String, String>,
+    /// Destination override.
+    pub destination: Option<String>,
+    /// Partition key override.
+    pub partition_key: Option<String>,
+    /// When the producer's transaction wrote the row (database clock).
+    pub created_at: DateTime<Utc>,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
+}
+
+impl OutboxMessage {
+    /// The partition / ordering key: the override, or the aggregate id.
+    pub fn partition_key(&self) -> &str {
+        self.partition_key.as_deref().unwrap_or(&self.aggregate_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg() -> NewMessage {
+        NewMessage::new(
+            "payment",
+            "p1",
+            1,
+            "PaymentCreated",
+            Payload::json(&1).unwrap(),
+        )
+    }
+
+    #[test]
+    fn fingerprint_is_sha256_of_exact_bytes() {
+        let fp = Fingerprint::of(b"abc");
+        assert_eq!(
+            fp.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_ne!(
+            Fingerprint::of(b"{\"a\":1}"),
+            Fingerprint::of(b"{\"a\": 1}")
+        );
+    }
+
+    #[test]
+    fn validation_rejects_bad_fields() {
+        assert!(msg().validate().is_ok());
+        let mut m = msg();
+        m.aggregate_version = 0;
+        assert_eq!(m.validate(), Err(MessageError::BadVersion(0)));
+        let m = msg().with_header("ce-id", "x");
+        assert!(matches!(m.validate(), Err(MessageError::BadHeaderName(_))));
+        let m = msg().with_header("x", "a\r\nb");
+        assert!(matches!(m.validate(), Err(MessageError::BadHeaderValue(_))));
+        let mut m = msg();
+        m.event_type = String::new();
+        assert!(matches!(
+            m.validate(),
+            Err(MessageError::BadLength {
+                field: "event_type",
+                ..
+            })
+        ));
+        let m = msg().with_header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+        assert!(m.validate().is_ok());
+    }
+
+    #[test]
+    fn event_ids_are_v7_and_distinct() {
+        let a = msg();
+        let b = msg();
+        assert_ne!(a.event_id, b.event_id);
+        assert_eq!(a.event_id.get_version_num(), 7);
+    }
+}

@@ -1,0 +1,528 @@
+//! The polling relay engine: claim a batch under a lease, publish each aggregate's run of
+//! versions in order (different aggregates concurrently), mark what the broker acknowledged,
+//! back off or dead-letter what failed, release what was not attempted.
+//!
+//! # Ordering and leases
+//!
+//! The store only hands out an aggregate's lowest unpublished versions, and only to one live
+//! claim at a time. Within a batch the relay publishes one aggregate's messages strictly one
+//! after another: version `n + 1` is sent only after the broker acknowledged `n`. When a
+//! publish fails, the rest of that aggregate's run is released untouched (the key is parked,
+//! the other aggregates go on).
+//!
+//! A claim's lease is measured locally from *before* the claim was sent, so the local deadline
+//! is never later than the database's. The relay starts a publish only while at least
+//! `publish_timeout + lease_safety_margin` of the lease remains, and every publish is cut at
+//! `publish_timeout`. So once a lease can have expired in the database, this relay has no
+//! publish of those rows in progress and starts none: a relay that takes the aggregate over
+//! cannot be overtaken by a stale one. Marks are fenced by the lease token in the database; a
+//! stale mark changes nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::crash;
+use crate::error::StoreError;
+use crate::message::OutboxMessage;
+use crate::store::{ClaimParams, ClaimedBatch, FailureParams, MarkParams, ReleaseParams, Store};
+use crate::transport::{PublishError, PublishErrorKind, Transport};
+
+/// Metric names exported by the relay (through the `metrics` facade).
+pub mod metric {
+    /// Counter: messages the broker acknowledged. Label `transport`.
+    pub const PUBLISHED: &str = "outbox_published_total";
+    /// Counter: failed publish attempts. Labels `transport`, `kind`.
+    pub const PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
+    /// Counter: messages moved to the dead-letter state.
+    pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
+    /// Counter: acknowledgements in which the broker reported a duplicate event id.
+    pub const BROKER_DUPLICATES: &str = "outbox_broker_duplicates_total";
+    /// Counter: rows whose mark or failure record was refused because the lease was lost.
+    pub const LEASE_LOST: &str = "outbox_lease_lost_total";
+    /// Histogram: seconds from sending a message to its durable acknowledgement.
+    pub const PUBLISH_LATENCY: &str = "outbox_publish_latency_seconds";
+    /// Gauge: pending rows (not published, not dead).
+    pub const PENDING: &str = "outbox_pending";
+    /// Gauge: age in seconds of the oldest pending row (0 when none).
+    pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+    /// Gauge: dead letters.
+    pub const DEAD_LETTERS: &str = "outbox_dead_letters";
+    /// Gauge: pending rows that failed at least once.
+    pub const RETRYING: &str = "outbox_retrying";
+}
+
+/// Exponential backoff with jitter for failed publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay after the first failure (before jitter).
+    pub base: Duration,
+    /// Upper bound of the delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(500),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after `attempts` failures (1 = first failure): `base * 2^(attempts-1)` capped
+    /// at `max`, then "equal jitter": a uniform pick in `[d/2, d]`, so relays that failed
+    /// together do not retry together.
+    pub fn delay(&self, attempts: i32) -> Duration {
+        let exp = attempts.clamp(1, 32) as u32 - 1;
+        let d = self
+            .base
+            .checked_mul(1u32.checked_shl(exp).unwrap_or(u32::MAX))
+            .unwrap_or(self.max)
+            .min(self.max);
+        let half = d / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+/// Relay settings. Defaults suit a service publishing up to tens of thousands of events a
+/// second from one PostgreSQL database.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows per claim.
+    pub batch_size: usize,
+    /// Rows of one aggregate per claim.
+    pub max_per_aggregate: usize,
+    /// Lease length of a claim.
+    pub lease: Duration,
+    /// A publish not acknowledged within this time counts as failed (outcome unknown: the row
+    /// is retried with the same event id).
+    pub publish_timeout: Duration,
+    /// Extra time kept between the last publish start and the lease end, covering clock rate
+    /// differences and scheduling delays.
+    pub lease_safety_margin: Duration,
+    /// Publishes in flight at once within a batch (across different aggregates).
+    pub max_in_flight: usize,
+    /// Concurrent claim loops in this relay process.
+    pub workers: usize,
+    /// Longest wait between claims when idle (a wake-up ends it early).
+    pub poll_interval: Duration,
+    /// Failed attempts after which a message is dead-lettered.
+    pub max_attempts: i32,
+    /// Backoff between attempts of one message.
+    pub backoff: Backoff,
+    /// How often the pending / oldest-age / dead gauges are refreshed.
+    pub stats_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 1000,
+            max_per_aggregate: 100,
+            lease: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(10),
+            lease_safety_margin: Duration::from_secs(1),
+            max_in_flight: 512,
+            workers: 2,
+            poll_interval: Duration::from_millis(250),
+            max_attempts: 12,
+            backoff: Backoff::default(),
+            stats_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why a [`RelayConfig`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid relay configuration `{key}`: {reason}")]
+pub struct ConfigError {
+    /// The offending key.
+    pub key: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl RelayConfig {
+    /// Checks the settings against each other.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, reason: String| Err(ConfigError { key, reason });
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be at least 1".into());
+        }
+        if self.max_per_aggregate == 0 {
+            return bad("max_per_aggregate", "must be at least 1".into());
+        }
+        if self.max_in_flight == 0 {
+            return bad("max_in_flight", "must be at least 1".into());
+        }
+        if self.workers == 0 {
+            return bad("workers", "must be at least 1".into());
+        }
+        if self.max_attempts < 1 {
+            return bad("max_attempts", "must be at least 1".into());
+        }
+        if self.publish_timeout.is_zero() {
+            return bad("publish_timeout", "must be positive".into());
+        }
+        let needed = self.publish_timeout * 2 + self.lease_safety_margin;
+        if self.lease < needed {
+            return bad(
+                "lease",
+                format!(
+                    "must be at least 2 x publish_timeout + lease_safety_margin = {needed:?}, got {:?}",
+                    self.lease
+                ),
+            );
+        }
+        if self.backoff.base.is_zero() || self.backoff.max < self.backoff.base {
+            return bad("backoff", "base must be positive and not above max".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows the broker acknowledged and that were marked.
+    pub published: usize,
+    /// Acknowledged rows whose mark was refused (lease lost): they will be republished.
+    pub lease_lost: usize,
+    /// Rows that failed and will be retried.
+    pub retried: usize,
+    /// Rows dead-lettered.
+    pub dead_lettered: usize,
+    /// Rows released unattempted.
+    pub released: usize,
+}
+
+enum Outcome {
+    Published,
+    Failed(PublishError),
+    NotAttempted,
+}
+
+/// The relay: a [`Store`] on one side, a [`Transport`] on the other.
+pub struct Relay<S, T> {
+    store: Arc<S>,
+    transport: Arc<T>,
+    config: RelayConfig,
+}
+
+impl<S: Store, T: Transport> Relay<S, T> {
+    /// Builds a relay.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the configuration is inconsistent.
+    pub fn new(store: Arc<S>, transport: Arc<T>, config: RelayConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            store,
+            transport,
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// Claims, publishes and settles one batch.
+    ///
+    /// # Errors
+    /// A [`StoreError`] from the claim or the settling writes. Published-but-unmarked rows are
+    /// then republished after their lease expires (same event id).
+    pub async fn run_batch(&self) -> Result<BatchOutcome, StoreError> {
+        let started = Instant::now();
+        let ClaimedBatch { token, messages } = self
+            .store
+            .claim_batch(ClaimParams {
+                max_rows: self.config.batch_size,
+                max_per_aggregate: self.config.max_per_aggregate,
+                lease: self.config.lease,
+            })
+            .await?;
+        let mut outcome = BatchOutcome {
+            claimed: messages.len(),
+            ..BatchOutcome::default()
+        };
+        if messages.is_empty() {
+            return Ok(outcome);
+        }
+        // The last moment a publish may start and still end before the lease can expire.
+        let last_start = started + self.config.lease
+            - self.config.publish_timeout
+            - self.config.lease_safety_margin;
+
+        let runs = split_runs(&messages);
+        let messages_ref = &messages;
+        let results: Vec<Vec<(i64, Outcome)>> = futures::stream::iter(runs)
+            .map(|run| self.publish_run(&messages_ref[run], last_start))
+            .buffer_unordered(self.config.max_in_flight)
+            .collect()
+            .await;
+
+        let mut published = Vec::new();
+        let mut not_attempted = Vec::new();
+        let mut failed = Vec::new();
+        for (id, o) in results.into_iter().flatten() {
+            match o {
+                Outcome::Published => published.push(id),
+                Outcome::NotAttempted => not_attempted.push(id),
+                Outcome::Failed(e) => failed.push((id, e)),
+            }
+        }
+
+        if !published.is_empty() {
+            let marked = self
+                .store
+                .mark_published(MarkParams {
+                    token,
+                    ids: &published,
+                })
+                .await? as usize;
+            outcome.published = marked;
+            outcome.lease_lost = published.len() - marked.min(published.len());
+            if outcome.lease_lost > 0 {
+                warn!(
+                    token = token.0,
+                    lost = outcome.lease_lost,
+                    "lease lost before marking: another relay owns these rows and will republish them"
+                );
+                metrics::counter!(metric::LEASE_LOST).increment(outcome.lease_lost as u64);
+            }
+            crash::hit(crash::RELAY_AFTER_MARK);
+        }
+
+        let by_id: HashMap<i64, &OutboxMessage> = messages.iter().map(|m| (m.id, m)).collect();
+        for (id, err) in failed {
+            let attempts = by_id.get(&id).map_or(0, |m| m.attempts) + 1;
+            let dead = !err.is_retryable() || attempts >= self.config.max_attempts;
+            let retry_after = (!dead).then(|| self.config.backoff.delay(attempts));
+            let text = format!("attempt {attempts}: {err}");
+            let owned = self
+                .store
+                .record_failure(FailureParams {
+                    token,
+                    id,
+                    error: &text,
+                    retry_after,
+                })
+                .await?;
+            if !owned {
+                metrics::counter!(metric::LEASE_LOST).increment(1);
+                continue;
+            }
+            if dead {
+                outcome.dead_lettered += 1;
+                metrics::counter!(metric::DEAD_LETTERED).increment(1);
+                warn!(row = id, error = %text, "message dead-lettered; its aggregate waits behind it");
+            } else {
+                outcome.retried += 1;
+                debug!(row = id, error = %text, ?retry_after, "publish failed; will retry");
+            }
+        }
+
+        if !not_attempted.is_empty() {
+            outcome.released = self
+                .store
+                .release(ReleaseParams {
+                    token,
+                    ids: &not_attempted,
+                })
+                .await? as usize;
+        }
+        Ok(outcome)
+    }
+
+    /// Publishes one aggregate's run in order; stops at the first failure or when the lease
+    /// leaves no time for another publish.
+    async fn publish_run(&self, run: &[OutboxMessage], last_start: Instant) -> Vec<(i64, Outcome)> {
+        let mut out = Vec::with_capacity(run.len());
+        let mut stopped = false;
+        for msg in run {
+            if stopped || Instant::now() >= last_start {
+                stopped = true;
+                out.push((msg.id, Outcome::NotAttempted));
+                continue;
+            }
+            let sent = Instant::now();
+            let result = match tokio::time::timeout(
+                self.config.publish_timeout,
+                self.transport.publish(msg),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(PublishError::new(
+                    PublishErrorKind::TimedOut,
+                    format!(
+                        "no acknowledgement within {:?}",
+                        self.config.publish_timeout
+                    ),
+                )),
+            };
+            let transport = self.transport.name();
+            match result {
+                Ok(receipt) => {
+                    metrics::histogram!(metric::PUBLISH_LATENCY, "transport" => transport)
+                        .record(sent.elapsed().as_secs_f64());
+                    metrics::counter!(metric::PUBLISHED, "transport" => transport).increment(1);
+                    if receipt.duplicate {
+                        metrics::counter!(metric::BROKER_DUPLICATES, "transport" => transport)
+                            .increment(1);
+                        info!(event_id = %msg.event_id, "broker reported a duplicate of an earlier publish");
+                    }
+                    crash::hit(crash::RELAY_AFTER_PUBLISH);
+                    out.push((msg.id, Outcome::Published));
+                }
+                Err(e) => {
+                    metrics::counter!(
+                        metric::PUBLISH_FAILURES,
+                        "transport" => transport,
+                        "kind" => format!("{:?}", e.kind)
+                    )
+                    .increment(1);
+                    stopped = true;
+                    out.push((msg.id, Outcome::Failed(e)));
+                }
+            }
+        }
+        out
+    }
+
+    /// Refreshes the pending / oldest-age / dead gauges once.
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage.
+    pub async fn refresh_gauges(&self) -> Result<(), StoreError> {
+        let s = self.store.stats().await?;
+        metrics::gauge!(metric::PENDING).set(s.pending as f64);
+        metrics::gauge!(metric::OLDEST_PENDING_AGE)
+            .set(s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()));
+        metrics::gauge!(metric::DEAD_LETTERS).set(s.dead as f64);
+        metrics::gauge!(metric::RETRYING).set(s.retrying as f64);
+        Ok(())
+    }
+
+    /// Runs until `shutdown` is cancelled: `workers` claim loops plus the gauge refresher. A
+    /// batch in progress when `shutdown` fires is finished (published rows are marked), then
+    /// the call returns. Store outages are logged and waited out; they never end the loop.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..self.config.workers {
+            let relay = Arc::clone(&self);
+            let shutdown = shutdown.clone();
+            tasks.spawn(async move { relay.worker_loop(worker, shutdown).await });
+        }
+        let relay = Arc::clone(&self);
+        let stats_shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            loop {
+                if let Err(e) = relay.refresh_gauges().await {
+                    warn!(error = %e, "could not refresh outbox gauges");
+                }
+                tokio::select! {
+                    () = stats_shutdown.cancelled() => break,
+                    () = tokio::time::sleep(relay.config.stats_interval) => {}
+                }
+            }
+        });
+        while tasks.join_next().await.is_some() {}
+        info!("relay stopped");
+    }
+
+    async fn worker_loop(&self, worker: usize, shutdown: CancellationToken) {
+        let mut outage = 0i32;
+        while !shutdown.is_cancelled() {
+            match self.run_batch().await {
+                Ok(o) => {
+                    outage = 0;
+                    if o.claimed > 0 {
+                        debug!(worker, ?o, "batch done");
+                        continue;
+                    }
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = self.store.wait_for_work(self.config.poll_interval) => {}
+                    }
+                }
+                Err(e) => {
+                    outage += 1;
+                    let wait = Backoff {
+                        base: Duration::from_millis(200),
+                        max: Duration::from_secs(10),
+                    }
+                    .delay(outage);
+                    warn!(worker, error = %e, ?wait, "store error; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Splits a claimed batch (sorted by aggregate, then version) into per-aggregate runs, given as
+/// index ranges.
+fn split_runs(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for i in 1..=messages.len() {
+        let boundary = i == messages.len()
+            || messages[i].aggregate_type != messages[start].aggregate_type
+            || messages[i].aggregate_id != messages[start].aggregate_id;
+        if boundary {
+            runs.push(start..i);
+            start = i;
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped_with_jitter() {
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        for _ in 0..100 {
+            let d1 = b.delay(1);
+            assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));
+            let d3 = b.delay(3);
+            assert!(d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400));
+            let d30 = b.delay(30);
+            assert!(d30 >= Duration::from_millis(500) && d30 <= Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn config_refuses_lease_shorter_than_publish_window() {
+        let c = RelayConfig {
+            lease: Duration::from_secs(5),
+            publish_timeout: Duration::from_secs(10),
+            ..RelayConfig::default()
+        };
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "lease");
+        assert!(RelayConfig::default().validate().is_ok());
+    }
+}

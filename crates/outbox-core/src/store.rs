@@ -1,0 +1,208 @@
+//! The database side of the relay: one trait every store implements.
+//!
+//! Methods are named noun-then-verb and take a params struct each, so a store can grow options
+//! without breaking callers. Every state change after a claim is *fenced* by the claim's
+//! [`LeaseToken`]: once another relay re-claimed a row (after this lease expired) the old token
+//! matches nothing, so a stale worker can neither mark, fail nor release it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::StoreError;
+use crate::message::{EventId, OutboxMessage};
+
+/// The fencing token of one claim: unique, increasing, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseToken(pub i64);
+
+/// Parameters of [`Store::claim_batch`].
+#[derive(Debug, Clone)]
+pub struct ClaimParams {
+    /// At most this many rows in total.
+    pub max_rows: usize,
+    /// At most this many rows of one aggregate (a contiguous run of versions).
+    pub max_per_aggregate: usize,
+    /// How long the claim owns its rows. After that another relay may take them over.
+    pub lease: Duration,
+}
+
+/// The rows one claim owns, sorted by `(aggregate_type, aggregate_id, aggregate_version)`.
+#[derive(Debug, Clone)]
+pub struct ClaimedBatch {
+    /// The fencing token to pass to every later call about these rows.
+    pub token: LeaseToken,
+    /// The claimed rows. For each aggregate they are the lowest unpublished versions, in order,
+    /// without gaps; the first one is its aggregate's head (nothing lower is unpublished).
+    pub messages: Vec<OutboxMessage>,
+}
+
+/// Parameters of [`Store::mark_published`].
+#[derive(Debug, Clone)]
+pub struct MarkParams<'a> {
+    /// The claim's token.
+    pub token: LeaseToken,
+    /// Rows the broker acknowledged.
+    pub ids: &'a [i64],
+}
+
+/// Parameters of [`Store::record_failure`].
+#[derive(Debug, Clone)]
+pub struct FailureParams<'a> {
+    /// The claim's token.
+    pub token: LeaseToken,
+    /// The row whose publish failed.
+    pub id: i64,
+    /// The error, kept as `last_error`.
+    pub error: &'a str,
+    /// `Some(delay)`: pending again after `delay`. `None`: dead-letter it now.
+    pub retry_after: Option<Duration>,
+}
+
+/// Parameters of [`Store::release`].
+#[derive(Debug, Clone)]
+pub struct ReleaseParams<'a> {
+    /// The claim's token.
+    pub token: LeaseToken,
+    /// Rows claimed but not attempted (behind a failure, or out of lease time).
+    pub ids: &'a [i64],
+}
+
+/// Parameters of [`Store::dead_letter_list`].
+#[derive(Debug, Clone)]
+pub struct DeadLetterListParams {
+    /// At most this many, oldest first.
+    pub limit: i64,
+}
+
+/// Parameters of [`Store::dead_letter_requeue`].
+#[derive(Debug, Clone)]
+pub struct RequeueParams {
+    /// Requeue these event ids; `None` requeues every dead letter.
+    pub event_ids: Option<Vec<EventId>>,
+}
+
+/// A row that exhausted its attempts or was refused for good. Its aggregate's later events wait
+/// behind it until it is requeued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Event id.
+    pub event_id: EventId,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Version.
+    pub aggregate_version: i64,
+    /// Event type.
+    pub event_type: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// When the producer wrote it.
+    pub created_at: DateTime<Utc>,
+    /// Events of the same aggregate waiting behind it.
+    pub blocked_behind: i64,
+}
+
+/// Numbers for metrics and `outbox status`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutboxStats {
+    /// Rows not yet published and not dead (includes in-flight and retrying rows).
+    pub pending: i64,
+    /// Age of the oldest pending row, by the database clock.
+    pub oldest_pending_age: Option<Duration>,
+    /// Pending rows currently under a live lease.
+    pub in_flight: i64,
+    /// Pending rows that failed at least once.
+    pub retrying: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Rows kept as published (mark mode only; 0 in delete mode).
+    pub published_retained: i64,
+}
+
+/// A relay's view of the outbox table.
+///
+/// # What a claim must guarantee
+///
+/// * Only rows of committed transactions are returned (the database's visibility rules).
+/// * A row is returned only if every lower version of its aggregate is published, or is
+///   returned in the same batch before it, and its aggregate has no live lease held by another
+///   claim. Dead letters block their aggregate.
+/// * Rows in backoff (`retry_after` not yet elapsed) are not returned.
+/// * Concurrent claims from several relays never return the same aggregate twice while a lease
+///   is live.
+pub trait Store: Send + Sync + 'static {
+    /// Claims up to `max_rows` rows under a new lease.
+    ///
+    /// # Errors
+    /// [`StoreError`] with kind `Unavailable` on an outage; the relay waits and retries.
+    fn claim_batch(
+        &self,
+        params: ClaimParams,
+    ) -> impl Future<Output = Result<ClaimedBatch, StoreError>> + Send;
+
+    /// Marks rows as published (deletes them, or flags them, per the store's configuration).
+    /// Only rows still owned by `token` change; the return value counts them, so a count lower
+    /// than `ids.len()` means another relay took some over (their republish is deduplicated
+    /// downstream by event id).
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage. Nothing was marked then; the rows will be republished.
+    fn mark_published(
+        &self,
+        params: MarkParams<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Records a failed publish: backoff then pending again, or dead letter. Returns false when
+    /// the lease was lost (nothing changed).
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage.
+    fn record_failure(
+        &self,
+        params: FailureParams<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives up the lease on rows that were not attempted. Returns how many were released.
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage; the lease then simply expires.
+    fn release(
+        &self,
+        params: ReleaseParams<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Counts for metrics and the CLI.
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage.
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
+
+    /// Lists dead letters, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage.
+    fn dead_letter_list(
+        &self,
+        params: DeadLetterListParams,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
+
+    /// Makes dead letters pending again with a fresh attempt count. Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage.
+    fn dead_letter_requeue(
+        &self,
+        params: RequeueParams,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Waits until new work may be available or `timeout` passed. The default sleeps; stores
+    /// with a wake-up channel return early when a producer signalled.
+    fn wait_for_work(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(timeout)
+    }
+}
