@@ -1,1 +1,26 @@
-//! placeholder
+//! PostgreSQL store of the outbox toolkit.
+//!
+//! * **Producer API** ([`PgOutbox`]): `enqueue` / `enqueue_batch` on *your* open transaction,
+//!   [`PgOutbox::next_aggregate_version`] for ordered versions, request idempotency
+//!   ([`PgOutbox::idempotency_begin`] / [`PgOutbox::idempotency_complete`]) and coalesced relay
+//!   wake-ups ([`RelayWaker`]).
+//! * **Relay store** ([`PgStore`]): claim/lease/fence implementation of [`outbox_core::Store`].
+//! * **Migrations** ([`migrate()`]): numbered `.sql` files under a configurable schema, applied
+//!   under an advisory lock.
+//!
+//! The table layout is a public contract (see the repository README, "SQL contract"), so
+//! services in other languages can write intents with plain SQL in their own transactions.
+#![forbid(unsafe_code)]
+
+mod error;
+pub mod migrate;
+mod producer;
+mod schema;
+mod sql;
+mod store;
+
+pub use error::{EnqueueError, IdempotencyError, MigrateError};
+pub use migrate::{MigrateReport, check_schema, migrate};
+pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
+pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
+pub use store::{OnPublish, PgStore, PgStoreConfig};

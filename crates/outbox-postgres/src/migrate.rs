@@ -1,0 +1,169 @@
+//! Numbered migrations, applied in one transaction under an advisory lock so that several
+//! relays or services starting at once migrate exactly once.
+
+use sha2::{Digest, Sha256};
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::error::MigrateError;
+use crate::schema::Schema;
+
+/// One migration file.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Number, from 1, without gaps.
+    pub version: i32,
+    /// File name.
+    pub name: &'static str,
+    /// SQL text with `{{schema}}` placeholders.
+    pub sql: &'static str,
+}
+
+/// Every migration this release knows, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_outbox.sql",
+    sql: include_str!("../migrations/0001_outbox.sql"),
+}];
+
+/// The schema version this release needs.
+pub fn current_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+fn render(m: &Migration, schema: &Schema) -> String {
+    m.sql
+        .replace("{{schema}}", &format!("\"{}\"", schema.as_str()))
+}
+
+fn checksum(sql: &str) -> Vec<u8> {
+    Sha256::digest(sql.as_bytes()).to_vec()
+}
+
+/// What [`migrate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// Versions applied by this call (empty when already up to date).
+    pub applied: Vec<i32>,
+    /// Schema version after the call.
+    pub version: i32,
+}
+
+/// Creates or upgrades the outbox tables in `schema`.
+///
+/// Runs in one transaction holding `pg_advisory_xact_lock` on a key derived from the schema
+/// name; concurrent callers wait and then find nothing left to do. Applied migrations are
+/// recorded with a checksum in `<schema>.schema_migrations`.
+///
+/// # Errors
+/// * [`MigrateError::NewerSchema`]: the database was migrated by a newer release.
+/// * [`MigrateError::Modified`]: an applied migration differs from this release's text.
+/// * [`MigrateError::Database`]: connection or SQL failure (nothing was applied).
+pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, MigrateError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
+        .bind(schema.as_str())
+        .execute(&mut *tx)
+        .await?;
+    let q = format!("\"{}\"", schema.as_str());
+    sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS {q}")))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {q}.schema_migrations (version integer PRIMARY KEY, \
+         name text NOT NULL, checksum bytea NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    let applied: Vec<(i32, String, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT version, name, checksum FROM {q}.schema_migrations ORDER BY version"
+    )))
+    .fetch_all(&mut *tx)
+    .await?;
+
+    let known = current_version();
+    if let Some((found, _, _)) = applied.iter().find(|(v, _, _)| *v > known) {
+        return Err(MigrateError::NewerSchema {
+            schema: schema.to_string(),
+            found: *found,
+            known,
+        });
+    }
+    for (version, _, sum) in &applied {
+        let m = MIGRATIONS
+            .iter()
+            .find(|m| m.version == *version)
+            .expect("versions above `known` were refused");
+        if checksum(&render(m, schema)) != *sum {
+            return Err(MigrateError::Modified {
+                schema: schema.to_string(),
+                version: *version,
+                name: m.name.to_owned(),
+            });
+        }
+    }
+
+    let mut report = MigrateReport {
+        applied: Vec::new(),
+        version: applied.last().map_or(0, |a| a.0),
+    };
+    let from = report.version;
+    for m in MIGRATIONS.iter().filter(|m| m.version > from) {
+        let sql = render(m, schema);
+        sqlx::raw_sql(AssertSqlSafe(sql.clone()))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {q}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
+        )))
+        .bind(m.version)
+        .bind(m.name)
+        .bind(checksum(&sql))
+        .execute(&mut *tx)
+        .await?;
+        report.applied.push(m.version);
+        report.version = m.version;
+    }
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// Checks, without changing anything, that `schema` is at exactly the version this release
+/// needs. Relays call this at startup.
+///
+/// # Errors
+/// [`MigrateError::NotMigrated`], [`MigrateError::NewerSchema`] or a database error.
+pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<(), MigrateError> {
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
+         WHERE table_schema = $1 AND table_name = 'schema_migrations')",
+    )
+    .bind(schema.as_str())
+    .fetch_one(pool)
+    .await?;
+    let found: i32 = if exists {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT coalesce(max(version), 0) FROM \"{}\".schema_migrations",
+            schema.as_str()
+        )))
+        .fetch_one(pool)
+        .await?
+    } else {
+        0
+    };
+    let needed = current_version();
+    if found > needed {
+        return Err(MigrateError::NewerSchema {
+            schema: schema.to_string(),
+            found,
+            known: needed,
+        });
+    }
+    if found < needed {
+        return Err(MigrateError::NotMigrated {
+            schema: schema.to_string(),
+            found,
+            needed,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! The write path: everything here runs on the caller's executor (their open transaction) and
+//! never opens, commits or rolls back a transaction of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{Fingerprint, NewMessage};
+use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::error::{EnqueueError, IdempotencyError};
+use crate::schema::Schema;
+use crate::sql::Sql;
+
+/// The producer API for one schema. Cheap to clone; build it once at startup.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_core::{NewMessage, Payload};
+/// use outbox_postgres::{PgOutbox, Schema};
+///
+/// let outbox = PgOutbox::new(Schema::new("outbox")?);
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO payments (id, amount) VALUES ($1, $2)")
+///     .bind("pay-1").bind(100_i64).execute(&mut *tx).await?;
+/// let version = outbox.next_aggregate_version(&mut *tx, "payment", "pay-1").await?;
+/// let msg = NewMessage::new("payment", "pay-1", version, "PaymentCreated",
+///     Payload::json(&serde_json::json!({"id": "pay-1", "amount": 100}))?);
+/// outbox.enqueue(&mut *tx, &msg).await?;
+/// tx.commit().await?; // business row and intent commit together, or neither does
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgOutbox {
+    schema: Schema,
+    sql: Arc<Sql>,
+}
+
+/// The outcome of [`PgOutbox::idempotency_begin`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotencyBegin {
+    /// First time this key is seen: run the command, then call
+    /// [`PgOutbox::idempotency_complete`] in the same transaction.
+    New,
+    /// The command already ran with the same request: return this stored response, run nothing.
+    Replay(serde_json::Value),
+}
+
+impl PgOutbox {
+    /// The producer API for `schema`.
+    pub fn new(schema: Schema) -> Self {
+        let sql = Arc::new(Sql::new(&schema));
+        Self { schema, sql }
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Writes one outbox row with the caller's executor, normally `&mut *tx` of the
+    /// transaction that also writes the business rows.
+    ///
+    /// # Transactions
+    /// Never commits: the row becomes visible to the relay when, and only if, the caller's
+    /// transaction commits.
+    ///
+    /// # Errors
+    /// [`EnqueueError::Invalid`] before any SQL runs; [`EnqueueError::DuplicateEventId`] or
+    /// [`EnqueueError::VersionConflict`] from the unique constraints; otherwise
+    /// [`EnqueueError::Database`]. After a database error the caller's transaction is aborted.
+    pub async fn enqueue<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        message: &NewMessage,
+    ) -> Result<(), EnqueueError> {
+        message.validate()?;
+        let headers = serde_json::to_string(&message.headers).expect("string map serialises");
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.insert_event)))
+            .bind(message.event_id)
+            .bind(&message.aggregate_type)
+            .bind(&message.aggregate_id)
+            .bind(message.aggregate_version)
+            .bind(&message.event_type)
+            .bind(message.schema_version)
+            .bind(&message.payload.content_type.0)
+            .bind(message.payload.bytes.as_ref())
+            .bind(headers)
+            .bind(&message.destination)
+            .bind(&message.partition_key)
+            .execute(executor)
+            .await
+            .map_err(|e| classify(e, std::slice::from_ref(message)))?;
+        Ok(())
+    }
+
+    /// Writes several outbox rows in one statement (one round trip), in the given order.
+    ///
+    /// # Errors
+    /// As [`PgOutbox::enqueue`]; nothing is written when any message is invalid.
+    pub async fn enqueue_batch<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        messages: &[NewMessage],
+    ) -> Result<(), EnqueueError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        for m in messages {
+            m.validate()?;
+        }
+        let col = |f: fn(&NewMessage) -> String| messages.iter().map(f).collect::<Vec<_>>();
+        let ids: Vec<_> = messages.iter().map(|m| m.event_id).collect();
+        let versions: Vec<i64> = messages.iter().map(|m| m.aggregate_version).collect();
+        let schema_versions: Vec<i32> = messages.iter().map(|m| m.schema_version).collect();
+        let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.bytes.as_ref()).collect();
+        let destinations: Vec<Option<String>> =
+            messages.iter().map(|m| m.destination.clone()).collect();
+        let keys: Vec<Option<String>> = messages.iter().map(|m| m.partition_key.clone()).collect();
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.insert_events)))
+            .bind(ids)
+            .bind(col(|m| m.aggregate_type.clone()))
+            .bind(col(|m| m.aggregate_id.clone()))
+            .bind(versions)
+            .bind(col(|m| m.event_type.clone()))
+            .bind(schema_versions)
+            .bind(col(|m| m.payload.content_type.0.clone()))
+            .bind(payloads)
+            .bind(col(|m| {
+                serde_json::to_string(&m.headers).expect("string map serialises")
+            }))
+            .bind(destinations)
+            .bind(keys)
+            .execute(executor)
+            .await
+            .map_err(|e| classify(e, messages))?;
+        Ok(())
+    }
+
+    /// Allocates the next version of an aggregate (1 for a new one) inside the caller's
+    /// transaction.
+    ///
+    /// # Transactions, locks
+    /// Takes a row lock on the aggregate's counter that is held until the caller's transaction
+    /// ends. A second transaction allocating for the same aggregate waits for the first to
+    /// commit or roll back, so an aggregate's versions always commit in version order, which is
+    /// what lets the relay publish them in order. Allocate late in the transaction to keep the
+    /// lock short; different aggregates never wait for each other.
+    ///
+    /// # Errors
+    /// [`sqlx::Error`] from the database (including a lock timeout you configured).
+    pub async fn next_aggregate_version<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.sql.next_version)))
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_one(executor)
+            .await
+    }
+
+    /// Starts an idempotent command inside the caller's transaction: records `key` within
+    /// `scope` with the request's fingerprint, or finds the earlier record.
+    ///
+    /// This is *request* idempotency (a client retrying `CreatePayment`). It is unrelated to the
+    /// consumer inbox, which deduplicates *events*.
+    ///
+    /// # Transactions, locks
+    /// The insert takes the key's unique-index lock until the caller's transaction ends, so a
+    /// concurrent request with the same key waits, then sees the committed result (a replay) or,
+    /// if the first rolled back, becomes the new owner.
+    ///
+    /// # Errors
+    /// * [`IdempotencyError::Conflict`]: the key was used with a different request fingerprint.
+    /// * [`IdempotencyError::Incomplete`]: a committed record has no response.
+    /// * [`IdempotencyError::Database`].
+    pub async fn idempotency_begin(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        request: Fingerprint,
+    ) -> Result<IdempotencyBegin, IdempotencyError> {
+        let inserted = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.idem_insert)))
+            .bind(scope)
+            .bind(key)
+            .bind(&request.0[..])
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if inserted == 1 {
+            return Ok(IdempotencyBegin::New);
+        }
+        let (stored, response): (Vec<u8>, Option<serde_json::Value>) =
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.sql.idem_select)))
+                .bind(scope)
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await?;
+        if stored != request.0 {
+            return Err(IdempotencyError::Conflict {
+                key: key.to_owned(),
+            });
+        }
+        match response {
+            Some(r) => Ok(IdempotencyBegin::Replay(r)),
+            None => Err(IdempotencyError::Incomplete {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// Stores the command's response for later replays, in the same transaction as
+    /// [`PgOutbox::idempotency_begin`] and the command's writes.
+    ///
+    /// # Errors
+    /// [`IdempotencyError::NotStarted`] when no open record exists for the key;
+    /// [`IdempotencyError::Database`].
+    pub async fn idempotency_complete(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        response: &serde_json::Value,
+    ) -> Result<(), IdempotencyError> {
+        let n = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.idem_complete)))
+            .bind(scope)
+            .bind(key)
+            .bind(response)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(IdempotencyError::NotStarted {
+                key: key.to_owned(),
+            })
+        }
+    }
+
+    /// Sends one wake-up to the relays of this schema. Call it *after* your commit, never
+    /// inside the business transaction: `NOTIFY` takes a global lock at commit time and would
+    /// serialise every producer commit. Prefer [`RelayWaker`], which coalesces wake-ups.
+    ///
+    /// # Errors
+    /// [`sqlx::Error`]; a lost wake-up only delays delivery until the relay's next poll.
+    pub async fn notify_relays<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(self.schema.wakeup_channel())
+            .execute(executor)
+            .await
+            .map(|_| ())
+    }
+}
+
+fn classify(e: sqlx::Error, messages: &[NewMessage]) -> EnqueueError {
+    if let sqlx::Error::Database(db) = &e {
+        let detail = db.message().to_owned();
+        match db.constraint() {
+            Some("events_event_id_key") => {
+                let id = messages
+                    .iter()
+                    .find(|m| detail.contains(&m.event_id.to_string()))
+                    .unwrap_or(&messages[0])
+                    .event_id;
+                return EnqueueError::DuplicateEventId(id);
+            }
+            Some("events_aggregate_version_key") => {
+                let m = &messages[0];
+                if messages.len() == 1 {
+                    return EnqueueError::VersionConflict {
+                        aggregate_type: m.aggregate_type.clone(),
+                        aggregate_id: m.aggregate_id.clone(),
+                        version: m.aggregate_version,
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+    EnqueueError::Database(e)
+}
+
+/// Coalescing, rate-limited wake-ups for relays, sent outside any business transaction.
+///
+/// [`RelayWaker::wake`] never blocks and never fails: it flags that a wake-up is due. A
+/// background task sends at most one `NOTIFY` per `min_interval`, so a producer committing
+/// 10,000 times a second costs the database at most `1 / min_interval` tiny notifications.
+/// Relays also poll, so a lost wake-up only costs latency.
+#[derive(Debug, Clone)]
+pub struct RelayWaker {
+    tx: mpsc::Sender<()>,
+}
+
+impl RelayWaker {
+    /// Starts the background sender on the current tokio runtime.
+    pub fn spawn(pool: PgPool, outbox: &PgOutbox, min_interval: Duration) -> Self {
+        let (tx, mut rx) = mpsc::channel::<()>(1);
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                if let Err(e) = outbox.notify_relays(&pool).await {
+                    warn!(error = %e, "relay wake-up failed; relays will pick the work up on their next poll");
+                }
+                tokio::time::sleep(min_interval).await;
+            }
+        });
+        Self { tx }
+    }
+
+    /// Asks for a wake-up (call after commit).
+    pub fn wake(&self) {
+        let _ = self.tx.try_send(());
+    }
+}

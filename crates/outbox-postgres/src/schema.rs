@@ -1,0 +1,86 @@
+//! The configurable schema name, validated as a plain SQL identifier.
+
+use std::fmt;
+
+/// Why a schema name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid schema name `{0}`: use 1 to 63 characters, lower-case ASCII letters, digits and `_`, not starting with a digit"
+)]
+pub struct InvalidSchema(pub String);
+
+/// A validated schema name such as `outbox`. Only names that need no quoting are accepted, so
+/// the name can be placed in SQL text safely and reads the same in `psql`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Schema(String);
+
+/// The default schema, `outbox`.
+pub const DEFAULT_SCHEMA: &str = "outbox";
+
+impl Schema {
+    /// Validates `name`.
+    ///
+    /// # Errors
+    /// [`InvalidSchema`] unless `name` matches `^[a-z_][a-z0-9_]{0,62}$` and is not a reserved
+    /// `pg_` name.
+    pub fn new(name: &str) -> Result<Self, InvalidSchema> {
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && !name.starts_with("pg_")
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !name.as_bytes()[0].is_ascii_digit();
+        if ok {
+            Ok(Self(name.to_owned()))
+        } else {
+            Err(InvalidSchema(name.to_owned()))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The NOTIFY channel producers use to wake relays of this schema.
+    pub fn wakeup_channel(&self) -> String {
+        format!("{}_wakeup", self.0)
+    }
+}
+
+impl Default for Schema {
+    fn default() -> Self {
+        Self(DEFAULT_SCHEMA.to_owned())
+    }
+}
+
+impl fmt::Display for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_identifiers_only() {
+        assert!(Schema::new("outbox").is_ok());
+        assert!(Schema::new("_svc_2").is_ok());
+        for bad in [
+            "",
+            "Outbox",
+            "1abc",
+            "a-b",
+            "a b",
+            "a;drop",
+            "pg_catalog",
+            "a\"b",
+            &"x".repeat(64),
+        ] {
+            assert!(Schema::new(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

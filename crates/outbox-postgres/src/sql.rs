@@ -1,0 +1,160 @@
+//! Every SQL statement of this crate, as templates over the schema name (`{s}`), rendered once
+//! per schema. Values always travel as bind parameters.
+
+use std::sync::Arc;
+
+use crate::schema::Schema;
+
+/// Columns returned for a claimed row, in the order `row_to_message` reads them.
+const MESSAGE_COLUMNS: &str = "e.id, e.event_id, e.aggregate_type, e.aggregate_id, \
+    e.aggregate_version, e.event_type, e.schema_version, e.content_type, e.payload, \
+    e.payload_sha256, e.headers, e.destination, e.partition_key, e.created_at, e.attempts";
+
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO {s}.events (event_id, aggregate_type, \
+    aggregate_id, aggregate_version, event_type, schema_version, content_type, payload, headers, \
+    destination, partition_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11)";
+
+pub(crate) const INSERT_EVENTS: &str = "INSERT INTO {s}.events (event_id, aggregate_type, \
+    aggregate_id, aggregate_version, event_type, schema_version, content_type, payload, headers, \
+    destination, partition_key) \
+    SELECT u.event_id, u.aggregate_type, u.aggregate_id, u.aggregate_version, u.event_type, \
+    u.schema_version, u.content_type, u.payload, u.headers::jsonb, u.destination, u.partition_key \
+    FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::int4[], \
+    $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[]) WITH ORDINALITY AS \
+    u(event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, \
+    content_type, payload, headers, destination, partition_key, ord) ORDER BY u.ord";
+
+pub(crate) const NEXT_VERSION: &str = "INSERT INTO {s}.aggregate_versions AS v (aggregate_type, \
+    aggregate_id, last_version) VALUES ($1, $2, 1) ON CONFLICT (aggregate_type, aggregate_id) \
+    DO UPDATE SET last_version = v.last_version + 1 RETURNING v.last_version";
+
+pub(crate) const IDEM_INSERT: &str = "INSERT INTO {s}.idempotency_keys (scope, key, \
+    request_sha256) VALUES ($1, $2, $3) ON CONFLICT (scope, key) DO NOTHING";
+
+pub(crate) const IDEM_SELECT: &str =
+    "SELECT request_sha256, response FROM {s}.idempotency_keys WHERE scope = $1 AND key = $2";
+
+pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response = $3, \
+    completed_at = now() WHERE scope = $1 AND key = $2 AND response IS NULL";
+
+/// The claim. `heads` are the lowest unpublished version of each aggregate that is pending,
+/// due, not under a live lease, and not locked by a concurrent claim (SKIP LOCKED); `runs` adds
+/// each head's following pending versions, stopping before a dead letter; the whole set is
+/// capped, kept as per-aggregate prefixes, and leased under one fresh token.
+const CLAIM: &str = "WITH heads AS ( \
+      SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version \
+      FROM {s}.events e \
+      WHERE e.state = 'pending' AND e.available_at <= now() \
+        AND (e.lease_until IS NULL OR e.lease_until < now()) \
+        AND NOT EXISTS (SELECT 1 FROM {s}.events p \
+            WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
+              AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
+      ORDER BY e.id LIMIT $1 \
+      FOR UPDATE OF e SKIP LOCKED \
+    ), runs AS ( \
+      SELECT h.id AS head_id, f.id, f.aggregate_version FROM heads h \
+      CROSS JOIN LATERAL ( \
+        SELECT e.id, e.aggregate_version FROM {s}.events e \
+        WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
+          AND e.aggregate_version >= h.aggregate_version AND e.state = 'pending' \
+          AND (e.id = h.id OR e.lease_until IS NULL OR e.lease_until < now()) \
+          AND NOT EXISTS (SELECT 1 FROM {s}.events d \
+              WHERE d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id \
+                AND d.state = 'dead' AND d.aggregate_version < e.aggregate_version) \
+        ORDER BY e.aggregate_version LIMIT $2 \
+      ) f \
+    ), picked AS ( \
+      SELECT id FROM runs ORDER BY head_id, aggregate_version LIMIT $1 \
+    ), token AS MATERIALIZED ( \
+      SELECT nextval('{s}.lease_token_seq') AS t \
+    ) \
+    UPDATE {s}.events e SET lease_token = token.t, \
+      lease_until = now() + $3 * interval '1 millisecond' \
+    FROM picked, token WHERE e.id = picked.id \
+    RETURNING token.t, {cols}";
+
+const MARK_DELETE: &str = "DELETE FROM {s}.events WHERE id = ANY($1) AND lease_token = $2";
+
+const MARK_UPDATE: &str = "UPDATE {s}.events SET state = 'published', published_at = now(), \
+    lease_token = NULL, lease_until = NULL WHERE id = ANY($1) AND lease_token = $2";
+
+pub(crate) const FAIL: &str = "UPDATE {s}.events SET attempts = attempts + 1, last_error = $3, \
+    state = CASE WHEN $4::int8 IS NULL THEN 'dead' ELSE 'pending' END, \
+    available_at = CASE WHEN $4::int8 IS NULL THEN available_at \
+                        ELSE now() + $4::int8 * interval '1 millisecond' END, \
+    lease_token = NULL, lease_until = NULL WHERE id = $1 AND lease_token = $2";
+
+pub(crate) const RELEASE: &str = "UPDATE {s}.events SET lease_token = NULL, lease_until = NULL \
+    WHERE id = ANY($1) AND lease_token = $2";
+
+pub(crate) const STATS: &str = "SELECT \
+      count(*) FILTER (WHERE state = 'pending'), \
+      EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, \
+      count(*) FILTER (WHERE state = 'pending' AND lease_until > now()), \
+      count(*) FILTER (WHERE state = 'pending' AND attempts > 0), \
+      count(*) FILTER (WHERE state = 'dead'), \
+      count(*) FILTER (WHERE state = 'published') \
+    FROM {s}.events";
+
+pub(crate) const DEAD_LIST: &str = "SELECT e.event_id, e.aggregate_type, e.aggregate_id, \
+    e.aggregate_version, e.event_type, e.attempts, e.last_error, e.created_at, \
+    (SELECT count(*) FROM {s}.events b WHERE b.aggregate_type = e.aggregate_type \
+       AND b.aggregate_id = e.aggregate_id AND b.aggregate_version > e.aggregate_version \
+       AND b.state = 'pending') \
+    FROM {s}.events e WHERE e.state = 'dead' ORDER BY e.id LIMIT $1";
+
+pub(crate) const DEAD_REQUEUE_SOME: &str = "UPDATE {s}.events SET state = 'pending', \
+    attempts = 0, available_at = now(), lease_token = NULL, lease_until = NULL \
+    WHERE state = 'dead' AND event_id = ANY($1)";
+
+pub(crate) const DEAD_REQUEUE_ALL: &str = "UPDATE {s}.events SET state = 'pending', \
+    attempts = 0, available_at = now(), lease_token = NULL, lease_until = NULL \
+    WHERE state = 'dead'";
+
+/// Rendered statements for one schema.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub insert_event: Arc<str>,
+    pub insert_events: Arc<str>,
+    pub next_version: Arc<str>,
+    pub idem_insert: Arc<str>,
+    pub idem_select: Arc<str>,
+    pub idem_complete: Arc<str>,
+    pub claim: Arc<str>,
+    pub mark_delete: Arc<str>,
+    pub mark_update: Arc<str>,
+    pub fail: Arc<str>,
+    pub release: Arc<str>,
+    pub stats: Arc<str>,
+    pub dead_list: Arc<str>,
+    pub dead_requeue_some: Arc<str>,
+    pub dead_requeue_all: Arc<str>,
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &Schema) -> Self {
+        let quoted = format!("\"{}\"", schema.as_str());
+        let r = |t: &str| -> Arc<str> {
+            t.replace("{cols}", MESSAGE_COLUMNS)
+                .replace("{s}", &quoted)
+                .into()
+        };
+        Self {
+            insert_event: r(INSERT_EVENT),
+            insert_events: r(INSERT_EVENTS),
+            next_version: r(NEXT_VERSION),
+            idem_insert: r(IDEM_INSERT),
+            idem_select: r(IDEM_SELECT),
+            idem_complete: r(IDEM_COMPLETE),
+            claim: r(CLAIM),
+            mark_delete: r(MARK_DELETE),
+            mark_update: r(MARK_UPDATE),
+            fail: r(FAIL),
+            release: r(RELEASE),
+            stats: r(STATS),
+            dead_list: r(DEAD_LIST),
+            dead_requeue_some: r(DEAD_REQUEUE_SOME),
+            dead_requeue_all: r(DEAD_REQUEUE_ALL),
+        }
+    }
+}

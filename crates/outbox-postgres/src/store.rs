@@ -1,0 +1,299 @@
+//! [`PgStore`]: the relay's side of the outbox table.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use outbox_core::{
+    ClaimParams, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams, FailureParams,
+    Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, Payload, ReleaseParams,
+    RequeueParams, Store, StoreError, StoreErrorKind,
+};
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::{AssertSqlSafe, PgPool, Row};
+use tokio::sync::{Notify, OnceCell};
+use tracing::warn;
+use uuid::Uuid;
+
+use crate::error::store_error;
+use crate::schema::Schema;
+use crate::sql::Sql;
+
+/// What happens to a row once the broker acknowledged it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPublish {
+    /// Delete the row (default): no dead tuples pile up in an UPDATE-marked hot table, the
+    /// claim scan stays small.
+    #[default]
+    Delete,
+    /// Keep the row with `state = 'published'` and `published_at`, for audit or replay. Needs a
+    /// retention job; claims get slower as published rows accumulate.
+    Mark,
+}
+
+/// Settings of a [`PgStore`].
+#[derive(Debug, Clone, Default)]
+pub struct PgStoreConfig {
+    /// The schema holding the outbox tables.
+    pub schema: Schema,
+    /// Delete or mark published rows.
+    pub on_publish: OnPublish,
+}
+
+/// The PostgreSQL implementation of [`Store`].
+///
+/// Claims use `FOR UPDATE SKIP LOCKED` on each aggregate's head row plus a lease
+/// (`lease_token`, `lease_until`), so any number of relays can share one database. Only
+/// committed rows are visible to a claim, and there is no read cursor: a row whose transaction
+/// commits late (lower id, later commit) is simply pending when it becomes visible, and the next
+/// claim takes it (G2).
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    config: PgStoreConfig,
+    sql: Arc<Sql>,
+    wakeups: Arc<OnceCell<Arc<Notify>>>,
+}
+
+impl PgStore {
+    /// A store over `pool`.
+    pub fn new(pool: PgPool, config: PgStoreConfig) -> Self {
+        let sql = Arc::new(Sql::new(&config.schema));
+        Self {
+            pool,
+            config,
+            sql,
+            wakeups: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PgStoreConfig {
+        &self.config
+    }
+
+    fn q(&self, sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+        AssertSqlSafe(Arc::clone(sql))
+    }
+
+    /// Starts (once) a task that LISTENs on the schema's wake-up channel.
+    async fn wakeup_notify(&self) -> Arc<Notify> {
+        self.wakeups
+            .get_or_init(|| async {
+                let notify = Arc::new(Notify::new());
+                let pool = self.pool.clone();
+                let channel = self.config.schema.wakeup_channel();
+                let n = Arc::clone(&notify);
+                tokio::spawn(async move {
+                    loop {
+                        match PgListener::connect_with(&pool).await {
+                            Ok(mut l) => {
+                                if let Err(e) = l.listen(&channel).await {
+                                    warn!(error = %e, "LISTEN failed; relying on polling");
+                                } else {
+                                    while l.recv().await.is_ok() {
+                                        n.notify_waiters();
+                                    }
+                                }
+                            }
+                            Err(e) => warn!(error = %e, "wake-up listener could not connect"),
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                });
+                notify
+            })
+            .await
+            .clone()
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn row_to_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
+    let headers: sqlx::types::Json<BTreeMap<String, String>> = row.try_get("headers")?;
+    let sha: Vec<u8> = row.try_get("payload_sha256")?;
+    let payload: Vec<u8> = row.try_get("payload")?;
+    let fingerprint = Fingerprint::from_slice(&sha).unwrap_or_else(|| Fingerprint::of(&payload));
+    Ok(OutboxMessage {
+        id: row.try_get("id")?,
+        event_id: row.try_get::<Uuid, _>("event_id")?,
+        aggregate_type: row.try_get("aggregate_type")?,
+        aggregate_id: row.try_get("aggregate_id")?,
+        aggregate_version: row.try_get("aggregate_version")?,
+        event_type: row.try_get("event_type")?,
+        schema_version: row.try_get("schema_version")?,
+        payload: Payload {
+            content_type: ContentType(row.try_get("content_type")?),
+            bytes: Bytes::from(payload),
+        },
+        fingerprint,
+        headers: headers.0,
+        destination: row.try_get("destination")?,
+        partition_key: row.try_get("partition_key")?,
+        created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+        attempts: row.try_get("attempts")?,
+    })
+}
+
+impl Store for PgStore {
+    async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
+        let rows = sqlx::query(self.q(&self.sql.claim))
+            .bind(i64::try_from(params.max_rows).unwrap_or(i64::MAX))
+            .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
+            .bind(millis(params.lease))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| store_error("claim", e))?;
+        let token = match rows.first() {
+            Some(r) => LeaseToken(r.try_get(0).map_err(|e| store_error("claim", e))?),
+            None => LeaseToken(0),
+        };
+        let mut messages = rows
+            .iter()
+            .map(row_to_message)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| store_error("claim: decoding a row", e))?;
+        messages.sort_by(|a, b| {
+            (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
+                &b.aggregate_type,
+                &b.aggregate_id,
+                b.aggregate_version,
+            ))
+        });
+        Ok(ClaimedBatch { token, messages })
+    }
+
+    async fn mark_published(&self, params: MarkParams<'_>) -> Result<u64, StoreError> {
+        let sql = match self.config.on_publish {
+            OnPublish::Delete => &self.sql.mark_delete,
+            OnPublish::Mark => &self.sql.mark_update,
+        };
+        Ok(sqlx::query(self.q(sql))
+            .bind(params.ids)
+            .bind(params.token.0)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("mark published", e))?
+            .rows_affected())
+    }
+
+    async fn record_failure(&self, params: FailureParams<'_>) -> Result<bool, StoreError> {
+        let n = sqlx::query(self.q(&self.sql.fail))
+            .bind(params.id)
+            .bind(params.token.0)
+            .bind(params.error)
+            .bind(params.retry_after.map(millis))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("record failure", e))?
+            .rows_affected();
+        Ok(n == 1)
+    }
+
+    async fn release(&self, params: ReleaseParams<'_>) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.q(&self.sql.release))
+            .bind(params.ids)
+            .bind(params.token.0)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("release", e))?
+            .rows_affected())
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let r = sqlx::query(self.q(&self.sql.stats))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| store_error("stats", e))?;
+        let get = |i: usize| -> Result<i64, StoreError> {
+            r.try_get::<i64, _>(i).map_err(|e| store_error("stats", e))
+        };
+        let age: Option<f64> = r.try_get(1).map_err(|e| store_error("stats", e))?;
+        Ok(OutboxStats {
+            pending: get(0)?,
+            oldest_pending_age: age.map(|a| Duration::from_secs_f64(a.max(0.0))),
+            in_flight: get(2)?,
+            retrying: get(3)?,
+            dead: get(4)?,
+            published_retained: get(5)?,
+        })
+    }
+
+    async fn dead_letter_list(
+        &self,
+        params: DeadLetterListParams,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let rows = sqlx::query(self.q(&self.sql.dead_list))
+            .bind(params.limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| store_error("dead letters", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    event_id: r.try_get(0)?,
+                    aggregate_type: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    aggregate_version: r.try_get(3)?,
+                    event_type: r.try_get(4)?,
+                    attempts: r.try_get(5)?,
+                    last_error: r.try_get(6)?,
+                    created_at: r.try_get(7)?,
+                    blocked_behind: r.try_get(8)?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(|e| store_error("dead letters: decoding", e))
+    }
+
+    async fn dead_letter_requeue(&self, params: RequeueParams) -> Result<u64, StoreError> {
+        let q = match &params.event_ids {
+            Some(ids) => sqlx::query(self.q(&self.sql.dead_requeue_some)).bind(ids.clone()),
+            None => sqlx::query(self.q(&self.sql.dead_requeue_all)),
+        };
+        let n = q
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("requeue", e))?
+            .rows_affected();
+        if n > 0 {
+            // Wake relays so requeued events (and the ones parked behind them) move at once.
+            let _ = sqlx::query("SELECT pg_notify($1, '')")
+                .bind(self.config.schema.wakeup_channel())
+                .execute(&self.pool)
+                .await;
+        }
+        Ok(n)
+    }
+
+    async fn wait_for_work(&self, timeout: Duration) {
+        let notify = self.wakeup_notify().await;
+        let _ = tokio::time::timeout(timeout, notify.notified()).await;
+    }
+}
+
+impl PgStore {
+    /// Refuses to run against a schema that is missing or at another version.
+    ///
+    /// # Errors
+    /// [`StoreError`] of kind `Schema` naming what to do, or `Unavailable`.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        crate::migrate::check_schema(&self.pool, &self.config.schema)
+            .await
+            .map_err(|e| match e {
+                crate::error::MigrateError::Database(d) => store_error("schema check", d),
+                other => StoreError::new(StoreErrorKind::Schema, other.to_string()),
+            })
+    }
+}

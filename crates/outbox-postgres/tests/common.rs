@@ -1,0 +1,82 @@
+//! Shared test set-up: a real PostgreSQL (never a fake), one fresh schema per test.
+#![allow(dead_code, missing_docs)]
+
+use outbox_core::{NewMessage, Payload};
+use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+pub struct TestDb {
+    pub pool: PgPool,
+    pub schema: Schema,
+    pub outbox: PgOutbox,
+}
+
+impl TestDb {
+    /// Connects (a missing server fails the test loudly) and migrates a fresh schema.
+    pub async fn new() -> TestDb {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect(&database_url())
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL at {} is required: {e}", database_url()));
+        let name = format!("t_{}", uuid::Uuid::now_v7().simple());
+        let schema = Schema::new(&name).unwrap();
+        migrate(&pool, &schema).await.expect("migrate");
+        let outbox = PgOutbox::new(schema.clone());
+        TestDb {
+            pool,
+            schema,
+            outbox,
+        }
+    }
+
+    pub fn store(&self) -> PgStore {
+        self.store_with(outbox_postgres::OnPublish::Delete)
+    }
+
+    pub fn store_with(&self, on_publish: outbox_postgres::OnPublish) -> PgStore {
+        PgStore::new(
+            self.pool.clone(),
+            PgStoreConfig {
+                schema: self.schema.clone(),
+                on_publish,
+            },
+        )
+    }
+
+    pub async fn count(&self, filter: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\".events WHERE {filter}",
+            self.schema
+        )))
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    pub async fn drop(self) {
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP SCHEMA \"{}\" CASCADE",
+            self.schema
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+pub fn msg(agg: &str, version: i64) -> NewMessage {
+    NewMessage::new(
+        "payment",
+        agg,
+        version,
+        "PaymentCreated",
+        Payload::json(&serde_json::json!({"id": agg, "v": version})).unwrap(),
+    )
+}

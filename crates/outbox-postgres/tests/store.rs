@@ -1,0 +1,491 @@
+//! PostgreSQL store against the real server: migrations, the producer API, claims, leases,
+//! fencing, dead letters and request idempotency.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, msg};
+use outbox_core::{
+    ClaimParams, DeadLetterListParams, FailureParams, Fingerprint, MarkParams, ReleaseParams,
+    RequeueParams, Store,
+};
+use outbox_postgres::{
+    EnqueueError, IdempotencyBegin, IdempotencyError, MigrateError, OnPublish, Schema, migrate,
+};
+use sqlx::AssertSqlSafe;
+
+fn claim(max_rows: usize, lease_ms: u64) -> ClaimParams {
+    ClaimParams {
+        max_rows,
+        max_per_aggregate: 100,
+        lease: Duration::from_millis(lease_ms),
+    }
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
+    let db = TestDb::new().await;
+    // Concurrent re-runs find nothing to do.
+    let (a, b) = tokio::join!(migrate(&db.pool, &db.schema), migrate(&db.pool, &db.schema));
+    assert!(a.unwrap().applied.is_empty());
+    assert!(b.unwrap().applied.is_empty());
+    outbox_postgres::check_schema(&db.pool, &db.schema)
+        .await
+        .unwrap();
+
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{}\".schema_migrations (version, name, checksum) VALUES (999, 'future', '')",
+        db.schema
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let err = migrate(&db.pool, &db.schema).await.unwrap_err();
+    assert!(
+        matches!(err, MigrateError::NewerSchema { found: 999, .. }),
+        "{err}"
+    );
+    let err = outbox_postgres::check_schema(&db.pool, &db.schema)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("999"), "{err}");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn check_schema_reports_an_unmigrated_schema() {
+    let db = TestDb::new().await;
+    let missing = Schema::new(&format!("{}_missing", db.schema)).unwrap();
+    let err = outbox_postgres::check_schema(&db.pool, &missing)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, MigrateError::NotMigrated { found: 0, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("outbox migrate"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn rolled_back_enqueue_leaves_nothing_and_commit_keeps_exact_rows() {
+    let db = TestDb::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *tx, &msg("a", 1)).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(db.count("true").await, 0);
+
+    let m = msg("a", 1).with_header(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    );
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *tx, &m).await.unwrap();
+    db.outbox
+        .enqueue_batch(&mut *tx, &[msg("b", 1), msg("b", 2)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.count("state = 'pending'").await, 3);
+
+    let batch = db.store().claim_batch(claim(10, 30_000)).await.unwrap();
+    let got = batch
+        .messages
+        .iter()
+        .find(|x| x.event_id == m.event_id)
+        .unwrap();
+    assert_eq!(got.payload, m.payload);
+    assert_eq!(got.fingerprint, Fingerprint::of(&m.payload.bytes));
+    assert_eq!(got.headers, m.headers);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn duplicate_ids_and_versions_are_named_errors() {
+    let db = TestDb::new().await;
+    let m = msg("a", 1);
+    db.outbox.enqueue(&db.pool, &m).await.unwrap();
+    let err = db.outbox.enqueue(&db.pool, &m).await.unwrap_err();
+    assert!(
+        matches!(err, EnqueueError::DuplicateEventId(id) if id == m.event_id),
+        "{err}"
+    );
+    let err = db.outbox.enqueue(&db.pool, &msg("a", 1)).await.unwrap_err();
+    assert!(
+        matches!(err, EnqueueError::VersionConflict { version: 1, .. }),
+        "{err}"
+    );
+    let err = db.outbox.enqueue(&db.pool, &msg("a", 0)).await.unwrap_err();
+    assert!(matches!(err, EnqueueError::Invalid(_)), "{err}");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_time() {
+    let db = TestDb::new().await;
+    // Inserted out of version order on purpose: order comes from versions, not ids.
+    db.outbox
+        .enqueue_batch(
+            &db.pool,
+            &[msg("a", 2), msg("a", 1), msg("a", 3), msg("b", 1)],
+        )
+        .await
+        .unwrap();
+    let store = db.store();
+    let first = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    let a: Vec<i64> = first
+        .messages
+        .iter()
+        .filter(|m| m.aggregate_id == "a")
+        .map(|m| m.aggregate_version)
+        .collect();
+    assert_eq!(a, vec![1, 2, 3]);
+    assert_eq!(first.messages.len(), 4);
+
+    // A new version of a leased aggregate is not claimable by another relay.
+    db.outbox.enqueue(&db.pool, &msg("a", 4)).await.unwrap();
+    let second = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert!(second.messages.is_empty(), "{:?}", second.messages);
+
+    // max_per_aggregate and max_rows cut runs into prefixes.
+    let ids: Vec<i64> = first.messages.iter().map(|m| m.id).collect();
+    store
+        .release(ReleaseParams {
+            token: first.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    let small = store
+        .claim_batch(ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 2,
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    let a: Vec<i64> = small
+        .messages
+        .iter()
+        .filter(|m| m.aggregate_id == "a")
+        .map(|m| m.aggregate_version)
+        .collect();
+    assert_eq!(a, vec![1, 2]);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_stale_worker_cannot_mark_after_another_took_over() {
+    let db = TestDb::new().await;
+    db.outbox.enqueue(&db.pool, &msg("a", 1)).await.unwrap();
+    let store = db.store();
+    let stale = store.claim_batch(claim(10, 200)).await.unwrap();
+    assert_eq!(stale.messages.len(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let fresh = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(fresh.messages.len(), 1, "expired lease is taken over");
+    assert!(fresh.token > stale.token);
+    let ids = [stale.messages[0].id];
+    let n = store
+        .mark_published(MarkParams {
+            token: stale.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "stale mark must be rejected");
+    let failed = store
+        .record_failure(FailureParams {
+            token: stale.token,
+            id: ids[0],
+            error: "x",
+            retry_after: None,
+        })
+        .await
+        .unwrap();
+    assert!(!failed, "stale failure record must be rejected");
+    assert_eq!(db.count("state = 'pending'").await, 1);
+    let n = store
+        .mark_published(MarkParams {
+            token: fresh.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(db.count("true").await, 0);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn mark_mode_keeps_published_rows_and_still_orders() {
+    let db = TestDb::new().await;
+    db.outbox
+        .enqueue_batch(&db.pool, &[msg("a", 1), msg("a", 2)])
+        .await
+        .unwrap();
+    let store = db.store_with(OnPublish::Mark);
+    let b = store
+        .claim_batch(ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 1,
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    assert_eq!(b.messages.len(), 1);
+    store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &[b.messages[0].id],
+        })
+        .await
+        .unwrap();
+    let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(
+        b2.messages
+            .iter()
+            .map(|m| m.aggregate_version)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    assert_eq!(store.stats().await.unwrap().published_retained, 1);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn backoff_and_dead_letters_park_only_their_aggregate() {
+    let db = TestDb::new().await;
+    db.outbox
+        .enqueue_batch(&db.pool, &[msg("a", 1), msg("a", 2), msg("b", 1)])
+        .await
+        .unwrap();
+    let store = db.store();
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    let a1 = b
+        .messages
+        .iter()
+        .find(|m| m.aggregate_id == "a" && m.aggregate_version == 1)
+        .unwrap()
+        .id;
+    let rest: Vec<i64> = b
+        .messages
+        .iter()
+        .filter(|m| m.id != a1)
+        .map(|m| m.id)
+        .collect();
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &rest,
+        })
+        .await
+        .unwrap();
+    assert!(
+        store
+            .record_failure(FailureParams {
+                token: b.token,
+                id: a1,
+                error: "too large",
+                retry_after: None
+            })
+            .await
+            .unwrap()
+    );
+    // a is parked behind its dead letter; b flows.
+    let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b2.messages.len(), 1);
+    assert_eq!(b2.messages[0].aggregate_id, "b");
+    let dead = store
+        .dead_letter_list(DeadLetterListParams { limit: 10 })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].blocked_behind, 1);
+    assert_eq!(dead[0].last_error.as_deref(), Some("too large"));
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.dead, stats.pending), (1, 2));
+
+    // Requeue: a1 then a2 come back, in order.
+    let n = store
+        .dead_letter_requeue(RequeueParams {
+            event_ids: Some(vec![dead[0].event_id]),
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let b3 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    let a: Vec<i64> = b3.messages.iter().map(|m| m.aggregate_version).collect();
+    assert_eq!(a, vec![1, 2]);
+
+    // A retry with backoff is not claimable before its time.
+    let first = b3.messages[0].id;
+    let later: Vec<i64> = b3.messages[1..].iter().map(|m| m.id).collect();
+    store
+        .release(ReleaseParams {
+            token: b3.token,
+            ids: &later,
+        })
+        .await
+        .unwrap();
+    store
+        .record_failure(FailureParams {
+            token: b3.token,
+            id: first,
+            error: "down",
+            retry_after: Some(Duration::from_millis(300)),
+        })
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim_batch(claim(10, 30_000))
+            .await
+            .unwrap()
+            .messages
+            .iter()
+            .all(|m| m.aggregate_id != "a")
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b4 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b4.messages[0].attempts, 1);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_late_commit_is_claimed_after_later_ones() {
+    let db = TestDb::new().await;
+    let mut t1 = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *t1, &msg("t1", 1)).await.unwrap(); // lower id, commits last
+    db.outbox.enqueue(&db.pool, &msg("t2", 1)).await.unwrap();
+    let store = db.store();
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b.messages.len(), 1);
+    assert_eq!(b.messages[0].aggregate_id, "t2");
+    store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &[b.messages[0].id],
+        })
+        .await
+        .unwrap();
+    t1.commit().await.unwrap();
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b.messages.len(), 1);
+    assert_eq!(b.messages[0].aggregate_id, "t1");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn version_allocation_serialises_writers_of_one_aggregate() {
+    let db = TestDb::new().await;
+    let mut t1 = db.pool.begin().await.unwrap();
+    let v1 = db
+        .outbox
+        .next_aggregate_version(&mut *t1, "payment", "p")
+        .await
+        .unwrap();
+    assert_eq!(v1, 1);
+    let pool = db.pool.clone();
+    let outbox = db.outbox.clone();
+    let second = tokio::spawn(async move {
+        let mut t2 = pool.begin().await.unwrap();
+        let v = outbox
+            .next_aggregate_version(&mut *t2, "payment", "p")
+            .await
+            .unwrap();
+        t2.commit().await.unwrap();
+        v
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second.is_finished(),
+        "second writer must wait for the first"
+    );
+    t1.commit().await.unwrap();
+    assert_eq!(second.await.unwrap(), 2);
+    let other = db
+        .outbox
+        .next_aggregate_version(&db.pool, "payment", "q")
+        .await
+        .unwrap();
+    assert_eq!(other, 1);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn request_idempotency_replays_and_detects_conflicts() {
+    let db = TestDb::new().await;
+    let req = Fingerprint::of(br#"{"amount":100}"#);
+    let mut tx = db.pool.begin().await.unwrap();
+    let b = db
+        .outbox
+        .idempotency_begin(&mut tx, "create_payment", "k1", req)
+        .await
+        .unwrap();
+    assert_eq!(b, IdempotencyBegin::New);
+    let response = serde_json::json!({"payment_id": "pay-1"});
+    db.outbox
+        .idempotency_complete(&mut tx, "create_payment", "k1", &response)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let b = db
+        .outbox
+        .idempotency_begin(&mut tx, "create_payment", "k1", req)
+        .await
+        .unwrap();
+    assert_eq!(b, IdempotencyBegin::Replay(response));
+    let other = Fingerprint::of(br#"{"amount":999}"#);
+    let err = db
+        .outbox
+        .idempotency_begin(&mut tx, "create_payment", "k1", other)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, IdempotencyError::Conflict { .. }), "{err}");
+    tx.rollback().await.unwrap();
+
+    // Same key in another scope is independent.
+    let mut tx = db.pool.begin().await.unwrap();
+    let b = db
+        .outbox
+        .idempotency_begin(&mut tx, "refund", "k1", other)
+        .await
+        .unwrap();
+    assert_eq!(b, IdempotencyBegin::New);
+    tx.rollback().await.unwrap();
+
+    // A concurrent first use waits for the owner and then replays its response.
+    let mut t1 = db.pool.begin().await.unwrap();
+    assert_eq!(
+        db.outbox
+            .idempotency_begin(&mut t1, "s", "k2", req)
+            .await
+            .unwrap(),
+        IdempotencyBegin::New
+    );
+    let pool = db.pool.clone();
+    let outbox = db.outbox.clone();
+    let waiter = tokio::spawn(async move {
+        let mut t2 = pool.begin().await.unwrap();
+        outbox
+            .idempotency_begin(&mut t2, "s", "k2", req)
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished());
+    db.outbox
+        .idempotency_complete(&mut t1, "s", "k2", &serde_json::json!(1))
+        .await
+        .unwrap();
+    t1.commit().await.unwrap();
+    assert_eq!(
+        waiter.await.unwrap(),
+        IdempotencyBegin::Replay(serde_json::json!(1))
+    );
+    db.drop().await;
+}
