@@ -1,0 +1,649 @@
+//! [`NatsTransport`]: connection, stream setup and the [`Transport`] implementation.
+
+use std::error::Error as _;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_nats::connection::State;
+use async_nats::jetstream::context::{
+    CreateStreamErrorKind, GetStreamErrorKind, PublishErrorKind as JsKind,
+};
+use async_nats::jetstream::{self, ErrorCode};
+use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
+use outbox_core::wire;
+use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
+use tokio::sync::Semaphore;
+
+use crate::config::{NatsConfig, NatsConfigError};
+use crate::subject;
+
+/// Header carrying the JetStream deduplication id (the event id).
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+/// Header carrying the payload media type (besides `ce-datacontenttype`).
+pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
+/// Prefix of the CloudEvents attribute headers.
+pub const CE_PREFIX: &str = "ce-";
+
+/// Why [`NatsTransport`] could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NatsConnectError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] NatsConfigError),
+    /// The server could not be reached or refused the connection (address, DNS, TLS, auth).
+    #[error("cannot connect to NATS at `{url}`: {source}")]
+    Connect {
+        /// The address tried.
+        url: String,
+        /// The client library's error.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// The server did not complete the connection within `connect_timeout_secs`.
+    #[error("cannot connect to NATS at `{url}`: no connection within {timeout_secs}s")]
+    ConnectTimedOut {
+        /// The address tried.
+        url: String,
+        /// The configured timeout.
+        timeout_secs: u64,
+    },
+    /// The stream could not be looked up or created (JetStream disabled, permissions,
+    /// subjects overlapping another stream, timeout).
+    #[error("JetStream stream `{stream}`: {message}")]
+    Stream {
+        /// The stream name.
+        stream: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The NATS JetStream [`Transport`].
+///
+/// Cheap to clone: clones share the connection and the in-flight bound.
+#[derive(Debug, Clone)]
+pub struct NatsTransport {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    config: Arc<NatsConfig>,
+    in_flight: Arc<Semaphore>,
+}
+
+impl NatsTransport {
+    /// Connects to `url` (one address, or several separated by commas), then looks up or
+    /// creates the stream as [`NatsConfig::ensure_stream`] says.
+    ///
+    /// Startup fails fast: an unreachable server is an error after at most
+    /// [`NatsConfig::connect_timeout_secs`], never an endless retry. Once connected, the client
+    /// reconnects by itself during outages; publishes made meanwhile fail with `TimedOut` /
+    /// `Unavailable` and the relay retries them.
+    ///
+    /// Credentials may be given in the URL (`nats://user:pass@host:4222`); use
+    /// [`NatsTransport::connect_with_options`] for TLS, NKeys or credential files.
+    ///
+    /// # Errors
+    /// [`NatsConnectError::Config`] for a bad config, [`NatsConnectError::Connect`] /
+    /// [`NatsConnectError::ConnectTimedOut`] when the server cannot be reached,
+    /// [`NatsConnectError::Stream`] when the stream cannot be looked up or created.
+    #[tracing::instrument(level = "info", skip(config), fields(stream = %config.stream))]
+    pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, NatsConnectError> {
+        let options =
+            ConnectOptions::new()
+                .name("outbox-relay")
+                .event_callback(|event| async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            tracing::info!("NATS connection (re)established")
+                        }
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("NATS connection lost; reconnecting")
+                        }
+                        other => tracing::warn!(event = %other, "NATS client event"),
+                    }
+                });
+        Self::connect_with_options(url, options, config).await
+    }
+
+    /// Like [`NatsTransport::connect`] with caller-built [`ConnectOptions`] (TLS, NKeys,
+    /// credentials, event callback). The connection timeout is set from
+    /// [`NatsConfig::connect_timeout_secs`]; do not enable `retry_on_initial_connect` unless
+    /// you want startup to wait for the server.
+    ///
+    /// # Errors
+    /// As [`NatsTransport::connect`].
+    pub async fn connect_with_options(
+        url: &str,
+        options: ConnectOptions,
+        config: NatsConfig,
+    ) -> Result<Self, NatsConnectError> {
+        config.validate()?;
+        let timeout = config.connect_timeout();
+        let options = options.connection_timeout(timeout);
+        let client = match tokio::time::timeout(timeout, options.connect(url)).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(source)) => {
+                return Err(NatsConnectError::Connect {
+                    url: redact(url),
+                    source,
+                });
+            }
+            Err(_elapsed) => {
+                return Err(NatsConnectError::ConnectTimedOut {
+                    url: redact(url),
+                    timeout_secs: config.connect_timeout_secs,
+                });
+            }
+        };
+        Self::from_client(client, config).await
+    }
+
+    /// Wraps an already connected client (for embedding or tests), then looks up or creates the
+    /// stream as [`NatsConfig::ensure_stream`] says.
+    ///
+    /// # Errors
+    /// [`NatsConnectError::Config`] or [`NatsConnectError::Stream`].
+    pub async fn from_client(
+        client: async_nats::Client,
+        config: NatsConfig,
+    ) -> Result<Self, NatsConnectError> {
+        config.validate()?;
+        let jetstream = jetstream::ContextBuilder::new()
+            .timeout(config.ack_timeout())
+            .ack_timeout(config.ack_timeout())
+            // Our own semaphore bounds in-flight publishes; the context's bound only has to
+            // be larger, with room for acks abandoned by a caller's timeout.
+            .max_ack_inflight(config.max_in_flight.saturating_mul(2))
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        let transport = Self {
+            client,
+            jetstream,
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+            config: Arc::new(config),
+        };
+        transport.check_stream().await?;
+        Ok(transport)
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &NatsConfig {
+        &self.config
+    }
+
+    /// The underlying client (for health checks, or tests reading the stream back).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream context publishes go through.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    /// The subject `message` is published to: its destination override, or
+    /// [`NatsConfig::subject_template`] expanded with sanitised tokens.
+    ///
+    /// # Errors
+    /// [`PublishErrorKind::Invalid`] when the result is not a valid literal subject.
+    pub fn subject_for(&self, message: &OutboxMessage) -> Result<String, PublishError> {
+        let subject = wire::destination(
+            message,
+            &self.config.subject_template,
+            subject::sanitize_token,
+        );
+        subject::check_publish_subject(&subject).map_err(|why| {
+            PublishError::new(
+                PublishErrorKind::Invalid,
+                format!("event {}: {why}", message.event_id),
+            )
+        })?;
+        Ok(subject)
+    }
+
+    /// The headers `message` is published with, in order: `ce-<attribute>` for every
+    /// CloudEvents attribute (percent-encoded), `ce-datacontenttype`, `Content-Type`,
+    /// `Nats-Msg-Id`, then the user headers unchanged.
+    ///
+    /// # Errors
+    /// [`PublishErrorKind::Invalid`] when a user header cannot be carried: a name the NATS
+    /// protocol refuses or that collides with a header set here (`ce-*`, `nats-*`,
+    /// `content-type`, any case), or a value with CR/LF.
+    pub fn headers_for(
+        &self,
+        message: &OutboxMessage,
+    ) -> Result<Vec<(String, String)>, PublishError> {
+        build_headers(message, &self.config.source)
+    }
+
+    async fn check_stream(&self) -> Result<(), NatsConnectError> {
+        let name = &self.config.stream;
+        let stream_error = |message: String| NatsConnectError::Stream {
+            stream: name.clone(),
+            message,
+        };
+        match self.jetstream.get_stream(name).await {
+            Ok(stream) => {
+                self.check_existing(stream.cached_info());
+                Ok(())
+            }
+            Err(e) if is_stream_not_found(&e.kind()) => {
+                if self.config.ensure_stream {
+                    self.create_stream().await.map_err(stream_error)
+                } else {
+                    tracing::warn!(
+                        stream = %name,
+                        "JetStream stream does not exist and ensure_stream is off: publishes \
+                         are rejected (and retried) until it is created"
+                    );
+                    Ok(())
+                }
+            }
+            Err(e) if self.config.ensure_stream => Err(stream_error(format!(
+                "cannot look it up (is JetStream enabled and the account allowed to use it?): {e}"
+            ))),
+            Err(e) => {
+                tracing::warn!(stream = %name, error = %e, "cannot look up the JetStream stream");
+                Ok(())
+            }
+        }
+    }
+
+    async fn create_stream(&self) -> Result<(), String> {
+        let config = jetstream::stream::Config {
+            name: self.config.stream.clone(),
+            subjects: self.config.stream_subjects.clone(),
+            storage: jetstream::stream::StorageType::File,
+            duplicate_window: self.config.duplicate_window(),
+            ..Default::default()
+        };
+        match self.jetstream.create_stream(config).await {
+            Ok(stream) => {
+                tracing::info!(
+                    stream = %self.config.stream,
+                    subjects = ?self.config.stream_subjects,
+                    duplicate_window_secs = self.config.duplicate_window_secs,
+                    "created JetStream stream"
+                );
+                self.check_existing(stream.cached_info());
+                Ok(())
+            }
+            // Another relay instance created it between our lookup and our create.
+            Err(e) if matches!(e.kind(), CreateStreamErrorKind::JetStream(ref js) if js.error_code() == ErrorCode::STREAM_NAME_EXIST) =>
+            {
+                let stream = self
+                    .jetstream
+                    .get_stream(&self.config.stream)
+                    .await
+                    .map_err(|e| format!("created concurrently, but cannot look it up: {e}"))?;
+                self.check_existing(stream.cached_info());
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot create it: {e}")),
+        }
+    }
+
+    fn check_existing(&self, info: &jetstream::stream::Info) {
+        let wanted = self.config.duplicate_window();
+        if info.config.duplicate_window < wanted {
+            tracing::warn!(
+                stream = %self.config.stream,
+                stream_duplicate_window_secs = info.config.duplicate_window.as_secs_f64(),
+                configured_duplicate_window_secs = self.config.duplicate_window_secs,
+                "the stream's duplicate window is shorter than configured: republishes after it \
+                 are stored twice (the consumer inbox absorbs them); the stream is left as it is"
+            );
+        }
+        if info.config.storage == jetstream::stream::StorageType::Memory {
+            tracing::warn!(
+                stream = %self.config.stream,
+                "the stream uses memory storage: acknowledged events are lost if the server restarts"
+            );
+        }
+    }
+
+    fn max_payload(&self) -> usize {
+        self.client
+            .try_server_info()
+            .map(|info| info.max_payload)
+            .filter(|&m| m > 0)
+            .unwrap_or_else(|| self.client.max_payload())
+    }
+
+    fn map_error(&self, err: &jetstream::context::PublishError, stage: &str) -> PublishError {
+        let connected = self.client.connection_state() == State::Connected;
+        let kind = classify(err, connected);
+        PublishError::new(kind, format!("{stage}: {err}"))
+    }
+}
+
+impl Transport for NatsTransport {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        let subject = self.subject_for(message)?;
+        let pairs = build_headers(message, &self.config.source)?;
+
+        let size = headers_wire_len(&pairs) + message.payload.bytes.len();
+        let max = self.max_payload();
+        if size > max {
+            return Err(PublishError::new(
+                PublishErrorKind::TooLarge,
+                format!(
+                    "event {}: message is {size} bytes (payload {} + headers), more than the \
+                     server's max_payload of {max}",
+                    message.event_id,
+                    message.payload.bytes.len()
+                ),
+            ));
+        }
+
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            let header = HeaderName::from_str(&name).map_err(|e| invalid(message, &name, e))?;
+            let value = HeaderValue::from_str(&value).map_err(|e| invalid(message, &name, e))?;
+            headers.append(header, value);
+        }
+
+        let _permit = self.in_flight.acquire().await.map_err(|_| {
+            PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")
+        })?;
+
+        // First await: the message is handed to the connection (or the send times out).
+        let ack = self
+            .jetstream
+            .publish_with_headers(subject.clone(), headers, message.payload.bytes.clone())
+            .await
+            .map_err(|e| self.map_error(&e, "send"))?;
+        // Second await: JetStream stored it and said so (PublishAck), or not.
+        let ack = ack.await.map_err(|e| self.map_error(&e, "ack"))?;
+
+        if ack.stream != self.config.stream {
+            tracing::debug!(
+                event_id = %message.event_id,
+                %subject,
+                stream = %ack.stream,
+                "event stored in a stream other than the configured one"
+            );
+        }
+        tracing::trace!(
+            event_id = %message.event_id,
+            %subject,
+            seq = ack.sequence,
+            duplicate = ack.duplicate,
+            "published"
+        );
+        Ok(PublishReceipt {
+            duplicate: ack.duplicate,
+        })
+    }
+}
+
+fn invalid(message: &OutboxMessage, header: &str, e: impl std::fmt::Display) -> PublishError {
+    PublishError::new(
+        PublishErrorKind::Invalid,
+        format!(
+            "event {}: header `{}` cannot be carried by NATS: {e}",
+            message.event_id,
+            header.escape_debug()
+        ),
+    )
+}
+
+/// True for a user header name that would collide with a header this transport sets.
+fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("ce-")
+        || lower.starts_with("ce_")
+        || lower.starts_with("nats-")
+        || lower == "content-type"
+}
+
+fn build_headers(
+    message: &OutboxMessage,
+    source: &str,
+) -> Result<Vec<(String, String)>, PublishError> {
+    let attributes = wire::attributes(message, source);
+    let content_type = &message.payload.content_type.0;
+    let mut pairs = Vec::with_capacity(attributes.len() + 3 + message.headers.len());
+    for (name, value) in attributes {
+        pairs.push((
+            format!("{CE_PREFIX}{name}"),
+            subject::percent_encode(&value),
+        ));
+    }
+    pairs.push((
+        format!("{CE_PREFIX}datacontenttype"),
+        subject::percent_encode(content_type),
+    ));
+    if content_type.contains(['\r', '\n']) {
+        return Err(invalid(
+            message,
+            CONTENT_TYPE_HEADER,
+            "CR/LF in the content type",
+        ));
+    }
+    pairs.push((CONTENT_TYPE_HEADER.to_owned(), content_type.clone()));
+    pairs.push((
+        MSG_ID_HEADER.to_owned(),
+        message.event_id.hyphenated().to_string(),
+    ));
+    for (name, value) in &message.headers {
+        if is_reserved_header(name) {
+            return Err(invalid(
+                message,
+                name,
+                "the name is reserved for headers the transport sets",
+            ));
+        }
+        pairs.push((name.clone(), value.clone()));
+    }
+    Ok(pairs)
+}
+
+/// Serialized size of a NATS header block: `NATS/1.0\r\n`, each `name: value\r\n`, `\r\n`.
+fn headers_wire_len(pairs: &[(String, String)]) -> usize {
+    "NATS/1.0\r\n".len()
+        + "\r\n".len()
+        + pairs
+            .iter()
+            .map(|(n, v)| n.len() + ": ".len() + v.len() + "\r\n".len())
+            .sum::<usize>()
+}
+
+fn is_stream_not_found(kind: &GetStreamErrorKind) -> bool {
+    matches!(kind, GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// Maps an async-nats JetStream publish error to the outbox error kind.
+fn classify(err: &jetstream::context::PublishError, connected: bool) -> PublishErrorKind {
+    match err.kind() {
+        JsKind::MaxPayloadExceeded => PublishErrorKind::TooLarge,
+        JsKind::TimedOut => PublishErrorKind::TimedOut,
+        JsKind::StreamNotFound => PublishErrorKind::Rejected,
+        JsKind::BrokenPipe => PublishErrorKind::Unavailable,
+        // Only with backpressure off, which this transport never sets; treat as overload.
+        JsKind::MaxAckPending => PublishErrorKind::Unavailable,
+        JsKind::WrongLastMessageId | JsKind::WrongLastSequence => PublishErrorKind::Rejected,
+        JsKind::Other => classify_other(err, connected),
+    }
+}
+
+fn classify_other(err: &jetstream::context::PublishError, connected: bool) -> PublishErrorKind {
+    if let Some(js) = err
+        .source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+    {
+        let code = js.error_code();
+        if code == ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+            || code == ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
+        {
+            return PublishErrorKind::TooLarge;
+        }
+        return PublishErrorKind::Rejected;
+    }
+    let text = err.to_string().to_ascii_lowercase();
+    if text.contains("maximum payload") || text.contains("max payload") {
+        return PublishErrorKind::TooLarge;
+    }
+    if !connected
+        || text.contains("broken pipe")
+        || text.contains("disconnected")
+        || text.contains("connection closed")
+        || text.contains("channel closed")
+    {
+        return PublishErrorKind::Unavailable;
+    }
+    PublishErrorKind::Rejected
+}
+
+/// Drops a password from a URL before it goes into an error message.
+fn redact(url: &str) -> String {
+    url.split(',')
+        .map(|one| match (one.find("://"), one.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}://***@{}", &one[..scheme], &one[at + 1..])
+            }
+            (None, Some(at)) => format!("***@{}", &one[at + 1..]),
+            _ => one.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use outbox_core::{Fingerprint, Payload};
+
+    use super::*;
+
+    fn message() -> OutboxMessage {
+        let payload = Payload::json(&serde_json_like()).unwrap();
+        OutboxMessage {
+            id: 1,
+            event_id: "0190a0f6-7b2c-7d3e-8f40-123456789abc".parse().unwrap(),
+            aggregate_type: "payment".into(),
+            aggregate_id: "pay 42".into(),
+            aggregate_version: 3,
+            event_type: "Payment.Created".into(),
+            schema_version: 2,
+            fingerprint: Fingerprint::of(&payload.bytes),
+            payload,
+            headers: BTreeMap::from([("traceparent".to_owned(), "00-abc-def-01".to_owned())]),
+            destination: None,
+            partition_key: None,
+            created_at: "2024-05-06T07:08:09.123456Z".parse().unwrap(),
+            attempts: 0,
+        }
+    }
+
+    fn serde_json_like() -> BTreeMap<&'static str, i32> {
+        BTreeMap::from([("amount", 100)])
+    }
+
+    #[test]
+    fn headers_carry_every_attribute_and_user_header() {
+        let m = message();
+        let h = build_headers(&m, "/my source").unwrap();
+        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get("ce-specversion"), Some("1.0"));
+        assert_eq!(get("ce-id"), Some("0190a0f6-7b2c-7d3e-8f40-123456789abc"));
+        assert_eq!(get("ce-source"), Some("/my%20source"));
+        assert_eq!(get("ce-type"), Some("Payment.Created"));
+        assert_eq!(get("ce-subject"), Some("pay%2042"));
+        assert_eq!(get("ce-time"), Some("2024-05-06T07:08:09.123456Z"));
+        assert_eq!(get("ce-aggregatetype"), Some("payment"));
+        assert_eq!(get("ce-aggregateid"), Some("pay%2042"));
+        assert_eq!(get("ce-aggregateversion"), Some("3"));
+        assert_eq!(get("ce-schemaversion"), Some("2"));
+        assert_eq!(get("ce-partitionkey"), Some("pay%2042"));
+        assert_eq!(
+            get("ce-payloadsha256"),
+            Some(m.fingerprint.to_hex().as_str())
+        );
+        assert_eq!(get("ce-datacontenttype"), Some("application/json"));
+        assert_eq!(get("Content-Type"), Some("application/json"));
+        assert_eq!(
+            get("Nats-Msg-Id"),
+            Some("0190a0f6-7b2c-7d3e-8f40-123456789abc")
+        );
+        assert_eq!(get("traceparent"), Some("00-abc-def-01"));
+        assert_eq!(h.len(), 12 + 3 + 1);
+    }
+
+    #[test]
+    fn reserved_user_headers_are_invalid() {
+        for name in [
+            "Content-Type",
+            "ce-id",
+            "Nats-Msg-Id",
+            "nats-expected-stream",
+        ] {
+            let mut m = message();
+            m.headers.insert(name.to_owned(), "x".to_owned());
+            let e = build_headers(&m, "/outbox").unwrap_err();
+            assert_eq!(e.kind, PublishErrorKind::Invalid, "{name}");
+        }
+    }
+
+    #[test]
+    fn wire_len_matches_the_protocol_encoding() {
+        let pairs = vec![("a".to_owned(), "bc".to_owned())];
+        assert_eq!(headers_wire_len(&pairs), "NATS/1.0\r\na: bc\r\n\r\n".len());
+    }
+
+    #[test]
+    fn classify_maps_async_nats_kinds() {
+        use jetstream::context::PublishError as E;
+        let k = |e: E| classify(&e, true);
+        assert_eq!(
+            k(E::new(JsKind::MaxPayloadExceeded)),
+            PublishErrorKind::TooLarge
+        );
+        assert_eq!(k(E::new(JsKind::TimedOut)), PublishErrorKind::TimedOut);
+        assert_eq!(
+            k(E::new(JsKind::StreamNotFound)),
+            PublishErrorKind::Rejected
+        );
+        assert_eq!(k(E::new(JsKind::BrokenPipe)), PublishErrorKind::Unavailable);
+        assert_eq!(k(E::new(JsKind::Other)), PublishErrorKind::Rejected);
+        assert_eq!(
+            classify(&E::new(JsKind::Other), false),
+            PublishErrorKind::Unavailable
+        );
+        let js: jetstream::Error = serde_json_error(10054, "message size exceeds maximum allowed");
+        assert_eq!(
+            k(E::with_source(JsKind::Other, js)),
+            PublishErrorKind::TooLarge
+        );
+        let js: jetstream::Error = serde_json_error(10077, "maximum messages exceeded");
+        assert_eq!(
+            classify(&E::with_source(JsKind::Other, js), false),
+            PublishErrorKind::Rejected
+        );
+        assert_eq!(
+            k(E::with_source(
+                JsKind::Other,
+                "Maximum Payload Violation".to_owned()
+            )),
+            PublishErrorKind::TooLarge
+        );
+    }
+
+    /// Builds a JetStream API error the way the client parses it from a response.
+    fn serde_json_error(err_code: u64, description: &str) -> jetstream::Error {
+        let text = format!(r#"{{"code":400,"err_code":{err_code},"description":"{description}"}}"#);
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn redact_hides_credentials() {
+        assert_eq!(redact("nats://u:p@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact("nats://h:4222,u:p@h2"), "nats://h:4222,***@h2");
+        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
+    }
+}
