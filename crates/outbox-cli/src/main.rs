@@ -1,1 +1,338 @@
-fn main() {}
+//! `outbox`: operate the transactional outbox.
+//!
+//! ```text
+//! outbox migrate                      create / upgrade the tables
+//! outbox relay                        move committed rows to the broker (Prometheus on --metrics-addr)
+//! outbox status [--json]              pending, oldest age, in flight, retrying, dead letters
+//! outbox dead-letters list            what exhausted its attempts, and what waits behind it
+//! outbox dead-letters requeue ID…|--all
+//! outbox demo                         payments workload through the relay to the broker, with a verdict
+//! ```
+#![forbid(unsafe_code)]
+
+mod broker;
+mod config;
+mod demo;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use outbox_core::relay::Relay;
+use outbox_core::{DeadLetterListParams, RequeueParams, Store};
+use outbox_postgres::{PgStore, PgStoreConfig};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::broker::AnyTransport;
+use crate::config::{FileConfig, Resolved, redact};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "outbox",
+    version,
+    about = "Transactional outbox: migrate, relay, inspect, demo"
+)]
+struct Cli {
+    /// TOML configuration file (flags and environment win over it).
+    #[arg(long, global = true, env = "OUTBOX_CONFIG")]
+    config: Option<PathBuf>,
+    /// PostgreSQL URL. Falls back to DATABASE_URL, then the config file.
+    #[arg(
+        long,
+        global = true,
+        env = "OUTBOX_DATABASE_URL",
+        hide_env_values = true
+    )]
+    database_url: Option<String>,
+    /// Broker URL: nats://host:4222 or amqp://user:pass@host:5672/vhost.
+    #[arg(long, global = true, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
+    broker_url: Option<String>,
+    /// Schema holding the outbox tables (default `outbox`).
+    #[arg(long, global = true, env = "OUTBOX_SCHEMA")]
+    schema: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create or upgrade the outbox tables (safe to run concurrently and repeatedly).
+    Migrate,
+    /// Run the relay until SIGTERM / Ctrl-C.
+    Relay {
+        /// Serve Prometheus metrics here.
+        #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+        metrics_addr: Option<SocketAddr>,
+    },
+    /// Print the outbox's numbers.
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect and requeue dead letters.
+    #[command(subcommand)]
+    DeadLetters(DeadLetterCmd),
+    /// Run a payments workload through the relay to the broker and check every event arrived.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum DeadLetterCmd {
+    /// List dead letters, oldest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Make dead letters pending again (attempts reset); their aggregates resume in order.
+    Requeue {
+        /// Event ids to requeue.
+        #[arg(required_unless_present = "all")]
+        event_ids: Vec<uuid::Uuid>,
+        /// Requeue every dead letter.
+        #[arg(long, conflicts_with = "event_ids")]
+        all: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let file = match &cli.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    if let Command::Demo(args) = cli.command {
+        return demo::run(args, cli.database_url, cli.broker_url, &file).await;
+    }
+    let resolved = config::resolve(cli.database_url, cli.broker_url, cli.schema, &file)?;
+    let pool = connect_db(&resolved.database_url).await?;
+    let store_config = PgStoreConfig {
+        schema: resolved.schema.clone(),
+        on_publish: file.relay.on_publish,
+    };
+    match cli.command {
+        Command::Migrate => {
+            let report = outbox_postgres::migrate(&pool, &resolved.schema).await?;
+            if report.applied.is_empty() {
+                println!(
+                    "schema `{}` is up to date (version {})",
+                    resolved.schema, report.version
+                );
+            } else {
+                println!(
+                    "schema `{}` migrated to version {} (applied {:?})",
+                    resolved.schema, report.version, report.applied
+                );
+            }
+        }
+        Command::Relay { metrics_addr } => {
+            let relay_config = file.relay.to_relay_config()?;
+            let store = PgStore::new(pool, store_config);
+            store.check().await.context("cannot start the relay")?;
+            let broker_url = broker_url(&resolved)?;
+            let transport =
+                AnyTransport::connect(&broker_url, file.nats.clone(), file.rabbitmq.clone())
+                    .await?;
+            let addr = metrics_addr.or(file
+                .metrics_addr
+                .as_deref()
+                .map(|a| a.parse().context("invalid configuration `metrics_addr`"))
+                .transpose()?);
+            if let Some(addr) = addr {
+                install_metrics(addr)?;
+                info!(%addr, "serving Prometheus metrics");
+            }
+            let relay = Arc::new(Relay::new(
+                Arc::new(store),
+                Arc::new(transport),
+                relay_config,
+            )?);
+            let shutdown = CancellationToken::new();
+            tokio::spawn(shutdown_on_signal(shutdown.clone()));
+            info!(schema = %resolved.schema, broker = %redact(&broker_url), "relay started");
+            relay.run(shutdown).await;
+        }
+        Command::Status { json } => {
+            let store = PgStore::new(pool, store_config);
+            store.check().await?;
+            let s = store.stats().await?;
+            let age = s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "schema": resolved.schema.as_str(),
+                        "pending": s.pending,
+                        "oldest_pending_age_seconds": age,
+                        "in_flight": s.in_flight,
+                        "retrying": s.retrying,
+                        "dead_letters": s.dead,
+                        "published_retained": s.published_retained,
+                    })
+                );
+            } else {
+                println!("schema                      {}", resolved.schema);
+                println!("pending                     {}", s.pending);
+                println!("oldest pending age (s)      {age:.3}");
+                println!("in flight (leased)          {}", s.in_flight);
+                println!("retrying (failed >= once)   {}", s.retrying);
+                println!("dead letters                {}", s.dead);
+                println!("published (kept, mark mode) {}", s.published_retained);
+            }
+        }
+        Command::DeadLetters(cmd) => {
+            let store = PgStore::new(pool, store_config);
+            store.check().await?;
+            match cmd {
+                DeadLetterCmd::List { limit } => {
+                    let list = store
+                        .dead_letter_list(DeadLetterListParams { limit })
+                        .await?;
+                    if list.is_empty() {
+                        println!("no dead letters");
+                    }
+                    for d in list {
+                        println!(
+                            "{}  {}/{} v{}  {}  attempts={}  waiting_behind={}  created={}\n    last_error: {}",
+                            d.event_id,
+                            d.aggregate_type,
+                            d.aggregate_id,
+                            d.aggregate_version,
+                            d.event_type,
+                            d.attempts,
+                            d.blocked_behind,
+                            d.created_at.to_rfc3339(),
+                            d.last_error.as_deref().unwrap_or("-")
+                        );
+                    }
+                }
+                DeadLetterCmd::Requeue { event_ids, all } => {
+                    let params = RequeueParams {
+                        event_ids: (!all).then_some(event_ids.clone()),
+                    };
+                    let n = store.dead_letter_requeue(params).await?;
+                    println!("requeued {n} dead letter(s)");
+                    if !all && (n as usize) < event_ids.len() {
+                        println!(
+                            "note: {} of the given ids were not dead letters",
+                            event_ids.len() - n as usize
+                        );
+                        return Ok(ExitCode::from(1));
+                    }
+                }
+            }
+        }
+        Command::Demo(_) => unreachable!("handled above"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn broker_url(resolved: &Resolved) -> Result<String> {
+    resolved.broker_url.clone().context(
+        "invalid configuration `broker_url`: not set (use --broker-url, OUTBOX_BROKER_URL or the config file)",
+    )
+}
+
+/// Connects to PostgreSQL, failing fast with the (redacted) address when it is unreachable.
+pub(crate) async fn connect_db(url: &str) -> Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))
+}
+
+/// Serves Prometheus metrics on `addr` and describes the relay's metrics.
+pub(crate) fn install_metrics(addr: SocketAddr) -> Result<()> {
+    use outbox_core::relay::metric;
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(metric::PUBLISH_LATENCY.to_owned()),
+            &[
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ],
+        )
+        .context("invalid metrics buckets")?
+        .install()
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    metrics::describe_counter!(
+        metric::PUBLISHED,
+        "Messages the broker durably acknowledged"
+    );
+    metrics::describe_counter!(metric::PUBLISH_FAILURES, "Failed publish attempts");
+    metrics::describe_counter!(
+        metric::DEAD_LETTERED,
+        "Messages moved to the dead-letter state"
+    );
+    metrics::describe_counter!(
+        metric::BROKER_DUPLICATES,
+        "Acks in which the broker reported a duplicate event id"
+    );
+    metrics::describe_counter!(
+        metric::LEASE_LOST,
+        "Rows whose settle write was refused: lease lost"
+    );
+    metrics::describe_histogram!(
+        metric::PUBLISH_LATENCY,
+        metrics::Unit::Seconds,
+        "Publish to durable ack"
+    );
+    metrics::describe_gauge!(metric::PENDING, "Pending outbox rows");
+    metrics::describe_gauge!(
+        metric::OLDEST_PENDING_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest pending row"
+    );
+    metrics::describe_gauge!(metric::DEAD_LETTERS, "Dead letters");
+    metrics::describe_gauge!(metric::RETRYING, "Pending rows that failed at least once");
+    Ok(())
+}
+
+async fn shutdown_on_signal(token: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install the SIGTERM handler");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: finishing the current batch, then stopping"),
+        _ = tokio::signal::ctrl_c() => info!("Ctrl-C: finishing the current batch, then stopping"),
+    }
+    token.cancel();
+}

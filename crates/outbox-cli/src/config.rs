@@ -1,0 +1,234 @@
+//! Configuration: command-line flags, then environment, then an optional TOML file, then
+//! defaults. Every error names the key that is wrong.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use outbox_core::relay::{Backoff, RelayConfig};
+use outbox_nats::NatsConfig;
+use outbox_postgres::{OnPublish, Schema};
+use outbox_rabbitmq::RabbitConfig;
+use serde::Deserialize;
+
+/// The TOML file. Unknown keys are errors (a typo must not silently fall back to a default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// PostgreSQL URL.
+    pub database_url: Option<String>,
+    /// `nats://…` or `amqp://…`.
+    pub broker_url: Option<String>,
+    /// Schema of the outbox tables.
+    pub schema: Option<String>,
+    /// Prometheus listen address of `outbox relay`.
+    pub metrics_addr: Option<String>,
+    /// `[relay]` table.
+    pub relay: RelayFile,
+    /// `[nats]` table.
+    pub nats: NatsConfig,
+    /// `[rabbitmq]` table.
+    pub rabbitmq: RabbitConfig,
+}
+
+/// `[relay]` settings; see [`RelayConfig`] for their meaning.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayFile {
+    pub batch_size: usize,
+    pub max_per_aggregate: usize,
+    pub lease_secs: f64,
+    pub publish_timeout_secs: f64,
+    pub lease_safety_margin_secs: f64,
+    pub max_in_flight: usize,
+    pub workers: usize,
+    pub poll_interval_ms: u64,
+    pub max_attempts: i32,
+    pub backoff_base_ms: u64,
+    pub backoff_max_secs: f64,
+    pub stats_interval_secs: f64,
+    pub on_publish: OnPublish,
+}
+
+impl Default for RelayFile {
+    fn default() -> Self {
+        let d = RelayConfig::default();
+        Self {
+            batch_size: d.batch_size,
+            max_per_aggregate: d.max_per_aggregate,
+            lease_secs: d.lease.as_secs_f64(),
+            publish_timeout_secs: d.publish_timeout.as_secs_f64(),
+            lease_safety_margin_secs: d.lease_safety_margin.as_secs_f64(),
+            max_in_flight: d.max_in_flight,
+            workers: d.workers,
+            poll_interval_ms: d.poll_interval.as_millis() as u64,
+            max_attempts: d.max_attempts,
+            backoff_base_ms: d.backoff.base.as_millis() as u64,
+            backoff_max_secs: d.backoff.max.as_secs_f64(),
+            stats_interval_secs: d.stats_interval.as_secs_f64(),
+            on_publish: OnPublish::Delete,
+        }
+    }
+}
+
+fn secs(key: &'static str, v: f64) -> Result<Duration> {
+    if !(v.is_finite() && v >= 0.0) {
+        bail!(
+            "invalid configuration `relay.{key}`: must be a non-negative number of seconds, got {v}"
+        );
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl RelayFile {
+    /// Converts to the engine's configuration and validates it.
+    pub fn to_relay_config(&self) -> Result<RelayConfig> {
+        let c = RelayConfig {
+            batch_size: self.batch_size,
+            max_per_aggregate: self.max_per_aggregate,
+            lease: secs("lease_secs", self.lease_secs)?,
+            publish_timeout: secs("publish_timeout_secs", self.publish_timeout_secs)?,
+            lease_safety_margin: secs("lease_safety_margin_secs", self.lease_safety_margin_secs)?,
+            max_in_flight: self.max_in_flight,
+            workers: self.workers,
+            poll_interval: Duration::from_millis(self.poll_interval_ms),
+            max_attempts: self.max_attempts,
+            backoff: Backoff {
+                base: Duration::from_millis(self.backoff_base_ms),
+                max: secs("backoff_max_secs", self.backoff_max_secs)?,
+            },
+            stats_interval: secs("stats_interval_secs", self.stats_interval_secs)?,
+        };
+        c.validate().map_err(|e| {
+            anyhow::anyhow!("invalid configuration `relay.{}`: {}", e.key, e.reason)
+        })?;
+        Ok(c)
+    }
+}
+
+impl FileConfig {
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
+/// Resolved connection settings.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub database_url: String,
+    pub broker_url: Option<String>,
+    pub schema: Schema,
+}
+
+/// Applies precedence: flag/`OUTBOX_*` env (clap), then `DATABASE_URL`, then the file.
+pub fn resolve(
+    flag_db: Option<String>,
+    flag_broker: Option<String>,
+    flag_schema: Option<String>,
+    file: &FileConfig,
+) -> Result<Resolved> {
+    let database_url = flag_db
+        .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()))
+        .or_else(|| file.database_url.clone())
+        .context(
+            "invalid configuration `database_url`: not set (use --database-url, OUTBOX_DATABASE_URL, DATABASE_URL or the config file)",
+        )?;
+    if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
+        bail!("invalid configuration `database_url`: must start with postgres:// or postgresql://");
+    }
+    let broker_url = flag_broker.or_else(|| file.broker_url.clone());
+    if let Some(b) = &broker_url
+        && !(b.starts_with("nats://") || b.starts_with("amqp://") || b.starts_with("amqps://"))
+    {
+        bail!(
+            "invalid configuration `broker_url`: scheme must be nats://, amqp:// or amqps://, got `{}`",
+            redact(b)
+        );
+    }
+    let schema_name = flag_schema
+        .or_else(|| file.schema.clone())
+        .unwrap_or_else(|| outbox_postgres::DEFAULT_SCHEMA.to_owned());
+    let schema = Schema::new(&schema_name)
+        .map_err(|e| anyhow::anyhow!("invalid configuration `schema`: {e}"))?;
+    Ok(Resolved {
+        database_url,
+        broker_url,
+        schema,
+    })
+}
+
+/// Hides a password in a URL for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_and_bad_keys_are_named() {
+        let e = FileConfig::parse("[relay]\nbatch_sise = 5\n").unwrap_err();
+        assert!(e.to_string().contains("batch_sise"), "{e}");
+        let e = FileConfig::parse("[relay]\nbatch_size = \"many\"\n").unwrap_err();
+        assert!(e.to_string().contains("batch_size"), "{e}");
+        let f = FileConfig::parse("[relay]\nbatch_size = 0\n").unwrap();
+        let e = f.relay.to_relay_config().unwrap_err();
+        assert!(e.to_string().contains("relay.batch_size"), "{e}");
+        let f = FileConfig::parse("[relay]\nlease_secs = 1\n").unwrap();
+        let e = f.relay.to_relay_config().unwrap_err();
+        assert!(e.to_string().contains("relay.lease"), "{e}");
+    }
+
+    #[test]
+    fn resolve_checks_urls_and_schema() {
+        let f = FileConfig::default();
+        let e = resolve(Some("mysql://x".into()), None, None, &f).unwrap_err();
+        assert!(e.to_string().contains("database_url"));
+        let e = resolve(
+            Some("postgres://x".into()),
+            Some("kafka://x".into()),
+            None,
+            &f,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("broker_url"));
+        let e = resolve(
+            Some("postgres://x".into()),
+            None,
+            Some("Bad-Name".into()),
+            &f,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("schema"));
+        let r = resolve(
+            Some("postgres://x".into()),
+            Some("nats://h".into()),
+            None,
+            &f,
+        )
+        .unwrap();
+        assert_eq!(r.schema.as_str(), "outbox");
+        assert_eq!(
+            redact("amqp://guest:secret@h:5672/%2f"),
+            "amqp://guest:***@h:5672/%2f"
+        );
+    }
+}

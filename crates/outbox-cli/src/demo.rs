@@ -1,0 +1,409 @@
+//! `outbox demo`: a small payments service end to end.
+//!
+//! Eight clients create payments. Each payment is one transaction: the business row plus a
+//! `PaymentCreated` intent. Every tenth transaction rolls back on purpose (its intent must never
+//! leave), and every third payment is captured later in a second transaction
+//! (`PaymentCaptured`, version 2, which must arrive after version 1). An in-process relay moves
+//! committed intents to the broker; an independent subscriber on the broker records what
+//! arrives. The verdict checks: every committed event arrived, nothing rolled back arrived,
+//! per-payment order held, the outbox drained.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::{NewMessage, Payload, Store};
+use outbox_nats::NatsConfig;
+use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, RelayWaker, Schema};
+use outbox_rabbitmq::RabbitConfig;
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::broker::AnyTransport;
+use crate::config::{FileConfig, redact};
+
+const SCHEMA: &str = "outbox_demo";
+const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
+const DEFAULT_BROKER: &str = "nats://127.0.0.1:4222";
+
+/// Options of `outbox demo`.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Payments to create.
+    #[arg(long, default_value_t = 2000)]
+    payments: u64,
+    /// Concurrent producer clients.
+    #[arg(long, default_value_t = 8)]
+    clients: u64,
+    /// Give up waiting for delivery after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout_secs: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    event_id: Uuid,
+    aggregate_id: String,
+    version: i64,
+}
+
+#[derive(Default)]
+struct Ledger {
+    committed: Mutex<HashMap<Uuid, (String, i64)>>,
+    rolled_back: Mutex<HashSet<Uuid>>,
+    produced: AtomicU64,
+}
+
+pub async fn run(
+    args: DemoArgs,
+    flag_db: Option<String>,
+    flag_broker: Option<String>,
+    file: &FileConfig,
+) -> Result<std::process::ExitCode> {
+    let db_url = flag_db
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .or_else(|| file.database_url.clone())
+        .unwrap_or_else(|| DEFAULT_DB.to_owned());
+    let broker_url = flag_broker
+        .or_else(|| file.broker_url.clone())
+        .unwrap_or_else(|| DEFAULT_BROKER.to_owned());
+    println!(
+        "outbox demo: {} payments from {} clients",
+        args.payments, args.clients
+    );
+    println!("  database {}", redact(&db_url));
+    println!("  broker   {}", redact(&broker_url));
+
+    let pool = crate::connect_db(&db_url).await?;
+    let schema = Schema::new(SCHEMA).expect("valid");
+    sqlx::query(AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"
+    )))
+    .execute(&pool)
+    .await?;
+    outbox_postgres::migrate(&pool, &schema).await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {SCHEMA}.payments (id text PRIMARY KEY, amount bigint NOT NULL, \
+         status text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+    )))
+    .execute(&pool)
+    .await?;
+
+    // Broker side: a fresh stream / exchange for the demo, and an independent subscriber.
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let nats_cfg = NatsConfig {
+        stream: "OUTBOX_DEMO".into(),
+        stream_subjects: vec![format!("{SCHEMA}.>")],
+        subject_template: format!("{SCHEMA}.{{aggregate_type}}.{{event_type}}"),
+        ..NatsConfig::default()
+    };
+    let rabbit_cfg = RabbitConfig {
+        exchange: SCHEMA.into(),
+        ..RabbitConfig::default()
+    };
+    if broker_url.starts_with("nats://") {
+        let client = async_nats::connect(&broker_url)
+            .await
+            .with_context(|| format!("cannot connect to NATS at {}", redact(&broker_url)))?;
+        let js = async_nats::jetstream::new(client.clone());
+        let _ = js.delete_stream("OUTBOX_DEMO").await;
+        let mut sub = client.subscribe(format!("{SCHEMA}.>")).await?;
+        let seen = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                if let Some(s) = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| parse_ce(|k| h.get(k).map(|v| v.as_str().to_owned()), "ce-"))
+                {
+                    seen.lock().unwrap().push(s);
+                }
+            }
+        });
+    }
+    let transport = AnyTransport::connect(&broker_url, nats_cfg, rabbit_cfg).await?;
+    if !broker_url.starts_with("nats://") {
+        spawn_rabbit_subscriber(&broker_url, Arc::clone(&seen)).await?;
+    }
+
+    // Relay, in process, woken by the producers after their commits.
+    let store = Arc::new(PgStore::new(
+        pool.clone(),
+        PgStoreConfig {
+            schema: schema.clone(),
+            ..Default::default()
+        },
+    ));
+    let relay = Arc::new(Relay::new(
+        Arc::clone(&store),
+        Arc::new(transport),
+        RelayConfig {
+            poll_interval: Duration::from_millis(100),
+            ..RelayConfig::default()
+        },
+    )?);
+    let shutdown = CancellationToken::new();
+    let relay_task = tokio::spawn(Arc::clone(&relay).run(shutdown.clone()));
+
+    let outbox = PgOutbox::new(schema.clone());
+    let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(5));
+    let ledger = Arc::new(Ledger::default());
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for c in 0..args.clients {
+        let (pool, outbox, waker, ledger) = (
+            pool.clone(),
+            outbox.clone(),
+            waker.clone(),
+            Arc::clone(&ledger),
+        );
+        let n = args.payments;
+        let stride = args.clients;
+        clients.push(tokio::spawn(async move {
+            let mut i = c;
+            while i < n {
+                produce_one(&pool, &outbox, &ledger, i).await?;
+                waker.wake();
+                i += stride;
+            }
+            anyhow::Ok(())
+        }));
+    }
+
+    // Progress until every committed event was seen, or the timeout.
+    let deadline = started + Duration::from_secs(args.timeout_secs);
+    let mut producers_done = false;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if !producers_done && clients.iter().all(|c| c.is_finished()) {
+            producers_done = true;
+            for c in clients.drain(..) {
+                c.await??;
+            }
+        }
+        let committed = ledger.committed.lock().unwrap().len();
+        let distinct: HashSet<Uuid> = seen.lock().unwrap().iter().map(|s| s.event_id).collect();
+        let pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
+        println!(
+            "[{:>5.1}s] produced {:>5} | committed events {:>5} | rolled back {:>4} | on the broker {:>5} | outbox pending {:>5}",
+            started.elapsed().as_secs_f64(),
+            ledger.produced.load(Ordering::Relaxed),
+            committed,
+            ledger.rolled_back.lock().unwrap().len(),
+            distinct.len(),
+            pending
+        );
+        if producers_done && pending == 0 && distinct.len() >= committed {
+            break;
+        }
+        if Instant::now() > deadline {
+            println!("timed out after {}s", args.timeout_secs);
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // let stray duplicates arrive
+    shutdown.cancel();
+    relay_task.await?;
+
+    let seen = seen.lock().unwrap().clone();
+    verdict(&pool, &ledger, &seen, &schema, started.elapsed()).await
+}
+
+async fn produce_one(pool: &PgPool, outbox: &PgOutbox, ledger: &Ledger, i: u64) -> Result<()> {
+    let id = format!("pay-{i:06}");
+    let amount = 100 + (i as i64 % 900);
+    let mut tx = pool.begin().await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {SCHEMA}.payments (id, amount, status) VALUES ($1, $2, 'created')"
+    )))
+    .bind(&id)
+    .bind(amount)
+    .execute(&mut *tx)
+    .await?;
+    let v = outbox
+        .next_aggregate_version(&mut *tx, "payment", &id)
+        .await?;
+    let created = NewMessage::new(
+        "payment",
+        &id,
+        v,
+        "PaymentCreated",
+        Payload::json(&serde_json::json!({"payment_id": id, "amount": amount, "currency": "EUR"}))?,
+    );
+    outbox.enqueue(&mut *tx, &created).await?;
+    ledger.produced.fetch_add(1, Ordering::Relaxed);
+    if i % 10 == 9 {
+        tx.rollback().await?; // e.g. a failed validation after the write: nothing may leave
+        ledger.rolled_back.lock().unwrap().insert(created.event_id);
+        return Ok(());
+    }
+    tx.commit().await?;
+    ledger
+        .committed
+        .lock()
+        .unwrap()
+        .insert(created.event_id, (id.clone(), v));
+
+    if i.is_multiple_of(3) {
+        let mut tx = pool.begin().await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {SCHEMA}.payments SET status = 'captured' WHERE id = $1"
+        )))
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
+        let v = outbox
+            .next_aggregate_version(&mut *tx, "payment", &id)
+            .await?;
+        let captured = NewMessage::new(
+            "payment",
+            &id,
+            v,
+            "PaymentCaptured",
+            Payload::json(&serde_json::json!({"payment_id": id, "amount": amount}))?,
+        );
+        outbox.enqueue(&mut *tx, &captured).await?;
+        tx.commit().await?;
+        ledger.produced.fetch_add(1, Ordering::Relaxed);
+        ledger
+            .committed
+            .lock()
+            .unwrap()
+            .insert(captured.event_id, (id, v));
+    }
+    Ok(())
+}
+
+fn parse_ce(get: impl Fn(&str) -> Option<String>, prefix: &str) -> Option<Seen> {
+    Some(Seen {
+        event_id: get(&format!("{prefix}id"))?.parse().ok()?,
+        aggregate_id: get(&format!("{prefix}aggregateid"))?,
+        version: get(&format!("{prefix}aggregateversion"))?.parse().ok()?,
+    })
+}
+
+async fn spawn_rabbit_subscriber(url: &str, seen: Arc<Mutex<Vec<Seen>>>) -> Result<()> {
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    let q = ch
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    ch.queue_bind(
+        q.name().clone(),
+        SCHEMA.into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    let mut consumer = ch
+        .basic_consume(
+            q.name().clone(),
+            "demo".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    tokio::spawn(async move {
+        let _keep = conn;
+        while let Some(Ok(d)) = consumer.next().await {
+            let headers = d.properties.headers().clone().unwrap_or_default();
+            let get = |k: &str| match headers.inner().get(k) {
+                Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+                _ => None,
+            };
+            if let Some(s) = parse_ce(get, "cloudEvents_") {
+                seen.lock().unwrap().push(s);
+            }
+            let _ = d.ack(BasicAckOptions::default()).await;
+        }
+    });
+    Ok(())
+}
+
+async fn verdict(
+    pool: &PgPool,
+    ledger: &Ledger,
+    seen: &[Seen],
+    schema: &Schema,
+    elapsed: Duration,
+) -> Result<std::process::ExitCode> {
+    let committed = ledger.committed.lock().unwrap().clone();
+    let rolled_back = ledger.rolled_back.lock().unwrap().clone();
+    let mut first: Vec<&Seen> = Vec::new();
+    let mut ids = HashSet::new();
+    for s in seen {
+        if ids.insert(s.event_id) {
+            first.push(s);
+        }
+    }
+    let duplicates = seen.len() - first.len();
+    let missing = committed.keys().filter(|id| !ids.contains(id)).count();
+    let leaked = rolled_back.iter().filter(|id| ids.contains(id)).count();
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    let mut out_of_order = 0;
+    for s in &first {
+        let l = last.entry(&s.aggregate_id).or_insert(0);
+        if s.version <= *l {
+            out_of_order += 1;
+        }
+        *l = s.version;
+    }
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}.payments",
+        schema.as_str()
+    )))
+    .fetch_one(pool)
+    .await?;
+    let pending: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}.events",
+        schema.as_str()
+    )))
+    .fetch_one(pool)
+    .await?;
+    println!();
+    println!("committed payments (business rows)   {rows}");
+    println!("committed events                     {}", committed.len());
+    println!("rolled-back transactions             {}", rolled_back.len());
+    println!("events on the broker (distinct)      {}", first.len());
+    println!("wire duplicates (absorbed by ids)    {duplicates}");
+    println!("missing committed events             {missing}");
+    println!("rolled-back events that leaked       {leaked}");
+    println!("per-payment order violations         {out_of_order}");
+    println!("rows left in the outbox              {pending}");
+    println!(
+        "elapsed                              {:.1}s",
+        elapsed.as_secs_f64()
+    );
+    let ok =
+        missing == 0 && leaked == 0 && out_of_order == 0 && pending == 0 && !committed.is_empty();
+    if ok {
+        println!(
+            "VERDICT: PASS: every committed payment event reached the broker, in order; nothing rolled back leaked"
+        );
+        Ok(std::process::ExitCode::SUCCESS)
+    } else {
+        println!("VERDICT: FAIL");
+        if committed.is_empty() {
+            bail!("no event was committed");
+        }
+        Ok(std::process::ExitCode::from(1))
+    }
+}
