@@ -1,0 +1,585 @@
+//! [`RabbitTransport`]: one connection, one confirm-mode channel, lazy reconnect.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+use lapin::message::BasicReturnMessage;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::uri::AMQPUri;
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
+use tokio::sync::{Mutex, Semaphore};
+use tracing::{debug, error, info, warn};
+
+use crate::config::{RabbitConfig, RabbitConfigError};
+use crate::encode::{self, Envelope};
+use crate::error::{RabbitConnectError, classify};
+
+/// AMQP reply code `CONTENT_TOO_LARGE`.
+const REPLY_CONTENT_TOO_LARGE: u16 = 311;
+
+/// Publishes outbox messages to a RabbitMQ exchange with publisher confirms.
+///
+/// Cheap to share behind an `Arc`; every method takes `&self` and may be called concurrently.
+/// See the [crate documentation](crate) for the wire format, error mapping and reconnect
+/// behaviour.
+pub struct RabbitTransport {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    uri: AMQPUri,
+    endpoint: String,
+    config: RabbitConfig,
+    exchange: ShortString,
+    permits: Arc<Semaphore>,
+    /// The link publishes use; read without waiting on the reconnect mutex.
+    current: RwLock<Option<Arc<Link>>>,
+    /// Held while checking and replacing `current`: one reconnect at a time.
+    reconnect: Mutex<ReconnectState>,
+    /// `max_message_size` learned from a broker refusal; 0 while unknown.
+    broker_max_message_bytes: AtomicUsize,
+    next_link_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct ReconnectState {
+    last_attempt: Option<Instant>,
+    lost_at: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// One connection and its confirm-mode channel.
+struct Link {
+    id: u64,
+    connection: Arc<Connection>,
+    channel: Channel,
+    frame_max: usize,
+    /// Set when an error means the connection itself can no longer be trusted.
+    broken: AtomicBool,
+}
+
+impl Link {
+    fn usable(&self) -> bool {
+        !self.broken.load(Ordering::Acquire)
+            && self.connection.status().connected()
+            && self.channel.status().connected()
+    }
+
+    fn mark_broken(&self) {
+        self.broken.store(true, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for RabbitTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitTransport")
+            .field("endpoint", &self.shared.endpoint)
+            .field("exchange", &self.shared.config.exchange)
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+fn endpoint_of(uri: &AMQPUri) -> String {
+    format!(
+        "{}:{}/{}",
+        uri.authority.host, uri.authority.port, uri.vhost
+    )
+}
+
+fn exchange_kind(kind: &str) -> ExchangeKind {
+    match kind {
+        "direct" => ExchangeKind::Direct,
+        "fanout" => ExchangeKind::Fanout,
+        "headers" => ExchangeKind::Headers,
+        "topic" => ExchangeKind::Topic,
+        other => ExchangeKind::Custom(other.to_owned()),
+    }
+}
+
+fn unavailable(message: impl Into<String>) -> PublishError {
+    PublishError::new(PublishErrorKind::Unavailable, message)
+}
+
+impl RabbitTransport {
+    /// Validates `config`, connects to the broker at `url`, opens a channel in publisher-confirm
+    /// mode and (with `declare_exchange`) declares the exchange as durable.
+    ///
+    /// The whole sequence is bounded by `connect_timeout_secs` and tried once: an unreachable
+    /// broker is an error here, not a retry loop. Once connected, a lost connection is
+    /// re-established lazily by later publishes.
+    ///
+    /// # Errors
+    /// * [`RabbitConnectError::Config`] for an invalid `config`;
+    /// * [`RabbitConnectError::InvalidUrl`] for a malformed `url`;
+    /// * [`RabbitConnectError::Unreachable`] when the TCP connection or the AMQP handshake
+    ///   (credentials, vhost) fails;
+    /// * [`RabbitConnectError::TimedOut`] when it all took longer than `connect_timeout_secs`;
+    /// * [`RabbitConnectError::Setup`] when the channel, publisher confirms or the exchange
+    ///   declaration are refused (e.g. the exchange exists with another type).
+    pub async fn connect(url: &str, config: RabbitConfig) -> Result<Self, RabbitConnectError> {
+        config.validate()?;
+        let uri: AMQPUri = url.parse().map_err(RabbitConnectError::InvalidUrl)?;
+        let endpoint = endpoint_of(&uri);
+        let exchange = ShortString::try_new(config.exchange.clone()).map_err(|e| {
+            RabbitConnectError::Config(RabbitConfigError {
+                key: "exchange",
+                reason: e.to_string(),
+            })
+        })?;
+        let shared = Arc::new(Shared {
+            endpoint,
+            permits: Arc::new(Semaphore::new(config.max_in_flight)),
+            exchange,
+            uri,
+            config,
+            current: RwLock::new(None),
+            reconnect: Mutex::new(ReconnectState::default()),
+            broker_max_message_bytes: AtomicUsize::new(0),
+            next_link_id: AtomicU64::new(1),
+        });
+        {
+            let mut state = shared.reconnect.lock().await;
+            state.last_attempt = Some(Instant::now());
+            let link = shared.establish().await?;
+            info!(
+                endpoint = %shared.endpoint,
+                exchange = %shared.config.exchange,
+                "connected to RabbitMQ"
+            );
+            shared.set_current(Some(Arc::new(link)));
+        }
+        Ok(Self { shared })
+    }
+
+    /// True while the current connection and channel are open. A `false` is repaired by the
+    /// next publish (after `reconnect_min_delay_ms`). Suitable for a readiness probe.
+    pub fn is_connected(&self) -> bool {
+        self.shared
+            .current()
+            .is_some_and(|link| link.usable() && !link.connection.status().blocked())
+    }
+
+    /// The settings this transport was built with.
+    pub fn config(&self) -> &RabbitConfig {
+        &self.shared.config
+    }
+
+    /// `host:port/vhost` of the broker, without credentials.
+    pub fn endpoint(&self) -> &str {
+        &self.shared.endpoint
+    }
+
+    /// Graceful shutdown: waits for every publish in flight to get its confirm (each bounded by
+    /// `confirm_timeout_secs`), then closes the connection. Later publishes fail with
+    /// [`PublishErrorKind::Unavailable`].
+    pub async fn close(&self) {
+        let all = u32::try_from(self.shared.config.max_in_flight).unwrap_or(u32::MAX);
+        let _drained = self.shared.permits.acquire_many(all).await;
+        self.shared.permits.close();
+        let _state = self.shared.reconnect.lock().await;
+        if let Some(link) = self.shared.current() {
+            self.shared.set_current(None);
+            if link.connection.status().connected()
+                && let Err(e) = link.connection.close(200, "OK".into()).await
+            {
+                debug!(error = %e, "closing the RabbitMQ connection");
+            }
+        }
+    }
+
+    async fn publish_message(&self, msg: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        let shared = &self.shared;
+        let body_len = msg.payload.bytes.len();
+        if body_len > shared.config.max_message_bytes {
+            return Err(PublishError::new(
+                PublishErrorKind::TooLarge,
+                format!(
+                    "payload is {body_len} bytes, max_message_bytes is {}",
+                    shared.config.max_message_bytes
+                ),
+            ));
+        }
+        let broker_max = shared.broker_max_message_bytes.load(Ordering::Relaxed);
+        if broker_max > 0 && body_len > broker_max {
+            return Err(PublishError::new(
+                PublishErrorKind::TooLarge,
+                format!(
+                    "payload is {body_len} bytes, the broker's max_message_size is {broker_max}"
+                ),
+            ));
+        }
+        let envelope = encode::envelope(msg, &shared.config)?;
+
+        let permit = shared
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| unavailable("the transport was closed"))?;
+        let link = shared.link().await?;
+        if link.connection.status().blocked() {
+            return Err(unavailable(format!(
+                "RabbitMQ at {} blocks publishing (memory or disk alarm)",
+                shared.endpoint
+            )));
+        }
+        if envelope.header_frame_bytes > link.frame_max {
+            return Err(PublishError::new(
+                PublishErrorKind::TooLarge,
+                format!(
+                    "properties and headers need a {} byte content header frame, the connection's frame_max is {}",
+                    envelope.header_frame_bytes, link.frame_max
+                ),
+            ));
+        }
+
+        // The send and the confirm wait run in their own task: if the caller stops waiting
+        // (the relay's publish timeout), the confirm is still collected and the in-flight
+        // permit is released only when the broker answered, so the bound stays honest.
+        let task_shared = Arc::clone(shared);
+        let body = msg.payload.bytes.clone();
+        let event_id = msg.event_id.hyphenated().to_string();
+        let task = tokio::spawn(async move {
+            let _permit = permit;
+            task_shared.send(&link, envelope, body, &event_id).await
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(unavailable(format!("publish task failed: {e}"))),
+        }
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Option<Arc<Link>> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_current(&self, link: Option<Arc<Link>>) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = link;
+    }
+
+    /// The link to publish on, re-established if the current one broke.
+    async fn link(&self) -> Result<Arc<Link>, PublishError> {
+        if let Some(link) = self.current().filter(|l| l.usable()) {
+            return Ok(link);
+        }
+        let mut state = self.reconnect.lock().await;
+        let old = self.current();
+        if let Some(link) = old.as_ref().filter(|l| l.usable()) {
+            return Ok(Arc::clone(link));
+        }
+        if self.permits.is_closed() {
+            return Err(unavailable("the transport was closed"));
+        }
+        let now = Instant::now();
+        if let Some(old) = old {
+            self.set_current(None);
+            state.lost_at = Some(now);
+            let connection_ok =
+                !old.broken.load(Ordering::Acquire) && old.connection.status().connected();
+            warn!(
+                endpoint = %self.endpoint,
+                connection_ok,
+                "RabbitMQ channel lost"
+            );
+            if connection_ok {
+                // Only the channel was closed (by a channel-level error): reopen it on the
+                // same connection.
+                let reopen = tokio::time::timeout(
+                    self.config.connect_timeout(),
+                    self.open_channel(&old.connection),
+                )
+                .await;
+                match reopen {
+                    Ok(Ok(channel)) => {
+                        let link = Arc::new(Link {
+                            id: self.next_link_id.fetch_add(1, Ordering::Relaxed),
+                            connection: Arc::clone(&old.connection),
+                            channel,
+                            frame_max: old.frame_max,
+                            broken: AtomicBool::new(false),
+                        });
+                        info!(endpoint = %self.endpoint, link = link.id, "RabbitMQ channel reopened");
+                        state.lost_at = None;
+                        self.set_current(Some(Arc::clone(&link)));
+                        return Ok(link);
+                    }
+                    Ok(Err((step, e))) => {
+                        state.last_error = Some(format!("{step}: {e}"));
+                    }
+                    Err(_) => state.last_error = Some("reopening the channel timed out".into()),
+                }
+            } else {
+                state.last_error = Some("the connection was closed".into());
+            }
+        }
+
+        let min_delay = self.config.reconnect_min_delay();
+        let since = [state.last_attempt, state.lost_at]
+            .into_iter()
+            .flatten()
+            .max();
+        if let Some(since) = since {
+            let wait = (since + min_delay).saturating_duration_since(now);
+            if !wait.is_zero() {
+                return Err(unavailable(format!(
+                    "not connected to RabbitMQ at {}; next reconnect attempt in {wait:?} (last error: {})",
+                    self.endpoint,
+                    state.last_error.as_deref().unwrap_or("none")
+                )));
+            }
+        }
+        state.last_attempt = Some(now);
+        match self.establish().await {
+            Ok(link) => {
+                let link = Arc::new(link);
+                info!(endpoint = %self.endpoint, link = link.id, "reconnected to RabbitMQ");
+                state.lost_at = None;
+                state.last_error = None;
+                self.set_current(Some(Arc::clone(&link)));
+                Ok(link)
+            }
+            Err(e) => {
+                warn!(error = %e, "reconnecting to RabbitMQ failed");
+                state.last_error = Some(e.to_string());
+                Err(unavailable(e.to_string()))
+            }
+        }
+    }
+
+    /// Connects and opens the confirm-mode channel, bounded by the connect timeout.
+    async fn establish(&self) -> Result<Link, RabbitConnectError> {
+        let after = self.config.connect_timeout();
+        tokio::time::timeout(after, self.establish_unbounded())
+            .await
+            .map_err(|_| RabbitConnectError::TimedOut {
+                endpoint: self.endpoint.clone(),
+                after,
+            })?
+    }
+
+    async fn establish_unbounded(&self) -> Result<Link, RabbitConnectError> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(self.config.connection_name.clone().into());
+        let connection = Connection::connect_uri(self.uri.clone(), properties)
+            .await
+            .map_err(|e| RabbitConnectError::Unreachable {
+                endpoint: self.endpoint.clone(),
+                message: e.to_string(),
+            })?;
+        let channel = self.open_channel(&connection).await.map_err(|(step, e)| {
+            RabbitConnectError::Setup {
+                endpoint: self.endpoint.clone(),
+                step,
+                message: e.to_string(),
+            }
+        })?;
+        let frame_max =
+            usize::try_from(connection.configuration().frame_max()).unwrap_or(usize::MAX);
+        Ok(Link {
+            id: self.next_link_id.fetch_add(1, Ordering::Relaxed),
+            connection: Arc::new(connection),
+            channel,
+            frame_max,
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    async fn open_channel(
+        &self,
+        connection: &Connection,
+    ) -> Result<Channel, (&'static str, lapin::Error)> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| ("channel.open", e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| ("confirm.select", e))?;
+        if self.config.declare_exchange {
+            channel
+                .exchange_declare(
+                    self.exchange.clone(),
+                    exchange_kind(&self.config.exchange_kind),
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| ("exchange.declare", e))?;
+        }
+        Ok(channel)
+    }
+
+    /// Sends one message and waits for its confirm.
+    async fn send(
+        &self,
+        link: &Link,
+        envelope: Envelope,
+        body: Bytes,
+        event_id: &str,
+    ) -> Result<PublishReceipt, PublishError> {
+        let Envelope {
+            routing_key,
+            properties,
+            ..
+        } = envelope;
+        let confirm = link
+            .channel
+            .basic_publish(
+                self.exchange.clone(),
+                routing_key.clone(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &body,
+                properties,
+            )
+            .await
+            .map_err(|e| self.failed(link, &e, body.len(), "basic.publish", event_id))?;
+        let confirmation = match tokio::time::timeout(self.config.confirm_timeout(), confirm).await
+        {
+            Ok(Ok(confirmation)) => confirmation,
+            Ok(Err(e)) => return Err(self.failed(link, &e, body.len(), "confirm", event_id)),
+            Err(_) => {
+                // A live channel that does not confirm within minutes is not trusted again.
+                link.mark_broken();
+                warn!(event_id, link = link.id, "no publisher confirm in time");
+                return Err(PublishError::new(
+                    PublishErrorKind::TimedOut,
+                    format!(
+                        "no publisher confirm within {}s",
+                        self.config.confirm_timeout_secs
+                    ),
+                ));
+            }
+        };
+        match confirmation {
+            Confirmation::Ack(None) => Ok(PublishReceipt { duplicate: false }),
+            Confirmation::Ack(Some(returned)) => Err(self.returned(&returned, event_id)),
+            Confirmation::Nack(returned) => {
+                if let Some(returned) = returned {
+                    return Err(self.returned(&returned, event_id));
+                }
+                warn!(event_id, "RabbitMQ nacked a message");
+                Err(PublishError::new(
+                    PublishErrorKind::Rejected,
+                    "the broker negatively acknowledged the message (basic.nack)",
+                ))
+            }
+            Confirmation::NotRequested => {
+                link.mark_broken();
+                error!(link = link.id, "channel is not in publisher-confirm mode");
+                Err(unavailable(
+                    "the channel is not in publisher-confirm mode; reconnecting",
+                ))
+            }
+        }
+    }
+
+    fn returned(&self, returned: &BasicReturnMessage, event_id: &str) -> PublishError {
+        let properties = &returned.delivery.properties;
+        let owner = properties.message_id().as_ref().map(ShortString::as_str);
+        if owner != Some(event_id) {
+            // lapin pairs a basic.return with the next confirm it resolves. RabbitMQ sends a
+            // message's return right before its ack, so this never happens with it; if it does,
+            // refuse this publish (it is retried) and say so loudly.
+            error!(
+                event_id,
+                returned_message_id = owner.unwrap_or(""),
+                "a returned message was paired with another publish's confirm"
+            );
+        }
+        let kind = if returned.reply_code == REPLY_CONTENT_TOO_LARGE {
+            PublishErrorKind::TooLarge
+        } else {
+            PublishErrorKind::Rejected
+        };
+        debug!(
+            event_id,
+            code = returned.reply_code,
+            text = %returned.reply_text,
+            "message returned by RabbitMQ"
+        );
+        PublishError::new(
+            kind,
+            format!(
+                "returned by the broker: {} {} (exchange `{}`, routing key `{}`): no queue is bound for this routing key",
+                returned.reply_code,
+                returned.reply_text,
+                returned.delivery.exchange,
+                returned.delivery.routing_key
+            ),
+        )
+    }
+
+    fn failed(
+        &self,
+        link: &Link,
+        err: &lapin::Error,
+        body_len: usize,
+        step: &str,
+        event_id: &str,
+    ) -> PublishError {
+        let c = classify(err, body_len);
+        if c.connection_broken {
+            link.mark_broken();
+        }
+        if let Some(max) = c.broker_max_message_bytes {
+            self.broker_max_message_bytes.store(max, Ordering::Relaxed);
+        }
+        debug!(event_id, link = link.id, step, kind = ?c.kind, error = %err, "publish failed");
+        PublishError::new(c.kind, format!("{step} on {}: {err}", self.endpoint))
+    }
+}
+
+impl Transport for RabbitTransport {
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<PublishReceipt, PublishError>> + Send {
+        self.publish_message(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_hides_credentials() {
+        let uri: AMQPUri = "amqp://user:s3cret@broker.example:5673/payments"
+            .parse()
+            .unwrap();
+        let e = endpoint_of(&uri);
+        assert_eq!(e, "broker.example:5673/payments");
+        assert!(!e.contains("s3cret"));
+    }
+
+    #[test]
+    fn exchange_kinds() {
+        assert_eq!(exchange_kind("topic"), ExchangeKind::Topic);
+        assert_eq!(
+            exchange_kind("x-consistent-hash"),
+            ExchangeKind::Custom("x-consistent-hash".into())
+        );
+    }
+}
