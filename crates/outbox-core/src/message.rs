@@ -307,7 +307,8 @@ pub(crate) fn validate_header(name: &str, value: &str) -> Result<(), MessageErro
         && !lower.starts_with("ce-")
         && !lower.starts_with("ce_")
         && !lower.starts_with("cloudevents")
-        && !lower.starts_with("nats-");
+        && !lower.starts_with("nats-")
+        && lower != "content-type";
     if !ok_name {
         return Err(MessageError::BadHeaderName(name.to_owned()));
     }
@@ -392,6 +393,8 @@ mod tests {
         m.aggregate_version = 0;
         assert_eq!(m.validate(), Err(MessageError::BadVersion(0)));
         let m = msg().with_header("ce-id", "x");
+        assert!(matches!(m.validate(), Err(MessageError::BadHeaderName(_))));
+        let m = msg().with_header("Content-Type", "text/plain");
         assert!(matches!(m.validate(), Err(MessageError::BadHeaderName(_))));
         let m = msg().with_header("x", "a\r\nb");
         assert!(matches!(m.validate(), Err(MessageError::BadHeaderValue(_))));

@@ -526,3 +526,382 @@ mod tests {
         assert!(RelayConfig::default().validate().is_ok());
     }
 }
+
+/// Pure-logic tests of the engine against in-memory fakes (named as such). The real store and
+/// brokers are exercised by the integration suites of the store and transport crates.
+#[cfg(test)]
+mod fake_tests {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use chrono::Utc;
+
+    use super::*;
+    use crate::message::{ContentType, Fingerprint, Payload};
+    use crate::store::{DeadLetter, DeadLetterListParams, LeaseToken, OutboxStats, RequeueParams};
+    use crate::transport::PublishReceipt;
+
+    #[derive(Clone)]
+    struct FakeRow {
+        msg: OutboxMessage,
+        dead: bool,
+        lease: Option<(i64, Instant)>,
+        available: Instant,
+    }
+
+    /// In-memory fake of the store contract (heads, runs, leases, fencing).
+    #[derive(Default)]
+    struct FakeStore {
+        rows: Mutex<Vec<FakeRow>>,
+        next_token: Mutex<i64>,
+    }
+
+    impl FakeStore {
+        fn with(events: &[(&str, i64)]) -> Self {
+            let s = Self::default();
+            for (i, (agg, v)) in events.iter().enumerate() {
+                s.rows.lock().unwrap().push(FakeRow {
+                    msg: OutboxMessage {
+                        id: i as i64 + 1,
+                        event_id: uuid::Uuid::now_v7(),
+                        aggregate_type: "t".into(),
+                        aggregate_id: (*agg).into(),
+                        aggregate_version: *v,
+                        event_type: "E".into(),
+                        schema_version: 1,
+                        payload: Payload {
+                            content_type: ContentType::json(),
+                            bytes: Bytes::from_static(b"{}"),
+                        },
+                        fingerprint: Fingerprint::of(b"{}"),
+                        headers: BTreeMap::new(),
+                        destination: None,
+                        partition_key: None,
+                        created_at: Utc::now(),
+                        attempts: 0,
+                    },
+                    dead: false,
+                    lease: None,
+                    available: Instant::now(),
+                });
+            }
+            s
+        }
+        fn remaining(&self) -> usize {
+            self.rows.lock().unwrap().len()
+        }
+        fn dead(&self) -> usize {
+            self.rows.lock().unwrap().iter().filter(|r| r.dead).count()
+        }
+    }
+
+    impl Store for FakeStore {
+        async fn claim_batch(&self, p: ClaimParams) -> Result<ClaimedBatch, StoreError> {
+            let mut rows = self.rows.lock().unwrap();
+            let mut token = self.next_token.lock().unwrap();
+            *token += 1;
+            let now = Instant::now();
+            let mut by_agg: HashMap<String, Vec<usize>> = HashMap::new();
+            for (i, r) in rows.iter().enumerate() {
+                by_agg
+                    .entry(r.msg.aggregate_id.clone())
+                    .or_default()
+                    .push(i);
+            }
+            let mut picked = Vec::new();
+            let mut aggs: Vec<_> = by_agg.into_values().collect();
+            aggs.sort_by_key(|ix| ix.iter().map(|&i| rows[i].msg.id).min());
+            for mut ix in aggs {
+                ix.sort_by_key(|&i| rows[i].msg.aggregate_version);
+                let head = &rows[ix[0]];
+                let live = |r: &FakeRow| r.lease.is_some_and(|(_, until)| until > now);
+                if head.dead || live(head) || head.available > now {
+                    continue;
+                }
+                for &i in ix.iter().take(p.max_per_aggregate) {
+                    if rows[i].dead || picked.len() >= p.max_rows {
+                        break;
+                    }
+                    picked.push(i);
+                }
+            }
+            let mut messages = Vec::new();
+            for i in picked {
+                rows[i].lease = Some((*token, now + p.lease));
+                messages.push(rows[i].msg.clone());
+            }
+            messages.sort_by(|a, b| {
+                (&a.aggregate_id, a.aggregate_version).cmp(&(&b.aggregate_id, b.aggregate_version))
+            });
+            Ok(ClaimedBatch {
+                token: LeaseToken(*token),
+                messages,
+            })
+        }
+
+        async fn mark_published(&self, p: MarkParams<'_>) -> Result<u64, StoreError> {
+            let mut rows = self.rows.lock().unwrap();
+            let before = rows.len();
+            rows.retain(|r| {
+                !(p.ids.contains(&r.msg.id) && r.lease.map(|l| l.0) == Some(p.token.0))
+            });
+            Ok((before - rows.len()) as u64)
+        }
+
+        async fn record_failure(&self, p: FailureParams<'_>) -> Result<bool, StoreError> {
+            let mut rows = self.rows.lock().unwrap();
+            let Some(r) = rows
+                .iter_mut()
+                .find(|r| r.msg.id == p.id && r.lease.map(|l| l.0) == Some(p.token.0))
+            else {
+                return Ok(false);
+            };
+            r.msg.attempts += 1;
+            r.lease = None;
+            match p.retry_after {
+                Some(d) => r.available = Instant::now() + d,
+                None => r.dead = true,
+            }
+            Ok(true)
+        }
+
+        async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, StoreError> {
+            let mut rows = self.rows.lock().unwrap();
+            let mut n = 0;
+            for r in rows.iter_mut() {
+                if p.ids.contains(&r.msg.id) && r.lease.map(|l| l.0) == Some(p.token.0) {
+                    r.lease = None;
+                    n += 1;
+                }
+            }
+            Ok(n)
+        }
+
+        async fn stats(&self) -> Result<OutboxStats, StoreError> {
+            Ok(OutboxStats::default())
+        }
+
+        async fn dead_letter_list(
+            &self,
+            _: DeadLetterListParams,
+        ) -> Result<Vec<DeadLetter>, StoreError> {
+            Ok(Vec::new())
+        }
+
+        async fn dead_letter_requeue(&self, _: RequeueParams) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+    }
+
+    /// Fake broker: records what it acknowledged, fails scripted (aggregate, version) pairs.
+    #[derive(Default)]
+    struct FakeTransport {
+        acked: Mutex<Vec<(String, i64)>>,
+        fail: Mutex<HashMap<(String, i64), (PublishErrorKind, u32)>>,
+        delay: Duration,
+    }
+
+    impl FakeTransport {
+        fn failing(agg: &str, v: i64, kind: PublishErrorKind, times: u32) -> Self {
+            let t = Self::default();
+            t.fail
+                .lock()
+                .unwrap()
+                .insert((agg.into(), v), (kind, times));
+            t
+        }
+        fn acked_for(&self, agg: &str) -> Vec<i64> {
+            self.acked
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(a, _)| a == agg)
+                .map(|(_, v)| *v)
+                .collect()
+        }
+    }
+
+    impl Transport for FakeTransport {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        async fn publish(&self, m: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+            if !self.delay.is_zero() {
+                tokio::time::sleep(self.delay).await;
+            }
+            let key = (m.aggregate_id.clone(), m.aggregate_version);
+            if let Some((kind, left)) = self.fail.lock().unwrap().get_mut(&key)
+                && *left > 0
+            {
+                *left -= 1;
+                return Err(PublishError::new(*kind, "scripted failure"));
+            }
+            self.acked.lock().unwrap().push(key);
+            Ok(PublishReceipt::default())
+        }
+    }
+
+    fn fast_config() -> RelayConfig {
+        RelayConfig {
+            backoff: Backoff {
+                base: Duration::from_millis(1),
+                max: Duration::from_millis(2),
+            },
+            ..RelayConfig::default()
+        }
+    }
+
+    fn relay(
+        store: FakeStore,
+        transport: FakeTransport,
+        config: RelayConfig,
+    ) -> Relay<FakeStore, FakeTransport> {
+        Relay::new(Arc::new(store), Arc::new(transport), config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_failure_parks_its_aggregate_and_the_others_flow() {
+        let r = relay(
+            FakeStore::with(&[("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)]),
+            FakeTransport::failing("a", 2, PublishErrorKind::Unavailable, 1),
+            fast_config(),
+        );
+        let o = r.run_batch().await.unwrap();
+        assert_eq!(
+            (
+                o.claimed,
+                o.published,
+                o.retried,
+                o.released,
+                o.dead_lettered
+            ),
+            (5, 3, 1, 1, 0)
+        );
+        assert_eq!(
+            r.transport.acked_for("a"),
+            vec![1],
+            "a3 must not overtake a2"
+        );
+        assert_eq!(r.transport.acked_for("b"), vec![1, 2]);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let o = r.run_batch().await.unwrap();
+        assert_eq!(o.published, 2);
+        assert_eq!(r.transport.acked_for("a"), vec![1, 2, 3]);
+        assert_eq!(r.store.remaining(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_permanent_error_dead_letters_at_once_and_blocks_only_its_key() {
+        let r = relay(
+            FakeStore::with(&[("a", 1), ("a", 2), ("b", 1)]),
+            FakeTransport::failing("a", 1, PublishErrorKind::TooLarge, u32::MAX),
+            fast_config(),
+        );
+        let o = r.run_batch().await.unwrap();
+        assert_eq!((o.published, o.dead_lettered, o.released), (1, 1, 1));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let o = r.run_batch().await.unwrap();
+        assert_eq!(o.claimed, 0, "a2 waits behind the dead letter");
+        assert_eq!(r.store.dead(), 1);
+        assert!(r.transport.acked_for("a").is_empty());
+    }
+
+    #[tokio::test]
+    async fn retryable_errors_dead_letter_after_max_attempts() {
+        let r = relay(
+            FakeStore::with(&[("a", 1)]),
+            FakeTransport::failing("a", 1, PublishErrorKind::Unavailable, u32::MAX),
+            RelayConfig {
+                max_attempts: 3,
+                ..fast_config()
+            },
+        );
+        for _ in 0..2 {
+            assert_eq!(r.run_batch().await.unwrap().retried, 1);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(r.run_batch().await.unwrap().dead_lettered, 1);
+        assert_eq!(r.store.dead(), 1);
+    }
+
+    #[tokio::test]
+    async fn no_publish_starts_once_the_lease_could_expire() {
+        let events: Vec<(&str, i64)> = (1..=20).map(|v| ("a", v)).collect();
+        let r = relay(
+            FakeStore::with(&events),
+            FakeTransport {
+                delay: Duration::from_millis(20),
+                ..FakeTransport::default()
+            },
+            RelayConfig {
+                lease: Duration::from_millis(300),
+                publish_timeout: Duration::from_millis(100),
+                lease_safety_margin: Duration::from_millis(50),
+                ..fast_config()
+            },
+        );
+        let started = Instant::now();
+        let o = r.run_batch().await.unwrap();
+        assert!(o.published > 0 && o.published < 20, "{o:?}");
+        assert_eq!(o.published + o.released, 20);
+        // The last publish began before lease - publish_timeout - margin = 150 ms.
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            r.transport.acked_for("a"),
+            (1..=o.published as i64).collect::<Vec<_>>()
+        );
+        let o2 = r.run_batch().await.unwrap();
+        assert!(
+            o2.published > 0,
+            "released rows are claimable again at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mark_after_takeover_is_counted_as_lease_lost() {
+        let store = FakeStore::with(&[("a", 1)]);
+        let stale = store
+            .claim_batch(ClaimParams {
+                max_rows: 10,
+                max_per_aggregate: 10,
+                lease: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        let fresh = store
+            .claim_batch(ClaimParams {
+                max_rows: 10,
+                max_per_aggregate: 10,
+                lease: Duration::from_secs(9),
+            })
+            .await
+            .unwrap();
+        assert_eq!(fresh.messages.len(), 1);
+        let ids = [stale.messages[0].id];
+        assert_eq!(
+            store
+                .mark_published(MarkParams {
+                    token: stale.token,
+                    ids: &ids
+                })
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            store
+                .mark_published(MarkParams {
+                    token: fresh.token,
+                    ids: &ids
+                })
+                .await
+                .unwrap(),
+            1
+        );
+    }
+}
