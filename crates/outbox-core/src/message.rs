@@ -241,6 +241,33 @@ impl NewMessage {
         self
     }
 
+    /// Carries the span context of `cx` as W3C `traceparent` (and `tracestate` when not empty),
+    /// so consumers continue the producer's trace. An invalid (absent) span context leaves the
+    /// message unchanged. With `tracing-opentelemetry`, pass `tracing::Span::current().context()`.
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_otel_context(self, cx: &opentelemetry::Context) -> Self {
+        use opentelemetry::trace::TraceContextExt;
+        let span = cx.span();
+        let sc = span.span_context();
+        if !sc.is_valid() {
+            return self;
+        }
+        let traceparent = format!(
+            "00-{}-{}-{:02x}",
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().to_u8()
+        );
+        let state = sc.trace_state().header();
+        self.with_trace_context(traceparent, (!state.is_empty()).then_some(state))
+    }
+
+    /// [`NewMessage::with_otel_context`] with the current OpenTelemetry context.
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_current_otel_context(self) -> Self {
+        self.with_otel_context(&opentelemetry::Context::current())
+    }
+
     /// Overrides the destination (subject / routing key) for this event.
     pub fn with_destination(mut self, destination: impl Into<String>) -> Self {
         self.destination = Some(destination.into());
@@ -412,6 +439,37 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         );
         assert!(m.validate().is_ok());
+    }
+
+    #[cfg(feature = "opentelemetry")]
+    #[test]
+    fn otel_context_becomes_traceparent() {
+        use opentelemetry::trace::{
+            SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+        };
+        let sc = SpanContext::new(
+            TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
+            SpanId::from_hex("b7ad6b7169203331").unwrap(),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::from_key_value([("vendor", "x")]).unwrap(),
+        );
+        let cx = opentelemetry::Context::new().with_remote_span_context(sc);
+        let m = msg().with_otel_context(&cx);
+        assert_eq!(
+            m.headers.get(TRACEPARENT_HEADER).map(String::as_str),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        );
+        assert_eq!(
+            m.headers.get("tracestate").map(String::as_str),
+            Some("vendor=x")
+        );
+        assert!(
+            msg()
+                .with_otel_context(&opentelemetry::Context::new())
+                .headers
+                .is_empty()
+        );
     }
 
     #[test]
