@@ -1,0 +1,1075 @@
+//! Shared set-up of the end-to-end acceptance tests: real PostgreSQL, real NATS JetStream, real
+//! RabbitMQ (a missing service fails loudly, never skips), one fresh schema / stream / exchange
+//! per test, the `outbox` binary as a real child process, and a TCP proxy that simulates broker
+//! outages without touching the shared servers.
+#![allow(dead_code, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
+use outbox_nats::async_nats;
+use outbox_nats::async_nats::jetstream;
+use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
+use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+pub fn nats_url() -> String {
+    std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("OUTBOX_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A fresh lower-case hex id (UUIDv7: 74 random bits, so parallel tests never collide).
+pub fn uid() -> String {
+    Uuid::now_v7().simple().to_string()
+}
+
+/// Polls `cond` every 25 ms until it holds; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// PostgreSQL
+// ------------------------------------------------------------------------------------------
+
+pub async fn connect_pool() -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&database_url())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL at {} is required (set OUTBOX_TEST_DATABASE_URL): {e}",
+                database_url()
+            )
+        })
+}
+
+/// One fresh schema per test.
+pub struct TestDb {
+    pub pool: PgPool,
+    pub schema: Schema,
+    pub outbox: PgOutbox,
+}
+
+impl TestDb {
+    /// A migrated fresh schema.
+    pub async fn new() -> TestDb {
+        let db = Self::unmigrated().await;
+        migrate(&db.pool, &db.schema).await.expect("migrate");
+        db
+    }
+
+    /// A fresh schema name with nothing created.
+    pub async fn unmigrated() -> TestDb {
+        let pool = connect_pool().await;
+        let schema = Schema::new(&format!("t_{}", uid())).unwrap();
+        let outbox = PgOutbox::new(schema.clone());
+        TestDb {
+            pool,
+            schema,
+            outbox,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.schema.as_str()
+    }
+
+    pub fn store(&self) -> PgStore {
+        PgStore::new(
+            self.pool.clone(),
+            PgStoreConfig {
+                schema: self.schema.clone(),
+                on_publish: outbox_postgres::OnPublish::Delete,
+            },
+        )
+    }
+
+    /// `sql` with `{s}` replaced by the quoted schema.
+    pub fn sql(&self, sql: &str) -> String {
+        sql.replace("{s}", &format!("\"{}\"", self.schema))
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        sqlx::query(AssertSqlSafe(self.sql(sql)))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(self.sql(sql)))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Rows of the outbox table matching `filter`.
+    pub async fn count(&self, filter: &str) -> i64 {
+        self.scalar(&format!("SELECT count(*) FROM {{s}}.events WHERE {filter}"))
+            .await
+    }
+
+    /// Commits `messages` in one transaction.
+    pub async fn enqueue(&self, messages: &[NewMessage]) {
+        let mut tx = self.pool.begin().await.unwrap();
+        self.outbox
+            .enqueue_batch(&mut *tx, messages)
+            .await
+            .expect("enqueue");
+        tx.commit().await.unwrap();
+    }
+
+    pub async fn cleanup(self) {
+        self.exec("DROP SCHEMA IF EXISTS {s} CASCADE").await;
+        self.pool.close().await;
+    }
+}
+
+/// `payment/<agg>` version `v` with a small JSON payload.
+pub fn event(agg: &str, v: i64) -> NewMessage {
+    NewMessage::new(
+        "payment",
+        agg,
+        v,
+        "PaymentUpdated",
+        Payload::json(&serde_json::json!({"agg": agg, "v": v})).unwrap(),
+    )
+}
+
+// ------------------------------------------------------------------------------------------
+// What a subscriber saw on the wire
+// ------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub event_id: Uuid,
+    pub aggregate_id: String,
+    pub version: i64,
+    /// Every header / property, normalised to strings.
+    pub headers: BTreeMap<String, String>,
+    pub payload: Vec<u8>,
+}
+
+/// A background subscriber collecting [`Received`] messages; aborted on drop.
+pub struct Subscriber {
+    items: Arc<Mutex<Vec<Received>>>,
+    task: JoinHandle<()>,
+    what: String,
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Subscriber {
+    pub fn snapshot(&self) -> Vec<Received> {
+        self.items.lock().unwrap().clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.lock().unwrap().len()
+    }
+
+    /// Waits until at least `n` messages arrived.
+    pub async fn wait_len(&self, n: usize, timeout: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let len = self.len();
+            if len >= n {
+                return self.snapshot();
+            }
+            assert!(
+                !self.task.is_finished(),
+                "{}: subscriber task ended after {len} messages",
+                self.what
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{}: only {len} of {n} messages arrived within {timeout:?}",
+                self.what
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until every id in `ids` was seen at least once.
+    pub async fn wait_ids(&self, ids: &[Uuid], timeout: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.snapshot();
+            let missing: Vec<_> = ids
+                .iter()
+                .filter(|id| !seen.iter().any(|r| r.event_id == **id))
+                .collect();
+            if missing.is_empty() {
+                return seen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {} of {} events never arrived within {timeout:?}, e.g. {:?}",
+                self.what,
+                missing.len(),
+                ids.len(),
+                missing.first()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Checks per-aggregate order: versions of each aggregate strictly increasing in arrival order.
+pub fn assert_strictly_increasing(seen: &[Received]) {
+    let mut last: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in seen {
+        if let Some(prev) = last.get(r.aggregate_id.as_str()) {
+            assert!(
+                r.version > *prev,
+                "aggregate {} went from version {prev} to {} (G7 violated)",
+                r.aggregate_id,
+                r.version
+            );
+        }
+        last.insert(&r.aggregate_id, r.version);
+    }
+}
+
+fn from_nats(m: &async_nats::Message) -> Received {
+    let mut headers = BTreeMap::new();
+    if let Some(h) = &m.headers {
+        for (k, vs) in h.iter() {
+            let v: Vec<&str> = vs.iter().map(|v| v.as_str()).collect();
+            headers.insert(AsRef::<str>::as_ref(k).to_owned(), v.join(","));
+        }
+    }
+    headers.insert("nats.subject".to_owned(), m.subject.to_string());
+    let get = |k: &str| headers.get(k).cloned().unwrap_or_default();
+    Received {
+        event_id: get("ce-id").parse().unwrap_or_else(|_| Uuid::nil()),
+        aggregate_id: get("ce-aggregateid"),
+        version: get("ce-aggregateversion").parse().unwrap_or(-1),
+        payload: m.payload.to_vec(),
+        headers,
+    }
+}
+
+fn amqp_string(v: &AMQPValue) -> String {
+    match v {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn from_amqp(d: &lapin::message::Delivery) -> Received {
+    let p = &d.properties;
+    let mut headers = BTreeMap::new();
+    if let Some(h) = p.headers() {
+        for (k, v) in h.inner() {
+            headers.insert(k.as_str().to_owned(), amqp_string(v));
+        }
+    }
+    let mut prop = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            headers.insert(format!("amqp.{k}"), v);
+        }
+    };
+    prop(
+        "message_id",
+        p.message_id().as_ref().map(|s| s.as_str().to_owned()),
+    );
+    prop(
+        "content_type",
+        p.content_type().as_ref().map(|s| s.as_str().to_owned()),
+    );
+    prop("type", p.kind().as_ref().map(|s| s.as_str().to_owned()));
+    prop("timestamp", p.timestamp().map(|t| t.to_string()));
+    prop("delivery_mode", p.delivery_mode().map(|t| t.to_string()));
+    prop("routing_key", Some(d.routing_key.as_str().to_owned()));
+    let get = |k: &str| headers.get(k).cloned().unwrap_or_default();
+    Received {
+        event_id: get("amqp.message_id")
+            .parse()
+            .unwrap_or_else(|_| Uuid::nil()),
+        aggregate_id: get("cloudEvents_aggregateid"),
+        version: get("cloudEvents_aggregateversion").parse().unwrap_or(-1),
+        payload: d.data.clone(),
+        headers,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// NATS JetStream
+// ------------------------------------------------------------------------------------------
+
+pub async fn nats_client(url: &str) -> async_nats::Client {
+    tokio::time::timeout(Duration::from_secs(10), async_nats::connect(url))
+        .await
+        .unwrap_or_else(|_| panic!("NATS at {url} is required: connect timed out"))
+        .unwrap_or_else(|e| panic!("NATS at {url} is required (set OUTBOX_TEST_NATS_URL): {e}"))
+}
+
+/// A per-test JetStream stream capturing `<prefix>.>`.
+pub struct NatsEnv {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub stream: String,
+    pub prefix: String,
+}
+
+impl NatsEnv {
+    pub async fn new() -> NatsEnv {
+        let client = nats_client(&nats_url()).await;
+        let js = jetstream::new(client.clone());
+        let id = uid();
+        let stream = format!("T_{}", id.to_uppercase());
+        let prefix = format!("t{id}");
+        js.create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(120),
+            max_age: Duration::from_secs(3600),
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "JetStream at {} is required (nats-server -js): {e}",
+                nats_url()
+            )
+        });
+        NatsEnv {
+            client,
+            js,
+            stream,
+            prefix,
+        }
+    }
+
+    pub fn subject_template(&self) -> String {
+        format!("{}.{{aggregate_type}}.{{event_type}}", self.prefix)
+    }
+
+    pub fn config(&self) -> NatsConfig {
+        NatsConfig {
+            stream: self.stream.clone(),
+            stream_subjects: vec![format!("{}.>", self.prefix)],
+            subject_template: self.subject_template(),
+            ack_timeout_secs: 2,
+            connect_timeout_secs: 3,
+            ..NatsConfig::default()
+        }
+    }
+
+    /// The `[nats]` table of a config file.
+    pub fn toml(&self) -> String {
+        format!(
+            "[nats]\nstream = \"{}\"\nstream_subjects = [\"{}.>\"]\nsubject_template = \"{}\"\nack_timeout_secs = 2\nconnect_timeout_secs = 3\n",
+            self.stream,
+            self.prefix,
+            self.subject_template()
+        )
+    }
+
+    pub async fn transport(&self, url: &str) -> NatsTransport {
+        NatsTransport::connect(url, self.config())
+            .await
+            .unwrap_or_else(|e| panic!("NATS transport at {url}: {e}"))
+    }
+
+    /// An independent JetStream pull consumer reading the stream from the start: what the
+    /// stream stores, in stream order.
+    pub async fn stream_subscriber(&self) -> Subscriber {
+        let stream = self.js.get_stream(&self.stream).await.expect("stream");
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                ack_policy: jetstream::consumer::AckPolicy::None,
+                inactive_threshold: Duration::from_secs(300),
+                ..Default::default()
+            })
+            .await
+            .expect("pull consumer");
+        let mut messages = consumer.messages().await.expect("consumer messages");
+        let items = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&items);
+        let task = tokio::spawn(async move {
+            while let Some(m) = messages.next().await {
+                match m {
+                    Ok(m) => sink.lock().unwrap().push(from_nats(&m)),
+                    Err(e) => eprintln!("jetstream consumer error: {e}"),
+                }
+            }
+        });
+        Subscriber {
+            items,
+            task,
+            what: format!("JetStream consumer on {}", self.stream),
+        }
+    }
+
+    /// A core NATS subscription on `<prefix>.>`: every copy on the wire, including republishes
+    /// that JetStream deduplicated.
+    pub async fn core_subscriber(&self) -> Subscriber {
+        let mut sub = self
+            .client
+            .subscribe(format!("{}.>", self.prefix))
+            .await
+            .expect("subscribe");
+        self.client.flush().await.expect("flush");
+        let items = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&items);
+        let task = tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                sink.lock().unwrap().push(from_nats(&m));
+            }
+        });
+        Subscriber {
+            items,
+            task,
+            what: format!("core subscription on {}.>", self.prefix),
+        }
+    }
+
+    /// Messages stored in the stream.
+    pub async fn stream_len(&self) -> u64 {
+        let mut s = self.js.get_stream(&self.stream).await.expect("stream");
+        s.info().await.expect("stream info").state.messages
+    }
+
+    pub async fn cleanup(self) {
+        self.js
+            .delete_stream(&self.stream)
+            .await
+            .expect("delete stream");
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// RabbitMQ
+// ------------------------------------------------------------------------------------------
+
+pub async fn amqp_connection() -> Connection {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        Connection::connect(&amqp_url(), ConnectionProperties::default()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("RabbitMQ at {} is required: connect timed out", amqp_url()))
+    .unwrap_or_else(|e| {
+        panic!(
+            "RabbitMQ at {} is required (set OUTBOX_TEST_AMQP_URL): {e}",
+            amqp_url()
+        )
+    })
+}
+
+/// A per-test topic exchange and a queue bound to it with `#`.
+pub struct RabbitEnv {
+    pub connection: Connection,
+    pub channel: Channel,
+    pub exchange: String,
+    pub queue: String,
+}
+
+impl RabbitEnv {
+    pub async fn new() -> RabbitEnv {
+        let connection = amqp_connection().await;
+        let channel = connection.create_channel().await.expect("channel");
+        let id = uid();
+        let exchange = format!("outbox-e2e-x-{id}");
+        let queue = format!("outbox-e2e-q-{id}");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("exchange.declare");
+        let mut args = FieldTable::default();
+        // A queue a crashed test leaves behind disappears by itself.
+        args.insert("x-expires".into(), AMQPValue::LongUInt(600_000));
+        channel
+            .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), args)
+            .await
+            .expect("queue.declare");
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue.bind");
+        RabbitEnv {
+            connection,
+            channel,
+            exchange,
+            queue,
+        }
+    }
+
+    pub fn config(&self) -> RabbitConfig {
+        RabbitConfig {
+            exchange: self.exchange.clone(),
+            routing_key_template: "{aggregate_type}.{aggregate_id}".to_owned(),
+            reconnect_min_delay_ms: 200,
+            connect_timeout_secs: 3,
+            confirm_timeout_secs: 5,
+            ..RabbitConfig::default()
+        }
+    }
+
+    /// The `[rabbitmq]` table of a config file; `extra` adds lines.
+    pub fn toml(&self, extra: &str) -> String {
+        format!(
+            "[rabbitmq]\nexchange = \"{}\"\nrouting_key_template = \"{{aggregate_type}}.{{aggregate_id}}\"\nreconnect_min_delay_ms = 200\nconnect_timeout_secs = 3\nconfirm_timeout_secs = 5\n{extra}\n",
+            self.exchange
+        )
+    }
+
+    pub async fn transport(&self, url: &str) -> RabbitTransport {
+        RabbitTransport::connect(url, self.config())
+            .await
+            .unwrap_or_else(|e| panic!("RabbitMQ transport at {url}: {e}"))
+    }
+
+    /// An independent consumer of the test queue (auto-ack), in delivery order.
+    pub async fn subscriber(&self) -> Subscriber {
+        let channel = self.connection.create_channel().await.expect("channel");
+        let mut consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                format!("e2e-{}", uid()).as_str().into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume");
+        let items = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&items);
+        let task = tokio::spawn(async move {
+            let _channel = channel;
+            while let Some(d) = consumer.next().await {
+                match d {
+                    Ok(d) => sink.lock().unwrap().push(from_amqp(&d)),
+                    Err(e) => {
+                        eprintln!("amqp consumer error: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+        Subscriber {
+            items,
+            task,
+            what: format!("RabbitMQ queue {}", self.queue),
+        }
+    }
+
+    pub async fn cleanup(self) {
+        self.channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .expect("queue.delete");
+        self.channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .expect("exchange.delete");
+        let _ = self.connection.close(200, "bye".into()).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Either broker
+// ------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Nats,
+    Rabbit,
+}
+
+pub enum BrokerEnv {
+    Nats(NatsEnv),
+    Rabbit(RabbitEnv),
+}
+
+impl BrokerEnv {
+    pub async fn new(kind: Kind) -> BrokerEnv {
+        match kind {
+            Kind::Nats => Self::Nats(NatsEnv::new().await),
+            Kind::Rabbit => Self::Rabbit(RabbitEnv::new().await),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Nats(_) => Kind::Nats,
+            Self::Rabbit(_) => Kind::Rabbit,
+        }
+    }
+
+    /// The real broker's URL.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Nats(_) => nats_url(),
+            Self::Rabbit(_) => amqp_url(),
+        }
+    }
+
+    /// The broker table of a config file (`rabbit_extra` adds lines to `[rabbitmq]`).
+    pub fn toml(&self, rabbit_extra: &str) -> String {
+        match self {
+            Self::Nats(n) => n.toml(),
+            Self::Rabbit(r) => r.toml(rabbit_extra),
+        }
+    }
+
+    pub async fn transport(&self, url: &str) -> TestTransport {
+        match self {
+            Self::Nats(n) => TestTransport::Nats(Box::new(n.transport(url).await)),
+            Self::Rabbit(r) => TestTransport::Rabbit(r.transport(url).await),
+        }
+    }
+
+    /// The independent subscriber: the stream's content (NATS) or the bound queue (RabbitMQ).
+    pub async fn subscriber(&self) -> Subscriber {
+        match self {
+            Self::Nats(n) => n.stream_subscriber().await,
+            Self::Rabbit(r) => r.subscriber().await,
+        }
+    }
+
+    pub async fn cleanup(self) {
+        match self {
+            Self::Nats(n) => n.cleanup().await,
+            Self::Rabbit(r) => r.cleanup().await,
+        }
+    }
+}
+
+pub enum TestTransport {
+    Nats(Box<NatsTransport>),
+    Rabbit(RabbitTransport),
+}
+
+impl Transport for TestTransport {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Nats(t) => t.name(),
+            Self::Rabbit(t) => t.name(),
+        }
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        match self {
+            Self::Nats(t) => t.publish(message).await,
+            Self::Rabbit(t) => t.publish(message).await,
+        }
+    }
+}
+
+/// `host:port` of a broker URL.
+pub fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split('/').next().unwrap().to_owned()
+}
+
+/// `url` with its `host:port` replaced.
+pub fn with_host_port(url: &str, addr: SocketAddr) -> String {
+    url.replacen(&host_port(url), &addr.to_string(), 1)
+}
+
+// ------------------------------------------------------------------------------------------
+// The outage proxy
+// ------------------------------------------------------------------------------------------
+
+/// A TCP proxy in front of a real broker. `set_down` drops every live connection and closes new
+/// ones at once; `set_up` forwards again. The shared broker is never touched.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    up: Arc<AtomicBool>,
+    kill: Arc<Mutex<CancellationToken>>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(AtomicBool::new(true));
+        let kill = Arc::new(Mutex::new(CancellationToken::new()));
+        let (up2, kill2) = (Arc::clone(&up), Arc::clone(&kill));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let token = kill2.lock().unwrap().clone();
+                if !up2.load(Ordering::SeqCst) {
+                    // Down: the client's connection closes at once.
+                    drop(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    tokio::select! {
+                        // Down: both sides are dropped, the client sees its connection close.
+                        () = token.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    }
+                });
+            }
+        });
+        Proxy {
+            addr,
+            up,
+            kill,
+            task,
+        }
+    }
+
+    pub fn set_down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        let old = std::mem::take(&mut *self.kill.lock().unwrap());
+        old.cancel();
+    }
+
+    pub fn set_up(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.kill.lock().unwrap().cancel();
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The `outbox` binary
+// ------------------------------------------------------------------------------------------
+
+/// A temporary file, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(suffix: &str, contents: &str) -> TempFile {
+        let path = std::env::temp_dir().join(format!("outbox-e2e-{}{suffix}", uid()));
+        std::fs::write(&path, contents).expect("write temp file");
+        TempFile(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A config file with short relay intervals plus `tables` (broker tables, extra `[relay]` keys
+/// must go in `relay_extra`).
+pub fn config_file(relay_extra: &str, tables: &str) -> TempFile {
+    let text = format!(
+        "[relay]\npoll_interval_ms = 50\nstats_interval_secs = 1\nlease_secs = 2\npublish_timeout_secs = 0.5\nlease_safety_margin_secs = 0.2\nbackoff_base_ms = 100\nbackoff_max_secs = 1\n{relay_extra}\n{tables}\n"
+    );
+    TempFile::new(".toml", &text)
+}
+
+/// `outbox` with a clean environment: database, schema, broker and config set explicitly
+/// when given.
+pub fn outbox(
+    schema: Option<&str>,
+    broker_url: Option<&str>,
+    config: Option<&Path>,
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    for var in [
+        "DATABASE_URL",
+        "OUTBOX_DATABASE_URL",
+        "OUTBOX_BROKER_URL",
+        "OUTBOX_SCHEMA",
+        "OUTBOX_CONFIG",
+        "OUTBOX_CRASH_POINT",
+        "OUTBOX_METRICS_ADDR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("OUTBOX_DATABASE_URL", database_url())
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(Stdio::null());
+    if let Some(s) = schema {
+        cmd.env("OUTBOX_SCHEMA", s);
+    }
+    if let Some(b) = broker_url {
+        cmd.env("OUTBOX_BROKER_URL", b);
+    }
+    if let Some(c) = config {
+        cmd.env("OUTBOX_CONFIG", c);
+    }
+    cmd
+}
+
+#[derive(Debug)]
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs a command to completion (killed after `timeout`).
+pub async fn run(cmd: std::process::Command, timeout: Duration) -> Run {
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(timeout, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{cmd:?} did not finish within {timeout:?}"))
+        .expect("spawn outbox");
+    Run {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A long-running child process, killed (SIGKILL) and reaped on drop, also on panic. Its
+/// output goes to a log file, printed when the test panics.
+pub struct ChildGuard {
+    child: std::process::Child,
+    exited: Option<ExitStatus>,
+    log: PathBuf,
+    pub name: String,
+}
+
+impl ChildGuard {
+    pub fn spawn(mut cmd: std::process::Command, name: &str) -> ChildGuard {
+        let log = std::env::temp_dir().join(format!("outbox-e2e-{name}-{}.log", uid()));
+        let file = std::fs::File::create(&log).expect("log file");
+        cmd.stdout(file.try_clone().unwrap()).stderr(file);
+        let child = cmd.spawn().expect("spawn outbox");
+        ChildGuard {
+            child,
+            exited: None,
+            log,
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn poll(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().expect("try_wait");
+        }
+        self.exited
+    }
+
+    /// Waits for the process to exit by itself.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.poll() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}; log:\n{}",
+                self.name,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asserts the process is still running.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.poll() {
+            panic!(
+                "{} exited unexpectedly with {status}; log:\n{}",
+                self.name,
+                self.log()
+            );
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub async fn terminate(&mut self) -> ExitStatus {
+        if self.poll().is_none() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &self.id().to_string()])
+                .status();
+        }
+        self.wait_exit(Duration::from_secs(10)).await
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if self.poll().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("---- {} log ----\n{}", self.name, self.log());
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+/// `GET /metrics` over a plain TCP connection.
+pub async fn scrape_metrics(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap_or_else(|e| panic!("metrics endpoint 127.0.0.1:{port}: {e}"));
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .expect("metrics response timed out")
+        .expect("read metrics");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200"), "metrics response: {text}");
+    text
+}
+
+/// Sum of every series of `name` in a Prometheus text exposition (`None` if absent).
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    let mut total = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let value: f64 = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("bad metric line {line}"));
+        *total.get_or_insert(0.0) += value;
+    }
+    total
+}
+
+/// Asserts a CLI failure: non-zero exit, stderr naming each of `needles`, no panic.
+pub fn assert_clean_failure(r: &Run, needles: &[&str]) {
+    assert!(
+        !r.status.success(),
+        "expected a failure, got {}\nstdout: {}\nstderr: {}",
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    for n in needles {
+        assert!(
+            r.stderr.contains(n),
+            "stderr does not mention `{n}`:\n{}",
+            r.stderr
+        );
+    }
+    assert!(
+        !r.stderr.contains("panicked"),
+        "the binary panicked instead of reporting an error:\n{}",
+        r.stderr
+    );
+}
