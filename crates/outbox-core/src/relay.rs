@@ -335,15 +335,14 @@ impl<S: Store, T: Transport> Relay<S, T> {
             }
         }
 
-        if !not_attempted.is_empty() {
-            outcome.released = self
-                .store
-                .release(ReleaseParams {
-                    token,
-                    ids: &not_attempted,
-                })
-                .await? as usize;
-        }
+        // Always last: ends the claim, so the aggregates are free for the next claim at once.
+        self.store
+            .release(ReleaseParams {
+                token,
+                ids: &not_attempted,
+            })
+            .await?;
+        outcome.released = not_attempted.len();
         Ok(outcome)
     }
 

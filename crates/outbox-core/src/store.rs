@@ -65,7 +65,7 @@ pub struct FailureParams<'a> {
 pub struct ReleaseParams<'a> {
     /// The claim's token.
     pub token: LeaseToken,
-    /// Rows claimed but not attempted (behind a failure, or out of lease time).
+    /// Rows claimed but not attempted (behind a failure, or out of lease time); may be empty.
     pub ids: &'a [i64],
 }
 
@@ -167,7 +167,9 @@ pub trait Store: Send + Sync + 'static {
         params: FailureParams<'_>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Gives up the lease on rows that were not attempted. Returns how many were released.
+    /// Ends a claim: gives up whatever `token` still holds (`ids` are the rows that were not
+    /// attempted), after its marks and failure records were written. The relay calls it once
+    /// per claimed batch, last. Returns how many rows or leases were released (store-specific).
     ///
     /// # Errors
     /// [`StoreError`] on an outage; the lease then simply expires.

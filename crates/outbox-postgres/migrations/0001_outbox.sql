@@ -26,8 +26,6 @@ CREATE TABLE {{schema}}.events (
     state             text        NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'published', 'dead')),
     attempts          integer     NOT NULL DEFAULT 0,
     available_at      timestamptz NOT NULL DEFAULT now(),
-    lease_token       bigint,
-    lease_until       timestamptz,
     last_error        text,
     published_at      timestamptz,
     CONSTRAINT events_event_id_key UNIQUE (event_id),
@@ -36,6 +34,19 @@ CREATE TABLE {{schema}}.events (
 
 -- Claim scan: pending rows in insertion order.
 CREATE INDEX events_pending_idx ON {{schema}}.events (id) WHERE state = 'pending';
+
+-- Relay leases, one row per aggregate under a claim. An aggregate is owned by at most one live
+-- lease; every settle write joins on (aggregate, token), so a relay whose lease was taken over
+-- changes nothing. Rows are deleted when a claim is settled; expired ones are taken over in
+-- place or swept.
+CREATE TABLE {{schema}}.leases (
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    token          bigint      NOT NULL,
+    lease_until    timestamptz NOT NULL,
+    PRIMARY KEY (aggregate_type, aggregate_id)
+);
+CREATE INDEX leases_token_idx ON {{schema}}.leases (token);
 
 -- Atomic per-aggregate version allocation (next_aggregate_version). The row lock taken by the
 -- allocation is held until the producer's transaction ends, so versions of one aggregate commit

@@ -37,60 +37,83 @@ pub(crate) const IDEM_SELECT: &str =
 pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response = $3, \
     completed_at = now() WHERE scope = $1 AND key = $2 AND response IS NULL";
 
-/// The claim. `heads` are the lowest unpublished version of each aggregate that is pending,
-/// due, not under a live lease, and not locked by a concurrent claim (SKIP LOCKED); `runs` adds
-/// each head's following pending versions, stopping before a dead letter; the whole set is
-/// capped, kept as per-aggregate prefixes, and leased under one fresh token.
+/// The claim, in one statement:
+/// * `heads`: the lowest unpublished version of each aggregate that is pending, due, without a
+///   live lease, and not locked by a concurrent claim (SKIP LOCKED), oldest first;
+/// * `acquired`: one lease row per head's aggregate under a fresh token. The upsert only takes
+///   over an *expired* lease, and it always sees the latest committed lease row, so two claims
+///   racing for one aggregate cannot both acquire it, whatever their snapshots;
+/// * the result: each acquired aggregate's pending versions from its head on, stopping before a
+///   dead letter, capped per aggregate and in total. The nested loop over `heads` stops at the
+///   total cap, so each aggregate's rows are a prefix of its run; aggregates cut off entirely
+///   stay leased until the claim is settled (release deletes every lease of the token).
+///
+/// Event rows are only read and row-locked here, never rewritten: a claim writes one small
+/// lease row per aggregate, not one fat tuple per event.
 const CLAIM: &str = "WITH heads AS ( \
       SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version \
       FROM {s}.events e \
       WHERE e.state = 'pending' AND e.available_at <= now() \
-        AND (e.lease_until IS NULL OR e.lease_until < now()) \
+        AND NOT EXISTS (SELECT 1 FROM {s}.leases l \
+            WHERE l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id \
+              AND l.lease_until > now()) \
         AND NOT EXISTS (SELECT 1 FROM {s}.events p \
             WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
               AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
-      ORDER BY e.id LIMIT $1 \
+      ORDER BY e.id LIMIT $4 \
       FOR UPDATE OF e SKIP LOCKED \
-    ), runs AS ( \
-      SELECT h.id AS head_id, f.id, f.aggregate_version FROM heads h \
-      CROSS JOIN LATERAL ( \
-        SELECT e.id, e.aggregate_version FROM {s}.events e \
-        WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
-          AND e.aggregate_version >= h.aggregate_version AND e.state = 'pending' \
-          AND (e.id = h.id OR e.lease_until IS NULL OR e.lease_until < now()) \
-          AND NOT EXISTS (SELECT 1 FROM {s}.events d \
-              WHERE d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id \
-                AND d.state = 'dead' AND d.aggregate_version < e.aggregate_version) \
-        ORDER BY e.aggregate_version LIMIT $2 \
-      ) f \
-    ), picked AS ( \
-      SELECT id FROM runs ORDER BY head_id, aggregate_version LIMIT $1 \
     ), token AS MATERIALIZED ( \
       SELECT nextval('{s}.lease_token_seq') AS t \
+    ), acquired AS ( \
+      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until) \
+      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + $3 * interval '1 millisecond' \
+      FROM heads h, token \
+      ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until \
+        WHERE l.lease_until <= now() \
+      RETURNING l.aggregate_type, l.aggregate_id, l.token \
     ) \
-    UPDATE {s}.events e SET lease_token = token.t, \
-      lease_until = now() + $3 * interval '1 millisecond' \
-    FROM picked, token WHERE e.id = picked.id \
-    RETURNING token.t, {cols}";
+    SELECT a.token, {cols} \
+    FROM heads h \
+    JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id \
+    CROSS JOIN LATERAL ( \
+      SELECT * FROM {s}.events e \
+      WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
+        AND e.aggregate_version >= h.aggregate_version AND e.state = 'pending' \
+        AND NOT EXISTS (SELECT 1 FROM {s}.events d \
+            WHERE d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id \
+              AND d.state = 'dead' AND d.aggregate_version < e.aggregate_version) \
+      ORDER BY e.aggregate_version LIMIT $2 \
+    ) e \
+    LIMIT $1";
 
-const MARK_DELETE: &str = "DELETE FROM {s}.events WHERE id = ANY($1) AND lease_token = $2";
+const MARK_DELETE: &str = "DELETE FROM {s}.events e USING {s}.leases l \
+    WHERE e.id = ANY($1) AND l.token = $2 \
+      AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id";
 
-const MARK_UPDATE: &str = "UPDATE {s}.events SET state = 'published', published_at = now(), \
-    lease_token = NULL, lease_until = NULL WHERE id = ANY($1) AND lease_token = $2";
+const MARK_UPDATE: &str = "UPDATE {s}.events e SET state = 'published', published_at = now() \
+    FROM {s}.leases l \
+    WHERE e.id = ANY($1) AND l.token = $2 \
+      AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id";
 
-pub(crate) const FAIL: &str = "UPDATE {s}.events SET attempts = attempts + 1, last_error = $3, \
+pub(crate) const FAIL: &str = "UPDATE {s}.events e SET attempts = e.attempts + 1, last_error = $3, \
     state = CASE WHEN $4::int8 IS NULL THEN 'dead' ELSE 'pending' END, \
-    available_at = CASE WHEN $4::int8 IS NULL THEN available_at \
-                        ELSE now() + $4::int8 * interval '1 millisecond' END, \
-    lease_token = NULL, lease_until = NULL WHERE id = $1 AND lease_token = $2";
+    available_at = CASE WHEN $4::int8 IS NULL THEN e.available_at \
+                        ELSE now() + $4::int8 * interval '1 millisecond' END \
+    FROM {s}.leases l \
+    WHERE e.id = $1 AND l.token = $2 \
+      AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id";
 
-pub(crate) const RELEASE: &str = "UPDATE {s}.events SET lease_token = NULL, lease_until = NULL \
-    WHERE id = ANY($1) AND lease_token = $2";
+/// Ends a claim: drops its leases, and sweeps leases that expired long ago (crashed relays).
+pub(crate) const RELEASE: &str = "DELETE FROM {s}.leases \
+    WHERE token = $1 OR lease_until < now() - interval '10 minutes'";
 
 pub(crate) const STATS: &str = "SELECT \
       count(*) FILTER (WHERE state = 'pending'), \
       EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, \
-      count(*) FILTER (WHERE state = 'pending' AND lease_until > now()), \
+      (SELECT count(*) FROM {s}.events f JOIN {s}.leases l \
+         ON l.aggregate_type = f.aggregate_type AND l.aggregate_id = f.aggregate_id \
+       WHERE f.state = 'pending' AND l.lease_until > now()), \
       count(*) FILTER (WHERE state = 'pending' AND attempts > 0), \
       count(*) FILTER (WHERE state = 'dead'), \
       count(*) FILTER (WHERE state = 'published') \
@@ -104,12 +127,10 @@ pub(crate) const DEAD_LIST: &str = "SELECT e.event_id, e.aggregate_type, e.aggre
     FROM {s}.events e WHERE e.state = 'dead' ORDER BY e.id LIMIT $1";
 
 pub(crate) const DEAD_REQUEUE_SOME: &str = "UPDATE {s}.events SET state = 'pending', \
-    attempts = 0, available_at = now(), lease_token = NULL, lease_until = NULL \
-    WHERE state = 'dead' AND event_id = ANY($1)";
+    attempts = 0, available_at = now() WHERE state = 'dead' AND event_id = ANY($1)";
 
 pub(crate) const DEAD_REQUEUE_ALL: &str = "UPDATE {s}.events SET state = 'pending', \
-    attempts = 0, available_at = now(), lease_token = NULL, lease_until = NULL \
-    WHERE state = 'dead'";
+    attempts = 0, available_at = now() WHERE state = 'dead'";
 
 /// Rendered statements for one schema.
 #[derive(Debug)]

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -45,8 +46,9 @@ pub struct PgStoreConfig {
 
 /// The PostgreSQL implementation of [`Store`].
 ///
-/// Claims use `FOR UPDATE SKIP LOCKED` on each aggregate's head row plus a lease
-/// (`lease_token`, `lease_until`), so any number of relays can share one database. Only
+/// Claims lock each aggregate's head row with `FOR UPDATE SKIP LOCKED` and take a lease row per
+/// aggregate in `<schema>.leases` (token from a sequence, `lease_until`), so any number of relays
+/// can share one database. Settle writes join on the lease token: a stale relay changes nothing. Only
 /// committed rows are visible to a claim, and there is no read cursor: a row whose transaction
 /// commits late (lower id, later commit) is simply pending when it becomes visible, and the next
 /// claim takes it (G2).
@@ -56,6 +58,7 @@ pub struct PgStore {
     config: PgStoreConfig,
     sql: Arc<Sql>,
     wakeups: Arc<OnceCell<Arc<Notify>>>,
+    rows_per_head_x100: Arc<AtomicU64>,
 }
 
 impl PgStore {
@@ -67,6 +70,7 @@ impl PgStore {
             config,
             sql,
             wakeups: Arc::new(OnceCell::new()),
+            rows_per_head_x100: Arc::new(AtomicU64::new(100)),
         }
     }
 
@@ -148,10 +152,18 @@ fn row_to_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
 
 impl Store for PgStore {
     async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
+        let max_rows = params.max_rows.max(1);
+        // Heads to lease: enough aggregates to fill the batch at the rows-per-aggregate seen in
+        // the last claim, so a backlog of long runs does not lease (and scan) ten times more
+        // aggregates than the batch can carry.
+        let per_head = (self.rows_per_head_x100.load(Ordering::Relaxed).max(100) as usize)
+            .min(params.max_per_aggregate.max(1) * 100);
+        let heads = (max_rows * 100).div_ceil(per_head).clamp(1, max_rows);
         let rows = sqlx::query(self.q(&self.sql.claim))
-            .bind(i64::try_from(params.max_rows).unwrap_or(i64::MAX))
+            .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
             .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
             .bind(millis(params.lease))
+            .bind(i64::try_from(heads).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| store_error("claim", e))?;
@@ -171,6 +183,18 @@ impl Store for PgStore {
                 b.aggregate_version,
             ))
         });
+        if !messages.is_empty() {
+            let aggregates = messages
+                .windows(2)
+                .filter(|w| {
+                    w[0].aggregate_type != w[1].aggregate_type
+                        || w[0].aggregate_id != w[1].aggregate_id
+                })
+                .count()
+                + 1;
+            let ratio = (messages.len() * 100 / aggregates) as u64;
+            self.rows_per_head_x100.store(ratio, Ordering::Relaxed);
+        }
         Ok(ClaimedBatch { token, messages })
     }
 
@@ -203,7 +227,6 @@ impl Store for PgStore {
 
     async fn release(&self, params: ReleaseParams<'_>) -> Result<u64, StoreError> {
         Ok(sqlx::query(self.q(&self.sql.release))
-            .bind(params.ids)
             .bind(params.token.0)
             .execute(&self.pool)
             .await

@@ -242,6 +242,22 @@ async fn mark_mode_keeps_published_rows_and_still_orders() {
         })
         .await
         .unwrap();
+    // Until the claim is settled (released), its aggregate stays leased.
+    assert!(
+        store
+            .claim_batch(claim(10, 30_000))
+            .await
+            .unwrap()
+            .messages
+            .is_empty()
+    );
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &[],
+        })
+        .await
+        .unwrap();
     let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(
         b2.messages
@@ -275,13 +291,6 @@ async fn backoff_and_dead_letters_park_only_their_aggregate() {
         .filter(|m| m.id != a1)
         .map(|m| m.id)
         .collect();
-    store
-        .release(ReleaseParams {
-            token: b.token,
-            ids: &rest,
-        })
-        .await
-        .unwrap();
     assert!(
         store
             .record_failure(FailureParams {
@@ -293,6 +302,13 @@ async fn backoff_and_dead_letters_park_only_their_aggregate() {
             .await
             .unwrap()
     );
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &rest,
+        })
+        .await
+        .unwrap();
     // a is parked behind its dead letter; b flows.
     let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(b2.messages.len(), 1);
@@ -323,18 +339,18 @@ async fn backoff_and_dead_letters_park_only_their_aggregate() {
     let first = b3.messages[0].id;
     let later: Vec<i64> = b3.messages[1..].iter().map(|m| m.id).collect();
     store
-        .release(ReleaseParams {
-            token: b3.token,
-            ids: &later,
-        })
-        .await
-        .unwrap();
-    store
         .record_failure(FailureParams {
             token: b3.token,
             id: first,
             error: "down",
             retry_after: Some(Duration::from_millis(300)),
+        })
+        .await
+        .unwrap();
+    store
+        .release(ReleaseParams {
+            token: b3.token,
+            ids: &later,
         })
         .await
         .unwrap();
