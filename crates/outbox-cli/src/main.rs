@@ -13,6 +13,7 @@
 mod broker;
 mod config;
 mod demo;
+mod scrape;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -76,6 +77,9 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Also read a running relay's counters from its metrics address (host:port).
+        #[arg(long, env = "OUTBOX_RELAY_METRICS")]
+        relay_metrics: Option<String>,
     },
     /// Inspect and requeue dead letters.
     #[command(subcommand)]
@@ -184,24 +188,47 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             info!(schema = %resolved.schema, broker = %redact(&broker_url), "relay started");
             relay.run(shutdown).await;
         }
-        Command::Status { json } => {
+        Command::Status {
+            json,
+            relay_metrics,
+        } => {
             let store = PgStore::new(pool, store_config);
             store.check().await?;
             let s = store.stats().await?;
+            let relay = match &relay_metrics {
+                Some(addr) => Some(scrape::fetch(addr).await?),
+                None => None,
+            };
             let age = s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64());
+            let total = |name: &str| {
+                relay
+                    .as_ref()
+                    .map(|r| r.totals.get(name).copied().unwrap_or(0.0))
+            };
+            let q = |p: f64| relay.as_ref().and_then(|r| r.latency_quantile(p));
+            use outbox_core::relay::metric as m;
             if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "schema": resolved.schema.as_str(),
-                        "pending": s.pending,
-                        "oldest_pending_age_seconds": age,
-                        "in_flight": s.in_flight,
-                        "retrying": s.retrying,
-                        "dead_letters": s.dead,
-                        "published_retained": s.published_retained,
-                    })
-                );
+                let mut v = serde_json::json!({
+                    "schema": resolved.schema.as_str(),
+                    "pending": s.pending,
+                    "oldest_pending_age_seconds": age,
+                    "in_flight": s.in_flight,
+                    "retrying": s.retrying,
+                    "dead_letters": s.dead,
+                    "published_retained": s.published_retained,
+                });
+                if relay.is_some() {
+                    v["relay"] = serde_json::json!({
+                        "published_total": total(m::PUBLISHED),
+                        "publish_failures_total": total(m::PUBLISH_FAILURES),
+                        "dead_lettered_total": total(m::DEAD_LETTERED),
+                        "broker_duplicates_total": total(m::BROKER_DUPLICATES),
+                        "lease_lost_total": total(m::LEASE_LOST),
+                        "publish_latency_p50_seconds_le": q(0.5),
+                        "publish_latency_p99_seconds_le": q(0.99),
+                    });
+                }
+                println!("{v}");
             } else {
                 println!("schema                      {}", resolved.schema);
                 println!("pending                     {}", s.pending);
@@ -210,6 +237,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("retrying (failed >= once)   {}", s.retrying);
                 println!("dead letters                {}", s.dead);
                 println!("published (kept, mark mode) {}", s.published_retained);
+                if relay.is_some() {
+                    let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x}"));
+                    println!("relay at {}:", relay_metrics.as_deref().unwrap_or(""));
+                    println!("  published                 {}", f(total(m::PUBLISHED)));
+                    println!(
+                        "  failed attempts           {}",
+                        f(total(m::PUBLISH_FAILURES))
+                    );
+                    println!("  dead-lettered             {}", f(total(m::DEAD_LETTERED)));
+                    println!(
+                        "  broker duplicates         {}",
+                        f(total(m::BROKER_DUPLICATES))
+                    );
+                    println!("  leases lost               {}", f(total(m::LEASE_LOST)));
+                    println!("  publish latency p50 <= s  {}", f(q(0.5)));
+                    println!("  publish latency p99 <= s  {}", f(q(0.99)));
+                }
             }
         }
         Command::DeadLetters(cmd) => {

@@ -1,0 +1,124 @@
+//! `outbox status --relay-metrics ADDR`: reads a running relay's Prometheus endpoint, so the
+//! human view shows the same counters as the dashboards (published, failed, dead-lettered,
+//! broker duplicates, lost leases, publish latency).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Counters summed over labels, and the latency histogram's cumulative buckets.
+#[derive(Debug, Default, PartialEq)]
+pub struct RelayCounters {
+    /// `metric name -> value`, labels summed.
+    pub totals: BTreeMap<String, f64>,
+    /// `(le, cumulative count)` of `outbox_publish_latency_seconds`, summed over labels.
+    pub latency_buckets: Vec<(f64, f64)>,
+}
+
+impl RelayCounters {
+    /// The `q` quantile (0..1) of publish latency, as the upper bound of the bucket holding it.
+    pub fn latency_quantile(&self, q: f64) -> Option<f64> {
+        let total = self.latency_buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        self.latency_buckets
+            .iter()
+            .find(|(_, c)| *c >= q * total)
+            .map(|(le, _)| *le)
+    }
+}
+
+/// Parses Prometheus text exposition.
+pub fn parse(text: &str) -> RelayCounters {
+    let mut out = RelayCounters::default();
+    let mut buckets: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        if line.starts_with('#') || !line.starts_with("outbox_") {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let name = series.split('{').next().unwrap_or(series);
+        if name == "outbox_publish_latency_seconds_bucket" {
+            if let Some(le) = series
+                .split("le=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+            {
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::NAN)
+                };
+                let e = buckets.entry(le.to_owned()).or_insert((bound, 0.0));
+                e.1 += value;
+            }
+            continue;
+        }
+        *out.totals.entry(name.to_owned()).or_insert(0.0) += value;
+    }
+    let mut b: Vec<(f64, f64)> = buckets
+        .into_values()
+        .filter(|(le, _)| !le.is_nan())
+        .collect();
+    b.sort_by(|x, y| x.0.total_cmp(&y.0));
+    out.latency_buckets = b;
+    out
+}
+
+/// Fetches `http://{addr}/metrics`.
+pub async fn fetch(addr: &str) -> Result<RelayCounters> {
+    let addr = addr
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
+            .await
+            .with_context(|| format!("relay metrics at {addr}: connect timed out"))?
+            .with_context(|| format!("cannot reach relay metrics at {addr}"))?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(3), stream.read_to_string(&mut body))
+        .await
+        .with_context(|| format!("relay metrics at {addr}: read timed out"))??;
+    if !body.starts_with("HTTP/1.") || body.split_whitespace().nth(1).is_none_or(|c| c != "200") {
+        bail!(
+            "relay metrics at {addr}: unexpected answer `{}`",
+            body.lines().next().unwrap_or("")
+        );
+    }
+    Ok(parse(body.split_once("\r\n\r\n").map_or("", |(_, b)| b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_labels_and_reads_latency_buckets() {
+        let text = "# HELP x\n\
+            outbox_published_total{transport=\"nats\"} 10\n\
+            outbox_published_total{transport=\"rabbitmq\"} 5\n\
+            outbox_publish_failures_total{transport=\"nats\",kind=\"TimedOut\"} 2\n\
+            outbox_publish_latency_seconds_bucket{transport=\"nats\",le=\"0.001\"} 4\n\
+            outbox_publish_latency_seconds_bucket{transport=\"nats\",le=\"0.01\"} 9\n\
+            outbox_publish_latency_seconds_bucket{transport=\"nats\",le=\"+Inf\"} 10\n\
+            other_metric 3\n";
+        let c = parse(text);
+        assert_eq!(c.totals["outbox_published_total"], 15.0);
+        assert_eq!(c.totals["outbox_publish_failures_total"], 2.0);
+        assert!(!c.totals.contains_key("other_metric"));
+        assert_eq!(c.latency_quantile(0.5), Some(0.01));
+        assert_eq!(c.latency_quantile(0.3), Some(0.001));
+        assert_eq!(c.latency_quantile(0.99), Some(f64::INFINITY));
+    }
+}
