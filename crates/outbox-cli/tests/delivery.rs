@@ -201,10 +201,14 @@ async fn nats_late_commit_with_lower_id_is_not_skipped() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert!(t1_id < t2_id, "T1 must hold the lower id ({t1_id} vs {t2_id})");
+    assert!(
+        t1_id < t2_id,
+        "T1 must hold the lower id ({t1_id} vs {t2_id})"
+    );
 
     // The relay publishes T2's event while T1 is still open ...
-    sub.wait_ids(&[early.event_id], Duration::from_secs(15)).await;
+    sub.wait_ids(&[early.event_id], Duration::from_secs(15))
+        .await;
     wait_until(Duration::from_secs(10), "T2's row marked", || {
         let db = &db;
         async move { db.count("true").await == 0 }
@@ -215,7 +219,9 @@ async fn nats_late_commit_with_lower_id_is_not_skipped() {
     assert_eq!(sub.len(), 1, "only T2's event can have left so far");
 
     t1.commit().await.unwrap();
-    let seen = sub.wait_ids(&[late.event_id], Duration::from_secs(15)).await;
+    let seen = sub
+        .wait_ids(&[late.event_id], Duration::from_secs(15))
+        .await;
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].event_id, early.event_id);
     assert_eq!(seen[1].event_id, late.event_id);
