@@ -32,3 +32,4 @@ pub use store::{
     MarkParams, OutboxStats, ReleaseParams, RequeueParams, Store,
 };
 pub use transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
+pub use wire::{DecodeError, IncomingEvent};

@@ -105,3 +105,275 @@ pub fn destination(
         .replace("{aggregate_id}", &sanitize(&msg.aggregate_id))
         .replace("{event_type}", &sanitize(&msg.event_type))
 }
+
+/// An event as a consumer received it, decoded from the wire format above.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncomingEvent {
+    /// `id`.
+    pub event_id: crate::EventId,
+    /// `type`.
+    pub event_type: String,
+    /// `source`.
+    pub source: String,
+    /// `aggregatetype`.
+    pub aggregate_type: String,
+    /// `aggregateid`.
+    pub aggregate_id: String,
+    /// `aggregateversion`.
+    pub aggregate_version: i64,
+    /// `schemaversion`.
+    pub schema_version: i32,
+    /// `partitionkey` (the aggregate id when absent).
+    pub partition_key: String,
+    /// `time`, when present and valid.
+    pub time: Option<chrono::DateTime<chrono::Utc>>,
+    /// The payload with its media type.
+    pub payload: crate::Payload,
+    /// SHA-256 of the payload bytes *as received* (checked against `payloadsha256`).
+    pub fingerprint: crate::Fingerprint,
+    /// The non-CloudEvents headers (e.g. `traceparent`).
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// Why a received message is not a valid event of this wire format. A consumer dead-letters
+/// such a message with this reason; it never crashes on it and never drops it silently.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// A required attribute is missing.
+    #[error("missing CloudEvents attribute `{0}`")]
+    Missing(&'static str),
+    /// An attribute has a value that does not parse.
+    #[error("CloudEvents attribute `{name}` has an invalid value `{value}`")]
+    Invalid {
+        /// Attribute.
+        name: &'static str,
+        /// Value as received (truncated to 64 characters).
+        value: String,
+    },
+    /// `specversion` is not `1.0`.
+    #[error("unsupported CloudEvents specversion `{0}`")]
+    SpecVersion(String),
+    /// The body's SHA-256 differs from the `payloadsha256` attribute: the payload was altered
+    /// on the way.
+    #[error("payload fingerprint mismatch: header says {expected}, body hashes to {actual}")]
+    FingerprintMismatch {
+        /// From the header.
+        expected: String,
+        /// Computed from the body.
+        actual: String,
+    },
+    /// The message is larger than the consumer accepts.
+    #[error("message of {size} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// Body size.
+        size: usize,
+        /// Limit.
+        max: usize,
+    },
+}
+
+fn truncated(v: &str) -> String {
+    v.chars().take(64).collect()
+}
+
+/// Decodes an event. `attribute(name)` returns a CloudEvents attribute's value (already
+/// unescaped by the protocol binding) by its bare name (`id`, `aggregateversion` ...);
+/// `content_type` is the protocol's content type, if any; `headers` are the other headers.
+///
+/// # Errors
+/// A [`DecodeError`] naming the first problem found.
+pub fn decode(
+    attribute: impl Fn(&'static str) -> Option<String>,
+    content_type: Option<String>,
+    body: bytes::Bytes,
+    headers: std::collections::BTreeMap<String, String>,
+    max_bytes: usize,
+) -> Result<IncomingEvent, DecodeError> {
+    if body.len() > max_bytes {
+        return Err(DecodeError::TooLarge {
+            size: body.len(),
+            max: max_bytes,
+        });
+    }
+    let required = |name: &'static str| -> Result<String, DecodeError> {
+        attribute(name)
+            .filter(|v| !v.is_empty())
+            .ok_or(DecodeError::Missing(name))
+    };
+    let spec = required(attr::SPECVERSION)?;
+    if spec != SPEC_VERSION {
+        return Err(DecodeError::SpecVersion(truncated(&spec)));
+    }
+    let id = required(attr::ID)?;
+    let event_id = uuid::Uuid::parse_str(&id).map_err(|_| DecodeError::Invalid {
+        name: attr::ID,
+        value: truncated(&id),
+    })?;
+    let int = |name: &'static str| -> Result<i64, DecodeError> {
+        let v = required(name)?;
+        v.parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or(DecodeError::Invalid {
+                name,
+                value: truncated(&v),
+            })
+    };
+    let aggregate_version = int(attr::AGGREGATE_VERSION)?;
+    let schema_version =
+        i32::try_from(int(attr::SCHEMA_VERSION)?).map_err(|_| DecodeError::Invalid {
+            name: attr::SCHEMA_VERSION,
+            value: "out of range".into(),
+        })?;
+    let aggregate_id = required(attr::AGGREGATE_ID)?;
+    let fingerprint = crate::Fingerprint::of(&body);
+    if let Some(expected) = attribute(attr::PAYLOAD_SHA256)
+        && !expected.eq_ignore_ascii_case(&fingerprint.to_hex())
+    {
+        return Err(DecodeError::FingerprintMismatch {
+            expected: truncated(&expected),
+            actual: fingerprint.to_hex(),
+        });
+    }
+    let time = match attribute(attr::TIME) {
+        Some(t) => Some(
+            chrono::DateTime::parse_from_rfc3339(&t)
+                .map_err(|_| DecodeError::Invalid {
+                    name: attr::TIME,
+                    value: truncated(&t),
+                })?
+                .with_timezone(&chrono::Utc),
+        ),
+        None => None,
+    };
+    let content_type = content_type
+        .or_else(|| attribute("datacontenttype"))
+        .unwrap_or_else(|| "application/octet-stream".to_owned());
+    Ok(IncomingEvent {
+        event_id,
+        event_type: required(attr::TYPE)?,
+        source: attribute(attr::SOURCE).unwrap_or_default(),
+        aggregate_type: required(attr::AGGREGATE_TYPE)?,
+        partition_key: attribute(attr::PARTITION_KEY).unwrap_or_else(|| aggregate_id.clone()),
+        aggregate_id,
+        aggregate_version,
+        schema_version,
+        time,
+        payload: crate::Payload::bytes(content_type, body),
+        fingerprint,
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+    use crate::{Fingerprint, OutboxMessage, Payload};
+
+    fn message() -> OutboxMessage {
+        OutboxMessage {
+            id: 1,
+            event_id: uuid::Uuid::now_v7(),
+            aggregate_type: "payment".into(),
+            aggregate_id: "p-1".into(),
+            aggregate_version: 3,
+            event_type: "PaymentCreated".into(),
+            schema_version: 2,
+            payload: Payload::json(&serde_json::json!({"a": 1})).unwrap(),
+            fingerprint: Fingerprint::of(br#"{"a":1}"#),
+            headers: BTreeMap::new(),
+            destination: None,
+            partition_key: None,
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn encode_then_decode_round_trips() {
+        let m = message();
+        let attrs: HashMap<&str, String> = attributes(&m, DEFAULT_SOURCE).into_iter().collect();
+        let e = decode(
+            |n| attrs.get(n).cloned(),
+            Some("application/json".into()),
+            m.payload.bytes.clone(),
+            BTreeMap::new(),
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(e.event_id, m.event_id);
+        assert_eq!((e.aggregate_version, e.schema_version), (3, 2));
+        assert_eq!(e.fingerprint, m.fingerprint);
+        assert_eq!(e.partition_key, "p-1");
+        assert_eq!(e.payload, m.payload);
+    }
+
+    #[test]
+    fn decode_names_the_problem() {
+        let m = message();
+        let base: HashMap<&str, String> = attributes(&m, DEFAULT_SOURCE).into_iter().collect();
+        let run = |f: &dyn Fn(&mut HashMap<&str, String>), body: &[u8]| {
+            let mut a = base.clone();
+            f(&mut a);
+            decode(
+                |n| a.get(n).cloned(),
+                None,
+                bytes::Bytes::copy_from_slice(body),
+                BTreeMap::new(),
+                64,
+            )
+            .unwrap_err()
+        };
+        let ok_body = br#"{"a":1}"#;
+        assert_eq!(
+            run(
+                &|a| {
+                    a.remove("id");
+                },
+                ok_body
+            ),
+            DecodeError::Missing("id")
+        );
+        assert!(matches!(
+            run(
+                &|a| {
+                    a.insert("id", "nope".into());
+                },
+                ok_body
+            ),
+            DecodeError::Invalid { name: "id", .. }
+        ));
+        assert!(matches!(
+            run(
+                &|a| {
+                    a.insert("aggregateversion", "0".into());
+                },
+                ok_body
+            ),
+            DecodeError::Invalid {
+                name: "aggregateversion",
+                ..
+            }
+        ));
+        assert!(matches!(
+            run(
+                &|a| {
+                    a.insert("specversion", "0.3".into());
+                },
+                ok_body
+            ),
+            DecodeError::SpecVersion(_)
+        ));
+        assert!(matches!(
+            run(&|_| {}, br#"{"a":2}"#),
+            DecodeError::FingerprintMismatch { .. }
+        ));
+        assert!(matches!(
+            run(&|_| {}, &[b'x'; 65]),
+            DecodeError::TooLarge { size: 65, max: 64 }
+        ));
+    }
+}

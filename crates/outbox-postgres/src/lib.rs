@@ -5,6 +5,9 @@
 //!   ([`PgOutbox::idempotency_begin`] / [`PgOutbox::idempotency_complete`]) and coalesced relay
 //!   wake-ups ([`RelayWaker`]).
 //! * **Relay store** ([`PgStore`]): claim/lease/fence implementation of [`outbox_core::Store`].
+//! * **Consumer inbox** ([`PgInbox`]): `(consumer, event_id)` identity with a payload
+//!   fingerprint in the consumer's transaction: new, duplicate, conflict, and an optional
+//!   per-aggregate ordering guard.
 //! * **Migrations** ([`migrate()`]): numbered `.sql` files under a configurable schema, applied
 //!   under an advisory lock.
 //!
@@ -13,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod inbox;
 pub mod migrate;
 mod producer;
 mod schema;
@@ -20,6 +24,7 @@ mod sql;
 mod store;
 
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
+pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
 pub use migrate::{MigrateReport, check_schema, migrate};
 pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};

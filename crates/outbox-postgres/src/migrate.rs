@@ -19,11 +19,18 @@ pub struct Migration {
 }
 
 /// Every migration this release knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_outbox.sql",
-    sql: include_str!("../migrations/0001_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_outbox.sql",
+        sql: include_str!("../migrations/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_inbox.sql",
+        sql: include_str!("../migrations/0002_inbox.sql"),
+    },
+];
 
 /// The schema version this release needs.
 pub fn current_version() -> i32 {

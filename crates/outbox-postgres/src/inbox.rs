@@ -1,0 +1,323 @@
+//! The consumer inbox: one database effect per `(consumer, event)`, in the consumer's own
+//! transaction.
+//!
+//! ```no_run
+//! # async fn handle(pool: sqlx::PgPool, event: outbox_core::IncomingEvent) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_postgres::{InboxOutcome, OrderingGuard, PgInbox, Schema};
+//! let inbox = PgInbox::new(Schema::new("outbox")?);
+//! let mut tx = pool.begin().await?;
+//! match inbox.record(&mut tx, "reporting", OrderingGuard::Off, &event).await? {
+//!     InboxOutcome::New => {
+//!         sqlx::query("UPDATE totals SET n = n + 1").execute(&mut *tx).await?; // the effect
+//!         tx.commit().await?;
+//!     }
+//!     InboxOutcome::Duplicate | InboxOutcome::Stale { .. } | InboxOutcome::Conflict { .. } => {
+//!         tx.commit().await?; // no effect (a conflict is recorded in this transaction)
+//!     }
+//!     InboxOutcome::Gap { .. } => tx.rollback().await?, // redeliver later
+//! }
+//! // only now acknowledge the delivery to the broker
+//! # Ok(()) }
+//! ```
+//!
+//! # Isolation and concurrency
+//!
+//! The identity is the primary key `(consumer_name, event_id)`. Two transactions recording the
+//! same event at once (two instances of one consumer, a redelivery racing the first delivery)
+//! meet on that key: the second `INSERT … ON CONFLICT DO NOTHING` waits for the first
+//! transaction, then inserts nothing if it committed (→ `Duplicate`, no second effect) or
+//! inserts if it rolled back (→ `New`). This holds under READ COMMITTED, the default; nothing
+//! here needs SERIALIZABLE.
+
+use std::sync::Arc;
+
+use outbox_core::{Fingerprint, IncomingEvent};
+use sqlx::{AssertSqlSafe, PgConnection};
+
+use crate::schema::Schema;
+
+/// What to do with an event whose version is not the next one of its aggregate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderingGuard {
+    /// No ordering check: every new event is applied (default).
+    #[default]
+    Off,
+    /// Track the last applied version per aggregate. An older or equal version is absorbed
+    /// as `Stale`; a gap (`version > last + 1`, or a first-seen aggregate not at version 1)
+    /// returns `Gap`: roll back and let the broker redeliver it later, after the missing
+    /// versions arrived.
+    Wait,
+    /// Track versions; absorb older ones as `Stale`, but apply across a gap (the consumer
+    /// joined the stream mid-way, or tolerates gaps), moving the mark to the new version.
+    ApplyAnyway,
+}
+
+/// What [`PgInbox::record`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxOutcome {
+    /// First time: apply the effect in this transaction, then commit, then acknowledge.
+    New,
+    /// Already recorded with the same fingerprint: skip the effect, commit, acknowledge.
+    Duplicate,
+    /// Already recorded with a *different* payload fingerprint: never apply. The conflict was
+    /// written to `inbox_conflicts` in this transaction: commit it, then follow the consumer's
+    /// conflict policy.
+    Conflict {
+        /// The fingerprint recorded first.
+        stored: Fingerprint,
+    },
+    /// The ordering guard absorbed an older version: no effect; recorded as `stale`.
+    Stale {
+        /// The last version applied for the aggregate.
+        last_applied: i64,
+    },
+    /// The ordering guard (policy `Wait`) saw a gap: roll back, redeliver later.
+    Gap {
+        /// The last version applied for the aggregate (0: none yet).
+        last_applied: i64,
+    },
+}
+
+impl InboxOutcome {
+    /// True only for [`InboxOutcome::New`]: the one case where the effect must run.
+    pub fn should_apply(&self) -> bool {
+        matches!(self, Self::New)
+    }
+}
+
+/// A recorded conflict, for the CLI and the contract's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxConflict {
+    /// Consumer.
+    pub consumer_name: String,
+    /// Event id.
+    pub event_id: uuid::Uuid,
+    /// Fingerprint recorded first.
+    pub stored: Fingerprint,
+    /// Fingerprint of the conflicting delivery.
+    pub received: Fingerprint,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Version.
+    pub aggregate_version: i64,
+    /// Event type.
+    pub event_type: String,
+    /// How often this exact conflicting payload arrived.
+    pub occurrences: i32,
+    /// First seen.
+    pub first_seen: chrono::DateTime<chrono::Utc>,
+    /// Last seen.
+    pub last_seen: chrono::DateTime<chrono::Utc>,
+}
+
+const INSERT: &str = "INSERT INTO {s}.inbox (consumer_name, event_id, payload_sha256, \
+    aggregate_type, aggregate_id, aggregate_version, event_type) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer_name, event_id) DO NOTHING";
+const SELECT_FP: &str =
+    "SELECT payload_sha256 FROM {s}.inbox WHERE consumer_name = $1 AND event_id = $2";
+const INSERT_CONFLICT: &str = "INSERT INTO {s}.inbox_conflicts AS c (consumer_name, event_id, \
+    stored_sha256, received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, \
+    payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+    ON CONFLICT ON CONSTRAINT inbox_conflicts_key \
+    DO UPDATE SET occurrences = c.occurrences + 1, last_seen = now()";
+const ENSURE_AGG: &str = "INSERT INTO {s}.inbox_aggregates (consumer_name, aggregate_type, \
+    aggregate_id, last_version) VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING";
+const LOCK_AGG: &str = "SELECT last_version FROM {s}.inbox_aggregates WHERE consumer_name = $1 \
+    AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE";
+const SET_AGG: &str = "UPDATE {s}.inbox_aggregates SET last_version = $4 WHERE consumer_name = $1 \
+    AND aggregate_type = $2 AND aggregate_id = $3";
+const MARK_STALE: &str =
+    "UPDATE {s}.inbox SET outcome = 'stale' WHERE consumer_name = $1 AND event_id = $2";
+const LIST_CONFLICTS: &str = "SELECT consumer_name, event_id, stored_sha256, received_sha256, \
+    aggregate_type, aggregate_id, aggregate_version, event_type, occurrences, first_seen, \
+    last_seen FROM {s}.inbox_conflicts ORDER BY id DESC LIMIT $1";
+const COUNT_CONFLICTS: &str = "SELECT count(*) FROM {s}.inbox_conflicts";
+
+#[derive(Debug)]
+struct InboxSql {
+    insert: Arc<str>,
+    select_fp: Arc<str>,
+    insert_conflict: Arc<str>,
+    ensure_agg: Arc<str>,
+    lock_agg: Arc<str>,
+    set_agg: Arc<str>,
+    mark_stale: Arc<str>,
+    list_conflicts: Arc<str>,
+    count_conflicts: Arc<str>,
+}
+
+/// The inbox of one schema. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PgInbox {
+    schema: Schema,
+    sql: Arc<InboxSql>,
+}
+
+fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(sql))
+}
+
+impl PgInbox {
+    /// The inbox in `schema` (migrated by [`crate::migrate()`]).
+    pub fn new(schema: Schema) -> Self {
+        let quoted = format!("\"{}\"", schema.as_str());
+        let r = |t: &str| -> Arc<str> { t.replace("{s}", &quoted).into() };
+        let sql = Arc::new(InboxSql {
+            insert: r(INSERT),
+            select_fp: r(SELECT_FP),
+            insert_conflict: r(INSERT_CONFLICT),
+            ensure_agg: r(ENSURE_AGG),
+            lock_agg: r(LOCK_AGG),
+            set_agg: r(SET_AGG),
+            mark_stale: r(MARK_STALE),
+            list_conflicts: r(LIST_CONFLICTS),
+            count_conflicts: r(COUNT_CONFLICTS),
+        });
+        Self { schema, sql }
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Records `event` for `consumer` inside the caller's transaction and says whether to
+    /// apply its effect. Commit the transaction (effect included) before acknowledging the
+    /// delivery to the broker; on [`InboxOutcome::Gap`] roll back instead.
+    ///
+    /// # Errors
+    /// [`sqlx::Error`] from the database; the caller's transaction is then aborted and must be
+    /// rolled back, and the delivery must not be acknowledged.
+    pub async fn record(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        guard: OrderingGuard,
+        event: &IncomingEvent,
+    ) -> Result<InboxOutcome, sqlx::Error> {
+        let inserted = sqlx::query(q(&self.sql.insert))
+            .bind(consumer)
+            .bind(event.event_id)
+            .bind(&event.fingerprint.0[..])
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(event.aggregate_version)
+            .bind(&event.event_type)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if inserted == 0 {
+            let stored: Vec<u8> = sqlx::query_scalar(q(&self.sql.select_fp))
+                .bind(consumer)
+                .bind(event.event_id)
+                .fetch_one(&mut *conn)
+                .await?;
+            let stored = Fingerprint::from_slice(&stored).unwrap_or(Fingerprint([0; 32]));
+            if stored == event.fingerprint {
+                return Ok(InboxOutcome::Duplicate);
+            }
+            sqlx::query(q(&self.sql.insert_conflict))
+                .bind(consumer)
+                .bind(event.event_id)
+                .bind(&stored.0[..])
+                .bind(&event.fingerprint.0[..])
+                .bind(&event.aggregate_type)
+                .bind(&event.aggregate_id)
+                .bind(event.aggregate_version)
+                .bind(&event.event_type)
+                .bind(event.payload.bytes.as_ref())
+                .execute(&mut *conn)
+                .await?;
+            return Ok(InboxOutcome::Conflict { stored });
+        }
+        if guard == OrderingGuard::Off {
+            return Ok(InboxOutcome::New);
+        }
+        let key = (consumer, &event.aggregate_type, &event.aggregate_id);
+        sqlx::query(q(&self.sql.ensure_agg))
+            .bind(key.0)
+            .bind(key.1)
+            .bind(key.2)
+            .execute(&mut *conn)
+            .await?;
+        let last: i64 = sqlx::query_scalar(q(&self.sql.lock_agg))
+            .bind(key.0)
+            .bind(key.1)
+            .bind(key.2)
+            .fetch_one(&mut *conn)
+            .await?;
+        let v = event.aggregate_version;
+        if v <= last {
+            sqlx::query(q(&self.sql.mark_stale))
+                .bind(consumer)
+                .bind(event.event_id)
+                .execute(&mut *conn)
+                .await?;
+            return Ok(InboxOutcome::Stale { last_applied: last });
+        }
+        if v > last + 1 && guard == OrderingGuard::Wait {
+            return Ok(InboxOutcome::Gap { last_applied: last });
+        }
+        sqlx::query(q(&self.sql.set_agg))
+            .bind(key.0)
+            .bind(key.1)
+            .bind(key.2)
+            .bind(v)
+            .execute(&mut *conn)
+            .await?;
+        Ok(InboxOutcome::New)
+    }
+
+    /// The most recent conflicts, newest first.
+    ///
+    /// # Errors
+    /// [`sqlx::Error`].
+    pub async fn conflicts<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        limit: i64,
+    ) -> Result<Vec<InboxConflict>, sqlx::Error> {
+        use sqlx::Row;
+        let rows = sqlx::query(q(&self.sql.list_conflicts))
+            .bind(limit)
+            .fetch_all(executor)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let fp = |i: usize| -> Result<Fingerprint, sqlx::Error> {
+                    let v: Vec<u8> = r.try_get(i)?;
+                    Ok(Fingerprint::from_slice(&v).unwrap_or(Fingerprint([0; 32])))
+                };
+                Ok(InboxConflict {
+                    consumer_name: r.try_get(0)?,
+                    event_id: r.try_get(1)?,
+                    stored: fp(2)?,
+                    received: fp(3)?,
+                    aggregate_type: r.try_get(4)?,
+                    aggregate_id: r.try_get(5)?,
+                    aggregate_version: r.try_get(6)?,
+                    event_type: r.try_get(7)?,
+                    occurrences: r.try_get(8)?,
+                    first_seen: r.try_get(9)?,
+                    last_seen: r.try_get(10)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Number of recorded conflicts (for the conflicts gauge).
+    ///
+    /// # Errors
+    /// [`sqlx::Error`].
+    pub async fn conflict_count<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(q(&self.sql.count_conflicts))
+            .fetch_one(executor)
+            .await
+    }
+}
