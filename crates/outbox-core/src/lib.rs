@@ -14,6 +14,7 @@
 //!   different aggregates are published concurrently.
 #![forbid(unsafe_code)]
 
+pub mod consumer;
 pub mod crash;
 mod error;
 mod message;

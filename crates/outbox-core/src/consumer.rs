@@ -1,0 +1,119 @@
+//! The broker side of a consumer: one trait pair every transport implements, so the inbox
+//! runner (in the store crate) works the same over NATS JetStream and RabbitMQ.
+//!
+//! # Contract (checked by each transport's tests)
+//!
+//! * A [`Delivery`] is acknowledged only by [`Delivery::ack`], which the runner calls after
+//!   the inbox + effect transaction committed. Dropping a delivery without ack or nack must
+//!   leave it to be redelivered (ack-wait expiry on NATS, channel close on RabbitMQ).
+//! * [`Delivery::nack`] asks for a redelivery after `delay` where the broker supports a delay
+//!   (NATS `Nak` with delay); otherwise the transport requeues it after waiting, bounded.
+//! * [`Delivery::event`] is the decoded wire format, or why the message is malformed; a
+//!   malformed message is still a delivery (the runner dead-letters it, then acks it).
+//! * [`DeliverySource::decode`] decodes a stored [`RawMessage`] exactly as a live delivery
+//!   would be decoded, so a requeued consumer dead letter is processed like the original.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::wire::{DecodeError, IncomingEvent};
+
+/// A message as received, kept for dead letters: the body and every protocol header as text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawMessage {
+    /// The body.
+    pub payload: Bytes,
+    /// Every header, protocol names (e.g. `ce-id`, `cloudEvents_id`), values as received.
+    pub headers: BTreeMap<String, String>,
+    /// The protocol's content type, if any.
+    pub content_type: Option<String>,
+}
+
+/// Why the broker side failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct SourceError {
+    /// The kind.
+    pub kind: SourceErrorKind,
+    /// Details.
+    pub message: String,
+}
+
+/// Kinds of [`SourceError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SourceErrorKind {
+    /// Connection lost or broker down: wait and retry.
+    Unavailable,
+    /// Anything else (missing stream/queue, permissions).
+    Other,
+}
+
+impl SourceError {
+    /// Builds an error.
+    pub fn new(kind: SourceErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// One message delivered to a consumer.
+pub trait Delivery: Send + Sync + 'static {
+    /// The decoded event, or why it is malformed.
+    fn event(&self) -> &Result<IncomingEvent, DecodeError>;
+
+    /// The message as received.
+    fn raw(&self) -> &RawMessage;
+
+    /// How many times this message was delivered (1 = first), when the broker or transport
+    /// can tell.
+    fn delivery_count(&self) -> Option<u32>;
+
+    /// Acknowledges: the broker will not deliver it again.
+    ///
+    /// # Errors
+    /// [`SourceError`]; the message will then be redelivered and absorbed by the inbox.
+    fn ack(self) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// Negative acknowledgement: deliver again after `delay`.
+    ///
+    /// # Errors
+    /// [`SourceError`]; the message will be redelivered after the broker's ack wait anyway.
+    fn nack(self, delay: Duration) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+/// Where a consumer's deliveries come from (a JetStream durable pull consumer, a RabbitMQ
+/// queue).
+pub trait DeliverySource: Send + 'static {
+    /// The delivery type.
+    type Delivery: Delivery;
+
+    /// Up to `max` deliveries; waits at most `wait` for the first and returns an empty batch
+    /// when none came.
+    ///
+    /// # Errors
+    /// [`SourceError`]; the runner waits and calls again.
+    fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Self::Delivery>, SourceError>> + Send;
+
+    /// Messages waiting for this consumer (not yet delivered or not yet acknowledged), when
+    /// the broker can tell: the consumer-lag metric.
+    ///
+    /// # Errors
+    /// [`SourceError`].
+    fn lag(&mut self) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send;
+
+    /// Decodes a stored raw message as a live delivery would be decoded.
+    ///
+    /// # Errors
+    /// [`DecodeError`] when it is malformed.
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
+}
