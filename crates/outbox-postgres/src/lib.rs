@@ -15,6 +15,7 @@
 //! services in other languages can write intents with plain SQL in their own transactions.
 #![forbid(unsafe_code)]
 
+pub mod consumer;
 mod error;
 mod inbox;
 pub mod migrate;
@@ -23,6 +24,10 @@ mod schema;
 mod sql;
 mod store;
 
+pub use consumer::{
+    ConflictPolicy, ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError,
+    PgConsumer,
+};
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
 pub use migrate::{MigrateReport, check_schema, migrate};
