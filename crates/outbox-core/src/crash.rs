@@ -11,6 +11,11 @@
 //! |-------------------------------|----------------------------------------------------------|
 //! | `relay.after_publish`         | relay: broker acknowledged a message, before the mark    |
 //! | `relay.after_mark`            | relay: batch marked sent, before the next claim          |
+//! | `consumer.after_inbox`        | consumer: inbox row written, handler not run (no commit) |
+//! | `consumer.after_effect`       | consumer: effect written, not committed                  |
+//! | `consumer.after_commit`       | consumer: committed, not acknowledged                    |
+//!
+//! The consumer points are defined with the inbox runner (`outbox_postgres::consumer`).
 
 use std::sync::OnceLock;
 

@@ -290,3 +290,81 @@ async fn ordering_guard_absorbs_stale_versions_and_follows_the_gap_policy() {
     assert_eq!(effects(&db, &table, "any").await, 2);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn retention_deletes_only_identities_older_than_the_horizon_on_one_elected_instance() {
+    use outbox_postgres::{InboxMaintainer, InboxRetention, ReplayHorizon};
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let table = effects_table(&db).await;
+    let inbox = PgInbox::new(db.schema.clone());
+    let old: Vec<_> = (0..5)
+        .map(|i| event(Uuid::now_v7(), &format!("o{i}"), 1, "{}"))
+        .collect();
+    let young = event(Uuid::now_v7(), "y", 1, "{}");
+    for e in old.iter().chain([&young]) {
+        deliver(&db.pool, &inbox, &table, "c", OrderingGuard::Off, e).await;
+    }
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\".inbox SET received_at = now() - interval '3 days' WHERE aggregate_id LIKE 'o%'",
+        db.schema
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let retention = InboxRetention {
+        keep: Duration::from_secs(2 * 86_400),
+        horizon: ReplayHorizon {
+            broker_retention: Duration::from_secs(86_400),
+            outbox_retention: Duration::ZERO,
+            dead_letter_requeue_window: Duration::from_secs(2 * 86_400),
+        },
+        batch_size: 2,
+        interval: Duration::from_secs(60),
+    };
+    let url = common::database_url();
+    let a = InboxMaintainer::new(url.clone(), db.schema.clone(), retention).unwrap();
+    let b = InboxMaintainer::new(url.clone(), db.schema.clone(), retention).unwrap();
+    let mut ca = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut cb = sqlx::PgConnection::connect(&url).await.unwrap();
+    assert_eq!(
+        a.round(&mut ca).await.unwrap(),
+        Some(5),
+        "leader deletes the old ones, in batches"
+    );
+    assert_eq!(
+        b.round(&mut cb).await.unwrap(),
+        None,
+        "the other instance is not the maintainer"
+    );
+    let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".inbox",
+        db.schema
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 1);
+    // A redelivery of the young event is still absorbed.
+    assert_eq!(
+        deliver(&db.pool, &inbox, &table, "c", OrderingGuard::Off, &young).await,
+        InboxOutcome::Duplicate
+    );
+    // Leadership moves when the leader's session ends.
+    drop(ca);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(b.round(&mut cb).await.unwrap(), Some(0));
+    // An unsafe configuration is refused up front.
+    let unsafe_cfg = InboxRetention {
+        keep: Duration::from_secs(3600),
+        ..retention
+    };
+    let err = InboxMaintainer::new(url, db.schema.clone(), unsafe_cfg)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("3600") && err.to_string().contains("172800"),
+        "{err}"
+    );
+    db.drop().await;
+}
