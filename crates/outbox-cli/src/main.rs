@@ -86,6 +86,47 @@ enum Command {
     DeadLetters(DeadLetterCmd),
     /// Run a payments workload through the relay to the broker and check every event arrived.
     Demo(demo::DemoArgs),
+    /// Events whose id arrived again with a different payload (recorded by consumers).
+    #[command(subcommand)]
+    Conflicts(ConflictsCmd),
+    /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
+    #[command(subcommand)]
+    ConsumerDeadLetters(ConsumerDeadLetterCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ConflictsCmd {
+    /// List conflicts, newest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConsumerDeadLetterCmd {
+    /// List open consumer dead letters, oldest first.
+    List {
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Mark dead letters for their consumer to apply again, through its inbox.
+    Requeue {
+        /// Dead-letter ids (from `list`).
+        #[arg(required_unless_present = "all")]
+        ids: Vec<i64>,
+        /// Requeue every open dead letter (of `--consumer`, when given).
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -195,6 +236,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let store = PgStore::new(pool, store_config);
             store.check().await?;
             let s = store.stats().await?;
+            let conflicts = outbox_postgres::PgInbox::new(resolved.schema.clone())
+                .conflict_count(store.pool())
+                .await?;
+            let consumer_dead = outbox_postgres::consumer_dead_letter_list(
+                store.pool(),
+                &resolved.schema,
+                None,
+                i64::MAX,
+            )
+            .await?
+            .len();
             let relay = match &relay_metrics {
                 Some(addr) => Some(scrape::fetch(addr).await?),
                 None => None,
@@ -216,6 +268,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "retrying": s.retrying,
                     "dead_letters": s.dead,
                     "published_retained": s.published_retained,
+                    "inbox_conflicts": conflicts,
+                    "consumer_dead_letters": consumer_dead,
                 });
                 if relay.is_some() {
                     v["relay"] = serde_json::json!({
@@ -237,6 +291,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("retrying (failed >= once)   {}", s.retrying);
                 println!("dead letters                {}", s.dead);
                 println!("published (kept, mark mode) {}", s.published_retained);
+                println!("inbox conflicts             {conflicts}");
+                println!("consumer dead letters       {consumer_dead}");
                 if relay.is_some() {
                     let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x}"));
                     println!("relay at {}:", relay_metrics.as_deref().unwrap_or(""));
@@ -292,6 +348,83 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                         println!(
                             "note: {} of the given ids were not dead letters",
                             event_ids.len() - n as usize
+                        );
+                        return Ok(ExitCode::from(1));
+                    }
+                }
+            }
+        }
+        Command::Conflicts(ConflictsCmd::List { limit }) => {
+            outbox_postgres::check_schema(&pool, &resolved.schema).await?;
+            let inbox = outbox_postgres::PgInbox::new(resolved.schema.clone());
+            let list = inbox.conflicts(&pool, limit).await?;
+            if list.is_empty() {
+                println!("no conflicts");
+            }
+            for c in list {
+                println!(
+                    "{}  consumer={}  {}/{} v{}  {}  seen {}x (first {}, last {})\n    stored  sha256 {}\n    received sha256 {}",
+                    c.event_id,
+                    c.consumer_name,
+                    c.aggregate_type,
+                    c.aggregate_id,
+                    c.aggregate_version,
+                    c.event_type,
+                    c.occurrences,
+                    c.first_seen.to_rfc3339(),
+                    c.last_seen.to_rfc3339(),
+                    c.stored,
+                    c.received
+                );
+            }
+        }
+        Command::ConsumerDeadLetters(cmd) => {
+            outbox_postgres::check_schema(&pool, &resolved.schema).await?;
+            match cmd {
+                ConsumerDeadLetterCmd::List { consumer, limit } => {
+                    let list = outbox_postgres::consumer_dead_letter_list(
+                        &pool,
+                        &resolved.schema,
+                        consumer.as_deref(),
+                        limit,
+                    )
+                    .await?;
+                    if list.is_empty() {
+                        println!("no consumer dead letters");
+                    }
+                    for d in list {
+                        println!(
+                            "#{}  consumer={}  state={}  event={}  {}/{} v{}  {}  attempts={}  since {}\n    error: {}",
+                            d.id,
+                            d.consumer_name,
+                            d.state,
+                            d.event_id.map_or("-".to_owned(), |e| e.to_string()),
+                            d.aggregate_type.as_deref().unwrap_or("-"),
+                            d.aggregate_id.as_deref().unwrap_or("-"),
+                            d.aggregate_version
+                                .map_or("-".to_owned(), |v| v.to_string()),
+                            d.event_type.as_deref().unwrap_or("-"),
+                            d.attempts,
+                            d.created_at.to_rfc3339(),
+                            d.error
+                        );
+                    }
+                }
+                ConsumerDeadLetterCmd::Requeue { ids, all, consumer } => {
+                    let n = outbox_postgres::consumer_dead_letter_requeue(
+                        &pool,
+                        &resolved.schema,
+                        consumer.as_deref(),
+                        (!all).then_some(ids.as_slice()),
+                    )
+                    .await?;
+                    println!(
+                        "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
+                    );
+                    if !all && (n as usize) < ids.len() {
+                        println!(
+                            "note: {} of the given ids were not open dead letters",
+                            ids.len() - n as usize
                         );
                         return Ok(ExitCode::from(1));
                     }

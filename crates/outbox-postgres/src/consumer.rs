@@ -595,3 +595,97 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
         }
     }
 }
+
+/// A consumer dead letter, for the CLI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerDeadLetter {
+    /// Row id (what `requeue` takes).
+    pub id: i64,
+    /// Consumer.
+    pub consumer_name: String,
+    /// Event id, when the message had a valid one.
+    pub event_id: Option<uuid::Uuid>,
+    /// Aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Version.
+    pub aggregate_version: Option<i64>,
+    /// Event type.
+    pub event_type: Option<String>,
+    /// Why it was dead-lettered (latest).
+    pub error: String,
+    /// Deliveries / attempts so far.
+    pub attempts: i32,
+    /// `dead`, `requeued` or `resolved`.
+    pub state: String,
+    /// First dead-lettered.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Lists consumer dead letters that are not resolved, oldest first, optionally for one
+/// consumer.
+///
+/// # Errors
+/// [`sqlx::Error`].
+pub async fn consumer_dead_letter_list<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    schema: &Schema,
+    consumer: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ConsumerDeadLetter>, sqlx::Error> {
+    let sql = format!(
+        "SELECT id, consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, error, attempts, state, created_at FROM \"{}\".consumer_dead_letters \
+         WHERE state <> 'resolved' AND ($1::text IS NULL OR consumer_name = $1) \
+         ORDER BY id LIMIT $2",
+        schema.as_str()
+    );
+    let rows = sqlx::query(AssertSqlSafe(sql))
+        .bind(consumer)
+        .bind(limit)
+        .fetch_all(executor)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ConsumerDeadLetter {
+                id: r.try_get(0)?,
+                consumer_name: r.try_get(1)?,
+                event_id: r.try_get(2)?,
+                aggregate_type: r.try_get(3)?,
+                aggregate_id: r.try_get(4)?,
+                aggregate_version: r.try_get(5)?,
+                event_type: r.try_get(6)?,
+                error: r.try_get(7)?,
+                attempts: r.try_get(8)?,
+                state: r.try_get(9)?,
+                created_at: r.try_get(10)?,
+            })
+        })
+        .collect()
+}
+
+/// Marks dead letters for the consumer runner to apply again (through the inbox). `ids: None`
+/// requeues every open dead letter (of `consumer`, when given). Returns how many.
+///
+/// # Errors
+/// [`sqlx::Error`].
+pub async fn consumer_dead_letter_requeue<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    schema: &Schema,
+    consumer: Option<&str>,
+    ids: Option<&[i64]>,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "UPDATE \"{}\".consumer_dead_letters SET state = 'requeued', updated_at = now() \
+         WHERE state = 'dead' AND ($1::text IS NULL OR consumer_name = $1) \
+         AND ($2::int8[] IS NULL OR id = ANY($2))",
+        schema.as_str()
+    );
+    Ok(sqlx::query(AssertSqlSafe(sql))
+        .bind(consumer)
+        .bind(ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}

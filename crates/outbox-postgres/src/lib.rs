@@ -26,8 +26,8 @@ mod sql;
 mod store;
 
 pub use consumer::{
-    ConflictPolicy, ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError,
-    PgConsumer,
+    ConflictPolicy, ConsumerConfig, ConsumerDeadLetter, ConsumerError, ConsumerReport, Handler,
+    HandlerError, PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue,
 };
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
