@@ -13,6 +13,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The consumer side, [`NatsSource`] (a durable JetStream pull consumer implementing
+//! [`outbox_core::consumer::DeliverySource`]), is described in [`consumer`].
+//!
 //! # Wire format
 //!
 //! CloudEvents 1.0 in binary content mode, following the CloudEvents NATS protocol binding:
@@ -89,10 +92,15 @@
 #![forbid(unsafe_code)]
 
 mod config;
+pub mod consumer;
 mod subject;
 mod transport;
 
 pub use config::{NatsConfig, NatsConfigError};
+pub use consumer::{
+    NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery, NatsSource,
+    decode_raw,
+};
 pub use transport::{
     CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, NatsConnectError, NatsTransport,
 };

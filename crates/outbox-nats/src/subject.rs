@@ -98,6 +98,46 @@ pub(crate) fn check_stream_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a JetStream consumer (durable) name: the same rules as a stream name.
+pub(crate) fn check_consumer_name(name: &str) -> Result<(), String> {
+    check_stream_name(name).map_err(|why| why.replacen("stream name", "consumer name", 1))
+}
+
+/// Reverses [`percent_encode`]: every `%XX` (hex digits, either case) becomes the byte `XX`;
+/// everything else is copied unchanged. The result must be UTF-8.
+///
+/// Strict on purpose: a `%` not followed by two hex digits, or bytes that are not UTF-8 once
+/// decoded, are an error (the value was not encoded as the binding prescribes), never a
+/// best-effort guess.
+pub(crate) fn percent_decode(value: &str) -> Result<String, String> {
+    if !value.contains('%') {
+        return Ok(value.to_owned());
+    }
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = |b: u8| char::from(b).to_digit(16);
+            match (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            ) {
+                (Some(hi), Some(lo)) => {
+                    // Two hex digits are at most 0xFF.
+                    out.push(u8::try_from(hi * 16 + lo).unwrap_or(u8::MAX));
+                    i += 3;
+                }
+                _ => return Err(format!("`%` at byte {i} is not followed by two hex digits")),
+            }
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "the percent-decoded bytes are not UTF-8".to_owned())
+}
+
 /// Percent-encodes a CloudEvents attribute value as the NATS protocol binding prescribes:
 /// every UTF-8 byte outside printable ASCII (0x21..=0x7E), plus space, `"` and `%`, becomes
 /// `%XX` (upper-case hex). Everything else is copied unchanged.
@@ -156,6 +196,41 @@ mod tests {
         for bad in ["", "a.b", "a b", "a*", "a>", "a/b", "a\\b", "a\nb"] {
             assert!(check_stream_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn percent_decoding_reverses_the_encoding() {
+        for v in [
+            "",
+            "/outbox",
+            "a b",
+            "100%",
+            "say \"hi\"",
+            "€ ä\t\u{7f}",
+            "Zahlung.Erstellt-ü",
+            "%41",
+            "~!'(){}",
+        ] {
+            assert_eq!(
+                percent_decode(&percent_encode(v)).as_deref(),
+                Ok(v),
+                "{v:?}"
+            );
+        }
+        assert_eq!(percent_decode("a%2fb%2Fc").as_deref(), Ok("a/b/c"));
+        // Unencoded non-ASCII is taken as it is.
+        assert_eq!(percent_decode("ä%20b").as_deref(), Ok("ä b"));
+        for bad in ["%", "%4", "%G1", "a%2", "%C3", "%FF%FE"] {
+            assert!(percent_decode(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn consumer_names_are_checked() {
+        assert!(check_consumer_name("outbox-consumer").is_ok());
+        let why = check_consumer_name("a.b").unwrap_err();
+        assert!(why.contains("consumer name"), "{why}");
+        assert!(check_consumer_name("").is_err());
     }
 
     #[test]

@@ -401,7 +401,7 @@ fn is_reserved_header(name: &str) -> bool {
         || lower == "content-type"
 }
 
-fn build_headers(
+pub(crate) fn build_headers(
     message: &OutboxMessage,
     source: &str,
 ) -> Result<Vec<(String, String)>, PublishError> {
@@ -453,7 +453,7 @@ fn headers_wire_len(pairs: &[(String, String)]) -> usize {
             .sum::<usize>()
 }
 
-fn is_stream_not_found(kind: &GetStreamErrorKind) -> bool {
+pub(crate) fn is_stream_not_found(kind: &GetStreamErrorKind) -> bool {
     matches!(kind, GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
@@ -500,7 +500,7 @@ fn classify_other(err: &jetstream::context::PublishError, connected: bool) -> Pu
 }
 
 /// Drops a password from a URL before it goes into an error message.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     url.split(',')
         .map(|one| match (one.find("://"), one.rfind('@')) {
             (Some(scheme), Some(at)) if at > scheme => {

@@ -1,0 +1,974 @@
+//! The consumer side: [`NatsSource`] reads the events [`NatsTransport`](crate::NatsTransport)
+//! published, from a durable JetStream **pull** consumer, and hands them to the inbox runner as
+//! [`NatsDelivery`]s ([`DeliverySource`] / [`Delivery`] of `outbox_core::consumer`).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::consumer::{Delivery, DeliverySource};
+//! use outbox_nats::{NatsConsumerConfig, NatsSource};
+//! let config = NatsConsumerConfig {
+//!     durable_name: "billing".to_owned(),
+//!     filter_subject: "outbox.payment.>".to_owned(),
+//!     ..NatsConsumerConfig::default()
+//! };
+//! let mut source = NatsSource::connect("nats://127.0.0.1:4222", config).await?;
+//! for delivery in source.next_batch(100, std::time::Duration::from_secs(1)).await? {
+//!     // normally: the inbox runner applies it in a transaction, commits, then acks
+//!     delivery.ack().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Acknowledgements and redelivery (at-least-once)
+//!
+//! The consumer is durable ([`NatsConsumerConfig::durable_name`]): the server remembers, per
+//! message, whether this consumer acknowledged it, across client restarts. It uses explicit
+//! acks (`AckPolicy::Explicit`) and starts at the beginning of the stream
+//! (`DeliverPolicy::All`) when it is first created.
+//!
+//! * A fetched message is *pending acknowledgement*. [`Delivery::ack`] sends `+ACK` and waits
+//!   (up to 5 s) for the server to confirm it; only then is the message done for this consumer.
+//!   An ack error means the outcome is unknown: the message may come again, and the inbox
+//!   absorbs the duplicate.
+//! * A message not acknowledged within [`NatsConsumerConfig::ack_wait_secs`] of its delivery
+//!   (the process crashed, the delivery was dropped, the handler is slow) is delivered again,
+//!   to this or another instance sharing the durable. So a handler that takes longer than the
+//!   ack wait sees its message twice: choose the ack wait well above the slowest handling.
+//! * [`Delivery::nack`] sends `-NAK` with a delay: the message is delivered again after that
+//!   delay instead of after the ack wait.
+//! * [`Delivery::delivery_count`] is JetStream's delivery counter for the message (1 = first
+//!   delivery, 2 = first redelivery, ...).
+//! * Nothing is ever dropped by this side: a message that does not decode is still a
+//!   [`NatsDelivery`] whose [`Delivery::event`] is the [`DecodeError`]; the runner dead-letters
+//!   it and then acks it. The consumer has no `max_deliver` limit set here.
+//!
+//! Together with the inbox, which records each event id in the same transaction as its effect
+//! and acks only after commit, this gives *effectively once* processing over an
+//! at-least-once wire: every event is delivered until acknowledged; duplicates (republishes
+//! after the stream's duplicate window, redeliveries after a lost ack) are recognised by event
+//! id.
+//!
+//! # Decoding
+//!
+//! The inverse of the transport's wire format: `ce-<attribute>` headers (names matched without
+//! regard to case), values percent-decoded (a malformed `%XX` sequence or non-UTF-8 result is a
+//! [`DecodeError::Invalid`] naming the attribute); the content type from `Content-Type`, else
+//! `ce-datacontenttype`; the user headers ([`IncomingEvent::headers`], e.g. `traceparent`)
+//! are all headers except `ce-*`, `Nats-*` and `Content-Type`. A header sent several times is
+//! kept as its values joined by `, ` (so a duplicated `ce-id` is invalid, never a silent
+//! choice of one). The body over [`NatsConsumerConfig::max_message_bytes`] is
+//! [`DecodeError::TooLarge`]. [`DeliverySource::decode`] applies exactly this to a stored
+//! [`RawMessage`]: a live delivery is decoded *from* its `RawMessage`, so both agree.
+//!
+//! # Lag
+//!
+//! [`DeliverySource::lag`] is the consumer's `num_pending + num_ack_pending` from the server:
+//! messages in the stream (matching the filter) not yet delivered to this consumer, plus those
+//! delivered but not yet acknowledged (including the ones the runner is handling right now).
+//! Zero means every stored event was processed and acknowledged.
+//!
+//! # Failure handling
+//!
+//! Startup fails fast with a [`NatsConsumerError`]: unreachable server (after 5 s), missing
+//! stream, JetStream disabled, or an existing durable of the same name that cannot serve
+//! (a push consumer, or not explicit acks). An existing pull durable whose ack wait, max ack
+//! pending or filter subject differ from the configuration is updated to it. After startup the
+//! client reconnects by itself; meanwhile [`DeliverySource::next_batch`] fails with
+//! [`SourceErrorKind::Unavailable`] and the runner retries.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, AckKind};
+use async_nats::{ConnectOptions, RequestErrorKind};
+use bytes::Bytes;
+use futures::StreamExt;
+use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
+use outbox_core::wire::{self, DecodeError, IncomingEvent, attr};
+use serde::Deserialize;
+
+use crate::subject;
+use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER, is_stream_not_found, redact};
+
+/// How long startup waits for the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Timeout of the JetStream API requests (stream / consumer lookup, consumer info).
+const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`NatsDelivery::ack`] waits for the server to confirm the ack.
+const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest ack wait accepted (a sanity bound: a redelivery a week later is a mistake).
+const MAX_ACK_WAIT_SECS: u64 = 7 * 24 * 3600;
+/// Largest `max_ack_pending` accepted.
+const MAX_ACK_PENDING: u64 = 1_000_000_000;
+
+/// Configuration of the NATS JetStream consumer.
+///
+/// Every key has a default, unknown keys are refused, and [`NatsConsumerConfig::validate`]
+/// names the offending key.
+///
+/// ```
+/// let config: outbox_nats::NatsConsumerConfig = toml::from_str(r#"
+///     stream = "PAYMENTS"
+///     durable_name = "billing"
+///     filter_subject = "payments.>"
+///     ack_wait_secs = 60
+/// "#).unwrap();
+/// assert!(config.validate().is_ok());
+/// assert_eq!(config.max_ack_pending, 10_000);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConsumerConfig {
+    /// The JetStream stream to consume. It must exist. Default `OUTBOX`.
+    pub stream: String,
+    /// Name of the durable consumer: the server keeps its acknowledgement state under this
+    /// name, and instances with the same name share the work. Give each consuming service its
+    /// own name. Default `outbox-consumer`.
+    pub durable_name: String,
+    /// Only messages whose subject matches this filter (wildcards allowed) are delivered; empty
+    /// = every message of the stream. Default empty.
+    pub filter_subject: String,
+    /// Seconds a delivered message may stay unacknowledged before it is delivered again.
+    /// Default 30.
+    pub ack_wait_secs: u64,
+    /// Most messages delivered and not yet acknowledged at once; the server delivers no more
+    /// until some are acknowledged. Default 10 000.
+    pub max_ack_pending: u64,
+    /// Largest body accepted; a larger one is delivered with
+    /// [`DecodeError::TooLarge`] (and dead-lettered by the runner). Default 8 MiB.
+    pub max_message_bytes: usize,
+}
+
+impl Default for NatsConsumerConfig {
+    fn default() -> Self {
+        Self {
+            stream: "OUTBOX".to_owned(),
+            durable_name: "outbox-consumer".to_owned(),
+            filter_subject: String::new(),
+            ack_wait_secs: 30,
+            max_ack_pending: 10_000,
+            max_message_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// A [`NatsConsumerConfig`] value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid NATS consumer config `{key}`: {message}")]
+pub struct NatsConsumerConfigError {
+    /// The configuration key, e.g. `durable_name`.
+    pub key: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+fn bad(key: &'static str, message: impl Into<String>) -> Result<(), NatsConsumerConfigError> {
+    Err(NatsConsumerConfigError {
+        key,
+        message: message.into(),
+    })
+}
+
+impl NatsConsumerConfig {
+    /// Checks every key.
+    ///
+    /// # Errors
+    /// A [`NatsConsumerConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), NatsConsumerConfigError> {
+        if let Err(why) = subject::check_stream_name(&self.stream) {
+            return bad("stream", why);
+        }
+        if let Err(why) = subject::check_consumer_name(&self.durable_name) {
+            return bad("durable_name", why);
+        }
+        if !self.filter_subject.is_empty()
+            && let Err(why) = subject::check_filter(&self.filter_subject)
+        {
+            return bad("filter_subject", why);
+        }
+        if self.ack_wait_secs == 0 || self.ack_wait_secs > MAX_ACK_WAIT_SECS {
+            return bad(
+                "ack_wait_secs",
+                format!("must be between 1 and {MAX_ACK_WAIT_SECS}"),
+            );
+        }
+        if self.max_ack_pending == 0 || self.max_ack_pending > MAX_ACK_PENDING {
+            return bad(
+                "max_ack_pending",
+                format!("must be between 1 and {MAX_ACK_PENDING}"),
+            );
+        }
+        if self.max_message_bytes == 0 {
+            return bad("max_message_bytes", "must be positive");
+        }
+        Ok(())
+    }
+
+    /// [`NatsConsumerConfig::ack_wait_secs`] as a duration.
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_secs)
+    }
+
+    /// The pull consumer configuration this config asks for.
+    fn consumer_config(&self) -> pull::Config {
+        pull::Config {
+            durable_name: Some(self.durable_name.clone()),
+            description: Some("outbox inbox consumer".to_owned()),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait(),
+            filter_subject: self.filter_subject.clone(),
+            // Validated to be at most MAX_ACK_PENDING.
+            max_ack_pending: i64::try_from(self.max_ack_pending).unwrap_or(i64::MAX),
+            ..Default::default()
+        }
+    }
+}
+
+/// Why [`NatsSource`] could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NatsConsumerError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] NatsConsumerConfigError),
+    /// The server could not be reached or refused the connection (address, DNS, TLS, auth).
+    #[error("cannot connect to NATS at `{url}`: {source}")]
+    Connect {
+        /// The address tried.
+        url: String,
+        /// The client library's error.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// The server did not complete the connection in time.
+    #[error("cannot connect to NATS at `{url}`: no connection within {timeout_secs}s")]
+    ConnectTimedOut {
+        /// The address tried.
+        url: String,
+        /// The timeout.
+        timeout_secs: u64,
+    },
+    /// The stream does not exist (the consumer never creates it: the publishing side or the
+    /// operator does).
+    #[error("JetStream stream `{stream}` does not exist; create it (or start the relay) first")]
+    StreamNotFound {
+        /// The stream name.
+        stream: String,
+    },
+    /// The stream could not be looked up (JetStream disabled, permissions, timeout).
+    #[error("JetStream stream `{stream}`: {message}")]
+    Stream {
+        /// The stream name.
+        stream: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The durable consumer could not be looked up, created or updated, or an existing one
+    /// with that name cannot serve (push consumer, not explicit acks).
+    #[error("JetStream consumer `{durable}` on stream `{stream}`: {message}")]
+    Consumer {
+        /// The stream name.
+        stream: String,
+        /// The durable name.
+        durable: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The NATS JetStream [`DeliverySource`]: a durable pull consumer with explicit acks.
+#[derive(Debug)]
+pub struct NatsSource {
+    client: async_nats::Client,
+    consumer: PullConsumer,
+    config: Arc<NatsConsumerConfig>,
+}
+
+impl NatsSource {
+    /// Connects to `url` (one address, or several separated by commas), then gets or creates
+    /// the durable consumer (see the module docs).
+    ///
+    /// Fails fast: an unreachable server is an error after at most 5 s, never an endless
+    /// retry. Once connected, the client reconnects by itself.
+    ///
+    /// # Errors
+    /// [`NatsConsumerError::Config`] for a bad config, [`NatsConsumerError::Connect`] /
+    /// [`NatsConsumerError::ConnectTimedOut`] when the server cannot be reached,
+    /// [`NatsConsumerError::StreamNotFound`], [`NatsConsumerError::Stream`] and
+    /// [`NatsConsumerError::Consumer`] as in [`NatsSource::from_client`].
+    #[tracing::instrument(level = "info", skip(config), fields(stream = %config.stream, durable = %config.durable_name))]
+    pub async fn connect(url: &str, config: NatsConsumerConfig) -> Result<Self, NatsConsumerError> {
+        let options = ConnectOptions::new()
+            .name("outbox-consumer")
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        tracing::info!("NATS connection (re)established")
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("NATS connection lost; reconnecting")
+                    }
+                    other => tracing::warn!(event = %other, "NATS client event"),
+                }
+            });
+        Self::connect_with_options(url, options, config).await
+    }
+
+    /// Like [`NatsSource::connect`] with caller-built [`ConnectOptions`] (TLS, NKeys,
+    /// credentials, event callback). Do not enable `retry_on_initial_connect` unless startup
+    /// should wait for the server.
+    ///
+    /// # Errors
+    /// As [`NatsSource::connect`].
+    pub async fn connect_with_options(
+        url: &str,
+        options: ConnectOptions,
+        config: NatsConsumerConfig,
+    ) -> Result<Self, NatsConsumerError> {
+        config.validate()?;
+        let options = options.connection_timeout(CONNECT_TIMEOUT);
+        let client = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url)).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(source)) => {
+                return Err(NatsConsumerError::Connect {
+                    url: redact(url),
+                    source,
+                });
+            }
+            Err(_elapsed) => {
+                return Err(NatsConsumerError::ConnectTimedOut {
+                    url: redact(url),
+                    timeout_secs: CONNECT_TIMEOUT.as_secs(),
+                });
+            }
+        };
+        Self::from_client(client, config).await
+    }
+
+    /// Wraps an already connected client, then gets or creates the durable pull consumer:
+    /// explicit acks, deliver policy `All`, the configured ack wait, max ack pending and filter.
+    /// An existing pull consumer of that name is reused (its position is kept); its ack wait,
+    /// max ack pending and filter subject are updated when they differ from the config.
+    ///
+    /// # Errors
+    /// [`NatsConsumerError::Config`]; [`NatsConsumerError::StreamNotFound`] when the stream
+    /// is missing; [`NatsConsumerError::Stream`] when it cannot be looked up (JetStream
+    /// disabled, permissions, timeout); [`NatsConsumerError::Consumer`] when the consumer
+    /// cannot be created or updated, or the existing one is a push consumer or does not use
+    /// explicit acks.
+    pub async fn from_client(
+        client: async_nats::Client,
+        config: NatsConsumerConfig,
+    ) -> Result<Self, NatsConsumerError> {
+        config.validate()?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(API_TIMEOUT)
+            .build(client.clone());
+        let stream = match js.get_stream(&config.stream).await {
+            Ok(stream) => stream,
+            Err(e) if is_stream_not_found(&e.kind()) => {
+                return Err(NatsConsumerError::StreamNotFound {
+                    stream: config.stream.clone(),
+                });
+            }
+            Err(e) => {
+                return Err(NatsConsumerError::Stream {
+                    stream: config.stream.clone(),
+                    message: format!(
+                        "cannot look it up (is JetStream enabled and the account allowed to use it?): {e}"
+                    ),
+                });
+            }
+        };
+        let consumer_error = |message: String| NatsConsumerError::Consumer {
+            stream: config.stream.clone(),
+            durable: config.durable_name.clone(),
+            message,
+        };
+        let wanted = config.consumer_config();
+        let consumer: PullConsumer = stream
+            .get_or_create_consumer(&config.durable_name, wanted.clone())
+            .await
+            .map_err(|e| {
+                consumer_error(match e.kind() {
+                    jetstream::stream::ConsumerErrorKind::InvalidConsumerType => format!(
+                        "a consumer of this name exists but is not a pull consumer; use another \
+                         durable_name or delete it: {e}"
+                    ),
+                    _ => format!("cannot get or create it: {e}"),
+                })
+            })?;
+        let existing = consumer.cached_info().config.clone();
+        if existing.ack_policy != AckPolicy::Explicit {
+            return Err(consumer_error(format!(
+                "exists with ack policy {:?}; the inbox needs explicit acks (delete the consumer \
+                 or use another durable_name)",
+                existing.ack_policy
+            )));
+        }
+        let differs = existing.ack_wait != wanted.ack_wait
+            || existing.max_ack_pending != wanted.max_ack_pending
+            || existing.filter_subject != wanted.filter_subject;
+        let consumer = if differs {
+            use async_nats::jetstream::consumer::FromConsumer as _;
+            let mut update = pull::Config::try_from_consumer_config(existing.clone())
+                .map_err(|e| consumer_error(format!("cannot read its configuration: {e}")))?;
+            update.ack_wait = wanted.ack_wait;
+            update.max_ack_pending = wanted.max_ack_pending;
+            update.filter_subject = wanted.filter_subject.clone();
+            let updated = stream.update_consumer(update).await.map_err(|e| {
+                consumer_error(format!("cannot update it to the configuration: {e}"))
+            })?;
+            tracing::info!(
+                stream = %config.stream,
+                durable = %config.durable_name,
+                old_ack_wait_secs = existing.ack_wait.as_secs_f64(),
+                old_max_ack_pending = existing.max_ack_pending,
+                old_filter_subject = %existing.filter_subject,
+                "updated the existing JetStream consumer to the configuration"
+            );
+            updated
+        } else {
+            consumer
+        };
+        Ok(Self {
+            client,
+            consumer,
+            config: Arc::new(config),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &NatsConsumerConfig {
+        &self.config
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream pull consumer (for inspection).
+    pub fn consumer(&self) -> &PullConsumer {
+        &self.consumer
+    }
+
+    fn unavailable_or(&self, kind: SourceErrorKind, message: String) -> SourceError {
+        if self.client.connection_state() == State::Connected {
+            SourceError::new(kind, message)
+        } else {
+            SourceError::new(SourceErrorKind::Unavailable, message)
+        }
+    }
+}
+
+impl DeliverySource for NatsSource {
+    type Delivery = NatsDelivery;
+
+    /// Fetches up to `max` messages: the server holds the request up to `wait` for the first
+    /// message and answers as soon as it has delivered what is available.
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] while the connection is down; otherwise
+    /// [`SourceErrorKind::Other`] (e.g. the consumer was deleted). A failure after some
+    /// messages arrived returns those messages (the error is logged).
+    async fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<NatsDelivery>, SourceError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        if self.client.connection_state() != State::Connected {
+            return Err(SourceError::new(
+                SourceErrorKind::Unavailable,
+                "not connected to NATS (reconnecting)",
+            ));
+        }
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| {
+                self.unavailable_or(
+                    SourceErrorKind::Other,
+                    format!("cannot request messages: {e}"),
+                )
+            })?;
+        let mut out = Vec::with_capacity(max.min(1024));
+        while let Some(item) = batch.next().await {
+            match item {
+                Ok(message) => out.push(NatsDelivery::new(message, self.config.max_message_bytes)),
+                Err(e) if out.is_empty() => {
+                    return Err(self.unavailable_or(
+                        SourceErrorKind::Other,
+                        format!(
+                            "fetching from consumer `{}` on stream `{}`: {e}",
+                            self.config.durable_name, self.config.stream
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        received = out.len(),
+                        "fetch ended with an error; returning the messages received"
+                    );
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `num_pending + num_ack_pending` of the consumer, from the server.
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] while the connection is down, otherwise
+    /// [`SourceErrorKind::Other`] (consumer deleted, permissions, timeout).
+    async fn lag(&mut self) -> Result<Option<u64>, SourceError> {
+        let connected = self.client.connection_state() == State::Connected;
+        match self.consumer.info().await {
+            Ok(info) => Ok(Some(info.num_pending.saturating_add(
+                u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
+            ))),
+            Err(e) => Err(SourceError::new(
+                if connected {
+                    SourceErrorKind::Other
+                } else {
+                    SourceErrorKind::Unavailable
+                },
+                format!("consumer `{}` info: {e}", self.config.durable_name),
+            )),
+        }
+    }
+
+    /// Decodes with [`decode_raw`] and the configured `max_message_bytes`.
+    ///
+    /// # Errors
+    /// [`DecodeError`] naming the problem.
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
+        decode_raw(raw, self.config.max_message_bytes)
+    }
+}
+
+/// One message from [`NatsSource`].
+#[derive(Debug)]
+pub struct NatsDelivery {
+    message: jetstream::Message,
+    event: Result<IncomingEvent, DecodeError>,
+    raw: RawMessage,
+}
+
+impl NatsDelivery {
+    fn new(message: jetstream::Message, max_message_bytes: usize) -> Self {
+        let raw = raw_message(&message.message);
+        let event = decode_raw(&raw, max_message_bytes);
+        Self {
+            message,
+            event,
+            raw,
+        }
+    }
+
+    /// The JetStream message (subject, reply subject, metadata).
+    pub fn message(&self) -> &jetstream::Message {
+        &self.message
+    }
+
+    /// The subject the event was published to.
+    pub fn subject(&self) -> &str {
+        self.message.subject.as_str()
+    }
+
+    /// The stream sequence number, when the message carries JetStream metadata.
+    pub fn stream_sequence(&self) -> Option<u64> {
+        self.message.info().ok().map(|i| i.stream_sequence)
+    }
+
+    fn ack_error(&self, what: &str, e: &dyn std::fmt::Display, timed_out: bool) -> SourceError {
+        let connected = self.message.context.client().connection_state() == State::Connected;
+        let kind = if timed_out || !connected {
+            SourceErrorKind::Unavailable
+        } else {
+            SourceErrorKind::Other
+        };
+        SourceError::new(
+            kind,
+            format!(
+                "{what} of message {} failed (it will be delivered again): {e}",
+                self.stream_sequence()
+                    .map_or_else(|| "?".to_owned(), |s| format!("#{s}"))
+            ),
+        )
+    }
+}
+
+impl Delivery for NatsDelivery {
+    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
+        &self.event
+    }
+
+    fn raw(&self) -> &RawMessage {
+        &self.raw
+    }
+
+    fn delivery_count(&self) -> Option<u32> {
+        self.message
+            .info()
+            .ok()
+            .and_then(|i| u32::try_from(i.delivered).ok())
+    }
+
+    /// Sends `+ACK` and waits up to 5 s for the server's confirmation (a "double ack").
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] when no confirmation came (timeout, no responder,
+    /// disconnected): the ack may or may not have been applied; [`SourceErrorKind::Other`] for
+    /// a message without a JetStream reply subject.
+    async fn ack(self) -> Result<(), SourceError> {
+        let Some(reply) = self.message.reply.clone() else {
+            return Err(self.ack_error("ack", &"no JetStream reply subject", false));
+        };
+        // `Message::double_ack` subscribes a fresh inbox per ack; a request over the client's
+        // shared response inbox is the same protocol without the extra subscription.
+        let request = async_nats::Request::new()
+            .payload(Bytes::from(AckKind::Ack))
+            .timeout(Some(ACK_CONFIRM_TIMEOUT));
+        match self
+            .message
+            .context
+            .client()
+            .send_request(reply, request)
+            .await
+        {
+            Ok(response) => match response.status {
+                None | Some(async_nats::StatusCode::OK) => Ok(()),
+                Some(status) => Err(self.ack_error(
+                    "ack",
+                    &format!("server answered {status} {:?}", response.description),
+                    false,
+                )),
+            },
+            Err(e) => {
+                let timed_out = matches!(
+                    e.kind(),
+                    RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+                );
+                Err(self.ack_error("ack", &e, timed_out))
+            }
+        }
+    }
+
+    /// Sends `-NAK` with `delay`: the server delivers the message again after the delay.
+    ///
+    /// # Errors
+    /// [`SourceError`] when it could not be sent; the message is then delivered again after
+    /// the ack wait.
+    async fn nack(self, delay: Duration) -> Result<(), SourceError> {
+        self.message
+            .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(|e| self.ack_error("nack", &e, false))
+    }
+}
+
+/// The body and every header of `message` as text; see [`decode_raw`].
+fn raw_message(message: &async_nats::Message) -> RawMessage {
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(map) = &message.headers {
+        for (name, values) in map.iter() {
+            let joined = values
+                .iter()
+                .map(|v| v.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            headers.insert(AsRef::<str>::as_ref(name).to_owned(), joined);
+        }
+    }
+    let content_type = header_ci(&headers, CONTENT_TYPE_HEADER);
+    RawMessage {
+        payload: message.payload.clone(),
+        headers,
+        content_type,
+    }
+}
+
+/// A header's value by name without regard to case; several matches are joined by `, `.
+fn header_ci(headers: &BTreeMap<String, String>, name: &str) -> Option<String> {
+    let values: Vec<&str> = headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+fn has_prefix_ci(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len()
+        && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+/// Whether a header is part of the protocol rather than a user header.
+fn is_protocol_header(name: &str) -> bool {
+    has_prefix_ci(name, CE_PREFIX)
+        || has_prefix_ci(name, "nats-")
+        || name.eq_ignore_ascii_case(CONTENT_TYPE_HEADER)
+}
+
+/// The attributes read from `ce-` headers (percent-decoded).
+const ATTRIBUTES: [&str; 13] = [
+    attr::SPECVERSION,
+    attr::ID,
+    attr::SOURCE,
+    attr::TYPE,
+    attr::SUBJECT,
+    attr::TIME,
+    attr::AGGREGATE_TYPE,
+    attr::AGGREGATE_ID,
+    attr::AGGREGATE_VERSION,
+    attr::SCHEMA_VERSION,
+    attr::PARTITION_KEY,
+    attr::PAYLOAD_SHA256,
+    "datacontenttype",
+];
+
+/// Decodes a NATS message kept as a [`RawMessage`] (as [`NatsDelivery`] does for a live one):
+/// `ce-<attribute>` headers matched without regard to case and percent-decoded, content type
+/// from [`RawMessage::content_type`] / `Content-Type`, else `ce-datacontenttype`, user headers
+/// = every header except `ce-*`, `Nats-*`, `Content-Type`.
+///
+/// # Errors
+/// [`DecodeError`] naming the first problem: body over `max_bytes`, a missing or invalid
+/// attribute (including a malformed percent-encoding), a fingerprint mismatch.
+pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
+    if raw.payload.len() > max_bytes {
+        return Err(DecodeError::TooLarge {
+            size: raw.payload.len(),
+            max: max_bytes,
+        });
+    }
+    let mut attributes: HashMap<&'static str, String> = HashMap::new();
+    for name in ATTRIBUTES {
+        let Some(encoded) = header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")) else {
+            continue;
+        };
+        let value = subject::percent_decode(&encoded).map_err(|_| DecodeError::Invalid {
+            name,
+            value: encoded.chars().take(64).collect(),
+        })?;
+        attributes.insert(name, value);
+    }
+    let content_type = raw
+        .content_type
+        .clone()
+        .or_else(|| header_ci(&raw.headers, CONTENT_TYPE_HEADER))
+        .filter(|c| !c.trim().is_empty());
+    let user_headers: BTreeMap<String, String> = raw
+        .headers
+        .iter()
+        .filter(|(name, _)| !is_protocol_header(name))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    wire::decode(
+        |name| attributes.get(name).cloned(),
+        content_type,
+        raw.payload.clone(),
+        user_headers,
+        max_bytes,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::{Fingerprint, OutboxMessage, Payload};
+
+    use super::*;
+
+    fn with(f: impl FnOnce(&mut NatsConsumerConfig)) -> Result<(), NatsConsumerConfigError> {
+        let mut c = NatsConsumerConfig::default();
+        f(&mut c);
+        c.validate()
+    }
+
+    fn key_of(r: Result<(), NatsConsumerConfigError>) -> &'static str {
+        r.expect_err("config must be refused").key
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = NatsConsumerConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.stream, "OUTBOX");
+        assert_eq!(c.durable_name, "outbox-consumer");
+        assert_eq!(c.filter_subject, "");
+        assert_eq!(c.ack_wait_secs, 30);
+        assert_eq!(c.max_ack_pending, 10_000);
+        assert_eq!(c.max_message_bytes, 8 << 20);
+        let pc = c.consumer_config();
+        assert_eq!(pc.ack_policy, AckPolicy::Explicit);
+        assert_eq!(pc.deliver_policy, DeliverPolicy::All);
+        assert_eq!(pc.durable_name.as_deref(), Some("outbox-consumer"));
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(key_of(with(|c| c.stream = "A.B".into())), "stream");
+        assert_eq!(
+            key_of(with(|c| c.durable_name = String::new())),
+            "durable_name"
+        );
+        assert_eq!(
+            key_of(with(|c| c.durable_name = "a b".into())),
+            "durable_name"
+        );
+        assert_eq!(
+            key_of(with(|c| c.filter_subject = "a..b".into())),
+            "filter_subject"
+        );
+        assert!(with(|c| c.filter_subject = "outbox.*.x".into()).is_ok());
+        assert_eq!(key_of(with(|c| c.ack_wait_secs = 0)), "ack_wait_secs");
+        assert_eq!(key_of(with(|c| c.max_ack_pending = 0)), "max_ack_pending");
+        assert_eq!(
+            key_of(with(|c| c.max_message_bytes = 0)),
+            "max_message_bytes"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = toml::from_str::<NatsConsumerConfig>("ack_wait = 3").unwrap_err();
+        assert!(e.to_string().contains("ack_wait"), "{e}");
+    }
+
+    fn published() -> (OutboxMessage, RawMessage) {
+        let payload = Payload::bytes("application/json", br#"{"a":1}"#.to_vec());
+        let m = OutboxMessage {
+            id: 1,
+            event_id: "0190a0f6-7b2c-7d3e-8f40-123456789abc".parse().unwrap(),
+            aggregate_type: "zahlung".into(),
+            aggregate_id: "pay 42/ä".into(),
+            aggregate_version: 3,
+            event_type: "Zahlung.Erstellt-ü".into(),
+            schema_version: 2,
+            fingerprint: Fingerprint::of(&payload.bytes),
+            payload,
+            headers: BTreeMap::from([("traceparent".to_owned(), "00-abc-def-01".to_owned())]),
+            destination: None,
+            partition_key: None,
+            created_at: "2024-05-06T07:08:09.123456Z".parse().unwrap(),
+            attempts: 0,
+        };
+        let headers: BTreeMap<String, String> = crate::transport::build_headers(&m, "/my source")
+            .unwrap()
+            .into_iter()
+            .collect();
+        let raw = RawMessage {
+            payload: m.payload.bytes.clone(),
+            content_type: headers.get("Content-Type").cloned(),
+            headers,
+        };
+        (m, raw)
+    }
+
+    #[test]
+    fn decodes_what_the_transport_encodes() {
+        let (m, raw) = published();
+        let e = decode_raw(&raw, 1 << 20).unwrap();
+        assert_eq!(e.event_id, m.event_id);
+        assert_eq!(e.event_type, m.event_type);
+        assert_eq!(e.source, "/my source");
+        assert_eq!(e.aggregate_type, m.aggregate_type);
+        assert_eq!(e.aggregate_id, m.aggregate_id);
+        assert_eq!(e.partition_key, m.aggregate_id);
+        assert_eq!((e.aggregate_version, e.schema_version), (3, 2));
+        assert_eq!(e.time, Some(m.created_at));
+        assert_eq!(e.payload, m.payload);
+        assert_eq!(e.fingerprint, m.fingerprint);
+        assert_eq!(e.headers, m.headers);
+    }
+
+    #[test]
+    fn decoding_names_the_problem() {
+        let (_, raw) = published();
+        let alter = |f: &dyn Fn(&mut BTreeMap<String, String>)| {
+            let mut r = raw.clone();
+            f(&mut r.headers);
+            decode_raw(&r, 1 << 20).unwrap_err()
+        };
+        assert_eq!(
+            alter(&|h| {
+                h.remove("ce-id");
+            }),
+            DecodeError::Missing("id")
+        );
+        assert!(matches!(
+            alter(&|h| {
+                h.insert("ce-type".into(), "bad%zz".into());
+            }),
+            DecodeError::Invalid { name: "type", .. }
+        ));
+        assert!(matches!(
+            alter(&|h| {
+                h.insert("ce-aggregateversion".into(), "x".into());
+            }),
+            DecodeError::Invalid {
+                name: "aggregateversion",
+                ..
+            }
+        ));
+        // A second spelling of the same attribute is not silently ignored.
+        assert!(matches!(
+            alter(&|h| {
+                h.insert("CE-ID".into(), uuid::Uuid::nil().to_string());
+            }),
+            DecodeError::Invalid { name: "id", .. }
+        ));
+        let mut big = raw.clone();
+        big.payload = Bytes::from(vec![b'x'; 11]);
+        assert_eq!(
+            decode_raw(&big, 10).unwrap_err(),
+            DecodeError::TooLarge { size: 11, max: 10 }
+        );
+    }
+
+    #[test]
+    fn content_type_falls_back_to_the_attribute() {
+        let (_, mut raw) = published();
+        raw.content_type = None;
+        raw.headers.remove("Content-Type");
+        raw.headers.insert(
+            "ce-datacontenttype".into(),
+            "text/plain%3B%20charset=utf-8".into(),
+        );
+        let e = decode_raw(&raw, 1 << 20).unwrap();
+        assert_eq!(
+            e.payload.content_type.0.as_str(),
+            "text/plain; charset=utf-8"
+        );
+    }
+
+    #[test]
+    fn protocol_headers_are_not_user_headers() {
+        for n in [
+            "ce-id",
+            "CE-Type",
+            "Nats-Msg-Id",
+            "nats-expected-stream",
+            "content-type",
+        ] {
+            assert!(is_protocol_header(n), "{n}");
+        }
+        for n in ["traceparent", "ce", "natsx", "ce_id", "tenant"] {
+            assert!(!is_protocol_header(n), "{n}");
+        }
+    }
+}
