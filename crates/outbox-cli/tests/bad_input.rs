@@ -49,16 +49,55 @@ async fn lease_shorter_than_publish_window_is_refused_naming_the_key() {
     db.cleanup().await;
 }
 
+/// A zero poll or stats interval turns the relay into a busy loop of claim / full-table stats
+/// queries against the database. Like the other zero values (`publish_timeout`,
+/// `backoff_base_ms`, ...) it must be refused at startup, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_poll_or_stats_interval_is_refused_naming_the_key() {
+    let db = TestDb::new().await;
+    let nats = NatsEnv::new().await;
+    // Failures are collected so the schema and stream are cleaned up before the verdict.
+    let mut failures = Vec::new();
+    for (key, what) in [
+        ("poll_interval_ms", "claim"),
+        ("stats_interval_secs", "stats"),
+    ] {
+        let config = TempFile::new(".toml", &format!("[relay]\n{key} = 0\n{}", nats.toml()));
+        let mut cmd = outbox(Some(db.name()), Some(&nats_url()), Some(config.path()));
+        cmd.arg("relay");
+        let mut relay = ChildGuard::spawn(cmd, "relay-zero-interval");
+        let Some(status) = relay.try_wait_exit(Duration::from_secs(3)).await else {
+            failures.push(format!(
+                "`relay.{key} = 0` was accepted: the relay runs with a zero interval, a busy \
+                 loop of {what} queries against the database. It must be refused at startup \
+                 naming `relay.{key}`."
+            ));
+            continue;
+        };
+        let log = relay.log();
+        if status.success() || !log.contains(key) || log.contains("panicked") {
+            failures.push(format!(
+                "`relay.{key} = 0`: expected a clean failure naming the key, got {status}: {log}"
+            ));
+        }
+    }
+    nats.cleanup().await;
+    db.cleanup().await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[tokio::test]
 async fn unreachable_database_at_startup_is_a_clean_error() {
-    for sub in [&["status"][..], &["relay"], &["migrate"]] {
+    let runs = [&["status"][..], &["relay"], &["migrate"]].map(|sub| {
         let mut cmd = outbox(Some("outbox"), Some(&nats_url()), None);
         cmd.env(
             "OUTBOX_DATABASE_URL",
             "postgres://postgres@127.0.0.1:1/test",
         )
         .args(sub);
-        let r = run(cmd, QUICK).await;
+        run(cmd, QUICK)
+    });
+    for r in futures::future::join_all(runs).await {
         assert_clean_failure(&r, &["cannot connect to PostgreSQL", "127.0.0.1:1"]);
     }
 }

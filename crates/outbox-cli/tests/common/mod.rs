@@ -948,6 +948,20 @@ impl ChildGuard {
         self.exited
     }
 
+    /// Waits up to `timeout` for the process to exit by itself.
+    pub async fn try_wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.poll() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits for the process to exit by itself.
     pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
