@@ -1,6 +1,10 @@
 //! RabbitMQ transport for the outbox relay: AMQP 0-9-1 via [lapin], publisher confirms,
 //! persistent mandatory messages, CloudEvents 1.0 in binary content mode.
 //!
+//! The consumer side, [`RabbitSource`] (a [`outbox_core::consumer::DeliverySource`] for the
+//! inbox runner: manual acks, prefetch, redelivery on channel loss), is described in the
+//! [`consumer`] module.
+//!
 //! ```no_run
 //! use outbox_core::Transport;
 //! use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
@@ -97,6 +101,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+pub mod consumer;
 mod encode;
 mod error;
 mod transport;
@@ -105,6 +110,7 @@ pub use config::{
     MAX_IN_FLIGHT, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfig, RabbitConfigError,
     TEMPLATE_PLACEHOLDERS,
 };
+pub use consumer::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
 pub use encode::{CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, sanitize_routing_key_part};
 pub use error::RabbitConnectError;
 pub use transport::RabbitTransport;

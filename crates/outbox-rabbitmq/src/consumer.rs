@@ -1,0 +1,1395 @@
+//! The consumer side: [`RabbitSource`] reads outbox events from a RabbitMQ queue and hands
+//! them to the inbox runner as [`RabbitDelivery`]s
+//! ([`outbox_core::consumer::DeliverySource`] / [`outbox_core::consumer::Delivery`]).
+//!
+//! ```no_run
+//! use outbox_core::consumer::{Delivery, DeliverySource};
+//! use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut source = RabbitSource::connect(
+//!     "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=10",
+//!     RabbitConsumerConfig { queue: "payments-ledger".into(), ..Default::default() },
+//! )
+//! .await?;
+//! for delivery in source.next_batch(100, Duration::from_secs(1)).await? {
+//!     match delivery.event() {
+//!         Ok(event) => println!("{} v{}", event.aggregate_id, event.aggregate_version),
+//!         Err(why) => println!("malformed: {why}"),
+//!     }
+//!     delivery.ack().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Acknowledgements and prefetch
+//!
+//! The queue is consumed with `basic.consume` and **manual acknowledgements** (`no_ack =
+//! false`) on a channel of its own, with `basic.qos(prefetch)` (per consumer). The broker
+//! pushes at most [`RabbitConsumerConfig::prefetch`] unacknowledged messages to this consumer;
+//! they wait in memory until [`next_batch`](outbox_core::consumer::DeliverySource::next_batch)
+//! hands them out. A batch is therefore never larger than the prefetch: keep the prefetch at
+//! or above the runner's batch size.
+//!
+//! A message is removed from the queue only by [`RabbitDelivery::ack`] (`basic.ack`, single).
+//! [`RabbitDelivery::nack`] requeues it (`basic.nack`, `requeue = true`) after waiting; see
+//! there. Dropping a [`RabbitDelivery`] without ack or nack requeues it at once (a
+//! `basic.nack` with `requeue = true` sent in the background), so its prefetch slot is not
+//! held until the connection ends.
+//!
+//! # Connection loss and redelivery
+//!
+//! lapin's automatic recovery is not used. When the connection or the channel breaks, the
+//! broker returns every unacknowledged delivery of that channel to the queue and delivers it
+//! again (with the `redelivered` flag) — that is the at-least-once contract, and the inbox
+//! absorbs the duplicates. Acknowledging a delivery of a dead channel fails with
+//! [`SourceErrorKind::Unavailable`]; it never reports a success that did not happen.
+//!
+//! The [`next_batch`](outbox_core::consumer::DeliverySource::next_batch) (or
+//! [`lag`](outbox_core::consumer::DeliverySource::lag)) that notices the loss returns
+//! [`SourceErrorKind::Unavailable`]; later calls reconnect lazily: a channel closed by a
+//! channel-level error (or a consumer cancelled by the broker) is reopened on the same
+//! connection at once, a lost connection is
+//! reconnected no sooner than [`RabbitConsumerConfig::reconnect_min_delay_ms`] after the loss
+//! was noticed and after the previous attempt (calls in between fail fast with `Unavailable`),
+//! so an outage never becomes a reconnect loop. Every (re)connect declares and binds the queue
+//! again (per the configuration) before consuming. Dead peers are detected by AMQP heartbeats,
+//! negotiated with the broker; set an interval with `?heartbeat=10` in the URL.
+//!
+//! # Delivery counts
+//!
+//! [`RabbitDelivery::delivery_count`] (1 = first delivery) is the largest of:
+//!
+//! * `x-delivery-count` + 1, when the header is present. Quorum queues set it (it counts the
+//!   *previous* deliveries, and is absent on the first one). This is the only count that
+//!   survives a consumer restart: **use quorum queues** where the runner's `max_attempts` must
+//!   hold across restarts.
+//! * the count this source tracked: a bounded in-memory map (at most
+//!   [`DELIVERY_COUNT_CAPACITY`] event ids, oldest evicted first; an entry is removed when the
+//!   event is acknowledged) counting redeliveries of an event id seen by *this* source. It is
+//!   lost on restart, and a redelivery to another consumer of the queue is not seen.
+//! * 2 when the broker's `redelivered` flag is set, 1 otherwise.
+//!
+//! So a redelivered message always counts at least 2, but on classic queues the count can be
+//! lower than the true number of deliveries after a restart.
+//!
+//! # Lag
+//!
+//! [`lag`](outbox_core::consumer::DeliverySource::lag) is the queue's `message_count` from a
+//! passive `queue.declare` on a separate channel: the messages **ready** for delivery. Messages
+//! delivered to a consumer and not yet acknowledged (at most the prefetch per consumer) are not
+//! included.
+//!
+//! # Decoding
+//!
+//! The wire format is the one [`crate::RabbitTransport`] publishes (CloudEvents binary mode,
+//! see the [crate documentation](crate)), decoded by [`outbox_core::wire::decode`]: attribute
+//! `<name>` from header `cloudEvents_<name>`, the content type from the AMQP `content_type`
+//! property, and every header not starting with `cloudEvents_` (e.g. `traceparent`, but also
+//! broker headers such as `x-delivery-count`) as a user header. A live delivery is decoded from
+//! its [`RawMessage`], exactly as [`RabbitSource::decode`] decodes a stored one, so both always
+//! agree.
+//!
+//! [`RawMessage::headers`] holds every AMQP header as text: string values as UTF-8 (invalid
+//! sequences replaced by U+FFFD), numbers and booleans in decimal / `true` / `false`, tables
+//! and arrays in a debug notation. Attributes are expected as long or short strings; other
+//! scalar types are accepted through that text form. A body above
+//! [`RabbitConsumerConfig::max_message_bytes`] decodes as [`DecodeError::TooLarge`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::uri::AMQPUri;
+use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
+use outbox_core::wire::{self, DecodeError, IncomingEvent};
+use serde::Deserialize;
+use tracing::{debug, info, warn};
+
+use crate::config::{MAX_SHORT_STRING, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfigError};
+use crate::encode::CLOUDEVENTS_HEADER_PREFIX;
+
+/// Most event ids whose delivery counts a [`RabbitSource`] remembers (see the
+/// [module documentation](self)).
+pub const DELIVERY_COUNT_CAPACITY: usize = 100_000;
+
+/// Upper bound of [`RabbitConsumerConfig::requeue_delay_cap_ms`]: 15 minutes, half of
+/// RabbitMQ's default `consumer_timeout` (30 minutes), after which the broker closes a channel
+/// that holds an unacknowledged delivery.
+pub const MAX_REQUEUE_DELAY_CAP_MS: u64 = 15 * 60 * 1000;
+
+/// The quorum-queue header counting previous deliveries.
+pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// Settings of a [`RabbitSource`].
+///
+/// Deserialises from a configuration file; unknown keys are refused so a typo does not
+/// silently fall back to a default.
+///
+/// ```
+/// use outbox_rabbitmq::RabbitConsumerConfig;
+/// let config = RabbitConsumerConfig {
+///     queue: "ledger".into(),
+///     ..RabbitConsumerConfig::default()
+/// };
+/// assert!(config.validate().is_ok());
+/// assert_eq!(config.bind_exchange.as_deref(), Some("outbox"));
+/// assert_eq!(config.prefetch, 256);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RabbitConsumerConfig {
+    /// Queue consumed. Default `outbox-consumer`.
+    pub queue: String,
+    /// Declare the queue (durable, not exclusive, not auto-delete, no arguments) on every
+    /// (re)connect. Default `true`. Set `false` for a queue declared elsewhere, e.g. a quorum
+    /// queue or one with a dead-letter exchange: declaring an existing queue with other
+    /// arguments is refused by the broker.
+    pub declare_queue: bool,
+    /// Exchange the queue is bound to on every (re)connect, with
+    /// [`binding_key`](Self::binding_key). Default `outbox` (the publisher's default). `None`
+    /// or the empty string: no binding. The exchange must exist (the relay declares it).
+    pub bind_exchange: Option<String>,
+    /// Binding key. Default `#` (everything, on a topic exchange).
+    pub binding_key: String,
+    /// Most unacknowledged deliveries the broker pushes to this consumer (`basic.qos`),
+    /// 1..=65535. Default 256. Also the largest possible batch.
+    pub prefetch: u32,
+    /// Largest body accepted; larger ones decode as [`DecodeError::TooLarge`] (and are
+    /// dead-lettered by the runner). Default 8 MiB.
+    pub max_message_bytes: usize,
+    /// Longest wait of [`RabbitDelivery::nack`] before requeueing (RabbitMQ has no delayed
+    /// requeue). Default 1000 ms; 0 requeues at once. At most [`MAX_REQUEUE_DELAY_CAP_MS`].
+    pub requeue_delay_cap_ms: u64,
+    /// Time allowed to connect, open the channel, declare and bind the queue and start
+    /// consuming. Default 5 seconds.
+    pub connect_timeout_secs: u64,
+    /// Minimum pause between reconnect attempts, counted from the last attempt and from the
+    /// moment a lost connection was noticed. Default 1000 ms.
+    pub reconnect_min_delay_ms: u64,
+}
+
+impl Default for RabbitConsumerConfig {
+    fn default() -> Self {
+        Self {
+            queue: "outbox-consumer".to_owned(),
+            declare_queue: true,
+            bind_exchange: Some("outbox".to_owned()),
+            binding_key: "#".to_owned(),
+            prefetch: 256,
+            max_message_bytes: 8 * 1024 * 1024,
+            requeue_delay_cap_ms: 1000,
+            connect_timeout_secs: 5,
+            reconnect_min_delay_ms: 1000,
+        }
+    }
+}
+
+fn bad(key: &'static str, reason: impl Into<String>) -> Result<(), RabbitConfigError> {
+    Err(RabbitConfigError {
+        key,
+        reason: reason.into(),
+    })
+}
+
+impl RabbitConsumerConfig {
+    /// Checks every setting.
+    ///
+    /// # Errors
+    /// A [`RabbitConfigError`] naming the first offending key.
+    pub fn validate(&self) -> Result<(), RabbitConfigError> {
+        let queue = &self.queue;
+        if queue.is_empty() || queue.len() > MAX_SHORT_STRING {
+            return bad("queue", "must be 1..=255 bytes");
+        }
+        if queue.chars().any(char::is_control) {
+            return bad("queue", "must not contain control characters");
+        }
+        if self.declare_queue && queue.starts_with("amq.") {
+            return bad(
+                "queue",
+                "names starting with `amq.` are reserved by the broker: set declare_queue = false to consume one",
+            );
+        }
+        if let Some(exchange) = self.exchange() {
+            if exchange.len() > MAX_SHORT_STRING {
+                return bad("bind_exchange", "must be at most 255 bytes");
+            }
+            if exchange.chars().any(char::is_control) {
+                return bad("bind_exchange", "must not contain control characters");
+            }
+        }
+        if self.binding_key.len() > MAX_SHORT_STRING {
+            return bad("binding_key", "must be at most 255 bytes");
+        }
+        if self.prefetch == 0 || self.prefetch > u32::from(u16::MAX) {
+            return bad(
+                "prefetch",
+                format!(
+                    "must be 1..=65535 (0 would mean unlimited), got {}",
+                    self.prefetch
+                ),
+            );
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > RABBITMQ_MAX_MESSAGE_BYTES {
+            return bad(
+                "max_message_bytes",
+                format!(
+                    "must be 1..={RABBITMQ_MAX_MESSAGE_BYTES}, got {}",
+                    self.max_message_bytes
+                ),
+            );
+        }
+        if self.requeue_delay_cap_ms > MAX_REQUEUE_DELAY_CAP_MS {
+            return bad(
+                "requeue_delay_cap_ms",
+                format!(
+                    "must be at most {MAX_REQUEUE_DELAY_CAP_MS} (the broker closes channels holding a delivery for too long), got {}",
+                    self.requeue_delay_cap_ms
+                ),
+            );
+        }
+        if self.connect_timeout_secs == 0 {
+            return bad("connect_timeout_secs", "must be at least 1");
+        }
+        if self.reconnect_min_delay_ms == 0 {
+            return bad(
+                "reconnect_min_delay_ms",
+                "must be at least 1, or an outage becomes a reconnect loop",
+            );
+        }
+        Ok(())
+    }
+
+    /// The exchange to bind to, if any (`None` and `""` both mean no binding).
+    fn exchange(&self) -> Option<&str> {
+        self.bind_exchange.as_deref().filter(|x| !x.is_empty())
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs)
+    }
+
+    fn reconnect_min_delay(&self) -> Duration {
+        Duration::from_millis(self.reconnect_min_delay_ms)
+    }
+
+    fn requeue_delay_cap(&self) -> Duration {
+        Duration::from_millis(self.requeue_delay_cap_ms)
+    }
+}
+
+/// Why [`RabbitSource::connect`] failed. Nothing is retried at startup.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RabbitConsumerError {
+    /// The configuration was refused.
+    #[error(transparent)]
+    Config(#[from] RabbitConfigError),
+    /// The URL is not a valid `amqp://` / `amqps://` URL.
+    #[error("invalid AMQP URL: {0}")]
+    InvalidUrl(String),
+    /// The broker could not be reached, or refused the connection or the credentials.
+    #[error("cannot connect to RabbitMQ at {endpoint}: {message}")]
+    Unreachable {
+        /// `host:port/vhost` (never the credentials).
+        endpoint: String,
+        /// The client library's explanation.
+        message: String,
+    },
+    /// Connecting and setting up the consumer took longer than `connect_timeout_secs`.
+    #[error("connecting to RabbitMQ at {endpoint} timed out after {after:?}")]
+    TimedOut {
+        /// `host:port/vhost`.
+        endpoint: String,
+        /// The configured timeout.
+        after: Duration,
+    },
+    /// The connection opened but a setup step was refused (a missing exchange or queue,
+    /// a queue declared with other arguments, permissions).
+    #[error("RabbitMQ at {endpoint} refused {step}: {message}")]
+    Setup {
+        /// `host:port/vhost`.
+        endpoint: String,
+        /// `channel.open`, `queue.declare`, `queue.bind`, `basic.qos` or `basic.consume`.
+        step: &'static str,
+        /// The broker's or client library's explanation.
+        message: String,
+    },
+}
+
+/// A failed (re)connect: the public error and how a running source reports it.
+struct Failure {
+    error: RabbitConsumerError,
+    kind: SourceErrorKind,
+}
+
+impl Failure {
+    fn to_source_error(&self) -> SourceError {
+        SourceError::new(self.kind, self.error.to_string())
+    }
+}
+
+fn endpoint_of(uri: &AMQPUri) -> String {
+    format!(
+        "{}:{}/{}",
+        uri.authority.host, uri.authority.port, uri.vhost
+    )
+}
+
+/// Whether a lapin error means the connection (not just a channel) is gone.
+fn connection_level(err: &lapin::Error) -> bool {
+    use lapin::ErrorKind as K;
+    match err.kind() {
+        K::ProtocolError(amqp) => matches!(amqp.kind(), AMQPErrorKind::Hard(_)),
+        K::IOError(_)
+        | K::RuntimeShutdownError(_)
+        | K::ParsingError(_)
+        | K::SerialisationError(_)
+        | K::MissingHeartbeatError
+        | K::InvalidConnectionState(_) => true,
+        _ => false,
+    }
+}
+
+fn is_not_found(err: &lapin::Error) -> bool {
+    matches!(
+        err.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if amqp.kind() == &AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
+    )
+}
+
+fn unavailable(message: impl Into<String>) -> SourceError {
+    SourceError::new(SourceErrorKind::Unavailable, message)
+}
+
+/// One connection, the consuming channel and its consumer, and a channel for `lag`.
+struct Link {
+    connection: Connection,
+    channel: Channel,
+    consumer: Consumer,
+    /// Opened on first use by `lag`; a passive declare of a missing queue closes it.
+    inspect: Option<Channel>,
+    /// The consumer reported an error or was cancelled by the broker.
+    failed: bool,
+}
+
+impl Link {
+    fn usable(&self) -> bool {
+        !self.failed && self.connection.status().connected() && self.channel.status().connected()
+    }
+}
+
+#[derive(Default)]
+struct ReconnectState {
+    last_attempt: Option<Instant>,
+    lost_at: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// Reads outbox events from a RabbitMQ queue; see the [module documentation](self).
+///
+/// Implements [`DeliverySource`]. Deliveries it returns are acknowledged independently of it
+/// (they may be acked or nacked concurrently while the next batch is fetched); dropping the
+/// source closes its connection, and the broker redelivers whatever was not acknowledged.
+pub struct RabbitSource {
+    uri: AMQPUri,
+    endpoint: String,
+    config: RabbitConsumerConfig,
+    link: Option<Link>,
+    state: ReconnectState,
+    counts: Arc<Mutex<DeliveryCounts>>,
+}
+
+impl fmt::Debug for RabbitSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitSource")
+            .field("endpoint", &self.endpoint)
+            .field("queue", &self.config.queue)
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitSource {
+    /// Validates `config`, connects to the broker at `url`, opens a channel, declares the queue
+    /// (with `declare_queue`), binds it (with `bind_exchange`), sets `basic.qos(prefetch)` and
+    /// starts consuming with manual acknowledgements.
+    ///
+    /// The whole sequence is bounded by `connect_timeout_secs` and tried once: an unreachable
+    /// broker is an error here, not a retry loop. Once connected, a lost connection is
+    /// re-established lazily by later calls.
+    ///
+    /// # Errors
+    /// * [`RabbitConsumerError::Config`] for an invalid `config`, naming the key;
+    /// * [`RabbitConsumerError::InvalidUrl`] for a malformed `url`;
+    /// * [`RabbitConsumerError::Unreachable`] when the TCP connection or the AMQP handshake
+    ///   (credentials, vhost) fails;
+    /// * [`RabbitConsumerError::TimedOut`] when it all took longer than `connect_timeout_secs`;
+    /// * [`RabbitConsumerError::Setup`] when a step is refused: the queue exists with other
+    ///   arguments, the exchange to bind to or the queue (without `declare_queue`) does not
+    ///   exist, or permissions are missing.
+    pub async fn connect(
+        url: &str,
+        config: RabbitConsumerConfig,
+    ) -> Result<Self, RabbitConsumerError> {
+        config.validate()?;
+        let uri: AMQPUri = url.parse().map_err(RabbitConsumerError::InvalidUrl)?;
+        let endpoint = endpoint_of(&uri);
+        let mut source = Self {
+            uri,
+            endpoint,
+            config,
+            link: None,
+            state: ReconnectState::default(),
+            counts: Arc::new(Mutex::new(DeliveryCounts::new(DELIVERY_COUNT_CAPACITY))),
+        };
+        source.state.last_attempt = Some(Instant::now());
+        let link = source.establish().await.map_err(|f| f.error)?;
+        info!(
+            endpoint = %source.endpoint,
+            queue = %source.config.queue,
+            "consuming from RabbitMQ"
+        );
+        source.link = Some(link);
+        Ok(source)
+    }
+
+    /// True while the connection and the consuming channel are open. A `false` is repaired by
+    /// a later [`next_batch`](DeliverySource::next_batch). Suitable for a readiness probe.
+    pub fn is_connected(&self) -> bool {
+        self.link.as_ref().is_some_and(Link::usable)
+    }
+
+    /// The settings this source was built with.
+    pub fn config(&self) -> &RabbitConsumerConfig {
+        &self.config
+    }
+
+    /// `host:port/vhost` of the broker, without credentials.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Closes the connection gracefully. Deliveries not yet acknowledged are redelivered by
+    /// the broker; acknowledging them afterwards fails. Later calls reconnect as after a
+    /// connection loss.
+    pub async fn close(&mut self) {
+        if let Some(link) = self.link.take() {
+            self.state.lost_at = Some(Instant::now());
+            if link.connection.status().connected()
+                && let Err(e) = link.connection.close(200, "OK".into()).await
+            {
+                debug!(error = %e, "closing the RabbitMQ connection");
+            }
+        }
+    }
+
+    /// Connects and sets up the consumer, bounded by the connect timeout.
+    async fn establish(&self) -> Result<Link, Failure> {
+        let after = self.config.connect_timeout();
+        tokio::time::timeout(after, self.establish_unbounded())
+            .await
+            .map_err(|_| Failure {
+                error: RabbitConsumerError::TimedOut {
+                    endpoint: self.endpoint.clone(),
+                    after,
+                },
+                kind: SourceErrorKind::Unavailable,
+            })?
+    }
+
+    async fn establish_unbounded(&self) -> Result<Link, Failure> {
+        let name = format!("outbox-consumer {}", self.config.queue);
+        let name: String = name.chars().take(MAX_SHORT_STRING / 4).collect();
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        let connection = Connection::connect_uri(self.uri.clone(), properties)
+            .await
+            .map_err(|e| Failure {
+                error: RabbitConsumerError::Unreachable {
+                    endpoint: self.endpoint.clone(),
+                    message: e.to_string(),
+                },
+                kind: SourceErrorKind::Unavailable,
+            })?;
+        let (channel, consumer) = self.start_consumer(&connection).await?;
+        Ok(Link {
+            connection,
+            channel,
+            consumer,
+            inspect: None,
+            failed: false,
+        })
+    }
+
+    /// Opens the consuming channel, declares and binds the queue and starts consuming.
+    async fn start_consumer(
+        &self,
+        connection: &Connection,
+    ) -> Result<(Channel, Consumer), Failure> {
+        let setup = |step: &'static str| {
+            move |e: lapin::Error| Failure {
+                kind: if connection_level(&e) {
+                    SourceErrorKind::Unavailable
+                } else {
+                    SourceErrorKind::Other
+                },
+                error: RabbitConsumerError::Setup {
+                    endpoint: self.endpoint.clone(),
+                    step,
+                    message: e.to_string(),
+                },
+            }
+        };
+        let queue = ShortString::from(self.config.queue.as_str());
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(setup("channel.open"))?;
+        if self.config.declare_queue {
+            channel
+                .queue_declare(
+                    queue.clone(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(setup("queue.declare"))?;
+        }
+        if let Some(exchange) = self.config.exchange() {
+            channel
+                .queue_bind(
+                    queue.clone(),
+                    exchange.into(),
+                    self.config.binding_key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(setup("queue.bind"))?;
+        }
+        let prefetch = u16::try_from(self.config.prefetch).unwrap_or(u16::MAX);
+        channel
+            .basic_qos(prefetch, BasicQosOptions { global: false })
+            .await
+            .map_err(setup("basic.qos"))?;
+        let consumer = channel
+            .basic_consume(
+                queue,
+                ShortString::from(""),
+                BasicConsumeOptions {
+                    no_ack: false,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(setup("basic.consume"))?;
+        Ok((channel, consumer))
+    }
+
+    /// The working link, re-established if it broke and the reconnect delay allows.
+    async fn ensure_link(&mut self) -> Result<&mut Link, SourceError> {
+        if self.link.as_ref().is_some_and(Link::usable) {
+            return Ok(self.link.as_mut().expect("checked above"));
+        }
+        let now = Instant::now();
+        if let Some(old) = self.link.take() {
+            self.state.lost_at = Some(now);
+            let connection_ok = old.connection.status().connected();
+            warn!(
+                endpoint = %self.endpoint,
+                queue = %self.config.queue,
+                connection_ok,
+                "RabbitMQ consumer channel lost; unacknowledged deliveries will be redelivered"
+            );
+            if connection_ok {
+                // Only the channel failed (a channel-level error, the consumer cancelled by
+                // the broker): consume again on the same connection.
+                let Link {
+                    connection,
+                    channel,
+                    consumer,
+                    ..
+                } = old;
+                drop(consumer);
+                if channel.status().connected()
+                    && let Err(e) = channel.close(200, "OK".into()).await
+                {
+                    debug!(error = %e, "closing the failed consumer channel");
+                }
+                let reopened = tokio::time::timeout(self.config.connect_timeout(), async {
+                    self.start_consumer(&connection).await
+                })
+                .await;
+                match reopened {
+                    Ok(Ok((channel, consumer))) => {
+                        info!(endpoint = %self.endpoint, queue = %self.config.queue, "RabbitMQ consumer restarted");
+                        self.state.lost_at = None;
+                        self.state.last_error = None;
+                        self.link = Some(Link {
+                            connection,
+                            channel,
+                            consumer,
+                            inspect: None,
+                            failed: false,
+                        });
+                        return Ok(self.link.as_mut().expect("just set"));
+                    }
+                    Ok(Err(e)) => {
+                        warn!(error = %e.error, "restarting the RabbitMQ consumer failed");
+                        self.state.last_error = Some(e.error.to_string());
+                        if e.kind != SourceErrorKind::Unavailable {
+                            // The broker refused (e.g. the queue is gone): retrying at once
+                            // would fail the same way; report it and wait for the delay.
+                            return Err(e.to_source_error());
+                        }
+                    }
+                    Err(_) => {
+                        self.state.last_error = Some("restarting the consumer timed out".into());
+                    }
+                }
+            } else {
+                self.state.last_error = Some("the connection was closed".into());
+            }
+        }
+
+        let since = [self.state.last_attempt, self.state.lost_at]
+            .into_iter()
+            .flatten()
+            .max();
+        if let Some(since) = since {
+            let wait = (since + self.config.reconnect_min_delay()).saturating_duration_since(now);
+            if !wait.is_zero() {
+                return Err(unavailable(format!(
+                    "not connected to RabbitMQ at {}; next reconnect attempt in {wait:?} (last error: {})",
+                    self.endpoint,
+                    self.state.last_error.as_deref().unwrap_or("none")
+                )));
+            }
+        }
+        self.state.last_attempt = Some(now);
+        match self.establish().await {
+            Ok(link) => {
+                info!(endpoint = %self.endpoint, queue = %self.config.queue, "reconnected to RabbitMQ");
+                self.state.lost_at = None;
+                self.state.last_error = None;
+                self.link = Some(link);
+                Ok(self.link.as_mut().expect("just set"))
+            }
+            Err(e) => {
+                warn!(error = %e.error, "reconnecting to RabbitMQ failed");
+                self.state.last_error = Some(e.error.to_string());
+                Err(e.to_source_error())
+            }
+        }
+    }
+
+    fn wrap(&self, delivery: lapin::message::Delivery) -> RabbitDelivery {
+        let lapin::message::Delivery {
+            redelivered,
+            properties,
+            data,
+            acker,
+            ..
+        } = delivery;
+        let raw = raw_message(&properties, Bytes::from(data));
+        let event = decode_raw(&raw, self.config.max_message_bytes);
+        let previous = previous_deliveries(&properties);
+        let key = tracking_key(&raw, &properties);
+        let delivery_count = self
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe(key.as_deref(), redelivered, previous);
+        RabbitDelivery {
+            acker: Some(acker),
+            event,
+            raw,
+            delivery_count,
+            requeue_delay_cap: self.config.requeue_delay_cap(),
+            counts: Arc::clone(&self.counts),
+            key,
+        }
+    }
+
+    async fn take_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<RabbitDelivery>, SourceError> {
+        let endpoint = self.endpoint.clone();
+        let link = self.ensure_link().await?;
+        let first = match tokio::time::timeout(wait, link.consumer.next()).await {
+            Err(_) => return Ok(Vec::new()),
+            Ok(Some(Ok(d))) => d,
+            Ok(Some(Err(e))) => {
+                link.failed = true;
+                return Err(unavailable(format!(
+                    "RabbitMQ consumer at {endpoint} failed: {e}"
+                )));
+            }
+            Ok(None) => {
+                link.failed = true;
+                return Err(unavailable(format!(
+                    "RabbitMQ at {endpoint} cancelled the consumer (queue deleted?)"
+                )));
+            }
+        };
+        let mut raw = vec![first];
+        while raw.len() < max {
+            match link.consumer.next().now_or_never() {
+                None => break,
+                Some(Some(Ok(d))) => raw.push(d),
+                Some(Some(Err(e))) => {
+                    // Hand out what arrived; acking it fails if the channel is gone, and the
+                    // next call reports the loss.
+                    warn!(error = %e, "RabbitMQ consumer failed");
+                    link.failed = true;
+                    break;
+                }
+                Some(None) => {
+                    link.failed = true;
+                    break;
+                }
+            }
+        }
+        Ok(raw.into_iter().map(|d| self.wrap(d)).collect())
+    }
+
+    async fn ready_messages(&mut self) -> Result<Option<u64>, SourceError> {
+        let queue = ShortString::from(self.config.queue.as_str());
+        let timeout = self.config.connect_timeout();
+        let endpoint = self.endpoint.clone();
+        let link = self.ensure_link().await?;
+        let channel = match link.inspect.as_ref().filter(|c| c.status().connected()) {
+            Some(c) => c.clone(),
+            None => {
+                let c = tokio::time::timeout(timeout, link.connection.create_channel())
+                    .await
+                    .map_err(|_| unavailable("opening a channel for lag timed out"))?
+                    .map_err(|e| unavailable(format!("opening a channel for lag: {e}")))?;
+                link.inspect = Some(c.clone());
+                c
+            }
+        };
+        let declared = tokio::time::timeout(
+            timeout,
+            channel.queue_declare(
+                queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .map_err(|_| unavailable("queue.declare (passive) for lag timed out"))?;
+        match declared {
+            Ok(q) => Ok(Some(u64::from(q.message_count()))),
+            Err(e) => {
+                link.inspect = None;
+                let kind = if is_not_found(&e) {
+                    SourceErrorKind::Other
+                } else {
+                    SourceErrorKind::Unavailable
+                };
+                Err(SourceError::new(
+                    kind,
+                    format!("queue.declare (passive) on {endpoint}: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+impl DeliverySource for RabbitSource {
+    type Delivery = RabbitDelivery;
+
+    /// Waits up to `wait` for the first delivery, then takes whatever else has already arrived,
+    /// up to `max` (and never more than the prefetch).
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] when the connection or channel was lost or is not yet
+    /// re-established; [`SourceErrorKind::Other`] when reconnecting was refused (e.g. the queue
+    /// no longer exists and `declare_queue` is off).
+    async fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<RabbitDelivery>, SourceError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.take_batch(max, wait).await
+    }
+
+    /// The queue's **ready** messages (passive `queue.declare`); deliveries in flight to
+    /// consumers and not yet acknowledged are not included.
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] without a connection; [`SourceErrorKind::Other`] when
+    /// the queue does not exist.
+    fn lag(&mut self) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send {
+        self.ready_messages()
+    }
+
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
+        decode_raw(raw, self.config.max_message_bytes)
+    }
+}
+
+/// One message delivered by a [`RabbitSource`].
+///
+/// Dropping it without [`ack`](Delivery::ack) or [`nack`](Delivery::nack) requeues it in the
+/// background (when a Tokio runtime is available; otherwise it stays unacknowledged until the
+/// channel closes).
+pub struct RabbitDelivery {
+    /// `None` once settled.
+    acker: Option<Acker>,
+    event: Result<IncomingEvent, DecodeError>,
+    raw: RawMessage,
+    delivery_count: u32,
+    requeue_delay_cap: Duration,
+    counts: Arc<Mutex<DeliveryCounts>>,
+    key: Option<String>,
+}
+
+impl fmt::Debug for RabbitDelivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitDelivery")
+            .field("event_id", &self.key)
+            .field("delivery_count", &self.delivery_count)
+            .field("malformed", &self.event.as_ref().err())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitDelivery {
+    fn take_acker(&mut self) -> Result<Acker, SourceError> {
+        self.acker
+            .take()
+            .ok_or_else(|| SourceError::new(SourceErrorKind::Other, "delivery already settled"))
+    }
+}
+
+fn dead_channel(what: &str) -> SourceError {
+    unavailable(format!(
+        "{what} not sent: the channel of this delivery was closed; the broker redelivers it"
+    ))
+}
+
+impl Delivery for RabbitDelivery {
+    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
+        &self.event
+    }
+
+    fn raw(&self) -> &RawMessage {
+        &self.raw
+    }
+
+    /// Always `Some`; see the [module documentation](self) for how it is counted.
+    fn delivery_count(&self) -> Option<u32> {
+        Some(self.delivery_count)
+    }
+
+    /// `basic.ack` of this delivery only.
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] when the channel it came on is closed (the broker
+    /// redelivers it) or the ack could not be sent.
+    async fn ack(mut self) -> Result<(), SourceError> {
+        let acker = self.take_acker()?;
+        match acker.ack(BasicAckOptions { multiple: false }).await {
+            Ok(true) => {
+                if let Some(key) = &self.key {
+                    self.counts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .forget(key);
+                }
+                Ok(())
+            }
+            Ok(false) => Err(dead_channel("basic.ack")),
+            Err(e) => Err(unavailable(format!("basic.ack: {e}"))),
+        }
+    }
+
+    /// Waits `min(delay, requeue_delay_cap_ms)`, then `basic.nack` with `requeue = true`.
+    ///
+    /// RabbitMQ has no per-message redelivery delay: a requeued message is delivered again at
+    /// once (to this or another consumer, at or near the head of the queue). The wait happens
+    /// here, holding the delivery — and its prefetch slot — for at most the cap. Longer
+    /// backoffs need a delay/retry queue topology set up outside this crate.
+    ///
+    /// # Errors
+    /// [`SourceErrorKind::Unavailable`] when the channel it came on is closed (the broker
+    /// redelivers it anyway) or the nack could not be sent.
+    async fn nack(mut self, delay: Duration) -> Result<(), SourceError> {
+        if !self.acker.as_ref().is_some_and(Acker::usable) {
+            // Drop does nothing for an unusable acker.
+            return Err(dead_channel("basic.nack"));
+        }
+        let pause = delay.min(self.requeue_delay_cap);
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let acker = self.take_acker()?;
+        match acker
+            .nack(BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            })
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(dead_channel("basic.nack")),
+            Err(e) => Err(unavailable(format!("basic.nack: {e}"))),
+        }
+    }
+}
+
+impl Drop for RabbitDelivery {
+    fn drop(&mut self) {
+        let Some(acker) = self.acker.take() else {
+            return;
+        };
+        if !acker.usable() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let requeue = BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                };
+                if let Err(e) = acker.nack(requeue).await {
+                    debug!(error = %e, "requeueing a dropped delivery failed; the broker redelivers it when the channel closes");
+                }
+            });
+        }
+    }
+}
+
+/// Renders an AMQP header value as text for [`RawMessage::headers`].
+pub(crate) fn value_text(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_owned(),
+        AMQPValue::ByteArray(b) => String::from_utf8_lossy(b.as_slice()).into_owned(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(n) => n.to_string(),
+        AMQPValue::ShortShortUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Float(n) => n.to_string(),
+        AMQPValue::Double(n) => n.to_string(),
+        AMQPValue::Timestamp(n) => n.to_string(),
+        AMQPValue::DecimalValue(d) => decimal_text(d.value, d.scale),
+        AMQPValue::Void => String::new(),
+        other @ (AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_)) => format!("{other:?}"),
+    }
+}
+
+fn decimal_text(value: u32, scale: u8) -> String {
+    let digits = value.to_string();
+    let scale = usize::from(scale);
+    if scale == 0 {
+        return digits;
+    }
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    format!("{int}.{frac}")
+}
+
+/// The message as received: body, every header as text, content type.
+pub(crate) fn raw_message(properties: &BasicProperties, body: Bytes) -> RawMessage {
+    let headers = properties
+        .headers()
+        .as_ref()
+        .map(|table| {
+            table
+                .inner()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), value_text(v)))
+                .collect::<BTreeMap<_, _>>()
+        })
+        .unwrap_or_default();
+    RawMessage {
+        payload: body,
+        headers,
+        content_type: properties
+            .content_type()
+            .as_ref()
+            .map(|c| c.as_str().to_owned()),
+    }
+}
+
+/// Decodes the wire format from a raw message; the one decoding path for live and stored
+/// messages.
+pub(crate) fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
+    let user_headers = raw
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.starts_with(CLOUDEVENTS_HEADER_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    wire::decode(
+        |name| {
+            raw.headers
+                .get(&format!("{CLOUDEVENTS_HEADER_PREFIX}{name}"))
+                .cloned()
+        },
+        raw.content_type.clone(),
+        raw.payload.clone(),
+        user_headers,
+        max_bytes,
+    )
+}
+
+/// `x-delivery-count` (previous deliveries, quorum queues), when present and numeric.
+fn previous_deliveries(properties: &BasicProperties) -> Option<u32> {
+    let value = properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(DELIVERY_COUNT_HEADER)?;
+    let n: i128 = match value {
+        AMQPValue::ShortShortInt(n) => (*n).into(),
+        AMQPValue::ShortShortUInt(n) => (*n).into(),
+        AMQPValue::ShortInt(n) => (*n).into(),
+        AMQPValue::ShortUInt(n) => (*n).into(),
+        AMQPValue::LongInt(n) => (*n).into(),
+        AMQPValue::LongUInt(n) => (*n).into(),
+        AMQPValue::LongLongInt(n) => (*n).into(),
+        AMQPValue::Timestamp(n) => (*n).into(),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?,
+        AMQPValue::ShortString(s) => s.as_str().trim().parse().ok()?,
+        _ => return None,
+    };
+    (n >= 0).then(|| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// The event id used to track redeliveries: the `cloudEvents_id` header, else `message_id`.
+fn tracking_key(raw: &RawMessage, properties: &BasicProperties) -> Option<String> {
+    raw.headers
+        .get(&format!("{CLOUDEVENTS_HEADER_PREFIX}{}", wire::attr::ID))
+        .cloned()
+        .or_else(|| {
+            properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.as_str().to_owned())
+        })
+        .filter(|k| !k.is_empty())
+}
+
+/// Bounded map event id → deliveries seen by this source; oldest entries evicted first.
+struct DeliveryCounts {
+    capacity: usize,
+    next_seq: u64,
+    by_key: HashMap<String, (u32, u64)>,
+    by_age: BTreeMap<u64, String>,
+}
+
+impl DeliveryCounts {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            next_seq: 0,
+            by_key: HashMap::new(),
+            by_age: BTreeMap::new(),
+        }
+    }
+
+    /// Records one delivery and returns its count (1 = first).
+    fn observe(&mut self, key: Option<&str>, redelivered: bool, previous: Option<u32>) -> u32 {
+        let from_header = previous.map_or(0, |p| p.saturating_add(1));
+        let Some(key) = key else {
+            return from_header.max(if redelivered { 2 } else { 1 });
+        };
+        let tracked = if redelivered {
+            self.by_key
+                .get(key)
+                .map_or(2, |(n, _)| n.saturating_add(1))
+                .max(2)
+        } else {
+            // Not redelivered: a new message (possibly a republish of the same event id).
+            1
+        };
+        let count = tracked.max(from_header);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some((_, old_seq)) = self.by_key.insert(key.to_owned(), (count, seq)) {
+            self.by_age.remove(&old_seq);
+        }
+        self.by_age.insert(seq, key.to_owned());
+        while self.by_key.len() > self.capacity {
+            let Some((_, oldest)) = self.by_age.pop_first() else {
+                break;
+            };
+            self.by_key.remove(&oldest);
+        }
+        count
+    }
+
+    /// Forgets an acknowledged event id.
+    fn forget(&mut self, key: &str) {
+        if let Some((_, seq)) = self.by_key.remove(key) {
+            self.by_age.remove(&seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{FieldArray, LongString};
+
+    use super::*;
+
+    #[test]
+    fn defaults_and_unknown_keys() {
+        let c: RabbitConsumerConfig = serde_json::from_str(r#"{"queue":"ledger"}"#).unwrap();
+        assert_eq!(c.queue, "ledger");
+        assert_eq!(c.prefetch, 256);
+        assert_eq!(c.max_message_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.requeue_delay_cap_ms, 1000);
+        assert_eq!(c.connect_timeout_secs, 5);
+        assert!(c.declare_queue);
+        assert_eq!(c.bind_exchange.as_deref(), Some("outbox"));
+        assert_eq!(c.binding_key, "#");
+        c.validate().unwrap();
+        let err = serde_json::from_str::<RabbitConsumerConfig>(r#"{"prefech":1}"#).unwrap_err();
+        assert!(err.to_string().contains("prefech"), "{err}");
+        let none: RabbitConsumerConfig = serde_json::from_str(r#"{"bind_exchange":null}"#).unwrap();
+        assert_eq!(none.exchange(), None);
+        let empty = RabbitConsumerConfig {
+            bind_exchange: Some(String::new()),
+            ..Default::default()
+        };
+        empty.validate().unwrap();
+        assert_eq!(empty.exchange(), None);
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let cases = [
+            (
+                RabbitConsumerConfig {
+                    queue: String::new(),
+                    ..Default::default()
+                },
+                "queue",
+            ),
+            (
+                RabbitConsumerConfig {
+                    queue: "q".repeat(256),
+                    ..Default::default()
+                },
+                "queue",
+            ),
+            (
+                RabbitConsumerConfig {
+                    queue: "amq.gen-1".into(),
+                    ..Default::default()
+                },
+                "queue",
+            ),
+            (
+                RabbitConsumerConfig {
+                    bind_exchange: Some("x".repeat(256)),
+                    ..Default::default()
+                },
+                "bind_exchange",
+            ),
+            (
+                RabbitConsumerConfig {
+                    binding_key: "k".repeat(256),
+                    ..Default::default()
+                },
+                "binding_key",
+            ),
+            (
+                RabbitConsumerConfig {
+                    prefetch: 0,
+                    ..Default::default()
+                },
+                "prefetch",
+            ),
+            (
+                RabbitConsumerConfig {
+                    prefetch: 65_536,
+                    ..Default::default()
+                },
+                "prefetch",
+            ),
+            (
+                RabbitConsumerConfig {
+                    max_message_bytes: 0,
+                    ..Default::default()
+                },
+                "max_message_bytes",
+            ),
+            (
+                RabbitConsumerConfig {
+                    requeue_delay_cap_ms: MAX_REQUEUE_DELAY_CAP_MS + 1,
+                    ..Default::default()
+                },
+                "requeue_delay_cap_ms",
+            ),
+            (
+                RabbitConsumerConfig {
+                    connect_timeout_secs: 0,
+                    ..Default::default()
+                },
+                "connect_timeout_secs",
+            ),
+            (
+                RabbitConsumerConfig {
+                    reconnect_min_delay_ms: 0,
+                    ..Default::default()
+                },
+                "reconnect_min_delay_ms",
+            ),
+        ];
+        for (config, key) in cases {
+            let err = config.validate().unwrap_err();
+            assert_eq!(err.key, key, "{err}");
+            assert!(err.to_string().contains(key));
+        }
+        RabbitConsumerConfig {
+            queue: "amq.direct-consumer".into(),
+            declare_queue: false,
+            requeue_delay_cap_ms: 0,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn header_values_as_text() {
+        assert_eq!(
+            value_text(&AMQPValue::LongString(LongString::from("zahlung-ü"))),
+            "zahlung-ü"
+        );
+        assert_eq!(
+            value_text(&AMQPValue::LongString(LongString::from(vec![b'a', 0xff]))),
+            "a\u{fffd}"
+        );
+        assert_eq!(value_text(&AMQPValue::ShortString("s".into())), "s");
+        assert_eq!(value_text(&AMQPValue::LongLongInt(-3)), "-3");
+        assert_eq!(value_text(&AMQPValue::Boolean(true)), "true");
+        assert_eq!(decimal_text(12345, 2), "123.45");
+        assert_eq!(decimal_text(5, 3), "0.005");
+        assert_eq!(decimal_text(7, 0), "7");
+        assert!(!value_text(&AMQPValue::FieldArray(FieldArray::default())).is_empty());
+    }
+
+    fn props(headers: Vec<(&str, AMQPValue)>) -> BasicProperties {
+        let mut table = FieldTable::default();
+        for (k, v) in headers {
+            table.insert(k.into(), v);
+        }
+        BasicProperties::default()
+            .with_headers(table)
+            .with_content_type("application/json".into())
+    }
+
+    #[test]
+    fn raw_and_decoded_agree_and_split_headers() {
+        let id = uuid::Uuid::now_v7().to_string();
+        let body = Bytes::from_static(br#"{"a":1}"#);
+        let sha = outbox_core::Fingerprint::of(&body).to_hex();
+        let p = props(vec![
+            (
+                "cloudEvents_specversion",
+                AMQPValue::LongString("1.0".into()),
+            ),
+            ("cloudEvents_id", AMQPValue::LongString(id.as_str().into())),
+            ("cloudEvents_type", AMQPValue::ShortString("T".into())),
+            (
+                "cloudEvents_aggregatetype",
+                AMQPValue::LongString("pay".into()),
+            ),
+            (
+                "cloudEvents_aggregateid",
+                AMQPValue::LongString("p-ü".into()),
+            ),
+            // Another producer may send numbers as numbers.
+            ("cloudEvents_aggregateversion", AMQPValue::LongLongInt(4)),
+            (
+                "cloudEvents_schemaversion",
+                AMQPValue::LongString("1".into()),
+            ),
+            (
+                "cloudEvents_payloadsha256",
+                AMQPValue::LongString(sha.as_str().into()),
+            ),
+            ("traceparent", AMQPValue::LongString("00-1-2-01".into())),
+            ("x-delivery-count", AMQPValue::LongLongInt(2)),
+        ]);
+        let raw = raw_message(&p, body.clone());
+        assert_eq!(raw.content_type.as_deref(), Some("application/json"));
+        assert_eq!(raw.headers["cloudEvents_aggregateversion"], "4");
+        let e = decode_raw(&raw, 1024).unwrap();
+        assert_eq!(e.event_id.to_string(), id);
+        assert_eq!(e.aggregate_id, "p-ü");
+        assert_eq!(e.aggregate_version, 4);
+        assert_eq!(e.payload.bytes, body);
+        assert_eq!(e.headers.len(), 2, "{:?}", e.headers);
+        assert_eq!(e.headers["traceparent"], "00-1-2-01");
+        assert_eq!(previous_deliveries(&p), Some(2));
+        assert_eq!(tracking_key(&raw, &p), Some(id));
+        assert!(matches!(
+            decode_raw(&raw, 3),
+            Err(DecodeError::TooLarge { size: 7, max: 3 })
+        ));
+    }
+
+    #[test]
+    fn counts_track_redeliveries_bounded() {
+        let mut c = DeliveryCounts::new(2);
+        assert_eq!(c.observe(Some("a"), false, None), 1);
+        assert_eq!(c.observe(Some("a"), true, None), 2);
+        assert_eq!(c.observe(Some("a"), true, None), 3);
+        // The quorum header wins when it says more.
+        assert_eq!(c.observe(Some("a"), true, Some(9)), 10);
+        // A fresh (not redelivered) copy of the same id starts again.
+        assert_eq!(c.observe(Some("a"), false, None), 1);
+        // Unknown to the map but redelivered: at least 2.
+        assert_eq!(c.observe(Some("b"), true, None), 2);
+        assert_eq!(c.observe(None, true, None), 2);
+        assert_eq!(c.observe(None, false, None), 1);
+        assert_eq!(c.observe(None, true, Some(4)), 5);
+        // Capacity 2: "a" is the oldest and is evicted by "c".
+        assert_eq!(c.observe(Some("c"), false, None), 1);
+        assert_eq!(c.by_key.len(), 2);
+        assert_eq!(c.by_age.len(), 2);
+        assert_eq!(c.observe(Some("a"), true, None), 2);
+        c.forget("a");
+        c.forget("zzz");
+        assert!(!c.by_key.contains_key("a"));
+        assert_eq!(c.by_key.len(), c.by_age.len());
+    }
+}
