@@ -18,13 +18,16 @@ use futures::StreamExt;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{NewMessage, Payload, Store};
 use outbox_nats::NatsConfig;
-use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, RelayWaker, Schema};
+use outbox_postgres::{
+    ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard, PgConsumer, PgOutbox,
+    PgStore, PgStoreConfig, RelayWaker, Schema,
+};
 use outbox_rabbitmq::RabbitConfig;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::broker::AnyTransport;
+use crate::broker::{AnySource, AnyTransport};
 use crate::config::{FileConfig, redact};
 
 const SCHEMA: &str = "outbox_demo";
@@ -55,6 +58,7 @@ struct Seen {
 #[derive(Default)]
 struct Ledger {
     committed: Mutex<HashMap<Uuid, (String, i64)>>,
+    messages: Mutex<Vec<NewMessage>>,
     rolled_back: Mutex<HashSet<Uuid>>,
     produced: AtomicU64,
 }
@@ -126,10 +130,42 @@ pub async fn run(
             }
         });
     }
-    let transport = AnyTransport::connect(&broker_url, nats_cfg, rabbit_cfg).await?;
+    let transport = Arc::new(AnyTransport::connect(&broker_url, nats_cfg, rabbit_cfg).await?);
     if !broker_url.starts_with("nats://") {
         spawn_rabbit_subscriber(&broker_url, Arc::clone(&seen)).await?;
     }
+
+    // The reporting consumer: its own table, its inbox, ordering guard on.
+    create_report_table(&pool, &schema).await?;
+    if !broker_url.starts_with("nats://") {
+        delete_rabbit_queue(&broker_url, DEMO_QUEUE).await?;
+    }
+    let source = AnySource::connect(
+        &broker_url,
+        nats_consumer_config(),
+        rabbit_consumer_config(),
+    )
+    .await?;
+    let consumer = PgConsumer::new(
+        pool.clone(),
+        schema.clone(),
+        source,
+        ReportingHandler::new(&schema),
+        ConsumerConfig {
+            batch_size: 100,
+            batch_wait: Duration::from_millis(200),
+            ordering: OrderingGuard::Wait,
+            gap_delay: Duration::from_millis(200),
+            ..ConsumerConfig::new(CONSUMER)
+        },
+    );
+    let consumed: Arc<Mutex<ConsumerReport>> = Arc::default();
+    let consumer_stop = CancellationToken::new();
+    let consumer_task = tokio::spawn(drive_consumer(
+        consumer,
+        Arc::clone(&consumed),
+        consumer_stop.clone(),
+    ));
 
     // Relay, in process, woken by the producers after their commits.
     let store = Arc::new(PgStore::new(
@@ -141,7 +177,7 @@ pub async fn run(
     ));
     let relay = Arc::new(Relay::new(
         Arc::clone(&store),
-        Arc::new(transport),
+        Arc::clone(&transport),
         RelayConfig {
             poll_interval: Duration::from_millis(100),
             ..RelayConfig::default()
@@ -175,9 +211,10 @@ pub async fn run(
         }));
     }
 
-    // Progress until every committed event was seen, or the timeout.
+    // Progress until every committed event was applied by the consumer, or the timeout.
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let mut producers_done = false;
+    let mut replayed: Option<Replay> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         if !producers_done && clients.iter().all(|c| c.is_finished()) {
@@ -189,16 +226,37 @@ pub async fn run(
         let committed = ledger.committed.lock().unwrap().len();
         let distinct: HashSet<Uuid> = seen.lock().unwrap().iter().map(|s| s.event_id).collect();
         let pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
+        let c = consumed.lock().unwrap().clone();
         println!(
-            "[{:>5.1}s] produced {:>5} | committed events {:>5} | rolled back {:>4} | on the broker {:>5} | outbox pending {:>5}",
+            "[{:>5.1}s] produced {:>5} | committed {:>5} | rolled back {:>4} | on the broker {:>5} | outbox pending {:>5} | consumed {:>5} | duplicates absorbed {:>3}",
             started.elapsed().as_secs_f64(),
             ledger.produced.load(Ordering::Relaxed),
             committed,
             ledger.rolled_back.lock().unwrap().len(),
             distinct.len(),
-            pending
+            pending,
+            c.processed,
+            c.duplicates
         );
-        if producers_done && pending == 0 && distinct.len() >= committed {
+        let drained = producers_done
+            && pending == 0
+            && distinct.len() >= committed
+            && c.processed >= committed;
+        if drained && replayed.is_none() {
+            // What a relay that crashed between the broker's ack and its mark does: publish
+            // again, same event ids. The inbox must absorb every copy that reaches it.
+            let r = replay(&transport, &ledger).await?;
+            println!(
+                "replaying {} delivered events as a crashed relay would ({} dropped by the broker's dedup window, {} delivered again)",
+                r.sent, r.broker_deduplicated, r.expected_at_consumer
+            );
+            replayed = Some(r);
+            continue;
+        }
+        if let Some(r) = &replayed
+            && drained
+            && c.duplicates >= r.expected_at_consumer
+        {
             break;
         }
         if Instant::now() > deadline {
@@ -209,9 +267,21 @@ pub async fn run(
     tokio::time::sleep(Duration::from_millis(300)).await; // let stray duplicates arrive
     shutdown.cancel();
     relay_task.await?;
+    consumer_stop.cancel();
+    consumer_task.await?;
 
     let seen = seen.lock().unwrap().clone();
-    verdict(&pool, &ledger, &seen, &schema, started.elapsed()).await
+    let consumed = consumed.lock().unwrap().clone();
+    verdict(
+        &pool,
+        &ledger,
+        &seen,
+        &consumed,
+        replayed.unwrap_or_default(),
+        &schema,
+        started.elapsed(),
+    )
+    .await
 }
 
 async fn produce_one(pool: &PgPool, outbox: &PgOutbox, ledger: &Ledger, i: u64) -> Result<()> {
@@ -248,6 +318,7 @@ async fn produce_one(pool: &PgPool, outbox: &PgOutbox, ledger: &Ledger, i: u64) 
         .lock()
         .unwrap()
         .insert(created.event_id, (id.clone(), v));
+    ledger.messages.lock().unwrap().push(created);
 
     if i.is_multiple_of(3) {
         let mut tx = pool.begin().await?;
@@ -275,6 +346,7 @@ async fn produce_one(pool: &PgPool, outbox: &PgOutbox, ledger: &Ledger, i: u64) 
             .lock()
             .unwrap()
             .insert(captured.event_id, (id, v));
+        ledger.messages.lock().unwrap().push(captured);
     }
     Ok(())
 }
@@ -342,6 +414,8 @@ async fn verdict(
     pool: &PgPool,
     ledger: &Ledger,
     seen: &[Seen],
+    consumed: &ConsumerReport,
+    replayed: Replay,
     schema: &Schema,
     elapsed: Duration,
 ) -> Result<std::process::ExitCode> {
@@ -366,37 +440,75 @@ async fn verdict(
         }
         *l = s.version;
     }
-    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}.payments",
-        schema.as_str()
-    )))
-    .fetch_one(pool)
+    let s = schema.as_str();
+    let one = |sql: String| async move {
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+            .fetch_one(pool)
+            .await
+    };
+    let rows = one(format!("SELECT count(*) FROM {s}.payments")).await?;
+    let pending = one(format!("SELECT count(*) FROM {s}.events")).await?;
+    let inbox_rows = one(format!(
+        "SELECT count(*) FROM {s}.inbox WHERE consumer_name = '{CONSUMER}' AND outcome = 'applied'"
+    ))
     .await?;
-    let pending: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}.events",
-        schema.as_str()
-    )))
-    .fetch_one(pool)
+    let report_rows = one(format!("SELECT count(*) FROM {s}.payment_report")).await?;
+    let effects = one(format!(
+        "SELECT coalesce(sum(events_applied), 0)::int8 FROM {s}.payment_report"
+    ))
     .await?;
+    let orphan_effects = one(format!(
+        "SELECT count(*) FROM {s}.payment_report r WHERE NOT EXISTS \
+         (SELECT 1 FROM {s}.payments p WHERE p.id = r.payment_id)"
+    ))
+    .await?;
+    let dead = one(format!("SELECT count(*) FROM {s}.consumer_dead_letters")).await?;
+    let committed_n = committed.len() as i64;
     println!();
-    println!("committed payments (business rows)   {rows}");
-    println!("committed events                     {}", committed.len());
-    println!("rolled-back transactions             {}", rolled_back.len());
-    println!("events on the broker (distinct)      {}", first.len());
-    println!("wire duplicates (absorbed by ids)    {duplicates}");
-    println!("missing committed events             {missing}");
-    println!("rolled-back events that leaked       {leaked}");
-    println!("per-payment order violations         {out_of_order}");
-    println!("rows left in the outbox              {pending}");
+    println!("committed payments (business rows)      {rows}");
+    println!("committed events                        {committed_n}");
     println!(
-        "elapsed                              {:.1}s",
+        "rolled-back transactions                {}",
+        rolled_back.len()
+    );
+    println!("events on the broker (distinct)         {}", first.len());
+    println!("wire duplicates seen by the subscriber  {duplicates}");
+    println!("missing committed events                {missing}");
+    println!("rolled-back events that leaked          {leaked}");
+    println!("per-payment order violations            {out_of_order}");
+    println!("rows left in the outbox                 {pending}");
+    println!("consumer: events applied (inbox)        {inbox_rows}");
+    println!("consumer: effects in payment_report     {effects} over {report_rows} payments");
+    println!("consumer: effects without a payment     {orphan_effects}");
+    println!(
+        "consumer: replayed {} -> broker dedup {}, inbox absorbed {} (expected {})",
+        replayed.sent,
+        replayed.broker_deduplicated,
+        consumed.duplicates,
+        replayed.expected_at_consumer
+    );
+    println!(
+        "consumer: dead letters / conflicts      {dead} / {}",
+        consumed.conflicts
+    );
+    println!(
+        "elapsed                                 {:.1}s",
         elapsed.as_secs_f64()
     );
-    let ok =
-        missing == 0 && leaked == 0 && out_of_order == 0 && pending == 0 && !committed.is_empty();
+    let ok = missing == 0
+        && leaked == 0
+        && out_of_order == 0
+        && pending == 0
+        && committed_n > 0
+        && inbox_rows == committed_n
+        && effects == committed_n
+        && report_rows == rows
+        && orphan_effects == 0
+        && dead == 0
+        && consumed.duplicates >= replayed.expected_at_consumer;
     if ok {
         println!(
-            "VERDICT: PASS: every committed payment event reached the broker, in order; nothing rolled back leaked"
+            "VERDICT: PASS: every committed payment event reached the broker in order and had exactly one effect at the consumer; nothing rolled back leaked; every replay was absorbed"
         );
         Ok(std::process::ExitCode::SUCCESS)
     } else {
@@ -406,4 +518,206 @@ async fn verdict(
         }
         Ok(std::process::ExitCode::from(1))
     }
+}
+
+const CONSUMER: &str = "reporting";
+const DEMO_QUEUE: &str = "outbox_demo.reporting";
+
+fn nats_consumer_config() -> outbox_nats::NatsConsumerConfig {
+    outbox_nats::NatsConsumerConfig {
+        stream: "OUTBOX_DEMO".into(),
+        durable_name: CONSUMER.into(),
+        ack_wait_secs: 10,
+        ..Default::default()
+    }
+}
+
+fn rabbit_consumer_config() -> outbox_rabbitmq::RabbitConsumerConfig {
+    outbox_rabbitmq::RabbitConsumerConfig {
+        queue: DEMO_QUEUE.into(),
+        bind_exchange: Some(SCHEMA.into()),
+        binding_key: "#".into(),
+        ..Default::default()
+    }
+}
+
+async fn delete_rabbit_queue(url: &str, queue: &str) -> Result<()> {
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    let _ = ch
+        .queue_delete(queue.into(), lapin::options::QueueDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "bye".into()).await;
+    Ok(())
+}
+
+async fn create_report_table(pool: &PgPool, schema: &Schema) -> Result<()> {
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {}.payment_report (payment_id text PRIMARY KEY, \
+         amount bigint NOT NULL, status text NOT NULL, events_applied integer NOT NULL)",
+        schema.as_str()
+    )))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The reporting consumer's effect: one row per payment, counting the events applied to it.
+pub struct ReportingHandler {
+    insert: String,
+    capture: String,
+}
+
+impl ReportingHandler {
+    /// For the report table in `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        let t = format!("{}.payment_report", schema.as_str());
+        Self {
+            insert: format!(
+                "INSERT INTO {t} (payment_id, amount, status, events_applied) VALUES ($1, $2, 'created', 1)"
+            ),
+            capture: format!(
+                "UPDATE {t} SET status = 'captured', events_applied = events_applied + 1 WHERE payment_id = $1"
+            ),
+        }
+    }
+}
+
+impl Handler for ReportingHandler {
+    async fn handle(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        event: &outbox_core::IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        if event.schema_version != 1 {
+            return Err(HandlerError::Permanent(format!(
+                "unknown schema version {} of {}",
+                event.schema_version, event.event_type
+            )));
+        }
+        let body: serde_json::Value = serde_json::from_slice(&event.payload.bytes)
+            .map_err(|e| HandlerError::Permanent(format!("payload is not JSON: {e}")))?;
+        let amount = body["amount"].as_i64().unwrap_or(0);
+        match event.event_type.as_str() {
+            "PaymentCreated" => {
+                sqlx::query(AssertSqlSafe(self.insert.clone()))
+                    .bind(&event.aggregate_id)
+                    .bind(amount)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            "PaymentCaptured" => {
+                let n = sqlx::query(AssertSqlSafe(self.capture.clone()))
+                    .bind(&event.aggregate_id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if n == 0 {
+                    return Err(HandlerError::Transient(
+                        "PaymentCaptured before PaymentCreated was applied".into(),
+                    ));
+                }
+            }
+            other => {
+                return Err(HandlerError::Permanent(format!(
+                    "unknown event type {other}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn drive_consumer(
+    mut consumer: PgConsumer<AnySource, ReportingHandler>,
+    totals: Arc<Mutex<ConsumerReport>>,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        match consumer.run_batch().await {
+            Ok(r) => {
+                let mut t = totals.lock().unwrap();
+                t.received += r.received;
+                t.processed += r.processed;
+                t.duplicates += r.duplicates;
+                t.stale += r.stale;
+                t.conflicts += r.conflicts;
+                t.dead_lettered += r.dead_lettered;
+                t.nacked += r.nacked;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "demo consumer error; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// What the replay step sent and what should reach the consumer.
+#[derive(Debug, Default, Clone, Copy)]
+struct Replay {
+    sent: usize,
+    broker_deduplicated: usize,
+    expected_at_consumer: usize,
+}
+
+/// Republishes up to 50 delivered events with the relay's transport (same event ids, same
+/// bytes). On NATS the stream's duplicate window drops them, so the demo also sends 20 copies
+/// without a `Nats-Msg-Id`, as a republish after the window would arrive.
+async fn replay(transport: &AnyTransport, ledger: &Ledger) -> Result<Replay> {
+    use outbox_core::Transport;
+    let messages: Vec<NewMessage> = ledger
+        .messages
+        .lock()
+        .unwrap()
+        .iter()
+        .take(50)
+        .cloned()
+        .collect();
+    let mut r = Replay::default();
+    let mut out = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let msg = outbox_core::OutboxMessage {
+            id: i as i64,
+            event_id: m.event_id,
+            aggregate_type: m.aggregate_type.clone(),
+            aggregate_id: m.aggregate_id.clone(),
+            aggregate_version: m.aggregate_version,
+            event_type: m.event_type.clone(),
+            schema_version: m.schema_version,
+            payload: m.payload.clone(),
+            fingerprint: m.payload.fingerprint(),
+            headers: m.headers.clone(),
+            destination: m.destination.clone(),
+            partition_key: m.partition_key.clone(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        };
+        let receipt = transport.publish(&msg).await?;
+        r.sent += 1;
+        if receipt.duplicate {
+            r.broker_deduplicated += 1;
+        } else {
+            r.expected_at_consumer += 1;
+        }
+        out.push(msg);
+    }
+    if let AnyTransport::Nats(t) = transport {
+        for msg in out.iter().take(20) {
+            let subject = t.subject_for(msg)?;
+            let mut headers = async_nats::HeaderMap::new();
+            for (k, v) in t.headers_for(msg)? {
+                if !k.eq_ignore_ascii_case("Nats-Msg-Id") {
+                    headers.insert(k.as_str(), v.as_str());
+                }
+            }
+            let js = async_nats::jetstream::new(t.client().clone());
+            js.publish_with_headers(subject, headers, msg.payload.bytes.clone())
+                .await?
+                .await?;
+            r.sent += 1;
+            r.expected_at_consumer += 1;
+        }
+    }
+    Ok(r)
 }

@@ -196,8 +196,19 @@ pub fn decode(
             max: max_bytes,
         });
     }
+    // Control characters (NUL above all) would make the database refuse the inbox row and
+    // turn the message into a poison pill; refuse them here, where it is dead-lettered.
+    let attribute = |name: &'static str| -> Result<Option<String>, DecodeError> {
+        match attribute(name) {
+            Some(v) if v.chars().any(char::is_control) => Err(DecodeError::Invalid {
+                name,
+                value: truncated(&v.replace(char::is_control, "?")),
+            }),
+            other => Ok(other),
+        }
+    };
     let required = |name: &'static str| -> Result<String, DecodeError> {
-        attribute(name)
+        attribute(name)?
             .filter(|v| !v.is_empty())
             .ok_or(DecodeError::Missing(name))
     };
@@ -228,7 +239,7 @@ pub fn decode(
         })?;
     let aggregate_id = required(attr::AGGREGATE_ID)?;
     let fingerprint = crate::Fingerprint::of(&body);
-    if let Some(expected) = attribute(attr::PAYLOAD_SHA256)
+    if let Some(expected) = attribute(attr::PAYLOAD_SHA256)?
         && !expected.eq_ignore_ascii_case(&fingerprint.to_hex())
     {
         return Err(DecodeError::FingerprintMismatch {
@@ -236,7 +247,7 @@ pub fn decode(
             actual: fingerprint.to_hex(),
         });
     }
-    let time = match attribute(attr::TIME) {
+    let time = match attribute(attr::TIME)? {
         Some(t) => Some(
             chrono::DateTime::parse_from_rfc3339(&t)
                 .map_err(|_| DecodeError::Invalid {
@@ -247,15 +258,24 @@ pub fn decode(
         ),
         None => None,
     };
-    let content_type = content_type
-        .or_else(|| attribute("datacontenttype"))
-        .unwrap_or_else(|| "application/octet-stream".to_owned());
+    let content_type = match content_type {
+        Some(c) => c,
+        None => {
+            attribute("datacontenttype")?.unwrap_or_else(|| "application/octet-stream".to_owned())
+        }
+    };
+    if content_type.chars().any(char::is_control) {
+        return Err(DecodeError::Invalid {
+            name: "datacontenttype",
+            value: truncated(&content_type.replace(char::is_control, "?")),
+        });
+    }
     Ok(IncomingEvent {
         event_id,
         event_type: required(attr::TYPE)?,
-        source: attribute(attr::SOURCE).unwrap_or_default(),
+        source: attribute(attr::SOURCE)?.unwrap_or_default(),
         aggregate_type: required(attr::AGGREGATE_TYPE)?,
-        partition_key: attribute(attr::PARTITION_KEY).unwrap_or_else(|| aggregate_id.clone()),
+        partition_key: attribute(attr::PARTITION_KEY)?.unwrap_or_else(|| aggregate_id.clone()),
         aggregate_id,
         aggregate_version,
         schema_version,

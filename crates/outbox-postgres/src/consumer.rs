@@ -231,8 +231,16 @@ pub struct PgConsumer<S: DeliverySource, H: Handler> {
     count_dead: Arc<str>,
 }
 
+/// Headers as a JSON object for the dead-letter row. PostgreSQL's jsonb cannot hold NUL, so
+/// NUL characters (only ever in hostile or broken messages) are replaced by U+FFFD.
 fn raw_headers_json(raw: &RawMessage) -> String {
-    serde_json::to_string(&raw.headers).unwrap_or_else(|_| "{}".to_owned())
+    let clean = |s: &String| s.replace('\0', "\u{FFFD}");
+    let headers: std::collections::BTreeMap<String, String> = raw
+        .headers
+        .iter()
+        .map(|(k, v)| (clean(k), clean(v)))
+        .collect();
+    serde_json::to_string(&headers).unwrap_or_else(|_| "{}".to_owned())
 }
 
 impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
@@ -377,9 +385,7 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
             Err(e) => {
                 error!(consumer = %self.config.name, error = %e, "database error; redelivering the batch");
                 let delay = self.config.backoff.delay(1);
-                for d in deliveries {
-                    let _ = d.nack(delay).await;
-                }
+                futures::future::join_all(deliveries.into_iter().map(|d| d.nack(delay))).await;
                 metrics::counter!(metric::RETRIES, "consumer" => self.config.name.clone())
                     .increment(report.received as u64);
                 return Err(e.into());
@@ -387,14 +393,24 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
         };
         crash::hit(CRASH_AFTER_COMMIT);
         let name = self.config.name.clone();
-        for (d, v) in deliveries.into_iter().zip(verdicts) {
-            let result = match &v {
-                Verdict::Nack(delay) => d.nack(*delay).await,
-                _ => d.ack().await,
-            };
+        // Settle all deliveries of the batch concurrently: an ack waits for the broker's
+        // confirmation and a RabbitMQ nack waits out its (capped) delay, so doing them one by
+        // one would cost a round trip or a delay per delivery.
+        let settles = deliveries
+            .into_iter()
+            .zip(verdicts.iter())
+            .map(|(d, v)| async move {
+                match v {
+                    Verdict::Nack(delay) => d.nack(*delay).await,
+                    _ => d.ack().await,
+                }
+            });
+        for result in futures::future::join_all(settles).await {
             if let Err(e) = result {
                 warn!(consumer = %name, error = %e, "ack/nack failed; the broker will redeliver and the inbox absorbs it");
             }
+        }
+        for v in verdicts {
             let label = ("consumer", name.clone());
             match v {
                 Verdict::Processed => {
