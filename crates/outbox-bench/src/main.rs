@@ -1,1 +1,60 @@
-fn main() {}
+//! Benchmark harness of the outbox toolkit.
+//!
+//! * `w1`: producer overhead. Business insert alone vs. business insert + `enqueue` in the same
+//!   transaction (and, informational, + `next_aggregate_version`), interleaved rounds.
+//! * `w2`: relay drain rate vs. the raw confirmed-publish rate of the same client library,
+//!   for NATS JetStream and RabbitMQ, interleaved rounds.
+//! * `latency`: commit-to-receive latency at a steady producer rate, with and without the
+//!   `RelayWaker`.
+//!
+//! Every workload creates its own PostgreSQL schema and broker objects (random names) and
+//! removes them at the end. Results are printed as markdown tables; see `BENCHMARKS.md`.
+
+mod brokers;
+mod common;
+mod latency;
+mod timing;
+mod w1;
+mod w2;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use crate::common::Env;
+
+/// Outbox benchmark harness.
+#[derive(Parser, Debug)]
+#[command(name = "outbox-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Subcommand, Debug)]
+enum Workload {
+    /// Producer overhead: business insert vs. business insert + enqueue (same transaction).
+    W1(w1::Args),
+    /// Relay drain rate vs. the raw confirmed-publish rate of the broker client.
+    W2(w2::Args),
+    /// Commit-to-receive latency at a steady rate, with and without the relay waker.
+    Latency(latency::Args),
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let env = Env::from_env();
+    println!("{}", common::run_header(&env));
+    match cli.workload {
+        Workload::W1(a) => w1::run(&env, a).await,
+        Workload::W2(a) => w2::run(&env, a).await,
+        Workload::Latency(a) => latency::run(&env, a).await,
+    }
+}

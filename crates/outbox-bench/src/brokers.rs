@@ -1,0 +1,343 @@
+//! Broker setup and teardown (random names), the raw-client baselines, and subscribers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outbox_core::{OutboxMessage, wire};
+use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
+
+use crate::common::{Env, random_suffix};
+
+/// Receive times by event id, filled by a subscriber.
+pub type Arrivals = Arc<Mutex<HashMap<uuid::Uuid, Instant>>>;
+
+fn record(arrivals: &Arrivals, id: Option<String>) {
+    let now = Instant::now();
+    if let Some(id) = id.and_then(|s| s.parse::<uuid::Uuid>().ok()) {
+        arrivals.lock().unwrap().entry(id).or_insert(now);
+    }
+}
+
+/// Runs `publish_one` over clones of `msgs` with at most `window` outstanding, either as
+/// futures polled by this task or (`tasks`) each on its own tokio task, as the relay's
+/// transports do.
+async fn run_window<F, Fut>(
+    msgs: &[OutboxMessage],
+    window: usize,
+    tasks: bool,
+    publish_one: F,
+) -> Vec<Result<()>>
+where
+    F: Fn(OutboxMessage) -> Fut,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let it = futures::stream::iter(msgs.iter().cloned());
+    if tasks {
+        it.map(|m| {
+            let h = tokio::spawn(publish_one(m));
+            async move { h.await.map_err(anyhow::Error::from).and_then(|r| r) }
+        })
+        .buffer_unordered(window)
+        .collect()
+        .await
+    } else {
+        it.map(publish_one).buffer_unordered(window).collect().await
+    }
+}
+
+fn finish(started: Instant, results: Vec<Result<()>>) -> Result<Duration> {
+    let elapsed = started.elapsed();
+    let errors = results.iter().filter(|r| r.is_err()).count();
+    if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+        bail!("{errors} baseline publishes failed, first: {e:#}");
+    }
+    Ok(elapsed)
+}
+
+/// A JetStream stream with a random name, the relay's transport on it, and a separate raw
+/// client for the baseline.
+pub struct NatsBench {
+    pub transport: Arc<NatsTransport>,
+    pub stream: String,
+    pub prefix: String,
+    client: async_nats::Client,
+    js: async_nats::jetstream::Context,
+}
+
+impl NatsBench {
+    pub async fn setup(env: &Env) -> Result<Self> {
+        let suffix = random_suffix();
+        let prefix = format!("bench_{suffix}");
+        let stream = format!("BENCH_{}", suffix.to_uppercase());
+        let config = NatsConfig {
+            stream: stream.clone(),
+            stream_subjects: vec![format!("{prefix}.>")],
+            subject_template: format!("{prefix}.{{aggregate_type}}.{{event_type}}"),
+            ..NatsConfig::default()
+        };
+        let transport = NatsTransport::connect(&env.nats_url, config)
+            .await
+            .context("NATS transport")?;
+        let client = async_nats::connect(&env.nats_url).await?;
+        let js = async_nats::jetstream::new(client.clone());
+        Ok(Self {
+            transport: Arc::new(transport),
+            stream,
+            prefix,
+            client,
+            js,
+        })
+    }
+
+    /// Raw async-nats: publish with the transport's exact subject and headers, at most
+    /// `window` PublishAcks outstanding, awaiting every one. Returns the elapsed time.
+    pub async fn baseline(
+        &self,
+        msgs: &[OutboxMessage],
+        window: usize,
+        tasks: bool,
+    ) -> Result<Duration> {
+        let publish_one = |m: OutboxMessage| {
+            let transport = Arc::clone(&self.transport);
+            let js = self.js.clone();
+            async move {
+                let subject = transport.subject_for(&m)?;
+                let mut headers = async_nats::HeaderMap::new();
+                for (n, v) in transport.headers_for(&m)? {
+                    headers.append(n, v);
+                }
+                let ack = js
+                    .publish_with_headers(subject, headers, m.payload.bytes.clone())
+                    .await?;
+                ack.await?;
+                anyhow::Ok(())
+            }
+        };
+        let started = Instant::now();
+        let results = run_window(msgs, window, tasks, publish_one).await;
+        finish(started, results)
+    }
+
+    pub async fn count(&self) -> Result<u64> {
+        let mut s = self.js.get_stream(&self.stream).await?;
+        Ok(s.info().await?.state.messages)
+    }
+
+    pub async fn purge(&self) -> Result<()> {
+        let s = self.js.get_stream(&self.stream).await?;
+        s.purge().await?;
+        Ok(())
+    }
+
+    /// A core-NATS subscriber on the stream's subjects, recording receive times by `ce-id`.
+    pub async fn subscribe(&self, arrivals: Arrivals) -> Result<tokio::task::JoinHandle<()>> {
+        let mut sub = self.client.subscribe(format!("{}.>", self.prefix)).await?;
+        self.client.flush().await?;
+        Ok(tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                let id = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("ce-id"))
+                    .map(|v| v.as_str().to_owned());
+                record(&arrivals, id);
+            }
+        }))
+    }
+
+    pub async fn teardown(self) -> Result<()> {
+        self.js.delete_stream(&self.stream).await?;
+        Ok(())
+    }
+}
+
+/// A durable topic exchange and a durable queue bound to it with `#` (random names), the
+/// relay's transport, and a separate raw lapin connection for the baseline.
+pub struct RabbitBench {
+    pub transport: Arc<RabbitTransport>,
+    pub exchange: String,
+    pub queue: String,
+    conn: Connection,
+    admin: Channel,
+    publisher: Channel,
+}
+
+impl RabbitBench {
+    pub async fn setup(env: &Env) -> Result<Self> {
+        let name = format!("bench_{}", random_suffix());
+        let transport = RabbitTransport::connect(
+            &env.amqp_url,
+            RabbitConfig {
+                exchange: name.clone(),
+                ..RabbitConfig::default()
+            },
+        )
+        .await
+        .context("RabbitMQ transport")?;
+        let conn = Connection::connect(&env.amqp_url, ConnectionProperties::default()).await?;
+        let admin = conn.create_channel().await?;
+        admin
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        admin
+            .queue_bind(
+                name.as_str().into(),
+                name.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let publisher = conn.create_channel().await?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self {
+            transport: Arc::new(transport),
+            exchange: name.clone(),
+            queue: name,
+            conn,
+            admin,
+            publisher,
+        })
+    }
+
+    /// The properties the transport would send (same as `outbox_rabbitmq`'s encoder).
+    fn properties(m: &OutboxMessage) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        for (name, value) in wire::attributes(m, wire::DEFAULT_SOURCE) {
+            headers.insert(
+                ShortString::from(format!("cloudEvents_{name}")),
+                AMQPValue::LongString(LongString::from(value)),
+            );
+        }
+        BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(m.event_id.hyphenated().to_string()))
+            .with_content_type(ShortString::from(m.payload.content_type.0.clone()))
+            .with_type(ShortString::from(m.event_type.clone()))
+            .with_timestamp(u64::try_from(m.created_at.timestamp()).unwrap_or(0))
+            .with_headers(headers)
+    }
+
+    /// Raw lapin: basic_publish (mandatory, persistent, the transport's properties and
+    /// routing key) on a confirm-mode channel, at most `window` confirms outstanding, awaiting
+    /// every one and refusing returned messages. Returns the elapsed time.
+    pub async fn baseline(
+        &self,
+        msgs: &[OutboxMessage],
+        window: usize,
+        tasks: bool,
+    ) -> Result<Duration> {
+        let exchange = ShortString::from(self.exchange.clone());
+        let publish_one = |m: OutboxMessage| {
+            let exchange = exchange.clone();
+            let channel = self.publisher.clone();
+            async move {
+                let rk = format!("{}.{}", m.aggregate_type, m.event_type);
+                let confirm = channel
+                    .basic_publish(
+                        exchange,
+                        ShortString::from(rk),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            immediate: false,
+                        },
+                        &m.payload.bytes,
+                        Self::properties(&m),
+                    )
+                    .await?;
+                match confirm.await? {
+                    Confirmation::Ack(None) => Ok(()),
+                    other => bail!("not confirmed: {other:?}"),
+                }
+            }
+        };
+        let started = Instant::now();
+        let results = run_window(msgs, window, tasks, publish_one).await;
+        finish(started, results)
+    }
+
+    pub async fn count(&self) -> Result<u64> {
+        let q = self
+            .admin
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(u64::from(q.message_count()))
+    }
+
+    pub async fn purge(&self) -> Result<()> {
+        self.admin
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await?;
+        Ok(())
+    }
+
+    /// A consumer (auto-ack) on the bound queue, recording receive times by `cloudEvents_id`.
+    pub async fn subscribe(&self, arrivals: Arrivals) -> Result<tokio::task::JoinHandle<()>> {
+        let ch = self.conn.create_channel().await?;
+        let mut consumer = ch
+            .basic_consume(
+                self.queue.as_str().into(),
+                "outbox-bench".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(tokio::spawn(async move {
+            let _ch = ch;
+            while let Some(Ok(d)) = consumer.next().await {
+                let id = d.properties.headers().as_ref().and_then(|h| {
+                    match h.inner().get("cloudEvents_id") {
+                        Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+                        _ => None,
+                    }
+                });
+                record(&arrivals, id);
+            }
+        }))
+    }
+
+    pub async fn teardown(self) -> Result<()> {
+        self.transport.close().await;
+        self.admin
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        self.admin
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await?;
+        let _ = self.conn.close(200, "bye".into()).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,200 @@
+//! Shared pieces: service addresses, fresh schemas, statistics, markdown tables.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use outbox_postgres::Schema;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+
+/// Service addresses (defaults, overridable through the environment).
+#[derive(Debug, Clone)]
+pub struct Env {
+    pub database_url: String,
+    pub nats_url: String,
+    pub amqp_url: String,
+}
+
+impl Env {
+    pub fn from_env() -> Self {
+        let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
+        Self {
+            database_url: var(
+                "OUTBOX_BENCH_DATABASE_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ),
+            nats_url: var("OUTBOX_BENCH_NATS_URL", "nats://127.0.0.1:4222"),
+            amqp_url: var(
+                "OUTBOX_BENCH_AMQP_URL",
+                "amqp://guest:guest@127.0.0.1:5672/%2f",
+            ),
+        }
+    }
+}
+
+/// Which broker(s) a workload runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportChoice {
+    Nats,
+    Rabbitmq,
+    All,
+}
+
+impl TransportChoice {
+    pub fn list(self) -> Vec<TransportChoice> {
+        match self {
+            Self::All => vec![Self::Nats, Self::Rabbitmq],
+            one => vec![one],
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Nats => "nats",
+            Self::Rabbitmq => "rabbitmq",
+            Self::All => "all",
+        }
+    }
+}
+
+/// A random lower-case suffix for schema / stream / exchange names.
+pub fn random_suffix() -> String {
+    {
+        let s = uuid::Uuid::now_v7().simple().to_string();
+        s[s.len() - 10..].to_owned()
+    }
+}
+
+/// The 1-, 5- and 15-minute load averages (to spot a disturbed run).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+pub fn run_header(env: &Env) -> String {
+    let now = chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC");
+    let cmd: Vec<String> = std::env::args().skip(1).collect();
+    format!(
+        "# outbox-bench {}\n\n{now} | load avg {} | db {} | nats {} | amqp {}\n",
+        cmd.join(" "),
+        loadavg(),
+        redact(&env.database_url),
+        redact(&env.nats_url),
+        redact(&env.amqp_url)
+    )
+}
+
+/// Hides a password in a URL.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{}://{user}:***@{}", &url[..s], &url[at + 1..])
+            } else {
+                url.to_owned()
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+pub async fn connect_pool(env: &Env, size: u32) -> Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(size)
+        .min_connections(size)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&env.database_url)
+        .await
+        .with_context(|| format!("cannot connect to {}", redact(&env.database_url)))
+}
+
+/// A fresh, migrated schema with a random name; [`BenchSchema::drop`] removes it.
+pub struct BenchSchema {
+    pub schema: Schema,
+}
+
+impl BenchSchema {
+    pub async fn create(pool: &PgPool) -> Result<Self> {
+        let schema = Schema::new(&format!("bench_{}", random_suffix())).expect("valid name");
+        outbox_postgres::migrate(pool, &schema)
+            .await
+            .context("migrating the bench schema")?;
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {}.payments (id text PRIMARY KEY, amount bigint NOT NULL, \
+             status text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+            schema.as_str()
+        )))
+        .execute(pool)
+        .await?;
+        Ok(Self { schema })
+    }
+
+    pub fn name(&self) -> &str {
+        self.schema.as_str()
+    }
+
+    pub async fn drop(self, pool: &PgPool) -> Result<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {} CASCADE",
+            self.name()
+        )))
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Percentile (nearest rank) of an ascending sorted slice.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Prints a markdown table.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    println!("| {} |", headers.join(" | "));
+    println!(
+        "|{}|",
+        headers
+            .iter()
+            .map(|h| format!("{}:", "-".repeat(h.len().max(3) + 1)))
+            .collect::<Vec<_>>()
+            .join("|")
+    );
+    for r in rows {
+        println!("| {} |", r.join(" | "));
+    }
+    println!();
+}
+
+/// "MET" or "MISSED BY x%" for a value that should be at least `goal`.
+pub fn verdict(value: f64, goal: f64) -> String {
+    if value >= goal {
+        "MET".into()
+    } else {
+        format!("MISSED BY {:.1}%", (goal - value) / goal * 100.0)
+    }
+}
+
+/// A JSON object of exactly `len` bytes (padded with a `pad` string field).
+pub fn json_payload(fields: &serde_json::Value, len: usize) -> Vec<u8> {
+    let base = serde_json::to_vec(fields).expect("serialisable");
+    let mut obj = fields.clone();
+    // `,"pad":""` adds 9 bytes to an object.
+    let pad = len.saturating_sub(base.len() + 9);
+    obj["pad"] = serde_json::Value::String("x".repeat(pad));
+    serde_json::to_vec(&obj).expect("serialisable")
+}

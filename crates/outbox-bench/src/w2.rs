@@ -1,0 +1,554 @@
+//! W2: relay drain rate of a backlog vs. the raw confirmed-publish rate of the same client.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use chrono::Utc;
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::{Fingerprint, NewMessage, OutboxMessage, Payload, Transport};
+use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::brokers::{NatsBench, RabbitBench};
+use crate::common::{
+    BenchSchema, Env, TransportChoice, connect_pool, json_payload, loadavg, mean, print_table,
+    verdict,
+};
+use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
+
+/// Options of `w2`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Broker(s) to measure.
+    #[arg(long, value_enum, default_value_t = TransportChoice::All)]
+    transport: TransportChoice,
+    /// Messages per measured phase.
+    #[arg(long, default_value_t = 100_000)]
+    messages: usize,
+    /// Aggregates the backlog is spread over (messages / aggregates versions each).
+    #[arg(long, default_value_t = 10_000)]
+    aggregates: usize,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 1024)]
+    payload_bytes: usize,
+    /// Interleaved rounds (baseline, then the relay for every `--workers` value).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Relay worker counts to measure, comma separated (default: RelayConfig's default).
+    #[arg(long, value_delimiter = ',')]
+    workers: Vec<usize>,
+    /// Override RelayConfig::batch_size.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Override RelayConfig::max_in_flight (also the baseline's window).
+    #[arg(long)]
+    max_in_flight: Option<usize>,
+    /// Override RelayConfig::max_per_aggregate.
+    #[arg(long)]
+    max_per_aggregate: Option<usize>,
+    /// Baseline: run each publish on its own tokio task (as the transports do) instead of
+    /// polling all of them from one task.
+    #[arg(long)]
+    baseline_tasks: bool,
+    /// Give up a drain after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout_secs: u64,
+}
+
+fn relay_config(args: &Args, workers: usize) -> RelayConfig {
+    let d = RelayConfig::default();
+    RelayConfig {
+        workers,
+        batch_size: args.batch_size.unwrap_or(d.batch_size),
+        max_in_flight: args.max_in_flight.unwrap_or(d.max_in_flight),
+        max_per_aggregate: args.max_per_aggregate.unwrap_or(d.max_per_aggregate),
+        ..d
+    }
+}
+
+fn body(args: &Args, agg: usize, version: usize) -> Vec<u8> {
+    json_payload(
+        &serde_json::json!({
+            "payment_id": format!("agg-{agg:06}"),
+            "amount": 100 + agg % 900,
+            "currency": "EUR",
+            "version": version,
+        }),
+        args.payload_bytes,
+    )
+}
+
+/// Message `i` of a phase: aggregate `i % aggregates`, version `i / aggregates + 1`, so the
+/// rows are interleaved across aggregates in insertion (id) order, as in a live system.
+fn shape(args: &Args, i: usize) -> (usize, usize) {
+    (i % args.aggregates, i / args.aggregates + 1)
+}
+
+/// The baseline's messages: what the relay would have claimed (fresh event ids).
+fn synthetic(args: &Args) -> Vec<OutboxMessage> {
+    let now = Utc::now();
+    (0..args.messages)
+        .map(|i| {
+            let (agg, version) = shape(args, i);
+            let payload = Payload::bytes("application/json", body(args, agg, version));
+            OutboxMessage {
+                id: i as i64 + 1,
+                event_id: uuid::Uuid::now_v7(),
+                aggregate_type: "payment".into(),
+                aggregate_id: format!("agg-{agg:06}"),
+                aggregate_version: version as i64,
+                event_type: "PaymentCreated".into(),
+                schema_version: 1,
+                fingerprint: Fingerprint::of(&payload.bytes),
+                payload,
+                headers: Default::default(),
+                destination: None,
+                partition_key: None,
+                created_at: now,
+                attempts: 0,
+            }
+        })
+        .collect()
+}
+
+/// Writes the backlog (not timed by the comparison; its duration is reported for information).
+async fn enqueue_backlog(pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<Duration> {
+    let s = bench.name();
+    sqlx::query(AssertSqlSafe(format!("TRUNCATE {s}.events")))
+        .execute(pool)
+        .await?;
+    let outbox = PgOutbox::new(bench.schema.clone());
+    let started = Instant::now();
+    let chunk = 2000;
+    let mut i = 0;
+    while i < args.messages {
+        let end = (i + chunk).min(args.messages);
+        let msgs: Vec<NewMessage> = (i..end)
+            .map(|j| {
+                let (agg, version) = shape(args, j);
+                NewMessage::new(
+                    "payment",
+                    format!("agg-{agg:06}"),
+                    version as i64,
+                    "PaymentCreated",
+                    Payload::bytes("application/json", body(args, agg, version)),
+                )
+            })
+            .collect();
+        let mut tx = pool.begin().await?;
+        outbox.enqueue_batch(&mut *tx, &msgs).await?;
+        tx.commit().await?;
+        i = end;
+    }
+    let took = started.elapsed();
+    // Planner statistics as autovacuum would have them for a table this size.
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
+        .execute(pool)
+        .await?;
+    sqlx::query("CHECKPOINT").execute(pool).await?;
+    Ok(took)
+}
+
+/// Runs a relay from start until `n` rows were marked; returns the time to the last mark.
+///
+/// Every drain uses a clone of the same `PgStore`, so they share one wake-up listener (a
+/// `PgStore` starts its LISTEN task on first idle wait and keeps it for the process lifetime).
+async fn drain<T: Transport>(
+    pool: &PgPool,
+    bench: &BenchSchema,
+    pg_store: &PgStore,
+    transport: Arc<T>,
+    config: RelayConfig,
+    n: usize,
+    timeout: Duration,
+) -> Result<(Duration, Breakdown)> {
+    let store = Arc::new(TimedStore::new(pg_store.clone()));
+    let timed = Arc::new(TimedTransport::new(transport));
+    let relay = Arc::new(Relay::new(Arc::clone(&store), Arc::clone(&timed), config)?);
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn(Arc::clone(&relay).run(shutdown.clone()));
+    while store.stats.marked.load(Ordering::SeqCst) < n as u64 {
+        if started.elapsed() > timeout {
+            shutdown.cancel();
+            let _ = task.await;
+            bail!(
+                "drain timed out after {timeout:?}: {} of {n} marked",
+                store.stats.marked.load(Ordering::SeqCst)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let last = store.stats.last_mark.lock().unwrap().expect("marked");
+    let elapsed = last - started;
+    shutdown.cancel();
+    task.await?;
+    let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}.events",
+        bench.name()
+    )))
+    .fetch_one(pool)
+    .await?;
+    if left != 0 {
+        bail!("the outbox still holds {left} rows after the drain");
+    }
+    Ok((elapsed, breakdown(&store.stats, &timed.stats)))
+}
+
+enum Broker {
+    Nats(NatsBench),
+    Rabbit(RabbitBench),
+}
+
+impl Broker {
+    async fn baseline(
+        &self,
+        msgs: &[OutboxMessage],
+        window: usize,
+        tasks: bool,
+    ) -> Result<Duration> {
+        match self {
+            Self::Nats(b) => b.baseline(msgs, window, tasks).await,
+            Self::Rabbit(b) => b.baseline(msgs, window, tasks).await,
+        }
+    }
+    async fn count(&self) -> Result<u64> {
+        match self {
+            Self::Nats(b) => b.count().await,
+            Self::Rabbit(b) => b.count().await,
+        }
+    }
+    async fn purge(&self) -> Result<()> {
+        match self {
+            Self::Nats(b) => b.purge().await,
+            Self::Rabbit(b) => b.purge().await,
+        }
+    }
+    async fn drain(
+        &self,
+        pool: &PgPool,
+        bench: &BenchSchema,
+        store: &PgStore,
+        config: RelayConfig,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<(Duration, Breakdown)> {
+        match self {
+            Self::Nats(b) => {
+                drain(
+                    pool,
+                    bench,
+                    store,
+                    Arc::clone(&b.transport),
+                    config,
+                    n,
+                    timeout,
+                )
+                .await
+            }
+            Self::Rabbit(b) => {
+                drain(
+                    pool,
+                    bench,
+                    store,
+                    Arc::clone(&b.transport),
+                    config,
+                    n,
+                    timeout,
+                )
+                .await
+            }
+        }
+    }
+    async fn teardown(self) -> Result<()> {
+        match self {
+            Self::Nats(b) => b.teardown().await,
+            Self::Rabbit(b) => b.teardown().await,
+        }
+    }
+}
+
+struct Phase {
+    transport: &'static str,
+    round: usize,
+    /// `None` for the baseline, `Some(workers)` for a relay drain.
+    workers: Option<usize>,
+    rate: f64,
+    elapsed: Duration,
+    count: u64,
+    enqueue: Option<Duration>,
+    breakdown: Option<Breakdown>,
+}
+
+pub async fn run(env: &Env, args: Args) -> Result<()> {
+    let pool = connect_pool(env, 16).await?;
+    let bench = BenchSchema::create(&pool).await?;
+    let result = measure(env, &pool, &bench, &args).await;
+    bench.drop(&pool).await?;
+    result
+}
+
+async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<()> {
+    let workers = if args.workers.is_empty() {
+        vec![RelayConfig::default().workers]
+    } else {
+        args.workers.clone()
+    };
+    let window = relay_config(args, 1).max_in_flight;
+    println!(
+        "W2: {} x {} B messages over {} aggregates, {} rounds, relay workers {:?}, window {window}, \
+         schema {}, load avg before {}\n",
+        args.messages,
+        args.payload_bytes,
+        args.aggregates,
+        args.rounds,
+        workers,
+        bench.name(),
+        loadavg()
+    );
+    let mut phases = Vec::new();
+    for t in args.transport.list() {
+        let broker = match t {
+            TransportChoice::Nats => Broker::Nats(NatsBench::setup(env).await?),
+            _ => Broker::Rabbit(RabbitBench::setup(env).await?),
+        };
+        let r = measure_broker(
+            &broker,
+            t.label(),
+            pool,
+            bench,
+            args,
+            &workers,
+            window,
+            &mut phases,
+        )
+        .await;
+        let down = broker.teardown().await;
+        r?;
+        down.context("broker teardown")?;
+    }
+    report(args, &workers, &phases);
+    println!("Load avg after: {}\n", loadavg());
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure_broker(
+    broker: &Broker,
+    label: &'static str,
+    pool: &PgPool,
+    bench: &BenchSchema,
+    args: &Args,
+    workers: &[usize],
+    window: usize,
+    phases: &mut Vec<Phase>,
+) -> Result<()> {
+    let n = args.messages;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let store = PgStore::new(
+        pool.clone(),
+        PgStoreConfig {
+            schema: bench.schema.clone(),
+            ..PgStoreConfig::default()
+        },
+    );
+    for round in 1..=args.rounds {
+        let msgs = synthetic(args);
+        let elapsed = broker.baseline(&msgs, window, args.baseline_tasks).await?;
+        drop(msgs);
+        let count = broker.count().await?;
+        broker.purge().await?;
+        let rate = n as f64 / elapsed.as_secs_f64();
+        eprintln!(
+            "  {label} round {round} baseline: {rate:>8.0} ev/s ({:.2} s, broker holds {count}, load {})",
+            elapsed.as_secs_f64(),
+            loadavg()
+        );
+        phases.push(Phase {
+            transport: label,
+            round,
+            workers: None,
+            rate,
+            elapsed,
+            count,
+            enqueue: None,
+            breakdown: None,
+        });
+        for &w in workers {
+            let enqueue = enqueue_backlog(pool, bench, args).await?;
+            let (elapsed, bd) = broker
+                .drain(pool, bench, &store, relay_config(args, w), n, timeout)
+                .await?;
+            let count = broker.count().await?;
+            broker.purge().await?;
+            let rate = n as f64 / elapsed.as_secs_f64();
+            eprintln!(
+                "  {label} round {round} relay w={w}: {rate:>8.0} ev/s ({:.2} s, broker holds {count}, backlog insert {:.1} s, load {})",
+                elapsed.as_secs_f64(),
+                enqueue.as_secs_f64(),
+                loadavg()
+            );
+            phases.push(Phase {
+                transport: label,
+                round,
+                workers: Some(w),
+                rate,
+                elapsed,
+                count,
+                enqueue: Some(enqueue),
+                breakdown: Some(bd),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn report(args: &Args, workers: &[usize], phases: &[Phase]) {
+    let n = args.messages as u64;
+    println!(
+        "### W2: drain of {} x {} B events ({} aggregates x {} versions)\n",
+        args.messages,
+        args.payload_bytes,
+        args.aggregates,
+        args.messages / args.aggregates.max(1)
+    );
+    let mut rows = Vec::new();
+    for p in phases {
+        let base = phases
+            .iter()
+            .find(|b| b.transport == p.transport && b.round == p.round && b.workers.is_none())
+            .map_or(f64::NAN, |b| b.rate);
+        rows.push(vec![
+            p.transport.to_owned(),
+            p.round.to_string(),
+            p.workers.map_or("baseline (raw client)".to_owned(), |w| {
+                format!("relay, workers={w}")
+            }),
+            format!("{:.0}", p.rate),
+            format!("{:.2}", p.elapsed.as_secs_f64()),
+            if p.count == n {
+                format!("{} ok", p.count)
+            } else {
+                format!("{} **MISMATCH**", p.count)
+            },
+            p.workers
+                .map_or("-".to_owned(), |_| format!("{:.3}", p.rate / base)),
+            p.enqueue
+                .map_or("-".to_owned(), |d| format!("{:.1}", d.as_secs_f64())),
+        ]);
+    }
+    print_table(
+        &[
+            "transport",
+            "round",
+            "phase",
+            "events/s",
+            "seconds",
+            "broker count",
+            "ratio vs round baseline",
+            "backlog insert s (untimed)",
+        ],
+        &rows,
+    );
+
+    let mut summary = Vec::new();
+    let mut transports: Vec<&str> = phases.iter().map(|p| p.transport).collect();
+    transports.dedup();
+    for t in transports {
+        let rates = |w: Option<usize>| -> Vec<f64> {
+            phases
+                .iter()
+                .filter(|p| p.transport == t && p.workers == w)
+                .map(|p| p.rate)
+                .collect()
+        };
+        let base = mean(&rates(None));
+        let abs_goal = if t == "nats" { 20_000.0 } else { 10_000.0 };
+        for &w in workers {
+            let cand = mean(&rates(Some(w)));
+            let ratio = cand / base;
+            summary.push(vec![
+                t.to_owned(),
+                w.to_string(),
+                format!("{base:.0}"),
+                format!("{cand:.0}"),
+                format!("{ratio:.3}"),
+                format!("≥ 0.70: {}", verdict(ratio, 0.70)),
+                format!("≥ {abs_goal:.0}/s: {}", verdict(cand, abs_goal)),
+            ]);
+        }
+    }
+    println!("#### W2 summary (means over rounds)\n");
+    print_table(
+        &[
+            "transport",
+            "workers",
+            "baseline ev/s",
+            "relay ev/s",
+            "relay/baseline",
+            "ratio goal",
+            "absolute goal",
+        ],
+        &summary,
+    );
+
+    println!(
+        "#### W2: where a relay drain spends its time (timing decorators around Store and Transport)\n"
+    );
+    let mut rows = Vec::new();
+    for p in phases {
+        let (Some(w), Some(b)) = (p.workers, &p.breakdown) else {
+            continue;
+        };
+        let worker_ms = p.elapsed.as_secs_f64() * 1e3 * w as f64;
+        rows.push(vec![
+            p.transport.to_owned(),
+            p.round.to_string(),
+            w.to_string(),
+            format!("{} (+{} empty)", b.batches, b.empty_claims),
+            format!("{:.0}", b.rows_per_batch),
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                b.claim_ms_mean, b.claim_ms_p50, b.claim_ms_max
+            ),
+            format!("{:.1}", b.publish_phase_ms_mean),
+            format!("{:.1}", b.mark_ms_mean),
+            format!(
+                "{:.0}% / {:.0}% / {:.0}%",
+                b.claim_ms_total / worker_ms * 100.0,
+                b.publish_phase_ms_total / worker_ms * 100.0,
+                b.mark_ms_total / worker_ms * 100.0
+            ),
+            format!(
+                "{:.2} / {:.2}",
+                b.publish_us_p50 / 1e3,
+                b.publish_us_p99 / 1e3
+            ),
+            format!(
+                "{:.0} (max {}) of {}",
+                b.mean_in_flight, b.max_in_flight, b.publishes
+            ),
+            format!("{} / {} / {}", b.publish_errors, b.failures, b.released),
+        ]);
+    }
+    print_table(
+        &[
+            "transport",
+            "round",
+            "workers",
+            "batches",
+            "rows/batch",
+            "claim ms mean/p50/max",
+            "publish phase ms/batch",
+            "mark ms/batch",
+            "worker time: claim/publish/mark",
+            "publish call ms p50/p99",
+            "publishes in flight (mean, max) of total",
+            "errors/failed/released",
+        ],
+        &rows,
+    );
+}
