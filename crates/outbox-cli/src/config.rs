@@ -100,7 +100,15 @@ impl RelayFile {
             stats_interval: secs("stats_interval_secs", self.stats_interval_secs)?,
         };
         c.validate().map_err(|e| {
-            anyhow::anyhow!("invalid configuration `relay.{}`: {}", e.key, e.reason)
+            let key = match e.key {
+                "poll_interval" => "poll_interval_ms",
+                "stats_interval" => "stats_interval_secs",
+                "lease" => "lease_secs",
+                "publish_timeout" => "publish_timeout_secs",
+                "backoff" => "backoff_base_ms / relay.backoff_max_secs",
+                other => other,
+            };
+            anyhow::anyhow!("invalid configuration `relay.{key}`: {}", e.reason)
         })?;
         Ok(c)
     }

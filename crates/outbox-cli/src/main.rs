@@ -444,6 +444,17 @@ fn broker_url(resolved: &Resolved) -> Result<String> {
 
 /// Connects to PostgreSQL, failing fast with the (redacted) address when it is unreachable.
 pub(crate) async fn connect_db(url: &str) -> Result<PgPool> {
+    // One direct connection first: a pool only reports "timed out", this reports the cause
+    // (connection refused, unknown database, authentication failed ...).
+    {
+        use sqlx::Connection;
+        let conn = tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(url))
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 5 s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
+        let _ = conn.close().await;
+    }
     PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(5))

@@ -183,6 +183,18 @@ impl RelayConfig {
                 ),
             );
         }
+        if self.poll_interval.is_zero() {
+            return bad(
+                "poll_interval",
+                "must be positive (zero would claim in a busy loop)".into(),
+            );
+        }
+        if self.stats_interval.is_zero() {
+            return bad(
+                "stats_interval",
+                "must be positive (zero would count the table in a busy loop)".into(),
+            );
+        }
         if self.backoff.base.is_zero() || self.backoff.max < self.backoff.base {
             return bad("backoff", "base must be positive and not above max".into());
         }
