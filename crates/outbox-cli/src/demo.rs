@@ -721,3 +721,84 @@ async fn replay(transport: &AnyTransport, ledger: &Ledger) -> Result<Replay> {
     }
     Ok(r)
 }
+
+/// Options of `outbox demo-consumer`.
+#[derive(clap::Args, Debug)]
+pub struct ConsumerArgs {
+    /// Consumer name (the inbox key is (name, event_id)).
+    #[arg(long, default_value = CONSUMER)]
+    name: String,
+    /// NATS: stream to consume.
+    #[arg(long, default_value = "OUTBOX")]
+    nats_stream: String,
+    /// NATS: durable consumer name (defaults to --name).
+    #[arg(long)]
+    nats_durable: Option<String>,
+    /// NATS: seconds before an unacknowledged delivery is redelivered.
+    #[arg(long, default_value_t = 5)]
+    ack_wait_secs: u64,
+    /// RabbitMQ: queue to consume (declared, durable).
+    #[arg(long, default_value = "outbox-consumer")]
+    rabbit_queue: String,
+    /// RabbitMQ: exchange to bind the queue to with `#`.
+    #[arg(long, default_value = "outbox")]
+    rabbit_exchange: String,
+    /// Deliveries per transaction.
+    #[arg(long, default_value_t = 1)]
+    batch_size: usize,
+    /// Ordering guard: off, wait or apply_anyway.
+    #[arg(long, default_value = "off")]
+    ordering: String,
+}
+
+/// Runs the reporting consumer until `shutdown`.
+pub async fn run_consumer(
+    args: ConsumerArgs,
+    pool: PgPool,
+    schema: Schema,
+    broker_url: &str,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let ordering = match args.ordering.as_str() {
+        "off" => OrderingGuard::Off,
+        "wait" => OrderingGuard::Wait,
+        "apply_anyway" => OrderingGuard::ApplyAnyway,
+        other => {
+            bail!("invalid configuration `ordering`: `{other}` is not off, wait or apply_anyway")
+        }
+    };
+    outbox_postgres::check_schema(&pool, &schema).await?;
+    create_report_table(&pool, &schema).await?;
+    let nats = outbox_nats::NatsConsumerConfig {
+        stream: args.nats_stream.clone(),
+        durable_name: args
+            .nats_durable
+            .clone()
+            .unwrap_or_else(|| args.name.clone()),
+        ack_wait_secs: args.ack_wait_secs,
+        ..Default::default()
+    };
+    let rabbit = outbox_rabbitmq::RabbitConsumerConfig {
+        queue: args.rabbit_queue.clone(),
+        bind_exchange: Some(args.rabbit_exchange.clone()),
+        binding_key: "#".into(),
+        ..Default::default()
+    };
+    let source = AnySource::connect(broker_url, nats, rabbit).await?;
+    let consumer = PgConsumer::new(
+        pool,
+        schema.clone(),
+        source,
+        ReportingHandler::new(&schema),
+        ConsumerConfig {
+            batch_size: args.batch_size,
+            ordering,
+            gap_delay: Duration::from_millis(200),
+            ..ConsumerConfig::new(args.name.clone())
+        },
+    );
+    tracing::info!(consumer = %args.name, broker = %redact(broker_url), "consumer started");
+    consumer.run(shutdown).await;
+    tracing::info!("consumer stopped");
+    Ok(())
+}

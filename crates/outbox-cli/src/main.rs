@@ -86,6 +86,9 @@ enum Command {
     DeadLetters(DeadLetterCmd),
     /// Run a payments workload through the relay to the broker and check every event arrived.
     Demo(demo::DemoArgs),
+    /// The demo's reporting consumer as its own process (inbox + handler + ack after commit),
+    /// until SIGTERM. Crash tests kill it with OUTBOX_CRASH_POINT=consumer.after_commit etc.
+    DemoConsumer(demo::ConsumerArgs),
     /// Events whose id arrived again with a different payload (recorded by consumers).
     #[command(subcommand)]
     Conflicts(ConflictsCmd),
@@ -430,6 +433,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             }
+        }
+        Command::DemoConsumer(args) => {
+            let broker_url = broker_url(&resolved)?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(shutdown_on_signal(shutdown.clone()));
+            demo::run_consumer(args, pool, resolved.schema.clone(), &broker_url, shutdown).await?;
         }
         Command::Demo(_) => unreachable!("handled above"),
     }
