@@ -1,0 +1,674 @@
+//! Shared set-up of the consumer-inbox acceptance tests (on top of `common`): one migrated
+//! schema + one broker environment per test, delivery sources on a random durable / queue, an
+//! instrumented source that logs every delivery and every ack / nack, a test handler writing
+//! one row per effect (no unique key: a double effect shows up as two rows), and helpers to put
+//! the same event on the wire several times.
+#![allow(dead_code, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lapin::BasicProperties;
+use lapin::options::{
+    BasicPublishOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
+use outbox_core::relay::Backoff;
+use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, Transport};
+use outbox_nats::async_nats;
+use outbox_nats::{NatsConsumerConfig, NatsDelivery, NatsSource};
+use outbox_postgres::{
+    ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard, PgConsumer,
+};
+use outbox_rabbitmq::{RabbitConsumerConfig, RabbitDelivery, RabbitSource};
+use sqlx::{AssertSqlSafe, PgConnection};
+use uuid::Uuid;
+
+use crate::common::*;
+
+/// NATS ack wait of the in-process sources: an unacknowledged delivery comes back after 1 s.
+pub const ACK_WAIT_SECS: u64 = 1;
+/// Longer than the ack wait: long enough to see a redelivery of anything not acknowledged.
+pub const QUIET: Duration = Duration::from_millis(1600);
+
+// ------------------------------------------------------------------------------------------
+// The environment of one test
+// ------------------------------------------------------------------------------------------
+
+pub struct Env {
+    pub db: TestDb,
+    pub broker: BrokerEnv,
+    pub transport: TestTransport,
+    /// RabbitMQ queues created for sources, deleted at cleanup.
+    queues: Mutex<Vec<String>>,
+}
+
+impl Env {
+    pub async fn new(kind: Kind) -> Env {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE {s}.effects (id bigserial PRIMARY KEY, consumer text NOT NULL, \
+             event_id uuid NOT NULL, aggregate_id text NOT NULL, version bigint NOT NULL, \
+             payload text NOT NULL)",
+        )
+        .await;
+        let broker = BrokerEnv::new(kind).await;
+        let transport = broker.transport(&broker.url()).await;
+        Env {
+            db,
+            broker,
+            transport,
+            queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.broker.kind()
+    }
+
+    /// A random durable (NATS) / queue (RabbitMQ) name.
+    pub fn endpoint_name(&self) -> String {
+        match self.kind() {
+            Kind::Nats => format!("inbox-{}", uid()),
+            Kind::Rabbit => format!("outbox-e2e-inbox-{}", uid()),
+        }
+    }
+
+    /// Declares the RabbitMQ queue `name` (durable, no arguments: what `RabbitSource` and the
+    /// `outbox demo-consumer` declare) bound with `#` to the test exchange; remembered for
+    /// cleanup. Nothing on NATS (the durable is created by the source).
+    pub async fn declare_queue(&self, name: &str) {
+        if let BrokerEnv::Rabbit(r) = &self.broker {
+            r.channel
+                .queue_declare(
+                    name.into(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("queue.declare");
+            r.channel
+                .queue_bind(
+                    name.into(),
+                    r.exchange.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("queue.bind");
+            self.queues.lock().unwrap().push(name.to_owned());
+        }
+    }
+
+    /// A connected source on the durable / queue `endpoint` (declared and bound here, so
+    /// messages published after this call reach it).
+    pub async fn source(&self, endpoint: &str, max_message_bytes: usize) -> Src {
+        self.source_with(endpoint, max_message_bytes, 256).await
+    }
+
+    pub async fn source_with(
+        &self,
+        endpoint: &str,
+        max_message_bytes: usize,
+        prefetch: u32,
+    ) -> Src {
+        let inner = match &self.broker {
+            BrokerEnv::Nats(n) => Inner::Nats(Box::new(
+                NatsSource::connect(
+                    &nats_url(),
+                    NatsConsumerConfig {
+                        stream: n.stream.clone(),
+                        durable_name: endpoint.to_owned(),
+                        ack_wait_secs: ACK_WAIT_SECS,
+                        max_message_bytes,
+                        ..NatsConsumerConfig::default()
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| panic!("NatsSource: {e}")),
+            )),
+            BrokerEnv::Rabbit(r) => {
+                self.declare_queue(endpoint).await;
+                Inner::Rabbit(Box::new(
+                    RabbitSource::connect(
+                        &amqp_url(),
+                        RabbitConsumerConfig {
+                            queue: endpoint.to_owned(),
+                            bind_exchange: Some(r.exchange.clone()),
+                            binding_key: "#".into(),
+                            prefetch,
+                            max_message_bytes,
+                            requeue_delay_cap_ms: 200,
+                            connect_timeout_secs: 5,
+                            reconnect_min_delay_ms: 200,
+                            ..RabbitConsumerConfig::default()
+                        },
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("RabbitSource: {e}")),
+                ))
+            }
+        };
+        Src {
+            inner,
+            log: Arc::default(),
+        }
+    }
+
+    /// A runner named `name` over `source` with the test's fast settings.
+    pub fn consumer(
+        &self,
+        name: &str,
+        source: Src,
+        handler: TestHandler,
+        ordering: OrderingGuard,
+    ) -> PgConsumer<Src, TestHandler> {
+        PgConsumer::new(
+            self.db.pool.clone(),
+            self.db.schema.clone(),
+            source,
+            handler,
+            fast_config(name, ordering),
+        )
+    }
+
+    /// Publishes `msg` with the real transport (on NATS with `Nats-Msg-Id` = event id).
+    pub async fn publish(&self, msg: &OutboxMessage) {
+        let receipt = self
+            .transport
+            .publish(msg)
+            .await
+            .unwrap_or_else(|e| panic!("publish {}: {e}", msg.event_id));
+        assert!(
+            !receipt.duplicate,
+            "the broker deduplicated the first publish of {}",
+            msg.event_id
+        );
+    }
+
+    /// Puts another copy of `msg` on the wire that reaches the consumer. RabbitMQ: the real
+    /// transport again (no broker-side dedup). NATS: JetStream would drop a republish with
+    /// the same `Nats-Msg-Id` inside the stream's duplicate window (120 s here), so the copy is
+    /// published raw with the transport's exact subject and headers *minus* `Nats-Msg-Id`, as
+    /// a republish after the window would arrive.
+    pub async fn publish_copy(&self, msg: &OutboxMessage) {
+        match &self.transport {
+            TestTransport::Rabbit(t) => {
+                t.publish(msg).await.expect("republish");
+            }
+            TestTransport::Nats(t) => {
+                let subject = t.subject_for(msg).expect("subject");
+                let mut headers = async_nats::HeaderMap::new();
+                for (k, v) in t.headers_for(msg).expect("headers") {
+                    if !k.eq_ignore_ascii_case("Nats-Msg-Id") {
+                        headers.insert(k.as_str(), v.as_str());
+                    }
+                }
+                t.jetstream()
+                    .publish_with_headers(subject, headers, msg.payload.bytes.clone())
+                    .await
+                    .expect("publish copy")
+                    .await
+                    .expect("copy not stored");
+            }
+        }
+    }
+
+    /// Publishes a message by hand: `body` with the wire headers of `msg` (the transport's
+    /// for NATS, `cloudEvents_*` + `content_type` for RabbitMQ), after `edit` changed them
+    /// (header names given without the protocol prefix: `specversion`, `id` ...). No
+    /// `Nats-Msg-Id`.
+    pub async fn publish_raw(
+        &self,
+        msg: &OutboxMessage,
+        body: Vec<u8>,
+        edit: impl Fn(&mut BTreeMap<String, String>),
+    ) {
+        let mut attrs: BTreeMap<String, String> =
+            outbox_core::wire::attributes(msg, outbox_core::wire::DEFAULT_SOURCE)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+        edit(&mut attrs);
+        match (&self.transport, &self.broker) {
+            (TestTransport::Nats(t), _) => {
+                let subject = t.subject_for(msg).expect("subject");
+                let mut headers = async_nats::HeaderMap::new();
+                for (k, v) in &attrs {
+                    headers.insert(format!("ce-{k}").as_str(), v.as_str());
+                }
+                headers.insert("Content-Type", msg.payload.content_type.0.as_str());
+                t.jetstream()
+                    .publish_with_headers(subject, headers, body.into())
+                    .await
+                    .expect("publish raw")
+                    .await
+                    .expect("raw not stored");
+            }
+            (TestTransport::Rabbit(_), BrokerEnv::Rabbit(r)) => {
+                let mut table = FieldTable::default();
+                for (k, v) in &attrs {
+                    table.insert(
+                        format!("cloudEvents_{k}").into(),
+                        AMQPValue::LongString(LongString::from(v.as_str())),
+                    );
+                }
+                let props = BasicProperties::default()
+                    .with_headers(table)
+                    .with_content_type(msg.payload.content_type.0.as_str().into())
+                    .with_delivery_mode(2);
+                r.channel
+                    .basic_publish(
+                        r.exchange.as_str().into(),
+                        format!("payment.{}", msg.aggregate_id).as_str().into(),
+                        BasicPublishOptions::default(),
+                        &body,
+                        props,
+                    )
+                    .await
+                    .expect("basic.publish")
+                    .await
+                    .expect("publish confirm");
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    /// Effects of `consumer` (rows of the effects table).
+    pub async fn effects(&self, consumer: &str) -> i64 {
+        self.db
+            .scalar(&format!(
+                "SELECT count(*) FROM {{s}}.effects WHERE consumer = '{consumer}'"
+            ))
+            .await
+    }
+
+    /// Effects of `consumer` for `event_id`.
+    pub async fn effects_of(&self, consumer: &str, event_id: Uuid) -> i64 {
+        self.db
+            .scalar(&format!(
+                "SELECT count(*) FROM {{s}}.effects WHERE consumer = '{consumer}' AND event_id = '{event_id}'"
+            ))
+            .await
+    }
+
+    /// Inbox rows of `consumer`.
+    pub async fn inbox_rows(&self, consumer: &str) -> i64 {
+        self.db
+            .scalar(&format!(
+                "SELECT count(*) FROM {{s}}.inbox WHERE consumer_name = '{consumer}'"
+            ))
+            .await
+    }
+
+    /// Versions applied by `consumer`, in effect order.
+    pub async fn applied_versions(&self, consumer: &str) -> Vec<i64> {
+        sqlx::query_scalar(AssertSqlSafe(self.db.sql(&format!(
+            "SELECT version FROM {{s}}.effects WHERE consumer = '{consumer}' ORDER BY id"
+        ))))
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("versions")
+    }
+
+    /// Open consumer dead letters `(event_id, error)` of `consumer`.
+    pub async fn dead_letters(&self, consumer: &str) -> Vec<(Option<Uuid>, String)> {
+        outbox_postgres::consumer_dead_letter_list(
+            &self.db.pool,
+            &self.db.schema,
+            Some(consumer),
+            1000,
+        )
+        .await
+        .expect("dead letters")
+        .into_iter()
+        .map(|d| (d.event_id, d.error))
+        .collect()
+    }
+
+    pub async fn cleanup(self) {
+        if let BrokerEnv::Rabbit(r) = &self.broker {
+            let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+            for q in &queues {
+                let _ = r
+                    .channel
+                    .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+        }
+        if let TestTransport::Rabbit(t) = &self.transport {
+            t.close().await;
+        }
+        self.broker.cleanup().await;
+        self.db.cleanup().await;
+    }
+}
+
+pub fn fast_config(name: &str, ordering: OrderingGuard) -> ConsumerConfig {
+    ConsumerConfig {
+        ordering,
+        batch_wait: Duration::from_millis(200),
+        backoff: Backoff {
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(200),
+        },
+        gap_delay: Duration::from_millis(100),
+        housekeeping_interval: Duration::from_millis(100),
+        ..ConsumerConfig::new(name)
+    }
+}
+
+/// A `payment/<agg>` event at version `v` with a JSON payload.
+pub fn message(agg: &str, v: i64, event_type: &str, body: serde_json::Value) -> OutboxMessage {
+    let payload = Payload::json(&body).unwrap();
+    OutboxMessage {
+        id: v,
+        event_id: Uuid::now_v7(),
+        aggregate_type: "payment".into(),
+        aggregate_id: agg.into(),
+        aggregate_version: v,
+        event_type: event_type.into(),
+        schema_version: 1,
+        fingerprint: payload.fingerprint(),
+        payload,
+        headers: BTreeMap::new(),
+        destination: None,
+        partition_key: None,
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+    }
+}
+
+/// `msg` with another payload (same event id): what a producer that reused an id sends.
+pub fn with_payload(msg: &OutboxMessage, body: serde_json::Value) -> OutboxMessage {
+    let payload = Payload::json(&body).unwrap();
+    OutboxMessage {
+        fingerprint: payload.fingerprint(),
+        payload,
+        ..msg.clone()
+    }
+}
+
+pub fn fingerprint_hex(bytes: &[u8]) -> String {
+    Fingerprint::of(bytes).to_hex()
+}
+
+// ------------------------------------------------------------------------------------------
+// Driving a runner
+// ------------------------------------------------------------------------------------------
+
+pub fn add(total: &mut ConsumerReport, r: &ConsumerReport) {
+    total.received += r.received;
+    total.processed += r.processed;
+    total.duplicates += r.duplicates;
+    total.stale += r.stale;
+    total.conflicts += r.conflicts;
+    total.dead_lettered += r.dead_lettered;
+    total.nacked += r.nacked;
+    total.requeued_resolved += r.requeued_resolved;
+}
+
+/// Runs batches until `done(totals)` holds; panics with the totals after `timeout`. Runner
+/// errors fail the test.
+pub async fn run_until<S: DeliverySource, H: Handler>(
+    consumer: &mut PgConsumer<S, H>,
+    totals: &mut ConsumerReport,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&ConsumerReport) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while !done(totals) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}; totals so far {totals:?}"
+        );
+        let r = consumer
+            .run_batch()
+            .await
+            .unwrap_or_else(|e| panic!("run_batch failed: {e}"));
+        add(totals, &r);
+    }
+}
+
+/// Runs batches for `period` and returns what they did (to show nothing comes back).
+pub async fn run_for<S: DeliverySource, H: Handler>(
+    consumer: &mut PgConsumer<S, H>,
+    period: Duration,
+) -> ConsumerReport {
+    let mut totals = ConsumerReport::default();
+    let deadline = Instant::now() + period;
+    while Instant::now() < deadline {
+        let r = consumer.run_batch().await.expect("run_batch");
+        add(&mut totals, &r);
+    }
+    totals
+}
+
+// ------------------------------------------------------------------------------------------
+// The test handler
+// ------------------------------------------------------------------------------------------
+
+/// One effect row per applied event, in the runner's transaction. Can be told to fail.
+#[derive(Clone)]
+pub struct TestHandler {
+    insert: Arc<str>,
+    consumer: String,
+    /// Fail this many calls with a transient error first.
+    pub transient_failures: Arc<AtomicU32>,
+    /// While set, fail with a permanent error.
+    pub permanent: Arc<AtomicBool>,
+    /// Calls so far.
+    pub calls: Arc<AtomicU32>,
+    /// Sleep this long inside the transaction (after the effect), to overlap instances.
+    pub delay: Duration,
+}
+
+impl TestHandler {
+    pub fn new(env: &Env, consumer: &str) -> TestHandler {
+        TestHandler {
+            insert: env
+                .db
+                .sql(
+                    "INSERT INTO {s}.effects (consumer, event_id, aggregate_id, version, payload) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .into(),
+            consumer: consumer.to_owned(),
+            transient_failures: Arc::default(),
+            permanent: Arc::default(),
+            calls: Arc::default(),
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+impl Handler for TestHandler {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.permanent.load(Ordering::SeqCst) {
+            return Err(HandlerError::Permanent(format!(
+                "test refuses {} v{}",
+                event.event_type, event.aggregate_version
+            )));
+        }
+        if self
+            .transient_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(HandlerError::Transient("test dependency down".into()));
+        }
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.insert)))
+            .bind(&self.consumer)
+            .bind(event.event_id)
+            .bind(&event.aggregate_id)
+            .bind(event.aggregate_version)
+            .bind(String::from_utf8_lossy(&event.payload.bytes).into_owned())
+            .execute(&mut *tx)
+            .await?;
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// An instrumented source over either broker
+// ------------------------------------------------------------------------------------------
+
+/// What happened to deliveries, keyed by event id (or `raw:<body prefix>` when the message
+/// has no valid id).
+#[derive(Debug, Default, Clone)]
+pub struct Log {
+    pub delivered: Vec<String>,
+    pub acked: Vec<String>,
+    pub nacked: Vec<String>,
+}
+
+impl Log {
+    pub fn deliveries_of(&self, key: &str) -> usize {
+        self.delivered.iter().filter(|k| *k == key).count()
+    }
+    pub fn acks_of(&self, key: &str) -> usize {
+        self.acked.iter().filter(|k| *k == key).count()
+    }
+}
+
+enum Inner {
+    Nats(Box<NatsSource>),
+    Rabbit(Box<RabbitSource>),
+}
+
+pub struct Src {
+    inner: Inner,
+    pub log: Arc<Mutex<Log>>,
+}
+
+impl Src {
+    pub fn log_handle(&self) -> Arc<Mutex<Log>> {
+        Arc::clone(&self.log)
+    }
+}
+
+#[allow(clippy::large_enum_variant)]
+enum InnerDelivery {
+    Nats(NatsDelivery),
+    Rabbit(RabbitDelivery),
+}
+
+pub struct Dlv {
+    inner: InnerDelivery,
+    key: String,
+    log: Arc<Mutex<Log>>,
+}
+
+/// The log key of a message: its event id when it decodes, else `raw:` + the body's start.
+pub fn key_of(event: &Result<IncomingEvent, DecodeError>, raw: &RawMessage) -> String {
+    match event {
+        Ok(e) => e.event_id.to_string(),
+        Err(_) => raw_key(&raw.payload),
+    }
+}
+
+pub fn raw_key(body: &[u8]) -> String {
+    format!(
+        "raw:{}",
+        String::from_utf8_lossy(&body[..body.len().min(24)])
+    )
+}
+
+impl Delivery for Dlv {
+    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
+        match &self.inner {
+            InnerDelivery::Nats(d) => d.event(),
+            InnerDelivery::Rabbit(d) => d.event(),
+        }
+    }
+    fn raw(&self) -> &RawMessage {
+        match &self.inner {
+            InnerDelivery::Nats(d) => d.raw(),
+            InnerDelivery::Rabbit(d) => d.raw(),
+        }
+    }
+    fn delivery_count(&self) -> Option<u32> {
+        match &self.inner {
+            InnerDelivery::Nats(d) => d.delivery_count(),
+            InnerDelivery::Rabbit(d) => d.delivery_count(),
+        }
+    }
+    async fn ack(self) -> Result<(), SourceError> {
+        let r = match self.inner {
+            InnerDelivery::Nats(d) => d.ack().await,
+            InnerDelivery::Rabbit(d) => d.ack().await,
+        };
+        if r.is_ok() {
+            self.log.lock().unwrap().acked.push(self.key);
+        }
+        r
+    }
+    async fn nack(self, delay: Duration) -> Result<(), SourceError> {
+        self.log.lock().unwrap().nacked.push(self.key.clone());
+        match self.inner {
+            InnerDelivery::Nats(d) => d.nack(delay).await,
+            InnerDelivery::Rabbit(d) => d.nack(delay).await,
+        }
+    }
+}
+
+impl DeliverySource for Src {
+    type Delivery = Dlv;
+    async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<Dlv>, SourceError> {
+        let inner: Vec<InnerDelivery> = match &mut self.inner {
+            Inner::Nats(s) => s
+                .next_batch(max, wait)
+                .await?
+                .into_iter()
+                .map(InnerDelivery::Nats)
+                .collect(),
+            Inner::Rabbit(s) => s
+                .next_batch(max, wait)
+                .await?
+                .into_iter()
+                .map(InnerDelivery::Rabbit)
+                .collect(),
+        };
+        let mut log = self.log.lock().unwrap();
+        Ok(inner
+            .into_iter()
+            .map(|d| {
+                let key = match &d {
+                    InnerDelivery::Nats(x) => key_of(x.event(), x.raw()),
+                    InnerDelivery::Rabbit(x) => key_of(x.event(), x.raw()),
+                };
+                log.delivered.push(key.clone());
+                Dlv {
+                    inner: d,
+                    key,
+                    log: Arc::clone(&self.log),
+                }
+            })
+            .collect())
+    }
+    async fn lag(&mut self) -> Result<Option<u64>, SourceError> {
+        match &mut self.inner {
+            Inner::Nats(s) => s.lag().await,
+            Inner::Rabbit(s) => s.lag().await,
+        }
+    }
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
+        match &self.inner {
+            Inner::Nats(s) => s.decode(raw),
+            Inner::Rabbit(s) => s.decode(raw),
+        }
+    }
+}

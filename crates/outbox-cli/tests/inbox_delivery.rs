@@ -1,0 +1,579 @@
+//! Consumer inbox through the real brokers (G5, G6, G8): events published by hand with the
+//! real transports, consumed by the in-process `PgConsumer` over `NatsSource` / `RabbitSource`
+//! (wrapped to log every delivery, ack and nack), one effect row per applied event.
+#![allow(missing_docs)]
+
+mod common;
+mod inbox_common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use inbox_common::*;
+use outbox_postgres::{ConsumerReport, OrderingGuard};
+use serde_json::json;
+
+const MIB: usize = 1 << 20;
+const T: Duration = Duration::from_secs(20);
+
+macro_rules! on_both_brokers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn nats() {
+                super::$name(super::Kind::Nats).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn rabbitmq() {
+                super::$name(super::Kind::Rabbit).await;
+            }
+        }
+    )*};
+}
+
+on_both_brokers!(
+    same_event_delivered_n_times_has_one_effect,
+    two_instances_racing_on_one_event_have_one_effect,
+    same_id_different_payload_is_a_loud_conflict,
+    two_consumer_names_get_one_effect_each,
+    transient_handler_error_is_retried_without_a_second_effect,
+    permanent_handler_error_is_dead_lettered_then_requeued_once,
+    malformed_and_oversize_messages_are_dead_lettered_and_acked,
+    ordering_guard_wait_holds_a_gap_until_the_missing_version,
+    ordering_guard_apply_anyway_absorbs_the_late_version_as_stale,
+);
+
+fn agg() -> String {
+    format!("pay-{}", uid())
+}
+
+/// Case 1: One event on the wire N = 6 times: one effect, N - 1 duplicates, every copy acked.
+async fn same_event_delivered_n_times_has_one_effect(kind: Kind) {
+    const N: usize = 6;
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let log = src.log_handle();
+    let mut c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Off,
+    );
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 100}));
+    env.publish(&msg).await;
+    for _ in 1..N {
+        env.publish_copy(&msg).await;
+    }
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "every copy settled", |t| {
+        t.processed + t.duplicates >= N
+    })
+    .await;
+    let after = run_for(&mut c, QUIET).await;
+    assert_eq!(
+        (t.processed, t.duplicates, t.conflicts, t.dead_lettered),
+        (1, N - 1, 0, 0),
+        "{t:?}"
+    );
+    assert_eq!(after.received, 0, "an acked copy came back: {after:?}");
+    assert_eq!(env.effects_of("ledger", msg.event_id).await, 1, "G5");
+    assert_eq!(env.inbox_rows("ledger").await, 1);
+    let key = msg.event_id.to_string();
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.deliveries_of(&key), N, "{log:?}");
+    assert_eq!(log.acks_of(&key), N, "every copy is acked: {log:?}");
+    env.cleanup().await;
+}
+
+/// Case 2: Two instances of one consumer (same name, same durable / queue) each get one copy of
+/// the same event at the same time; the handler holds its transaction open for 500 ms so the
+/// second instance's inbox insert meets the first one's uncommitted row. One effect.
+async fn two_instances_racing_on_one_event_have_one_effect(kind: Kind) {
+    let env = Env::new(kind).await;
+    let endpoint = env.endpoint_name();
+    let settled = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    let mut logs = Vec::new();
+    for _ in 0..2 {
+        // Prefetch 1 on RabbitMQ: the broker cannot push both copies to one instance.
+        let src = env.source_with(&endpoint, MIB, 1).await;
+        logs.push(src.log_handle());
+        let mut handler = TestHandler::new(&env, "ledger");
+        handler.delay = Duration::from_millis(500);
+        let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
+        let settled = Arc::clone(&settled);
+        tasks.push(tokio::spawn(async move {
+            let mut t = ConsumerReport::default();
+            let deadline = Instant::now() + T;
+            while settled.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                let r = c.run_batch().await.expect("run_batch");
+                settled.fetch_add(r.processed + r.duplicates, Ordering::SeqCst);
+                add(&mut t, &r);
+            }
+            t
+        }));
+    }
+    // Both instances are polling; now both copies, back to back.
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 7}));
+    env.publish(&msg).await;
+    env.publish_copy(&msg).await;
+    let mut reports = Vec::new();
+    for task in tasks {
+        reports.push(task.await.expect("instance task"));
+    }
+    let processed: usize = reports.iter().map(|r| r.processed).sum();
+    let duplicates: usize = reports.iter().map(|r| r.duplicates).sum();
+    assert_eq!((processed, duplicates), (1, 1), "{reports:?}");
+    assert!(
+        reports.iter().all(|r| r.received == 1),
+        "each instance must have received one copy (the race was not exercised): {reports:?}"
+    );
+    assert_eq!(env.effects_of("ledger", msg.event_id).await, 1, "G5");
+    assert_eq!(env.inbox_rows("ledger").await, 1);
+    for log in logs {
+        let log = log.lock().unwrap();
+        assert_eq!(log.acked.len(), log.delivered.len(), "{log:?}");
+    }
+    env.cleanup().await;
+}
+
+/// Case 4: The same event id with another payload: recorded as a conflict, visible in `outbox
+/// conflicts list` and `outbox status --json`, and never applied.
+async fn same_id_different_payload_is_a_loud_conflict(kind: Kind) {
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let log = src.log_handle();
+    let mut c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Off,
+    );
+    let first = message(&agg(), 1, "PaymentCreated", json!({"amount": 100}));
+    let reused = with_payload(&first, json!({"amount": 999_999}));
+    env.publish(&first).await;
+    // On NATS without Nats-Msg-Id: JetStream would otherwise drop it as a duplicate.
+    env.publish_copy(&reused).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "the event and the conflict", |t| {
+        t.processed + t.conflicts >= 2
+    })
+    .await;
+    assert_eq!((t.processed, t.conflicts, t.duplicates), (1, 1, 0), "{t:?}");
+    assert_eq!(env.effects_of("ledger", first.event_id).await, 1);
+    let payload: String = sqlx::query_scalar(sqlx::AssertSqlSafe(
+        env.db.sql("SELECT payload FROM {s}.effects"),
+    ))
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        payload.contains("100") && !payload.contains("999999"),
+        "the first payload's effect stays, the conflicting one is not applied: {payload}"
+    );
+    // The default policy acknowledges after recording.
+    assert_eq!(log.lock().unwrap().acks_of(&first.event_id.to_string()), 2);
+
+    let list = run(
+        {
+            let mut cmd = outbox(Some(env.db.name()), None, None);
+            cmd.args(["conflicts", "list"]);
+            cmd
+        },
+        T,
+    )
+    .await;
+    assert!(list.status.success(), "{list:?}");
+    assert!(
+        list.stdout.contains(&first.event_id.to_string())
+            && list.stdout.contains("consumer=ledger"),
+        "conflicts list must show the event: {}",
+        list.stdout
+    );
+    assert!(
+        list.stdout.contains(&first.fingerprint.to_hex())
+            && list.stdout.contains(&reused.fingerprint.to_hex()),
+        "both fingerprints shown: {}",
+        list.stdout
+    );
+    let status = run(
+        {
+            let mut cmd = outbox(Some(env.db.name()), None, None);
+            cmd.args(["status", "--json"]);
+            cmd
+        },
+        T,
+    )
+    .await;
+    assert!(status.status.success(), "{status:?}");
+    let v: serde_json::Value = serde_json::from_str(status.stdout.trim())
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", status.stdout));
+    assert_eq!(v["inbox_conflicts"], 1, "{v}");
+    env.cleanup().await;
+}
+
+/// Case 5: Two consumers (different names, their own durable / queue) of the same event: one
+/// effect each, and each absorbs its redelivery.
+async fn two_consumer_names_get_one_effect_each(kind: Kind) {
+    let env = Env::new(kind).await;
+    let mut consumers = Vec::new();
+    for name in ["ledger", "reporting"] {
+        let src = env.source(&env.endpoint_name(), MIB).await;
+        consumers.push(env.consumer(name, src, TestHandler::new(&env, name), OrderingGuard::Off));
+    }
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 5}));
+    env.publish(&msg).await;
+    env.publish_copy(&msg).await;
+    for c in &mut consumers {
+        let mut t = ConsumerReport::default();
+        run_until(c, &mut t, T, "both copies", |t| {
+            t.processed + t.duplicates >= 2
+        })
+        .await;
+        assert_eq!((t.processed, t.duplicates), (1, 1), "{t:?}");
+    }
+    for name in ["ledger", "reporting"] {
+        assert_eq!(env.effects_of(name, msg.event_id).await, 1, "{name}");
+        assert_eq!(env.inbox_rows(name).await, 1, "{name}");
+    }
+    env.cleanup().await;
+}
+
+/// Case 6a: The handler fails twice with a transient error: redelivered with backoff, applied on
+/// the third delivery, one effect, no dead letter.
+async fn transient_handler_error_is_retried_without_a_second_effect(kind: Kind) {
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let log = src.log_handle();
+    let handler = TestHandler::new(&env, "ledger");
+    handler
+        .transient_failures
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let calls = Arc::clone(&handler.calls);
+    let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
+    env.publish(&msg).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "applied after two failures", |t| {
+        t.processed >= 1
+    })
+    .await;
+    let after = run_for(&mut c, QUIET).await;
+    assert_eq!((t.processed, t.nacked, t.dead_lettered), (1, 2, 0), "{t:?}");
+    assert_eq!(after.received, 0, "{after:?}");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(env.effects_of("ledger", msg.event_id).await, 1);
+    assert_eq!(env.inbox_rows("ledger").await, 1);
+    assert!(env.dead_letters("ledger").await.is_empty());
+    let key = msg.event_id.to_string();
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        (log.deliveries_of(&key), log.acks_of(&key)),
+        (3, 1),
+        "{log:?}"
+    );
+    env.cleanup().await;
+}
+
+/// Case 6b: A permanent handler error: dead-lettered (listed by `outbox consumer-dead-letters list`
+/// with the reason), acked, no effect, no inbox row. After `requeue --all` the runner loop
+/// applies it exactly once, and a second requeue changes nothing.
+async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind) {
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let log = src.log_handle();
+    let handler = TestHandler::new(&env, "ledger");
+    handler
+        .permanent
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let permanent = Arc::clone(&handler.permanent);
+    let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
+    env.publish(&msg).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "dead-lettered", |t| t.dead_lettered >= 1).await;
+    let after = run_for(&mut c, QUIET).await;
+    assert_eq!((t.processed, t.dead_lettered), (0, 1), "{t:?}");
+    assert_eq!(
+        after.received, 0,
+        "a dead-lettered delivery is acked: {after:?}"
+    );
+    assert_eq!(
+        log.lock().unwrap().acks_of(&msg.event_id.to_string()),
+        1,
+        "acked after the dead letter committed"
+    );
+    assert_eq!(env.effects("ledger").await, 0);
+    assert_eq!(
+        env.inbox_rows("ledger").await,
+        0,
+        "the inbox row is rolled back"
+    );
+
+    let cli = |args: &'static [&'static str]| {
+        let mut cmd = outbox(Some(env.db.name()), None, None);
+        cmd.args(args);
+        run(cmd, T)
+    };
+    let list = cli(&["consumer-dead-letters", "list"]).await;
+    assert!(list.status.success(), "{list:?}");
+    assert!(
+        list.stdout.contains(&msg.event_id.to_string())
+            && list.stdout.contains("consumer=ledger")
+            && list.stdout.contains("state=dead")
+            && list
+                .stdout
+                .contains("permanent handler error: test refuses PaymentCreated v1"),
+        "dead letter with its reason: {}",
+        list.stdout
+    );
+
+    permanent.store(false, std::sync::atomic::Ordering::SeqCst);
+    let requeue = cli(&["consumer-dead-letters", "requeue", "--all"]).await;
+    assert!(
+        requeue.status.success() && requeue.stdout.contains("requeued 1"),
+        "{requeue:?}"
+    );
+    // The runner loop (housekeeping every 100 ms) applies it through the inbox.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let runner = tokio::spawn(c.run(stop.clone()));
+    wait_until(T, "the requeued dead letter is applied", || async {
+        env.effects("ledger").await >= 1
+    })
+    .await;
+    let again = cli(&["consumer-dead-letters", "requeue", "--all"]).await;
+    assert!(
+        again.status.success() && again.stdout.contains("requeued 0"),
+        "a resolved dead letter is not requeued again: {again:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await; // several housekeeping rounds
+    stop.cancel();
+    runner.await.expect("runner");
+    assert_eq!(
+        env.effects_of("ledger", msg.event_id).await,
+        1,
+        "exactly once"
+    );
+    assert_eq!(env.inbox_rows("ledger").await, 1);
+    let list = cli(&["consumer-dead-letters", "list"]).await;
+    assert!(
+        list.stdout.contains("no consumer dead letters"),
+        "{}",
+        list.stdout
+    );
+    env.cleanup().await;
+}
+
+/// Case 7: Malformed messages (no CloudEvents attributes, a bad specversion, a body altered after
+/// its payloadsha256 was computed) and one over the source's `max_message_bytes` (512) are
+/// dead-lettered with the reason and acked, never redelivered; a good one after them is
+/// applied.
+async fn malformed_and_oversize_messages_are_dead_lettered_and_acked(kind: Kind) {
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), 512).await;
+    let log = src.log_handle();
+    let mut c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Off,
+    );
+    let a = agg();
+    let base = message(&a, 1, "PaymentCreated", json!({"case": "template"}));
+    let missing_body = b"missing-attributes body".to_vec();
+    env.publish_raw(&base, missing_body.clone(), |h| h.clear())
+        .await;
+    let bad_version = message(&a, 1, "PaymentCreated", json!({"case": "bad-version"}));
+    env.publish_raw(&bad_version, bad_version.payload.bytes.to_vec(), |h| {
+        h.insert("specversion".into(), "0.3".into());
+    })
+    .await;
+    let altered = message(&a, 1, "PaymentCreated", json!({"case": "altered"}));
+    let altered_body = br#"{"case":"altered-on-the-way"}"#.to_vec();
+    env.publish_raw(&altered, altered_body.clone(), |_| {})
+        .await;
+    let oversize = message(
+        &a,
+        1,
+        "PaymentCreated",
+        json!({"case": "oversize", "pad": "x".repeat(1000)}),
+    );
+    env.publish(&oversize).await;
+    let good = message(&a, 1, "PaymentCreated", json!({"case": "good"}));
+    env.publish(&good).await;
+
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "4 dead letters and the good one", |t| {
+        t.dead_lettered >= 4 && t.processed >= 1
+    })
+    .await;
+    let after = run_for(&mut c, QUIET).await;
+    assert_eq!((t.dead_lettered, t.processed), (4, 1), "{t:?}");
+    assert_eq!(
+        after.received, 0,
+        "dead-lettered messages are acked: {after:?}"
+    );
+    assert_eq!(env.effects("ledger").await, 1);
+    assert_eq!(env.effects_of("ledger", good.event_id).await, 1);
+
+    let reasons: Vec<String> = env
+        .dead_letters("ledger")
+        .await
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    for needle in [
+        "missing CloudEvents attribute `specversion`",
+        "unsupported CloudEvents specversion `0.3`",
+        "payload fingerprint mismatch",
+        "exceeds the limit of 512 bytes",
+    ] {
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("malformed: ") && r.contains(needle)),
+            "no dead letter says `{needle}`: {reasons:?}"
+        );
+    }
+    let log = log.lock().unwrap().clone();
+    for key in [
+        raw_key(&missing_body),
+        raw_key(&bad_version.payload.bytes),
+        raw_key(&altered_body),
+        raw_key(&oversize.payload.bytes),
+        good.event_id.to_string(),
+    ] {
+        assert_eq!(
+            (log.deliveries_of(&key), log.acks_of(&key)),
+            (1, 1),
+            "{key}: {log:?}"
+        );
+    }
+    let mut cmd = outbox(Some(env.db.name()), None, None);
+    cmd.args(["consumer-dead-letters", "list", "--consumer", "ledger"]);
+    let list = run(cmd, T).await;
+    assert!(list.status.success(), "{list:?}");
+    assert_eq!(
+        list.stdout.matches("error: malformed: ").count(),
+        4,
+        "{}",
+        list.stdout
+    );
+    env.cleanup().await;
+}
+
+/// Case 8a: OrderingGuard::Wait: v1 and v3 arrive; v3 is nacked again and again until v2
+/// arrives; then v2 and v3 are applied, in order, each once.
+async fn ordering_guard_wait_holds_a_gap_until_the_missing_version(kind: Kind) {
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let log = src.log_handle();
+    let mut c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Wait,
+    );
+    let a = agg();
+    let v: Vec<_> = (1..=3)
+        .map(|n| message(&a, n, "PaymentUpdated", json!({"v": n})))
+        .collect();
+    env.publish(&v[0]).await;
+    env.publish(&v[2]).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "v1 applied and v3 held", |t| {
+        t.processed >= 1 && t.nacked >= 3
+    })
+    .await;
+    assert_eq!(t.processed, 1, "v3 must not be applied before v2: {t:?}");
+    assert_eq!(env.applied_versions("ledger").await, vec![1]);
+    env.publish(&v[1]).await;
+    run_until(&mut c, &mut t, T, "all three applied", |t| t.processed >= 3).await;
+    let after = run_for(&mut c, QUIET).await;
+    assert_eq!(after.received, 0, "{after:?}");
+    assert_eq!(env.applied_versions("ledger").await, vec![1, 2, 3]);
+    assert_eq!(env.inbox_rows("ledger").await, 3);
+    let log = log.lock().unwrap().clone();
+    let v3 = v[2].event_id.to_string();
+    assert!(
+        log.nacked.iter().filter(|k| **k == v3).count() >= 3,
+        "{log:?}"
+    );
+    for m in &v {
+        assert_eq!(log.acks_of(&m.event_id.to_string()), 1, "{log:?}");
+    }
+    env.cleanup().await;
+}
+
+/// Case 8b: OrderingGuard::ApplyAnyway: v1, v3 applied across the gap; v2 arriving late is
+/// absorbed as stale (recorded, no effect).
+async fn ordering_guard_apply_anyway_absorbs_the_late_version_as_stale(kind: Kind) {
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let mut c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::ApplyAnyway,
+    );
+    let a = agg();
+    let v: Vec<_> = (1..=3)
+        .map(|n| message(&a, n, "PaymentUpdated", json!({"v": n})))
+        .collect();
+    env.publish(&v[0]).await;
+    env.publish(&v[2]).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "v1 and v3 applied", |t| t.processed >= 2).await;
+    env.publish(&v[1]).await;
+    run_until(&mut c, &mut t, T, "v2 absorbed", |t| t.stale >= 1).await;
+    let after = run_for(&mut c, QUIET).await;
+    assert_eq!((t.processed, t.stale, t.nacked), (2, 1, 0), "{t:?}");
+    assert_eq!(after.received, 0, "{after:?}");
+    assert_eq!(env.applied_versions("ledger").await, vec![1, 3]);
+    assert_eq!(
+        env.db
+            .scalar(&format!(
+                "SELECT count(*) FROM {{s}}.inbox WHERE event_id = '{}' AND outcome = 'stale'",
+                v[1].event_id
+            ))
+            .await,
+        1
+    );
+    env.cleanup().await;
+}
+
+/// `PgConsumer::run_batch` is documented as "Processes one batch of deliveries (and any
+/// requeued dead letters)" and `ConsumerReport::requeued_resolved` as "Requeued dead letters
+/// applied (or absorbed) this call". A requeued dead letter must therefore be applied by
+/// `run_batch` alone and counted there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_batch_applies_requeued_dead_letters_as_documented() {
+    let env = Env::new(Kind::Nats).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let handler = TestHandler::new(&env, "ledger");
+    handler
+        .permanent
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let permanent = Arc::clone(&handler.permanent);
+    let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
+    env.publish(&msg).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "dead-lettered", |t| t.dead_lettered >= 1).await;
+    permanent.store(false, std::sync::atomic::Ordering::SeqCst);
+    let n = outbox_postgres::consumer_dead_letter_requeue(&env.db.pool, &env.db.schema, None, None)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let after = run_for(&mut c, Duration::from_secs(1)).await;
+    let effects = env.effects("ledger").await;
+    env.cleanup().await;
+    assert_eq!(
+        (effects, after.requeued_resolved),
+        (1, 1),
+        "run_batch did not apply/count the requeued dead letter: {after:?}"
+    );
+}
