@@ -198,3 +198,94 @@ pub fn json_payload(fields: &serde_json::Value, len: usize) -> Vec<u8> {
     obj["pad"] = serde_json::Value::String("x".repeat(pad));
     serde_json::to_vec(&obj).expect("serialisable")
 }
+
+/// CPU seconds consumed so far, read from `/proc` (Linux, services on this machine).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuSnap {
+    /// PostgreSQL processes (`postgres`).
+    pub pg: f64,
+    /// nats-server.
+    pub nats: f64,
+    /// RabbitMQ (`beam.smp`).
+    pub rabbit: f64,
+    /// This benchmark process (includes the in-process relay).
+    pub me: f64,
+    /// Whole machine, busy (non-idle, non-iowait) CPU seconds.
+    pub busy: f64,
+    /// Whole machine, all CPU seconds.
+    pub total: f64,
+}
+
+const CLK_TCK: f64 = 100.0;
+
+fn proc_ticks(stat: &str) -> Option<(String, f64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat[open + 1..close].to_owned();
+    let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    Some((comm, t(11) + t(12) + t(13) + t(14)))
+}
+
+pub fn cpu_snapshot() -> CpuSnap {
+    let mut s = CpuSnap::default();
+    let me = std::process::id().to_string();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let Some((comm, ticks)) = proc_ticks(&stat) else {
+                continue;
+            };
+            let secs = ticks / CLK_TCK;
+            if name == me {
+                s.me += secs;
+            } else if comm == "postgres" {
+                s.pg += secs;
+            } else if comm == "nats-server" {
+                s.nats += secs;
+            } else if comm == "beam.smp" {
+                s.rabbit += secs;
+            }
+        }
+    }
+    if let Ok(stat) = std::fs::read_to_string("/proc/stat")
+        && let Some(line) = stat.lines().next()
+    {
+        let v: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let total: f64 = v.iter().take(8).sum();
+        let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
+        s.total = total / CLK_TCK;
+        s.busy = (total - idle) / CLK_TCK;
+    }
+    s
+}
+
+impl CpuSnap {
+    /// `self - earlier`.
+    pub fn since(&self, earlier: &CpuSnap) -> CpuSnap {
+        CpuSnap {
+            pg: self.pg - earlier.pg,
+            nats: self.nats - earlier.nats,
+            rabbit: self.rabbit - earlier.rabbit,
+            me: self.me - earlier.me,
+            busy: self.busy - earlier.busy,
+            total: self.total - earlier.total,
+        }
+    }
+
+    /// CPU seconds of everything else (other agents' builds and tests, the kernel ...).
+    pub fn other(&self) -> f64 {
+        (self.busy - self.pg - self.nats - self.rabbit - self.me).max(0.0)
+    }
+}

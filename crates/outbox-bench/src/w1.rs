@@ -10,7 +10,7 @@ use outbox_postgres::PgOutbox;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::common::{
-    BenchSchema, Env, connect_pool, json_payload, loadavg, mean, print_table, verdict,
+    BenchSchema, CpuSnap, Env, connect_pool, cpu_snapshot, loadavg, mean, print_table, verdict,
 };
 
 /// Options of `w1`.
@@ -59,7 +59,23 @@ struct Ctx {
     pool: PgPool,
     outbox: PgOutbox,
     insert_sql: String,
-    payload_bytes: usize,
+    /// Padding so that the serialised event is about `--payload-bytes` long.
+    description: String,
+}
+
+/// The PaymentCreated event (serialised once per transaction, as an application would).
+fn event_fields(id: &str, amount: i64, description: &str) -> serde_json::Value {
+    serde_json::json!({
+        "payment_id": id,
+        "amount": amount,
+        "currency": "EUR",
+        "status": "created",
+        "customer_id": "cus_9f8e7d6c5b4a",
+        "merchant_id": "mer_1a2b3c4d",
+        "method": "card",
+        "card_last4": "4242",
+        "description": description,
+    })
 }
 
 /// Client-side time of each step of one transaction: begin, business insert,
@@ -93,19 +109,7 @@ async fn one_tx(ctx: &Ctx, variant: Variant, id: &str, amount: i64) -> Result<St
         } else {
             1
         };
-        let body = json_payload(
-            &serde_json::json!({
-                "payment_id": id,
-                "amount": amount,
-                "currency": "EUR",
-                "status": "created",
-                "customer_id": "cus_9f8e7d6c5b4a",
-                "merchant_id": "mer_1a2b3c4d",
-                "method": "card",
-                "card_last4": "4242",
-            }),
-            ctx.payload_bytes,
-        );
+        let body = serde_json::to_vec(&event_fields(id, amount, &ctx.description))?;
         let msg = NewMessage::new(
             "payment",
             id,
@@ -127,6 +131,10 @@ struct Seg {
     /// Mean milliseconds per transaction of each step.
     step_ms: [f64; 5],
     wal_bytes_per_tx: f64,
+    /// CPU over the segment.
+    cpu: CpuSnap,
+    commits: f64,
+    elapsed: f64,
 }
 
 /// Runs `clients` loops of `variant` for `secs`; returns committed transactions per second.
@@ -141,6 +149,7 @@ async fn segment(
         .fetch_one(&ctx.pool)
         .await?;
     let stop = Arc::new(AtomicBool::new(false));
+    let cpu0 = cpu_snapshot();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -174,6 +183,7 @@ async fn segment(
     }
     // Transactions in progress at the deadline finish and are counted: use the real elapsed.
     let elapsed = started.elapsed();
+    let cpu = cpu_snapshot().since(&cpu0);
     let wal: f64 =
         sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
             .bind(&lsn)
@@ -184,7 +194,15 @@ async fn segment(
         tps: total as f64 / elapsed.as_secs_f64(),
         step_ms: sum.map(|d| d.as_secs_f64() * 1e3 / n),
         wal_bytes_per_tx: wal / n,
+        cpu,
+        commits: n,
+        elapsed: elapsed.as_secs_f64(),
     })
+}
+
+/// CPU milliseconds per committed transaction of one process group, over all segments.
+fn per_tx(s: &[Seg], f: impl Fn(&CpuSnap) -> f64) -> f64 {
+    s.iter().map(|x| f(&x.cpu)).sum::<f64>() * 1e3 / s.iter().map(|x| x.commits).sum::<f64>()
 }
 
 async fn reset(ctx: &Ctx, schema: &str) -> Result<()> {
@@ -207,7 +225,10 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
         insert_sql: format!(
             "INSERT INTO {schema}.payments (id, amount, status) VALUES ($1, $2, 'created')"
         ),
-        payload_bytes: args.payload_bytes,
+        description: {
+            let probe = serde_json::to_vec(&event_fields("r0-0-1000", 500, ""))?.len();
+            "x".repeat(args.payload_bytes.saturating_sub(probe))
+        },
     });
     let result = measure(&ctx, &schema, &args).await;
     bench.drop(&pool).await?;
@@ -324,6 +345,19 @@ async fn measure(ctx: &Arc<Ctx>, schema: &str, args: &Args) -> Result<()> {
                     "{:.0}",
                     mean(&s.iter().map(|x| x.wal_bytes_per_tx).collect::<Vec<_>>())
                 ),
+                format!("{:.3}", per_tx(s, |c| c.pg)),
+                format!("{:.3}", per_tx(s, |c| c.me)),
+                format!(
+                    "{:.2}",
+                    s.iter().map(|x| x.cpu.other()).sum::<f64>()
+                        / s.iter().map(|x| x.elapsed).sum::<f64>()
+                ),
+                format!(
+                    "{:.0}%",
+                    s.iter().map(|x| x.cpu.busy).sum::<f64>()
+                        / s.iter().map(|x| x.cpu.total).sum::<f64>()
+                        * 100.0
+                ),
             ]
         })
         .collect();
@@ -337,6 +371,10 @@ async fn measure(ctx: &Arc<Ctx>, schema: &str, args: &Args) -> Result<()> {
             "COMMIT",
             "total",
             "WAL bytes/tx",
+            "PostgreSQL CPU ms/tx",
+            "bench client CPU ms/tx",
+            "other load (cores)",
+            "machine busy",
         ],
         &rows,
     );

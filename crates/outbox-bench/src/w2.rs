@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::brokers::{NatsBench, RabbitBench};
 use crate::common::{
-    BenchSchema, Env, TransportChoice, connect_pool, json_payload, loadavg, mean, print_table,
-    verdict,
+    BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
+    mean, print_table, verdict,
 };
 use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
 
@@ -281,6 +281,7 @@ struct Phase {
     count: u64,
     enqueue: Option<Duration>,
     breakdown: Option<Breakdown>,
+    cpu: CpuSnap,
 }
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
@@ -357,7 +358,9 @@ async fn measure_broker(
     );
     for round in 1..=args.rounds {
         let msgs = synthetic(args);
+        let cpu0 = cpu_snapshot();
         let elapsed = broker.baseline(&msgs, window, args.baseline_tasks).await?;
+        let cpu = cpu_snapshot().since(&cpu0);
         drop(msgs);
         let count = broker.count().await?;
         broker.purge().await?;
@@ -376,12 +379,15 @@ async fn measure_broker(
             count,
             enqueue: None,
             breakdown: None,
+            cpu,
         });
         for &w in workers {
             let enqueue = enqueue_backlog(pool, bench, args).await?;
+            let cpu0 = cpu_snapshot();
             let (elapsed, bd) = broker
                 .drain(pool, bench, &store, relay_config(args, w), n, timeout)
                 .await?;
+            let cpu = cpu_snapshot().since(&cpu0);
             let count = broker.count().await?;
             broker.purge().await?;
             let rate = n as f64 / elapsed.as_secs_f64();
@@ -400,6 +406,7 @@ async fn measure_broker(
                 count,
                 enqueue: Some(enqueue),
                 breakdown: Some(bd),
+                cpu,
             });
         }
     }
@@ -481,6 +488,43 @@ fn report(args: &Args, workers: &[usize], phases: &[Phase]) {
             ]);
         }
     }
+    println!("#### W2: CPU per 1,000 events during each phase (ms; from /proc)\n");
+    let rows: Vec<Vec<String>> = phases
+        .iter()
+        .map(|p| {
+            let k = 1e6 / args.messages as f64;
+            let broker = if p.transport == "nats" {
+                p.cpu.nats
+            } else {
+                p.cpu.rabbit
+            };
+            vec![
+                p.transport.to_owned(),
+                p.round.to_string(),
+                p.workers
+                    .map_or("baseline".to_owned(), |w| format!("relay w={w}")),
+                format!("{:.0}", p.cpu.pg * k),
+                format!("{:.0}", broker * k),
+                format!("{:.0}", p.cpu.me * k),
+                format!("{:.2}", p.cpu.other() / p.elapsed.as_secs_f64()),
+                format!("{:.0}%", p.cpu.busy / p.cpu.total * 100.0),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "transport",
+            "round",
+            "phase",
+            "PostgreSQL",
+            "broker",
+            "bench process (relay / raw client)",
+            "other load (cores)",
+            "machine busy",
+        ],
+        &rows,
+    );
+
     println!("#### W2 summary (means over rounds)\n");
     print_table(
         &[
