@@ -137,7 +137,8 @@ pub struct ConsumerConfig {
     pub conflict_policy: ConflictPolicy,
     /// Redelivery delay of a held conflict.
     pub conflict_hold_delay: Duration,
-    /// How often requeued dead letters and the lag gauge are looked at.
+    /// How often, at least, requeued dead letters are looked for under load (always when
+    /// idle), and how often the lag and dead-letter gauges are refreshed.
     pub housekeeping_interval: Duration,
 }
 
@@ -229,6 +230,9 @@ pub struct PgConsumer<S: DeliverySource, H: Handler> {
     take_requeued: Arc<str>,
     settle_requeued: Arc<str>,
     count_dead: Arc<str>,
+    /// When requeued dead letters were last looked for, and whether the last batch was empty.
+    last_requeue_check: Option<Instant>,
+    idle: bool,
 }
 
 /// Headers as a JSON object for the dead-letter row. PostgreSQL's jsonb cannot hold NUL, so
@@ -263,6 +267,8 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
             take_requeued: r(TAKE_REQUEUED),
             settle_requeued: r(SETTLE_REQUEUED),
             count_dead: r(COUNT_DEAD),
+            last_requeue_check: None,
+            idle: true,
             config,
         }
     }
@@ -362,21 +368,39 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
             .map(|_| ())
     }
 
-    /// Processes one batch of deliveries (and any requeued dead letters). Returns what
-    /// happened; an empty report when nothing arrived within `batch_wait`.
+    /// Processes one batch of deliveries, and requeued dead letters when the consumer is idle
+    /// or they were last looked for `housekeeping_interval` ago. Returns what happened; an
+    /// empty report when nothing arrived within `batch_wait`.
     ///
     /// # Errors
     /// [`ConsumerError`]; after a database error the batch's deliveries were negatively
     /// acknowledged (they come back and are absorbed if they had committed).
     pub async fn run_batch(&mut self) -> Result<ConsumerReport, ConsumerError> {
+        // Requeued dead letters: looked for whenever the consumer is idle, and at least every
+        // `housekeeping_interval` under load (one indexed query).
+        let mut requeued_resolved = 0;
+        let due = self
+            .last_requeue_check
+            .is_none_or(|t| t.elapsed() >= self.config.housekeeping_interval);
+        if self.idle || due {
+            self.last_requeue_check = Some(Instant::now());
+            match self.process_requeued().await {
+                Ok(n) => requeued_resolved = n,
+                Err(e) => {
+                    warn!(consumer = %self.config.name, error = %e, "could not process requeued dead letters")
+                }
+            }
+        }
         let deliveries = self
             .source
             .next_batch(self.config.batch_size.max(1), self.config.batch_wait)
             .await?;
         let mut report = ConsumerReport {
             received: deliveries.len(),
+            requeued_resolved,
             ..ConsumerReport::default()
         };
+        self.idle = deliveries.is_empty();
         if deliveries.is_empty() {
             return Ok(report);
         }
@@ -561,13 +585,6 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
 
     async fn housekeeping(&mut self) {
         let name = self.config.name.clone();
-        match self.process_requeued().await {
-            Ok(n) if n > 0 => debug!(consumer = %name, n, "requeued dead letters applied"),
-            Ok(_) => {}
-            Err(e) => {
-                warn!(consumer = %name, error = %e, "could not process requeued dead letters")
-            }
-        }
         match self.source.lag().await {
             Ok(Some(lag)) => {
                 metrics::gauge!(metric::LAG, "consumer" => name.clone()).set(lag as f64)
