@@ -32,8 +32,8 @@ CREATE TABLE {{schema}}.events (
     CONSTRAINT events_aggregate_version_key UNIQUE (aggregate_type, aggregate_id, aggregate_version)
 );
 
--- Claim scan: pending rows in insertion order.
-CREATE INDEX events_pending_idx ON {{schema}}.events (id) WHERE state = 'pending';
+-- No separate "pending" index: in the default delete mode every row is pending or dead, so the
+-- claim walks the primary key; each extra index is paid on every producer insert (W1).
 
 -- Relay leases, one row per aggregate under a claim. An aggregate is owned by at most one live
 -- lease; every settle write joins on (aggregate, token), so a relay whose lease was taken over
