@@ -139,6 +139,23 @@ impl NatsBench {
         Ok(())
     }
 
+    /// `(num_pending, num_ack_pending)` of a durable consumer on the stream.
+    pub async fn consumer_pending(&self, durable: &str) -> Result<(u64, u64)> {
+        let s = self.js.get_stream(&self.stream).await?;
+        let mut c: async_nats::jetstream::consumer::PullConsumer = s
+            .get_consumer(durable)
+            .await
+            .map_err(|e| anyhow::anyhow!("consumer {durable}: {e}"))?;
+        let info = c.info().await?;
+        Ok((info.num_pending, info.num_ack_pending as u64))
+    }
+
+    pub async fn delete_consumer(&self, durable: &str) -> Result<()> {
+        let s = self.js.get_stream(&self.stream).await?;
+        s.delete_consumer(durable).await?;
+        Ok(())
+    }
+
     /// A core-NATS subscriber on the stream's subjects, recording receive times by `ce-id`.
     pub async fn subscribe(&self, arrivals: Arrivals) -> Result<tokio::task::JoinHandle<()>> {
         let mut sub = self.client.subscribe(format!("{}.>", self.prefix)).await?;
@@ -289,6 +306,30 @@ impl RabbitBench {
             )
             .await?;
         Ok(u64::from(q.message_count()))
+    }
+
+    /// Ready messages once no consumer is attached any more (a closed consumer's unacked
+    /// deliveries are requeued, so they show up here); waits at most 5 s for the detach.
+    pub async fn count_when_idle(&self) -> Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let q = self
+                .admin
+                .queue_declare(
+                    self.queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            if q.consumer_count() == 0 || Instant::now() > deadline {
+                return Ok(u64::from(q.message_count()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub async fn purge(&self) -> Result<()> {

@@ -6,16 +6,23 @@
 //!   for NATS JetStream and RabbitMQ, interleaved rounds.
 //! * `latency`: commit-to-receive latency at a steady producer rate, with and without the
 //!   `RelayWaker`.
+//! * `w3`: end-to-end latency, producer commit -> relay -> broker -> `PgConsumer` commit, at a
+//!   steady rate.
+//! * `w4`: consumer throughput: draining a preloaded stream / queue with `PgConsumer` (inbox)
+//!   vs. the same handler without the inbox, one delivery per transaction and batched.
 //!
 //! Every workload creates its own PostgreSQL schema and broker objects (random names) and
 //! removes them at the end. Results are printed as markdown tables; see `BENCHMARKS.md`.
 
 mod brokers;
 mod common;
+mod consume;
 mod latency;
 mod timing;
 mod w1;
 mod w2;
+mod w3;
+mod w4;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -38,6 +45,10 @@ enum Workload {
     W2(w2::Args),
     /// Commit-to-receive latency at a steady rate, with and without the relay waker.
     Latency(latency::Args),
+    /// End-to-end latency: producer commit -> relay -> broker -> PgConsumer commit.
+    W3(w3::Args),
+    /// Consumer throughput: PgConsumer with the inbox vs. the same handler without it.
+    W4(w4::Args),
 }
 
 #[tokio::main]
@@ -56,5 +67,7 @@ async fn main() -> Result<()> {
         Workload::W1(a) => w1::run(&env, a).await,
         Workload::W2(a) => w2::run(&env, a).await,
         Workload::Latency(a) => latency::run(&env, a).await,
+        Workload::W3(a) => w3::run(&env, a).await,
+        Workload::W4(a) => w4::run(&env, a).await,
     }
 }

@@ -1,0 +1,632 @@
+//! W3: end-to-end latency at a steady producer rate: producer commit -> in-process relay
+//! (woken by `RelayWaker`) -> broker -> in-process `PgConsumer` (inbox + handler) commit.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use outbox_core::consumer::DeliverySource;
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
+use outbox_nats::{NatsConsumerConfig, NatsSource};
+use outbox_postgres::{ConsumerConfig, PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
+use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::brokers::{NatsBench, RabbitBench};
+use crate::common::{
+    BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
+    percentile, print_table,
+};
+use crate::consume::{
+    ConsumerSplit, ReportHandler, SourceStats, TimedSource, create_report_table, split,
+};
+use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
+
+/// Options of `w3`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Broker(s) to measure.
+    #[arg(long, value_enum, default_value_t = TransportChoice::All)]
+    transport: TransportChoice,
+    /// Events per second (one event per producer transaction).
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 20)]
+    secs: u64,
+    /// Unmeasured seconds before the measurement.
+    #[arg(long, default_value_t = 3)]
+    warmup_secs: u64,
+    /// `RelayWaker` min_interval in milliseconds.
+    #[arg(long, default_value_t = 2)]
+    waker_ms: u64,
+    /// Producer connections (transactions in flight at most).
+    #[arg(long, default_value_t = 16)]
+    producers: u32,
+    /// ConsumerConfig::batch_size.
+    #[arg(long, default_value_t = 100)]
+    batch_size: usize,
+    /// ConsumerConfig::batch_wait in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    batch_wait_ms: u64,
+}
+
+/// A transport that remembers when each publish was confirmed.
+struct StampTransport<T> {
+    inner: Arc<T>,
+    at: Mutex<HashMap<uuid::Uuid, Instant>>,
+}
+
+impl<T: Transport> Transport for StampTransport<T> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        let r = self.inner.publish(message).await;
+        if r.is_ok() {
+            self.at
+                .lock()
+                .unwrap()
+                .entry(message.event_id)
+                .or_insert_with(Instant::now);
+        }
+        r
+    }
+}
+
+/// Producer commit-return time of one measured event, on the process clock and the wall
+/// clock (microseconds since the epoch, comparable with PostgreSQL's `clock_timestamp()` on
+/// this host).
+#[derive(Clone, Copy)]
+struct Commit {
+    at: Instant,
+    wall_us: i64,
+}
+
+struct Outcome {
+    transport: &'static str,
+    produced_total: usize,
+    measured: usize,
+    rate: f64,
+    missing: usize,
+    /// Producer commit -> consumer commit (the runner's first ack call after its commit).
+    e2e_ms: Vec<f64>,
+    /// Producer commit -> handler's `clock_timestamp()` (database clock, before the commit).
+    db_ms: Vec<f64>,
+    /// Producer commit -> relay publish confirmed.
+    to_broker_ms: Vec<f64>,
+    /// Relay publish confirmed -> consumer commit.
+    from_broker_ms: Vec<f64>,
+    relay: Breakdown,
+    consumer: ConsumerSplit,
+    cpu: CpuSnap,
+    measured_secs: f64,
+    checks: String,
+    load: String,
+}
+
+struct Pools {
+    producer: PgPool,
+    relay: PgPool,
+    consumer: PgPool,
+}
+
+pub async fn run(env: &Env, args: Args) -> Result<()> {
+    let pools = Pools {
+        producer: connect_pool(env, args.producers).await?,
+        relay: connect_pool(env, 6).await?,
+        consumer: connect_pool(env, 2).await?,
+    };
+    let bench = BenchSchema::create(&pools.producer).await?;
+    let result = measure(env, &pools, &bench, &args).await;
+    bench.drop(&pools.producer).await?;
+    result
+}
+
+async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> Result<()> {
+    create_report_table(&pools.producer, bench.name()).await?;
+    println!(
+        "W3: {} events/s, {} s measured after {} s warm-up, RelayWaker min_interval {} ms, \
+         default RelayConfig, PgConsumer batch_size {} batch_wait {} ms, schema {}, load avg before {}\n",
+        args.rate,
+        args.secs,
+        args.warmup_secs,
+        args.waker_ms,
+        args.batch_size,
+        args.batch_wait_ms,
+        bench.name(),
+        loadavg()
+    );
+    // One store for every run: a PgStore keeps its LISTEN task for the process lifetime.
+    let pg_store = PgStore::new(
+        pools.relay.clone(),
+        PgStoreConfig {
+            schema: bench.schema.clone(),
+            ..PgStoreConfig::default()
+        },
+    );
+    let mut outcomes = Vec::new();
+    for t in args.transport.list() {
+        let s = bench.name();
+        sqlx::query(AssertSqlSafe(format!(
+            "TRUNCATE {s}.report, {s}.inbox, {s}.payments"
+        )))
+        .execute(&pools.producer)
+        .await?;
+        let o = match t {
+            TransportChoice::Nats => {
+                let b = NatsBench::setup(env).await?;
+                let r = async {
+                    let source = NatsSource::connect(
+                        &env.nats_url,
+                        NatsConsumerConfig {
+                            stream: b.stream.clone(),
+                            durable_name: "w3".into(),
+                            ack_wait_secs: 30,
+                            ..NatsConsumerConfig::default()
+                        },
+                    )
+                    .await?;
+                    let mut o =
+                        run_one("nats", pools, bench, &pg_store, &b.transport, source, args)
+                            .await?;
+                    let (pending, ack_pending) = b.consumer_pending("w3").await?;
+                    o.checks
+                        .push_str(&format!(", left on broker {}", pending + ack_pending));
+                    anyhow::Ok(o)
+                }
+                .await;
+                let down = b.teardown().await;
+                let o = r?;
+                down.context("NATS teardown")?;
+                o
+            }
+            _ => {
+                let b = RabbitBench::setup(env).await?;
+                let r = async {
+                    let source = RabbitSource::connect(
+                        &env.amqp_url,
+                        RabbitConsumerConfig {
+                            queue: b.queue.clone(),
+                            bind_exchange: Some(b.exchange.clone()),
+                            binding_key: "#".into(),
+                            ..RabbitConsumerConfig::default()
+                        },
+                    )
+                    .await?;
+                    let mut o = run_one(
+                        "rabbitmq",
+                        pools,
+                        bench,
+                        &pg_store,
+                        &b.transport,
+                        source,
+                        args,
+                    )
+                    .await?;
+                    let left = b.count_when_idle().await?;
+                    o.checks.push_str(&format!(", left on broker {left}"));
+                    anyhow::Ok(o)
+                }
+                .await;
+                let down = b.teardown().await;
+                let o = r?;
+                down.context("RabbitMQ teardown")?;
+                o
+            }
+        };
+        eprintln!(
+            "  {} p50 {:.1} ms p99 {:.1} ms max {:.1} ms ({} measured, {} missing; {}; load {})",
+            o.transport,
+            percentile(&o.e2e_ms, 0.5),
+            percentile(&o.e2e_ms, 0.99),
+            o.e2e_ms.last().copied().unwrap_or(f64::NAN),
+            o.measured,
+            o.missing,
+            o.checks,
+            o.load
+        );
+        outcomes.push(o);
+    }
+    report(args, &outcomes);
+    println!("Load avg after: {}\n", loadavg());
+    Ok(())
+}
+
+async fn count(pool: &PgPool, bench: &BenchSchema, table: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}.{table}",
+        bench.name()
+    )))
+    .fetch_one(pool)
+    .await?)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_one<T: Transport, S: DeliverySource + Sync>(
+    label: &'static str,
+    pools: &Pools,
+    bench: &BenchSchema,
+    pg_store: &PgStore,
+    transport: &Arc<T>,
+    source: S,
+    args: &Args,
+) -> Result<Outcome> {
+    let store = Arc::new(TimedStore::new(pg_store.clone()));
+    let timed = Arc::new(TimedTransport::new(Arc::clone(transport)));
+    let stamps = Arc::new(StampTransport {
+        inner: Arc::clone(&timed),
+        at: Mutex::default(),
+    });
+    let relay = Arc::new(Relay::new(
+        Arc::clone(&store),
+        Arc::clone(&stamps),
+        RelayConfig::default(),
+    )?);
+    let source_stats = SourceStats::new(true);
+    let handler = ReportHandler::new(bench.name());
+    let consumer = PgConsumer::new(
+        pools.consumer.clone(),
+        bench.schema.clone(),
+        TimedSource::new(source, Arc::clone(&source_stats)),
+        handler.clone(),
+        ConsumerConfig {
+            batch_size: args.batch_size,
+            batch_wait: Duration::from_millis(args.batch_wait_ms),
+            ..ConsumerConfig::new("w3")
+        },
+    );
+    let relay_stop = CancellationToken::new();
+    let consumer_stop = CancellationToken::new();
+    let relay_task = tokio::spawn(Arc::clone(&relay).run(relay_stop.clone()));
+    let consumer_task = tokio::spawn(consumer.run(consumer_stop.clone()));
+
+    let produced = produce(label, &pools.producer, bench, args).await;
+    let (commits, total, measured_secs, cpu) = match produced {
+        Ok(p) => p,
+        Err(e) => {
+            relay_stop.cancel();
+            consumer_stop.cancel();
+            let _ = relay_task.await;
+            let _ = consumer_task.await;
+            return Err(e);
+        }
+    };
+    // Wait (at most 60 s) until every produced event was committed by the consumer (a consumer
+    // slower than the producer drains its backlog here; those events count with their full
+    // latency).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while source_stats
+        .acked
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < total as u64
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let load = loadavg();
+    relay_stop.cancel();
+    relay_task.await?;
+    consumer_stop.cancel();
+    consumer_task.await?; // drops the source: unacknowledged deliveries go back to the broker
+    let acc = source_stats.finish(Instant::now());
+    let acked = source_stats.take_ack_times();
+    let published = std::mem::take(&mut *stamps.at.lock().unwrap());
+
+    let applied: Vec<(uuid::Uuid, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT event_id, (extract(epoch FROM applied_at) * 1000000)::int8 FROM {}.report",
+        bench.name()
+    )))
+    .fetch_all(&pools.producer)
+    .await?;
+    let applied: HashMap<uuid::Uuid, i64> = applied.into_iter().collect();
+    let mut o = Outcome {
+        transport: label,
+        produced_total: total,
+        measured: commits.len(),
+        rate: commits.len() as f64 / measured_secs,
+        missing: 0,
+        e2e_ms: Vec::new(),
+        db_ms: Vec::new(),
+        to_broker_ms: Vec::new(),
+        from_broker_ms: Vec::new(),
+        relay: breakdown(&store.stats, &timed.stats),
+        consumer: split(&acc, &handler.stats),
+        cpu,
+        measured_secs,
+        checks: String::new(),
+        load,
+    };
+    let d = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+    for (id, c) in &commits {
+        let Some(&done) = acked.get(id) else {
+            o.missing += 1;
+            continue;
+        };
+        o.e2e_ms.push(d(c.at, done));
+        if let Some(&p) = published.get(id) {
+            o.to_broker_ms.push(d(c.at, p));
+            o.from_broker_ms.push(d(p, done));
+        }
+        if let Some(&w) = applied.get(id) {
+            o.db_ms.push((w - c.wall_us) as f64 / 1e3);
+        }
+    }
+    for v in [
+        &mut o.e2e_ms,
+        &mut o.db_ms,
+        &mut o.to_broker_ms,
+        &mut o.from_broker_ms,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    let report_rows = count(&pools.producer, bench, "report").await?;
+    let inbox_rows = count(&pools.producer, bench, "inbox").await?;
+    let outbox_rows = count(&pools.producer, bench, "events").await?;
+    let ok = report_rows == total as i64 && inbox_rows == total as i64 && outbox_rows == 0;
+    o.checks = format!(
+        "{}: produced {total}, report rows {report_rows}, inbox rows {inbox_rows}, outbox rows \
+         left {outbox_rows}, consumer nacks {}",
+        if ok { "ok" } else { "**MISMATCH**" },
+        o.consumer.nacks
+    );
+    Ok(o)
+}
+
+/// The steady producer (as in the `latency` workload). Returns the measured events' commit
+/// times, the number produced in total (warm-up included), the measured seconds and the CPU
+/// used during the measured window.
+async fn produce(
+    label: &'static str,
+    pool: &PgPool,
+    bench: &BenchSchema,
+    args: &Args,
+) -> Result<(HashMap<uuid::Uuid, Commit>, usize, f64, CpuSnap)> {
+    let outbox = PgOutbox::new(bench.schema.clone());
+    let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(args.waker_ms));
+    let insert = Arc::new(format!(
+        "INSERT INTO {}.payments (id, amount, status) VALUES ($1, $2, 'created')",
+        bench.name()
+    ));
+    let commits: Arc<Mutex<HashMap<uuid::Uuid, Commit>>> = Arc::default();
+    let in_flight = Arc::new(Semaphore::new(args.producers as usize * 4));
+    let period = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let warmup_ticks = args.warmup_secs * args.rate;
+    let total_ticks = warmup_ticks + args.secs * args.rate;
+    let mut ticker = tokio::time::interval(period);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut measured_start = None;
+    let mut cpu0 = cpu_snapshot();
+    for i in 0..total_ticks {
+        ticker.tick().await;
+        let measured = i >= warmup_ticks;
+        if measured && measured_start.is_none() {
+            measured_start = Some(Instant::now());
+            cpu0 = cpu_snapshot();
+        }
+        let permit = Arc::clone(&in_flight).acquire_owned().await?;
+        let (pool, outbox, waker, insert, commits) = (
+            pool.clone(),
+            outbox.clone(),
+            waker.clone(),
+            Arc::clone(&insert),
+            Arc::clone(&commits),
+        );
+        let id = format!("{label}-{i}");
+        tasks.spawn(async move {
+            let _permit = permit;
+            let amount = 100 + (i as i64 % 900);
+            let mut tx = pool.begin().await?;
+            sqlx::query(AssertSqlSafe(insert.as_str().to_owned()))
+                .bind(&id)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await?;
+            let body = json_payload(
+                &serde_json::json!({"payment_id": id, "amount": amount, "currency": "EUR",
+                    "status": "created", "customer_id": "cus_9f8e7d6c5b4a"}),
+                300,
+            );
+            let msg = NewMessage::new(
+                "payment",
+                &id,
+                1,
+                "PaymentCreated",
+                Payload::bytes("application/json", body),
+            );
+            outbox.enqueue(&mut *tx, &msg).await?;
+            tx.commit().await?;
+            let at = Instant::now();
+            let wall_us = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            if measured {
+                commits
+                    .lock()
+                    .unwrap()
+                    .insert(msg.event_id, Commit { at, wall_us });
+            }
+            waker.wake();
+            anyhow::Ok(())
+        });
+        while let Some(done) = tasks.try_join_next() {
+            done??;
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    let cpu = cpu_snapshot().since(&cpu0);
+    let measured_secs = measured_start.map_or(f64::NAN, |s| s.elapsed().as_secs_f64());
+    let commits = std::mem::take(&mut *commits.lock().unwrap());
+    Ok((commits, total_ticks as usize, measured_secs, cpu))
+}
+
+fn pq(v: &[f64], q: f64) -> String {
+    format!("{:.1}", percentile(v, q))
+}
+
+fn report(args: &Args, outcomes: &[Outcome]) {
+    println!(
+        "### W3: end-to-end latency at {} events/s (producer commit -> PgConsumer commit), {} s after {} s warm-up\n",
+        args.rate, args.secs, args.warmup_secs
+    );
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| {
+            let p50 = percentile(&o.e2e_ms, 0.5);
+            let p99 = percentile(&o.e2e_ms, 0.99);
+            vec![
+                o.transport.to_owned(),
+                o.measured.to_string(),
+                format!("{:.0}", o.rate),
+                pq(&o.e2e_ms, 0.5),
+                pq(&o.e2e_ms, 0.9),
+                pq(&o.e2e_ms, 0.99),
+                format!("{:.1}", o.e2e_ms.last().copied().unwrap_or(f64::NAN)),
+                format!("≤ 10: {}", verdict_le(p50, 10.0)),
+                format!("≤ 50: {}", verdict_le(p99, 50.0)),
+                format!("{} / {}", pq(&o.db_ms, 0.5), pq(&o.db_ms, 0.99)),
+                o.missing.to_string(),
+                o.load.clone(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "transport",
+            "events",
+            "achieved ev/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "goal p50",
+            "goal p99",
+            "DB clock check p50/p99 ms",
+            "missing",
+            "load avg after",
+        ],
+        &rows,
+    );
+    println!("Checks: ");
+    for o in outcomes {
+        println!("* {}: {}", o.transport, o.checks);
+    }
+    println!();
+
+    println!("#### W3: where the latency goes\n");
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| {
+            let r = &o.relay;
+            let c = &o.consumer;
+            vec![
+                o.transport.to_owned(),
+                format!(
+                    "{} / {} / {}",
+                    pq(&o.to_broker_ms, 0.5),
+                    pq(&o.to_broker_ms, 0.99),
+                    format_args!("{:.1}", o.to_broker_ms.last().copied().unwrap_or(f64::NAN))
+                ),
+                format!(
+                    "{} / {} / {}",
+                    pq(&o.from_broker_ms, 0.5),
+                    pq(&o.from_broker_ms, 0.99),
+                    format_args!(
+                        "{:.1}",
+                        o.from_broker_ms.last().copied().unwrap_or(f64::NAN)
+                    )
+                ),
+                format!(
+                    "{} (+{} empty), {:.1} rows",
+                    r.batches, r.empty_claims, r.rows_per_batch
+                ),
+                format!(
+                    "{:.1} / {:.1} / {:.1}",
+                    r.claim_ms_mean, r.publish_phase_ms_mean, r.mark_ms_mean
+                ),
+                format!(
+                    "{:.1} / {:.1}",
+                    r.publish_us_p50 / 1e3,
+                    r.publish_us_p99 / 1e3
+                ),
+                format!(
+                    "{} (+{} empty, {:.1} s in empty fetches), {:.1} events; longest fetch {:.0} ms",
+                    c.batches,
+                    c.empty,
+                    c.empty_wait_ms_total / 1e3,
+                    c.per_batch,
+                    c.fetch_max_ms
+                ),
+                format!(
+                    "{:.2} / {:.2} ({:.2} handler) / {:.2}",
+                    c.fetch_ms, c.work_ms, c.handler_ms, c.settle_ms
+                ),
+                format!("{:.2} / {:.2}", c.ack_ms_p50, c.ack_ms_p99),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "transport",
+            "commit -> publish confirmed ms p50/p99/max",
+            "publish confirmed -> consumer commit ms p50/p99/max",
+            "relay batches",
+            "relay claim / publish phase / mark ms per batch",
+            "relay publish call ms p50/p99",
+            "consumer batches",
+            "consumer fetch / tx (handler) / acks ms per batch",
+            "consumer ack call ms p50/p99",
+        ],
+        &rows,
+    );
+
+    println!("#### W3: CPU during the measured window (ms per 1,000 events; from /proc)\n");
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| {
+            let k = 1e6 / o.measured.max(1) as f64;
+            let broker = if o.transport == "nats" {
+                o.cpu.nats
+            } else {
+                o.cpu.rabbit
+            };
+            vec![
+                o.transport.to_owned(),
+                format!("{:.0}", o.cpu.pg * k),
+                format!("{:.0}", broker * k),
+                format!("{:.0}", o.cpu.me * k),
+                format!("{:.2}", o.cpu.other() / o.measured_secs),
+                format!("{:.0}%", o.cpu.busy / o.cpu.total * 100.0),
+                o.produced_total.to_string(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "transport",
+            "PostgreSQL",
+            "broker",
+            "bench process (producers + relay + consumer)",
+            "other load (cores)",
+            "machine busy",
+            "events produced incl. warm-up",
+        ],
+        &rows,
+    );
+}
+
+/// "MET" or "MISSED BY x%" for a value that should be at most `goal`.
+fn verdict_le(value: f64, goal: f64) -> String {
+    if value <= goal {
+        "MET".into()
+    } else {
+        format!("MISSED BY {:.0}%", (value - goal) / goal * 100.0)
+    }
+}
