@@ -375,7 +375,15 @@ async fn batches_share_a_transaction_and_a_failure_rolls_back_only_its_own_write
             batch_size: 50,
             ..ConsumerConfig::new("c")
         },
-        vec![(bad, vec![HandlerError::Transient("x".into())])],
+        // Fails in the batch's shared transaction and again when the batch is redone one
+        // delivery at a time; succeeds on the redelivery.
+        vec![(
+            bad,
+            vec![
+                HandlerError::Transient("x".into()),
+                HandlerError::Transient("x".into()),
+            ],
+        )],
     )
     .await;
     let mut ids = Vec::new();
