@@ -290,11 +290,23 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
         event: &IncomingEvent,
         delivery_count: u32,
     ) -> Result<(Verdict, bool, Option<String>), sqlx::Error> {
-        let name = &self.config.name;
         let outcome = self
             .inbox
-            .record(conn, name, self.config.ordering, event)
+            .record(conn, &self.config.name, self.config.ordering, event)
             .await?;
+        self.apply_outcome(conn, event, delivery_count, outcome)
+            .await
+    }
+
+    /// The part of [`Self::apply`] after the inbox decided: run the handler for a new event.
+    async fn apply_outcome(
+        &self,
+        conn: &mut PgConnection,
+        event: &IncomingEvent,
+        delivery_count: u32,
+        outcome: InboxOutcome,
+    ) -> Result<(Verdict, bool, Option<String>), sqlx::Error> {
+        let name = &self.config.name;
         Ok(match outcome {
             InboxOutcome::New => {
                 crash::hit(CRASH_AFTER_INBOX);
@@ -498,9 +510,32 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
     ) -> Result<Option<Vec<Verdict>>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let mut verdicts = Vec::with_capacity(deliveries.len());
+        // Without the ordering guard the whole batch's inbox rows go in with one statement.
+        let mut outcomes = if self.config.ordering == OrderingGuard::Off {
+            let events: Vec<&IncomingEvent> = deliveries
+                .iter()
+                .filter_map(|d| d.event().as_ref().ok())
+                .collect();
+            self.inbox
+                .record_many(&mut tx, &self.config.name, &events)
+                .await?
+                .into_iter()
+        } else {
+            Vec::new().into_iter()
+        };
         for d in deliveries {
             let count = d.delivery_count().unwrap_or(1);
             match d.event() {
+                Ok(event) if self.config.ordering == OrderingGuard::Off => {
+                    let outcome = outcomes.next().expect("one outcome per decoded event");
+                    let (verdict, keep, _) =
+                        self.apply_outcome(&mut tx, event, count, outcome).await?;
+                    if !keep {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    }
+                    verdicts.push(verdict);
+                }
                 Err(decode) => {
                     warn!(consumer = %self.config.name, error = %decode, "malformed message dead-lettered");
                     self.insert_dead_letter(

@@ -116,6 +116,12 @@ pub struct InboxConflict {
 const INSERT: &str = "INSERT INTO {s}.inbox (consumer_name, event_id, payload_sha256, \
     aggregate_type, aggregate_id, aggregate_version, event_type) \
     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer_name, event_id) DO NOTHING";
+const INSERT_MANY: &str = "INSERT INTO {s}.inbox (consumer_name, event_id, payload_sha256, \
+    aggregate_type, aggregate_id, aggregate_version, event_type) \
+    SELECT $1, u.* FROM UNNEST($2::uuid[], $3::bytea[], $4::text[], $5::text[], $6::int8[], \
+    $7::text[]) AS u ON CONFLICT (consumer_name, event_id) DO NOTHING RETURNING event_id";
+const SELECT_FPS: &str = "SELECT event_id, payload_sha256 FROM {s}.inbox \
+    WHERE consumer_name = $1 AND event_id = ANY($2)";
 const SELECT_FP: &str =
     "SELECT payload_sha256 FROM {s}.inbox WHERE consumer_name = $1 AND event_id = $2";
 const INSERT_CONFLICT: &str = "INSERT INTO {s}.inbox_conflicts AS c (consumer_name, event_id, \
@@ -139,6 +145,8 @@ const COUNT_CONFLICTS: &str = "SELECT count(*) FROM {s}.inbox_conflicts";
 #[derive(Debug)]
 struct InboxSql {
     insert: Arc<str>,
+    insert_many: Arc<str>,
+    select_fps: Arc<str>,
     select_fp: Arc<str>,
     insert_conflict: Arc<str>,
     ensure_agg: Arc<str>,
@@ -167,6 +175,8 @@ impl PgInbox {
         let r = |t: &str| -> Arc<str> { t.replace("{s}", &quoted).into() };
         let sql = Arc::new(InboxSql {
             insert: r(INSERT),
+            insert_many: r(INSERT_MANY),
+            select_fps: r(SELECT_FPS),
             select_fp: r(SELECT_FP),
             insert_conflict: r(INSERT_CONFLICT),
             ensure_agg: r(ENSURE_AGG),
@@ -269,6 +279,88 @@ impl PgInbox {
             .execute(&mut *conn)
             .await?;
         Ok(InboxOutcome::New)
+    }
+
+    /// Records several events for `consumer` in the caller's transaction with one multi-row
+    /// insert (the batch path of the runner; no ordering guard). Returns one outcome per event,
+    /// in order, exactly as calling [`PgInbox::record`] for each in turn would: an event id
+    /// repeated inside the batch is `New` once and then `Duplicate` or `Conflict`.
+    ///
+    /// # Errors
+    /// [`sqlx::Error`]; the caller's transaction is then aborted.
+    pub async fn record_many(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        events: &[&IncomingEvent],
+    ) -> Result<Vec<InboxOutcome>, sqlx::Error> {
+        use std::collections::{HashMap, HashSet};
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.event_id).collect();
+        let fps: Vec<&[u8]> = events.iter().map(|e| &e.fingerprint.0[..]).collect();
+        let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+        let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let versions: Vec<i64> = events.iter().map(|e| e.aggregate_version).collect();
+        let etypes: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let inserted: Vec<uuid::Uuid> = sqlx::query_scalar(q(&self.sql.insert_many))
+            .bind(consumer)
+            .bind(&ids)
+            .bind(&fps)
+            .bind(&types)
+            .bind(&aggs)
+            .bind(&versions)
+            .bind(&etypes)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut new: HashSet<uuid::Uuid> = inserted.into_iter().collect();
+        // Fingerprints already known: stored before this batch, or first seen in it.
+        let mut known: HashMap<uuid::Uuid, Fingerprint> = HashMap::new();
+        let earlier: Vec<uuid::Uuid> = ids.iter().filter(|id| !new.contains(id)).copied().collect();
+        if !earlier.is_empty() {
+            let rows: Vec<(uuid::Uuid, Vec<u8>)> = sqlx::query_as(q(&self.sql.select_fps))
+                .bind(consumer)
+                .bind(&earlier)
+                .fetch_all(&mut *conn)
+                .await?;
+            for (id, fp) in rows {
+                known.insert(
+                    id,
+                    Fingerprint::from_slice(&fp).unwrap_or(Fingerprint([0; 32])),
+                );
+            }
+        }
+        let mut outcomes = Vec::with_capacity(events.len());
+        for e in events {
+            if new.remove(&e.event_id) {
+                known.insert(e.event_id, e.fingerprint);
+                outcomes.push(InboxOutcome::New);
+                continue;
+            }
+            let stored = known
+                .get(&e.event_id)
+                .copied()
+                .unwrap_or(Fingerprint([0; 32]));
+            if stored == e.fingerprint {
+                outcomes.push(InboxOutcome::Duplicate);
+            } else {
+                sqlx::query(q(&self.sql.insert_conflict))
+                    .bind(consumer)
+                    .bind(e.event_id)
+                    .bind(&stored.0[..])
+                    .bind(&e.fingerprint.0[..])
+                    .bind(&e.aggregate_type)
+                    .bind(&e.aggregate_id)
+                    .bind(e.aggregate_version)
+                    .bind(&e.event_type)
+                    .bind(e.payload.bytes.as_ref())
+                    .execute(&mut *conn)
+                    .await?;
+                outcomes.push(InboxOutcome::Conflict { stored });
+            }
+        }
+        Ok(outcomes)
     }
 
     /// The most recent conflicts, newest first.

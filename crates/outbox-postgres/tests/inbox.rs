@@ -368,3 +368,51 @@ async fn retention_deletes_only_identities_older_than_the_horizon_on_one_elected
     );
     db.drop().await;
 }
+
+#[tokio::test]
+async fn record_many_decides_exactly_as_record_one_by_one() {
+    let db = TestDb::new().await;
+    let inbox = PgInbox::new(db.schema.clone());
+    let known = event(Uuid::now_v7(), "k", 1, r#"{"a":1}"#);
+    let mut tx = db.pool.begin().await.unwrap();
+    inbox
+        .record(&mut tx, "c", OrderingGuard::Off, &known)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let fresh = event(Uuid::now_v7(), "f", 1, r#"{"a":2}"#);
+    let known_forged = event(known.event_id, "k", 1, r#"{"a":999}"#);
+    let fresh_forged = event(fresh.event_id, "f", 1, r#"{"a":998}"#);
+    let batch = [&fresh, &known, &fresh, &known_forged, &fresh_forged];
+    let mut tx = db.pool.begin().await.unwrap();
+    let many = inbox.record_many(&mut tx, "c", &batch).await.unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut one_by_one = Vec::new();
+    for e in batch {
+        one_by_one.push(
+            inbox
+                .record(&mut tx, "c", OrderingGuard::Off, e)
+                .await
+                .unwrap(),
+        );
+    }
+    tx.rollback().await.unwrap();
+    assert_eq!(many, one_by_one);
+    assert_eq!(
+        many,
+        vec![
+            InboxOutcome::New,
+            InboxOutcome::Duplicate,
+            InboxOutcome::Duplicate,
+            InboxOutcome::Conflict {
+                stored: known.fingerprint
+            },
+            InboxOutcome::Conflict {
+                stored: fresh.fingerprint
+            },
+        ]
+    );
+    db.drop().await;
+}
