@@ -302,19 +302,7 @@ impl NatsSource {
     /// [`NatsConsumerError::Consumer`] as in [`NatsSource::from_client`].
     #[tracing::instrument(level = "info", skip(config), fields(stream = %config.stream, durable = %config.durable_name))]
     pub async fn connect(url: &str, config: NatsConsumerConfig) -> Result<Self, NatsConsumerError> {
-        let options = ConnectOptions::new()
-            .name("outbox-consumer")
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => {
-                        tracing::info!("NATS connection (re)established")
-                    }
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("NATS connection lost; reconnecting")
-                    }
-                    other => tracing::warn!(event = %other, "NATS client event"),
-                }
-            });
+        let options = crate::transport::logged_connect_options("outbox-consumer");
         Self::connect_with_options(url, options, config).await
     }
 

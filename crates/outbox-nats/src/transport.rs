@@ -24,6 +24,22 @@ pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
 /// Prefix of the CloudEvents attribute headers.
 pub const CE_PREFIX: &str = "ce-";
 
+/// Connect options that name the connection and log connection events (used by the transport
+/// and the delivery source).
+pub(crate) fn logged_connect_options(name: &str) -> ConnectOptions {
+    ConnectOptions::new()
+        .name(name)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("NATS connection lost; reconnecting")
+                }
+                other => tracing::warn!(event = %other, "NATS client event"),
+            }
+        })
+}
+
 /// Why [`NatsTransport`] could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -88,20 +104,7 @@ impl NatsTransport {
     /// [`NatsConnectError::Stream`] when the stream cannot be looked up or created.
     #[tracing::instrument(level = "info", skip(config), fields(stream = %config.stream))]
     pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, NatsConnectError> {
-        let options =
-            ConnectOptions::new()
-                .name("outbox-relay")
-                .event_callback(|event| async move {
-                    match event {
-                        async_nats::Event::Connected => {
-                            tracing::info!("NATS connection (re)established")
-                        }
-                        async_nats::Event::Disconnected => {
-                            tracing::warn!("NATS connection lost; reconnecting")
-                        }
-                        other => tracing::warn!(event = %other, "NATS client event"),
-                    }
-                });
+        let options = logged_connect_options("outbox-relay");
         Self::connect_with_options(url, options, config).await
     }
 
