@@ -16,6 +16,7 @@
 
 pub mod consumer;
 pub mod crash;
+pub mod effect;
 mod error;
 mod message;
 pub mod relay;
@@ -23,6 +24,7 @@ mod store;
 mod transport;
 pub mod wire;
 
+pub use effect::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
 pub use error::{StoreError, StoreErrorKind};
 pub use message::{
     ContentType, EventId, Fingerprint, MAX_HEADER_NAME_LEN, MessageError, NewMessage,
