@@ -3,21 +3,33 @@
 //! acknowledged" and "the row was marked".
 //!
 //! A point is activated by the environment variable [`CRASH_POINT_ENV`] holding its name. The
-//! variable is read once; when it is unset a crash point costs one relaxed atomic load.
+//! variables are read once; when no point is set a crash point costs one relaxed atomic load.
+//!
+//! * [`CRASH_SKIP_ENV`] (`OUTBOX_CRASH_SKIP=n`): let the point pass `n` times and act on the
+//!   `n+1`-th hit, so a crash lands in the middle of a workload rather than on its first event.
+//! * [`CRASH_ACTION_ENV`] (`OUTBOX_CRASH_ACTION`): `abort` (default) ends the process with
+//!   SIGABRT; `stop` sends the process SIGSTOP to itself, freezing it exactly there (a long GC or
+//!   VM pause) until someone sends SIGCONT. The crash matrix uses `stop` to let a relay's lease
+//!   expire between the broker's ack and its mark.
 //!
 //! Points defined so far:
 //!
 //! | name                          | where                                                    |
 //! |-------------------------------|----------------------------------------------------------|
+//! | `producer.before_commit`      | demo producer: business row + intent written, no commit  |
+//! | `producer.after_commit`       | demo producer: committed, before reporting success       |
 //! | `relay.after_publish`         | relay: broker acknowledged a message, before the mark    |
 //! | `relay.after_mark`            | relay: batch marked sent, before the next claim          |
 //! | `consumer.after_inbox`        | consumer: inbox row written, handler not run (no commit) |
 //! | `consumer.after_effect`       | consumer: effect written, not committed                  |
 //! | `consumer.after_commit`       | consumer: committed, not acknowledged                    |
 //!
-//! The consumer points are defined with the inbox runner (`outbox_postgres::consumer`).
+//! The consumer points are defined with the inbox runner (`outbox_postgres::consumer`), the
+//! producer points in the `outbox demo-producer` workload (a library never commits the caller's
+//! transaction, so the points sit in the caller's code, where a user's service would crash).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The environment variable naming the crash point to activate.
 pub const CRASH_POINT_ENV: &str = "OUTBOX_CRASH_POINT";
@@ -27,22 +39,68 @@ pub const RELAY_AFTER_PUBLISH: &str = "relay.after_publish";
 /// Relay: a batch was marked sent.
 pub const RELAY_AFTER_MARK: &str = "relay.after_mark";
 
-static ACTIVE: OnceLock<Option<String>> = OnceLock::new();
+/// The environment variable holding how many hits of the point to let pass first.
+pub const CRASH_SKIP_ENV: &str = "OUTBOX_CRASH_SKIP";
+/// The environment variable choosing what happens at the point: `abort` or `stop`.
+pub const CRASH_ACTION_ENV: &str = "OUTBOX_CRASH_ACTION";
 
-fn active() -> Option<&'static str> {
-    ACTIVE
-        .get_or_init(|| {
-            std::env::var(CRASH_POINT_ENV)
-                .ok()
-                .filter(|s| !s.is_empty())
-        })
-        .as_deref()
+/// Demo producer: the business row and the intent are written, the commit has not been sent.
+pub const PRODUCER_BEFORE_COMMIT: &str = "producer.before_commit";
+/// Demo producer: the transaction committed.
+pub const PRODUCER_AFTER_COMMIT: &str = "producer.after_commit";
+
+#[derive(Debug)]
+struct Active {
+    name: String,
+    skip: u64,
+    stop: bool,
+    hits: AtomicU64,
 }
 
-/// Aborts the process if `name` is the activated crash point. Does nothing otherwise.
+static ACTIVE: OnceLock<Option<Active>> = OnceLock::new();
+
+fn active() -> Option<&'static Active> {
+    ACTIVE
+        .get_or_init(|| {
+            let name = std::env::var(CRASH_POINT_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())?;
+            let skip = std::env::var(CRASH_SKIP_ENV)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            let stop = std::env::var(CRASH_ACTION_ENV).is_ok_and(|a| a.trim() == "stop");
+            Some(Active {
+                name,
+                skip,
+                stop,
+                hits: AtomicU64::new(0),
+            })
+        })
+        .as_ref()
+}
+
+/// Acts on the process if `name` is the activated crash point and its skip count is used up:
+/// aborts it (default) or stops it with SIGSTOP. Does nothing otherwise.
 pub fn hit(name: &str) {
-    if active() == Some(name) {
-        eprintln!("outbox: crash point {name} reached, aborting");
-        std::process::abort();
+    let Some(a) = active() else { return };
+    if a.name != name {
+        return;
     }
+    let n = a.hits.fetch_add(1, Ordering::Relaxed);
+    if n < a.skip {
+        return;
+    }
+    if a.stop {
+        if n == a.skip {
+            eprintln!("outbox: crash point {name} reached (hit {}), stopping", n + 1);
+            // SIGSTOP cannot be caught: the process freezes right here until SIGCONT.
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &std::process::id().to_string()])
+                .status();
+        }
+        return;
+    }
+    eprintln!("outbox: crash point {name} reached (hit {}), aborting", n + 1);
+    std::process::abort();
 }
