@@ -13,6 +13,8 @@
 mod broker;
 mod config;
 mod demo;
+mod provider;
+mod http_provider;
 mod scrape;
 
 use std::net::SocketAddr;

@@ -1,0 +1,849 @@
+//! [`HttpPayoutProvider`]: the [`RemoteEffect`] for the stand-in payment provider
+//! ([`crate::provider`]), and the worked example of writing a provider adapter.
+//!
+//! An adapter has one job: translate the provider's answers into the executor's vocabulary
+//! without ever guessing. The rules this one follows, and any adapter should:
+//!
+//! - **Always send the work item's key** (`Idempotency-Key`), on every call. A provider that
+//!   honours it turns a repeated call into a replay instead of a second payout.
+//! - **`Succeeded` only on a definitive yes** (here 200/201 with a parsable payout id).
+//! - **`Failed` only on a definitive no**: the provider answered and refused (4xx). Terminal.
+//! - **`NotSent` only when the request provably never left**: the TCP connection could not be
+//!   opened. Anything after the connection exists may have reached the provider.
+//! - **`Unknown` for everything else**: 5xx, a reset after sending, an answer that cannot be
+//!   parsed. The executor then reconciles through [`RemoteEffect::lookup`] instead of calling
+//!   again.
+//! - **No timeout and no retries inside.** The executor wraps every call in its own timeout
+//!   (and treats the timeout as `Unknown`) and owns retries and reconciliation; an adapter that
+//!   retried on its own would hide attempts from the record. Consequently a provider that
+//!   accepts the TCP connection and never answers holds the call until the executor's timeout.
+//! - **`NotFound` only when the provider says so.** A lookup 404 counts as "no payout for this
+//!   key" only when the body says exactly that; a 404 from a wrong base URL is `Unknown`,
+//!   because `NotFound` may allow a new call (and so a second payout).
+//!
+//! Transport: hyper's HTTP/1.1 client with a connection pool (keep-alive), plain HTTP only.
+
+use std::error::Error as _;
+use std::fmt;
+
+use anyhow::{Context, Result, bail};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use outbox_core::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
+
+use crate::provider::NO_PAYOUT_FOR_KEY;
+
+/// Largest answer body read from the provider; a bigger one counts as unparsable.
+const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+
+/// How much of a provider's answer body goes into a `Failed` / `Unknown` reason.
+const REASON_BODY_CHARS: usize = 300;
+
+/// Calls the stand-in payment provider over HTTP: `POST /payouts` to pay,
+/// `GET /payouts/by-key/{key}` to reconcile. See the module docs for the outcome mapping.
+///
+/// The work item's payload must hold `amount` (integer, minor units) and `beneficiary`
+/// (string); `reference` (string) is optional and defaults to the idempotency key.
+///
+/// Cheap to clone: clones share the connection pool.
+#[derive(Clone)]
+pub struct HttpPayoutProvider {
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// `http://host:port` plus an optional path prefix, without a trailing slash.
+    base: String,
+}
+
+impl fmt::Debug for HttpPayoutProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpPayoutProvider")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpPayoutProvider {
+    /// An adapter for the provider at `base_url`, e.g. `http://127.0.0.1:8080` (a path prefix
+    /// such as `http://host:port/provider` is kept; the port defaults to 80). Connects lazily.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `base_url` is not a plain `http://host[:port][/prefix]` URL: another scheme
+    /// (https needs a TLS connector this example does not carry), no host, user info, a query
+    /// or a fragment.
+    #[allow(dead_code)] // until main.rs wires the payout executor
+    pub fn new(base_url: &str) -> Result<Self> {
+        let expected = "expected http://host:port";
+        if base_url.contains('#') {
+            bail!("invalid provider URL `{base_url}`: a fragment is not allowed; {expected}");
+        }
+        let uri: Uri = base_url
+            .parse()
+            .with_context(|| format!("invalid provider URL `{base_url}`: {expected}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => bail!(
+                "invalid provider URL `{base_url}`: https is not supported by this adapter \
+                 (it has no TLS connector); {expected}"
+            ),
+            Some(other) => {
+                bail!("invalid provider URL `{base_url}`: scheme `{other}` is not http; {expected}")
+            }
+            None => bail!("invalid provider URL `{base_url}`: no scheme; {expected}"),
+        }
+        let Some(authority) = uri.authority() else {
+            bail!("invalid provider URL `{base_url}`: no host; {expected}");
+        };
+        if authority.host().is_empty() {
+            bail!("invalid provider URL `{base_url}`: no host; {expected}");
+        }
+        if authority.as_str().contains('@') {
+            bail!("invalid provider URL `{base_url}`: user info is not supported; {expected}");
+        }
+        if uri.query().is_some() {
+            bail!("invalid provider URL `{base_url}`: a query is not allowed; {expected}");
+        }
+        let prefix = uri.path().trim_end_matches('/');
+        let base = format!("http://{authority}{prefix}");
+
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Self { client, base })
+    }
+
+    fn uri(&self, path: &str) -> Result<Uri, String> {
+        let s = format!("{}{path}", self.base);
+        s.parse()
+            .map_err(|e| format!("cannot build the request URL `{s}`: {e}"))
+    }
+
+    /// Sends `req`; `Err(true)` when it provably never left (connect failure).
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, (bool, String)> {
+        self.client.request(req).await.map_err(|e| {
+            let mut reason = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                reason.push_str(": ");
+                reason.push_str(&s.to_string());
+                source = s.source();
+            }
+            (e.is_connect(), reason)
+        })
+    }
+}
+
+/// The JSON body of `POST /payouts` for `item`, or why the payload cannot make one.
+fn payout_body(item: &WorkItem) -> Result<serde_json::Value, String> {
+    let p = &item.payload;
+    let amount = p
+        .get("amount")
+        .and_then(serde_json::Value::as_i64)
+        .ok_or_else(|| {
+            format!(
+                "work item payload has no integer `amount` (payload: {})",
+                clip(&p.to_string())
+            )
+        })?;
+    let beneficiary = p
+        .get("beneficiary")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| {
+            format!(
+                "work item payload has no string `beneficiary` (payload: {})",
+                clip(&p.to_string())
+            )
+        })?;
+    let reference = match p.get("reference") {
+        None | Some(serde_json::Value::Null) => item.idempotency_key.as_str(),
+        Some(serde_json::Value::String(r)) => r.as_str(),
+        Some(other) => {
+            return Err(format!(
+                "work item payload `reference` is not a string: {other}"
+            ));
+        }
+    };
+    Ok(serde_json::json!({
+        "reference": reference,
+        "amount": amount,
+        "beneficiary": beneficiary,
+    }))
+}
+
+/// Percent-encodes one path segment: RFC 3986 `pchar`s stay (so `:` `-` `@` read as they
+/// are), everything else, notably `/ ? # %`, space and non-ASCII, becomes `%XX`. A key of only
+/// dots is fully encoded so no proxy mistakes it for `.` / `..`.
+fn encode_segment(key: &str) -> String {
+    let all_dots = !key.is_empty() && key.bytes().all(|b| b == b'.');
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        let keep = !all_dots && (b.is_ascii_alphanumeric() || b"-._~:@!$&'()*+,;=".contains(&b));
+        if keep {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Cuts a provider answer to a length fit for a reason string.
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(REASON_BODY_CHARS) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// The `payout_id` of a payout JSON answer.
+fn payout_id(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let id = v.get("payout_id")?.as_str()?;
+    (!id.is_empty()).then(|| id.to_owned())
+}
+
+/// Maps a `POST /payouts` answer to a call outcome.
+fn call_outcome(status: StatusCode, body: &[u8]) -> CallOutcome {
+    let text = clip(&String::from_utf8_lossy(body));
+    if status == StatusCode::OK || status == StatusCode::CREATED {
+        return match payout_id(body) {
+            Some(reference) => CallOutcome::Succeeded { reference },
+            None => CallOutcome::Unknown {
+                reason: format!("provider answered {status} without a payout_id: {text}"),
+            },
+        };
+    }
+    // 408 and 429 are 4xx but not refusals of the payout: the provider did not decide (or
+    // will not say), so reconciliation has to ask.
+    if status.is_client_error()
+        && status != StatusCode::REQUEST_TIMEOUT
+        && status != StatusCode::TOO_MANY_REQUESTS
+    {
+        return CallOutcome::Failed {
+            reason: format!("provider refused the payout with {status}: {text}"),
+        };
+    }
+    CallOutcome::Unknown {
+        reason: format!("provider answered {status}: {text}"),
+    }
+}
+
+/// Maps a `GET /payouts/by-key/{key}` answer to a lookup outcome.
+fn lookup_outcome(status: StatusCode, body: &[u8]) -> LookupOutcome {
+    let text = clip(&String::from_utf8_lossy(body));
+    match status {
+        StatusCode::OK => match payout_id(body) {
+            Some(reference) => LookupOutcome::Succeeded { reference },
+            None => LookupOutcome::Unknown {
+                reason: format!("lookup answered 200 without a payout_id: {text}"),
+            },
+        },
+        StatusCode::NOT_FOUND if is_no_payout_answer(body) => LookupOutcome::NotFound,
+        _ => LookupOutcome::Unknown {
+            reason: format!("lookup answered {status}: {text}"),
+        },
+    }
+}
+
+fn is_no_payout_answer(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(|e| e == NO_PAYOUT_FOR_KEY))
+        .unwrap_or(false)
+}
+
+/// Reads an answer body of at most [`MAX_ANSWER_BYTES`].
+async fn read_body(resp: Response<Incoming>) -> Result<Bytes, String> {
+    Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| format!("cannot read the answer body: {e}"))
+}
+
+impl RemoteEffect for HttpPayoutProvider {
+    /// `POST /payouts` with `Idempotency-Key: item.idempotency_key`. 200/201 -> `Succeeded`
+    /// (payout id as reference), 4xx except 408/429 -> `Failed`, connect failure -> `NotSent`,
+    /// anything else -> `Unknown`. A payload without `amount`/`beneficiary` is `Failed` without
+    /// a request: no retry can fix it.
+    async fn call(&self, item: &WorkItem) -> CallOutcome {
+        let body = match payout_body(item) {
+            Ok(b) => b,
+            Err(reason) => return CallOutcome::Failed { reason },
+        };
+        let key = match HeaderValue::from_str(&item.idempotency_key) {
+            Ok(k) => k,
+            Err(_) => {
+                return CallOutcome::Failed {
+                    reason: format!(
+                        "idempotency key {:?} cannot be sent as an HTTP header (not visible ASCII)",
+                        item.idempotency_key
+                    ),
+                };
+            }
+        };
+        let uri = match self.uri("/payouts") {
+            Ok(u) => u,
+            Err(reason) => return CallOutcome::Failed { reason },
+        };
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header(CONTENT_TYPE, "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from(body.to_string())));
+        let req = match req {
+            Ok(r) => r,
+            Err(e) => {
+                return CallOutcome::Failed {
+                    reason: format!("cannot build the request: {e}"),
+                };
+            }
+        };
+        let resp = match self.send(req).await {
+            Ok(r) => r,
+            Err((true, reason)) => {
+                return CallOutcome::NotSent {
+                    reason: format!("cannot connect to the provider at {}: {reason}", self.base),
+                };
+            }
+            Err((false, reason)) => {
+                return CallOutcome::Unknown {
+                    reason: format!("request to {} failed after connecting: {reason}", self.base),
+                };
+            }
+        };
+        let status = resp.status();
+        match read_body(resp).await {
+            Ok(body) => call_outcome(status, &body),
+            // The status line already is the provider's decision when it is a refusal.
+            Err(reason) => match call_outcome(status, b"") {
+                CallOutcome::Failed { .. } => CallOutcome::Failed {
+                    reason: format!("provider refused the payout with {status} ({reason})"),
+                },
+                _ => CallOutcome::Unknown {
+                    reason: format!("provider answered {status} ({reason})"),
+                },
+            },
+        }
+    }
+
+    /// `GET /payouts/by-key/{key}`. 200 -> `Succeeded`, the provider's own 404 -> `NotFound`,
+    /// anything else (including a failed connection) -> `Unknown`. This provider never
+    /// records refusals, so a lookup never yields `Failed`.
+    async fn lookup(&self, item: &WorkItem) -> LookupOutcome {
+        let path = format!("/payouts/by-key/{}", encode_segment(&item.idempotency_key));
+        let uri = match self.uri(&path) {
+            Ok(u) => u,
+            Err(reason) => return LookupOutcome::Unknown { reason },
+        };
+        let req = match Request::get(uri).body(Full::new(Bytes::new())) {
+            Ok(r) => r,
+            Err(e) => {
+                return LookupOutcome::Unknown {
+                    reason: format!("cannot build the lookup request: {e}"),
+                };
+            }
+        };
+        let resp = match self.send(req).await {
+            Ok(r) => r,
+            Err((_, reason)) => {
+                return LookupOutcome::Unknown {
+                    reason: format!("lookup at {} failed: {reason}", self.base),
+                };
+            }
+        };
+        let status = resp.status();
+        match read_body(resp).await {
+            Ok(body) => lookup_outcome(status, &body),
+            Err(reason) => LookupOutcome::Unknown {
+                reason: format!("lookup answered {status} ({reason})"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+    use tokio::task::JoinHandle;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::provider::{ProviderArgs, ProviderServer};
+
+    /// A provider serving in this process on a free port.
+    struct Running {
+        base: String,
+        shutdown: CancellationToken,
+        task: JoinHandle<()>,
+    }
+
+    impl Running {
+        async fn start(no_idempotency: bool) -> Self {
+            let args = ProviderArgs {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                no_idempotency,
+                delay_ms: 0,
+            };
+            let server = ProviderServer::bind(&args).await.unwrap();
+            let base = format!("http://{}", server.local_addr());
+            let shutdown = CancellationToken::new();
+            let task = tokio::spawn(server.serve(shutdown.clone()));
+            Self {
+                base,
+                shutdown,
+                task,
+            }
+        }
+
+        fn adapter(&self) -> HttpPayoutProvider {
+            HttpPayoutProvider::new(&self.base).unwrap()
+        }
+
+        /// Sends a raw request; answers status and JSON body (`Null` when not JSON).
+        async fn raw(
+            &self,
+            method: Method,
+            path: &str,
+            key: Option<&str>,
+            body: impl Into<Bytes>,
+        ) -> (StatusCode, Value) {
+            let client: Client<HttpConnector, Full<Bytes>> =
+                Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+            let mut req = Request::builder()
+                .method(method)
+                .uri(format!("{}{path}", self.base));
+            if let Some(k) = key {
+                req = req.header("idempotency-key", k);
+            }
+            let resp = client
+                .request(req.body(Full::new(body.into())).unwrap())
+                .await
+                .unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+
+        async fn payouts(&self) -> Vec<Value> {
+            let (status, v) = self.raw(Method::GET, "/payouts", None, "").await;
+            assert_eq!(status, StatusCode::OK);
+            v.as_array().unwrap().clone()
+        }
+
+        async fn stats(&self) -> Value {
+            let (status, v) = self.raw(Method::GET, "/admin/stats", None, "").await;
+            assert_eq!(status, StatusCode::OK);
+            v
+        }
+
+        async fn set_delay(&self, ms: u64) {
+            let body = json!({ "ms": ms }).to_string();
+            let (status, _) = self.raw(Method::POST, "/admin/delay", None, body).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+
+        async fn stop(self) {
+            self.shutdown.cancel();
+            tokio::time::timeout(Duration::from_secs(10), self.task)
+                .await
+                .expect("the provider stops promptly")
+                .unwrap();
+        }
+    }
+
+    fn item(key: &str, payload: Value) -> WorkItem {
+        WorkItem {
+            id: 1,
+            kind: "payout".to_owned(),
+            idempotency_key: key.to_owned(),
+            payload,
+            event_id: None,
+            attempts: 1,
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    fn payout(reference: &str, amount: i64) -> Value {
+        json!({ "reference": reference, "amount": amount, "beneficiary": "acct-42" })
+    }
+
+    fn succeeded(outcome: CallOutcome) -> String {
+        match outcome {
+            CallOutcome::Succeeded { reference } => reference,
+            other => panic!("expected Succeeded, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn repeated_call_with_the_same_key_is_one_payout() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        let it = item("payments:evt-1", payout("pay-1", 1500));
+
+        let first = succeeded(a.call(&it).await);
+        let second = succeeded(a.call(&it).await);
+        assert_eq!(first, "po_1");
+        assert_eq!(second, first, "the replay returns the same payout");
+
+        let all = p.payouts().await;
+        assert_eq!(all.len(), 1, "one payout: {all:?}");
+        assert_eq!(all[0]["reference"], "pay-1");
+        assert_eq!(all[0]["amount"], 1500);
+        assert_eq!(all[0]["idempotency_key"], "payments:evt-1");
+        let stats = p.stats().await;
+        assert_eq!(stats["payouts"], 1);
+        assert_eq!(stats["replays"], 1);
+        assert_eq!(stats["idempotency"], true);
+
+        assert_eq!(
+            a.lookup(&it).await,
+            LookupOutcome::Succeeded {
+                reference: first.clone()
+            }
+        );
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn same_key_with_a_different_body_is_failed() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        succeeded(a.call(&item("k-1", payout("pay-1", 100))).await);
+        match a.call(&item("k-1", payout("pay-1", 200))).await {
+            CallOutcome::Failed { reason } => {
+                assert!(reason.contains("422"), "{reason}");
+                assert!(reason.contains("different request"), "{reason}");
+            }
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        assert_eq!(p.payouts().await.len(), 1);
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn without_idempotency_the_same_key_pays_twice_and_lookup_finds_nothing() {
+        let p = Running::start(true).await;
+        let a = p.adapter();
+        let it = item("payments:evt-2", payout("pay-2", 700));
+
+        let first = succeeded(a.call(&it).await);
+        let second = succeeded(a.call(&it).await);
+        assert_ne!(first, second, "a second payout");
+
+        let all = p.payouts().await;
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert!(all.iter().all(|x| x["reference"] == "pay-2"));
+        assert!(all.iter().all(|x| x["idempotency_key"] == "payments:evt-2"));
+        assert_eq!(a.lookup(&it).await, LookupOutcome::NotFound);
+        let stats = p.stats().await;
+        assert_eq!(stats["idempotency"], false);
+        assert_eq!(stats["replays"], 0);
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_call_that_times_out_leaves_a_payout_that_lookup_finds() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        let it = item("payments:evt-3", payout("pay-3", 900));
+        p.set_delay(3_000).await;
+
+        // The executor's timeout, as it would wrap the call.
+        let timed_out = tokio::time::timeout(Duration::from_millis(200), a.call(&it)).await;
+        assert!(
+            timed_out.is_err(),
+            "the call outlives the client's patience"
+        );
+
+        // Recorded before the delay; lookups are not delayed.
+        let all = p.payouts().await;
+        assert_eq!(all.len(), 1, "{all:?}");
+        let reference = all[0]["payout_id"].as_str().unwrap().to_owned();
+        assert_eq!(
+            a.lookup(&it).await,
+            LookupOutcome::Succeeded {
+                reference: reference.clone()
+            }
+        );
+
+        p.set_delay(0).await;
+        assert_eq!(
+            succeeded(a.call(&it).await),
+            reference,
+            "a replay, not a second payout"
+        );
+        assert_eq!(p.payouts().await.len(), 1);
+        assert_eq!(p.stats().await["delay_ms"], 0);
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_not_sent() {
+        let unused: SocketAddr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let a = HttpPayoutProvider::new(&format!("http://{unused}")).unwrap();
+        let it = item("k-refused", payout("pay-r", 1));
+        match a.call(&it).await {
+            CallOutcome::NotSent { reason } => assert!(reason.contains("connect"), "{reason}"),
+            other => panic!("expected NotSent, got {other:?}"),
+        }
+        assert!(matches!(a.lookup(&it).await, LookupOutcome::Unknown { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_stopped_provider_refuses_connections() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        succeeded(a.call(&item("k-a", payout("pay-a", 5))).await);
+        p.stop().await;
+        let outcome = a.call(&item("k-b", payout("pay-b", 5))).await;
+        assert!(
+            matches!(outcome, CallOutcome::NotSent { .. }),
+            "got {outcome:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn zero_amount_is_failed_and_records_nothing() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        let it = item("k-zero", payout("pay-0", 0));
+        match a.call(&it).await {
+            CallOutcome::Failed { reason } => {
+                assert!(reason.contains("422"), "{reason}");
+                assert!(reason.contains("amount must be positive"), "{reason}");
+            }
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        assert!(p.payouts().await.is_empty());
+        assert_eq!(a.lookup(&it).await, LookupOutcome::NotFound);
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn listing_shows_every_payout_and_keys_with_reserved_characters_work() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        let odd = item(
+            "pay/ments? #1 100%",
+            json!({ "amount": 3, "beneficiary": "b" }),
+        );
+        let plain = item("payments:evt-9", payout("pay-9", 4));
+        let odd_id = succeeded(a.call(&odd).await);
+        let plain_id = succeeded(a.call(&plain).await);
+        assert_eq!(
+            a.lookup(&odd).await,
+            LookupOutcome::Succeeded { reference: odd_id }
+        );
+        assert_eq!(
+            a.lookup(&plain).await,
+            LookupOutcome::Succeeded {
+                reference: plain_id
+            }
+        );
+
+        let all = p.payouts().await;
+        assert_eq!(all.len(), 2);
+        // `reference` defaults to the idempotency key.
+        assert_eq!(all[0]["reference"], "pay/ments? #1 100%");
+        assert_eq!(all[1]["reference"], "pay-9");
+        for x in &all {
+            for field in [
+                "payout_id",
+                "reference",
+                "amount",
+                "beneficiary",
+                "idempotency_key",
+            ] {
+                assert!(!x[field].is_null(), "{field} missing in {x}");
+            }
+            assert!(x["created_at_ms"].as_i64().unwrap() > 0);
+        }
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn raw_api_status_codes() {
+        let p = Running::start(false).await;
+        let body = payout("pay-x", 10).to_string();
+
+        let (s, v) = p
+            .raw(Method::POST, "/payouts", Some("k-x"), body.clone())
+            .await;
+        assert_eq!(s, StatusCode::CREATED);
+        assert_eq!(v["replayed"], false);
+        let (s, v) = p
+            .raw(Method::POST, "/payouts", Some("k-x"), body.clone())
+            .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v["replayed"], true);
+        assert_eq!(v["payout_id"], "po_1");
+
+        let (s, v) = p.raw(Method::POST, "/payouts", None, body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(v["error"].as_str().unwrap().contains("Idempotency-Key"));
+
+        let (s, v) = p
+            .raw(Method::POST, "/payouts", Some("k-y"), "{not json")
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(v["error"].as_str().unwrap().contains("JSON"), "{v}");
+
+        let big = vec![b' '; crate::provider::MAX_BODY_BYTES + 1];
+        let (s, _) = p.raw(Method::POST, "/payouts", Some("k-z"), big).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+
+        let (s, _) = p.raw(Method::GET, "/nowhere", None, "").await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        let (s, v) = p.raw(Method::GET, "/payouts/by-key/k-x", None, "").await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v["payout_id"], "po_1");
+        assert!(v.get("replayed").is_none());
+        let (s, v) = p.raw(Method::GET, "/payouts/by-key/k-q", None, "").await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        assert_eq!(v["error"], NO_PAYOUT_FOR_KEY);
+        let (s, _) = p.raw(Method::DELETE, "/payouts", None, "").await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        let (s, _) = p.raw(Method::POST, "/admin/delay", None, "{}").await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+
+        assert_eq!(p.payouts().await.len(), 1);
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_wrong_base_path_is_not_read_as_not_found() {
+        let p = Running::start(false).await;
+        let a = HttpPayoutProvider::new(&format!("{}/wrong-prefix", p.base)).unwrap();
+        let it = item("k-w", payout("pay-w", 1));
+        assert!(matches!(a.lookup(&it).await, LookupOutcome::Unknown { .. }));
+        // POST to a missing route is a 404: the provider answered and did nothing.
+        assert!(matches!(a.call(&it).await, CallOutcome::Failed { .. }));
+        assert!(p.payouts().await.is_empty());
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_payload_without_amount_is_failed_without_a_request() {
+        let p = Running::start(false).await;
+        let a = p.adapter();
+        let outcome = a.call(&item("k-p", json!({ "beneficiary": "b" }))).await;
+        match outcome {
+            CallOutcome::Failed { reason } => assert!(reason.contains("amount"), "{reason}"),
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        let outcome = a
+            .call(&item(
+                "k-p",
+                json!({ "amount": 1, "beneficiary": "b", "reference": 7 }),
+            ))
+            .await;
+        assert!(matches!(outcome, CallOutcome::Failed { .. }), "{outcome:?}");
+        assert!(p.payouts().await.is_empty());
+        assert_eq!(p.stats().await["payouts"], 0);
+        p.stop().await;
+    }
+
+    #[test]
+    fn answers_map_to_outcomes() {
+        let ok = br#"{"payout_id":"po_7","replayed":true}"#;
+        assert_eq!(
+            call_outcome(StatusCode::OK, ok),
+            CallOutcome::Succeeded {
+                reference: "po_7".to_owned()
+            }
+        );
+        assert!(matches!(
+            call_outcome(StatusCode::CREATED, b"<html>"),
+            CallOutcome::Unknown { .. }
+        ));
+        for s in [400, 404, 409, 422] {
+            let status = StatusCode::from_u16(s).unwrap();
+            assert!(matches!(
+                call_outcome(status, b"{}"),
+                CallOutcome::Failed { .. }
+            ));
+        }
+        for s in [202, 204, 301, 408, 429, 500, 502, 503] {
+            let status = StatusCode::from_u16(s).unwrap();
+            assert!(
+                matches!(call_outcome(status, b"{}"), CallOutcome::Unknown { .. }),
+                "{s}"
+            );
+        }
+        let not_found = format!(r#"{{"error":"{NO_PAYOUT_FOR_KEY}"}}"#);
+        assert_eq!(
+            lookup_outcome(StatusCode::NOT_FOUND, not_found.as_bytes()),
+            LookupOutcome::NotFound
+        );
+        assert!(matches!(
+            lookup_outcome(StatusCode::NOT_FOUND, b"not found"),
+            LookupOutcome::Unknown { .. }
+        ));
+        assert!(matches!(
+            lookup_outcome(StatusCode::INTERNAL_SERVER_ERROR, b""),
+            LookupOutcome::Unknown { .. }
+        ));
+        assert_eq!(
+            lookup_outcome(StatusCode::OK, ok),
+            LookupOutcome::Succeeded {
+                reference: "po_7".to_owned()
+            }
+        );
+    }
+
+    #[test]
+    fn key_segments_are_encoded_minimally() {
+        assert_eq!(encode_segment("payments:evt-1"), "payments:evt-1");
+        assert_eq!(encode_segment("a/b?c#d%e f"), "a%2Fb%3Fc%23d%25e%20f");
+        assert_eq!(encode_segment("é"), "%C3%A9");
+        assert_eq!(encode_segment(".."), "%2E%2E");
+        assert_eq!(encode_segment("a.b"), "a.b");
+    }
+
+    #[test]
+    fn base_urls_are_validated() {
+        for good in [
+            "http://127.0.0.1:8080",
+            "http://127.0.0.1:8080/",
+            "http://localhost:1/prefix/",
+        ] {
+            let a = HttpPayoutProvider::new(good).unwrap_or_else(|e| panic!("{good}: {e:#}"));
+            assert!(!a.base.ends_with('/'), "{}", a.base);
+        }
+        assert_eq!(
+            HttpPayoutProvider::new("http://localhost:1/prefix/")
+                .unwrap()
+                .base,
+            "http://localhost:1/prefix"
+        );
+        for (bad, why) in [
+            ("https://127.0.0.1:8443", "https"),
+            ("ftp://127.0.0.1:21", "scheme"),
+            ("127.0.0.1:8080", "http://host:port"),
+            ("/payouts", "http://host:port"),
+            ("http://u:p@127.0.0.1:1", "user info"),
+            ("http://127.0.0.1:1/?x=1", "query"),
+            ("http://127.0.0.1:1/#f", "fragment"),
+            ("not a url", "http://host:port"),
+        ] {
+            let e = HttpPayoutProvider::new(bad).expect_err(bad);
+            let msg = format!("{e:#}");
+            assert!(msg.contains(why), "{bad}: {msg}");
+        }
+    }
+}
