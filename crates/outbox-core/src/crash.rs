@@ -23,8 +23,11 @@
 //! | `consumer.after_inbox`        | consumer: inbox row written, handler not run (no commit) |
 //! | `consumer.after_effect`       | consumer: effect written, not committed                  |
 //! | `consumer.after_commit`       | consumer: committed, not acknowledged                    |
+//! | `effects.after_call`          | effects executor: provider answered, result not recorded |
+//! | `effects.after_record`        | effects executor: the provider's answer is recorded      |
 //!
 //! The consumer points are defined with the inbox runner (`outbox_postgres::consumer`), the
+//! effects points with the work-item executor (`outbox_postgres::effects`), the
 //! producer points in the `outbox demo-producer` workload (a library never commits the caller's
 //! transaction, so the points sit in the caller's code, where a user's service would crash).
 

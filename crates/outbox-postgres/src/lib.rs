@@ -8,6 +8,9 @@
 //! * **Consumer inbox** ([`PgInbox`]): `(consumer, event_id)` identity with a payload
 //!   fingerprint in the consumer's transaction: new, duplicate, conflict, and an optional
 //!   per-aggregate ordering guard.
+//! * **Remote effects** ([`effects`]): durable work items with idempotency keys, written in the
+//!   consumer's transaction ([`PgEffects::enqueue`]), and an [`Executor`] that calls the
+//!   provider under a lease and reconciles unknown outcomes by lookup.
 //! * **Migrations** ([`migrate()`]): numbered `.sql` files under a configurable schema, applied
 //!   under an advisory lock.
 //!
@@ -16,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod consumer;
+pub mod effects;
 mod error;
 mod inbox;
 pub mod migrate;
@@ -28,6 +32,10 @@ mod store;
 pub use consumer::{
     ConflictPolicy, ConsumerConfig, ConsumerDeadLetter, ConsumerError, ConsumerReport, Handler,
     HandlerError, PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue,
+};
+pub use effects::{
+    EffectsError, EffectsStats, EnqueueOutcome, Executor, ExecutorConfig, NewWorkItem, PgEffects,
+    Resolution, TickReport, WorkItemRow,
 };
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};

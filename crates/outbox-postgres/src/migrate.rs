@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_inbox.sql",
         sql: include_str!("../migrations/0002_inbox.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_work_items.sql",
+        sql: include_str!("../migrations/0003_work_items.sql"),
+    },
 ];
 
 /// The schema version this release needs.
