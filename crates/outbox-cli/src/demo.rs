@@ -48,11 +48,12 @@ pub struct DemoArgs {
     timeout_secs: u64,
 }
 
+/// One message as an independent subscriber saw it on the broker.
 #[derive(Debug, Clone)]
-struct Seen {
-    event_id: Uuid,
-    aggregate_id: String,
-    version: i64,
+pub(crate) struct Seen {
+    pub(crate) event_id: Uuid,
+    pub(crate) aggregate_id: String,
+    pub(crate) version: i64,
 }
 
 #[derive(Default)]
@@ -351,7 +352,7 @@ async fn produce_one(pool: &PgPool, outbox: &PgOutbox, ledger: &Ledger, i: u64) 
     Ok(())
 }
 
-fn parse_ce(get: impl Fn(&str) -> Option<String>, prefix: &str) -> Option<Seen> {
+pub(crate) fn parse_ce(get: impl Fn(&str) -> Option<String>, prefix: &str) -> Option<Seen> {
     Some(Seen {
         event_id: get(&format!("{prefix}id"))?.parse().ok()?,
         aggregate_id: get(&format!("{prefix}aggregateid"))?,
@@ -521,6 +522,8 @@ async fn verdict(
 }
 
 const CONSUMER: &str = "reporting";
+/// The work-item kind of the demo's payouts.
+pub const PAYOUT_KIND: &str = "payout";
 const DEMO_QUEUE: &str = "outbox_demo.reporting";
 
 fn nats_consumer_config() -> outbox_nats::NatsConsumerConfig {
@@ -541,7 +544,7 @@ fn rabbit_consumer_config() -> outbox_rabbitmq::RabbitConsumerConfig {
     }
 }
 
-async fn delete_rabbit_queue(url: &str, queue: &str) -> Result<()> {
+pub(crate) async fn delete_rabbit_queue(url: &str, queue: &str) -> Result<()> {
     let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     let _ = ch
@@ -551,26 +554,46 @@ async fn delete_rabbit_queue(url: &str, queue: &str) -> Result<()> {
     Ok(())
 }
 
-async fn create_report_table(pool: &PgPool, schema: &Schema) -> Result<()> {
+pub(crate) async fn create_report_table(pool: &PgPool, schema: &Schema) -> Result<()> {
+    let s = schema.as_str();
     sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {}.payment_report (payment_id text PRIMARY KEY, \
-         amount bigint NOT NULL, status text NOT NULL, events_applied integer NOT NULL)",
-        schema.as_str()
+        "CREATE TABLE IF NOT EXISTS {s}.payment_report (payment_id text PRIMARY KEY, \
+         amount bigint NOT NULL, status text NOT NULL, events_applied integer NOT NULL)"
+    )))
+    .execute(pool)
+    .await?;
+    // One row per applied event and deliberately no unique key: a second effect of the same
+    // event would be a second row here, which is what the crash matrix counts.
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {s}.effect_log (seq bigserial PRIMARY KEY, \
+         consumer_name text NOT NULL, event_id uuid NOT NULL, aggregate_id text NOT NULL, \
+         aggregate_version bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
     )))
     .execute(pool)
     .await?;
     Ok(())
 }
 
-/// The reporting consumer's effect: one row per payment, counting the events applied to it.
+/// The reporting consumer's effect: one row per payment, counting the events applied to it, one
+/// `effect_log` row per applied event, and (with payouts on) one payout work item per created
+/// payment, all in the consumer's inbox transaction.
 pub struct ReportingHandler {
     insert: String,
     capture: String,
+    log: String,
+    consumer: String,
+    payouts: Option<outbox_postgres::effects::PgEffects>,
 }
 
 impl ReportingHandler {
-    /// For the report table in `schema`.
+    /// For the report table in `schema`, consumer `reporting`, without payouts.
     pub fn new(schema: &Schema) -> Self {
+        Self::with_payouts(schema, CONSUMER, false)
+    }
+
+    /// For consumer `consumer`; with `payouts`, each `PaymentCreated` also writes a payout work
+    /// item whose idempotency key is derived from the consumer and the event.
+    pub fn with_payouts(schema: &Schema, consumer: &str, payouts: bool) -> Self {
         let t = format!("{}.payment_report", schema.as_str());
         Self {
             insert: format!(
@@ -579,6 +602,13 @@ impl ReportingHandler {
             capture: format!(
                 "UPDATE {t} SET status = 'captured', events_applied = events_applied + 1 WHERE payment_id = $1"
             ),
+            log: format!(
+                "INSERT INTO {}.effect_log (consumer_name, event_id, aggregate_id, aggregate_version) \
+                 VALUES ($1, $2, $3, $4)",
+                schema.as_str()
+            ),
+            consumer: consumer.to_owned(),
+            payouts: payouts.then(|| outbox_postgres::effects::PgEffects::new(schema.clone())),
         }
     }
 }
@@ -605,6 +635,28 @@ impl Handler for ReportingHandler {
                     .bind(amount)
                     .execute(&mut *tx)
                     .await?;
+                if let Some(effects) = &self.payouts {
+                    use outbox_postgres::effects::{NewWorkItem, idempotency_key};
+                    let item = NewWorkItem {
+                        kind: PAYOUT_KIND.into(),
+                        idempotency_key: idempotency_key(
+                            PAYOUT_KIND,
+                            &self.consumer,
+                            event.event_id,
+                        ),
+                        payload: serde_json::json!({
+                            "reference": event.aggregate_id,
+                            "amount": amount,
+                            "beneficiary": format!("merchant-of-{}", event.aggregate_id),
+                        }),
+                        event_id: Some(event.event_id),
+                        consumer_name: Some(self.consumer.clone()),
+                    };
+                    effects
+                        .enqueue(&mut *tx, &item)
+                        .await
+                        .map_err(|e| HandlerError::Transient(format!("payout work item: {e}")))?;
+                }
             }
             "PaymentCaptured" => {
                 let n = sqlx::query(AssertSqlSafe(self.capture.clone()))
@@ -624,6 +676,13 @@ impl Handler for ReportingHandler {
                 )));
             }
         }
+        sqlx::query(AssertSqlSafe(self.log.clone()))
+            .bind(&self.consumer)
+            .bind(event.event_id)
+            .bind(&event.aggregate_id)
+            .bind(event.aggregate_version)
+            .execute(&mut *tx)
+            .await?;
         Ok(())
     }
 }
@@ -749,7 +808,15 @@ pub struct ConsumerArgs {
     /// Ordering guard: off, wait or apply_anyway.
     #[arg(long, default_value = "off")]
     ordering: String,
+    /// Also write one payout work item per created payment (executed by `outbox effects run`).
+    #[arg(long)]
+    payouts: bool,
 }
+
+/// Test-only: with this variable set to `1`, `outbox demo-consumer` acknowledges every delivery
+/// as soon as it arrives, before its transaction commits. It exists so that the crash matrix can
+/// prove it notices a broken consumer (guarantee G6); never set it anywhere else.
+pub const ACK_BEFORE_COMMIT_ENV: &str = "OUTBOX_TEST_ACK_BEFORE_COMMIT";
 
 /// Runs the reporting consumer until `shutdown`.
 pub async fn run_consumer(
@@ -785,20 +852,25 @@ pub async fn run_consumer(
         ..Default::default()
     };
     let source = AnySource::connect(broker_url, nats, rabbit).await?;
-    let consumer = PgConsumer::new(
-        pool,
-        schema.clone(),
-        source,
-        ReportingHandler::new(&schema),
-        ConsumerConfig {
-            batch_size: args.batch_size,
-            ordering,
-            gap_delay: Duration::from_millis(200),
-            ..ConsumerConfig::new(args.name.clone())
-        },
-    );
+    let handler = ReportingHandler::with_payouts(&schema, &args.name, args.payouts);
+    let config = ConsumerConfig {
+        batch_size: args.batch_size,
+        ordering,
+        gap_delay: Duration::from_millis(200),
+        ..ConsumerConfig::new(args.name.clone())
+    };
     tracing::info!(consumer = %args.name, broker = %redact(broker_url), "consumer started");
-    consumer.run(shutdown).await;
+    if std::env::var(ACK_BEFORE_COMMIT_ENV).is_ok_and(|v| v == "1") {
+        tracing::warn!("{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)");
+        let source = crate::broker::AckFirstSource(source);
+        PgConsumer::new(pool, schema.clone(), source, handler, config)
+            .run(shutdown)
+            .await;
+    } else {
+        PgConsumer::new(pool, schema.clone(), source, handler, config)
+            .run(shutdown)
+            .await;
+    }
     tracing::info!("consumer stopped");
     Ok(())
 }

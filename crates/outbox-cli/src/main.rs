@@ -13,6 +13,9 @@
 mod broker;
 mod config;
 mod demo;
+mod effects_cmd;
+mod matrix;
+mod workload;
 mod provider;
 mod http_provider;
 mod scrape;
@@ -91,6 +94,16 @@ enum Command {
     /// The demo's reporting consumer as its own process (inbox + handler + ack after commit),
     /// until SIGTERM. Crash tests kill it with OUTBOX_CRASH_POINT=consumer.after_commit etc.
     DemoConsumer(demo::ConsumerArgs),
+    /// Remote effects: run the executor, inspect and resolve work items.
+    #[command(subcommand)]
+    Effects(effects_cmd::EffectsCmd),
+    /// The stand-in payment provider (HTTP) used by the crash matrix.
+    DemoProvider(provider::ProviderArgs),
+    /// The payments workload as its own process (resumable; crash points producer.*).
+    DemoProducer(workload::ProducerArgs),
+    /// Run the crash matrix (or, with --chaos, the chaos run) with real processes; exits 1 if
+    /// any cell did not end as expected.
+    CrashMatrix(matrix::MatrixArgs),
     /// Events whose id arrived again with a different payload (recorded by consumers).
     #[command(subcommand)]
     Conflicts(ConflictsCmd),
@@ -154,14 +167,20 @@ enum DeadLetterCmd {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The harness prints its own progress; its clients' connection chatter would drown it.
+    let default_filter = if matches!(cli.command, Command::CrashMatrix(_)) {
+        "warn,outbox_nats::transport=error"
+    } else {
+        "info,sqlx=warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -185,6 +204,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     };
     if let Command::Demo(args) = cli.command {
         return demo::run(args, cli.database_url, cli.broker_url, &file).await;
+    }
+    if let Command::DemoProvider(args) = cli.command {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(shutdown_on_signal(shutdown.clone()));
+        provider::run_provider(args, shutdown).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::CrashMatrix(args) = cli.command {
+        return matrix::run(args, cli.database_url, cli.broker_url, &file).await;
     }
     let resolved = config::resolve(cli.database_url, cli.broker_url, cli.schema, &file)?;
     let pool = connect_db(&resolved.database_url).await?;
@@ -442,7 +470,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             tokio::spawn(shutdown_on_signal(shutdown.clone()));
             demo::run_consumer(args, pool, resolved.schema.clone(), &broker_url, shutdown).await?;
         }
-        Command::Demo(_) => unreachable!("handled above"),
+        Command::DemoProducer(args) => {
+            workload::run_producer(args, pool, resolved.schema.clone()).await?;
+        }
+        Command::Effects(cmd) => {
+            effects_cmd::run(cmd, pool, resolved.schema.clone()).await?;
+        }
+        Command::Demo(_) | Command::CrashMatrix(_) | Command::DemoProvider(_) => {
+            unreachable!("handled above")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -521,7 +557,7 @@ pub(crate) fn install_metrics(addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-async fn shutdown_on_signal(token: CancellationToken) {
+pub(crate) async fn shutdown_on_signal(token: CancellationToken) {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {

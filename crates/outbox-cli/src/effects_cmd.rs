@@ -1,0 +1,186 @@
+//! `outbox effects …`: run the remote-effect executor against an HTTP payout provider, and
+//! inspect or resolve work items by hand.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use outbox_postgres::Schema;
+use outbox_postgres::effects::{Executor, ExecutorConfig, PgEffects, Resolution};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::http_provider::HttpPayoutProvider;
+
+/// `outbox effects` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum EffectsCmd {
+    /// Run the executor until SIGTERM: claim work items, call the provider with their
+    /// idempotency key, record the outcome, reconcile unknown outcomes by key.
+    Run(RunArgs),
+    /// Work items per state, the reconciliation backlog and the oldest unknown age.
+    Status {
+        /// Only this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List work items, oldest first.
+    List {
+        /// Only this state: pending, in_progress, unknown, succeeded, failed.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Settle an unknown item after checking with the provider yourself, or call again.
+    Resolve {
+        /// Work item id (from `list`).
+        id: i64,
+        /// The provider confirmed the effect; its reference.
+        #[arg(long, group = "decision")]
+        succeeded: Option<String>,
+        /// The provider confirmed it did not happen and must not; the reason.
+        #[arg(long, group = "decision")]
+        failed: Option<String>,
+        /// Call the provider again with the same key.
+        #[arg(long, group = "decision")]
+        resend: bool,
+    },
+}
+
+/// Options of `outbox effects run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Work-item kind to execute.
+    #[arg(long, default_value = "payout")]
+    kind: String,
+    /// Base URL of the payout provider (http://host:port).
+    #[arg(long, env = "OUTBOX_PROVIDER_URL")]
+    provider_url: String,
+    /// Timeout of one call or lookup; a timed-out call is an unknown outcome.
+    #[arg(long, default_value_t = 10_000)]
+    call_timeout_ms: u64,
+    /// Lease of a claim; must exceed ceil(batch / concurrency) × call timeout + 2 s.
+    #[arg(long, default_value_t = 30.0)]
+    lease_secs: f64,
+    /// Items claimed per pass.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    /// Calls in flight at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Minimum age of an unknown item before its first lookup.
+    #[arg(long, default_value_t = 2000)]
+    reconcile_after_ms: u64,
+    /// Park items the provider has no record of instead of calling again with the same key
+    /// (for providers that do not deduplicate by key).
+    #[arg(long)]
+    no_resend_when_not_found: bool,
+    /// Serve Prometheus metrics here.
+    #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+}
+
+/// Runs an `outbox effects` subcommand.
+pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
+    outbox_postgres::check_schema(&pool, &schema).await?;
+    let effects = PgEffects::new(schema.clone());
+    match cmd {
+        EffectsCmd::Run(a) => {
+            if !(a.lease_secs.is_finite() && a.lease_secs > 0.0) {
+                bail!("invalid option `--lease-secs`: must be a positive number of seconds");
+            }
+            let provider = HttpPayoutProvider::new(&a.provider_url)?;
+            let config = ExecutorConfig {
+                batch_size: a.batch_size,
+                concurrency: a.concurrency,
+                lease: Duration::from_secs_f64(a.lease_secs),
+                call_timeout: Duration::from_millis(a.call_timeout_ms),
+                reconcile_after: Duration::from_millis(a.reconcile_after_ms),
+                resend_when_not_found: !a.no_resend_when_not_found,
+                ..ExecutorConfig::new(a.kind.clone())
+            };
+            let executor = Arc::new(
+                Executor::new(pool, schema, provider, config)
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+                    .context("cannot start the executor")?,
+            );
+            if let Some(addr) = a.metrics_addr {
+                crate::install_metrics(addr)?;
+            }
+            let shutdown = CancellationToken::new();
+            tokio::spawn(crate::shutdown_on_signal(shutdown.clone()));
+            tracing::info!(kind = %a.kind, provider = %a.provider_url, "executor started");
+            executor.run(shutdown).await;
+            tracing::info!("executor stopped");
+        }
+        EffectsCmd::Status { kind, json } => {
+            let s = effects.stats(&pool, kind.as_deref()).await?;
+            let unknown_age = s.oldest_unknown_age.map_or(0.0, |d| d.as_secs_f64());
+            let pending_age = s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "pending": s.pending,
+                        "in_progress": s.in_progress,
+                        "unknown": s.unknown,
+                        "succeeded": s.succeeded,
+                        "failed": s.failed,
+                        "oldest_unknown_age_seconds": unknown_age,
+                        "oldest_pending_age_seconds": pending_age,
+                    })
+                );
+            } else {
+                println!("pending                     {}", s.pending);
+                println!("in progress                 {}", s.in_progress);
+                println!("unknown (to reconcile)      {}", s.unknown);
+                println!("oldest unknown age (s)      {unknown_age:.3}");
+                println!("oldest pending age (s)      {pending_age:.3}");
+                println!("succeeded                   {}", s.succeeded);
+                println!("failed                      {}", s.failed);
+            }
+        }
+        EffectsCmd::List { state, limit } => {
+            let list = effects.list(&pool, state.as_deref(), limit).await?;
+            if list.is_empty() {
+                println!("no work items");
+            }
+            for w in list {
+                println!(
+                    "#{}  {}  {}  key={}  attempts={} lookups={}  ref={}  since {}\n    last_error: {}",
+                    w.id,
+                    w.kind,
+                    w.state,
+                    w.idempotency_key,
+                    w.attempts,
+                    w.lookups,
+                    w.reference.as_deref().unwrap_or("-"),
+                    w.created_at.to_rfc3339(),
+                    w.last_error.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        EffectsCmd::Resolve {
+            id,
+            succeeded,
+            failed,
+            resend,
+        } => {
+            let resolution = match (succeeded, failed, resend) {
+                (Some(reference), None, false) => Resolution::Succeeded { reference },
+                (None, Some(reason), false) => Resolution::Failed { reason },
+                (None, None, true) => Resolution::Resend,
+                _ => bail!("give exactly one of --succeeded REF, --failed REASON, --resend"),
+            };
+            let row = effects.resolve(&pool, id, resolution).await?;
+            println!("work item #{} is now {}", row.id, row.state);
+        }
+    }
+    Ok(())
+}
