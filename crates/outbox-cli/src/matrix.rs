@@ -497,6 +497,21 @@ impl Env {
         // Declares the stream (NATS) or the exchange (RabbitMQ) before any process starts.
         let _ = AnyTransport::connect(&self.broker_url, self.nats_config(), self.rabbit_config())
             .await?;
+        if self.broker == "rabbitmq" {
+            // The consumer's queue must be bound before the first publish, as in any deployment:
+            // a message routed only to the observer's queue would never reach the consumer.
+            let _ = crate::broker::AnySource::connect(
+                &self.broker_url,
+                outbox_nats::NatsConsumerConfig::default(),
+                outbox_rabbitmq::RabbitConsumerConfig {
+                    queue: self.queue(),
+                    bind_exchange: Some(self.prefix.clone()),
+                    binding_key: "#".into(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        }
         std::fs::write(self.log_dir.join("outbox.toml"), self.config_toml())?;
         Ok(())
     }
