@@ -861,7 +861,9 @@ pub async fn run_consumer(
     };
     tracing::info!(consumer = %args.name, broker = %redact(broker_url), "consumer started");
     if std::env::var(ACK_BEFORE_COMMIT_ENV).is_ok_and(|v| v == "1") {
-        tracing::warn!("{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)");
+        tracing::warn!(
+            "{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)"
+        );
         let source = crate::broker::AckFirstSource(source);
         PgConsumer::new(pool, schema.clone(), source, handler, config)
             .run(shutdown)

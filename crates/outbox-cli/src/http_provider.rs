@@ -75,7 +75,6 @@ impl HttpPayoutProvider {
     /// Fails when `base_url` is not a plain `http://host[:port][/prefix]` URL: another scheme
     /// (https needs a TLS connector this example does not carry), no host, user info, a query
     /// or a fragment.
-    #[allow(dead_code)] // until main.rs wires the payout executor
     pub fn new(base_url: &str) -> Result<Self> {
         let expected = "expected http://host:port";
         if base_url.contains('#') {
@@ -217,10 +216,12 @@ fn call_outcome(status: StatusCode, body: &[u8]) -> CallOutcome {
             },
         };
     }
-    // 408 and 429 are 4xx but not refusals of the payout: the provider did not decide (or
-    // will not say), so reconciliation has to ask.
+    // 408, 409 and 429 are 4xx but not refusals of the payout: the provider did not decide
+    // (or will not say). 409 is what idempotency-key providers answer while a request with the
+    // same key is still in progress. Reconciliation has to ask.
     if status.is_client_error()
         && status != StatusCode::REQUEST_TIMEOUT
+        && status != StatusCode::CONFLICT
         && status != StatusCode::TOO_MANY_REQUESTS
     {
         return CallOutcome::Failed {
@@ -267,7 +268,7 @@ async fn read_body(resp: Response<Incoming>) -> Result<Bytes, String> {
 
 impl RemoteEffect for HttpPayoutProvider {
     /// `POST /payouts` with `Idempotency-Key: item.idempotency_key`. 200/201 -> `Succeeded`
-    /// (payout id as reference), 4xx except 408/429 -> `Failed`, connect failure -> `NotSent`,
+    /// (payout id as reference), 4xx except 408/409/429 -> `Failed`, connect failure -> `NotSent`,
     /// anything else -> `Unknown`. A payload without `amount`/`beneficiary` is `Failed` without
     /// a request: no retry can fix it.
     async fn call(&self, item: &WorkItem) -> CallOutcome {
@@ -771,14 +772,14 @@ mod tests {
             call_outcome(StatusCode::CREATED, b"<html>"),
             CallOutcome::Unknown { .. }
         ));
-        for s in [400, 404, 409, 422] {
+        for s in [400, 404, 422] {
             let status = StatusCode::from_u16(s).unwrap();
             assert!(matches!(
                 call_outcome(status, b"{}"),
                 CallOutcome::Failed { .. }
             ));
         }
-        for s in [202, 204, 301, 408, 429, 500, 502, 503] {
+        for s in [202, 204, 301, 408, 409, 429, 500, 502, 503] {
             let status = StatusCode::from_u16(s).unwrap();
             assert!(
                 matches!(call_outcome(status, b"{}"), CallOutcome::Unknown { .. }),

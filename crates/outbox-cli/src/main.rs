@@ -14,11 +14,11 @@ mod broker;
 mod config;
 mod demo;
 mod effects_cmd;
-mod matrix;
-mod workload;
-mod provider;
 mod http_provider;
+mod matrix;
+mod provider;
 mod scrape;
+mod workload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -419,7 +419,10 @@ pub async fn run(
         println!("table written into {}", path.display());
     }
     if failed == 0 {
-        println!("crash matrix on {broker}: all {} cells as expected", rows.len());
+        println!(
+            "crash matrix on {broker}: all {} cells as expected",
+            rows.len()
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         println!(
@@ -486,9 +489,11 @@ impl Env {
         crate::workload::create_payments_table(&self.pool, &self.schema).await?;
         crate::demo::create_report_table(&self.pool, &self.schema).await?;
         if self.broker == "nats" {
-            let client = async_nats::connect(&self.broker_url).await.with_context(|| {
-                format!("cannot connect to NATS at {}", redact(&self.broker_url))
-            })?;
+            let client = async_nats::connect(&self.broker_url)
+                .await
+                .with_context(|| {
+                    format!("cannot connect to NATS at {}", redact(&self.broker_url))
+                })?;
             let js = async_nats::jetstream::new(client);
             let _ = js.delete_stream(self.stream()).await;
         } else {
@@ -533,9 +538,11 @@ impl Env {
             let _ = stream.info().await;
             Ok(info.num_pending + info.num_ack_pending as u64)
         } else {
-            let conn =
-                lapin::Connection::connect(&self.broker_url, lapin::ConnectionProperties::default())
-                    .await?;
+            let conn = lapin::Connection::connect(
+                &self.broker_url,
+                lapin::ConnectionProperties::default(),
+            )
+            .await?;
             let ch = conn.create_channel().await?;
             let q = ch
                 .queue_declare(
@@ -703,16 +710,27 @@ struct Processes {
     provider_url: String,
 }
 
-async fn start_system(
-    env: &Env,
+/// What [`start_system`] starts.
+struct SystemSpec<'a> {
     payments: u64,
-    producer_extra: &[&str],
+    producer_extra: &'a [&'a str],
     relays: usize,
     provider_idempotent: bool,
     provider_delay_ms: u64,
     executor_timeout_ms: u64,
-    arm: Option<(Role, &str, u64, Action)>,
-) -> Result<Processes> {
+    arm: Option<(Role, &'a str, u64, Action)>,
+}
+
+async fn start_system(env: &Env, spec: SystemSpec<'_>) -> Result<Processes> {
+    let SystemSpec {
+        payments,
+        producer_extra,
+        relays,
+        provider_idempotent,
+        provider_delay_ms,
+        executor_timeout_ms,
+        arm,
+    } = spec;
     // The provider first: the executor needs its address.
     let mut provider_args = vec!["demo-provider".to_owned()];
     if !provider_idempotent {
@@ -821,13 +839,15 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
     let seen = spawn_observer(env).await?;
     let mut sys = start_system(
         env,
-        payments,
-        &[],
-        relays,
-        cell.provider_idempotent,
-        delay,
-        timeout,
-        arm,
+        SystemSpec {
+            payments,
+            producer_extra: &[],
+            relays,
+            provider_idempotent: cell.provider_idempotent,
+            provider_delay_ms: delay,
+            executor_timeout_ms: timeout,
+            arm,
+        },
     )
     .await?;
     let started = Instant::now();
@@ -866,11 +886,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
             sys.procs[i].start(env).await?;
         }
         if cell.action == Action::Stop {
-            let target = sys
-                .procs
-                .iter()
-                .find(|p| p.crash.is_some())
-                .expect("armed");
+            let target = sys.procs.iter().find(|p| p.crash.is_some()).expect("armed");
             if stopped_at.is_none() && target.is_stopped() {
                 stopped_at = Some(Instant::now());
             }
@@ -941,7 +957,10 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         problems.push("the transaction in flight at the crash left rows behind".into());
     }
     if env.broker == "rabbitmq" && check.wire_missing > 0 {
-        problems.push(format!("{} intents never seen on the wire", check.wire_missing));
+        problems.push(format!(
+            "{} intents never seen on the wire",
+            check.wire_missing
+        ));
     }
     if cell.action == Action::SlowProvider && unknown_peak == 0 {
         problems.push("no work item ever became unknown".into());
@@ -1105,11 +1124,9 @@ async fn check_invariants(
         }
     }
     // G1 / drained: no intent left, none dead.
-    let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {s}.events"
-    )))
-    .fetch_one(pool)
-    .await?;
+    let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {s}.events")))
+        .fetch_one(pool)
+        .await?;
     if left != 0 {
         v.push(format!("{left} intents still in the outbox"));
     }
@@ -1136,7 +1153,9 @@ async fn check_invariants(
     let wire_leaked = ids_of.keys().filter(|k| !expected.contains(*k)).count();
     let regenerated = ids_of.values().filter(|ids| ids.len() > 1).count();
     if wire_strict && wire_missing > 0 {
-        v.push(format!("{wire_missing} committed intents never seen on the wire"));
+        v.push(format!(
+            "{wire_missing} committed intents never seen on the wire"
+        ));
     }
     if wire_leaked > 0 {
         v.push(format!(
@@ -1144,10 +1163,14 @@ async fn check_invariants(
         ));
     }
     if regenerated > 0 {
-        v.push(format!("{regenerated} intents published under several event ids (G4)"));
+        v.push(format!(
+            "{regenerated} intents published under several event ids (G4)"
+        ));
     }
     if wire_order > 0 {
-        v.push(format!("{wire_order} per-aggregate order violations on the wire (G7)"));
+        v.push(format!(
+            "{wire_order} per-aggregate order violations on the wire (G7)"
+        ));
     }
     // The consumer's effects.
     let log: Vec<(Uuid, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
@@ -1174,16 +1197,22 @@ async fn check_invariants(
     let lost = expected.iter().filter(|k| !applied.contains(*k)).count();
     let phantom = applied.iter().filter(|k| !expected.contains(*k)).count();
     if duplicate_effects > 0 {
-        v.push(format!("{duplicate_effects} events applied more than once (G5)"));
+        v.push(format!(
+            "{duplicate_effects} events applied more than once (G5)"
+        ));
     }
     if lost > 0 {
-        v.push(format!("{lost} committed events never applied by the consumer"));
+        v.push(format!(
+            "{lost} committed events never applied by the consumer"
+        ));
     }
     if phantom > 0 {
         v.push(format!("{phantom} effects without a committed intent"));
     }
     if consumer_order > 0 {
-        v.push(format!("{consumer_order} per-aggregate order violations at the consumer"));
+        v.push(format!(
+            "{consumer_order} per-aggregate order violations at the consumer"
+        ));
     }
     let (conflicts, consumer_dead): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT (SELECT count(*) FROM {s}.inbox_conflicts), \
@@ -1372,9 +1401,7 @@ async fn rabbit_observe(
 /// `(reference, payout_id)` of every payout the provider made.
 async fn provider_payouts(base: &str) -> Result<Vec<(String, String)>> {
     let v = http_get(base, "/payouts").await?;
-    let list = v
-        .as_array()
-        .context("GET /payouts did not return a list")?;
+    let list = v.as_array().context("GET /payouts did not return a list")?;
     Ok(list
         .iter()
         .map(|p| {
@@ -1403,8 +1430,7 @@ async fn http_request(
     use http_body_util::{BodyExt, Full};
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
-    let client: Client<_, Full<bytes::Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let req = hyper::Request::builder()
         .method(method)
         .uri(format!("{}{path}", base.trim_end_matches('/')))
@@ -1454,8 +1480,8 @@ fn render(rows: &[(Cell, Row)], broker: &str) -> String {
 }
 
 fn splice_markdown(path: &Path, broker: &str, table: &str) -> Result<()> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let begin = format!("<!-- crash-matrix:{broker}:begin -->");
     let end = format!("<!-- crash-matrix:{broker}:end -->");
     let (Some(b), Some(e)) = (text.find(&begin), text.find(&end)) else {
@@ -1467,11 +1493,7 @@ fn splice_markdown(path: &Path, broker: &str, table: &str) -> Result<()> {
     if e < b {
         bail!("{}: `{end}` comes before `{begin}`", path.display());
     }
-    let new = format!(
-        "{}{begin}\n{table}{}",
-        &text[..b],
-        &text[e..]
-    );
+    let new = format!("{}{begin}\n{table}{}", &text[..b], &text[e..]);
     std::fs::write(path, new).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
@@ -1493,13 +1515,15 @@ async fn chaos(env: &Env, args: &MatrixArgs, restart_cmd: &str) -> Result<ExitCo
     let duration = format!("--duration-secs={}", args.chaos_secs);
     let mut sys = start_system(
         env,
-        1_000_000,
-        &["--pace-ms=15", &duration],
-        2,
-        true,
-        0,
-        1000,
-        None,
+        SystemSpec {
+            payments: 1_000_000,
+            producer_extra: &["--pace-ms=15", &duration],
+            relays: 2,
+            provider_idempotent: true,
+            provider_delay_ms: 0,
+            executor_timeout_ms: 1000,
+            arm: None,
+        },
     )
     .await?;
     let started = Instant::now();

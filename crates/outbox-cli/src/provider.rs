@@ -85,7 +85,6 @@ pub struct ProviderArgs {
 ///
 /// Fails when the address cannot be bound or stdout cannot be written. Errors of single
 /// connections are logged and do not stop the server.
-#[allow(dead_code)] // until main.rs wires `outbox demo-provider`
 pub async fn run_provider(args: ProviderArgs, shutdown: CancellationToken) -> Result<()> {
     let server = ProviderServer::bind(&args).await?;
     let addr = server.local_addr();

@@ -76,8 +76,7 @@ pub async fn run_producer(args: ProducerArgs, pool: PgPool, schema: Schema) -> R
     let started = Instant::now();
     let mut stdout = std::io::stdout();
     for i in 0..args.payments {
-        if args.duration_secs > 0 && started.elapsed() >= Duration::from_secs(args.duration_secs)
-        {
+        if args.duration_secs > 0 && started.elapsed() >= Duration::from_secs(args.duration_secs) {
             break;
         }
         let id = format!("pay-{i:06}");

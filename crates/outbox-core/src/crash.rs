@@ -96,7 +96,10 @@ pub fn hit(name: &str) {
     }
     if a.stop {
         if n == a.skip {
-            eprintln!("outbox: crash point {name} reached (hit {}), stopping", n + 1);
+            eprintln!(
+                "outbox: crash point {name} reached (hit {}), stopping",
+                n + 1
+            );
             // SIGSTOP cannot be caught: the process freezes right here until SIGCONT.
             let _ = std::process::Command::new("kill")
                 .args(["-STOP", &std::process::id().to_string()])
@@ -104,6 +107,9 @@ pub fn hit(name: &str) {
         }
         return;
     }
-    eprintln!("outbox: crash point {name} reached (hit {}), aborting", n + 1);
+    eprintln!(
+        "outbox: crash point {name} reached (hit {}), aborting",
+        n + 1
+    );
     std::process::abort();
 }

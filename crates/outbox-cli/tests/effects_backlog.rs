@@ -1,0 +1,224 @@
+//! Remote effects through real processes: `outbox effects run` against the stand-in provider
+//! (`outbox demo-provider`) answering slower than the call timeout. Every call's outcome is
+//! unknown; the reconciliation backlog metric rises, reconciliation asks the provider by key,
+//! and the backlog falls back to zero with exactly one payout per work item.
+#![allow(missing_docs)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use outbox_postgres::Schema;
+use outbox_postgres::effects::{NewWorkItem, PgEffects};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn outbox(schema: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    for var in [
+        "DATABASE_URL",
+        "OUTBOX_CONFIG",
+        "OUTBOX_CRASH_POINT",
+        "OUTBOX_METRICS_ADDR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("OUTBOX_DATABASE_URL", database_url())
+        .env("OUTBOX_SCHEMA", schema)
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A minimal HTTP/1.1 exchange (Connection: close), enough for the provider and `/metrics`.
+async fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("kind=\"payout\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn stop(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls() {
+    let schema = format!("eff_{}", Uuid::now_v7().simple());
+    let pool = PgPool::connect(&database_url()).await.expect("PostgreSQL");
+    let s = Schema::new(&schema).unwrap();
+    outbox_postgres::migrate(&pool, &s).await.unwrap();
+
+    // Five payouts, written as a consumer would, in a transaction.
+    let effects = PgEffects::new(s.clone());
+    let mut tx = pool.begin().await.unwrap();
+    for i in 0..5 {
+        let event = Uuid::now_v7();
+        let item = NewWorkItem {
+            kind: "payout".into(),
+            idempotency_key: outbox_postgres::effects::idempotency_key("payout", "test", event),
+            payload: serde_json::json!({"reference": format!("pay-{i}"), "amount": 100 + i, "beneficiary": "m"}),
+            event_id: Some(event),
+            consumer_name: Some("test".into()),
+        };
+        effects.enqueue(&mut tx, &item).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    // The provider answers after 1.5 s; the executor gives up after 300 ms: outcome unknown.
+    let mut provider = outbox(&schema)
+        .args(["demo-provider", "--delay-ms=1500"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(provider.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("provider address")
+        .unwrap()
+        .and_then(|l| l.strip_prefix("listening on ").map(str::to_owned))
+        .expect("listening line");
+    let provider_addr = url.trim_start_matches("http://").to_owned();
+    let metrics_port = free_port();
+    let mut executor = outbox(&schema)
+        .args([
+            "effects",
+            "run",
+            "--kind=payout",
+            &format!("--provider-url={url}"),
+            "--call-timeout-ms=300",
+            "--lease-secs=3.5",
+            "--batch-size=8",
+            "--concurrency=8",
+            "--reconcile-after-ms=4000",
+            &format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+
+    // Rises: all five unknown, with an age.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut peak = 0.0;
+    let mut age = 0.0;
+    while Instant::now() < deadline && peak < 5.0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(Ok(text)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::spawn({
+                let a = metrics_addr.clone();
+                async move { http(&a, "GET", "/metrics", "").await }
+            }),
+        )
+        .await
+        {
+            peak = f64::max(peak, gauge(&text, "outbox_effects_unknown").unwrap_or(0.0));
+            age = f64::max(
+                age,
+                gauge(&text, "outbox_effects_oldest_unknown_age_seconds").unwrap_or(0.0),
+            );
+        }
+    }
+    assert_eq!(
+        peak, 5.0,
+        "the backlog gauge never showed all five unknown items"
+    );
+    assert!(age > 0.0, "the oldest-unknown age gauge stayed at zero");
+    let unknown_in_db: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {schema}.work_items WHERE state = 'unknown'"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        unknown_in_db > 0,
+        "items left unknown before reconcile_after"
+    );
+
+    // Falls: reconciliation finds each payout by key at the provider.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = f64::NAN;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let text = http(&metrics_addr, "GET", "/metrics", "").await;
+        last = gauge(&text, "outbox_effects_unknown").unwrap_or(f64::NAN);
+        if last == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(last, 0.0, "the backlog gauge did not fall to zero");
+    let succeeded: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {schema}.work_items WHERE state = 'succeeded' AND reference IS NOT NULL"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(succeeded, 5);
+
+    // Exactly one payout per item on the provider's side: reconciliation never called again.
+    let payouts: serde_json::Value =
+        serde_json::from_str(&http(&provider_addr, "GET", "/payouts", "").await).unwrap();
+    let payouts = payouts.as_array().unwrap();
+    assert_eq!(payouts.len(), 5, "{payouts:?}");
+    let mut refs: Vec<&str> = payouts
+        .iter()
+        .map(|p| p["reference"].as_str().unwrap())
+        .collect();
+    refs.sort_unstable();
+    refs.dedup();
+    assert_eq!(refs.len(), 5, "{payouts:?}");
+
+    // The operator view agrees.
+    let out = outbox(&schema)
+        .args(["effects", "status", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["unknown"], 0, "{status}");
+    assert_eq!(status["succeeded"], 5, "{status}");
+
+    stop(&mut executor).await;
+    stop(&mut provider).await;
+    let _ = sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&pool)
+        .await;
+}
