@@ -99,7 +99,8 @@ pub struct MatrixArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Write the printed table into this Markdown file, between the markers
-    /// `<!-- crash-matrix:<broker>:begin -->` and `<!-- crash-matrix:<broker>:end -->`.
+    /// `<!-- crash-matrix:<broker>:begin -->` and `<!-- crash-matrix:<broker>:end -->`
+    /// (chaos mode: `<!-- chaos:<broker>:begin -->` …).
     #[arg(long)]
     markdown_into: Option<PathBuf>,
     /// Where the processes' logs go (default: a directory under the system temp dir).
@@ -415,7 +416,7 @@ pub async fn run(
     println!("{table}");
     let failed = rows.iter().filter(|(_, r)| !r.pass).count();
     if let Some(path) = &args.markdown_into {
-        splice_markdown(path, broker, &table)?;
+        splice_markdown(path, &format!("crash-matrix:{broker}"), &table)?;
         println!("table written into {}", path.display());
     }
     if failed == 0 {
@@ -1630,23 +1631,37 @@ async fn chaos(env: &Env, args: &MatrixArgs, restart_cmd: &str) -> Result<ExitCo
         .map(|(r, n)| format!("{r} {n}"))
         .collect::<Vec<_>>()
         .join(", ");
-    println!();
-    println!("| chaos ({}) | value |", env.broker);
-    println!("| --- | --- |");
-    println!("| run | {} s workload, seed {seed} |", args.chaos_secs);
-    println!("| kills (SIGKILL) | {total_kills}: {kills_text} |");
-    println!("| broker restarts | {broker_restarts} |");
-    println!("| processes that ended on their own | {unplanned} |");
-    println!("| outcome | {} |", check.summary);
-    println!("| wire duplicates seen | {} |", check.wire_duplicates);
-    println!(
-        "| lost events / duplicate effects / order violations | {} |",
+    let mut table = format!("| chaos ({}) | value |\n| --- | --- |\n", env.broker);
+    table.push_str(&format!(
+        "| run | {} s workload, seed {seed} |\n",
+        args.chaos_secs
+    ));
+    table.push_str(&format!(
+        "| kills (SIGKILL) | {total_kills}: {kills_text} |\n"
+    ));
+    table.push_str(&format!("| broker restarts | {broker_restarts} |\n"));
+    table.push_str(&format!(
+        "| processes that ended on their own | {unplanned} |\n"
+    ));
+    table.push_str(&format!("| outcome | {} |\n", check.summary));
+    table.push_str(&format!(
+        "| wire duplicates seen | {} |\n",
+        check.wire_duplicates
+    ));
+    table.push_str(&format!(
+        "| lost events / duplicate effects / order violations | {} |\n",
         if problems.is_empty() {
             "0 / 0 / 0".to_owned()
         } else {
             problems.join("; ")
         }
-    );
+    ));
+    println!();
+    print!("{table}");
+    if let Some(path) = &args.markdown_into {
+        splice_markdown(path, &format!("chaos:{}", env.broker), &table)?;
+        println!("table written into {}", path.display());
+    }
     if problems.is_empty() {
         println!("chaos on {}: PASS", env.broker);
         Ok(ExitCode::SUCCESS)
