@@ -170,7 +170,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The harness prints its own progress; its clients' connection chatter would drown it.
     let default_filter = if matches!(cli.command, Command::CrashMatrix(_)) {
-        "warn,outbox_nats::transport=error"
+        "warn,outbox_nats::transport=error,lapin=off"
     } else {
         "info,sqlx=warn"
     };
