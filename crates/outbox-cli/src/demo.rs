@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{NewMessage, Payload, Store};
 use outbox_nats::NatsConfig;
@@ -29,6 +28,7 @@ use uuid::Uuid;
 
 use crate::broker::{AnySource, AnyTransport};
 use crate::config::{FileConfig, redact};
+use crate::observer::Seen;
 
 const SCHEMA: &str = "outbox_demo";
 const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -46,14 +46,6 @@ pub struct DemoArgs {
     /// Give up waiting for delivery after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
-}
-
-/// One message as an independent subscriber saw it on the broker.
-#[derive(Debug, Clone)]
-pub(crate) struct Seen {
-    pub(crate) event_id: Uuid,
-    pub(crate) aggregate_id: String,
-    pub(crate) version: i64,
 }
 
 #[derive(Default)]
@@ -100,7 +92,6 @@ pub async fn run(
     .await?;
 
     // Broker side: a fresh stream / exchange for the demo, and an independent subscriber.
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let nats_cfg = NatsConfig {
         stream: "OUTBOX_DEMO".into(),
         stream_subjects: vec![format!("{SCHEMA}.>")],
@@ -117,24 +108,9 @@ pub async fn run(
             .with_context(|| format!("cannot connect to NATS at {}", redact(&broker_url)))?;
         let js = async_nats::jetstream::new(client.clone());
         let _ = js.delete_stream("OUTBOX_DEMO").await;
-        let mut sub = client.subscribe(format!("{SCHEMA}.>")).await?;
-        let seen = Arc::clone(&seen);
-        tokio::spawn(async move {
-            while let Some(m) = sub.next().await {
-                if let Some(s) = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| parse_ce(|k| h.get(k).map(|v| v.as_str().to_owned()), "ce-"))
-                {
-                    seen.lock().unwrap().push(s);
-                }
-            }
-        });
     }
     let transport = Arc::new(AnyTransport::connect(&broker_url, nats_cfg, rabbit_cfg).await?);
-    if !broker_url.starts_with("nats://") {
-        spawn_rabbit_subscriber(&broker_url, Arc::clone(&seen)).await?;
-    }
+    let seen = crate::observer::spawn_observer(&broker_url, SCHEMA).await?;
 
     // The reporting consumer: its own table, its inbox, ordering guard on.
     create_report_table(&pool, &schema).await?;
@@ -225,7 +201,7 @@ pub async fn run(
             }
         }
         let committed = ledger.committed.lock().unwrap().len();
-        let distinct: HashSet<Uuid> = seen.lock().unwrap().iter().map(|s| s.event_id).collect();
+        let distinct: HashSet<Uuid> = seen.seen().iter().map(|s| s.event_id).collect();
         let pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
         let c = consumed.lock().unwrap().clone();
         println!(
@@ -271,7 +247,7 @@ pub async fn run(
     consumer_stop.cancel();
     consumer_task.await?;
 
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.seen();
     let consumed = consumed.lock().unwrap().clone();
     verdict(
         &pool,
@@ -349,65 +325,6 @@ async fn produce_one(pool: &PgPool, outbox: &PgOutbox, ledger: &Ledger, i: u64) 
             .insert(captured.event_id, (id, v));
         ledger.messages.lock().unwrap().push(captured);
     }
-    Ok(())
-}
-
-pub(crate) fn parse_ce(get: impl Fn(&str) -> Option<String>, prefix: &str) -> Option<Seen> {
-    Some(Seen {
-        event_id: get(&format!("{prefix}id"))?.parse().ok()?,
-        aggregate_id: get(&format!("{prefix}aggregateid"))?,
-        version: get(&format!("{prefix}aggregateversion"))?.parse().ok()?,
-    })
-}
-
-async fn spawn_rabbit_subscriber(url: &str, seen: Arc<Mutex<Vec<Seen>>>) -> Result<()> {
-    use lapin::options::{
-        BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions,
-    };
-    use lapin::types::{AMQPValue, FieldTable};
-    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    let q = ch
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    ch.queue_bind(
-        q.name().clone(),
-        SCHEMA.into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await?;
-    let mut consumer = ch
-        .basic_consume(
-            q.name().clone(),
-            "demo".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    tokio::spawn(async move {
-        let _keep = conn;
-        while let Some(Ok(d)) = consumer.next().await {
-            let headers = d.properties.headers().clone().unwrap_or_default();
-            let get = |k: &str| match headers.inner().get(k) {
-                Some(AMQPValue::LongString(s)) => Some(s.to_string()),
-                _ => None,
-            };
-            if let Some(s) = parse_ce(get, "cloudEvents_") {
-                seen.lock().unwrap().push(s);
-            }
-            let _ = d.ack(BasicAckOptions::default()).await;
-        }
-    });
     Ok(())
 }
 

@@ -16,6 +16,7 @@ mod demo;
 mod effects_cmd;
 mod http_provider;
 mod matrix;
+mod observer;
 mod provider;
 mod scrape;
 mod workload;

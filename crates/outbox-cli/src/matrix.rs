@@ -41,7 +41,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
 use outbox_nats::NatsConfig;
 use outbox_postgres::Schema;
 use outbox_rabbitmq::RabbitConfig;
@@ -52,7 +51,7 @@ use uuid::Uuid;
 
 use crate::broker::AnyTransport;
 use crate::config::redact;
-use crate::demo::{Seen, parse_ce};
+use crate::observer::Seen;
 use crate::workload::rolled_back;
 
 const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -848,7 +847,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         a => Some((cell.target, cell.point, cell.skip, a)),
     };
     let relays = if cell.action == Action::Stop { 2 } else { 1 };
-    let seen = spawn_observer(env).await?;
+    let seen = crate::observer::spawn_observer(&env.broker_url, &env.prefix).await?;
     let mut sys = start_system(
         env,
         SystemSpec {
@@ -958,7 +957,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
     };
     let payouts = provider_payouts(&sys.provider_url).await;
     sys.procs[0].stop().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.seen();
     let check = check_invariants(env, &seen, payouts, true).await?;
     let mut problems = check.violations.clone();
     if crashed == 0 {
@@ -1092,6 +1091,13 @@ async fn is_quiet(env: &Env, eff: &EffStats) -> Result<bool> {
     Ok(env.broker_backlog().await.unwrap_or(u64::MAX) == 0)
 }
 
+/// Adds "`n` `what`" to `v` when `n` is not zero.
+fn flag(v: &mut Vec<String>, n: usize, what: &str) {
+    if n > 0 {
+        v.push(format!("{n} {what}"));
+    }
+}
+
 struct Check {
     violations: Vec<String>,
     summary: String,
@@ -1164,21 +1170,21 @@ async fn check_invariants(
             "{wire_missing} committed intents never seen on the wire"
         ));
     }
-    if wire_leaked > 0 {
-        v.push(format!(
-            "{wire_leaked} events on the wire without a committed intent"
-        ));
-    }
-    if regenerated > 0 {
-        v.push(format!(
-            "{regenerated} intents published under several event ids (G4)"
-        ));
-    }
-    if wire_order > 0 {
-        v.push(format!(
-            "{wire_order} per-aggregate order violations on the wire (G7)"
-        ));
-    }
+    flag(
+        &mut v,
+        wire_leaked,
+        "events on the wire without a committed intent",
+    );
+    flag(
+        &mut v,
+        regenerated,
+        "intents published under several event ids (G4)",
+    );
+    flag(
+        &mut v,
+        wire_order,
+        "per-aggregate order violations on the wire (G7)",
+    );
     // The consumer's effects.
     let log: Vec<(Uuid, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT event_id, aggregate_id, aggregate_version FROM {s}.effect_log \
@@ -1203,24 +1209,22 @@ async fn check_invariants(
     let duplicate_effects = per_event.values().filter(|n| **n > 1).count();
     let lost = expected.iter().filter(|k| !applied.contains(*k)).count();
     let phantom = applied.iter().filter(|k| !expected.contains(*k)).count();
-    if duplicate_effects > 0 {
-        v.push(format!(
-            "{duplicate_effects} events applied more than once (G5)"
-        ));
-    }
-    if lost > 0 {
-        v.push(format!(
-            "{lost} committed events never applied by the consumer"
-        ));
-    }
-    if phantom > 0 {
-        v.push(format!("{phantom} effects without a committed intent"));
-    }
-    if consumer_order > 0 {
-        v.push(format!(
-            "{consumer_order} per-aggregate order violations at the consumer"
-        ));
-    }
+    flag(
+        &mut v,
+        duplicate_effects,
+        "events applied more than once (G5)",
+    );
+    flag(
+        &mut v,
+        lost,
+        "committed events never applied by the consumer",
+    );
+    flag(&mut v, phantom, "effects without a committed intent");
+    flag(
+        &mut v,
+        consumer_order,
+        "per-aggregate order violations at the consumer",
+    );
     let (conflicts, consumer_dead): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT (SELECT count(*) FROM {s}.inbox_conflicts), \
                 (SELECT count(*) FROM {s}.consumer_dead_letters)"
@@ -1303,105 +1307,6 @@ fn payments_rolled_back(payments: &[(String, String)]) -> HashSet<String> {
             rolled_back(i, 10).then(|| id.clone())
         })
         .collect()
-}
-
-/// The independent subscriber: every message the broker routes for this prefix, duplicates
-/// included. It reconnects by itself (RabbitMQ: a new exclusive queue) after a broker restart.
-async fn spawn_observer(env: &Env) -> Result<Arc<Mutex<Vec<Seen>>>> {
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    if env.broker == "nats" {
-        let client = async_nats::connect(&env.broker_url).await?;
-        let mut sub = client.subscribe(format!("{}.>", env.prefix)).await?;
-        client.flush().await?;
-        let seen2 = Arc::clone(&seen);
-        tokio::spawn(async move {
-            let _keep = client;
-            while let Some(m) = sub.next().await {
-                if let Some(s) = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| parse_ce(|k| h.get(k).map(|v| v.as_str().to_owned()), "ce-"))
-                {
-                    seen2.lock().unwrap().push(s);
-                }
-            }
-        });
-    } else {
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let url = env.broker_url.clone();
-        let exchange = env.prefix.clone();
-        let seen2 = Arc::clone(&seen);
-        tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            loop {
-                if let Err(e) = rabbit_observe(&url, &exchange, &seen2, &mut ready).await {
-                    tracing::debug!(error = %e, "observer lost RabbitMQ; reconnecting");
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(10), ready_rx)
-            .await
-            .context("the RabbitMQ observer did not start within 10 s")??;
-    }
-    Ok(seen)
-}
-
-async fn rabbit_observe(
-    url: &str,
-    exchange: &str,
-    seen: &Mutex<Vec<Seen>>,
-    ready: &mut Option<tokio::sync::oneshot::Sender<()>>,
-) -> Result<()> {
-    use lapin::options::{
-        BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions,
-    };
-    use lapin::types::{AMQPValue, FieldTable};
-    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    let q = ch
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    ch.queue_bind(
-        q.name().clone(),
-        exchange.into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await?;
-    let mut consumer = ch
-        .basic_consume(
-            q.name().clone(),
-            "crash-matrix-observer".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    if let Some(r) = ready.take() {
-        let _ = r.send(());
-    }
-    while let Some(d) = consumer.next().await {
-        let d = d?;
-        let headers = d.properties.headers().clone().unwrap_or_default();
-        let get = |k: &str| match headers.inner().get(k) {
-            Some(AMQPValue::LongString(s)) => Some(s.to_string()),
-            _ => None,
-        };
-        if let Some(s) = parse_ce(get, "cloudEvents_") {
-            seen.lock().unwrap().push(s);
-        }
-        let _ = d.ack(BasicAckOptions::default()).await;
-    }
-    bail!("observer consumer ended")
 }
 
 /// `(reference, payout_id)` of every payout the provider made.
@@ -1536,7 +1441,7 @@ async fn chaos(env: &Env, args: &MatrixArgs, restart_cmd: &str) -> Result<ExitCo
     let logs = env.log_dir.join("chaos");
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)?;
-    let seen = spawn_observer(env).await?;
+    let seen = crate::observer::spawn_observer(&env.broker_url, &env.prefix).await?;
     let duration = format!("--duration-secs={}", args.chaos_secs);
     let mut sys = start_system(
         env,
@@ -1639,7 +1544,7 @@ async fn chaos(env: &Env, args: &MatrixArgs, restart_cmd: &str) -> Result<ExitCo
     }
     let payouts = provider_payouts(&sys.provider_url).await;
     sys.procs[0].stop().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.seen();
     let check = check_invariants(env, &seen, payouts, false).await?;
     let mut problems = check.violations.clone();
     if timed_out {
