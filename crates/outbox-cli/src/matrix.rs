@@ -199,7 +199,7 @@ const CELLS: &[Cell] = &[
         target: Role::Relay,
         point: "relay.after_mark",
         action: Action::Abort,
-        skip: 5,
+        skip: 2,
         provider_idempotent: true,
         expect: Expect::ExactlyOnce,
         expected: "nothing lost, nothing repeated",
@@ -210,7 +210,7 @@ const CELLS: &[Cell] = &[
         target: Role::Relay,
         point: "relay.after_publish",
         action: Action::Stop,
-        skip: 30,
+        skip: 10,
         provider_idempotent: true,
         expect: Expect::ExactlyOnce,
         expected: "other relay takes over; stale marks refused, order kept (G7)",
@@ -968,6 +968,9 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
     }
     if let Some(false) = in_flight_clean {
         problems.push("the transaction in flight at the crash left rows behind".into());
+    }
+    if cell.action == Action::Stop && stale_marks == 0 {
+        problems.push("the frozen relay's marks were not refused after its lease expired".into());
     }
     if cell.action == Action::SlowProvider && unknown_peak == 0 {
         problems.push("no work item ever became unknown".into());
