@@ -28,6 +28,7 @@
 //! delivery, so the others still commit and only the failing one is retried or dead-lettered.
 //! (A savepoint per delivery would cost two extra round trips each; W4 measured it.)
 
+use futures::FutureExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,8 +94,11 @@ impl From<sqlx::Error> for HandlerError {
 
 /// The user's effect. It runs on the transaction that also holds the inbox row; it must not
 /// commit, and it must not call remote services whose effect cannot be rolled back (write a
-/// work item instead). It may run more than once for one event (redeliveries, and in batch
-/// mode a redo after another delivery's rollback); only a committed run counts.
+/// work item instead, see [`crate::effects`]). It may run more than once for one event
+/// (redeliveries, and in batch mode a redo after another delivery's rollback); only a committed
+/// run counts. A panic inside `handle` is caught: it counts as
+/// [`HandlerError::Transient`] (`handler panicked: …`), its writes roll back, and the delivery
+/// is dead-lettered after `max_attempts` like any other transient failure.
 pub trait Handler: Send + Sync + 'static {
     /// Applies `event` using `tx`.
     ///
@@ -311,7 +315,25 @@ impl<S: DeliverySource, H: Handler> PgConsumer<S, H> {
             InboxOutcome::New => {
                 crash::hit(CRASH_AFTER_INBOX);
                 let started = Instant::now();
-                let result = self.handler.handle(conn, event).await;
+                // A panicking handler must not take the runner down with it (nor silently
+                // stop consumption): it counts as a transient failure of this delivery, its
+                // writes roll back, and after `max_attempts` deliveries it is dead-lettered.
+                let result = match std::panic::AssertUnwindSafe(self.handler.handle(conn, event))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "non-string panic payload".to_owned());
+                        error!(consumer = %name, event_id = %event.event_id, panic = %what,
+                            "handler panicked; treating it as a transient failure of this delivery");
+                        Err(HandlerError::Transient(format!("handler panicked: {what}")))
+                    }
+                };
                 metrics::histogram!(metric::HANDLER_SECONDS, "consumer" => name.clone())
                     .record(started.elapsed().as_secs_f64());
                 match result {

@@ -146,13 +146,16 @@ impl Handler for ScriptedHandler {
         .bind(event.event_id)
         .execute(&mut *tx)
         .await?;
-        if let Some(e) = self
+        let scripted = self
             .script
             .lock()
             .unwrap()
             .get_mut(&event.event_id)
-            .and_then(|q| q.pop_front())
-        {
+            .and_then(|q| q.pop_front());
+        if let Some(e) = scripted {
+            if matches!(&e, HandlerError::Transient(m) if m == "PANIC") {
+                panic!("scripted panic in the handler");
+            }
             return Err(e);
         }
         Ok(())
@@ -290,6 +293,53 @@ async fn too_many_transient_errors_dead_letter() {
     assert_eq!(dead.len(), 1);
     assert!(dead[0].1.contains("after 3 deliveries"), "{}", dead[0].1);
     r.db.drop().await;
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_transient_failure_then_a_dead_letter() {
+    // One delivery per transaction, and the batch path (shared transaction, redo one by one).
+    for batch_size in [1, 10] {
+        let bad = Uuid::now_v7();
+        let good = Uuid::now_v7();
+        let panics = (0..5)
+            .map(|_| HandlerError::Transient("PANIC".into()))
+            .collect();
+        let mut r = rig(
+            ConsumerConfig {
+                max_attempts: 3,
+                batch_size,
+                ..ConsumerConfig::new("c")
+            },
+            vec![(bad, panics)],
+        )
+        .await;
+        r.push(raw(bad, "p1", 1, "{}"));
+        r.push(raw(good, "p2", 1, "{}"));
+        // The runner survives every panic: no error, the other event is applied once.
+        let t = r.drain().await;
+        assert_eq!(
+            (t.processed, t.dead_lettered),
+            (1, 1),
+            "batch size {batch_size}"
+        );
+        assert_eq!(r.effects(good).await, 1, "batch size {batch_size}");
+        assert_eq!(
+            r.effects(bad).await,
+            0,
+            "the panicking attempts' writes rolled back (batch size {batch_size})"
+        );
+        let dead = r.dead().await;
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].0, Some(bad));
+        assert!(
+            dead[0]
+                .1
+                .contains("handler panicked: scripted panic in the handler"),
+            "{}",
+            dead[0].1
+        );
+        r.db.drop().await;
+    }
 }
 
 #[tokio::test]
