@@ -281,6 +281,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             )
             .await?
             .len();
+            let effects = outbox_postgres::effects::PgEffects::new(resolved.schema.clone())
+                .stats(store.pool(), None)
+                .await?;
+            let unknown_age = effects.oldest_unknown_age.map_or(0.0, |d| d.as_secs_f64());
             let relay = match &relay_metrics {
                 Some(addr) => Some(scrape::fetch(addr).await?),
                 None => None,
@@ -304,6 +308,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "published_retained": s.published_retained,
                     "inbox_conflicts": conflicts,
                     "consumer_dead_letters": consumer_dead,
+                    "work_items": {
+                        "pending": effects.pending,
+                        "in_progress": effects.in_progress,
+                        "unknown": effects.unknown,
+                        "oldest_unknown_age_seconds": unknown_age,
+                        "failed": effects.failed,
+                    },
                 });
                 if relay.is_some() {
                     v["relay"] = serde_json::json!({
@@ -327,6 +338,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("published (kept, mark mode) {}", s.published_retained);
                 println!("inbox conflicts             {conflicts}");
                 println!("consumer dead letters       {consumer_dead}");
+                println!("work items pending          {}", effects.pending);
+                println!("work items unknown          {}", effects.unknown);
+                println!("oldest unknown age (s)      {unknown_age:.3}");
+                println!("work items failed           {}", effects.failed);
                 if relay.is_some() {
                     let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x}"));
                     println!("relay at {}:", relay_metrics.as_deref().unwrap_or(""));

@@ -172,6 +172,17 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
         unknown_in_db > 0,
         "items left unknown before reconcile_after"
     );
+    // The operator sees the same backlog in `outbox status`.
+    let out = outbox(&schema)
+        .args(["status", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        status["work_items"]["unknown"].as_i64().unwrap_or(0) > 0,
+        "{status}"
+    );
 
     // Falls: reconciliation finds each payout by key at the provider.
     let deadline = Instant::now() + Duration::from_secs(30);
