@@ -393,6 +393,17 @@ const STATS: &str = "SELECT count(*) FILTER (WHERE state = 'pending'), \
     extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8 \
     FROM {s}.work_items WHERE ($1::text IS NULL OR kind = $1)";
 
+/// The open part of [`STATS`], one subquery per state so that each reads only its partial
+/// index: cheap however many settled items the table keeps.
+const BACKLOG: &str = "SELECT \
+    (SELECT count(*) FROM {s}.work_items WHERE state = 'pending' AND ($1::text IS NULL OR kind = $1)), \
+    (SELECT count(*) FROM {s}.work_items WHERE state = 'in_progress' AND ($1::text IS NULL OR kind = $1)), \
+    (SELECT count(*) FROM {s}.work_items WHERE state = 'unknown' AND ($1::text IS NULL OR kind = $1)), \
+    (SELECT extract(epoch FROM now() - min(unknown_since))::float8 FROM {s}.work_items \
+        WHERE state = 'unknown' AND ($1::text IS NULL OR kind = $1)), \
+    (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {s}.work_items \
+        WHERE state = 'pending' AND ($1::text IS NULL OR kind = $1))";
+
 const LIST: &str = "SELECT {cols} FROM {s}.work_items WHERE ($1::text IS NULL OR state = $1) \
     ORDER BY id LIMIT $2";
 
@@ -459,6 +470,7 @@ struct Statements {
     insert: Arc<str>,
     select_by_key: Arc<str>,
     stats: Arc<str>,
+    backlog: Arc<str>,
     list: Arc<str>,
     select_state: Arc<str>,
     resolve_succeeded: Arc<str>,
@@ -487,6 +499,7 @@ impl Statements {
             insert: r(INSERT),
             select_by_key: r(SELECT_BY_KEY),
             stats: r(STATS),
+            backlog: r(BACKLOG),
             list: r(LIST),
             select_state: r(SELECT_STATE),
             resolve_succeeded: r(RESOLVE_SUCCEEDED),
@@ -609,6 +622,8 @@ impl PgEffects {
     }
 
     /// Counts per state and the oldest unknown / pending ages, for `kind` or for all kinds.
+    /// Counting the settled states reads the whole table; the executor's gauges use the cheap
+    /// [`Self::backlog`] instead.
     ///
     /// # Errors
     /// [`EffectsError::NotMigrated`] or [`EffectsError::Database`].
@@ -629,6 +644,33 @@ impl PgEffects {
             failed: r.try_get(4)?,
             oldest_unknown_age: age(r.try_get(5)?),
             oldest_pending_age: age(r.try_get(6)?),
+        })
+    }
+
+    /// The open states only (pending, in progress, unknown, with the oldest unknown and pending
+    /// ages); `succeeded` and `failed` are 0. Reads only the partial indexes of open items, so
+    /// its cost does not grow with the settled history. The executor refreshes its gauges from
+    /// this.
+    ///
+    /// # Errors
+    /// [`EffectsError::NotMigrated`] or [`EffectsError::Database`].
+    pub async fn backlog(
+        &self,
+        pool: &PgPool,
+        kind: Option<&str>,
+    ) -> Result<EffectsStats, EffectsError> {
+        let r = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.backlog)))
+            .bind(kind)
+            .fetch_one(pool)
+            .await?;
+        Ok(EffectsStats {
+            pending: r.try_get(0)?,
+            in_progress: r.try_get(1)?,
+            unknown: r.try_get(2)?,
+            succeeded: 0,
+            failed: 0,
+            oldest_unknown_age: age(r.try_get(3)?),
+            oldest_pending_age: age(r.try_get(4)?),
         })
     }
 
@@ -990,7 +1032,7 @@ impl<P: RemoteEffect> Executor<P> {
     pub async fn publish_stats(&self) -> Result<EffectsStats, EffectsError> {
         let stats = self
             .effects
-            .stats(&self.pool, Some(&self.config.kind))
+            .backlog(&self.pool, Some(&self.config.kind))
             .await?;
         let kind = self.config.kind.clone();
         metrics::gauge!(metric::UNKNOWN, "kind" => kind.clone()).set(stats.unknown as f64);

@@ -387,6 +387,9 @@ async fn timeout_goes_unknown_and_lookup_settles_it_without_a_second_call() {
 
     let before = effects.stats(&db.pool, Some(KIND)).await.unwrap();
     assert_eq!((before.pending, before.unknown), (1, 0));
+    let backlog = effects.backlog(&db.pool, Some(KIND)).await.unwrap();
+    assert_eq!((backlog.pending, backlog.unknown), (1, 0));
+    assert!(backlog.oldest_pending_age.is_some());
     assert!(before.oldest_pending_age.is_some());
     assert_eq!(before.oldest_unknown_age, None);
 
@@ -415,6 +418,23 @@ async fn timeout_goes_unknown_and_lookup_settles_it_without_a_second_call() {
     assert_eq!((during.pending, during.unknown), (0, 1));
     assert!(during.oldest_unknown_age.is_some());
     assert_eq!(during.oldest_pending_age, None);
+    // The executor's cheap view of the open states agrees.
+    let backlog = effects.backlog(&db.pool, Some(KIND)).await.unwrap();
+    assert_eq!(
+        (backlog.pending, backlog.in_progress, backlog.unknown),
+        (0, 0, 1)
+    );
+    assert!(backlog.oldest_unknown_age.is_some());
+    assert_eq!(backlog.oldest_pending_age, None);
+    assert_eq!(
+        effects
+            .backlog(&db.pool, Some("other"))
+            .await
+            .unwrap()
+            .unknown,
+        0
+    );
+    assert_eq!(effects.backlog(&db.pool, None).await.unwrap().unknown, 1);
 
     // Even with a provider that would now answer at once, no new call is made.
     ex.provider().set_mode(CallMode::Succeed);
@@ -438,6 +458,9 @@ async fn timeout_goes_unknown_and_lookup_settles_it_without_a_second_call() {
     let after = effects.stats(&db.pool, Some(KIND)).await.unwrap();
     assert_eq!((after.unknown, after.succeeded), (0, 1));
     assert_eq!(after.oldest_unknown_age, None);
+    let backlog = effects.backlog(&db.pool, Some(KIND)).await.unwrap();
+    assert_eq!((backlog.pending, backlog.unknown), (0, 0));
+    assert_eq!(backlog.oldest_unknown_age, None);
     db.drop().await;
 }
 
