@@ -760,6 +760,37 @@ impl PgEffects {
     }
 }
 
+/// Deletes up to `batch_size` `succeeded` work items resolved more than `keep` ago, oldest
+/// first. Returns how many. Items in any other state (`pending`, `in_progress`, `unknown`, and
+/// `failed`, which may still be resent by an operator) are never deleted.
+///
+/// Deleting a settled item is safe for deduplication: its event's inbox identity (kept for the
+/// replay horizon, see [`crate::InboxRetention`]) is what prevents a second work item. Keep
+/// items as long as your audit needs the provider's references. Usually run by the elected
+/// [`crate::InboxMaintainer`] ([`crate::InboxMaintainer::with_work_item_retention`]).
+///
+/// # Errors
+/// [`sqlx::Error`].
+pub async fn purge_succeeded(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    keep: Duration,
+    batch_size: i64,
+) -> Result<u64, sqlx::Error> {
+    let s = format!("\"{}\"", schema.as_str());
+    let sql = format!(
+        "DELETE FROM {s}.work_items WHERE id IN (SELECT id FROM {s}.work_items \
+         WHERE state = 'succeeded' AND resolved_at < now() - $1 * interval '1 millisecond' \
+         ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    );
+    Ok(sqlx::query(AssertSqlSafe(sql))
+        .bind(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX))
+        .bind(batch_size)
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
 /// Settings of an [`Executor`]. Build with [`ExecutorConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {

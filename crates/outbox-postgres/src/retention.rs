@@ -123,6 +123,7 @@ pub struct InboxMaintainer {
     database_url: String,
     schema: Schema,
     retention: InboxRetention,
+    work_items_keep: Option<Duration>,
 }
 
 impl InboxMaintainer {
@@ -140,11 +141,21 @@ impl InboxMaintainer {
             database_url: database_url.into(),
             schema,
             retention,
+            work_items_keep: None,
         })
     }
 
+    /// Also deletes `succeeded` remote-effect work items resolved more than `keep` ago, in the
+    /// same elected rounds and batch size ([`crate::effects::purge_succeeded`]). Work items in
+    /// any other state are kept.
+    pub fn with_work_item_retention(mut self, keep: Duration) -> Self {
+        self.work_items_keep = Some(keep);
+        self
+    }
+
     /// One election + cleanup round. Returns `Ok(None)` when another instance is the leader,
-    /// else the rows deleted.
+    /// else the rows deleted (inbox identities, plus settled work items when
+    /// [`Self::with_work_item_retention`] was set).
     ///
     /// # Errors
     /// [`sqlx::Error`].
@@ -172,6 +183,21 @@ impl InboxMaintainer {
                 break;
             }
         }
+        if let Some(keep) = self.work_items_keep {
+            loop {
+                let n = crate::effects::purge_succeeded(
+                    conn,
+                    &self.schema,
+                    keep,
+                    self.retention.batch_size,
+                )
+                .await?;
+                total += n;
+                if n < self.retention.batch_size as u64 {
+                    break;
+                }
+            }
+        }
         Ok(Some(total))
     }
 
@@ -188,7 +214,10 @@ impl InboxMaintainer {
             if let Some(c) = conn.as_mut() {
                 match self.round(c).await {
                     Ok(Some(n)) if n > 0 => {
-                        info!(deleted = n, "inbox retention: old identities deleted")
+                        info!(
+                            deleted = n,
+                            "retention: old inbox identities (and settled work items, if enabled) deleted"
+                        )
                     }
                     Ok(_) => {}
                     Err(e) => {

@@ -1026,3 +1026,81 @@ async fn a_record_is_refused_after_another_executor_reclaimed_the_item() {
     );
     db.drop().await;
 }
+
+/// The elected maintainer deletes old `succeeded` items only: nothing pending, in progress,
+/// unknown or failed, and nothing young.
+#[tokio::test]
+async fn retention_deletes_only_old_succeeded_work_items() {
+    use outbox_postgres::{InboxMaintainer, InboxRetention, ReplayHorizon};
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let mut ids = HashMap::new();
+    for (name, state, age_days) in [
+        ("old-ok-1", "succeeded", 10),
+        ("old-ok-2", "succeeded", 10),
+        ("old-ok-3", "succeeded", 10),
+        ("young-ok", "succeeded", 0),
+        ("old-failed", "failed", 10),
+        ("old-unknown", "unknown", 10),
+        ("old-pending", "pending", 10),
+    ] {
+        let id = enqueue(&db, &new_item(name)).await;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE \"{}\".work_items SET state = $2, \
+             resolved_at = CASE WHEN $2 IN ('succeeded', 'failed') \
+                 THEN now() - make_interval(days => $3) END, \
+             unknown_since = CASE WHEN $2 = 'unknown' THEN now() - make_interval(days => $3) END, \
+             created_at = now() - make_interval(days => $3) WHERE id = $1",
+            db.schema
+        )))
+        .bind(id)
+        .bind(state)
+        .bind(age_days)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        ids.insert(name, id);
+    }
+    let retention = InboxRetention {
+        keep: Duration::from_secs(86_400),
+        horizon: ReplayHorizon {
+            broker_retention: Duration::from_secs(3600),
+            outbox_retention: Duration::ZERO,
+            dead_letter_requeue_window: Duration::ZERO,
+        },
+        batch_size: 2,
+        interval: Duration::from_secs(60),
+    };
+    let url = common::database_url();
+    let maintainer = InboxMaintainer::new(url.clone(), db.schema.clone(), retention)
+        .unwrap()
+        .with_work_item_retention(Duration::from_secs(7 * 86_400));
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    assert_eq!(
+        maintainer.round(&mut conn).await.unwrap(),
+        Some(3),
+        "three old succeeded items, deleted in batches of two"
+    );
+    let left: HashSet<i64> = PgEffects::new(db.schema.clone())
+        .list(&db.pool, None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    for name in ["young-ok", "old-failed", "old-unknown", "old-pending"] {
+        assert!(left.contains(&ids[name]), "{name} must be kept");
+    }
+    for name in ["old-ok-1", "old-ok-2", "old-ok-3"] {
+        assert!(!left.contains(&ids[name]), "{name} must be deleted");
+    }
+    // Without work-item retention the maintainer leaves work items alone.
+    let inbox_only = InboxMaintainer::new(url, db.schema.clone(), retention).unwrap();
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut conn = sqlx::PgConnection::connect(&common::database_url())
+        .await
+        .unwrap();
+    assert_eq!(inbox_only.round(&mut conn).await.unwrap(), Some(0));
+    db.drop().await;
+}
