@@ -6,6 +6,9 @@
 //! outbox status [--json]              pending, oldest age, in flight, retrying, dead letters
 //! outbox dead-letters list            what exhausted its attempts, and what waits behind it
 //! outbox dead-letters requeue ID…|--all
+//! outbox cleanup                      elected retention round (inbox identities, old work items)
+//! outbox effects run|status|list|resolve   remote-effect executor and work items
+//! outbox crash-matrix [--chaos]        the crash matrix / chaos run with real processes
 //! outbox demo                         payments workload through the relay to the broker, with a verdict
 //! ```
 #![forbid(unsafe_code)]
@@ -95,6 +98,9 @@ enum Command {
     /// The demo's reporting consumer as its own process (inbox + handler + ack after commit),
     /// until SIGTERM. Crash tests kill it with OUTBOX_CRASH_POINT=consumer.after_commit etc.
     DemoConsumer(demo::ConsumerArgs),
+    /// Delete inbox identities older than the retention (never inside the replay horizon) and,
+    /// optionally, old succeeded work items. One elected instance deletes; others skip.
+    Cleanup(CleanupArgs),
     /// Remote effects: run the executor, inspect and resolve work items.
     #[command(subcommand)]
     Effects(effects_cmd::EffectsCmd),
@@ -111,6 +117,36 @@ enum Command {
     /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
+}
+
+/// Options of `outbox cleanup`.
+#[derive(clap::Args, Debug)]
+struct CleanupArgs {
+    /// Keep inbox identities this many seconds after they were received.
+    #[arg(long)]
+    inbox_keep_secs: u64,
+    /// How long the broker keeps messages a consumer may re-read (NATS stream max_age, a
+    /// replayable queue's retention), seconds. Part of the replay horizon.
+    #[arg(long)]
+    broker_retention_secs: u64,
+    /// How long published outbox rows are kept and may be republished, seconds.
+    #[arg(long, default_value_t = 0)]
+    outbox_retention_secs: u64,
+    /// How long after failing a dead letter may still be requeued, seconds.
+    #[arg(long, default_value_t = 0)]
+    dead_letter_requeue_window_secs: u64,
+    /// Also delete succeeded work items resolved more than this many seconds ago.
+    #[arg(long)]
+    work_items_keep_secs: Option<u64>,
+    /// Rows per delete statement.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: i64,
+    /// Keep running, one round every --interval-secs, until SIGTERM.
+    #[arg(long = "loop")]
+    run_loop: bool,
+    /// Pause between rounds with --loop.
+    #[arg(long, default_value_t = 60)]
+    interval_secs: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -488,6 +524,48 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::DemoProducer(args) => {
             workload::run_producer(args, pool, resolved.schema.clone()).await?;
+        }
+        Command::Cleanup(a) => {
+            use outbox_postgres::{InboxMaintainer, InboxRetention, ReplayHorizon};
+            outbox_postgres::check_schema(&pool, &resolved.schema).await?;
+            if a.batch_size < 1 {
+                anyhow::bail!("invalid option `--batch-size`: must be at least 1");
+            }
+            let retention = InboxRetention {
+                keep: Duration::from_secs(a.inbox_keep_secs),
+                horizon: ReplayHorizon {
+                    broker_retention: Duration::from_secs(a.broker_retention_secs),
+                    outbox_retention: Duration::from_secs(a.outbox_retention_secs),
+                    dead_letter_requeue_window: Duration::from_secs(
+                        a.dead_letter_requeue_window_secs,
+                    ),
+                },
+                batch_size: a.batch_size,
+                interval: Duration::from_secs(a.interval_secs.max(1)),
+            };
+            let mut maintainer = InboxMaintainer::new(
+                resolved.database_url.clone(),
+                resolved.schema.clone(),
+                retention,
+            )
+            .context("refusing to clean up")?;
+            if let Some(keep) = a.work_items_keep_secs {
+                maintainer = maintainer.with_work_item_retention(Duration::from_secs(keep));
+            }
+            if a.run_loop {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(shutdown_on_signal(shutdown.clone()));
+                maintainer.run(shutdown).await;
+            } else {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&resolved.database_url).await?;
+                match maintainer.round(&mut conn).await? {
+                    Some(n) => println!("deleted {n} row(s)"),
+                    None => {
+                        println!("another instance is the maintainer right now; nothing deleted")
+                    }
+                }
+            }
         }
         Command::Effects(cmd) => {
             effects_cmd::run(cmd, pool, resolved.schema.clone()).await?;
