@@ -454,6 +454,9 @@ impl NatsSource {
     }
 }
 
+/// How long past a fetch's expiry [`NatsSource::next_batch`] still waits for the request to end.
+const FETCH_GRACE: Duration = Duration::from_millis(100);
+
 impl DeliverySource for NatsSource {
     type Delivery = NatsDelivery;
 
@@ -492,7 +495,23 @@ impl DeliverySource for NatsSource {
                 )
             })?;
         let mut out = Vec::with_capacity(max.min(1024));
-        while let Some(item) = batch.next().await {
+        // The server ends the request at `wait`; the client sometimes notices that only when its
+        // own idle timer fires, seconds later. Past the expiry plus a margin nothing more can
+        // come, so stop waiting: a message that would still arrive on the dropped request is
+        // redelivered after the ack wait, never lost.
+        let deadline = tokio::time::Instant::now() + wait + FETCH_GRACE;
+        loop {
+            let item = match tokio::time::timeout_at(deadline, batch.next()).await {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::debug!(
+                        received = out.len(),
+                        "fetch outlived its expiry; returning what arrived"
+                    );
+                    break;
+                }
+            };
             match item {
                 Ok(message) => out.push(NatsDelivery::new(message, self.config.max_message_bytes)),
                 Err(e) if out.is_empty() => {
