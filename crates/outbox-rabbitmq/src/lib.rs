@@ -101,6 +101,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod confirms;
 pub mod consumer;
 mod encode;
 mod error;

@@ -10,12 +10,13 @@ use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::uri::AMQPUri;
-use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
 use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{RabbitConfig, RabbitConfigError};
+use crate::confirms::Verdict;
 use crate::encode::{self, Envelope};
 use crate::error::{RabbitConnectError, classify};
 
@@ -61,6 +62,8 @@ struct Link {
     frame_max: usize,
     /// Set when an error means the connection itself can no longer be trusted.
     broken: AtomicBool,
+    /// Decides every publish of `channel` from all of its confirms (see `confirms.rs`).
+    confirms: crate::confirms::Collector,
 }
 
 impl Link {
@@ -305,6 +308,7 @@ impl Shared {
                         let link = Arc::new(Link {
                             id: self.next_link_id.fetch_add(1, Ordering::Relaxed),
                             connection: Arc::clone(&old.connection),
+                            confirms: crate::confirms::Collector::spawn(channel.clone()),
                             channel,
                             frame_max: old.frame_max,
                             broken: AtomicBool::new(false),
@@ -389,6 +393,7 @@ impl Shared {
         Ok(Link {
             id: self.next_link_id.fetch_add(1, Ordering::Relaxed),
             connection: Arc::new(connection),
+            confirms: crate::confirms::Collector::spawn(channel.clone()),
             channel,
             frame_max,
             broken: AtomicBool::new(false),
@@ -437,24 +442,49 @@ impl Shared {
             properties,
             ..
         } = envelope;
-        let confirm = link
-            .channel
-            .basic_publish(
-                self.exchange.clone(),
-                routing_key.clone(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &body,
-                properties,
-            )
-            .await
-            .map_err(|e| self.failed(link, &e, body.len(), "basic.publish", event_id))?;
-        let confirmation = match tokio::time::timeout(self.config.confirm_timeout(), confirm).await
-        {
-            Ok(Ok(confirmation)) => confirmation,
-            Ok(Err(e)) => return Err(self.failed(link, &e, body.len(), "confirm", event_id)),
+        // The publish runs in its own task: a caller that gives up (a timeout around
+        // `Transport::publish`) must not drop a confirm that may carry another publish's
+        // returned message. The task always registers with the collector.
+        let channel = link.channel.clone();
+        let collector = link.confirms.clone();
+        let exchange = self.exchange.clone();
+        let id = event_id.to_owned();
+        let len = body.len();
+        let published = tokio::spawn(async move {
+            let ticket = collector.ticket();
+            match channel
+                .basic_publish(
+                    exchange,
+                    routing_key,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    &body,
+                    properties,
+                )
+                .await
+            {
+                Ok(confirm) => Ok(collector.register(ticket, id, confirm)),
+                Err(e) => {
+                    collector.register_failure(ticket);
+                    Err(e)
+                }
+            }
+        });
+        let verdict = match published.await {
+            Ok(Ok(verdict)) => verdict,
+            Ok(Err(e)) => return Err(self.failed(link, &e, len, "basic.publish", event_id)),
+            Err(join) => {
+                return Err(PublishError::new(
+                    PublishErrorKind::Unavailable,
+                    format!("the publish task ended: {join}"),
+                ));
+            }
+        };
+        let verdict = match tokio::time::timeout(self.config.confirm_timeout(), verdict).await {
+            Ok(Ok(verdict)) => verdict,
+            Ok(Err(_)) => Verdict::Stopped,
             Err(_) => {
                 // A live channel that does not confirm within minutes is not trusted again.
                 link.mark_broken();
@@ -468,20 +498,28 @@ impl Shared {
                 ));
             }
         };
-        match confirmation {
-            Confirmation::Ack(None) => Ok(PublishReceipt { duplicate: false }),
-            Confirmation::Ack(Some(returned)) => Err(self.returned(&returned, event_id)),
-            Confirmation::Nack(returned) => {
-                if let Some(returned) = returned {
-                    return Err(self.returned(&returned, event_id));
-                }
+        match verdict {
+            Verdict::Routed => Ok(PublishReceipt { duplicate: false }),
+            Verdict::Returned(returned) => Err(self.returned(&returned, event_id)),
+            Verdict::Nacked => {
                 warn!(event_id, "RabbitMQ nacked a message");
                 Err(PublishError::new(
                     PublishErrorKind::Rejected,
                     "the broker negatively acknowledged the message (basic.nack)",
                 ))
             }
-            Confirmation::NotRequested => {
+            Verdict::Undecided(why) => {
+                warn!(event_id, reason = %why, "confirmed, but not provably routed; retrying");
+                Err(PublishError::new(
+                    PublishErrorKind::Unavailable,
+                    format!(
+                        "confirmed, but whether it was returned cannot be told ({why}); retried with the same event id"
+                    ),
+                ))
+            }
+            Verdict::Failed(e) => Err(self.failed(link, &e, len, "confirm", event_id)),
+            Verdict::Stopped => Err(unavailable("the confirm collector stopped")),
+            Verdict::NotRequested => {
                 link.mark_broken();
                 error!(link = link.id, "channel is not in publisher-confirm mode");
                 Err(unavailable(
@@ -491,19 +529,8 @@ impl Shared {
         }
     }
 
+    /// The error for a publish the collector found returned (matched by its message id).
     fn returned(&self, returned: &BasicReturnMessage, event_id: &str) -> PublishError {
-        let properties = &returned.delivery.properties;
-        let owner = properties.message_id().as_ref().map(ShortString::as_str);
-        if owner != Some(event_id) {
-            // lapin pairs a basic.return with the next confirm it resolves. RabbitMQ sends a
-            // message's return right before its ack, so this never happens with it; if it does,
-            // refuse this publish (it is retried) and say so loudly.
-            error!(
-                event_id,
-                returned_message_id = owner.unwrap_or(""),
-                "a returned message was paired with another publish's confirm"
-            );
-        }
         let kind = if returned.reply_code == REPLY_CONTENT_TOO_LARGE {
             PublishErrorKind::TooLarge
         } else {
