@@ -57,6 +57,16 @@
 //! retries it (a queue may be bound later) until its retry policy dead-letters it. A route-less
 //! message is never counted as sent.
 //!
+//! lapin attaches a `basic.return` to whichever confirm it resolves next, and RabbitMQ may
+//! deliver the return after the (multiple) ack covering its message, so the transport does not
+//! trust where a return arrived: one collector task per channel pairs every return with its
+//! publish by `message_id` (the event id) and decides confirmed publishes in cohorts, each
+//! closed by a *probe*: an empty, non-mandatory message to the queue name
+//! `outbox.confirm-probe.no-such-queue` through the default exchange, which the broker drops and
+//! acknowledges. Every cohort member's return was sent before the probe's ack, so it has been
+//! seen. The user needs write permission on the default exchange; if the probe cannot be
+//! published, confirmed publishes fail as `Unavailable` (retried, never counted as sent).
+//!
 //! Many publishes are in flight on the one channel at once (bounded by
 //! [`RabbitConfig::max_in_flight`]); only fetching the channel handle is serialised, the
 //! publish and confirm wait are not. If the caller stops waiting (the relay's publish
@@ -83,6 +93,7 @@
 //! |------------------------------------------------------------------|---------------|
 //! | `basic.ack`, not returned                                        | `Ok`          |
 //! | returned (`mandatory`, no route), then acked                     | `Rejected`    |
+//! | acked, but the cohort's probe could not be published or acked    | `Unavailable` |
 //! | `basic.nack`                                                     | `Rejected`    |
 //! | channel closed with `NOT_FOUND` (no exchange) / `ACCESS_REFUSED` | `Rejected`    |
 //! | payload above `max_message_bytes` (checked before sending)       | `TooLarge`    |

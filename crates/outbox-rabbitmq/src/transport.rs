@@ -442,46 +442,32 @@ impl Shared {
             properties,
             ..
         } = envelope;
-        // The publish runs in its own task: a caller that gives up (a timeout around
-        // `Transport::publish`) must not drop a confirm that may carry another publish's
-        // returned message. The task always registers with the collector.
-        let channel = link.channel.clone();
-        let collector = link.confirms.clone();
-        let exchange = self.exchange.clone();
-        let id = event_id.to_owned();
+        // `send` runs in the task spawned by `publish_message`, so a caller that gives up cannot
+        // drop a confirm that may carry another publish's returned message: every publish that
+        // took a ticket registers with the collector, with its confirm or with its failure.
         let len = body.len();
-        let published = tokio::spawn(async move {
-            let ticket = collector.ticket();
-            match channel
-                .basic_publish(
-                    exchange,
-                    routing_key,
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &body,
-                    properties,
-                )
-                .await
-            {
-                Ok(confirm) => Ok(collector.register(ticket, id, confirm)),
-                Err(e) => {
-                    collector.register_failure(ticket);
-                    Err(e)
-                }
-            }
-        });
-        let verdict = match published.await {
-            Ok(Ok(verdict)) => verdict,
-            Ok(Err(e)) => return Err(self.failed(link, &e, len, "basic.publish", event_id)),
-            Err(join) => {
-                return Err(PublishError::new(
-                    PublishErrorKind::Unavailable,
-                    format!("the publish task ended: {join}"),
-                ));
+        let ticket = link.confirms.ticket();
+        let confirm = match link
+            .channel
+            .basic_publish(
+                self.exchange.clone(),
+                routing_key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &body,
+                properties,
+            )
+            .await
+        {
+            Ok(confirm) => confirm,
+            Err(e) => {
+                link.confirms.register_failure(ticket);
+                return Err(self.failed(link, &e, len, "basic.publish", event_id));
             }
         };
+        let verdict = link.confirms.register(ticket, event_id.to_owned(), confirm);
         let verdict = match tokio::time::timeout(self.config.confirm_timeout(), verdict).await {
             Ok(Ok(verdict)) => verdict,
             Ok(Err(_)) => Verdict::Stopped,
