@@ -51,6 +51,7 @@ use uuid::Uuid;
 
 use crate::broker::AnyTransport;
 use crate::config::redact;
+use crate::http_provider::HttpPayoutProvider;
 use crate::observer::Seen;
 use crate::workload::rolled_back;
 
@@ -531,7 +532,7 @@ impl Env {
         if self.broker == "nats" {
             let client = async_nats::connect(&self.broker_url).await?;
             let js = async_nats::jetstream::new(client);
-            let mut stream = js
+            let stream = js
                 .get_stream(self.stream())
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -540,7 +541,6 @@ impl Env {
                 // Not created yet: the consumer process has not started its subscription.
                 Err(_) => return Ok(u64::MAX),
             };
-            let _ = stream.info().await;
             Ok(info.num_pending + info.num_ack_pending as u64)
         } else {
             let conn = lapin::Connection::connect(
@@ -917,12 +917,9 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
             && !delay_lifted
             && (unknown_peak >= 10 || started.elapsed() > Duration::from_secs(20))
         {
-            http_post(
-                &sys.provider_url,
-                "/admin/delay",
-                &serde_json::json!({"ms": 0}),
-            )
-            .await?;
+            HttpPayoutProvider::new(&sys.provider_url)?
+                .stand_in_set_delay(0)
+                .await?;
             delay_lifted = true;
             crashed += 1;
         }
@@ -1307,15 +1304,19 @@ fn payments_rolled_back(payments: &[(String, String)]) -> HashSet<String> {
         .iter()
         .filter_map(|(id, _)| {
             let i: u64 = id.strip_prefix("pay-")?.parse().ok()?;
-            rolled_back(i, 10).then(|| id.clone())
+            rolled_back(i, crate::workload::DEFAULT_ROLLBACK_EVERY).then(|| id.clone())
         })
         .collect()
 }
 
 /// `(reference, payout_id)` of every payout the provider made.
 async fn provider_payouts(base: &str) -> Result<Vec<(String, String)>> {
-    let v = http_get(base, "/payouts").await?;
-    let list = v.as_array().context("GET /payouts did not return a list")?;
+    let list = tokio::time::timeout(
+        Duration::from_secs(10),
+        HttpPayoutProvider::new(base)?.stand_in_payouts(),
+    )
+    .await
+    .context("the provider did not answer GET /payouts within 10 s")??;
     Ok(list
         .iter()
         .map(|p| {
@@ -1325,45 +1326,6 @@ async fn provider_payouts(base: &str) -> Result<Vec<(String, String)>> {
             )
         })
         .collect())
-}
-
-async fn http_get(base: &str, path: &str) -> Result<serde_json::Value> {
-    http_request(base, "GET", path, None).await
-}
-
-async fn http_post(base: &str, path: &str, body: &serde_json::Value) -> Result<serde_json::Value> {
-    http_request(base, "POST", path, Some(body)).await
-}
-
-async fn http_request(
-    base: &str,
-    method: &str,
-    path: &str,
-    body: Option<&serde_json::Value>,
-) -> Result<serde_json::Value> {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("{}{path}", base.trim_end_matches('/')))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(
-            body.map(|b| b.to_string()).unwrap_or_default(),
-        )))?;
-    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
-        .await
-        .context("no answer within 10 s")??;
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    if !status.is_success() {
-        bail!(
-            "{method} {path}: {status}: {}",
-            String::from_utf8_lossy(&bytes)
-        );
-    }
-    Ok(serde_json::from_slice(&bytes)?)
 }
 
 fn render(rows: &[(Cell, Row)], broker: &str) -> String {

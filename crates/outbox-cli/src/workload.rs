@@ -21,6 +21,10 @@ use outbox_core::{NewMessage, Payload, crash};
 use outbox_postgres::{PgOutbox, RelayWaker, Schema};
 use sqlx::{AssertSqlSafe, PgPool};
 
+/// Every how many payments one is rolled back on purpose, unless `--rollback-every` says
+/// otherwise (the crash matrix relies on this default to know which payments must not exist).
+pub const DEFAULT_ROLLBACK_EVERY: u64 = 10;
+
 /// Options of `outbox demo-producer`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ProducerArgs {
@@ -34,7 +38,7 @@ pub struct ProducerArgs {
     #[arg(long, default_value_t = 0)]
     pub duration_secs: u64,
     /// Every n-th payment (i % n == n-1) is rolled back on purpose.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = DEFAULT_ROLLBACK_EVERY)]
     pub rollback_every: u64,
     /// Every n-th payment (i % n == 0) is captured in a second transaction.
     #[arg(long, default_value_t = 3)]
