@@ -6,8 +6,9 @@
 //! test of this binary.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 fn restart_script() -> PathBuf {
@@ -21,41 +22,18 @@ async fn chaos(broker_url: &str, broker: &str, prefix: &str) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
-    for var in [
-        "DATABASE_URL",
-        "OUTBOX_CONFIG",
-        "OUTBOX_SCHEMA",
-        "OUTBOX_CRASH_POINT",
-        "OUTBOX_TEST_ACK_BEFORE_COMMIT",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env(
-        "OUTBOX_DATABASE_URL",
-        std::env::var("OUTBOX_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-    )
-    .env("OUTBOX_BROKER_URL", broker_url)
-    .arg("crash-matrix")
-    .arg("--chaos")
-    .arg(format!("--chaos-secs={secs}"))
-    .arg(format!("--prefix={prefix}"))
-    .arg(format!("--log-dir={}", log_dir.display()))
-    .arg(format!(
-        "--broker-restart-cmd={} {broker}",
-        restart_script().display()
-    ))
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(secs + 300), cmd.output())
-        .await
-        .expect("chaos run did not finish in time")
-        .expect("spawn outbox");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut cmd = common::outbox(None, Some(broker_url), None);
+    cmd.arg("crash-matrix")
+        .arg("--chaos")
+        .arg(format!("--chaos-secs={secs}"))
+        .arg(format!("--prefix={prefix}"))
+        .arg(format!("--log-dir={}", log_dir.display()))
+        .arg(format!(
+            "--broker-restart-cmd={} {broker}",
+            restart_script().display()
+        ));
+    let out = common::run(cmd, Duration::from_secs(secs + 300)).await;
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(
         stdout.contains(&format!("chaos on {broker}: PASS")),
@@ -78,17 +56,6 @@ async fn chaos(broker_url: &str, broker: &str, prefix: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_loses_nothing_and_applies_once_on_both_brokers() {
-    chaos(
-        &std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
-        "nats",
-        "cmt_chaos_nats",
-    )
-    .await;
-    chaos(
-        &std::env::var("OUTBOX_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
-        "rabbitmq",
-        "cmt_chaos_rabbit",
-    )
-    .await;
+    chaos(&common::nats_url(), "nats", "cmt_chaos_nats").await;
+    chaos(&common::amqp_url(), "rabbitmq", "cmt_chaos_rabbit").await;
 }

@@ -2,30 +2,20 @@
 //! refused before anything is deleted; old succeeded work items go, everything else stays.
 #![allow(missing_docs)]
 
-use std::process::Stdio;
+mod common;
 
+use std::time::Duration;
+
+use common::{Run, database_url};
 use outbox_postgres::Schema;
 use outbox_postgres::effects::{NewWorkItem, PgEffects};
 use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-async fn cleanup(schema: &str, args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .env_remove("DATABASE_URL")
-        .env_remove("OUTBOX_CONFIG")
-        .env("OUTBOX_DATABASE_URL", database_url())
-        .env("OUTBOX_SCHEMA", schema)
-        .arg("cleanup")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .expect("spawn outbox")
+async fn cleanup(schema: &str, args: &[&str]) -> Run {
+    let mut cmd = common::outbox(Some(schema), None, None);
+    cmd.arg("cleanup").args(args);
+    common::run(cmd, Duration::from_secs(60)).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -88,7 +78,7 @@ async fn unsafe_retention_is_refused_and_old_succeeded_work_items_are_deleted() 
         ],
     )
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("3600") && stderr.contains("86400") && stderr.contains("broker_retention"),
@@ -113,13 +103,8 @@ async fn unsafe_retention_is_refused_and_old_succeeded_work_items_are_deleted() 
         ],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = &out.stdout;
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", out.stderr);
     assert!(stdout.contains("deleted 2 row(s)"), "{stdout}");
     let left: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT id FROM {schema}.work_items ORDER BY id"

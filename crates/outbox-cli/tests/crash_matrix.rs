@@ -5,69 +5,27 @@
 //! them at the crash points; see `crates/outbox-cli/src/matrix.rs`.
 #![allow(missing_docs)]
 
-use std::process::Stdio;
+mod common;
+
 use std::time::Duration;
 
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+use common::{Run, amqp_url, nats_url};
 
-fn nats_url() -> String {
-    std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
-
-fn amqp_url() -> String {
-    std::env::var("OUTBOX_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-async fn crash_matrix(broker: &str, prefix: &str, extra: &[&str], timeout: Duration) -> Out {
+async fn crash_matrix(broker: &str, prefix: &str, extra: &[&str], timeout: Duration) -> Run {
     let log_dir = std::env::temp_dir().join(format!("outbox-test-{prefix}"));
     let _ = std::fs::remove_dir_all(&log_dir);
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
-    for var in [
-        "DATABASE_URL",
-        "OUTBOX_CONFIG",
-        "OUTBOX_SCHEMA",
-        "OUTBOX_CRASH_POINT",
-        "OUTBOX_CRASH_SKIP",
-        "OUTBOX_CRASH_ACTION",
-        "OUTBOX_TEST_ACK_BEFORE_COMMIT",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("OUTBOX_DATABASE_URL", database_url())
-        .env("OUTBOX_BROKER_URL", broker)
-        .arg("crash-matrix")
+    let mut cmd = common::outbox(None, Some(broker), None);
+    cmd.arg("crash-matrix")
         .arg(format!("--prefix={prefix}"))
         .arg(format!("--log-dir={}", log_dir.display()))
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(timeout, cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("crash-matrix {extra:?} did not finish within {timeout:?}"))
-        .expect("spawn outbox");
-    Out {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+        .args(extra);
+    common::run(cmd, timeout).await
 }
 
 /// Every cell is listed once in the table with PASS, the payout cells show their numbers.
-fn assert_all_cells_pass(out: &Out, broker: &str) {
+fn assert_all_cells_pass(out: &Run, broker: &str) {
     assert_eq!(
-        out.code,
+        out.status.code(),
         Some(0),
         "crash matrix on {broker} failed:\n{}\n{}",
         out.stdout,
@@ -149,7 +107,7 @@ async fn harness_fails_when_the_consumer_acks_before_commit() {
         Duration::from_secs(300),
     )
     .await;
-    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("BROKEN ON PURPOSE"), "{}", out.stdout);
     assert!(
         out.stdout
@@ -170,7 +128,7 @@ async fn unknown_cell_is_refused() {
         Duration::from_secs(60),
     )
     .await;
-    assert_eq!(out.code, Some(2), "{}", out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stdout);
     assert!(
         out.stderr
             .contains("invalid option `--cells`: unknown cell `relay.before_everything`"),

@@ -4,47 +4,21 @@
 //! and the backlog falls back to zero with exactly one payout per work item.
 #![allow(missing_docs)]
 
-use std::process::Stdio;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{ChildGuard, database_url, free_port, metric_value, scrape_metrics};
 use outbox_postgres::Schema;
 use outbox_postgres::effects::{NewWorkItem, PgEffects};
 use sqlx::{AssertSqlSafe, PgPool};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn outbox(schema: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    for var in [
-        "DATABASE_URL",
-        "OUTBOX_CONFIG",
-        "OUTBOX_CRASH_POINT",
-        "OUTBOX_METRICS_ADDR",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("OUTBOX_DATABASE_URL", database_url())
-        .env("OUTBOX_SCHEMA", schema)
-        .env("RUST_LOG", "info,sqlx=warn")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-/// A minimal HTTP/1.1 exchange (Connection: close), enough for the provider and `/metrics`.
-async fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
+/// `GET path` on the stand-in provider (Connection: close); the response body.
+async fn provider_get(addr: &str, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
@@ -53,28 +27,13 @@ async fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
         .unwrap_or_default()
 }
 
-fn gauge(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("kind=\"payout\""))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn stop(child: &mut Child) {
-    if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+/// `outbox …` in `schema`, run to completion; its stdout parsed as JSON.
+async fn outbox_json(schema: &str, args: &[&str]) -> serde_json::Value {
+    let mut cmd = common::outbox(Some(schema), None, None);
+    cmd.args(args);
+    let out = common::run(cmd, Duration::from_secs(30)).await;
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}{}", out.stdout, out.stderr))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -101,39 +60,41 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
     tx.commit().await.unwrap();
 
     // The provider answers after 1.5 s; the executor gives up after 300 ms: outcome unknown.
-    let mut provider = outbox(&schema)
-        .args(["demo-provider", "--delay-ms=1500"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(provider.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("provider address")
-        .unwrap()
-        .and_then(|l| l.strip_prefix("listening on ").map(str::to_owned))
-        .expect("listening line");
+    let mut provider_cmd = common::outbox(Some(&schema), None, None);
+    provider_cmd.args(["demo-provider", "--delay-ms=1500"]);
+    let mut provider = ChildGuard::spawn(provider_cmd, "provider");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = loop {
+        if let Some(url) = provider
+            .log()
+            .lines()
+            .find_map(|l| l.strip_prefix("listening on ").map(str::to_owned))
+        {
+            break url;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "provider address: {}",
+            provider.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let provider_addr = url.trim_start_matches("http://").to_owned();
     let metrics_port = free_port();
-    let mut executor = outbox(&schema)
-        .args([
-            "effects",
-            "run",
-            "--kind=payout",
-            &format!("--provider-url={url}"),
-            "--call-timeout-ms=300",
-            "--lease-secs=3.5",
-            "--batch-size=8",
-            "--concurrency=8",
-            "--reconcile-after-ms=4000",
-            &format!("--metrics-addr=127.0.0.1:{metrics_port}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut executor_cmd = common::outbox(Some(&schema), None, None);
+    executor_cmd.args([
+        "effects",
+        "run",
+        "--kind=payout",
+        &format!("--provider-url={url}"),
+        "--call-timeout-ms=300",
+        "--lease-secs=3.5",
+        "--batch-size=8",
+        "--concurrency=8",
+        "--reconcile-after-ms=4000",
+        &format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+    ]);
+    let mut executor = ChildGuard::spawn(executor_cmd, "executor");
 
     // Rises: all five unknown, with an age.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -141,19 +102,20 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
     let mut age = 0.0;
     while Instant::now() < deadline && peak < 5.0 {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        // Until the endpoint is up, scrape_metrics panics inside its own task: skipped.
         if let Ok(Ok(text)) = tokio::time::timeout(
             Duration::from_secs(2),
-            tokio::spawn({
-                let a = metrics_addr.clone();
-                async move { http(&a, "GET", "/metrics", "").await }
-            }),
+            tokio::spawn(scrape_metrics(metrics_port)),
         )
         .await
         {
-            peak = f64::max(peak, gauge(&text, "outbox_effects_unknown").unwrap_or(0.0));
+            peak = f64::max(
+                peak,
+                metric_value(&text, "outbox_effects_unknown").unwrap_or(0.0),
+            );
             age = f64::max(
                 age,
-                gauge(&text, "outbox_effects_oldest_unknown_age_seconds").unwrap_or(0.0),
+                metric_value(&text, "outbox_effects_oldest_unknown_age_seconds").unwrap_or(0.0),
             );
         }
     }
@@ -173,12 +135,7 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
         "items left unknown before reconcile_after"
     );
     // The operator sees the same backlog in `outbox status`.
-    let out = outbox(&schema)
-        .args(["status", "--json"])
-        .output()
-        .await
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = outbox_json(&schema, &["status", "--json"]).await;
     assert!(
         status["work_items"]["unknown"].as_i64().unwrap_or(0) > 0,
         "{status}"
@@ -189,8 +146,8 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
     let mut last = f64::NAN;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let text = http(&metrics_addr, "GET", "/metrics", "").await;
-        last = gauge(&text, "outbox_effects_unknown").unwrap_or(f64::NAN);
+        let text = scrape_metrics(metrics_port).await;
+        last = metric_value(&text, "outbox_effects_unknown").unwrap_or(f64::NAN);
         if last == 0.0 {
             break;
         }
@@ -206,7 +163,7 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
 
     // Exactly one payout per item on the provider's side: reconciliation never called again.
     let payouts: serde_json::Value =
-        serde_json::from_str(&http(&provider_addr, "GET", "/payouts", "").await).unwrap();
+        serde_json::from_str(&provider_get(&provider_addr, "/payouts").await).unwrap();
     let payouts = payouts.as_array().unwrap();
     assert_eq!(payouts.len(), 5, "{payouts:?}");
     let mut refs: Vec<&str> = payouts
@@ -218,17 +175,12 @@ async fn unknown_outcomes_are_reconciled_and_the_backlog_metric_rises_and_falls(
     assert_eq!(refs.len(), 5, "{payouts:?}");
 
     // The operator view agrees.
-    let out = outbox(&schema)
-        .args(["effects", "status", "--json"])
-        .output()
-        .await
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = outbox_json(&schema, &["effects", "status", "--json"]).await;
     assert_eq!(status["unknown"], 0, "{status}");
     assert_eq!(status["succeeded"], 5, "{status}");
 
-    stop(&mut executor).await;
-    stop(&mut provider).await;
+    executor.terminate().await;
+    provider.terminate().await;
     let _ = sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&pool)
         .await;

@@ -867,6 +867,9 @@ pub fn outbox(
         "OUTBOX_SCHEMA",
         "OUTBOX_CONFIG",
         "OUTBOX_CRASH_POINT",
+        "OUTBOX_CRASH_SKIP",
+        "OUTBOX_CRASH_ACTION",
+        "OUTBOX_TEST_ACK_BEFORE_COMMIT",
         "OUTBOX_METRICS_ADDR",
     ] {
         cmd.env_remove(var);
