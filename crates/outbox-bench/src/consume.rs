@@ -11,8 +11,8 @@ use anyhow::{Result, anyhow, bail};
 use chrono::Utc;
 use futures::StreamExt;
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
+use outbox_core::consumer::{Handler, HandlerError};
 use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, Transport};
-use outbox_postgres::{Handler, HandlerError};
 use sqlx::{Acquire, AssertSqlSafe, PgConnection, PgPool};
 
 use crate::common::json_payload;
@@ -66,7 +66,7 @@ impl ReportHandler {
     }
 }
 
-impl Handler for ReportHandler {
+impl Handler<PgConnection> for ReportHandler {
     async fn handle(
         &self,
         tx: &mut PgConnection,
@@ -321,10 +321,16 @@ pub async fn baseline_drain<S: DeliverySource>(
                 .map_err(|e| anyhow!("malformed delivery: {e}"))?;
             if savepoints && deliveries.len() > 1 {
                 let mut sp = tx.begin().await?;
-                handler.handle(&mut sp, event).await?;
+                handler
+                    .handle(&mut sp, event)
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?;
                 sp.commit().await?;
             } else {
-                handler.handle(&mut tx, event).await?;
+                handler
+                    .handle(&mut tx, event)
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?;
             }
         }
         tx.commit().await?;

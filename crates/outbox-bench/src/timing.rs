@@ -1,4 +1,4 @@
-//! Timing decorators around [`Store`] and [`Transport`]: where a relay batch spends its time
+//! Timing decorators around [`OutboxStore`] and [`Transport`]: where a relay batch spends its time
 //! (claim SQL, publishing, mark SQL), measured without touching the relay.
 
 use std::collections::HashMap;
@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{
     ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, MarkParams,
-    OutboxMessage, OutboxStats, PublishError, PublishReceipt, ReleaseParams, RequeueParams, Store,
-    StoreError, Transport,
+    OutboxMessage, OutboxStats, OutboxStore, PublishError, PublishReceipt, ReleaseParams,
+    RequeueParams, StoreError, Transport,
 };
 
 use crate::common::{mean, percentile};
@@ -38,7 +38,7 @@ pub struct StoreStats {
     released: AtomicU64,
 }
 
-/// A [`Store`] that times every call of the inner one.
+/// A [`OutboxStore`] that times every call of the inner one.
 pub struct TimedStore<S> {
     inner: S,
     pub stats: Arc<StoreStats>,
@@ -53,7 +53,7 @@ impl<S> TimedStore<S> {
     }
 }
 
-impl<S: Store> Store for TimedStore<S> {
+impl<S: OutboxStore> OutboxStore for TimedStore<S> {
     async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
         let t = Instant::now();
         let r = self.inner.claim_batch(params).await;

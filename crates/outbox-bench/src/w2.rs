@@ -540,7 +540,7 @@ fn report(args: &Args, workers: &[usize], phases: &[Phase]) {
     );
 
     println!(
-        "#### W2: where a relay drain spends its time (timing decorators around Store and Transport)\n"
+        "#### W2: where a relay drain spends its time (timing decorators around OutboxStore and Transport)\n"
     );
     let mut rows = Vec::new();
     for p in phases {

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
+use outbox_core::consumer::ConsumerConfig;
 use outbox_core::consumer::DeliverySource;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
 use outbox_nats::{NatsConsumerConfig, NatsSource};
-use outbox_postgres::{ConsumerConfig, PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
+use outbox_postgres::{PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Semaphore;
@@ -271,8 +272,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     let source_stats = SourceStats::new(true);
     let handler = ReportHandler::new(bench.name());
     let consumer = PgConsumer::new(
-        pools.consumer.clone(),
-        bench.schema.clone(),
+        PgStore::with_schema(pools.consumer.clone(), bench.schema.clone()),
         TimedSource::new(source, Arc::clone(&source_stats)),
         handler.clone(),
         ConsumerConfig {

@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use outbox_core::consumer::ConsumerConfig;
 use outbox_core::consumer::DeliverySource;
 use outbox_nats::{NatsConsumerConfig, NatsSource};
-use outbox_postgres::{ConsumerConfig, PgConsumer};
+use outbox_postgres::{PgConsumer, PgStore};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -367,8 +368,7 @@ async fn drain<S: DeliverySource>(
         }
         Kind::B | Kind::C => {
             let mut consumer = PgConsumer::new(
-                pool.clone(),
-                bench.schema.clone(),
+                PgStore::with_schema(pool.clone(), bench.schema.clone()),
                 source,
                 handler.clone(),
                 ConsumerConfig {

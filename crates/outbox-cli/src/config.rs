@@ -5,7 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use outbox_core::relay::{Backoff, RelayConfig};
+use outbox_core::Backoff;
+use outbox_core::relay::RelayConfig;
 use outbox_nats::NatsConfig;
 use outbox_postgres::{OnPublish, Schema};
 use outbox_rabbitmq::RabbitConfig;

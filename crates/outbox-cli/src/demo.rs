@@ -14,13 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::{NewMessage, Payload, Store};
+use outbox_core::{NewMessage, OutboxStore, Payload};
 use outbox_nats::NatsConfig;
-use outbox_postgres::{
-    ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard, PgConsumer, PgOutbox,
-    PgStore, PgStoreConfig, RelayWaker, Schema,
-};
+use outbox_postgres::{PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker, Schema};
 use outbox_rabbitmq::RabbitConfig;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -124,8 +122,7 @@ pub async fn run(
     )
     .await?;
     let consumer = PgConsumer::new(
-        pool.clone(),
-        schema.clone(),
+        PgStore::with_schema(pool.clone(), schema.clone()),
         source,
         ReportingHandler::new(&schema),
         ConsumerConfig {
@@ -530,7 +527,7 @@ impl ReportingHandler {
     }
 }
 
-impl Handler for ReportingHandler {
+impl Handler<sqlx::PgConnection> for ReportingHandler {
     async fn handle(
         &self,
         tx: &mut sqlx::PgConnection,
@@ -782,11 +779,11 @@ pub async fn run_consumer(
             "{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)"
         );
         let source = crate::broker::AckFirstSource(source);
-        PgConsumer::new(pool, schema.clone(), source, handler, config)
+        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)
             .run(shutdown)
             .await;
     } else {
-        PgConsumer::new(pool, schema.clone(), source, handler, config)
+        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)
             .run(shutdown)
             .await;
     }

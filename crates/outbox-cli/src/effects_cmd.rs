@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use outbox_core::effect::{Executor, ExecutorConfig};
+use outbox_postgres::PgStore;
 use outbox_postgres::Schema;
-use outbox_postgres::effects::{Executor, ExecutorConfig, PgEffects, Resolution};
+use outbox_postgres::effects::{PgEffects, Resolution};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -106,8 +108,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
                 ..ExecutorConfig::new(a.kind.clone())
             };
             let executor = Arc::new(
-                Executor::new(pool, schema, provider, config)
-                    .map_err(|e| anyhow::anyhow!("{e}"))
+                Executor::<PgStore, _>::new(PgStore::with_schema(pool, schema), provider, config)
                     .context("cannot start the executor")?,
             );
             if let Some(addr) = a.metrics_addr {

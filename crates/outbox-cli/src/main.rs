@@ -33,7 +33,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use outbox_core::relay::Relay;
-use outbox_core::{DeadLetterListParams, RequeueParams, Store};
+use outbox_core::{DeadLetterListParams, OutboxStore, RequeueParams};
 use outbox_postgres::{PgStore, PgStoreConfig};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -296,8 +296,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             )?);
             let shutdown = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(shutdown.clone()));
+            // Leases of crashed relays are reaped by one elected relay.
+            let reaper = outbox_core::maintenance::Maintainer::<PgStore>::new(
+                Arc::clone(relay.store()),
+                outbox_core::maintenance::MaintenanceConfig {
+                    lease_reap_after: Some(LEASE_REAP_AFTER),
+                    ..Default::default()
+                },
+            )?;
+            let reaping = tokio::spawn(reaper.run(shutdown.clone()));
             info!(schema = %resolved.schema, broker = %redact(&broker_url), "relay started");
             relay.run(shutdown).await;
+            let _ = reaping.await;
         }
         Command::Status {
             json,
@@ -526,41 +536,44 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             workload::run_producer(args, pool, resolved.schema.clone()).await?;
         }
         Command::Cleanup(a) => {
-            use outbox_postgres::{InboxMaintainer, InboxRetention, ReplayHorizon};
+            use outbox_core::maintenance::{
+                InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon,
+            };
             outbox_postgres::check_schema(&pool, &resolved.schema).await?;
             if a.batch_size < 1 {
                 anyhow::bail!("invalid option `--batch-size`: must be at least 1");
             }
-            let retention = InboxRetention {
-                keep: Duration::from_secs(a.inbox_keep_secs),
-                horizon: ReplayHorizon {
-                    broker_retention: Duration::from_secs(a.broker_retention_secs),
-                    outbox_retention: Duration::from_secs(a.outbox_retention_secs),
-                    dead_letter_requeue_window: Duration::from_secs(
-                        a.dead_letter_requeue_window_secs,
-                    ),
-                },
+            let config = MaintenanceConfig {
+                inbox: Some(InboxRetention {
+                    keep: Duration::from_secs(a.inbox_keep_secs),
+                    horizon: ReplayHorizon {
+                        broker_retention: Duration::from_secs(a.broker_retention_secs),
+                        outbox_retention: Duration::from_secs(a.outbox_retention_secs),
+                        dead_letter_requeue_window: Duration::from_secs(
+                            a.dead_letter_requeue_window_secs,
+                        ),
+                    },
+                }),
+                work_items_keep: a.work_items_keep_secs.map(Duration::from_secs),
+                lease_reap_after: Some(LEASE_REAP_AFTER),
                 batch_size: a.batch_size,
                 interval: Duration::from_secs(a.interval_secs.max(1)),
             };
-            let mut maintainer = InboxMaintainer::new(
-                resolved.database_url.clone(),
-                resolved.schema.clone(),
-                retention,
-            )
-            .context("refusing to clean up")?;
-            if let Some(keep) = a.work_items_keep_secs {
-                maintainer = maintainer.with_work_item_retention(Duration::from_secs(keep));
-            }
+            let store = PgStore::with_schema(pool, resolved.schema.clone());
+            let maintainer = Maintainer::new(store, config).context("refusing to clean up")?;
             if a.run_loop {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(shutdown_on_signal(shutdown.clone()));
                 maintainer.run(shutdown).await;
             } else {
-                use sqlx::Connection;
-                let mut conn = sqlx::PgConnection::connect(&resolved.database_url).await?;
-                match maintainer.round(&mut conn).await? {
-                    Some(n) => println!("deleted {n} row(s)"),
+                match maintainer.round_once().await? {
+                    Some(r) => println!(
+                        "deleted {} row(s): {} inbox identities, {} work items, {} expired leases",
+                        r.total(),
+                        r.inbox,
+                        r.work_items,
+                        r.leases
+                    ),
                     None => {
                         println!("another instance is the maintainer right now; nothing deleted")
                     }
@@ -576,6 +589,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Relay leases that expired this long ago belong to crashed relays: the maintainer deletes them.
+const LEASE_REAP_AFTER: Duration = Duration::from_secs(600);
 
 fn broker_url(resolved: &Resolved) -> Result<String> {
     resolved.broker_url.clone().context(

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use outbox_core::relay::{Backoff, Relay, RelayConfig};
+use outbox_core::Backoff;
+use outbox_core::relay::{Relay, RelayConfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use inbox_common::*;
-use outbox_postgres::{ConsumerReport, OrderingGuard};
+use outbox_core::consumer::{ConsumerReport, OrderingGuard};
 use serde_json::json;
 
 const MIB: usize = 1 << 20;

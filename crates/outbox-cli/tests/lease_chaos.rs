@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use outbox_core::relay::{Backoff, Relay, RelayConfig};
+use outbox_core::Backoff;
+use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{
     ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, MarkParams,
-    OutboxMessage, OutboxStats, PublishError, PublishReceipt, ReleaseParams, RequeueParams, Store,
-    StoreError, Transport,
+    OutboxMessage, OutboxStats, OutboxStore, PublishError, PublishReceipt, ReleaseParams,
+    RequeueParams, StoreError, Transport,
 };
 use outbox_nats::NatsTransport;
 use outbox_postgres::PgStore;
@@ -33,7 +34,7 @@ struct PausingStore {
     pauses: AtomicU64,
 }
 
-impl Store for PausingStore {
+impl OutboxStore for PausingStore {
     async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
         self.inner.claim_batch(params).await
     }

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use outbox_core::relay::{Backoff, Relay, RelayConfig};
+use outbox_core::Backoff;
+use outbox_core::relay::{Relay, RelayConfig};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 

@@ -2,6 +2,11 @@
 //! step, so that tests and the crash-matrix harness can kill a relay exactly between "the broker
 //! acknowledged" and "the row was marked".
 //!
+//! Crash points exist only in builds with the cargo feature `crash-points` (off by default):
+//! without it [`hit`] is an empty inline function and no environment variable is read, so a
+//! production build of the library cannot be made to abort or stop by its environment. The
+//! `outbox` binary's test tools (feature `harness`) and the toolkit's own tests enable it.
+//!
 //! A point is activated by the environment variable [`CRASH_POINT_ENV`] holding its name. The
 //! variables are read once; when no point is set a crash point costs one relaxed atomic load.
 //!
@@ -26,13 +31,18 @@
 //! | `effects.after_call`          | effects executor: provider answered, result not recorded |
 //! | `effects.after_record`        | effects executor: the provider's answer is recorded      |
 //!
-//! The consumer points are defined with the inbox runner (`outbox_postgres::consumer`), the
-//! effects points with the work-item executor (`outbox_postgres::effects`), the
-//! producer points in the `outbox demo-producer` workload (a library never commits the caller's
-//! transaction, so the points sit in the caller's code, where a user's service would crash).
+//! The consumer points sit in the consumer engine ([`crate::consumer`]), the effects points in
+//! the work-item executor ([`crate::effect`]), the producer points in the `outbox demo-producer`
+//! workload (a library never commits the caller's transaction, so the points sit in the caller's
+//! code, where a user's service would crash).
 
+#[cfg(feature = "crash-points")]
 use std::sync::OnceLock;
+#[cfg(feature = "crash-points")]
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether this build has crash points (the cargo feature `crash-points`).
+pub const ENABLED: bool = cfg!(feature = "crash-points");
 
 /// The environment variable naming the crash point to activate.
 pub const CRASH_POINT_ENV: &str = "OUTBOX_CRASH_POINT";
@@ -52,6 +62,19 @@ pub const PRODUCER_BEFORE_COMMIT: &str = "producer.before_commit";
 /// Demo producer: the transaction committed.
 pub const PRODUCER_AFTER_COMMIT: &str = "producer.after_commit";
 
+/// Consumer: the inbox row was written, the handler has not run.
+pub const CONSUMER_AFTER_INBOX: &str = "consumer.after_inbox";
+/// Consumer: the handler's effect was written, not committed.
+pub const CONSUMER_AFTER_EFFECT: &str = "consumer.after_effect";
+/// Consumer: committed, not acknowledged.
+pub const CONSUMER_AFTER_COMMIT: &str = "consumer.after_commit";
+
+/// Effects executor: the provider answered a call and the answer is not recorded.
+pub const EFFECTS_AFTER_CALL: &str = "effects.after_call";
+/// Effects executor: the answer of a call is recorded.
+pub const EFFECTS_AFTER_RECORD: &str = "effects.after_record";
+
+#[cfg(feature = "crash-points")]
 #[derive(Debug)]
 struct Active {
     name: String,
@@ -60,8 +83,10 @@ struct Active {
     hits: AtomicU64,
 }
 
+#[cfg(feature = "crash-points")]
 static ACTIVE: OnceLock<Option<Active>> = OnceLock::new();
 
+#[cfg(feature = "crash-points")]
 fn active() -> Option<&'static Active> {
     ACTIVE
         .get_or_init(|| {
@@ -83,8 +108,14 @@ fn active() -> Option<&'static Active> {
         .as_ref()
 }
 
+/// Does nothing: this build has no crash points (cargo feature `crash-points` off).
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}
+
 /// Acts on the process if `name` is the activated crash point and its skip count is used up:
 /// aborts it (default) or stops it with SIGSTOP. Does nothing otherwise.
+#[cfg(feature = "crash-points")]
 pub fn hit(name: &str) {
     let Some(a) = active() else { return };
     if a.name != name {

@@ -1,6 +1,9 @@
+//! Errors shared by the engines and the traits they run against.
+
 use std::error::Error as StdError;
 
-/// What went wrong in a [`crate::Store`] call, coarse enough to decide what to do next.
+/// What went wrong in a store call (any of the store traits), coarse enough to decide what to
+/// do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreErrorKind {
@@ -13,11 +16,16 @@ pub enum StoreErrorKind {
     Schema,
     /// A constraint rejected the write (duplicate event id or aggregate version, bad value).
     Constraint,
+    /// The database refused the values themselves (bytes it cannot store, a key longer than an
+    /// index can hold): retrying the same write can never succeed.
+    InvalidData,
+    /// The database refused the statement for lack of a privilege: a role is missing a grant.
+    PermissionDenied,
     /// Anything else the database reported.
     Other,
 }
 
-/// Error returned by [`crate::Store`] methods.
+/// Error returned by the store traits' methods.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind:?}: {message}")]
 pub struct StoreError {
@@ -55,8 +63,33 @@ impl StoreError {
         self.kind
     }
 
+    /// The human message (without the kind).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// True when waiting and trying again may succeed (an outage, not a bug or a lost lease).
     pub fn is_retryable(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Unavailable)
+    }
+}
+
+/// A configuration value an engine refused, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration `{key}`: {reason}")]
+pub struct ConfigError {
+    /// The offending key (the field name of the engine's config struct).
+    pub key: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// Builds an error for `key`.
+    pub fn new(key: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            key,
+            reason: reason.into(),
+        }
     }
 }

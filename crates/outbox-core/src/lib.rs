@@ -1,10 +1,17 @@
-//! Core of the outbox toolkit: the message model, the [`Store`] and [`Transport`] traits, the
-//! polling [`relay`] engine and the errors they share.
+//! Core of the outbox toolkit: the message model, the traits a store or a broker implements, and
+//! the engines written once against them.
 //!
 //! This crate has no database or broker dependency. A store crate (`outbox-postgres`) implements
-//! [`Store`]; a transport crate (`outbox-nats`, `outbox-rabbitmq`) implements [`Transport`]; the
-//! [`relay::Relay`] moves claimed rows from one to the other with the guarantees listed in the
-//! project README:
+//! [`OutboxStore`] (and the inbox, work-item and maintenance store traits); a transport crate
+//! (`outbox-nats`, `outbox-rabbitmq`) implements [`Transport`] and
+//! [`consumer::DeliverySource`]; the engines move events between them:
+//!
+//! * [`relay::Relay`], the publish engine, fed by a [`relay::Feed`] (polling claims, or a log);
+//! * the consumer engine in [`consumer`];
+//! * the remote-effect executor in [`effect`];
+//! * the maintenance jobs (retention, lease reaping) in [`maintenance`].
+//!
+//! The relay moves rows to the broker with the guarantees listed in the project README:
 //!
 //! * only committed rows leave (the store decides what is claimable);
 //! * a row is marked sent only after [`Transport::publish`] returned, which every transport
@@ -14,25 +21,29 @@
 //!   different aggregates are published concurrently.
 #![forbid(unsafe_code)]
 
+mod backoff;
 pub mod consumer;
 pub mod crash;
 pub mod effect;
 mod error;
+pub mod maintenance;
 mod message;
 pub mod relay;
 mod store;
 mod transport;
 pub mod wire;
 
+pub use backoff::Backoff;
+
 pub use effect::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
-pub use error::{StoreError, StoreErrorKind};
+pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use message::{
     ContentType, EventId, Fingerprint, MAX_HEADER_NAME_LEN, MessageError, NewMessage,
     OutboxMessage, Payload, TRACEPARENT_HEADER,
 };
 pub use store::{
     ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, LeaseToken,
-    MarkParams, OutboxStats, ReleaseParams, RequeueParams, Store,
+    MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams,
 };
 pub use transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
 pub use wire::{DecodeError, IncomingEvent};

@@ -124,7 +124,7 @@ pub struct OutboxStats {
     pub published_retained: i64,
 }
 
-/// A relay's view of the outbox table.
+/// The relay's view of the outbox table (the polling feed claims through it).
 ///
 /// # What a claim must guarantee
 ///
@@ -135,7 +135,7 @@ pub struct OutboxStats {
 /// * Rows in backoff (`retry_after` not yet elapsed) are not returned.
 /// * Concurrent claims from several relays never return the same aggregate twice while a lease
 ///   is live.
-pub trait Store: Send + Sync + 'static {
+pub trait OutboxStore: Send + Sync + 'static {
     /// Claims up to `max_rows` rows under a new lease.
     ///
     /// # Errors

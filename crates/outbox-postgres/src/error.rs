@@ -106,6 +106,7 @@ pub enum MigrateError {
 /// Maps a driver error to the core's store error kinds.
 pub(crate) fn store_error(context: &str, e: sqlx::Error) -> StoreError {
     let kind = match &e {
+        sqlx::Error::Encode(_) => StoreErrorKind::InvalidData,
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
@@ -121,6 +122,10 @@ pub(crate) fn store_error(context: &str, e: sqlx::Error) -> StoreError {
                 StoreErrorKind::Unavailable
             }
             Some(c) if c.starts_with("23") => StoreErrorKind::Constraint,
+            // data exceptions (bytes or text the column cannot hold, NUL in text, bad encoding)
+            // and program limits (an index row larger than a btree page can hold)
+            Some(c) if c.starts_with("22") || c == "54000" => StoreErrorKind::InvalidData,
+            Some("42501") => StoreErrorKind::PermissionDenied,
             _ => StoreErrorKind::Other,
         },
         _ => StoreErrorKind::Other,

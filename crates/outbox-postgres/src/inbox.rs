@@ -31,59 +31,25 @@
 
 use std::sync::Arc;
 
+pub use outbox_core::consumer::{InboxOutcome, OrderingGuard};
 use outbox_core::{Fingerprint, IncomingEvent};
 use sqlx::{AssertSqlSafe, PgConnection};
 
 use crate::schema::Schema;
 
-/// What to do with an event whose version is not the next one of its aggregate.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OrderingGuard {
-    /// No ordering check: every new event is applied (default).
-    #[default]
-    Off,
-    /// Track the last applied version per aggregate. An older or equal version is absorbed
-    /// as `Stale`; a gap (`version > last + 1`, or a first-seen aggregate not at version 1)
-    /// returns `Gap`: roll back and let the broker redeliver it later, after the missing
-    /// versions arrived.
-    Wait,
-    /// Track versions; absorb older ones as `Stale`, but apply across a gap (the consumer
-    /// joined the stream mid-way, or tolerates gaps), moving the mark to the new version.
-    ApplyAnyway,
-}
-
-/// What [`PgInbox::record`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InboxOutcome {
-    /// First time: apply the effect in this transaction, then commit, then acknowledge.
-    New,
-    /// Already recorded with the same fingerprint: skip the effect, commit, acknowledge.
-    Duplicate,
-    /// Already recorded with a *different* payload fingerprint: never apply. The conflict was
-    /// written to `inbox_conflicts` in this transaction: commit it, then follow the consumer's
-    /// conflict policy.
-    Conflict {
-        /// The fingerprint recorded first.
-        stored: Fingerprint,
-    },
-    /// The ordering guard absorbed an older version: no effect; recorded as `stale`.
-    Stale {
-        /// The last version applied for the aggregate.
-        last_applied: i64,
-    },
-    /// The ordering guard (policy `Wait`) saw a gap: roll back, redeliver later.
-    Gap {
-        /// The last version applied for the aggregate (0: none yet).
-        last_applied: i64,
-    },
-}
-
-impl InboxOutcome {
-    /// True only for [`InboxOutcome::New`]: the one case where the effect must run.
-    pub fn should_apply(&self) -> bool {
-        matches!(self, Self::New)
-    }
+/// Reads a stored fingerprint; a value that is not 32 bytes is a corrupt row, reported as a
+/// decode error naming the column, never read as zeros (which would turn every redelivery of
+/// that event into a conflict).
+fn stored_fingerprint(bytes: &[u8], column: &str) -> Result<Fingerprint, sqlx::Error> {
+    Fingerprint::from_slice(bytes).ok_or_else(|| {
+        sqlx::Error::Decode(
+            format!(
+                "corrupt {column}: {} bytes where a SHA-256 fingerprint has 32",
+                bytes.len()
+            )
+            .into(),
+        )
+    })
 }
 
 /// A recorded conflict, for the CLI and the contract's owner.
@@ -171,8 +137,7 @@ fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
 impl PgInbox {
     /// The inbox in `schema` (migrated by [`crate::migrate()`]).
     pub fn new(schema: Schema) -> Self {
-        let quoted = format!("\"{}\"", schema.as_str());
-        let r = |t: &str| -> Arc<str> { t.replace("{s}", &quoted).into() };
+        let r = |t: &str| schema.render(t);
         let sql = Arc::new(InboxSql {
             insert: r(INSERT),
             insert_many: r(INSERT_MANY),
@@ -225,7 +190,7 @@ impl PgInbox {
                 .bind(event.event_id)
                 .fetch_one(&mut *conn)
                 .await?;
-            let stored = Fingerprint::from_slice(&stored).unwrap_or(Fingerprint([0; 32]));
+            let stored = stored_fingerprint(&stored, "inbox.payload_sha256")?;
             if stored == event.fingerprint {
                 return Ok(InboxOutcome::Duplicate);
             }
@@ -325,10 +290,7 @@ impl PgInbox {
                 .fetch_all(&mut *conn)
                 .await?;
             for (id, fp) in rows {
-                known.insert(
-                    id,
-                    Fingerprint::from_slice(&fp).unwrap_or(Fingerprint([0; 32])),
-                );
+                known.insert(id, stored_fingerprint(&fp, "inbox.payload_sha256")?);
             }
         }
         let mut outcomes = Vec::with_capacity(events.len());
@@ -338,10 +300,12 @@ impl PgInbox {
                 outcomes.push(InboxOutcome::New);
                 continue;
             }
-            let stored = known
-                .get(&e.event_id)
-                .copied()
-                .unwrap_or(Fingerprint([0; 32]));
+            let stored = known.get(&e.event_id).copied().ok_or_else(|| {
+                sqlx::Error::Protocol(format!(
+                    "inbox row of event {} neither inserted nor found",
+                    e.event_id
+                ))
+            })?;
             if stored == e.fingerprint {
                 outcomes.push(InboxOutcome::Duplicate);
             } else {
@@ -381,7 +345,7 @@ impl PgInbox {
             .map(|r| {
                 let fp = |i: usize| -> Result<Fingerprint, sqlx::Error> {
                     let v: Vec<u8> = r.try_get(i)?;
-                    Ok(Fingerprint::from_slice(&v).unwrap_or(Fingerprint([0; 32])))
+                    stored_fingerprint(&v, "inbox_conflicts fingerprint")
                 };
                 Ok(InboxConflict {
                     consumer_name: r.try_get(0)?,

@@ -4,15 +4,22 @@
 //!   [`PgOutbox::next_aggregate_version`] for ordered versions, request idempotency
 //!   ([`PgOutbox::idempotency_begin`] / [`PgOutbox::idempotency_complete`]) and coalesced relay
 //!   wake-ups ([`RelayWaker`]).
-//! * **Relay store** ([`PgStore`]): claim/lease/fence implementation of [`outbox_core::Store`].
+//! * **The store** ([`PgStore`]): one value implementing every store trait of the core, so the
+//!   core's engines run on PostgreSQL: the relay's claim/lease/fence
+//!   ([`outbox_core::OutboxStore`]), the consumer's inbox and dead letters
+//!   ([`outbox_core::consumer::InboxStore`], engine alias [`PgConsumer`]), the work items
+//!   ([`outbox_core::effect::WorkItemStore`], executor alias [`PgExecutor`]) and the elected
+//!   maintenance jobs ([`outbox_core::maintenance::MaintenanceStore`]).
 //! * **Consumer inbox** ([`PgInbox`]): `(consumer, event_id)` identity with a payload
 //!   fingerprint in the consumer's transaction: new, duplicate, conflict, and an optional
-//!   per-aggregate ordering guard.
+//!   per-aggregate ordering guard, usable directly without the engine.
 //! * **Remote effects** ([`effects`]): durable work items with idempotency keys, written in the
-//!   consumer's transaction ([`PgEffects::enqueue`]), and an [`Executor`] that calls the
-//!   provider under a lease and reconciles unknown outcomes by lookup.
+//!   consumer's transaction ([`PgEffects::enqueue`]), and the operator functions.
 //! * **Migrations** ([`migrate()`]): numbered `.sql` files under a configurable schema, applied
 //!   under an advisory lock.
+//!
+//! The engines themselves (relay, consumer, executor, maintainer) live in `outbox-core`; this
+//! crate holds only SQL, migrations and the producer API.
 //!
 //! The table layout is a public contract (see the repository README, "SQL contract"), so
 //! services in other languages can write intents with plain SQL in their own transactions.
@@ -22,25 +29,23 @@ pub mod consumer;
 pub mod effects;
 mod error;
 mod inbox;
+pub mod maintenance;
 pub mod migrate;
 mod producer;
-pub mod retention;
 mod schema;
 mod sql;
 mod store;
 
-pub use consumer::{
-    ConflictPolicy, ConsumerConfig, ConsumerDeadLetter, ConsumerError, ConsumerReport, Handler,
-    HandlerError, PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue,
-};
+pub use consumer::{PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue};
 pub use effects::{
-    EffectsError, EffectsStats, EnqueueOutcome, Executor, ExecutorConfig, NewWorkItem, PgEffects,
-    Resolution, TickReport, WorkItemRow,
+    EffectsError, EnqueueOutcome, NewWorkItem, PgEffects, Resolution, WorkItemRow, idempotency_key,
 };
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
 pub use migrate::{MigrateReport, check_schema, migrate};
 pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
-pub use retention::{InboxMaintainer, InboxRetention, ReplayHorizon, RetentionError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};
+
+/// The core's remote-effect executor on PostgreSQL.
+pub type PgExecutor<P> = outbox_core::effect::Executor<PgStore, P>;

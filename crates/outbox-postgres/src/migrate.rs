@@ -43,8 +43,7 @@ pub fn current_version() -> i32 {
 }
 
 fn render(m: &Migration, schema: &Schema) -> String {
-    m.sql
-        .replace("{{schema}}", &format!("\"{}\"", schema.as_str()))
+    m.sql.replace("{{schema}}", &schema.quoted())
 }
 
 fn checksum(sql: &str) -> Vec<u8> {
@@ -76,7 +75,7 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, Mi
         .bind(schema.as_str())
         .execute(&mut *tx)
         .await?;
-    let q = format!("\"{}\"", schema.as_str());
+    let q = schema.quoted();
     sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS {q}")))
         .execute(&mut *tx)
         .await?;
@@ -153,10 +152,9 @@ pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<(), MigrateE
     .fetch_one(pool)
     .await?;
     let found: i32 = if exists {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT coalesce(max(version), 0) FROM \"{}\".schema_migrations",
-            schema.as_str()
-        )))
+        sqlx::query_scalar(AssertSqlSafe(
+            schema.render("SELECT coalesce(max(version), 0) FROM {s}.schema_migrations"),
+        ))
         .fetch_one(pool)
         .await?
     } else {

@@ -43,6 +43,17 @@ impl Schema {
         &self.0
     }
 
+    /// The name as a quoted SQL identifier, `"outbox"`.
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+
+    /// `template` with every `{s}` replaced by the quoted schema name: how every statement of
+    /// this crate is rendered (values always travel as bind parameters).
+    pub fn render(&self, template: &str) -> std::sync::Arc<str> {
+        template.replace("{s}", &self.quoted()).into()
+    }
+
     /// The NOTIFY channel producers use to wake relays of this schema.
     pub fn wakeup_channel(&self) -> String {
         format!("{}_wakeup", self.0)

@@ -104,9 +104,25 @@ pub(crate) const FAIL: &str = "UPDATE {s}.events e SET attempts = e.attempts + 1
     WHERE e.id = $1 AND l.token = $2 \
       AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id";
 
-/// Ends a claim: drops its leases, and sweeps leases that expired long ago (crashed relays).
-pub(crate) const RELEASE: &str = "DELETE FROM {s}.leases \
-    WHERE token = $1 OR lease_until < now() - interval '10 minutes'";
+/// Ends a claim: drops its leases. Leases of crashed relays are reaped by the maintainer
+/// ([`LEASE_REAP`]).
+pub(crate) const RELEASE: &str = "DELETE FROM {s}.leases WHERE token = $1";
+
+/// Deletes leases that expired more than `$1` ms ago, at most `$2`.
+pub(crate) const LEASE_REAP: &str = "DELETE FROM {s}.leases WHERE ctid = ANY(ARRAY( \
+    SELECT ctid FROM {s}.leases WHERE lease_until < now() - $1 * interval '1 millisecond' \
+    LIMIT $2))";
+
+/// Deletes inbox identities received more than `$1` ms ago, at most `$2`.
+pub(crate) const INBOX_PURGE: &str = "DELETE FROM {s}.inbox WHERE ctid = ANY(ARRAY( \
+    SELECT ctid FROM {s}.inbox WHERE received_at < now() - $1 * interval '1 millisecond' \
+    LIMIT $2))";
+
+/// Deletes `succeeded` work items resolved more than `$1` ms ago, at most `$2`, oldest first.
+pub(crate) const WORK_ITEM_PURGE: &str = "DELETE FROM {s}.work_items WHERE id IN ( \
+    SELECT id FROM {s}.work_items WHERE state = 'succeeded' \
+    AND resolved_at < now() - $1 * interval '1 millisecond' \
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 pub(crate) const STATS: &str = "SELECT \
       count(*) FILTER (WHERE state = 'pending'), \
@@ -150,16 +166,18 @@ pub(crate) struct Sql {
     pub dead_list: Arc<str>,
     pub dead_requeue_some: Arc<str>,
     pub dead_requeue_all: Arc<str>,
+    pub lease_reap: Arc<str>,
+    pub inbox_purge: Arc<str>,
+    pub work_item_purge: Arc<str>,
+    pub insert_dead: Arc<str>,
+    pub take_requeued: Arc<str>,
+    pub settle_requeued: Arc<str>,
+    pub count_dead: Arc<str>,
 }
 
 impl Sql {
     pub(crate) fn new(schema: &Schema) -> Self {
-        let quoted = format!("\"{}\"", schema.as_str());
-        let r = |t: &str| -> Arc<str> {
-            t.replace("{cols}", MESSAGE_COLUMNS)
-                .replace("{s}", &quoted)
-                .into()
-        };
+        let r = |t: &str| schema.render(&t.replace("{cols}", MESSAGE_COLUMNS));
         Self {
             insert_event: r(INSERT_EVENT),
             insert_events: r(INSERT_EVENTS),
@@ -176,6 +194,13 @@ impl Sql {
             dead_list: r(DEAD_LIST),
             dead_requeue_some: r(DEAD_REQUEUE_SOME),
             dead_requeue_all: r(DEAD_REQUEUE_ALL),
+            lease_reap: r(LEASE_REAP),
+            inbox_purge: r(INBOX_PURGE),
+            work_item_purge: r(WORK_ITEM_PURGE),
+            insert_dead: r(crate::consumer::INSERT_DEAD),
+            take_requeued: r(crate::consumer::TAKE_REQUEUED),
+            settle_requeued: r(crate::consumer::SETTLE_REQUEUED),
+            count_dead: r(crate::consumer::COUNT_DEAD),
         }
     }
 }

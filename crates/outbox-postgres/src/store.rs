@@ -1,4 +1,7 @@
-//! [`PgStore`]: the relay's side of the outbox table.
+//! [`PgStore`]: the one PostgreSQL store. It implements every store trait of the core (the
+//! relay's [`OutboxStore`] here; the inbox, work-item and maintenance stores in
+//! [`crate::consumer`], [`crate::effects`] and [`crate::maintenance`]), so one value serves the
+//! relay, the consumer engine, the effects executor and the maintainer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,16 +12,19 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use outbox_core::{
     ClaimParams, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams, FailureParams,
-    Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, Payload, ReleaseParams,
-    RequeueParams, Store, StoreError, StoreErrorKind,
+    Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, OutboxStore, Payload,
+    ReleaseParams, RequeueParams, StoreError, StoreErrorKind,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::sync::{Notify, OnceCell};
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::warn;
 use uuid::Uuid;
 
+use crate::effects::PgEffects;
 use crate::error::store_error;
+use crate::inbox::PgInbox;
 use crate::schema::Schema;
 use crate::sql::Sql;
 
@@ -44,21 +50,33 @@ pub struct PgStoreConfig {
     pub on_publish: OnPublish,
 }
 
-/// The PostgreSQL implementation of [`Store`].
+/// The PostgreSQL store.
 ///
-/// Claims lock each aggregate's head row with `FOR UPDATE SKIP LOCKED` and take a lease row per
+/// As the relay's [`OutboxStore`]: claims lock each aggregate's head row with `FOR UPDATE SKIP LOCKED` and take a lease row per
 /// aggregate in `<schema>.leases` (token from a sequence, `lease_until`), so any number of relays
 /// can share one database. Settle writes join on the lease token: a stale relay changes nothing. Only
 /// committed rows are visible to a claim, and there is no read cursor: a row whose transaction
 /// commits late (lower id, later commit) is simply pending when it becomes visible, and the next
 /// claim takes it (G2).
+///
+/// Cheap to clone; clones share the pool and the wake-up listener, which stops when the last
+/// clone is dropped.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
     config: PgStoreConfig,
     sql: Arc<Sql>,
-    wakeups: Arc<OnceCell<Arc<Notify>>>,
+    inbox: PgInbox,
+    effects: PgEffects,
+    wakeups: Arc<OnceCell<Wakeups>>,
     rows_per_head_x100: Arc<AtomicU64>,
+}
+
+/// The wake-up listener: its notifications, and the guard that stops its task when dropped.
+#[derive(Debug)]
+struct Wakeups {
+    notify: Arc<Notify>,
+    _stop: DropGuard,
 }
 
 impl PgStore {
@@ -67,11 +85,44 @@ impl PgStore {
         let sql = Arc::new(Sql::new(&config.schema));
         Self {
             pool,
+            inbox: PgInbox::new(config.schema.clone()),
+            effects: PgEffects::new(config.schema.clone()),
             config,
             sql,
             wakeups: Arc::new(OnceCell::new()),
             rows_per_head_x100: Arc::new(AtomicU64::new(100)),
         }
+    }
+
+    /// A store over `pool` for `schema`, with the default settings otherwise (delete published
+    /// rows).
+    pub fn with_schema(pool: PgPool, schema: Schema) -> Self {
+        Self::new(
+            pool,
+            PgStoreConfig {
+                schema,
+                ..PgStoreConfig::default()
+            },
+        )
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        &self.config.schema
+    }
+
+    /// The inbox API of this store's schema.
+    pub fn inbox(&self) -> &PgInbox {
+        &self.inbox
+    }
+
+    /// The work-item API of this store's schema.
+    pub fn effects(&self) -> &PgEffects {
+        &self.effects
+    }
+
+    pub(crate) fn sql(&self) -> &Sql {
+        &self.sql
     }
 
     /// The pool.
@@ -84,39 +135,52 @@ impl PgStore {
         &self.config
     }
 
-    fn q(&self, sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    pub(crate) fn q(&self, sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
         AssertSqlSafe(Arc::clone(sql))
     }
 
-    /// Starts (once) a task that LISTENs on the schema's wake-up channel.
+    /// Starts (once) a task that LISTENs on the schema's wake-up channel. The task ends when the
+    /// last clone of this store is dropped.
     async fn wakeup_notify(&self) -> Arc<Notify> {
-        self.wakeups
+        let wakeups = self
+            .wakeups
             .get_or_init(|| async {
                 let notify = Arc::new(Notify::new());
+                let stop = CancellationToken::new();
                 let pool = self.pool.clone();
                 let channel = self.config.schema.wakeup_channel();
                 let n = Arc::clone(&notify);
+                let stopped = stop.clone();
                 tokio::spawn(async move {
-                    loop {
-                        match PgListener::connect_with(&pool).await {
-                            Ok(mut l) => {
-                                if let Err(e) = l.listen(&channel).await {
-                                    warn!(error = %e, "LISTEN failed; relying on polling");
-                                } else {
-                                    while l.recv().await.is_ok() {
-                                        n.notify_waiters();
+                    let listen = async {
+                        loop {
+                            match PgListener::connect_with(&pool).await {
+                                Ok(mut l) => {
+                                    if let Err(e) = l.listen(&channel).await {
+                                        warn!(error = %e, "LISTEN failed; relying on polling");
+                                    } else {
+                                        while l.recv().await.is_ok() {
+                                            n.notify_waiters();
+                                        }
                                     }
                                 }
+                                Err(e) => warn!(error = %e, "wake-up listener could not connect"),
                             }
-                            Err(e) => warn!(error = %e, "wake-up listener could not connect"),
+                            tokio::time::sleep(Duration::from_secs(1)).await;
                         }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    };
+                    tokio::select! {
+                        () = stopped.cancelled() => {}
+                        () = listen => {}
                     }
                 });
-                notify
+                Wakeups {
+                    notify,
+                    _stop: stop.drop_guard(),
+                }
             })
-            .await
-            .clone()
+            .await;
+        Arc::clone(&wakeups.notify)
     }
 }
 
@@ -150,7 +214,7 @@ fn row_to_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
     })
 }
 
-impl Store for PgStore {
+impl OutboxStore for PgStore {
     async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
         let max_rows = params.max_rows.max(1);
         // Heads to lease: enough aggregates to fill the batch at the rows-per-aggregate seen in

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::TestDb;
+use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
 use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, wire};
-use outbox_postgres::{ConsumerConfig, Handler, HandlerError, PgConsumer};
+use outbox_postgres::{PgConsumer, PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
 
@@ -133,7 +134,7 @@ struct ScriptedHandler {
     script: Mutex<HashMap<Uuid, VecDeque<HandlerError>>>,
 }
 
-impl Handler for ScriptedHandler {
+impl Handler<PgConnection> for ScriptedHandler {
     async fn handle(
         &self,
         tx: &mut PgConnection,
@@ -183,13 +184,14 @@ async fn rig(config: ConsumerConfig, script: Vec<(Uuid, Vec<HandlerError>)>) -> 
         table: table.clone(),
         script: Mutex::new(script.into_iter().map(|(k, v)| (k, v.into())).collect()),
     };
-    let consumer = PgConsumer::new(
+    let store = PgStore::new(
         db.pool.clone(),
-        db.schema.clone(),
-        FakeSource(Arc::clone(&broker)),
-        handler,
-        config,
+        PgStoreConfig {
+            schema: db.schema.clone(),
+            ..PgStoreConfig::default()
+        },
     );
+    let consumer = PgConsumer::new(store, FakeSource(Arc::clone(&broker)), handler, config);
     Rig {
         db,
         broker,
@@ -202,8 +204,8 @@ impl Rig {
     fn push(&self, raw: RawMessage) {
         self.broker.lock().unwrap().queue.push_back((raw, 1));
     }
-    async fn drain(&mut self) -> outbox_postgres::ConsumerReport {
-        let mut total = outbox_postgres::ConsumerReport::default();
+    async fn drain(&mut self) -> ConsumerReport {
+        let mut total = ConsumerReport::default();
         for _ in 0..100 {
             let r = self.consumer.run_batch().await.unwrap();
             if r.received == 0 {

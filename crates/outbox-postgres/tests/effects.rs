@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::TestDb;
-use outbox_core::relay::Backoff;
+use outbox_core::Backoff;
+use outbox_core::effect::{Executor, ExecutorConfig, LEASE_EXPIRED_REASON, PARKED_REASON};
 use outbox_core::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
-use outbox_postgres::effects::{LEASE_EXPIRED_REASON, PARKED_REASON, idempotency_key};
 use outbox_postgres::{
-    EffectsError, EnqueueOutcome, Executor, ExecutorConfig, NewWorkItem, PgEffects, Resolution,
-    Schema, WorkItemRow,
+    EffectsError, EnqueueOutcome, NewWorkItem, PgEffects, PgExecutor, PgStore, PgStoreConfig,
+    Resolution, Schema, WorkItemRow, idempotency_key,
 };
 use serde_json::json;
 use sqlx::AssertSqlSafe;
@@ -188,16 +188,18 @@ fn config() -> ExecutorConfig {
     }
 }
 
-fn executor(db: &TestDb, mode: CallMode, config: ExecutorConfig) -> Arc<Executor<FakeProvider>> {
-    Arc::new(
-        Executor::new(
-            db.pool.clone(),
-            db.schema.clone(),
-            FakeProvider::new(mode),
-            config,
-        )
-        .expect("valid config"),
+fn store(db: &TestDb) -> PgStore {
+    PgStore::new(
+        db.pool.clone(),
+        PgStoreConfig {
+            schema: db.schema.clone(),
+            ..PgStoreConfig::default()
+        },
     )
+}
+
+fn executor(db: &TestDb, mode: CallMode, config: ExecutorConfig) -> Arc<PgExecutor<FakeProvider>> {
+    Arc::new(Executor::new(store(db), FakeProvider::new(mode), config).expect("valid config"))
 }
 
 fn new_item(consumer: &str) -> NewWorkItem {
@@ -914,17 +916,12 @@ async fn config_errors_name_the_key() {
         ),
     ];
     for (expected, cfg) in cases {
-        match Executor::new(
-            db.pool.clone(),
-            db.schema.clone(),
-            FakeProvider::new(CallMode::Succeed),
-            cfg,
-        ) {
-            Err(e @ EffectsError::InvalidConfig { key, .. }) => {
-                assert_eq!(key, expected, "{e}");
+        match PgExecutor::new(store(&db), FakeProvider::new(CallMode::Succeed), cfg) {
+            Err(e) => {
+                assert_eq!(e.key, expected, "{e}");
                 assert!(e.to_string().contains(expected), "{e}");
             }
-            other => panic!("expected InvalidConfig({expected}), got {other:?}"),
+            Ok(_) => panic!("expected a config error naming {expected}"),
         }
     }
     db.drop().await;
@@ -1031,8 +1028,9 @@ async fn a_record_is_refused_after_another_executor_reclaimed_the_item() {
 /// unknown or failed, and nothing young.
 #[tokio::test]
 async fn retention_deletes_only_old_succeeded_work_items() {
-    use outbox_postgres::{InboxMaintainer, InboxRetention, ReplayHorizon};
-    use sqlx::Connection;
+    use outbox_core::maintenance::{
+        InboxRetention, Maintainer, MaintenanceConfig, MaintenanceStore, ReplayHorizon,
+    };
     let db = TestDb::new().await;
     let mut ids = HashMap::new();
     for (name, state, age_days) in [
@@ -1068,16 +1066,27 @@ async fn retention_deletes_only_old_succeeded_work_items() {
             outbox_retention: Duration::ZERO,
             dead_letter_requeue_window: Duration::ZERO,
         },
-        batch_size: 2,
-        interval: Duration::from_secs(60),
     };
-    let url = common::database_url();
-    let maintainer = InboxMaintainer::new(url.clone(), db.schema.clone(), retention)
-        .unwrap()
-        .with_work_item_retention(Duration::from_secs(7 * 86_400));
-    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let config = MaintenanceConfig {
+        inbox: Some(retention),
+        batch_size: 2,
+        ..MaintenanceConfig::default()
+    };
+    let maintainer = Maintainer::new(
+        store(&db),
+        MaintenanceConfig {
+            work_items_keep: Some(Duration::from_secs(7 * 86_400)),
+            ..config.clone()
+        },
+    )
+    .unwrap();
+    let mut conn = store(&db).maintenance_session().await.unwrap();
     assert_eq!(
-        maintainer.round(&mut conn).await.unwrap(),
+        maintainer
+            .round(&mut conn)
+            .await
+            .unwrap()
+            .map(|r| r.work_items),
         Some(3),
         "three old succeeded items, deleted in batches of two"
     );
@@ -1095,12 +1104,17 @@ async fn retention_deletes_only_old_succeeded_work_items() {
         assert!(!left.contains(&ids[name]), "{name} must be deleted");
     }
     // Without work-item retention the maintainer leaves work items alone.
-    let inbox_only = InboxMaintainer::new(url, db.schema.clone(), retention).unwrap();
+    let inbox_only = Maintainer::new(store(&db), config).unwrap();
     drop(conn);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut conn = sqlx::PgConnection::connect(&common::database_url())
-        .await
-        .unwrap();
-    assert_eq!(inbox_only.round(&mut conn).await.unwrap(), Some(0));
+    let mut conn = store(&db).maintenance_session().await.unwrap();
+    assert_eq!(
+        inbox_only
+            .round(&mut conn)
+            .await
+            .unwrap()
+            .map(|r| r.total()),
+        Some(0)
+    );
     db.drop().await;
 }

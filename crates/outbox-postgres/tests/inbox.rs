@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::TestDb;
+use outbox_core::consumer::{InboxOutcome, OrderingGuard};
 use outbox_core::{Fingerprint, IncomingEvent, Payload};
-use outbox_postgres::{InboxOutcome, OrderingGuard, PgInbox};
+use outbox_postgres::PgInbox;
 use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
@@ -293,8 +294,10 @@ async fn ordering_guard_absorbs_stale_versions_and_follows_the_gap_policy() {
 
 #[tokio::test]
 async fn retention_deletes_only_identities_older_than_the_horizon_on_one_elected_instance() {
-    use outbox_postgres::{InboxMaintainer, InboxRetention, ReplayHorizon};
-    use sqlx::Connection;
+    use outbox_core::maintenance::{
+        InboxRetention, Maintainer, MaintenanceConfig, MaintenanceStore, ReplayHorizon, RoundReport,
+    };
+    use outbox_postgres::{PgStore, PgStoreConfig};
     let db = TestDb::new().await;
     let table = effects_table(&db).await;
     let inbox = PgInbox::new(db.schema.clone());
@@ -319,16 +322,25 @@ async fn retention_deletes_only_identities_older_than_the_horizon_on_one_elected
             outbox_retention: Duration::ZERO,
             dead_letter_requeue_window: Duration::from_secs(2 * 86_400),
         },
-        batch_size: 2,
-        interval: Duration::from_secs(60),
     };
-    let url = common::database_url();
-    let a = InboxMaintainer::new(url.clone(), db.schema.clone(), retention).unwrap();
-    let b = InboxMaintainer::new(url.clone(), db.schema.clone(), retention).unwrap();
-    let mut ca = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut cb = sqlx::PgConnection::connect(&url).await.unwrap();
+    let config = MaintenanceConfig {
+        inbox: Some(retention),
+        batch_size: 2,
+        ..MaintenanceConfig::default()
+    };
+    let store = PgStore::new(
+        db.pool.clone(),
+        PgStoreConfig {
+            schema: db.schema.clone(),
+            ..PgStoreConfig::default()
+        },
+    );
+    let a = Maintainer::new(store.clone(), config.clone()).unwrap();
+    let b = Maintainer::new(store.clone(), config.clone()).unwrap();
+    let mut ca = store.maintenance_session().await.unwrap();
+    let mut cb = store.maintenance_session().await.unwrap();
     assert_eq!(
-        a.round(&mut ca).await.unwrap(),
+        a.round(&mut ca).await.unwrap().map(|r| r.inbox),
         Some(5),
         "leader deletes the old ones, in batches"
     );
@@ -353,15 +365,19 @@ async fn retention_deletes_only_identities_older_than_the_horizon_on_one_elected
     // Leadership moves when the leader's session ends.
     drop(ca);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(b.round(&mut cb).await.unwrap(), Some(0));
+    assert_eq!(
+        b.round(&mut cb).await.unwrap(),
+        Some(RoundReport::default())
+    );
     // An unsafe configuration is refused up front.
-    let unsafe_cfg = InboxRetention {
-        keep: Duration::from_secs(3600),
-        ..retention
+    let unsafe_cfg = MaintenanceConfig {
+        inbox: Some(InboxRetention {
+            keep: Duration::from_secs(3600),
+            ..retention
+        }),
+        ..config
     };
-    let err = InboxMaintainer::new(url, db.schema.clone(), unsafe_cfg)
-        .err()
-        .unwrap();
+    let err = Maintainer::new(store, unsafe_cfg).err().unwrap();
     assert!(
         err.to_string().contains("3600") && err.to_string().contains("172800"),
         "{err}"

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{TestDb, msg};
 use outbox_core::{
-    ClaimParams, DeadLetterListParams, FailureParams, Fingerprint, MarkParams, ReleaseParams,
-    RequeueParams, Store,
+    ClaimParams, DeadLetterListParams, FailureParams, Fingerprint, MarkParams, OutboxStore,
+    ReleaseParams, RequeueParams,
 };
 use outbox_postgres::{
     EnqueueError, IdempotencyBegin, IdempotencyError, MigrateError, OnPublish, Schema, migrate,

@@ -4,7 +4,7 @@
 //!
 //! | feature    | crate             | what it brings                                   |
 //! |------------|-------------------|--------------------------------------------------|
-//! | (always)   | `outbox-core`     | message model, `Store`/`Transport` traits, relay |
+//! | (always)   | `outbox-core`     | message model, store and transport traits, engines |
 //! | `postgres` | `outbox-postgres` | migrations, `enqueue` on your transaction, store |
 //! | `nats`     | `outbox-nats`     | NATS JetStream transport                         |
 //! | `rabbitmq` | `outbox-rabbitmq` | RabbitMQ transport (publisher confirms)          |

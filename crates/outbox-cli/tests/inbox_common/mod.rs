@@ -15,14 +15,13 @@ use lapin::options::{
     BasicPublishOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
+use outbox_core::Backoff;
+use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
-use outbox_core::relay::Backoff;
 use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, Transport};
 use outbox_nats::async_nats;
 use outbox_nats::{NatsConsumerConfig, NatsDelivery, NatsSource};
-use outbox_postgres::{
-    ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard, PgConsumer,
-};
+use outbox_postgres::{PgConsumer, PgStore};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitDelivery, RabbitSource};
 use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
@@ -168,8 +167,7 @@ impl Env {
         ordering: OrderingGuard,
     ) -> PgConsumer<Src, TestHandler> {
         PgConsumer::new(
-            self.db.pool.clone(),
-            self.db.schema.clone(),
+            PgStore::with_schema(self.db.pool.clone(), self.db.schema.clone()),
             source,
             handler,
             fast_config(name, ordering),
@@ -414,7 +412,7 @@ pub fn add(total: &mut ConsumerReport, r: &ConsumerReport) {
 
 /// Runs batches until `done(totals)` holds; panics with the totals after `timeout`. Runner
 /// errors fail the test.
-pub async fn run_until<S: DeliverySource, H: Handler>(
+pub async fn run_until<S: DeliverySource, H: Handler<PgConnection>>(
     consumer: &mut PgConsumer<S, H>,
     totals: &mut ConsumerReport,
     timeout: Duration,
@@ -436,7 +434,7 @@ pub async fn run_until<S: DeliverySource, H: Handler>(
 }
 
 /// Runs batches for `period` and returns what they did (to show nothing comes back).
-pub async fn run_for<S: DeliverySource, H: Handler>(
+pub async fn run_for<S: DeliverySource, H: Handler<PgConnection>>(
     consumer: &mut PgConsumer<S, H>,
     period: Duration,
 ) -> ConsumerReport {
@@ -487,7 +485,7 @@ impl TestHandler {
     }
 }
 
-impl Handler for TestHandler {
+impl Handler<PgConnection> for TestHandler {
     async fn handle(
         &self,
         tx: &mut PgConnection,

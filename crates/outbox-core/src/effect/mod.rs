@@ -16,10 +16,22 @@
 //! ends with exactly one payout depends on the provider honouring the idempotency key (or
 //! answering lookups truthfully). The crash matrix shows both sides of that boundary.
 //!
-//! This module holds the provider-facing contract; the PostgreSQL work-item table and the
-//! executor live in `outbox_postgres::effects`.
+//! This module holds the provider-facing contract ([`RemoteEffect`]), the store-facing one
+//! ([`WorkItemStore`]) and the [`Executor`] written once against both; the PostgreSQL work-item
+//! table and the enqueue on the consumer's transaction live in `outbox_postgres::effects`.
+
+mod executor;
+mod store;
 
 use std::future::Future;
+
+pub use executor::{
+    Executor, ExecutorConfig, LEASE_EXPIRED_REASON, LEASE_MARGIN, PARKED_REASON, TickReport, metric,
+};
+pub use store::{
+    ClaimPurpose, ClaimedWorkItem, EffectsStats, WorkItemClaimParams, WorkItemRecordParams,
+    WorkItemState, WorkItemStore, WorkItemUpdate,
+};
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -85,7 +97,7 @@ pub enum LookupOutcome {
         reason: String,
     },
     /// The provider has no record of this key. Whether that allows a new call depends on the
-    /// provider (see `outbox_postgres::effects::ExecutorConfig::resend_when_not_found`).
+    /// provider (see [`ExecutorConfig::resend_when_not_found`]).
     NotFound,
     /// The lookup itself did not give an answer; ask again later.
     Unknown {

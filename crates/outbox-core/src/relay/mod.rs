@@ -1,36 +1,45 @@
-//! The polling relay engine: claim a batch under a lease, publish each aggregate's run of
-//! versions in order (different aggregates concurrently), mark what the broker acknowledged,
-//! back off or dead-letter what failed, release what was not attempted.
+//! The relay: the publish engine ([`Relay`]) between a [`Feed`] (where pending events come
+//! from) and a [`Transport`] (the broker).
+//!
+//! One loop per worker: take a batch from the feed, publish each aggregate's run of versions in
+//! order (different aggregates concurrently), and hand the outcome back to the feed, which
+//! confirms what the broker acknowledged, schedules a retry (with backoff) or a dead letter for
+//! what failed, and gives back what was not attempted. The polling feed ([`PollingFeed`]) claims
+//! rows from an [`OutboxStore`] under a lease; other feeds (change data capture) plug in through
+//! [`Feed`] without touching publishing, ordering, the failure policy or the metrics.
 //!
 //! # Ordering and leases
 //!
-//! The store only hands out an aggregate's lowest unpublished versions, and only to one live
-//! claim at a time. Within a batch the relay publishes one aggregate's messages strictly one
+//! A feed only hands out an aggregate's lowest unpublished versions, and only to one live
+//! batch at a time. Within a batch the relay publishes one aggregate's messages strictly one
 //! after another: version `n + 1` is sent only after the broker acknowledged `n`. When a
 //! publish fails, the rest of that aggregate's run is released untouched (the key is parked,
 //! the other aggregates go on).
 //!
-//! A claim's lease is measured locally from *before* the claim was sent, so the local deadline
-//! is never later than the database's. The relay starts a publish only while at least
+//! A polling claim's lease is measured locally from *before* the claim was sent, so the local
+//! deadline ([`FeedBatch::owned_until`]) is never later than the database's. The relay starts a publish only while at least
 //! `publish_timeout + lease_safety_margin` of the lease remains, and every publish is cut at
 //! `publish_timeout`. So once a lease can have expired in the database, this relay has no
 //! publish of those rows in progress and starts none: a relay that takes the aggregate over
 //! cannot be overtaken by a stale one. Marks are fenced by the lease token in the database; a
 //! stale mark changes nothing.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod feed;
+mod publish;
 
-use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, SettleReport, Settlement};
+
+use crate::backoff::Backoff;
 use crate::crash;
-use crate::error::StoreError;
-use crate::message::OutboxMessage;
-use crate::store::{ClaimParams, ClaimedBatch, FailureParams, MarkParams, ReleaseParams, Store};
-use crate::transport::{PublishError, PublishErrorKind, Transport};
+use crate::error::{ConfigError, StoreError};
+use crate::store::OutboxStore;
+use crate::transport::Transport;
 
 /// Metric names exported by the relay (through the `metrics` facade).
 pub mod metric {
@@ -56,49 +65,15 @@ pub mod metric {
     pub const RETRYING: &str = "outbox_retrying";
 }
 
-/// Exponential backoff with jitter for failed publishes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// Delay after the first failure (before jitter).
-    pub base: Duration,
-    /// Upper bound of the delay.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_millis(500),
-            max: Duration::from_secs(300),
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay after `attempts` failures (1 = first failure): `base * 2^(attempts-1)` capped
-    /// at `max`, then "equal jitter": a uniform pick in `[d/2, d]`, so relays that failed
-    /// together do not retry together.
-    pub fn delay(&self, attempts: i32) -> Duration {
-        let exp = attempts.clamp(1, 32) as u32 - 1;
-        let d = self
-            .base
-            .checked_mul(1u32.checked_shl(exp).unwrap_or(u32::MAX))
-            .unwrap_or(self.max)
-            .min(self.max);
-        let half = d / 2;
-        half + half.mul_f64(fastrand::f64())
-    }
-}
-
 /// Relay settings. Defaults suit a service publishing up to tens of thousands of events a
 /// second from one PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// Rows per claim.
+    /// Rows per batch.
     pub batch_size: usize,
-    /// Rows of one aggregate per claim.
+    /// Rows of one aggregate per claim (polling feed).
     pub max_per_aggregate: usize,
-    /// Lease length of a claim.
+    /// Lease length of a claim (polling feed).
     pub lease: Duration,
     /// A publish not acknowledged within this time counts as failed (outcome unknown: the row
     /// is retried with the same event id).
@@ -138,23 +113,13 @@ impl Default for RelayConfig {
     }
 }
 
-/// Why a [`RelayConfig`] was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid relay configuration `{key}`: {reason}")]
-pub struct ConfigError {
-    /// The offending key.
-    pub key: &'static str,
-    /// What is wrong.
-    pub reason: String,
-}
-
 impl RelayConfig {
     /// Checks the settings against each other.
     ///
     /// # Errors
     /// [`ConfigError`] naming the first bad key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key, reason: String| Err(ConfigError { key, reason });
+        let bad = |key, reason: String| Err(ConfigError::new(key, reason));
         if self.batch_size == 0 {
             return bad("batch_size", "must be at least 1".into());
         }
@@ -195,7 +160,7 @@ impl RelayConfig {
                 "must be positive (zero would count the table in a busy loop)".into(),
             );
         }
-        if self.backoff.base.is_zero() || self.backoff.max < self.backoff.base {
+        if !self.backoff.is_valid() {
             return bad("backoff", "base must be positive and not above max".into());
         }
         Ok(())
@@ -209,7 +174,7 @@ pub struct BatchOutcome {
     pub claimed: usize,
     /// Rows the broker acknowledged and that were marked.
     pub published: usize,
-    /// Acknowledged rows whose mark was refused (lease lost): they will be republished.
+    /// Rows whose mark or failure record was refused (lease lost): they will be republished.
     pub lease_lost: usize,
     /// Rows that failed and will be retried.
     pub retried: usize,
@@ -219,28 +184,43 @@ pub struct BatchOutcome {
     pub released: usize,
 }
 
-enum Outcome {
-    Published,
-    Failed(PublishError),
-    NotAttempted,
-}
-
-/// The relay: a [`Store`] on one side, a [`Transport`] on the other.
-pub struct Relay<S, T> {
-    store: Arc<S>,
+/// The publish engine: a [`Feed`] on one side, a [`Transport`] on the other.
+pub struct Relay<F, T> {
+    feed: Arc<F>,
     transport: Arc<T>,
     config: RelayConfig,
 }
 
-impl<S: Store, T: Transport> Relay<S, T> {
-    /// Builds a relay.
+impl<S: OutboxStore, T: Transport> Relay<PollingFeed<S>, T> {
+    /// A polling relay: claims from `store` with the lease and per-aggregate cap of `config`.
     ///
     /// # Errors
     /// [`ConfigError`] when the configuration is inconsistent.
     pub fn new(store: Arc<S>, transport: Arc<T>, config: RelayConfig) -> Result<Self, ConfigError> {
+        let feed = PollingFeed::new(store, config.max_per_aggregate, config.lease);
+        Self::with_feed(Arc::new(feed), transport, config)
+    }
+
+    /// The polling feed's store.
+    pub fn store(&self) -> &Arc<S> {
+        self.feed.store()
+    }
+}
+
+impl<F: Feed, T: Transport> Relay<F, T> {
+    /// A relay over any feed. `config.lease` and `config.max_per_aggregate` are the polling
+    /// feed's; other feeds bring their own.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the configuration is inconsistent.
+    pub fn with_feed(
+        feed: Arc<F>,
+        transport: Arc<T>,
+        config: RelayConfig,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
-            store,
+            feed,
             transport,
             config,
         })
@@ -251,175 +231,77 @@ impl<S: Store, T: Transport> Relay<S, T> {
         &self.config
     }
 
-    /// Claims, publishes and settles one batch.
+    /// The feed.
+    pub fn feed(&self) -> &Arc<F> {
+        &self.feed
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<T> {
+        &self.transport
+    }
+
+    /// Takes, publishes and settles one batch.
     ///
     /// # Errors
-    /// A [`StoreError`] from the claim or the settling writes. Published-but-unmarked rows are
-    /// then republished after their lease expires (same event id).
+    /// A [`StoreError`] from the feed. Published-but-unconfirmed rows are then handed out again
+    /// later (same event id): after their lease expires, for the polling feed.
     pub async fn run_batch(&self) -> Result<BatchOutcome, StoreError> {
-        let started = Instant::now();
-        let ClaimedBatch { token, messages } = self
-            .store
-            .claim_batch(ClaimParams {
-                max_rows: self.config.batch_size,
-                max_per_aggregate: self.config.max_per_aggregate,
-                lease: self.config.lease,
-            })
-            .await?;
+        let batch = self.feed.next_batch(self.config.batch_size).await?;
         let mut outcome = BatchOutcome {
-            claimed: messages.len(),
+            claimed: batch.messages.len(),
             ..BatchOutcome::default()
         };
-        if messages.is_empty() {
+        if batch.messages.is_empty() {
             return Ok(outcome);
         }
-        // The last moment a publish may start and still end before the lease can expire.
-        let last_start = started + self.config.lease
-            - self.config.publish_timeout
-            - self.config.lease_safety_margin;
-
-        let runs = split_runs(&messages);
-        let messages_ref = &messages;
-        let results: Vec<Vec<(i64, Outcome)>> = futures::stream::iter(runs)
-            .map(|run| self.publish_run(&messages_ref[run], last_start))
-            .buffer_unordered(self.config.max_in_flight)
-            .collect()
-            .await;
-
-        let mut published = Vec::new();
-        let mut not_attempted = Vec::new();
-        let mut failed = Vec::new();
-        for (id, o) in results.into_iter().flatten() {
-            match o {
-                Outcome::Published => published.push(id),
-                Outcome::NotAttempted => not_attempted.push(id),
-                Outcome::Failed(e) => failed.push((id, e)),
+        // The last moment a publish may start and still end before the ownership can end.
+        let last_start = batch.owned_until.map(|until| {
+            until
+                .checked_sub(self.config.publish_timeout + self.config.lease_safety_margin)
+                .unwrap_or_else(std::time::Instant::now)
+        });
+        let settlement =
+            publish::publish_batch(&*self.transport, &self.config, &batch.messages, last_start)
+                .await;
+        for failed in &settlement.failed {
+            match failed.retry_after {
+                None => warn!(row = failed.id, error = %failed.error,
+                    "message dead-lettered; its aggregate waits behind it"),
+                Some(retry_after) => debug!(row = failed.id, error = %failed.error, ?retry_after,
+                    "publish failed; will retry"),
             }
         }
-
-        if !published.is_empty() {
-            let marked = self
-                .store
-                .mark_published(MarkParams {
-                    token,
-                    ids: &published,
-                })
-                .await? as usize;
-            outcome.published = marked;
-            outcome.lease_lost = published.len() - marked.min(published.len());
-            if outcome.lease_lost > 0 {
-                warn!(
-                    token = token.0,
-                    lost = outcome.lease_lost,
-                    "lease lost before marking: another relay owns these rows and will republish them"
-                );
-                metrics::counter!(metric::LEASE_LOST).increment(outcome.lease_lost as u64);
-            }
+        let report = self.feed.settle(batch.ticket, &settlement).await?;
+        if !settlement.published.is_empty() {
             crash::hit(crash::RELAY_AFTER_MARK);
         }
-
-        let by_id: HashMap<i64, &OutboxMessage> = messages.iter().map(|m| (m.id, m)).collect();
-        for (id, err) in failed {
-            let attempts = by_id.get(&id).map_or(0, |m| m.attempts) + 1;
-            let dead = !err.is_retryable() || attempts >= self.config.max_attempts;
-            let retry_after = (!dead).then(|| self.config.backoff.delay(attempts));
-            let text = format!("attempt {attempts}: {err}");
-            let owned = self
-                .store
-                .record_failure(FailureParams {
-                    token,
-                    id,
-                    error: &text,
-                    retry_after,
-                })
-                .await?;
-            if !owned {
-                metrics::counter!(metric::LEASE_LOST).increment(1);
-                continue;
-            }
-            if dead {
-                outcome.dead_lettered += 1;
-                metrics::counter!(metric::DEAD_LETTERED).increment(1);
-                warn!(row = id, error = %text, "message dead-lettered; its aggregate waits behind it");
-            } else {
-                outcome.retried += 1;
-                debug!(row = id, error = %text, ?retry_after, "publish failed; will retry");
-            }
+        if report.lease_lost > 0 {
+            warn!(
+                lost = report.lease_lost,
+                "lease lost before settling: another relay owns these rows and will republish them"
+            );
+            metrics::counter!(metric::LEASE_LOST).increment(report.lease_lost as u64);
         }
-
-        // Always last: ends the claim, so the aggregates are free for the next claim at once.
-        self.store
-            .release(ReleaseParams {
-                token,
-                ids: &not_attempted,
-            })
-            .await?;
-        outcome.released = not_attempted.len();
+        if report.dead_lettered > 0 {
+            metrics::counter!(metric::DEAD_LETTERED).increment(report.dead_lettered as u64);
+        }
+        outcome.published = report.marked;
+        outcome.lease_lost = report.lease_lost;
+        outcome.retried = report.retried;
+        outcome.dead_lettered = report.dead_lettered;
+        outcome.released = report.released;
         Ok(outcome)
     }
 
-    /// Publishes one aggregate's run in order; stops at the first failure or when the lease
-    /// leaves no time for another publish.
-    async fn publish_run(&self, run: &[OutboxMessage], last_start: Instant) -> Vec<(i64, Outcome)> {
-        let mut out = Vec::with_capacity(run.len());
-        let mut stopped = false;
-        for msg in run {
-            if stopped || Instant::now() >= last_start {
-                stopped = true;
-                out.push((msg.id, Outcome::NotAttempted));
-                continue;
-            }
-            let sent = Instant::now();
-            let result = match tokio::time::timeout(
-                self.config.publish_timeout,
-                self.transport.publish(msg),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(PublishError::new(
-                    PublishErrorKind::TimedOut,
-                    format!(
-                        "no acknowledgement within {:?}",
-                        self.config.publish_timeout
-                    ),
-                )),
-            };
-            let transport = self.transport.name();
-            match result {
-                Ok(receipt) => {
-                    metrics::histogram!(metric::PUBLISH_LATENCY, "transport" => transport)
-                        .record(sent.elapsed().as_secs_f64());
-                    metrics::counter!(metric::PUBLISHED, "transport" => transport).increment(1);
-                    if receipt.duplicate {
-                        metrics::counter!(metric::BROKER_DUPLICATES, "transport" => transport)
-                            .increment(1);
-                        info!(event_id = %msg.event_id, "broker reported a duplicate of an earlier publish");
-                    }
-                    crash::hit(crash::RELAY_AFTER_PUBLISH);
-                    out.push((msg.id, Outcome::Published));
-                }
-                Err(e) => {
-                    metrics::counter!(
-                        metric::PUBLISH_FAILURES,
-                        "transport" => transport,
-                        "kind" => format!("{:?}", e.kind)
-                    )
-                    .increment(1);
-                    stopped = true;
-                    out.push((msg.id, Outcome::Failed(e)));
-                }
-            }
-        }
-        out
-    }
-
-    /// Refreshes the pending / oldest-age / dead gauges once.
+    /// Refreshes the pending / oldest-age / dead gauges once (when the feed can count).
     ///
     /// # Errors
     /// [`StoreError`] on an outage.
     pub async fn refresh_gauges(&self) -> Result<(), StoreError> {
-        let s = self.store.stats().await?;
+        let Some(s) = self.feed.stats().await? else {
+            return Ok(());
+        };
         metrics::gauge!(metric::PENDING).set(s.pending as f64);
         metrics::gauge!(metric::OLDEST_PENDING_AGE)
             .set(s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()));
@@ -428,9 +310,9 @@ impl<S: Store, T: Transport> Relay<S, T> {
         Ok(())
     }
 
-    /// Runs until `shutdown` is cancelled: `workers` claim loops plus the gauge refresher. A
-    /// batch in progress when `shutdown` fires is finished (published rows are marked), then
-    /// the call returns. Store outages are logged and waited out; they never end the loop.
+    /// Runs until `shutdown` is cancelled: `workers` batch loops plus the gauge refresher. A
+    /// batch in progress when `shutdown` fires is finished (published rows are settled), then
+    /// the call returns. Feed outages are logged and waited out; they never end the loop.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tasks = tokio::task::JoinSet::new();
         for worker in 0..self.config.workers {
@@ -467,16 +349,12 @@ impl<S: Store, T: Transport> Relay<S, T> {
                     }
                     tokio::select! {
                         () = shutdown.cancelled() => break,
-                        () = self.store.wait_for_work(self.config.poll_interval) => {}
+                        () = self.feed.wait_for_work(self.config.poll_interval) => {}
                     }
                 }
                 Err(e) => {
                     outage += 1;
-                    let wait = Backoff {
-                        base: Duration::from_millis(200),
-                        max: Duration::from_secs(10),
-                    }
-                    .delay(outage);
+                    let wait = Backoff::OUTAGE.delay(outage);
                     warn!(worker, error = %e, ?wait, "store error; retrying");
                     tokio::select! {
                         () = shutdown.cancelled() => break,
@@ -488,42 +366,9 @@ impl<S: Store, T: Transport> Relay<S, T> {
     }
 }
 
-/// Splits a claimed batch (sorted by aggregate, then version) into per-aggregate runs, given as
-/// index ranges.
-fn split_runs(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
-    let mut runs = Vec::new();
-    let mut start = 0;
-    for i in 1..=messages.len() {
-        let boundary = i == messages.len()
-            || messages[i].aggregate_type != messages[start].aggregate_type
-            || messages[i].aggregate_id != messages[start].aggregate_id;
-        if boundary {
-            runs.push(start..i);
-            start = i;
-        }
-    }
-    runs
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_and_is_capped_with_jitter() {
-        let b = Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        for _ in 0..100 {
-            let d1 = b.delay(1);
-            assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));
-            let d3 = b.delay(3);
-            assert!(d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400));
-            let d30 = b.delay(30);
-            assert!(d30 >= Duration::from_millis(500) && d30 <= Duration::from_secs(1));
-        }
-    }
 
     #[test]
     fn config_refuses_lease_shorter_than_publish_window() {
@@ -549,9 +394,15 @@ mod fake_tests {
     use chrono::Utc;
 
     use super::*;
+    use crate::error::StoreError;
+    use crate::message::OutboxMessage;
     use crate::message::{ContentType, Fingerprint, Payload};
-    use crate::store::{DeadLetter, DeadLetterListParams, LeaseToken, OutboxStats, RequeueParams};
-    use crate::transport::PublishReceipt;
+    use crate::store::{
+        ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, LeaseToken,
+        MarkParams, OutboxStats, ReleaseParams, RequeueParams,
+    };
+    use crate::transport::{PublishError, PublishErrorKind, PublishReceipt};
+    use std::time::Instant;
 
     #[derive(Clone)]
     struct FakeRow {
@@ -607,7 +458,7 @@ mod fake_tests {
         }
     }
 
-    impl Store for FakeStore {
+    impl OutboxStore for FakeStore {
         async fn claim_batch(&self, p: ClaimParams) -> Result<ClaimedBatch, StoreError> {
             let mut rows = self.rows.lock().unwrap();
             let mut token = self.next_token.lock().unwrap();
@@ -767,7 +618,7 @@ mod fake_tests {
         store: FakeStore,
         transport: FakeTransport,
         config: RelayConfig,
-    ) -> Relay<FakeStore, FakeTransport> {
+    ) -> Relay<PollingFeed<FakeStore>, FakeTransport> {
         Relay::new(Arc::new(store), Arc::new(transport), config).unwrap()
     }
 
@@ -799,7 +650,7 @@ mod fake_tests {
         let o = r.run_batch().await.unwrap();
         assert_eq!(o.published, 2);
         assert_eq!(r.transport.acked_for("a"), vec![1, 2, 3]);
-        assert_eq!(r.store.remaining(), 0);
+        assert_eq!(r.store().remaining(), 0);
     }
 
     #[tokio::test]
@@ -814,7 +665,7 @@ mod fake_tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let o = r.run_batch().await.unwrap();
         assert_eq!(o.claimed, 0, "a2 waits behind the dead letter");
-        assert_eq!(r.store.dead(), 1);
+        assert_eq!(r.store().dead(), 1);
         assert!(r.transport.acked_for("a").is_empty());
     }
 
@@ -833,7 +684,7 @@ mod fake_tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(r.run_batch().await.unwrap().dead_lettered, 1);
-        assert_eq!(r.store.dead(), 1);
+        assert_eq!(r.store().dead(), 1);
     }
 
     #[tokio::test]

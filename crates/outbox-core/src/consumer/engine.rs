@@ -1,0 +1,712 @@
+//! The consumer engine: for each delivery, begin a transaction, record the inbox identity, run
+//! the user's handler on that same transaction, commit, and only then acknowledge (G5, G6).
+//! Written once against [`InboxStore`] and [`DeliverySource`].
+//!
+//! # What happens to each delivery
+//!
+//! | situation | database | broker |
+//! |---|---|---|
+//! | new event, handler `Ok` | inbox row + effect committed | ack after commit |
+//! | redelivery (same fingerprint) | nothing | ack (counted as duplicate) |
+//! | older version under the ordering guard | inbox row marked `stale` | ack |
+//! | same id, different payload | conflict row committed (never the effect) | ack after recording (default) or hold (nack with `conflict_hold_delay`, it keeps coming back until an operator resolves it) |
+//! | gap under `OrderingGuard::Wait` | rolled back | nack after `gap_delay` |
+//! | handler `Transient` | rolled back | nack with backoff; after `max_attempts` deliveries: dead letter, then ack |
+//! | handler `Permanent` | rolled back, dead letter committed | ack after the dead letter committed |
+//! | malformed message | dead letter with the decode error committed | ack after commit |
+//! | database error | rolled back | nack with backoff (redelivered, absorbed if it had committed) |
+//!
+//! A crash anywhere before the commit rolls everything back and the broker redelivers; a crash
+//! after the commit and before the ack leads to a redelivery that the inbox absorbs. Dead
+//! letters are never counted as processed; `requeue` makes the engine apply them again, through
+//! the inbox, so a requeued event still has at most one effect.
+//!
+//! # Batching
+//!
+//! With `batch_size > 1` several deliveries share one transaction (one commit, then all acks),
+//! with no savepoints on the happy path. When one delivery must be rolled back (a handler
+//! error, an ordering gap) the whole batch is rolled back and redone one transaction per
+//! delivery, so the others still commit and only the failing one is retried or dead-lettered.
+//! (A savepoint per delivery would cost two extra round trips each; W4 measured it.)
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use super::source::{Delivery, DeliverySource, SourceError};
+use super::store::{
+    ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard,
+};
+use crate::backoff::Backoff;
+use crate::crash;
+use crate::error::StoreError;
+use crate::wire::IncomingEvent;
+
+/// Metric names of the consumer engine (label `consumer`).
+pub mod metric {
+    /// Counter: events whose effect was committed.
+    pub const PROCESSED: &str = "outbox_consumer_processed_total";
+    /// Counter: redeliveries absorbed by the inbox.
+    pub const DUPLICATES: &str = "outbox_consumer_duplicates_total";
+    /// Counter: older versions absorbed by the ordering guard.
+    pub const STALE: &str = "outbox_consumer_stale_total";
+    /// Counter: same id, different payload.
+    pub const CONFLICTS: &str = "outbox_consumer_conflicts_total";
+    /// Counter: deliveries dead-lettered (label `reason`: malformed, permanent, attempts).
+    pub const DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
+    /// Counter: negative acknowledgements (transient errors, gaps, database errors).
+    pub const RETRIES: &str = "outbox_consumer_retries_total";
+    /// Histogram: seconds spent in the handler.
+    pub const HANDLER_SECONDS: &str = "outbox_consumer_handler_seconds";
+    /// Gauge: messages waiting for this consumer (broker's view).
+    pub const LAG: &str = "outbox_consumer_lag";
+    /// Gauge: open consumer dead letters.
+    pub const DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
+}
+
+/// A handler error, saying whether a retry can help.
+///
+/// Any error type converts into it with `?` as [`HandlerError::Transient`] (deadlocks,
+/// serialization failures, a connection lost mid-handler all pass with a retry); return
+/// [`HandlerError::Permanent`] yourself for what can never succeed. Like `anyhow::Error`, this
+/// type does not implement [`std::error::Error`] itself, which is what makes that conversion
+/// possible; it implements [`std::fmt::Display`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerError {
+    /// May succeed later (a lock timeout, a dependency briefly down): redelivered with backoff.
+    Transient(String),
+    /// Will never succeed for this event (unknown schema version, invalid business state):
+    /// dead-lettered at once.
+    Permanent(String),
+}
+
+impl HandlerError {
+    /// A permanent error with `reason`.
+    pub fn permanent(reason: impl std::fmt::Display) -> Self {
+        Self::Permanent(reason.to_string())
+    }
+
+    /// A transient error with `reason`.
+    pub fn transient(reason: impl std::fmt::Display) -> Self {
+        Self::Transient(reason.to_string())
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Transient(m) => write!(f, "transient: {m}"),
+            Self::Permanent(m) => write!(f, "permanent: {m}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    /// Errors inside a handler are transient unless the handler says otherwise.
+    fn from(e: E) -> Self {
+        Self::Transient(e.to_string())
+    }
+}
+
+/// The user's effect. It runs on the transaction that also holds the inbox row (`conn`, the
+/// store's connection type: `sqlx::PgConnection` for PostgreSQL); it must not commit, and it
+/// must not call remote services whose effect cannot be rolled back (write a work item instead,
+/// see [`crate::effect`]). It may run more than once for one event (redeliveries, and in batch
+/// mode a redo after another delivery's rollback); only a committed run counts. A panic inside
+/// `handle` is caught: it counts as [`HandlerError::Transient`] (`handler panicked: …`), its
+/// writes roll back, and the delivery is dead-lettered after `max_attempts` like any other
+/// transient failure.
+pub trait Handler<C>: Send + Sync + 'static {
+    /// Applies `event` using `conn`.
+    ///
+    /// # Errors
+    /// [`HandlerError`]: transient errors are retried, permanent ones dead-lettered.
+    fn handle<'a>(
+        &'a self,
+        conn: &'a mut C,
+        event: &'a IncomingEvent,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
+}
+
+/// What to do with a delivery whose id is known with a different payload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConflictPolicy {
+    /// Record the conflict (table, metric, CLI), then acknowledge (default): the conflict is
+    /// kept for the contract's owner and the stream moves on.
+    #[default]
+    AckAfterRecording,
+    /// Record it, then negatively acknowledge with `conflict_hold_delay`: the message keeps
+    /// coming back (and `occurrences` grows) until an operator deals with it.
+    Hold,
+}
+
+/// Settings of a [`Consumer`].
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The consumer's name: the inbox key is `(name, event_id)`.
+    pub name: String,
+    /// Ordering guard.
+    pub ordering: OrderingGuard,
+    /// Deliveries per transaction (1 = one transaction per delivery).
+    pub batch_size: usize,
+    /// Longest wait for the first delivery of a batch.
+    pub batch_wait: Duration,
+    /// Deliveries of one event with transient errors before it is dead-lettered.
+    pub max_attempts: u32,
+    /// Redelivery delay after a transient error, by attempt.
+    pub backoff: Backoff,
+    /// Redelivery delay while the ordering guard waits for a missing version.
+    pub gap_delay: Duration,
+    /// Conflict handling.
+    pub conflict_policy: ConflictPolicy,
+    /// Redelivery delay of a held conflict.
+    pub conflict_hold_delay: Duration,
+    /// How often, at least, requeued dead letters are looked for under load (always when
+    /// idle), and how often the lag and dead-letter gauges are refreshed.
+    pub housekeeping_interval: Duration,
+}
+
+impl ConsumerConfig {
+    /// Defaults for a consumer called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ordering: OrderingGuard::Off,
+            batch_size: 1,
+            batch_wait: Duration::from_millis(500),
+            max_attempts: 10,
+            backoff: Backoff {
+                base: Duration::from_millis(200),
+                max: Duration::from_secs(60),
+            },
+            gap_delay: Duration::from_secs(1),
+            conflict_policy: ConflictPolicy::AckAfterRecording,
+            conflict_hold_delay: Duration::from_secs(60),
+            housekeeping_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the engine decided for one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Processed,
+    Duplicate,
+    Stale,
+    Conflict,
+    /// Conflict recorded, delivery sent back after the delay (`ConflictPolicy::Hold`).
+    ConflictHeld(Duration),
+    /// Dead letter written (reason label).
+    DeadLettered(&'static str),
+    Nack(Duration),
+}
+
+/// What applying one event decided: the verdict, whether the transaction's writes are kept,
+/// and the dead-letter reason when one is due.
+struct Applied {
+    verdict: Verdict,
+    keep: bool,
+    dead_reason: Option<String>,
+}
+
+/// Counts of one [`Consumer::run_batch`] call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumerReport {
+    /// Deliveries received.
+    pub received: usize,
+    /// Effects committed.
+    pub processed: usize,
+    /// Redeliveries absorbed.
+    pub duplicates: usize,
+    /// Stale versions absorbed.
+    pub stale: usize,
+    /// Conflicts recorded.
+    pub conflicts: usize,
+    /// Dead letters written.
+    pub dead_lettered: usize,
+    /// Negative acknowledgements.
+    pub nacked: usize,
+    /// Requeued dead letters applied (or absorbed) this call.
+    pub requeued_resolved: usize,
+}
+
+/// Why the engine stopped a batch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// The broker side failed.
+    #[error("broker: {0}")]
+    Source(#[from] SourceError),
+    /// The database failed; the batch's deliveries were negatively acknowledged.
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Runs a [`Handler`] over a [`DeliverySource`] with a store's inbox in between.
+pub struct Consumer<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> {
+    store: Arc<S>,
+    source: Src,
+    handler: Arc<H>,
+    config: ConsumerConfig,
+    /// When requeued dead letters were last looked for, and whether the last batch was empty.
+    last_requeue_check: Option<Instant>,
+    idle: bool,
+}
+
+impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H> {
+    /// A consumer `config.name` reading from `source`, recording in `store`.
+    pub fn new(store: impl Into<Arc<S>>, source: Src, handler: H, config: ConsumerConfig) -> Self {
+        Self {
+            store: store.into(),
+            source,
+            handler: Arc::new(handler),
+            config,
+            last_requeue_check: None,
+            idle: true,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Applies one decoded event on `conn`.
+    async fn apply(
+        &self,
+        conn: &mut S::Conn,
+        event: &IncomingEvent,
+        delivery_count: u32,
+    ) -> Result<Applied, StoreError> {
+        let outcome = self
+            .store
+            .inbox_record(conn, &self.config.name, self.config.ordering, event)
+            .await?;
+        Ok(self
+            .apply_outcome(conn, event, delivery_count, outcome)
+            .await)
+    }
+
+    /// The part of [`Self::apply`] after the inbox decided: run the handler for a new event.
+    async fn apply_outcome(
+        &self,
+        conn: &mut S::Conn,
+        event: &IncomingEvent,
+        delivery_count: u32,
+        outcome: InboxOutcome,
+    ) -> Applied {
+        let name = &self.config.name;
+        let applied = |verdict, keep, dead_reason| Applied {
+            verdict,
+            keep,
+            dead_reason,
+        };
+        match outcome {
+            InboxOutcome::New => {
+                crash::hit(crash::CONSUMER_AFTER_INBOX);
+                let started = Instant::now();
+                // A panicking handler must not take the engine down with it (nor silently stop
+                // consumption): it counts as a transient failure of this delivery, its writes
+                // roll back, and after `max_attempts` deliveries it is dead-lettered.
+                let result = match std::panic::AssertUnwindSafe(self.handler.handle(conn, event))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "non-string panic payload".to_owned());
+                        error!(consumer = %name, event_id = %event.event_id, panic = %what,
+                            "handler panicked; treating it as a transient failure of this delivery");
+                        Err(HandlerError::Transient(format!("handler panicked: {what}")))
+                    }
+                };
+                metrics::histogram!(metric::HANDLER_SECONDS, "consumer" => name.clone())
+                    .record(started.elapsed().as_secs_f64());
+                match result {
+                    Ok(()) => {
+                        crash::hit(crash::CONSUMER_AFTER_EFFECT);
+                        applied(Verdict::Processed, true, None)
+                    }
+                    Err(HandlerError::Permanent(m)) => applied(
+                        Verdict::DeadLettered("permanent"),
+                        false,
+                        Some(format!("permanent handler error: {m}")),
+                    ),
+                    Err(HandlerError::Transient(m))
+                        if delivery_count >= self.config.max_attempts =>
+                    {
+                        applied(
+                            Verdict::DeadLettered("attempts"),
+                            false,
+                            Some(format!(
+                                "transient handler error after {delivery_count} deliveries: {m}"
+                            )),
+                        )
+                    }
+                    Err(HandlerError::Transient(m)) => {
+                        debug!(consumer = %name, event_id = %event.event_id, error = %m, "transient handler error; redelivering");
+                        applied(
+                            Verdict::Nack(self.config.backoff.delay(delivery_count as i32)),
+                            false,
+                            None,
+                        )
+                    }
+                }
+            }
+            InboxOutcome::Duplicate => applied(Verdict::Duplicate, true, None),
+            InboxOutcome::Stale { .. } => applied(Verdict::Stale, true, None),
+            InboxOutcome::Conflict { stored } => {
+                warn!(consumer = %name, event_id = %event.event_id, stored = %stored, received = %event.fingerprint,
+                    "CONFLICT: event id reused with a different payload; recorded, not applied");
+                // Recorded (committed) either way; `Hold` then sends it back to the broker so it
+                // keeps coming (and `occurrences` grows) until an operator deals with it.
+                let verdict = match self.config.conflict_policy {
+                    ConflictPolicy::AckAfterRecording => Verdict::Conflict,
+                    ConflictPolicy::Hold => Verdict::ConflictHeld(self.config.conflict_hold_delay),
+                };
+                applied(verdict, true, None)
+            }
+            InboxOutcome::Gap { last_applied } => {
+                debug!(consumer = %name, event_id = %event.event_id, last_applied, "ordering gap; redelivering later");
+                applied(Verdict::Nack(self.config.gap_delay), false, None)
+            }
+        }
+    }
+
+    async fn insert_dead_letter(
+        &self,
+        conn: &mut S::Conn,
+        raw: &super::source::RawMessage,
+        event: Option<&IncomingEvent>,
+        error: &str,
+        attempts: u32,
+    ) -> Result<(), StoreError> {
+        self.store
+            .consumer_dead_letter_insert(
+                conn,
+                NewConsumerDeadLetter {
+                    consumer: &self.config.name,
+                    raw,
+                    event,
+                    error,
+                    attempts,
+                },
+            )
+            .await
+    }
+
+    /// Processes one batch of deliveries, and requeued dead letters when the consumer is idle
+    /// or they were last looked for `housekeeping_interval` ago. Returns what happened; an
+    /// empty report when nothing arrived within `batch_wait`.
+    ///
+    /// # Errors
+    /// [`ConsumerError`]; after a database error the batch's deliveries were negatively
+    /// acknowledged (they come back and are absorbed if they had committed).
+    pub async fn run_batch(&mut self) -> Result<ConsumerReport, ConsumerError> {
+        // Requeued dead letters: looked for whenever the consumer is idle, and at least every
+        // `housekeeping_interval` under load (one indexed query).
+        let mut requeued_resolved = 0;
+        let due = self
+            .last_requeue_check
+            .is_none_or(|t| t.elapsed() >= self.config.housekeeping_interval);
+        if self.idle || due {
+            self.last_requeue_check = Some(Instant::now());
+            match self.process_requeued().await {
+                Ok(n) => requeued_resolved = n,
+                Err(e) => {
+                    warn!(consumer = %self.config.name, error = %e, "could not process requeued dead letters")
+                }
+            }
+        }
+        let deliveries = self
+            .source
+            .next_batch(self.config.batch_size.max(1), self.config.batch_wait)
+            .await?;
+        let mut report = ConsumerReport {
+            received: deliveries.len(),
+            requeued_resolved,
+            ..ConsumerReport::default()
+        };
+        self.idle = deliveries.is_empty();
+        if deliveries.is_empty() {
+            return Ok(report);
+        }
+        let verdicts = match self.decide(&deliveries).await {
+            Ok(v) => v,
+            Err(e) => {
+                error!(consumer = %self.config.name, error = %e, "database error; redelivering the batch");
+                let delay = self.config.backoff.delay(1);
+                futures::future::join_all(deliveries.into_iter().map(|d| d.nack(delay))).await;
+                metrics::counter!(metric::RETRIES, "consumer" => self.config.name.clone())
+                    .increment(report.received as u64);
+                return Err(e.into());
+            }
+        };
+        crash::hit(crash::CONSUMER_AFTER_COMMIT);
+        let name = self.config.name.clone();
+        // Settle all deliveries of the batch concurrently: an ack waits for the broker's
+        // confirmation and a RabbitMQ nack waits out its (capped) delay, so doing them one by
+        // one would cost a round trip or a delay per delivery.
+        let settles = deliveries
+            .into_iter()
+            .zip(verdicts.iter())
+            .map(|(d, v)| async move {
+                match v {
+                    Verdict::Nack(delay) | Verdict::ConflictHeld(delay) => d.nack(*delay).await,
+                    _ => d.ack().await,
+                }
+            });
+        for result in futures::future::join_all(settles).await {
+            if let Err(e) = result {
+                warn!(consumer = %name, error = %e, "ack/nack failed; the broker will redeliver and the inbox absorbs it");
+            }
+        }
+        for v in verdicts {
+            let label = ("consumer", name.clone());
+            match v {
+                Verdict::Processed => {
+                    report.processed += 1;
+                    metrics::counter!(metric::PROCESSED, &[label]).increment(1);
+                }
+                Verdict::Duplicate => {
+                    report.duplicates += 1;
+                    metrics::counter!(metric::DUPLICATES, &[label]).increment(1);
+                }
+                Verdict::Stale => {
+                    report.stale += 1;
+                    metrics::counter!(metric::STALE, &[label]).increment(1);
+                }
+                Verdict::Conflict | Verdict::ConflictHeld(_) => {
+                    report.conflicts += 1;
+                    metrics::counter!(metric::CONFLICTS, &[label]).increment(1);
+                }
+                Verdict::DeadLettered(reason) => {
+                    report.dead_lettered += 1;
+                    metrics::counter!(
+                        metric::DEAD_LETTERED,
+                        &[label, ("reason", reason.to_owned())]
+                    )
+                    .increment(1);
+                }
+                Verdict::Nack(_) => {
+                    report.nacked += 1;
+                    metrics::counter!(metric::RETRIES, &[label]).increment(1);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Writes and commits; returns one verdict per delivery. Nothing is acknowledged here.
+    async fn decide(&self, deliveries: &[Src::Delivery]) -> Result<Vec<Verdict>, StoreError> {
+        if deliveries.len() > 1 {
+            if let Some(verdicts) = self.decide_together(deliveries).await? {
+                return Ok(verdicts);
+            }
+            debug!(consumer = %self.config.name, "a delivery needed a rollback; redoing the batch one transaction per delivery");
+        }
+        let mut verdicts = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            verdicts.push(self.decide_one(d).await?);
+        }
+        Ok(verdicts)
+    }
+
+    /// The batch's fast path: every delivery in one transaction, no savepoints. As soon as one
+    /// delivery must be rolled back (handler error, ordering gap) the whole transaction is
+    /// rolled back and `None` returned: the caller redoes the batch one delivery at a time.
+    async fn decide_together(
+        &self,
+        deliveries: &[Src::Delivery],
+    ) -> Result<Option<Vec<Verdict>>, StoreError> {
+        let mut tx = self.store.begin().await?;
+        let mut verdicts = Vec::with_capacity(deliveries.len());
+        // Without the ordering guard the whole batch's inbox rows go in with one statement.
+        let mut outcomes = if self.config.ordering == OrderingGuard::Off {
+            let events: Vec<&IncomingEvent> = deliveries
+                .iter()
+                .filter_map(|d| d.event().as_ref().ok())
+                .collect();
+            self.store
+                .inbox_record_many(&mut tx, &self.config.name, &events)
+                .await?
+                .into_iter()
+        } else {
+            Vec::new().into_iter()
+        };
+        for d in deliveries {
+            let count = d.delivery_count().unwrap_or(1);
+            let applied = match d.event() {
+                Ok(event) if self.config.ordering == OrderingGuard::Off => {
+                    let outcome = outcomes.next().expect("one outcome per decoded event");
+                    self.apply_outcome(&mut tx, event, count, outcome).await
+                }
+                Ok(event) => self.apply(&mut tx, event, count).await?,
+                Err(decode) => {
+                    warn!(consumer = %self.config.name, error = %decode, "malformed message dead-lettered");
+                    let reason = format!("malformed: {decode}");
+                    self.insert_dead_letter(&mut tx, d.raw(), None, &reason, count)
+                        .await?;
+                    verdicts.push(Verdict::DeadLettered("malformed"));
+                    continue;
+                }
+            };
+            if !applied.keep {
+                self.store.rollback(tx).await?;
+                return Ok(None);
+            }
+            verdicts.push(applied.verdict);
+        }
+        self.store.commit(tx).await?;
+        Ok(Some(verdicts))
+    }
+
+    /// One delivery in its own transaction (a dead letter, when one is due, is committed in a
+    /// fresh transaction after the rollback of the failed attempt).
+    async fn decide_one(&self, d: &Src::Delivery) -> Result<Verdict, StoreError> {
+        let count = d.delivery_count().unwrap_or(1);
+        let mut tx = self.store.begin().await?;
+        let event = match d.event() {
+            Ok(e) => e,
+            Err(decode) => {
+                warn!(consumer = %self.config.name, error = %decode, "malformed message dead-lettered");
+                let reason = format!("malformed: {decode}");
+                self.insert_dead_letter(&mut tx, d.raw(), None, &reason, count)
+                    .await?;
+                self.store.commit(tx).await?;
+                return Ok(Verdict::DeadLettered("malformed"));
+            }
+        };
+        let applied = self.apply(&mut tx, event, count).await?;
+        if !applied.keep {
+            self.store.rollback(tx).await?;
+            tx = self.store.begin().await?;
+        }
+        if let Some(reason) = &applied.dead_reason {
+            warn!(consumer = %self.config.name, event_id = %event.event_id, error = %reason, "event dead-lettered");
+            self.insert_dead_letter(&mut tx, d.raw(), Some(event), reason, count)
+                .await?;
+        }
+        self.store.commit(tx).await?;
+        Ok(applied.verdict)
+    }
+
+    /// Applies dead letters an operator requeued, through the inbox (so at most one effect),
+    /// marking them resolved, or dead again with the new error. Each is taken and settled in its
+    /// own transaction; when its handler's writes must be rolled back, the dead letter is
+    /// settled in a second transaction.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn process_requeued(&self) -> Result<usize, StoreError> {
+        let mut resolved = 0;
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100 {
+            let mut tx = self.store.begin().await?;
+            let taken = self
+                .store
+                .consumer_dead_letter_take_requeued(&mut tx, &self.config.name, 1)
+                .await?;
+            // A letter that is still waiting comes back last (stores order by last update);
+            // meeting one again means every requeued letter was tried once this round.
+            let Some(letter) = taken.into_iter().next().filter(|l| seen.insert(l.id)) else {
+                self.store.rollback(tx).await?;
+                break;
+            };
+            let (keep, state, error) = match self.source.decode(&letter.raw) {
+                Err(e) => (
+                    true,
+                    ConsumerDeadLetterState::Dead,
+                    Some(format!("malformed: {e}")),
+                ),
+                Ok(event) => {
+                    let count = letter.attempts.max(0) as u32 + 1;
+                    let applied = self.apply(&mut tx, &event, count).await?;
+                    let (state, error) = match applied.verdict {
+                        Verdict::Processed | Verdict::Duplicate | Verdict::Stale => {
+                            resolved += 1;
+                            if applied.verdict == Verdict::Processed {
+                                metrics::counter!(metric::PROCESSED, "consumer" => self.config.name.clone())
+                                    .increment(1);
+                            }
+                            (ConsumerDeadLetterState::Resolved, None)
+                        }
+                        Verdict::Conflict | Verdict::ConflictHeld(_) => (
+                            ConsumerDeadLetterState::Dead,
+                            Some("conflict: event id known with another payload".to_owned()),
+                        ),
+                        Verdict::Nack(_) => (ConsumerDeadLetterState::Requeued, None),
+                        Verdict::DeadLettered(_) => {
+                            (ConsumerDeadLetterState::Dead, applied.dead_reason)
+                        }
+                    };
+                    (applied.keep, state, error)
+                }
+            };
+            if !keep {
+                self.store.rollback(tx).await?;
+                tx = self.store.begin().await?;
+            }
+            self.store
+                .consumer_dead_letter_settle(&mut tx, letter.id, state, error.as_deref())
+                .await?;
+            self.store.commit(tx).await?;
+        }
+        Ok(resolved)
+    }
+
+    async fn housekeeping(&mut self) {
+        let name = self.config.name.clone();
+        match self.source.lag().await {
+            Ok(Some(lag)) => {
+                metrics::gauge!(metric::LAG, "consumer" => name.clone()).set(lag as f64)
+            }
+            Ok(None) => {}
+            Err(e) => warn!(consumer = %name, error = %e, "could not read consumer lag"),
+        }
+        if let Ok(n) = self.store.consumer_dead_letter_count(&name).await {
+            metrics::gauge!(metric::DEAD_LETTERS, "consumer" => name).set(n as f64);
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled; a batch in progress is finished (committed and
+    /// acknowledged) first. Broker and database errors are logged and waited out.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut last_housekeeping = Instant::now() - self.config.housekeeping_interval;
+        let mut failures = 0;
+        while !shutdown.is_cancelled() {
+            if last_housekeeping.elapsed() >= self.config.housekeeping_interval {
+                self.housekeeping().await;
+                last_housekeeping = Instant::now();
+            }
+            // Not raced against `shutdown`: a batch is bounded by `batch_wait` plus its
+            // handlers, and is always finished (committed, then acknowledged).
+            match self.run_batch().await {
+                Ok(_) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    let wait = self.config.backoff.delay(failures);
+                    warn!(consumer = %self.config.name, error = %e, ?wait, "consumer error; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The consumer side: where deliveries come from ([`DeliverySource`], implemented by each
+//! transport crate), the database side ([`InboxStore`], implemented by each store crate), and
+//! the engine ([`Consumer`]) that applies deliveries through the inbox, exactly once per
+//! `(consumer, event)`.
+
+mod engine;
+mod source;
+mod store;
+
+pub use engine::{
+    ConflictPolicy, Consumer, ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError,
+    metric,
+};
+pub use source::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
+pub use store::{
+    ConsumerDeadLetter, ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter,
+    OrderingGuard, RequeuedDeadLetter,
+};

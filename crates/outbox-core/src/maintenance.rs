@@ -1,0 +1,384 @@
+//! Maintenance jobs, run by one elected instance: inbox retention that cannot delete a dedup
+//! identity inside the replay horizon (G9), deletion of old settled work items, and reaping of
+//! relay leases left behind by crashed relays. Written once against [`MaintenanceStore`].
+//!
+//! An inbox row is what makes a redelivery harmless. Deleting it while the same event can still
+//! arrive again (the broker still holds it, the outbox can still republish it, an operator can
+//! still requeue it) would let that event apply twice. So the retention must be at least the
+//! *replay horizon*: the longest of those windows. [`InboxRetention::validate`] refuses a
+//! configuration that breaks this, naming both numbers; the [`Maintainer`] deletes old rows in
+//! small batches, and only on the one instance that won the election.
+//!
+//! # Election
+//!
+//! Every process may run a maintainer; each round, a maintainer asks its store to elect it on a
+//! dedicated session ([`MaintenanceStore::maintainer_elect`]; PostgreSQL uses a session advisory
+//! lock). Leadership lives as long as that session: if the leader dies or its connection breaks,
+//! the store releases it and another instance takes over at its next round. A leader that loses
+//! its session stops deleting at once (its next statement fails) and competes again.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::error::{ConfigError, StoreError};
+
+/// The windows during which an already-processed event can be delivered again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayHorizon {
+    /// How long the broker keeps messages a consumer may re-read (JetStream stream `max_age`,
+    /// a replayable queue's retention). Use the stream's configured value, not a hope.
+    pub broker_retention: Duration,
+    /// How long published outbox rows are kept and can be republished (mark mode, replays).
+    pub outbox_retention: Duration,
+    /// How long after failing a dead letter (outbox or consumer) may still be requeued.
+    pub dead_letter_requeue_window: Duration,
+}
+
+impl ReplayHorizon {
+    /// The longest window and its name.
+    pub fn longest(&self) -> (Duration, &'static str) {
+        [
+            (self.broker_retention, "broker_retention"),
+            (self.outbox_retention, "outbox_retention"),
+            (
+                self.dead_letter_requeue_window,
+                "dead_letter_requeue_window",
+            ),
+        ]
+        .into_iter()
+        .max_by_key(|(d, _)| *d)
+        .expect("three candidates")
+    }
+}
+
+/// Why a retention configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unsafe inbox retention: keep = {keep_secs} s is shorter than the replay horizon {horizon_secs} s ({horizon_name}); an event replayed after its inbox identity was deleted would apply twice. Raise the retention to at least {horizon_secs} s or shorten {horizon_name}"
+)]
+pub struct RetentionError {
+    /// The configured retention, seconds.
+    pub keep_secs: u64,
+    /// The replay horizon, seconds.
+    pub horizon_secs: u64,
+    /// Which window sets the horizon.
+    pub horizon_name: &'static str,
+}
+
+/// Inbox retention: how long identities are kept, and the horizon that keep must cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxRetention {
+    /// Keep inbox identities at least this long after they were received.
+    pub keep: Duration,
+    /// The replay horizon it must cover.
+    pub horizon: ReplayHorizon,
+}
+
+impl InboxRetention {
+    /// Refuses a retention shorter than the replay horizon.
+    ///
+    /// # Errors
+    /// [`RetentionError`] naming both numbers.
+    pub fn validate(&self) -> Result<(), RetentionError> {
+        let (horizon, name) = self.horizon.longest();
+        if self.keep < horizon {
+            return Err(RetentionError {
+                keep_secs: self.keep.as_secs(),
+                horizon_secs: horizon.as_secs(),
+                horizon_name: name,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the [`Maintainer`] does each round, on the elected instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaintenanceConfig {
+    /// Delete inbox identities older than the retention's `keep` (refused inside the horizon).
+    pub inbox: Option<InboxRetention>,
+    /// Delete `succeeded` work items resolved more than this long ago. Items in any other state
+    /// (pending, in progress, unknown, and failed ones an operator may still resend) are kept.
+    pub work_items_keep: Option<Duration>,
+    /// Delete relay leases that expired more than this long ago (left by crashed relays; a live
+    /// relay deletes its own when it settles a batch).
+    pub lease_reap_after: Option<Duration>,
+    /// Rows deleted per statement (short transactions, little lock time).
+    pub batch_size: i64,
+    /// Pause between rounds.
+    pub interval: Duration,
+}
+
+impl Default for MaintenanceConfig {
+    /// Nothing enabled; batches of 1,000 every 60 s.
+    fn default() -> Self {
+        Self {
+            inbox: None,
+            work_items_keep: None,
+            lease_reap_after: None,
+            batch_size: 1000,
+            interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl MaintenanceConfig {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// [`ConfigError`]: key `inbox.keep` for a retention inside the replay horizon (the reason
+    /// is the [`RetentionError`] naming both numbers), `batch_size` below 1, `interval` zero.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(r) = &self.inbox {
+            r.validate()
+                .map_err(|e| ConfigError::new("inbox.keep", e.to_string()))?;
+        }
+        if self.batch_size < 1 {
+            return Err(ConfigError::new("batch_size", "must be at least 1"));
+        }
+        if self.interval.is_zero() {
+            return Err(ConfigError::new("interval", "must be positive"));
+        }
+        Ok(())
+    }
+}
+
+/// The store side of maintenance. Every delete works in batches of at most `limit` rows.
+pub trait MaintenanceStore: Send + Sync + 'static {
+    /// A dedicated session that carries leadership (for PostgreSQL, a connection outside the
+    /// pool holding a session advisory lock).
+    type Session: Send;
+
+    /// Opens a session.
+    ///
+    /// # Errors
+    /// [`StoreError`], kind `Unavailable` on an outage.
+    fn maintenance_session(&self)
+    -> impl Future<Output = Result<Self::Session, StoreError>> + Send;
+
+    /// Makes `session` the maintainer if no other session is; true when it is (now or already).
+    ///
+    /// # Errors
+    /// [`StoreError`]; the session should be dropped and a new one opened.
+    fn maintainer_elect<'a>(
+        &'a self,
+        session: &'a mut Self::Session,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+
+    /// Deletes up to `limit` inbox identities received more than `older_than` ago.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn inbox_purge<'a>(
+        &'a self,
+        session: &'a mut Self::Session,
+        older_than: Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+
+    /// Deletes up to `limit` `succeeded` work items resolved more than `older_than` ago.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn work_item_purge<'a>(
+        &'a self,
+        session: &'a mut Self::Session,
+        older_than: Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+
+    /// Deletes up to `limit` relay leases that expired more than `expired_for` ago.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn lease_reap<'a>(
+        &'a self,
+        session: &'a mut Self::Session,
+        expired_for: Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+}
+
+/// Runs the maintenance jobs of a [`MaintenanceConfig`] on exactly one instance at a time.
+pub struct Maintainer<S> {
+    store: Arc<S>,
+    config: MaintenanceConfig,
+}
+
+impl<S> std::fmt::Debug for Maintainer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Maintainer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one election + maintenance round deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Inbox identities.
+    pub inbox: u64,
+    /// Settled work items.
+    pub work_items: u64,
+    /// Relay leases.
+    pub leases: u64,
+}
+
+impl RoundReport {
+    /// Rows deleted in all.
+    pub fn total(&self) -> u64 {
+        self.inbox + self.work_items + self.leases
+    }
+}
+
+impl<S: MaintenanceStore> Maintainer<S> {
+    /// A maintainer; refuses an unsafe or inconsistent configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError`] from [`MaintenanceConfig::validate`].
+    pub fn new(store: impl Into<Arc<S>>, config: MaintenanceConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            store: store.into(),
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MaintenanceConfig {
+        &self.config
+    }
+
+    /// One election + maintenance round on `session`. Returns `Ok(None)` when another instance
+    /// is the maintainer.
+    ///
+    /// # Errors
+    /// [`StoreError`]; the session should then be dropped.
+    pub async fn round(&self, session: &mut S::Session) -> Result<Option<RoundReport>, StoreError> {
+        if !self.store.maintainer_elect(session).await? {
+            return Ok(None);
+        }
+        let limit = self.config.batch_size;
+        let mut report = RoundReport::default();
+        if let Some(r) = self.config.inbox {
+            loop {
+                let n = self.store.inbox_purge(session, r.keep, limit).await?;
+                report.inbox += n;
+                if n < limit as u64 {
+                    break;
+                }
+            }
+        }
+        if let Some(keep) = self.config.work_items_keep {
+            loop {
+                let n = self.store.work_item_purge(session, keep, limit).await?;
+                report.work_items += n;
+                if n < limit as u64 {
+                    break;
+                }
+            }
+        }
+        if let Some(after) = self.config.lease_reap_after {
+            loop {
+                let n = self.store.lease_reap(session, after, limit).await?;
+                report.leases += n;
+                if n < limit as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(Some(report))
+    }
+
+    /// Opens a session and runs one round on it (a one-shot cleanup).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn round_once(&self) -> Result<Option<RoundReport>, StoreError> {
+        let mut session = self.store.maintenance_session().await?;
+        self.round(&mut session).await
+    }
+
+    /// Runs rounds every `interval` until `shutdown`, keeping one session (and with it the
+    /// leadership) across rounds and opening a new one after an error.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut session: Option<S::Session> = None;
+        while !shutdown.is_cancelled() {
+            if session.is_none() {
+                match self.store.maintenance_session().await {
+                    Ok(s) => session = Some(s),
+                    Err(e) => warn!(error = %e, "maintainer cannot open its session"),
+                }
+            }
+            if let Some(s) = session.as_mut() {
+                match self.round(s).await {
+                    Ok(Some(r)) if r.total() > 0 => info!(
+                        inbox = r.inbox,
+                        work_items = r.work_items,
+                        leases = r.leases,
+                        "maintenance: old rows deleted"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %e, "maintainer lost its session; competing again");
+                        session = None;
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(self.config.interval) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(b: u64, o: u64, d: u64) -> ReplayHorizon {
+        ReplayHorizon {
+            broker_retention: Duration::from_secs(b),
+            outbox_retention: Duration::from_secs(o),
+            dead_letter_requeue_window: Duration::from_secs(d),
+        }
+    }
+
+    #[test]
+    fn retention_shorter_than_the_horizon_is_refused_with_both_numbers() {
+        let r = InboxRetention {
+            keep: Duration::from_secs(3600),
+            horizon: h(86_400, 0, 7_200),
+        };
+        let e = r.validate().unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("3600") && text.contains("86400") && text.contains("broker_retention"),
+            "{text}"
+        );
+        assert!(
+            InboxRetention {
+                keep: Duration::from_secs(86_400),
+                ..r
+            }
+            .validate()
+            .is_ok()
+        );
+        assert_eq!(
+            h(1, 5, 3).longest(),
+            (Duration::from_secs(5), "outbox_retention")
+        );
+        let c = MaintenanceConfig {
+            inbox: Some(r),
+            ..MaintenanceConfig::default()
+        };
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "inbox.keep");
+        assert!(e.to_string().contains("86400"), "{e}");
+    }
+}

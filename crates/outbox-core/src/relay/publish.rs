@@ -1,0 +1,123 @@
+//! Publishing one batch: each aggregate's run strictly in version order, different aggregates
+//! concurrently, no publish started once the batch's ownership could end, and the failure policy
+//! (retry with backoff, or dead letter) decided per failed row.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use futures::StreamExt;
+use tracing::info;
+
+use super::feed::{FailedRow, Settlement};
+use super::{RelayConfig, metric};
+use crate::crash;
+use crate::message::OutboxMessage;
+use crate::transport::{PublishError, PublishErrorKind, Transport};
+
+enum Outcome {
+    Published,
+    Failed(PublishError),
+    NotAttempted,
+}
+
+/// Publishes `messages` (sorted by aggregate, then version) and says what happened to each row.
+/// `last_start` is the last moment a publish may begin (`None`: no limit).
+pub(super) async fn publish_batch<T: Transport>(
+    transport: &T,
+    config: &RelayConfig,
+    messages: &[OutboxMessage],
+    last_start: Option<Instant>,
+) -> Settlement {
+    let results: Vec<Vec<(i64, Outcome)>> = futures::stream::iter(split_runs(messages))
+        .map(|run| publish_run(transport, config, &messages[run], last_start))
+        .buffer_unordered(config.max_in_flight)
+        .collect()
+        .await;
+    let attempts: HashMap<i64, i32> = messages.iter().map(|m| (m.id, m.attempts)).collect();
+    let mut settlement = Settlement::default();
+    for (id, outcome) in results.into_iter().flatten() {
+        match outcome {
+            Outcome::Published => settlement.published.push(id),
+            Outcome::NotAttempted => settlement.not_attempted.push(id),
+            Outcome::Failed(err) => {
+                let attempts = attempts.get(&id).copied().unwrap_or(0) + 1;
+                let dead = !err.is_retryable() || attempts >= config.max_attempts;
+                settlement.failed.push(FailedRow {
+                    id,
+                    error: format!("attempt {attempts}: {err}"),
+                    retry_after: (!dead).then(|| config.backoff.delay(attempts)),
+                });
+            }
+        }
+    }
+    settlement
+}
+
+/// Publishes one aggregate's run in order; stops at the first failure or when the ownership
+/// leaves no time for another publish.
+async fn publish_run<T: Transport>(
+    transport: &T,
+    config: &RelayConfig,
+    run: &[OutboxMessage],
+    last_start: Option<Instant>,
+) -> Vec<(i64, Outcome)> {
+    let mut out = Vec::with_capacity(run.len());
+    let mut stopped = false;
+    let name = transport.name();
+    for msg in run {
+        if stopped || last_start.is_some_and(|t| Instant::now() >= t) {
+            stopped = true;
+            out.push((msg.id, Outcome::NotAttempted));
+            continue;
+        }
+        let sent = Instant::now();
+        let result =
+            match tokio::time::timeout(config.publish_timeout, transport.publish(msg)).await {
+                Ok(r) => r,
+                Err(_) => Err(PublishError::new(
+                    PublishErrorKind::TimedOut,
+                    format!("no acknowledgement within {:?}", config.publish_timeout),
+                )),
+            };
+        match result {
+            Ok(receipt) => {
+                metrics::histogram!(metric::PUBLISH_LATENCY, "transport" => name)
+                    .record(sent.elapsed().as_secs_f64());
+                metrics::counter!(metric::PUBLISHED, "transport" => name).increment(1);
+                if receipt.duplicate {
+                    metrics::counter!(metric::BROKER_DUPLICATES, "transport" => name).increment(1);
+                    info!(event_id = %msg.event_id, "broker reported a duplicate of an earlier publish");
+                }
+                crash::hit(crash::RELAY_AFTER_PUBLISH);
+                out.push((msg.id, Outcome::Published));
+            }
+            Err(e) => {
+                metrics::counter!(
+                    metric::PUBLISH_FAILURES,
+                    "transport" => name,
+                    "kind" => format!("{:?}", e.kind)
+                )
+                .increment(1);
+                stopped = true;
+                out.push((msg.id, Outcome::Failed(e)));
+            }
+        }
+    }
+    out
+}
+
+/// Splits a batch (sorted by aggregate, then version) into per-aggregate runs, as index ranges.
+fn split_runs(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for i in 1..=messages.len() {
+        let boundary = i == messages.len()
+            || messages[i].aggregate_type != messages[start].aggregate_type
+            || messages[i].aggregate_id != messages[start].aggregate_id;
+        if boundary {
+            runs.push(start..i);
+            start = i;
+        }
+    }
+    runs
+}

@@ -1,0 +1,134 @@
+//! [`PgStore`] as the core's [`MaintenanceStore`]: the elected maintainer's session is a
+//! connection taken out of the pool holding a session advisory lock, and the jobs delete in
+//! small batches (inbox identities, settled work items, leases of crashed relays).
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use outbox_core::maintenance::{InboxRetention, MaintenanceConfig, Maintainer, ReplayHorizon};
+//! use outbox_postgres::{PgStore, PgStoreConfig};
+//!
+//! let store = PgStore::new(pool, PgStoreConfig::default());
+//! let config = MaintenanceConfig {
+//!     inbox: Some(InboxRetention {
+//!         keep: Duration::from_secs(7 * 86_400),
+//!         horizon: ReplayHorizon {
+//!             broker_retention: Duration::from_secs(3 * 86_400),
+//!             outbox_retention: Duration::ZERO,
+//!             dead_letter_requeue_window: Duration::from_secs(7 * 86_400),
+//!         },
+//!     }),
+//!     ..MaintenanceConfig::default()
+//! };
+//! let maintainer = Maintainer::new(store, config)?; // refuses a keep inside the horizon
+//! maintainer.run(tokio_util::sync::CancellationToken::new()).await;
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use outbox_core::StoreError;
+use outbox_core::maintenance::MaintenanceStore;
+use sqlx::PgConnection;
+
+use crate::error::store_error;
+use crate::store::PgStore;
+
+const ELECT: &str =
+    "SELECT pg_try_advisory_lock(hashtextextended('outbox.inbox_maintainer.' || $1, 0))";
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl PgStore {
+    async fn purge(
+        &self,
+        sql: &std::sync::Arc<str>,
+        session: &mut PgConnection,
+        older_than: Duration,
+        limit: i64,
+        what: &str,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.q(sql))
+            .bind(millis(older_than))
+            .bind(limit)
+            .execute(session)
+            .await
+            .map_err(|e| store_error(what, e))?
+            .rows_affected())
+    }
+}
+
+impl MaintenanceStore for PgStore {
+    type Session = PgConnection;
+
+    async fn maintenance_session(&self) -> Result<PgConnection, StoreError> {
+        // Out of the pool for good: the advisory lock lives exactly as long as this connection.
+        Ok(self
+            .pool()
+            .acquire()
+            .await
+            .map_err(|e| store_error("maintainer session", e))?
+            .detach())
+    }
+
+    async fn maintainer_elect<'a>(
+        &'a self,
+        session: &'a mut PgConnection,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(ELECT)
+            .bind(self.schema().as_str())
+            .fetch_one(session)
+            .await
+            .map_err(|e| store_error("maintainer election", e))
+    }
+
+    async fn inbox_purge<'a>(
+        &'a self,
+        session: &'a mut PgConnection,
+        older_than: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.purge(
+            &self.sql().inbox_purge,
+            session,
+            older_than,
+            limit,
+            "inbox retention",
+        )
+        .await
+    }
+
+    async fn work_item_purge<'a>(
+        &'a self,
+        session: &'a mut PgConnection,
+        older_than: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.purge(
+            &self.sql().work_item_purge,
+            session,
+            older_than,
+            limit,
+            "work-item retention",
+        )
+        .await
+    }
+
+    async fn lease_reap<'a>(
+        &'a self,
+        session: &'a mut PgConnection,
+        expired_for: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.purge(
+            &self.sql().lease_reap,
+            session,
+            expired_for,
+            limit,
+            "lease reaping",
+        )
+        .await
+    }
+}
