@@ -25,7 +25,7 @@ use outbox_core::effect::{
     ClaimPurpose, ClaimedWorkItem, WorkItemClaimParams, WorkItemRecordParams, WorkItemStore,
     WorkItemUpdate, metric,
 };
-pub use outbox_core::effect::{EffectsStats, WorkItemState};
+pub use outbox_core::effect::{EffectsStats, NewWorkItem, WorkItemState, idempotency_key};
 use outbox_core::{LeaseToken, StoreError, WorkItem};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
@@ -110,64 +110,6 @@ impl From<sqlx::Error> for EffectsError {
             };
         }
         Self::Database(e)
-    }
-}
-
-/// The stable idempotency key of the work of `kind` that `consumer_name` does for `event_id`:
-/// `"{kind}:{consumer_name}:{event_id}"`. A redelivered event yields the same key.
-pub fn idempotency_key(kind: &str, consumer_name: &str, event_id: Uuid) -> String {
-    format!("{kind}:{consumer_name}:{event_id}")
-}
-
-/// A work item to enqueue.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewWorkItem {
-    /// The kind of effect (`payout`); one executor serves one kind. 1 to 255 bytes.
-    pub kind: String,
-    /// Sent to the provider with every call and lookup. 1 to 1024 bytes.
-    pub idempotency_key: String,
-    /// What to do.
-    pub payload: serde_json::Value,
-    /// The event that caused the work.
-    pub event_id: Option<Uuid>,
-    /// The consumer that wrote the item.
-    pub consumer_name: Option<String>,
-}
-
-impl NewWorkItem {
-    /// The item for the work of `kind` that `consumer_name` does for `event_id`, keyed with
-    /// [`idempotency_key`].
-    pub fn for_event(
-        kind: impl Into<String>,
-        consumer_name: impl Into<String>,
-        event_id: Uuid,
-        payload: serde_json::Value,
-    ) -> Self {
-        let kind = kind.into();
-        let consumer_name = consumer_name.into();
-        Self {
-            idempotency_key: idempotency_key(&kind, &consumer_name, event_id),
-            kind,
-            payload,
-            event_id: Some(event_id),
-            consumer_name: Some(consumer_name),
-        }
-    }
-
-    fn validate(&self) -> Result<(), EffectsError> {
-        let bad = |name, reason: &str| {
-            Err(EffectsError::InvalidArgument {
-                name,
-                reason: reason.to_owned(),
-            })
-        };
-        if self.kind.is_empty() || self.kind.len() > 255 {
-            return bad("kind", "must be 1 to 255 bytes");
-        }
-        if self.idempotency_key.is_empty() || self.idempotency_key.len() > 1024 {
-            return bad("idempotency_key", "must be 1 to 1024 bytes");
-        }
-        Ok(())
     }
 }
 
@@ -471,7 +413,10 @@ impl PgEffects {
         conn: &mut PgConnection,
         item: &NewWorkItem,
     ) -> Result<EnqueueOutcome, EffectsError> {
-        item.validate()?;
+        item.validate().map_err(|e| EffectsError::InvalidArgument {
+            name: e.field,
+            reason: e.reason,
+        })?;
         let inserted: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.sql.insert)))
             .bind(&item.kind)
             .bind(&item.idempotency_key)

@@ -598,3 +598,85 @@ impl<S: WorkItemStore, P: RemoteEffect> Executor<S, P> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fast() -> ExecutorConfig {
+        ExecutorConfig {
+            call_timeout: Duration::from_secs(1),
+            ..ExecutorConfig::new("payout")
+        }
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        assert!(
+            ExecutorConfig::new("payout").validate().is_ok(),
+            "defaults are valid"
+        );
+        let cases: Vec<(&str, ExecutorConfig)> = vec![
+            ("kind", ExecutorConfig::new("")),
+            (
+                "batch_size",
+                ExecutorConfig {
+                    batch_size: 0,
+                    ..fast()
+                },
+            ),
+            (
+                "concurrency",
+                ExecutorConfig {
+                    concurrency: 0,
+                    ..fast()
+                },
+            ),
+            (
+                "call_timeout",
+                ExecutorConfig {
+                    call_timeout: Duration::ZERO,
+                    ..fast()
+                },
+            ),
+            (
+                "lease",
+                ExecutorConfig {
+                    lease: Duration::from_secs(10),
+                    call_timeout: Duration::from_secs(10),
+                    ..ExecutorConfig::new("payout")
+                },
+            ),
+            (
+                // 16 items, 1 at a time: the last one waits 15 calls under its lease.
+                "lease",
+                ExecutorConfig {
+                    concurrency: 1,
+                    ..ExecutorConfig::new("payout")
+                },
+            ),
+            (
+                "retry_backoff",
+                ExecutorConfig {
+                    retry_backoff: Backoff {
+                        base: Duration::from_secs(2),
+                        max: Duration::from_secs(1),
+                    },
+                    ..fast()
+                },
+            ),
+            (
+                "max_not_sent_attempts",
+                ExecutorConfig {
+                    max_not_sent_attempts: 0,
+                    ..fast()
+                },
+            ),
+        ];
+        for (expected, cfg) in cases {
+            let e = cfg.validate().expect_err(expected);
+            assert_eq!(e.key, expected, "{e}");
+            assert!(e.to_string().contains(expected), "{e}");
+        }
+    }
+}

@@ -36,6 +36,79 @@ pub use store::{
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+/// The stable idempotency key of the work of `kind` that `consumer_name` does for `event_id`:
+/// `"{kind}:{consumer_name}:{event_id}"`. A redelivered event yields the same key.
+pub fn idempotency_key(kind: &str, consumer_name: &str, event_id: Uuid) -> String {
+    format!("{kind}:{consumer_name}:{event_id}")
+}
+
+/// A work item to enqueue, in the consumer's transaction, with the store crate's API (for
+/// PostgreSQL `outbox_postgres::PgEffects::enqueue`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewWorkItem {
+    /// The kind of effect (`payout`); one executor serves one kind. 1 to 255 bytes.
+    pub kind: String,
+    /// Sent to the provider with every call and lookup. 1 to 1024 bytes.
+    pub idempotency_key: String,
+    /// What to do.
+    pub payload: serde_json::Value,
+    /// The event that caused the work.
+    pub event_id: Option<Uuid>,
+    /// The consumer that wrote the item.
+    pub consumer_name: Option<String>,
+}
+
+/// Why a [`NewWorkItem`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid work item `{field}`: {reason}")]
+pub struct InvalidWorkItem {
+    /// The field.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl NewWorkItem {
+    /// The item for the work of `kind` that `consumer_name` does for `event_id`, keyed with
+    /// [`idempotency_key`].
+    pub fn for_event(
+        kind: impl Into<String>,
+        consumer_name: impl Into<String>,
+        event_id: Uuid,
+        payload: serde_json::Value,
+    ) -> Self {
+        let kind = kind.into();
+        let consumer_name = consumer_name.into();
+        Self {
+            idempotency_key: idempotency_key(&kind, &consumer_name, event_id),
+            kind,
+            payload,
+            event_id: Some(event_id),
+            consumer_name: Some(consumer_name),
+        }
+    }
+
+    /// Checks the sizes every store enforces.
+    ///
+    /// # Errors
+    /// [`InvalidWorkItem`] for an empty or oversized kind (1 to 255 bytes) or key (1 to 1024).
+    pub fn validate(&self) -> Result<(), InvalidWorkItem> {
+        let bad = |field, reason: &str| {
+            Err(InvalidWorkItem {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.kind.is_empty() || self.kind.len() > 255 {
+            return bad("kind", "must be 1 to 255 bytes");
+        }
+        if self.idempotency_key.is_empty() || self.idempotency_key.len() > 1024 {
+            return bad("idempotency_key", "must be 1 to 1024 bytes");
+        }
+        Ok(())
+    }
+}
+
 /// One unit of remote work, as the executor hands it to a [`RemoteEffect`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkItem {

@@ -1,0 +1,299 @@
+//! The publish engine's logic against named in-memory fakes (the store and broker of
+//! `outbox-testkit`): ordering per aggregate, parking on failure, dead letters, the lease
+//! deadline, fencing, store outages, and the feed seam. The real stores and brokers are
+//! checked by their conformance suites.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::relay::{
+    Feed, FeedBatch, PollingFeed, Relay, RelayConfig, SettleReport, Settlement,
+};
+use outbox_core::{
+    Backoff, ClaimParams, MarkParams, NewMessage, OutboxStore, Payload, PublishErrorKind,
+    StoreError,
+};
+use outbox_testkit::fakes::{FakeTransport, FaultyStore};
+use outbox_testkit::memory::MemoryStore;
+
+fn msg(agg: &str, v: i64) -> NewMessage {
+    NewMessage::new(
+        "t",
+        agg,
+        v,
+        "E",
+        Payload::json(&serde_json::json!({"v": v})).unwrap(),
+    )
+}
+
+fn store_with(events: &[(&str, i64)]) -> MemoryStore {
+    let s = MemoryStore::new();
+    let messages: Vec<NewMessage> = events.iter().map(|(a, v)| msg(a, *v)).collect();
+    s.enqueue(&messages).unwrap();
+    s
+}
+
+fn fast_config() -> RelayConfig {
+    RelayConfig {
+        backoff: Backoff {
+            base: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+        },
+        ..RelayConfig::default()
+    }
+}
+
+fn relay<S: OutboxStore>(
+    store: S,
+    transport: FakeTransport,
+    config: RelayConfig,
+) -> Relay<PollingFeed<S>, FakeTransport> {
+    Relay::new(Arc::new(store), Arc::new(transport), config).unwrap()
+}
+
+#[tokio::test]
+async fn a_failure_parks_its_aggregate_and_the_others_flow() {
+    let r = relay(
+        store_with(&[("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)]),
+        FakeTransport::new().fail("a", 2, PublishErrorKind::Unavailable, 1),
+        fast_config(),
+    );
+    let o = r.run_batch().await.unwrap();
+    assert_eq!(
+        (
+            o.claimed,
+            o.published,
+            o.retried,
+            o.released,
+            o.dead_lettered
+        ),
+        (5, 3, 1, 1, 0)
+    );
+    assert_eq!(
+        r.transport().acked_for("a"),
+        vec![1],
+        "a3 must not overtake a2"
+    );
+    assert_eq!(r.transport().acked_for("b"), vec![1, 2]);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let o = r.run_batch().await.unwrap();
+    assert_eq!(o.published, 2);
+    assert_eq!(r.transport().acked_for("a"), vec![1, 2, 3]);
+    assert_eq!(r.store().outbox_len(), 0);
+}
+
+#[tokio::test]
+async fn a_permanent_error_dead_letters_at_once_and_blocks_only_its_key() {
+    let r = relay(
+        store_with(&[("a", 1), ("a", 2), ("b", 1)]),
+        FakeTransport::new().fail("a", 1, PublishErrorKind::TooLarge, u32::MAX),
+        fast_config(),
+    );
+    let o = r.run_batch().await.unwrap();
+    assert_eq!((o.published, o.dead_lettered, o.released), (1, 1, 1));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let o = r.run_batch().await.unwrap();
+    assert_eq!(o.claimed, 0, "a2 waits behind the dead letter");
+    assert_eq!(r.store().stats().await.unwrap().dead, 1);
+    assert!(r.transport().acked_for("a").is_empty());
+}
+
+#[tokio::test]
+async fn retryable_errors_dead_letter_after_max_attempts() {
+    let r = relay(
+        store_with(&[("a", 1)]),
+        FakeTransport::new().fail("a", 1, PublishErrorKind::Unavailable, u32::MAX),
+        RelayConfig {
+            max_attempts: 3,
+            ..fast_config()
+        },
+    );
+    for _ in 0..2 {
+        assert_eq!(r.run_batch().await.unwrap().retried, 1);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(r.run_batch().await.unwrap().dead_lettered, 1);
+    let dead = r
+        .store()
+        .dead_letter_list(outbox_core::DeadLetterListParams { limit: 10 })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .starts_with("attempt 3:"),
+        "{:?}",
+        dead[0].last_error
+    );
+}
+
+#[tokio::test]
+async fn no_publish_starts_once_the_lease_could_expire() {
+    let events: Vec<(&str, i64)> = (1..=20).map(|v| ("a", v)).collect();
+    let r = relay(
+        store_with(&events),
+        FakeTransport::with_delay(Duration::from_millis(20)),
+        RelayConfig {
+            lease: Duration::from_millis(300),
+            publish_timeout: Duration::from_millis(100),
+            lease_safety_margin: Duration::from_millis(50),
+            ..fast_config()
+        },
+    );
+    let started = Instant::now();
+    let o = r.run_batch().await.unwrap();
+    assert!(o.published > 0 && o.published < 20, "{o:?}");
+    assert_eq!(o.published + o.released, 20);
+    // The last publish began before lease - publish_timeout - margin = 150 ms.
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        r.transport().acked_for("a"),
+        (1..=o.published as i64).collect::<Vec<_>>()
+    );
+    let o2 = r.run_batch().await.unwrap();
+    assert!(
+        o2.published > 0,
+        "released rows are claimable again at once"
+    );
+}
+
+#[tokio::test]
+async fn a_mark_after_takeover_changes_nothing() {
+    let store = store_with(&[("a", 1)]);
+    let stale = store
+        .claim_batch(ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 10,
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    store.expire_relay_leases();
+    let fresh = store
+        .claim_batch(ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 10,
+            lease: Duration::from_secs(9),
+        })
+        .await
+        .unwrap();
+    assert_eq!(fresh.messages.len(), 1);
+    let ids = [stale.messages[0].id];
+    let mark = |token| MarkParams { token, ids: &ids };
+    assert_eq!(store.mark_published(mark(stale.token)).await.unwrap(), 0);
+    assert_eq!(store.mark_published(mark(fresh.token)).await.unwrap(), 1);
+}
+
+/// A store outage while settling leaves the acknowledged rows unmarked: after the lease they
+/// are published again with the same event id, and nothing is lost.
+#[tokio::test]
+async fn a_settle_outage_republishes_with_the_same_event_id() {
+    let store = FaultyStore::new(store_with(&[("a", 1), ("a", 2)]));
+    let r = relay(
+        store.clone(),
+        FakeTransport::new(),
+        RelayConfig {
+            lease: Duration::from_millis(300),
+            publish_timeout: Duration::from_millis(100),
+            lease_safety_margin: Duration::from_millis(50),
+            ..fast_config()
+        },
+    );
+    store.fail_op("mark", 1);
+    assert!(r.run_batch().await.is_err(), "the outage is reported");
+    assert_eq!(store.inner().outbox_len(), 2, "nothing was marked");
+    assert_eq!(
+        r.run_batch().await.unwrap().claimed,
+        0,
+        "the unreleased lease still holds the aggregate"
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let o = r.run_batch().await.unwrap();
+    assert_eq!(o.published, 2);
+    let acked = r.transport().acked();
+    assert_eq!(acked.len(), 4);
+    assert_eq!(
+        acked[0].event_id, acked[2].event_id,
+        "same id on the republish"
+    );
+    assert_eq!(acked[1].event_id, acked[3].event_id);
+    assert_eq!(r.transport().acked_for("a"), vec![1, 2, 1, 2]);
+    assert_eq!(store.inner().outbox_len(), 0);
+}
+
+/// A feed that is not the polling one (here: a fixed list, confirmed by id) plugs into the
+/// same engine: publishing, ordering and the failure policy come with it.
+#[tokio::test]
+async fn any_feed_plugs_into_the_publish_engine() {
+    struct ListFeed {
+        pending: std::sync::Mutex<Vec<outbox_core::OutboxMessage>>,
+        settled: std::sync::Mutex<Vec<Settlement>>,
+    }
+    impl Feed for ListFeed {
+        type Ticket = u32;
+        async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<u32>, StoreError> {
+            let mut p = self.pending.lock().unwrap();
+            let n = max_rows.min(p.len());
+            Ok(FeedBatch {
+                ticket: 7,
+                messages: p.drain(..n).collect(),
+                owned_until: None,
+            })
+        }
+        async fn settle(&self, ticket: u32, s: &Settlement) -> Result<SettleReport, StoreError> {
+            assert_eq!(ticket, 7);
+            self.settled.lock().unwrap().push(s.clone());
+            Ok(SettleReport {
+                marked: s.published.len(),
+                retried: s.failed.len(),
+                released: s.not_attempted.len(),
+                ..SettleReport::default()
+            })
+        }
+    }
+    let source = store_with(&[("x", 1), ("x", 2), ("y", 1)]);
+    let batch = source
+        .claim_batch(ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 10,
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    let feed = Arc::new(ListFeed {
+        pending: std::sync::Mutex::new(batch.messages.clone()),
+        settled: std::sync::Mutex::default(),
+    });
+    let r = Relay::with_feed(
+        Arc::clone(&feed),
+        Arc::new(FakeTransport::new().fail("x", 1, PublishErrorKind::Rejected, 1)),
+        fast_config(),
+    )
+    .unwrap();
+    let o = r.run_batch().await.unwrap();
+    assert_eq!(
+        (o.claimed, o.published, o.retried, o.released),
+        (3, 1, 1, 1)
+    );
+    let settled = feed.settled.lock().unwrap();
+    let s = &settled[0];
+    let x2 = batch
+        .messages
+        .iter()
+        .find(|m| m.aggregate_version == 2)
+        .unwrap();
+    assert_eq!(
+        s.not_attempted,
+        vec![x2.id],
+        "x2 is not sent after x1 failed"
+    );
+    assert!(s.failed[0].retry_after.is_some());
+    assert!(s.failed[0].error.starts_with("attempt 1:"));
+}

@@ -1,0 +1,265 @@
+//! PostgreSQL passes the store conformance suite and runs the core's engines unchanged (the
+//! engine suites of `outbox-testkit`), against the real server, one fresh schema per case.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use outbox_core::consumer::{ConsumerDeadLetter, HandlerError};
+use outbox_core::effect::{NewWorkItem, WorkItemState};
+use outbox_core::{NewMessage, StoreError, StoreErrorKind};
+use outbox_postgres::PgStore;
+use outbox_testkit::fixture::{BoxFuture, HeldProducer, StoreFixture, WorkItemView};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
+
+struct PgFixture {
+    db: TestDb,
+}
+
+struct HeldPg(Transaction<'static, Postgres>);
+
+impl HeldProducer for HeldPg {
+    fn commit(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.0.commit().await.expect("held producer commits") })
+    }
+}
+
+impl PgFixture {
+    fn sql(&self, template: &str) -> AssertSqlSafe<String> {
+        AssertSqlSafe(template.replace("{s}", &format!("\"{}\"", self.db.schema)))
+    }
+
+    async fn exec(&self, template: &str) {
+        sqlx::query(self.sql(template))
+            .execute(&self.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{template}: {e}"));
+    }
+
+    async fn count(&self, template: &str) -> i64 {
+        sqlx::query_scalar(self.sql(template))
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{template}: {e}"))
+    }
+}
+
+impl StoreFixture for PgFixture {
+    type Store = PgStore;
+
+    async fn new() -> Self {
+        let db = TestDb::new().await;
+        let f = Self { db };
+        f.exec("CREATE TABLE {s}.test_effects (key text NOT NULL)")
+            .await;
+        f
+    }
+
+    fn store(&self) -> PgStore {
+        self.db.store()
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) {
+        self.db
+            .outbox
+            .enqueue_batch(&self.db.pool, &messages)
+            .await
+            .expect("enqueue");
+    }
+
+    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+        let mut tx = self.db.pool.begin().await.expect("begin");
+        self.db
+            .outbox
+            .enqueue_batch(&mut *tx, &messages)
+            .await
+            .expect("enqueue");
+        Box::new(HeldPg(tx))
+    }
+
+    async fn write_effect<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        key: &'a str,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(self.sql("INSERT INTO {s}.test_effects (key) VALUES ($1)"))
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn effect_count(&self, key: &str) -> u64 {
+        let n: i64 =
+            sqlx::query_scalar(self.sql("SELECT count(*) FROM {s}.test_effects WHERE key = $1"))
+                .bind(key)
+                .fetch_one(&self.db.pool)
+                .await
+                .expect("count effects");
+        n as u64
+    }
+
+    async fn enqueue_work_item<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        item: &'a NewWorkItem,
+    ) -> Result<(), StoreError> {
+        self.db
+            .store()
+            .effects()
+            .enqueue(conn, item)
+            .await
+            .map(|_| ())
+            .map_err(|e| StoreError::new(StoreErrorKind::Constraint, e.to_string()))
+    }
+
+    async fn work_item(&self, id: i64) -> WorkItemView {
+        self.work_items()
+            .await
+            .into_iter()
+            .find(|w| w.id == id)
+            .unwrap_or_else(|| panic!("no work item {id}"))
+    }
+
+    async fn work_items(&self) -> Vec<WorkItemView> {
+        let rows = sqlx::query(self.sql(
+            "SELECT id, state, attempts, lookups, reference, last_error FROM {s}.work_items ORDER BY id",
+        ))
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("work items");
+        rows.iter()
+            .map(|r| {
+                let state: String = r.get(1);
+                WorkItemView {
+                    id: r.get(0),
+                    state: WorkItemState::parse(&state).expect("known state"),
+                    attempts: r.get(2),
+                    lookups: r.get(3),
+                    reference: r.get(4),
+                    last_error: r.get(5),
+                }
+            })
+            .collect()
+    }
+
+    async fn age_work_items(&self, by: Duration) {
+        sqlx::query(self.sql(
+            "UPDATE {s}.work_items SET next_attempt_at = next_attempt_at - $1 * interval '1 second', \
+             resolved_at = resolved_at - $1 * interval '1 second', \
+             unknown_since = unknown_since - $1 * interval '1 second'",
+        ))
+        .bind(by.as_secs_f64())
+        .execute(&self.db.pool)
+        .await
+        .expect("age work items");
+    }
+
+    async fn expire_work_item_leases(&self) {
+        self.exec(
+            "UPDATE {s}.work_items SET lease_until = now() - interval '1 millisecond' \
+             WHERE lease_until IS NOT NULL",
+        )
+        .await;
+    }
+
+    async fn age_inbox(&self, by: Duration) {
+        sqlx::query(
+            self.sql("UPDATE {s}.inbox SET received_at = received_at - $1 * interval '1 second'"),
+        )
+        .bind(by.as_secs_f64())
+        .execute(&self.db.pool)
+        .await
+        .expect("age inbox");
+    }
+
+    async fn inbox_len(&self) -> usize {
+        self.count("SELECT count(*) FROM {s}.inbox").await as usize
+    }
+
+    async fn conflict_count(&self) -> usize {
+        self.count("SELECT count(*) FROM {s}.inbox_conflicts").await as usize
+    }
+
+    async fn expire_relay_leases(&self) {
+        self.exec("UPDATE {s}.leases SET lease_until = now() - interval '1 millisecond'")
+            .await;
+    }
+
+    async fn age_relay_leases(&self, by: Duration) {
+        sqlx::query(
+            self.sql("UPDATE {s}.leases SET lease_until = lease_until - $1 * interval '1 second'"),
+        )
+        .bind(by.as_secs_f64())
+        .execute(&self.db.pool)
+        .await
+        .expect("age leases");
+    }
+
+    async fn relay_lease_count(&self) -> usize {
+        self.count("SELECT count(*) FROM {s}.leases").await as usize
+    }
+
+    async fn consumer_dead_letters(&self, consumer: &str) -> Vec<ConsumerDeadLetter> {
+        let mut all = outbox_postgres::consumer_dead_letter_list(
+            &self.db.pool,
+            &self.db.schema,
+            Some(consumer),
+            i64::MAX,
+        )
+        .await
+        .expect("list dead letters");
+        // The operator list hides resolved letters; the suites want every state.
+        let resolved: Vec<i64> = sqlx::query_scalar(self.sql(
+            "SELECT id FROM {s}.consumer_dead_letters WHERE consumer_name = $1 AND state = 'resolved'",
+        ))
+        .bind(consumer)
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("resolved dead letters");
+        for id in resolved {
+            let row = sqlx::query(self.sql(
+                "SELECT consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, \
+                 event_type, error, attempts, state, created_at FROM {s}.consumer_dead_letters WHERE id = $1",
+            ))
+            .bind(id)
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("dead letter");
+            all.push(ConsumerDeadLetter {
+                id,
+                consumer_name: row.get(0),
+                event_id: row.get(1),
+                aggregate_type: row.get(2),
+                aggregate_id: row.get(3),
+                aggregate_version: row.get(4),
+                event_type: row.get(5),
+                error: row.get(6),
+                attempts: row.get(7),
+                state: row.get(8),
+                created_at: row.get(9),
+            });
+        }
+        all.sort_by_key(|d| d.id);
+        all
+    }
+
+    async fn requeue_consumer_dead_letters(&self, consumer: &str) -> u64 {
+        outbox_postgres::consumer_dead_letter_requeue(
+            &self.db.pool,
+            &self.db.schema,
+            Some(consumer),
+            None,
+        )
+        .await
+        .expect("requeue")
+    }
+
+    async fn cleanup(&self) {
+        self.exec("DROP SCHEMA {s} CASCADE").await;
+    }
+}
+
+outbox_testkit::store_suite!(PgFixture);
+outbox_testkit::engine_suite!(PgFixture);

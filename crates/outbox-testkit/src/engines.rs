@@ -1,0 +1,991 @@
+//! The engine suites: the core's consumer engine and remote-effect executor, unchanged, over any
+//! store that has a [`StoreFixture`], fed by the fakes of [`crate::fakes`]. PostgreSQL runs them
+//! as integration tests, the in-memory store as unit tests:
+//!
+//! ```ignore
+//! outbox_testkit::engine_suite!(MyFixture);
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_core::consumer::{
+    ConflictPolicy, Consumer, ConsumerConfig, ConsumerReport, Handler, HandlerError, InboxStore,
+    OrderingGuard,
+};
+use outbox_core::effect::{
+    Executor, ExecutorConfig, LEASE_EXPIRED_REASON, NewWorkItem, PARKED_REASON, WorkItemState,
+};
+use outbox_core::{Backoff, IncomingEvent};
+use uuid::Uuid;
+
+use crate::fakes::{CallMode, FakeProvider, FakeSource, FaultyStore, event_message};
+use crate::fixture::StoreFixture;
+
+/// What the test handler does for one delivery of an event, after writing its effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// Fail with a transient error.
+    Transient,
+    /// Fail with a permanent error.
+    Permanent,
+    /// Panic.
+    Panic,
+}
+
+/// A handler that adds one to the effect `"{consumer}:{event_id}"` on the inbox transaction,
+/// writes a work item when asked to, then fails as scripted for that event (so a rolled-back
+/// attempt must leave no effect).
+pub struct TestHandler<F> {
+    fixture: Arc<F>,
+    consumer: String,
+    script: Mutex<HashMap<Uuid, VecDeque<Script>>>,
+    poison: Mutex<std::collections::HashSet<Uuid>>,
+    work_items: bool,
+}
+
+impl<F> TestHandler<F> {
+    /// A handler of `consumer` writing through `fixture`.
+    pub fn new(fixture: Arc<F>, consumer: &str) -> Self {
+        Self {
+            fixture,
+            consumer: consumer.to_owned(),
+            script: Mutex::default(),
+            poison: Mutex::default(),
+            work_items: false,
+        }
+    }
+
+    /// Also writes a `payout` work item per event (keyed by consumer and event).
+    pub fn with_work_items(mut self) -> Self {
+        self.work_items = true;
+        self
+    }
+
+    /// The next deliveries of `event_id` fail as `steps` says, one step per delivery.
+    pub fn script(&self, event_id: Uuid, steps: &[Script]) {
+        self.script
+            .lock()
+            .unwrap()
+            .entry(event_id)
+            .or_default()
+            .extend(steps);
+    }
+
+    /// Every run of the handler for `event_id` fails with a permanent error (however often
+    /// the engine runs it for one delivery).
+    pub fn poison(&self, event_id: Uuid) {
+        self.poison.lock().unwrap().insert(event_id);
+    }
+
+    /// The effect key of `event_id` for this handler's consumer.
+    pub fn key(&self, event_id: Uuid) -> String {
+        format!("{}:{event_id}", self.consumer)
+    }
+}
+
+impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for TestHandler<F> {
+    async fn handle(
+        &self,
+        conn: &mut <F::Store as InboxStore>::Conn,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        let key = self.key(event.event_id);
+        self.fixture.write_effect(conn, &key).await?;
+        if self.work_items {
+            let item = NewWorkItem::for_event(
+                "payout",
+                self.consumer.clone(),
+                event.event_id,
+                serde_json::json!({"aggregate": event.aggregate_id}),
+            );
+            self.fixture
+                .enqueue_work_item(conn, &item)
+                .await
+                .map_err(HandlerError::transient)?;
+        }
+        if self.poison.lock().unwrap().contains(&event.event_id) {
+            return Err(HandlerError::permanent("poisoned event"));
+        }
+        let step = self
+            .script
+            .lock()
+            .unwrap()
+            .get_mut(&event.event_id)
+            .and_then(|q| q.pop_front());
+        match step {
+            None => Ok(()),
+            Some(Script::Transient) => Err(HandlerError::transient("scripted transient")),
+            Some(Script::Permanent) => Err(HandlerError::permanent("scripted permanent")),
+            Some(Script::Panic) => panic!("scripted panic in the handler"),
+        }
+    }
+}
+
+/// A consumer config for tests: fast backoff, short waits.
+pub fn fast_config(name: &str) -> ConsumerConfig {
+    ConsumerConfig {
+        batch_wait: Duration::from_millis(10),
+        backoff: Backoff {
+            base: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+        },
+        gap_delay: Duration::from_millis(1),
+        conflict_hold_delay: Duration::from_millis(1),
+        housekeeping_interval: Duration::from_millis(1),
+        ..ConsumerConfig::new(name)
+    }
+}
+
+/// Runs batches until the source has nothing ready and nothing unsettled (or 200 batches),
+/// adding up the reports. Engine errors are counted as `errors`, not failed on.
+pub async fn drain<S, H>(
+    consumer: &mut Consumer<S, FakeSource, H>,
+    source: &FakeSource,
+) -> (ConsumerReport, usize)
+where
+    S: InboxStore,
+    H: Handler<S::Conn>,
+{
+    let mut total = ConsumerReport::default();
+    let mut errors = 0;
+    for _ in 0..200 {
+        match consumer.run_batch().await {
+            Ok(r) => {
+                total.received += r.received;
+                total.processed += r.processed;
+                total.duplicates += r.duplicates;
+                total.stale += r.stale;
+                total.conflicts += r.conflicts;
+                total.dead_lettered += r.dead_lettered;
+                total.nacked += r.nacked;
+                total.requeued_resolved += r.requeued_resolved;
+                if r.received == 0 && source.ready() == 0 && source.unsettled() == 0 {
+                    break;
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    (total, errors)
+}
+
+struct Rig<F: StoreFixture> {
+    fixture: Arc<F>,
+    source: FakeSource,
+    handler: Arc<TestHandler<F>>,
+}
+
+/// The handler shared between the rig and the consumer.
+struct Shared<F>(Arc<TestHandler<F>>);
+
+impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for Shared<F> {
+    fn handle<'a>(
+        &'a self,
+        conn: &'a mut <F::Store as InboxStore>::Conn,
+        event: &'a IncomingEvent,
+    ) -> impl std::future::Future<Output = Result<(), HandlerError>> + Send + 'a {
+        self.0.handle(conn, event)
+    }
+}
+
+impl<F: StoreFixture> Rig<F> {
+    async fn new(consumer: &str) -> Self {
+        let fixture = Arc::new(F::new().await);
+        Self {
+            handler: Arc::new(TestHandler::new(Arc::clone(&fixture), consumer)),
+            fixture,
+            source: FakeSource::new(),
+        }
+    }
+
+    fn consumer(&self, config: ConsumerConfig) -> Consumer<F::Store, FakeSource, Shared<F>> {
+        Consumer::new(
+            self.fixture.store(),
+            self.source.clone(),
+            Shared(Arc::clone(&self.handler)),
+            config,
+        )
+    }
+
+    async fn effects(&self, event_id: Uuid) -> u64 {
+        self.fixture.effect_count(&self.handler.key(event_id)).await
+    }
+}
+
+/// Three deliveries of one event: one effect, two duplicates, all acknowledged (G5).
+pub async fn redeliveries_have_one_effect<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let m = event_message(Uuid::now_v7(), "a", 1, r#"{"n":1}"#);
+    for _ in 0..3 {
+        rig.source.push_message(&m);
+    }
+    let mut consumer = rig.consumer(fast_config("c"));
+    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.duplicates, errors), (1, 2, 0), "{r:?}");
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    assert_eq!(rig.source.acked(), 3);
+    rig.fixture.cleanup().await;
+}
+
+/// Transient handler errors roll back and redeliver; the final success has one effect.
+pub async fn transient_errors_are_retried_without_a_second_effect<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    rig.handler
+        .script(m.event_id, &[Script::Transient, Script::Transient]);
+    rig.source.push_message(&m);
+    let mut consumer = rig.consumer(fast_config("c"));
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.nacked), (1, 2), "{r:?}");
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    rig.fixture.cleanup().await;
+}
+
+/// After `max_attempts` transient failures (a panic counts as one) the delivery is
+/// dead-lettered and acknowledged, with no effect; an operator's requeue then applies it once.
+pub async fn exhausted_retries_dead_letter_and_a_requeue_applies_once<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    rig.handler.script(
+        m.event_id,
+        &[Script::Transient, Script::Panic, Script::Transient],
+    );
+    rig.source.push_message(&m);
+    let mut consumer = rig.consumer(ConsumerConfig {
+        max_attempts: 3,
+        ..fast_config("c")
+    });
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.nacked, r.dead_lettered), (0, 2, 1), "{r:?}");
+    assert_eq!(
+        rig.effects(m.event_id).await,
+        0,
+        "a dead letter is not an effect"
+    );
+    let dead = rig.fixture.consumer_dead_letters("c").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].event_id, Some(m.event_id));
+    assert!(
+        dead[0].error.contains("after 3 deliveries"),
+        "{}",
+        dead[0].error
+    );
+    assert!(rig.source.ready() == 0 && rig.source.unsettled() == 0);
+
+    assert_eq!(rig.fixture.requeue_consumer_dead_letters("c").await, 1);
+    assert_eq!(consumer.process_requeued().await.unwrap(), 1);
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    assert_eq!(
+        consumer.process_requeued().await.unwrap(),
+        0,
+        "a resolved letter is not applied again"
+    );
+    let dead = rig.fixture.consumer_dead_letters("c").await;
+    assert_eq!(dead[0].state, "resolved");
+    rig.fixture.cleanup().await;
+}
+
+/// A permanent error dead-letters at once and acknowledges; the events behind it go on.
+pub async fn a_permanent_error_is_dead_lettered_at_once<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let bad = event_message(Uuid::now_v7(), "a", 1, "{}");
+    let good = event_message(Uuid::now_v7(), "b", 1, "{}");
+    rig.handler.script(bad.event_id, &[Script::Permanent]);
+    rig.source.push_message(&bad);
+    rig.source.push_message(&good);
+    let mut consumer = rig.consumer(fast_config("c"));
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.dead_lettered, r.nacked), (1, 1, 0), "{r:?}");
+    assert_eq!(rig.effects(bad.event_id).await, 0);
+    assert_eq!(rig.effects(good.event_id).await, 1);
+    let dead = rig.fixture.consumer_dead_letters("c").await;
+    assert!(dead[0].error.contains("permanent"), "{}", dead[0].error);
+    assert_eq!(rig.source.acked(), 2);
+    rig.fixture.cleanup().await;
+}
+
+/// A message that does not decode is dead-lettered with the reason and its raw bytes, and
+/// acknowledged; the valid message behind it is applied.
+pub async fn a_malformed_message_is_dead_lettered_and_does_not_block<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let mut garbage = crate::fakes::wire_message(&event_message(Uuid::now_v7(), "a", 1, "{}"));
+    garbage.headers.remove("ce-id");
+    rig.source.push(garbage);
+    let good = event_message(Uuid::now_v7(), "b", 1, "{}");
+    rig.source.push_message(&good);
+    let mut consumer = rig.consumer(fast_config("c"));
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.dead_lettered), (1, 1), "{r:?}");
+    assert_eq!(rig.effects(good.event_id).await, 1);
+    let dead = rig.fixture.consumer_dead_letters("c").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].event_id, None);
+    assert!(dead[0].error.starts_with("malformed"), "{}", dead[0].error);
+    rig.fixture.cleanup().await;
+}
+
+/// The same id with another payload is recorded as a conflict and never applied (G8); with
+/// `ConflictPolicy::Hold` the delivery is sent back instead of acknowledged.
+pub async fn a_conflict_is_recorded_not_applied<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let id = Uuid::now_v7();
+    let first = event_message(id, "a", 1, r#"{"amount":100}"#);
+    let changed = event_message(id, "a", 1, r#"{"amount":999}"#);
+    rig.source.push_message(&first);
+    rig.source.push_message(&changed);
+    let mut consumer = rig.consumer(fast_config("c"));
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.conflicts), (1, 1), "{r:?}");
+    assert_eq!(rig.effects(id).await, 1);
+    assert_eq!(rig.fixture.conflict_count().await, 1);
+
+    rig.source.push_message(&changed);
+    let mut held = rig.consumer(ConsumerConfig {
+        conflict_policy: ConflictPolicy::Hold,
+        ..fast_config("c")
+    });
+    let nacked_before = rig.source.nacked();
+    let r = held.run_batch().await.unwrap();
+    assert_eq!(r.conflicts, 1, "{r:?}");
+    assert_eq!(
+        rig.source.nacked(),
+        nacked_before + 1,
+        "a held conflict comes back"
+    );
+    assert_eq!(rig.effects(id).await, 1);
+    rig.fixture.cleanup().await;
+}
+
+/// In batch mode a failing delivery rolls back only its own writes: the others commit once.
+pub async fn a_batch_failure_rolls_back_only_its_own_writes<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let messages: Vec<_> = (0..5)
+        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
+        .collect();
+    // The batch's first attempt runs the handler too, then redoes the batch one delivery at a
+    // time: the poisoned event fails every run, the transient one only its first.
+    rig.handler.poison(messages[2].event_id);
+    rig.handler
+        .script(messages[3].event_id, &[Script::Transient]);
+    for m in &messages {
+        rig.source.push_message(m);
+    }
+    let mut consumer = rig.consumer(ConsumerConfig {
+        batch_size: 10,
+        ..fast_config("c")
+    });
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.dead_lettered, r.nacked), (4, 1, 1), "{r:?}");
+    for (i, m) in messages.iter().enumerate() {
+        let want = u64::from(i != 2);
+        assert_eq!(rig.effects(m.event_id).await, want, "event {i}");
+    }
+    rig.fixture.cleanup().await;
+}
+
+/// `OrderingGuard::Wait`: a version that arrives before the one it follows is sent back until
+/// the missing one came; an older version that comes again is absorbed as stale.
+pub async fn the_ordering_guard_holds_a_gap_until_the_missing_version<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let v1 = event_message(Uuid::now_v7(), "a", 1, r#"{"v":1}"#);
+    let v2 = event_message(Uuid::now_v7(), "a", 2, r#"{"v":2}"#);
+    let v1_again = event_message(Uuid::now_v7(), "a", 1, r#"{"v":1,"replayed":true}"#);
+    rig.source.push_message(&v2);
+    rig.source.push_message(&v1);
+    let mut consumer = rig.consumer(ConsumerConfig {
+        ordering: OrderingGuard::Wait,
+        ..fast_config("c")
+    });
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(r.processed, 2, "{r:?}");
+    assert!(r.nacked >= 1, "v2 waited for v1: {r:?}");
+    rig.source.push_message(&v1_again);
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(r.stale, 1, "{r:?}");
+    assert_eq!(rig.effects(v1.event_id).await, 1);
+    assert_eq!(rig.effects(v2.event_id).await, 1);
+    assert_eq!(rig.effects(v1_again.event_id).await, 0);
+    rig.fixture.cleanup().await;
+}
+
+/// Two consumers of one event, each with its own name, get one effect each.
+pub async fn two_consumers_get_one_effect_each<F: StoreFixture>() {
+    let rig = Rig::<F>::new("reporting").await;
+    let billing = Arc::new(TestHandler::new(Arc::clone(&rig.fixture), "billing"));
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    let billing_source = FakeSource::new();
+    for _ in 0..2 {
+        rig.source.push_message(&m);
+        billing_source.push_message(&m);
+    }
+    let mut reporting = rig.consumer(fast_config("reporting"));
+    let mut billing_consumer = Consumer::new(
+        rig.fixture.store(),
+        billing_source.clone(),
+        Shared(Arc::clone(&billing)),
+        fast_config("billing"),
+    );
+    drain(&mut reporting, &rig.source).await;
+    drain(&mut billing_consumer, &billing_source).await;
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    assert_eq!(rig.fixture.effect_count(&billing.key(m.event_id)).await, 1);
+    rig.fixture.cleanup().await;
+}
+
+/// A database outage (begin, record or commit failing) is waited out: the deliveries are sent
+/// back, never acknowledged before a commit (G6), and applied once when the store is back.
+pub async fn a_store_outage_loses_nothing_and_acks_only_after_commit<F: StoreFixture>() {
+    let fixture = Arc::new(F::new().await);
+    let store = FaultyStore::new(fixture.store());
+    let handler = Arc::new(TestHandler::new(Arc::clone(&fixture), "c"));
+    let source = FakeSource::new();
+    let messages: Vec<_> = (0..3)
+        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
+        .collect();
+    for m in &messages {
+        source.push_message(m);
+    }
+    let mut consumer = Consumer::new(
+        store.clone(),
+        source.clone(),
+        Shared(Arc::clone(&handler)),
+        fast_config("c"),
+    );
+    store.fail_op("commit", 2);
+    store.fail_op("begin", 1);
+    store.fail_op("inbox record", 1);
+    let (r, errors) = drain(&mut consumer, &source).await;
+    assert_eq!(store.injected(), 4, "every planned failure happened");
+    assert!(errors >= 1, "an outage is reported");
+    assert_eq!(r.processed, 3, "{r:?}");
+    for m in &messages {
+        assert_eq!(fixture.effect_count(&handler.key(m.event_id)).await, 1);
+    }
+    assert_eq!(
+        source.acked(),
+        3,
+        "each acknowledged once, after its commit"
+    );
+    fixture.cleanup().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executor
+
+fn executor_config() -> ExecutorConfig {
+    let fast = Backoff {
+        base: Duration::from_millis(50),
+        max: Duration::from_millis(100),
+    };
+    ExecutorConfig {
+        poll_interval: Duration::from_millis(10),
+        reconcile_after: Duration::from_secs(5),
+        call_timeout: Duration::from_secs(2),
+        lookup_backoff: fast,
+        retry_backoff: fast,
+        ..ExecutorConfig::new("payout")
+    }
+}
+
+async fn work_item<F: StoreFixture>(f: &F, consumer: &str) -> (i64, String) {
+    let store = f.store();
+    let item = NewWorkItem::for_event(
+        "payout",
+        consumer,
+        Uuid::now_v7(),
+        serde_json::json!({"amount": 1250, "beneficiary": consumer}),
+    );
+    let before: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
+    let mut tx = store.begin().await.unwrap();
+    f.enqueue_work_item(&mut tx, &item).await.unwrap();
+    store.commit(tx).await.unwrap();
+    let id = f
+        .work_items()
+        .await
+        .into_iter()
+        .map(|w| w.id)
+        .find(|id| !before.contains(id))
+        .expect("a new work item");
+    (id, item.idempotency_key)
+}
+
+/// A consumer's work item is written with its inbox transaction (rolled back with it), once
+/// per event however often the event is delivered.
+pub async fn work_items_are_written_with_the_inbox_transaction<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let handler = Arc::new(TestHandler::new(Arc::clone(&rig.fixture), "c").with_work_items());
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    handler.script(m.event_id, &[Script::Transient]);
+    for _ in 0..2 {
+        rig.source.push_message(&m);
+    }
+    let mut consumer = Consumer::new(
+        rig.fixture.store(),
+        rig.source.clone(),
+        Shared(Arc::clone(&handler)),
+        fast_config("c"),
+    );
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, r.duplicates), (1, 1), "{r:?}");
+    let items = rig.fixture.work_items().await;
+    assert_eq!(items.len(), 1, "one work item per event: {items:?}");
+    assert_eq!(items[0].state, WorkItemState::Pending);
+    rig.fixture.cleanup().await;
+}
+
+/// The happy path: one call with the key, the reference kept.
+pub async fn a_call_succeeds_once_with_its_key<F: StoreFixture>() {
+    let f = F::new().await;
+    let (id, key) = work_item(&f, "ledger").await;
+    let ex = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::Succeed),
+        executor_config(),
+    )
+    .expect("valid config");
+    let r = ex.run_once().await.unwrap();
+    assert_eq!((r.called, r.succeeded), (1, 1), "{r:?}");
+    let w = f.work_item(id).await;
+    assert_eq!((w.state, w.attempts), (WorkItemState::Succeeded, 1));
+    assert!(w.reference.is_some());
+    assert_eq!(ex.provider().calls_for(&key), 1);
+    assert_eq!(
+        ex.run_once().await.unwrap().called,
+        0,
+        "settled items are not called"
+    );
+    f.cleanup().await;
+}
+
+/// A refusal is terminal: `failed`, never called again.
+pub async fn a_failed_call_is_terminal<F: StoreFixture>() {
+    let f = F::new().await;
+    let (id, key) = work_item(&f, "ledger").await;
+    let ex = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::Fail),
+        executor_config(),
+    )
+    .expect("valid config");
+    assert_eq!(ex.run_once().await.unwrap().failed, 1);
+    f.age_work_items(Duration::from_secs(3600)).await;
+    ex.run_once().await.unwrap();
+    assert_eq!(f.work_item(id).await.state, WorkItemState::Failed);
+    assert_eq!(ex.provider().calls_for(&key), 1);
+    f.cleanup().await;
+}
+
+/// An unknown outcome is looked up, never blindly retried: the provider had acted, the lookup
+/// finds it, and there is exactly one payout.
+pub async fn an_unknown_outcome_is_reconciled_without_a_second_call<F: StoreFixture>() {
+    let f = F::new().await;
+    let (id, key) = work_item(&f, "ledger").await;
+    let ex = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::PerformedUnknown),
+        executor_config(),
+    )
+    .expect("valid config");
+    let r = ex.run_once().await.unwrap();
+    assert_eq!(r.unknown, 1, "{r:?}");
+    assert_eq!(f.work_item(id).await.state, WorkItemState::Unknown);
+    f.age_work_items(Duration::from_secs(10)).await;
+    let r = ex.run_once().await.unwrap();
+    assert_eq!(r.reconciled_succeeded, 1, "{r:?}");
+    let w = f.work_item(id).await;
+    assert_eq!((w.state, w.lookups), (WorkItemState::Succeeded, 1));
+    assert_eq!(ex.provider().calls_for(&key), 1);
+    assert_eq!(ex.provider().performed(), 1, "exactly one payout");
+    f.cleanup().await;
+}
+
+/// A lookup that finds nothing sends the item back for a call with the same key (resend on), or
+/// parks it for an operator (resend off); a lookup without an answer keeps it unknown.
+pub async fn not_found_resends_with_the_same_key_or_parks<F: StoreFixture>() {
+    let f = F::new().await;
+    let (resend, key) = work_item(&f, "a").await;
+    let ex = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::LostUnknown),
+        executor_config(),
+    )
+    .expect("valid config");
+    ex.run_once().await.unwrap();
+    ex.provider().with(|s| s.lookup_unknown = true);
+    f.age_work_items(Duration::from_secs(10)).await;
+    let r = ex.run_once().await.unwrap();
+    assert_eq!(r.still_unknown, 1, "{r:?}");
+    assert_eq!(f.work_item(resend).await.state, WorkItemState::Unknown);
+    ex.provider().with(|s| {
+        s.lookup_unknown = false;
+        s.mode = CallMode::Succeed;
+    });
+    f.age_work_items(Duration::from_secs(10)).await;
+    let r = ex.run_once().await.unwrap();
+    assert_eq!(r.resent, 1, "{r:?}");
+    f.age_work_items(Duration::from_secs(10)).await;
+    ex.run_once().await.unwrap();
+    let w = f.work_item(resend).await;
+    assert_eq!(w.state, WorkItemState::Succeeded);
+    assert_eq!(
+        ex.provider().calls_for(&key),
+        2,
+        "called again, with the same key"
+    );
+    assert_eq!(ex.provider().performed(), 1);
+
+    let (parked, _) = work_item(&f, "b").await;
+    let cautious = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::LostUnknown),
+        ExecutorConfig {
+            resend_when_not_found: false,
+            ..executor_config()
+        },
+    )
+    .expect("valid config");
+    cautious.run_once().await.unwrap();
+    f.age_work_items(Duration::from_secs(10)).await;
+    let r = cautious.run_once().await.unwrap();
+    assert_eq!(r.parked, 1, "{r:?}");
+    let w = f.work_item(parked).await;
+    assert_eq!(w.state, WorkItemState::Unknown);
+    assert_eq!(w.last_error.as_deref(), Some(PARKED_REASON));
+    f.cleanup().await;
+}
+
+/// An executor that stalls past its lease cannot record; the item goes to `unknown` (never
+/// back to `pending`) and is reconciled without a second call.
+pub async fn an_expired_lease_goes_unknown_and_the_stale_record_is_refused<F: StoreFixture>() {
+    let f = F::new().await;
+    let (id, key) = work_item(&f, "ledger").await;
+    let slow = Arc::new(
+        Executor::new(
+            f.store(),
+            FakeProvider::new(CallMode::SucceedAfter(Duration::from_millis(600))),
+            executor_config(),
+        )
+        .expect("valid config"),
+    );
+    let sweeper = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::Succeed),
+        ExecutorConfig {
+            reconcile_after: Duration::from_secs(3600),
+            ..executor_config()
+        },
+    )
+    .expect("valid config");
+    let task = tokio::spawn({
+        let slow = Arc::clone(&slow);
+        async move { slow.run_once().await }
+    });
+    let mut claimed = false;
+    for _ in 0..100 {
+        if f.work_item(id).await.state == WorkItemState::InProgress {
+            claimed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(claimed, "the slow executor claimed the item");
+    f.expire_work_item_leases().await;
+    assert_eq!(sweeper.run_once().await.unwrap().expired, 1);
+    let r = task.await.unwrap().unwrap();
+    assert_eq!((r.lease_lost, r.succeeded), (1, 0), "{r:?}");
+    let w = f.work_item(id).await;
+    assert_eq!(w.state, WorkItemState::Unknown);
+    assert_eq!(w.last_error.as_deref(), Some(LEASE_EXPIRED_REASON));
+    f.age_work_items(Duration::from_secs(7200)).await;
+    let r = slow.run_once().await.unwrap();
+    assert_eq!(r.reconciled_succeeded, 1, "{r:?}");
+    assert_eq!(ex_calls(&slow, &key) + ex_calls(&sweeper, &key), 1);
+    assert_eq!(slow.provider().performed(), 1);
+    f.cleanup().await;
+}
+
+fn ex_calls<S: outbox_core::effect::WorkItemStore>(
+    ex: &Executor<S, FakeProvider>,
+    key: &str,
+) -> usize {
+    ex.provider().calls_for(key)
+}
+
+/// `NotSent` is retried with backoff, then failed at the limit.
+pub async fn not_sent_is_retried_then_failed_at_the_limit<F: StoreFixture>() {
+    let f = F::new().await;
+    let (id, key) = work_item(&f, "ledger").await;
+    let ex = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::NotSent),
+        ExecutorConfig {
+            max_not_sent_attempts: 2,
+            retry_backoff: Backoff {
+                base: Duration::from_secs(60),
+                max: Duration::from_secs(120),
+            },
+            ..executor_config()
+        },
+    )
+    .expect("valid config");
+    assert_eq!(ex.run_once().await.unwrap().not_sent, 1);
+    let w = f.work_item(id).await;
+    assert_eq!((w.state, w.attempts), (WorkItemState::Pending, 1));
+    assert_eq!(
+        ex.run_once().await.unwrap().called,
+        0,
+        "not before its backoff"
+    );
+    f.age_work_items(Duration::from_secs(300)).await;
+    assert_eq!(ex.run_once().await.unwrap().failed, 1);
+    let w = f.work_item(id).await;
+    assert_eq!((w.state, w.attempts), (WorkItemState::Failed, 2));
+    assert_eq!(ex.provider().calls_for(&key), 2);
+    f.cleanup().await;
+}
+
+/// A store outage fails the pass, changes nothing and loses nothing; the next pass does the
+/// work once.
+pub async fn an_executor_waits_out_a_store_outage<F: StoreFixture>() {
+    let f = F::new().await;
+    let (id, key) = work_item(&f, "ledger").await;
+    let store = FaultyStore::new(f.store());
+    let ex = Executor::new(
+        store.clone(),
+        FakeProvider::new(CallMode::Succeed),
+        executor_config(),
+    )
+    .expect("valid config");
+    store.fail_op("claim work items", 1);
+    assert!(ex.run_once().await.is_err());
+    assert_eq!(f.work_item(id).await.state, WorkItemState::Pending);
+    assert_eq!(ex.provider().calls_for(&key), 0);
+    assert_eq!(ex.run_once().await.unwrap().succeeded, 1);
+    assert_eq!(ex.provider().calls_for(&key), 1);
+    f.cleanup().await;
+}
+
+/// Calls of one batch run concurrently and each is recorded as soon as it returns: a slow call
+/// does not hold the others' results back.
+pub async fn calls_of_a_batch_run_concurrently_and_record_independently<F: StoreFixture>() {
+    let f = F::new().await;
+    let (slow, slow_key) = work_item(&f, "ledger").await;
+    let mut fast = Vec::new();
+    for _ in 0..3 {
+        fast.push(work_item(&f, "ledger").await.0);
+    }
+    let ex = Arc::new(
+        Executor::new(
+            f.store(),
+            FakeProvider::new(CallMode::Succeed),
+            executor_config(),
+        )
+        .expect("valid config"),
+    );
+    ex.provider()
+        .with(|s| s.slow_keys.insert(slow_key, Duration::from_millis(2000)));
+    let task = tokio::spawn({
+        let ex = Arc::clone(&ex);
+        async move { ex.run_once().await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_millis(1500);
+    loop {
+        let mut done = 0;
+        for id in &fast {
+            if f.work_item(*id).await.state == WorkItemState::Succeeded {
+                done += 1;
+            }
+        }
+        if done == fast.len() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fast items were not recorded while the slow call was in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(f.work_item(slow).await.state, WorkItemState::InProgress);
+    let r = task.await.unwrap().unwrap();
+    assert_eq!((r.called, r.succeeded), (4, 4), "{r:?}");
+    assert_eq!(f.work_item(slow).await.state, WorkItemState::Succeeded);
+    f.cleanup().await;
+}
+
+/// `run` settles items by itself and returns once shutdown is asked for.
+pub async fn run_processes_items_and_stops_on_shutdown<F: StoreFixture>() {
+    let f = F::new().await;
+    let ids = [work_item(&f, "a").await.0, work_item(&f, "b").await.0];
+    let ex = Arc::new(
+        Executor::new(
+            f.store(),
+            FakeProvider::new(CallMode::Succeed),
+            executor_config(),
+        )
+        .expect("valid config"),
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(Arc::clone(&ex).run(shutdown.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for id in ids {
+        while f.work_item(id).await.state != WorkItemState::Succeeded {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "run did not settle {id}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("run stops on shutdown")
+        .unwrap();
+    assert_eq!(ex.provider().with(|s| s.calls.len()), 2);
+    f.cleanup().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Maintainer
+
+/// The maintainer deletes, on the elected instance only and in batches, inbox identities older
+/// than the retention, old succeeded work items and leases of crashed relays; it refuses a
+/// retention inside the replay horizon; leadership moves when the leader's session ends.
+pub async fn the_maintainer_cleans_up_on_one_elected_instance<F: StoreFixture>() {
+    use outbox_core::maintenance::{
+        InboxRetention, Maintainer, MaintenanceConfig, MaintenanceStore, ReplayHorizon,
+    };
+    let f = F::new().await;
+    let store = f.store();
+    let day = Duration::from_secs(86_400);
+    for n in 0..5 {
+        let mut tx = store.begin().await.unwrap();
+        let e = crate::store::incoming(Uuid::now_v7(), &format!("o{n}"), 1, "{}");
+        store
+            .inbox_record(&mut tx, "c", OrderingGuard::Off, &e)
+            .await
+            .unwrap();
+        store.commit(tx).await.unwrap();
+    }
+    f.age_inbox(day * 3).await;
+    let young = crate::store::incoming(Uuid::now_v7(), "y", 1, "{}");
+    let mut tx = store.begin().await.unwrap();
+    store
+        .inbox_record(&mut tx, "c", OrderingGuard::Off, &young)
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    let (settled, _) = work_item(&f, "old").await;
+    let (open, _) = work_item(&f, "open").await;
+    // Settle only the first: the second stays pending (claimed one at a time).
+    let one = Executor::new(
+        f.store(),
+        FakeProvider::new(CallMode::Succeed),
+        ExecutorConfig {
+            batch_size: 1,
+            ..executor_config()
+        },
+    )
+    .expect("valid config");
+    one.run_once().await.unwrap();
+    assert_eq!(f.work_item(settled).await.state, WorkItemState::Succeeded);
+    assert_eq!(f.work_item(open).await.state, WorkItemState::Pending);
+    f.age_work_items(day * 10).await;
+
+    let horizon = ReplayHorizon {
+        broker_retention: day,
+        outbox_retention: Duration::ZERO,
+        dead_letter_requeue_window: day * 2,
+    };
+    let config = MaintenanceConfig {
+        inbox: Some(InboxRetention {
+            keep: day * 2,
+            horizon,
+        }),
+        work_items_keep: Some(day * 7),
+        lease_reap_after: Some(Duration::from_secs(600)),
+        batch_size: 2,
+        interval: Duration::from_secs(60),
+    };
+    let unsafe_config = MaintenanceConfig {
+        inbox: Some(InboxRetention {
+            keep: Duration::from_secs(3600),
+            horizon,
+        }),
+        ..config.clone()
+    };
+    let err = Maintainer::new(store.clone(), unsafe_config).expect_err("refused");
+    assert_eq!(err.key, "inbox.keep");
+    assert!(err.to_string().contains("172800"), "{err}");
+
+    let a = Maintainer::new(store.clone(), config.clone()).unwrap();
+    let b = Maintainer::new(store.clone(), config).unwrap();
+    let mut sa = store.maintenance_session().await.unwrap();
+    let mut sb = store.maintenance_session().await.unwrap();
+    let r = a.round(&mut sa).await.unwrap().expect("a is elected");
+    assert_eq!((r.inbox, r.work_items), (5, 1), "{r:?}");
+    assert_eq!(
+        b.round(&mut sb).await.unwrap(),
+        None,
+        "b is not the maintainer"
+    );
+    assert_eq!(f.inbox_len().await, 1);
+    let left: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
+    assert_eq!(left, vec![open]);
+    drop(sa);
+    let mut elected = None;
+    for _ in 0..50 {
+        elected = b.round(&mut sb).await.unwrap();
+        if elected.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        elected.map(|r| r.total()),
+        Some(0),
+        "b took over; nothing left to delete"
+    );
+    f.cleanup().await;
+}
+
+/// Expands to one `#[tokio::test]` per case of the engine suites for the [`StoreFixture`]
+/// `$fixture`.
+#[macro_export]
+macro_rules! engine_suite {
+    ($fixture:ty) => {
+        $crate::engine_suite!(@cases $fixture;
+            redeliveries_have_one_effect,
+            transient_errors_are_retried_without_a_second_effect,
+            exhausted_retries_dead_letter_and_a_requeue_applies_once,
+            a_permanent_error_is_dead_lettered_at_once,
+            a_malformed_message_is_dead_lettered_and_does_not_block,
+            a_conflict_is_recorded_not_applied,
+            a_batch_failure_rolls_back_only_its_own_writes,
+            the_ordering_guard_holds_a_gap_until_the_missing_version,
+            two_consumers_get_one_effect_each,
+            a_store_outage_loses_nothing_and_acks_only_after_commit,
+            work_items_are_written_with_the_inbox_transaction,
+            a_call_succeeds_once_with_its_key,
+            a_failed_call_is_terminal,
+            an_unknown_outcome_is_reconciled_without_a_second_call,
+            not_found_resends_with_the_same_key_or_parks,
+            an_expired_lease_goes_unknown_and_the_stale_record_is_refused,
+            not_sent_is_retried_then_failed_at_the_limit,
+            an_executor_waits_out_a_store_outage,
+            calls_of_a_batch_run_concurrently_and_record_independently,
+            run_processes_items_and_stops_on_shutdown,
+            the_maintainer_cleans_up_on_one_elected_instance,
+        );
+    };
+    (@cases $fixture:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::engines::$case::<$fixture>().await;
+            }
+        )*
+    };
+}

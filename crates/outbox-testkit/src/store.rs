@@ -1,0 +1,930 @@
+//! The store conformance suite: one case per promise of the store traits (claim, lease,
+//! fencing, late commits, order, dead letters, inbox, conflicts, consumer dead letters, work
+//! items, maintenance), generic over a [`StoreFixture`]. A store crate runs it in one line:
+//!
+//! ```ignore
+//! outbox_testkit::store_suite!(MyFixture);
+//! ```
+//!
+//! which expands to one `#[tokio::test]` per case (so each is reported and runs in parallel).
+
+use std::time::Duration;
+
+use outbox_core::consumer::{
+    ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard,
+};
+use outbox_core::effect::{
+    ClaimPurpose, NewWorkItem, WorkItemClaimParams, WorkItemRecordParams, WorkItemState,
+    WorkItemStore, WorkItemUpdate,
+};
+use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::{
+    ClaimParams, DeadLetterListParams, FailureParams, IncomingEvent, MarkParams, NewMessage,
+    OutboxStore, Payload, ReleaseParams, RequeueParams,
+};
+use uuid::Uuid;
+
+use crate::fakes::{decode_wire, event_message, wire_message};
+use crate::fixture::StoreFixture;
+
+/// A `payment` event of aggregate `agg` at `version` with an empty JSON object.
+pub fn msg(agg: &str, version: i64) -> NewMessage {
+    NewMessage::new(
+        "payment",
+        agg,
+        version,
+        "PaymentCreated",
+        Payload::json(&serde_json::json!({"agg": agg, "v": version})).expect("json"),
+    )
+}
+
+/// Claim parameters: at most `max_rows`, 100 per aggregate, a lease of `lease_ms`.
+pub fn claim(max_rows: usize, lease_ms: u64) -> ClaimParams {
+    ClaimParams {
+        max_rows,
+        max_per_aggregate: 100,
+        lease: Duration::from_millis(lease_ms),
+    }
+}
+
+/// The event a consumer would decode for `event_id` of `agg` at `version` with `body`.
+pub fn incoming(event_id: Uuid, agg: &str, version: i64, body: &str) -> IncomingEvent {
+    decode_wire(&wire_message(&event_message(event_id, agg, version, body))).expect("decodes")
+}
+
+fn versions(messages: &[outbox_core::OutboxMessage], agg: &str) -> Vec<i64> {
+    messages
+        .iter()
+        .filter(|m| m.aggregate_id == agg)
+        .map(|m| m.aggregate_version)
+        .collect()
+}
+
+/// Each aggregate's versions come in version order, whatever the insert order; a leased
+/// aggregate is not handed to a second claim (not even its new versions); the per-aggregate and
+/// total caps cut runs into prefixes.
+pub async fn claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_time<
+    F: StoreFixture,
+>() {
+    let f = F::new().await;
+    let store = f.store();
+    f.enqueue(vec![msg("a", 2), msg("a", 1), msg("a", 3), msg("b", 1)])
+        .await;
+    let first = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert_eq!(versions(&first.messages, "a"), vec![1, 2, 3]);
+    assert_eq!(first.messages.len(), 4);
+
+    f.enqueue(vec![msg("a", 4)]).await;
+    let second = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert!(second.messages.is_empty(), "{:?}", second.messages);
+
+    let ids: Vec<i64> = first.messages.iter().map(|m| m.id).collect();
+    store
+        .release(ReleaseParams {
+            token: first.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    let small = store
+        .claim_batch(ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 2,
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    assert_eq!(versions(&small.messages, "a"), vec![1, 2]);
+    let ids: Vec<i64> = small.messages.iter().map(|m| m.id).collect();
+    store
+        .release(ReleaseParams {
+            token: small.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    let capped = store.claim_batch(claim(3, 30_000)).await.unwrap();
+    assert_eq!(capped.messages.len(), 3, "the total cap holds");
+    f.cleanup().await;
+}
+
+/// Once a lease expired and another claim took the aggregate over, the old token can neither
+/// mark nor fail its rows; the new token can.
+pub async fn a_stale_worker_cannot_settle_after_another_took_over<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    f.enqueue(vec![msg("a", 1)]).await;
+    let stale = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(stale.messages.len(), 1);
+    f.expire_relay_leases().await;
+    let fresh = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(fresh.messages.len(), 1, "an expired lease is taken over");
+    assert!(fresh.token > stale.token, "tokens only grow");
+    let ids = [stale.messages[0].id];
+    let n = store
+        .mark_published(MarkParams {
+            token: stale.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "a stale mark must change nothing");
+    let failed = store
+        .record_failure(FailureParams {
+            token: stale.token,
+            id: ids[0],
+            error: "x",
+            retry_after: None,
+        })
+        .await
+        .unwrap();
+    assert!(!failed, "a stale failure record must change nothing");
+    assert_eq!(store.stats().await.unwrap().pending, 1);
+    let n = store
+        .mark_published(MarkParams {
+            token: fresh.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.dead), (0, 0));
+    f.cleanup().await;
+}
+
+/// A dead letter parks only its own aggregate (and says what waits behind it); a requeue
+/// brings it back first, in order; a row in backoff is not claimable before its time.
+pub async fn dead_letters_and_backoff_park_only_their_aggregate<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    f.enqueue(vec![msg("a", 1), msg("a", 2), msg("b", 1)]).await;
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    let a1 = b
+        .messages
+        .iter()
+        .find(|m| m.aggregate_id == "a" && m.aggregate_version == 1)
+        .unwrap()
+        .id;
+    let rest: Vec<i64> = b
+        .messages
+        .iter()
+        .filter(|m| m.id != a1)
+        .map(|m| m.id)
+        .collect();
+    assert!(
+        store
+            .record_failure(FailureParams {
+                token: b.token,
+                id: a1,
+                error: "too large",
+                retry_after: None
+            })
+            .await
+            .unwrap()
+    );
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &rest,
+        })
+        .await
+        .unwrap();
+    let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b2.messages.len(), 1, "{:?}", b2.messages);
+    assert_eq!(b2.messages[0].aggregate_id, "b");
+    store
+        .mark_published(MarkParams {
+            token: b2.token,
+            ids: &[b2.messages[0].id],
+        })
+        .await
+        .unwrap();
+    store
+        .release(ReleaseParams {
+            token: b2.token,
+            ids: &[],
+        })
+        .await
+        .unwrap();
+    let dead = store
+        .dead_letter_list(DeadLetterListParams { limit: 10 })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].blocked_behind, 1);
+    assert_eq!(dead[0].attempts, 1);
+    assert_eq!(dead[0].last_error.as_deref(), Some("too large"));
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.dead, stats.pending), (1, 1));
+
+    let n = store
+        .dead_letter_requeue(RequeueParams {
+            event_ids: Some(vec![dead[0].event_id]),
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let b3 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(versions(&b3.messages, "a"), vec![1, 2]);
+    assert_eq!(b3.messages[0].attempts, 0, "a requeue resets the attempts");
+
+    let first = b3.messages[0].id;
+    let later: Vec<i64> = b3.messages[1..].iter().map(|m| m.id).collect();
+    store
+        .record_failure(FailureParams {
+            token: b3.token,
+            id: first,
+            error: "down",
+            retry_after: Some(Duration::from_millis(300)),
+        })
+        .await
+        .unwrap();
+    store
+        .release(ReleaseParams {
+            token: b3.token,
+            ids: &later,
+        })
+        .await
+        .unwrap();
+    let during = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert!(during.messages.is_empty(), "{:?}", during.messages);
+    store
+        .release(ReleaseParams {
+            token: during.token,
+            ids: &[],
+        })
+        .await
+        .unwrap();
+    let s = store.stats().await.unwrap();
+    assert_eq!(s.retrying, 1);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let b4 = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(versions(&b4.messages, "a"), vec![1, 2]);
+    assert_eq!(b4.messages[0].attempts, 1);
+    f.cleanup().await;
+}
+
+/// A producer transaction that took its row id first but commits last is claimed once it
+/// commits: nothing is skipped by a read cursor (G2).
+pub async fn a_late_commit_is_claimed_after_later_ones<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let held = f.enqueue_held(vec![msg("t1", 1)]).await;
+    f.enqueue(vec![msg("t2", 1)]).await;
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b.messages.len(), 1, "uncommitted rows are invisible");
+    assert_eq!(b.messages[0].aggregate_id, "t2");
+    store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &[b.messages[0].id],
+        })
+        .await
+        .unwrap();
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &[],
+        })
+        .await
+        .unwrap();
+    held.commit().await;
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(b.messages.len(), 1);
+    assert_eq!(b.messages[0].aggregate_id, "t1");
+    f.cleanup().await;
+}
+
+/// A claimed row carries exactly what the producer wrote (the same event id on every claim).
+pub async fn a_claimed_row_is_what_the_producer_wrote<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let m = msg("a", 1)
+        .with_header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .with_partition_key("p-1");
+    f.enqueue(vec![m.clone()]).await;
+    let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    let got = &b.messages[0];
+    assert_eq!(got.event_id, m.event_id);
+    assert_eq!(got.payload.bytes, m.payload.bytes);
+    assert_eq!(got.payload.content_type, m.payload.content_type);
+    assert_eq!(got.fingerprint, m.payload.fingerprint());
+    assert_eq!(got.headers, m.headers);
+    assert_eq!(got.partition_key(), "p-1");
+    assert_eq!(got.attempts, 0);
+    let token = b.token;
+    store
+        .record_failure(FailureParams {
+            token,
+            id: got.id,
+            error: "down",
+            retry_after: Some(Duration::ZERO),
+        })
+        .await
+        .unwrap();
+    store
+        .release(ReleaseParams { token, ids: &[] })
+        .await
+        .unwrap();
+    let again = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(
+        again.messages[0].event_id, m.event_id,
+        "same id on retry (G4)"
+    );
+    assert_eq!(again.messages[0].attempts, 1);
+    f.cleanup().await;
+}
+
+/// The inbox: a redelivery is a duplicate; the same id with another payload is a conflict,
+/// recorded; a rolled-back record leaves nothing; two consumers each record the event.
+pub async fn inbox_absorbs_duplicates_and_records_conflicts<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let id = Uuid::now_v7();
+    let e = incoming(id, "a", 1, r#"{"amount":1}"#);
+    let other = incoming(id, "a", 1, r#"{"amount":2}"#);
+
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store
+            .inbox_record(&mut tx, "c1", OrderingGuard::Off, &e)
+            .await
+            .unwrap(),
+        InboxOutcome::New
+    );
+    store.rollback(tx).await.unwrap();
+
+    for (want, event) in [
+        (InboxOutcome::New, &e),
+        (InboxOutcome::Duplicate, &e),
+        (
+            InboxOutcome::Conflict {
+                stored: e.fingerprint,
+            },
+            &other,
+        ),
+        (
+            InboxOutcome::Conflict {
+                stored: e.fingerprint,
+            },
+            &other,
+        ),
+    ] {
+        let mut tx = store.begin().await.unwrap();
+        let got = store
+            .inbox_record(&mut tx, "c1", OrderingGuard::Off, event)
+            .await
+            .unwrap();
+        store.commit(tx).await.unwrap();
+        assert_eq!(got, want);
+    }
+    assert_eq!(
+        f.conflict_count().await,
+        1,
+        "one conflict record, seen twice"
+    );
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store
+            .inbox_record(&mut tx, "c2", OrderingGuard::Off, &e)
+            .await
+            .unwrap(),
+        InboxOutcome::New,
+        "another consumer records the event for itself"
+    );
+    store.commit(tx).await.unwrap();
+    assert_eq!(f.inbox_len().await, 2);
+    f.cleanup().await;
+}
+
+/// Two transactions recording the same event at once meet: exactly one sees `New`.
+pub async fn concurrent_records_of_one_event_give_one_new<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let e = incoming(Uuid::now_v7(), "a", 1, "{}");
+    let run = |store: F::Store, e: IncomingEvent| async move {
+        let mut tx = store.begin().await.unwrap();
+        let outcome = store
+            .inbox_record(&mut tx, "c", OrderingGuard::Off, &e)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.commit(tx).await.unwrap();
+        outcome
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(run(store.clone(), e.clone())),
+        tokio::spawn(run(store.clone(), e.clone()))
+    );
+    let mut outcomes = vec![a.unwrap(), b.unwrap()];
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    assert_eq!(outcomes, vec![InboxOutcome::Duplicate, InboxOutcome::New]);
+    f.cleanup().await;
+}
+
+/// The ordering guard: `Wait` absorbs older versions as stale and reports a gap (without
+/// moving the mark); `ApplyAnyway` applies across a gap.
+pub async fn ordering_guard_absorbs_stale_versions_and_reports_gaps<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let record = |guard: OrderingGuard, e: IncomingEvent, consumer: &'static str| {
+        let store = store.clone();
+        async move {
+            let mut tx = store.begin().await.unwrap();
+            let o = store
+                .inbox_record(&mut tx, consumer, guard, &e)
+                .await
+                .unwrap();
+            if matches!(o, InboxOutcome::Gap { .. }) {
+                store.rollback(tx).await.unwrap();
+            } else {
+                store.commit(tx).await.unwrap();
+            }
+            o
+        }
+    };
+    let v = |n: i64| incoming(Uuid::now_v7(), "agg", n, &format!("{{\"v\":{n}}}"));
+    assert_eq!(
+        record(OrderingGuard::Wait, v(2), "w").await,
+        InboxOutcome::Gap { last_applied: 0 },
+        "a first-seen aggregate must start at version 1"
+    );
+    assert_eq!(
+        record(OrderingGuard::Wait, v(1), "w").await,
+        InboxOutcome::New
+    );
+    assert_eq!(
+        record(OrderingGuard::Wait, v(2), "w").await,
+        InboxOutcome::New
+    );
+    assert_eq!(
+        record(OrderingGuard::Wait, v(1), "w").await,
+        InboxOutcome::Stale { last_applied: 2 }
+    );
+    assert_eq!(
+        record(OrderingGuard::Wait, v(4), "w").await,
+        InboxOutcome::Gap { last_applied: 2 }
+    );
+    assert_eq!(
+        record(OrderingGuard::ApplyAnyway, v(3), "a").await,
+        InboxOutcome::New
+    );
+    assert_eq!(
+        record(OrderingGuard::ApplyAnyway, v(1), "a").await,
+        InboxOutcome::Stale { last_applied: 3 }
+    );
+    f.cleanup().await;
+}
+
+/// Recording many events at once decides exactly as recording them one by one, ids repeated
+/// inside the batch included.
+pub async fn record_many_decides_as_record_one_by_one<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let known = incoming(Uuid::now_v7(), "k", 1, r#"{"k":1}"#);
+    let mut tx = store.begin().await.unwrap();
+    store
+        .inbox_record(&mut tx, "c", OrderingGuard::Off, &known)
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    let fresh = incoming(Uuid::now_v7(), "f", 1, r#"{"f":1}"#);
+    let clash = incoming(known.event_id, "k", 1, r#"{"k":2}"#);
+    let fresh_clash = incoming(fresh.event_id, "f", 1, r#"{"f":2}"#);
+    let batch = [&fresh, &known, &fresh, &clash, &fresh_clash];
+    let mut tx = store.begin().await.unwrap();
+    let got = store.inbox_record_many(&mut tx, "c", &batch).await.unwrap();
+    store.commit(tx).await.unwrap();
+    assert_eq!(
+        got,
+        vec![
+            InboxOutcome::New,
+            InboxOutcome::Duplicate,
+            InboxOutcome::Duplicate,
+            InboxOutcome::Conflict {
+                stored: known.fingerprint
+            },
+            InboxOutcome::Conflict {
+                stored: fresh.fingerprint
+            },
+        ]
+    );
+    assert_eq!(f.conflict_count().await, 2);
+    f.cleanup().await;
+}
+
+/// Consumer dead letters: written with the transaction, counted until resolved, handed back by
+/// a requeue least recently updated first, settled only while requeued.
+pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let raw = |n: i64| wire_message(&event_message(Uuid::now_v7(), "a", n, "{}"));
+    let (r1, r2) = (raw(1), raw(2));
+    let mut tx = store.begin().await.unwrap();
+    for r in [&r1, &r2] {
+        store
+            .consumer_dead_letter_insert(
+                &mut tx,
+                NewConsumerDeadLetter {
+                    consumer: "c",
+                    raw: r,
+                    event: None,
+                    error: "malformed: test",
+                    attempts: 3,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    assert_eq!(
+        store.consumer_dead_letter_count("c").await.unwrap(),
+        0,
+        "dropping the transaction rolled it back"
+    );
+    let mut tx = store.begin().await.unwrap();
+    for r in [&r1, &r2] {
+        store
+            .consumer_dead_letter_insert(
+                &mut tx,
+                NewConsumerDeadLetter {
+                    consumer: "c",
+                    raw: r,
+                    event: None,
+                    error: "malformed: test",
+                    attempts: 3,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    store.commit(tx).await.unwrap();
+    assert_eq!(store.consumer_dead_letter_count("c").await.unwrap(), 2);
+    assert_eq!(store.consumer_dead_letter_count("other").await.unwrap(), 0);
+    let letters = f.consumer_dead_letters("c").await;
+    assert_eq!(letters.len(), 2);
+    assert!(letters.iter().all(|d| d.state == "dead" && d.attempts == 3));
+
+    // Nothing is requeued yet.
+    let mut tx = store.begin().await.unwrap();
+    assert!(
+        store
+            .consumer_dead_letter_take_requeued(&mut tx, "c", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store.rollback(tx).await.unwrap();
+    assert_eq!(f.requeue_consumer_dead_letters("c").await, 2);
+
+    // The first one taken is tried and is still waiting: it goes to the back.
+    let mut tx = store.begin().await.unwrap();
+    let first = store
+        .consumer_dead_letter_take_requeued(&mut tx, "c", 1)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].raw, r1, "the raw message is kept as received");
+    store
+        .consumer_dead_letter_settle(
+            &mut tx,
+            first[0].id,
+            ConsumerDeadLetterState::Requeued,
+            None,
+        )
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let next = store
+        .consumer_dead_letter_take_requeued(&mut tx, "c", 1)
+        .await
+        .unwrap();
+    assert_eq!(next[0].raw, r2, "least recently updated first");
+    store
+        .consumer_dead_letter_settle(&mut tx, next[0].id, ConsumerDeadLetterState::Resolved, None)
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    // A settle of a letter that is no longer requeued changes nothing.
+    let mut tx = store.begin().await.unwrap();
+    store
+        .consumer_dead_letter_settle(
+            &mut tx,
+            next[0].id,
+            ConsumerDeadLetterState::Dead,
+            Some("late"),
+        )
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    assert_eq!(store.consumer_dead_letter_count("c").await.unwrap(), 1);
+    let letters = f.consumer_dead_letters("c").await;
+    let resolved = letters.iter().find(|d| d.id == next[0].id).unwrap();
+    assert_eq!(
+        (resolved.state.as_str(), resolved.attempts),
+        ("resolved", 4)
+    );
+    f.cleanup().await;
+}
+
+async fn enqueue_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
+    let store = f.store();
+    let before: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
+    let mut tx = store.begin().await.unwrap();
+    f.enqueue_work_item(
+        &mut tx,
+        &NewWorkItem {
+            kind: "payout".into(),
+            idempotency_key: key.into(),
+            payload: serde_json::json!({"key": key}),
+            event_id: None,
+            consumer_name: Some("c".into()),
+        },
+    )
+    .await
+    .unwrap();
+    store.commit(tx).await.unwrap();
+    f.work_items()
+        .await
+        .into_iter()
+        .map(|w| w.id)
+        .find(|id| !before.contains(id))
+        .expect("a new work item")
+}
+
+/// Work items: a claim takes each due item once and counts the attempt; records are fenced by
+/// token and claimed state; an expired call lease goes to `unknown`, never back to `pending`;
+/// the backlog counts the open states.
+pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let a = enqueue_item(&f, "k-a").await;
+    let b = enqueue_item(&f, "k-b").await;
+    let params = |purpose| WorkItemClaimParams {
+        kind: "payout",
+        purpose,
+        limit: 10,
+        lease: Duration::from_secs(30),
+    };
+    let other_kind = store
+        .work_item_claim(WorkItemClaimParams {
+            kind: "refund",
+            ..params(ClaimPurpose::Call)
+        })
+        .await
+        .unwrap();
+    assert!(other_kind.is_empty(), "a claim takes only its kind");
+    let claimed = store
+        .work_item_claim(params(ClaimPurpose::Call))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(claimed.iter().all(|c| c.item.attempts == 1));
+    assert_ne!(
+        claimed[0].token, claimed[1].token,
+        "one token per claimed item"
+    );
+    assert!(
+        store
+            .work_item_claim(params(ClaimPurpose::Call))
+            .await
+            .unwrap()
+            .is_empty(),
+        "in progress items are not claimed again"
+    );
+    let backlog = store.work_item_backlog(Some("payout")).await.unwrap();
+    assert_eq!((backlog.pending, backlog.in_progress), (0, 2));
+
+    let ca = claimed.iter().find(|c| c.item.id == a).unwrap();
+    let cb = claimed.iter().find(|c| c.item.id == b).unwrap();
+    let done = WorkItemUpdate::Succeeded {
+        reference: "ref-a".into(),
+    };
+    let record = |c: &outbox_core::effect::ClaimedWorkItem, token, update| WorkItemRecordParams {
+        id: c.item.id,
+        token,
+        claimed_in: WorkItemState::InProgress,
+        update,
+        lookups_add: 0,
+    };
+    assert!(
+        !store
+            .work_item_record(record(ca, cb.token, &done))
+            .await
+            .unwrap(),
+        "another claim's token is refused"
+    );
+    assert!(
+        store
+            .work_item_record(record(ca, ca.token, &done))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .work_item_record(record(ca, ca.token, &done))
+            .await
+            .unwrap(),
+        "a second record of the same claim is refused"
+    );
+    let a_view = f.work_item(a).await;
+    assert_eq!(
+        (a_view.state, a_view.reference.as_deref()),
+        (WorkItemState::Succeeded, Some("ref-a"))
+    );
+
+    // b's executor stalls past its lease: expiry makes it unknown, and its late record fails.
+    f.expire_work_item_leases().await;
+    let expired = store
+        .work_item_expire("payout", Duration::ZERO, "lease expired")
+        .await
+        .unwrap();
+    assert_eq!(expired, vec![b]);
+    assert!(
+        !store
+            .work_item_record(record(cb, cb.token, &done))
+            .await
+            .unwrap(),
+        "the stale executor cannot record"
+    );
+    let b_view = f.work_item(b).await;
+    assert_eq!(b_view.state, WorkItemState::Unknown);
+    assert_eq!(b_view.last_error.as_deref(), Some("lease expired"));
+    let backlog = store.work_item_backlog(Some("payout")).await.unwrap();
+    assert_eq!((backlog.unknown, backlog.in_progress), (1, 0));
+    assert!(backlog.oldest_unknown_age.is_some());
+
+    // A lookup lease keeps the state and counts the lookup when recorded.
+    let looked = store
+        .work_item_claim(params(ClaimPurpose::Lookup))
+        .await
+        .unwrap();
+    assert_eq!(looked.len(), 1);
+    assert_eq!(looked[0].item.attempts, 1, "a lookup is not an attempt");
+    let pending_again = WorkItemUpdate::Pending {
+        reason: "not found".into(),
+        delay: Duration::from_secs(60),
+    };
+    assert!(
+        store
+            .work_item_record(WorkItemRecordParams {
+                id: b,
+                token: looked[0].token,
+                claimed_in: WorkItemState::Unknown,
+                update: &pending_again,
+                lookups_add: 1,
+            })
+            .await
+            .unwrap()
+    );
+    let b_view = f.work_item(b).await;
+    assert_eq!((b_view.state, b_view.lookups), (WorkItemState::Pending, 1));
+    assert!(
+        store
+            .work_item_claim(params(ClaimPurpose::Call))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due before its delay"
+    );
+    f.age_work_items(Duration::from_secs(120)).await;
+    assert_eq!(
+        store
+            .work_item_claim(params(ClaimPurpose::Call))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    f.cleanup().await;
+}
+
+/// Maintenance: one session at a time is elected; leadership moves when the leader's session
+/// ends; each job deletes only what is older than its limit, in batches.
+pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let mut a = store.maintenance_session().await.unwrap();
+    let mut b = store.maintenance_session().await.unwrap();
+    assert!(store.maintainer_elect(&mut a).await.unwrap());
+    assert!(
+        store.maintainer_elect(&mut a).await.unwrap(),
+        "still the leader"
+    );
+    assert!(!store.maintainer_elect(&mut b).await.unwrap());
+
+    for n in 0..5 {
+        let mut tx = store.begin().await.unwrap();
+        let e = incoming(Uuid::now_v7(), &format!("o{n}"), 1, "{}");
+        store
+            .inbox_record(&mut tx, "c", OrderingGuard::Off, &e)
+            .await
+            .unwrap();
+        store.commit(tx).await.unwrap();
+    }
+    f.age_inbox(Duration::from_secs(3 * 86_400)).await;
+    let young = incoming(Uuid::now_v7(), "y", 1, "{}");
+    let mut tx = store.begin().await.unwrap();
+    store
+        .inbox_record(&mut tx, "c", OrderingGuard::Off, &young)
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    let keep = Duration::from_secs(2 * 86_400);
+    assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 3);
+    assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 2);
+    assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 0);
+    assert_eq!(f.inbox_len().await, 1, "the young identity stays");
+
+    let ok = enqueue_item(&f, "old-ok").await;
+    let pending = enqueue_item(&f, "old-pending").await;
+    let claimed = store
+        .work_item_claim(WorkItemClaimParams {
+            kind: "payout",
+            purpose: ClaimPurpose::Call,
+            limit: 1,
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].item.id, ok);
+    store
+        .work_item_record(WorkItemRecordParams {
+            id: ok,
+            token: claimed[0].token,
+            claimed_in: WorkItemState::InProgress,
+            update: &WorkItemUpdate::Succeeded {
+                reference: "r".into(),
+            },
+            lookups_add: 0,
+        })
+        .await
+        .unwrap();
+    let week = Duration::from_secs(7 * 86_400);
+    assert_eq!(store.work_item_purge(&mut a, week, 10).await.unwrap(), 0);
+    f.age_work_items(week * 2).await;
+    assert_eq!(store.work_item_purge(&mut a, week, 10).await.unwrap(), 1);
+    let left: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
+    assert_eq!(
+        left,
+        vec![pending],
+        "only the old succeeded item is deleted"
+    );
+
+    f.enqueue(vec![msg("l", 1)]).await;
+    let c = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(c.messages.len(), 1);
+    assert_eq!(f.relay_lease_count().await, 1);
+    let ten_minutes = Duration::from_secs(600);
+    assert_eq!(store.lease_reap(&mut a, ten_minutes, 10).await.unwrap(), 0);
+    f.age_relay_leases(Duration::from_secs(3600)).await;
+    assert_eq!(store.lease_reap(&mut a, ten_minutes, 10).await.unwrap(), 1);
+    assert_eq!(f.relay_lease_count().await, 0);
+
+    drop(a);
+    let mut moved = false;
+    for _ in 0..50 {
+        if store.maintainer_elect(&mut b).await.unwrap() {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(moved, "leadership moves when the leader's session ends");
+    f.cleanup().await;
+}
+
+/// Expands to one `#[tokio::test]` per case of the store conformance suite for the
+/// [`StoreFixture`] `$fixture`.
+#[macro_export]
+macro_rules! store_suite {
+    ($fixture:ty) => {
+        $crate::store_suite!(@cases $fixture;
+            claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_time,
+            a_stale_worker_cannot_settle_after_another_took_over,
+            dead_letters_and_backoff_park_only_their_aggregate,
+            a_late_commit_is_claimed_after_later_ones,
+            a_claimed_row_is_what_the_producer_wrote,
+            inbox_absorbs_duplicates_and_records_conflicts,
+            concurrent_records_of_one_event_give_one_new,
+            ordering_guard_absorbs_stale_versions_and_reports_gaps,
+            record_many_decides_as_record_one_by_one,
+            consumer_dead_letters_are_kept_requeued_and_settled,
+            work_items_are_claimed_once_and_recorded_under_their_lease,
+            maintenance_is_elected_and_deletes_only_old_rows,
+        );
+    };
+    (@cases $fixture:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::store::$case::<$fixture>().await;
+            }
+        )*
+    };
+}
