@@ -1,0 +1,71 @@
+//! What every backend harness provides, and the runner that gives each case a fresh harness and
+//! removes its broker resources afterwards, whether the case passed, failed or panicked.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt as _;
+
+/// The part common to every harness: one test's private broker resources (stream, subjects,
+/// exchange, queue ...), created when the harness is built.
+pub trait Harness: Send + Sync + 'static {
+    /// `host:port` of the real broker, the upstream of a [`Proxy`](crate::net::Proxy).
+    fn broker_addr(&self) -> String;
+
+    /// Deletes this harness's broker resources.
+    ///
+    /// # Errors
+    /// When the broker refused or could not be reached; the test then fails.
+    fn cleanup(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// Builds a harness with `start`, runs `case` on it, then [`Harness::cleanup`]s, and fails the
+/// test (panics) with the case's error, its panic, or the cleanup's error.
+///
+/// A harness that cannot be built (the service is down) fails the test too: tests never skip.
+pub async fn run<H, C>(start: impl Future<Output = anyhow::Result<H>>, case: C)
+where
+    H: Harness,
+    C: AsyncFnOnce(&H) -> anyhow::Result<()>,
+{
+    let harness = match start.await {
+        Ok(harness) => harness,
+        Err(e) => panic!("cannot set up the test harness: {e:#}"),
+    };
+    let outcome = AssertUnwindSafe(case(&harness)).catch_unwind().await;
+    let cleaned = harness.cleanup().await;
+    match outcome {
+        Ok(Ok(())) => {
+            if let Err(e) = cleaned {
+                panic!("the case passed, but cleaning up its broker resources failed: {e:#}");
+            }
+        }
+        Ok(Err(e)) => {
+            if let Err(c) = cleaned {
+                eprintln!("cleaning up after the failure failed too: {c:#}");
+            }
+            panic!("{e:?}");
+        }
+        Err(panic) => {
+            if let Err(c) = cleaned {
+                eprintln!("cleaning up after the panic failed too: {c:#}");
+            }
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+/// Expands to one `#[tokio::test]` per case of suite module `$suite`, each running the case on
+/// a fresh harness from `$start` with [`run`]. Used by the suite macros.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($suite:ident, $start:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::harness::run($start(), $crate::$suite::$case).await;
+            }
+        )+
+    };
+}
