@@ -44,7 +44,7 @@ where
             if let Err(c) = cleaned {
                 eprintln!("cleaning up after the failure failed too: {c:#}");
             }
-            panic!("{e:?}");
+            panic!("{e:#}");
         }
         Err(panic) => {
             if let Err(c) = cleaned {
