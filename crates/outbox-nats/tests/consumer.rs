@@ -16,12 +16,12 @@ use outbox_nats::{NatsConsumerConfig, NatsConsumerError, NatsSource};
 use outbox_testkit::harness::run;
 use outbox_testkit::message;
 use outbox_testkit::source::{SourceSettings, ack_all, receive};
+use outbox_testkit::transport::TransportHarness as _;
 
 fn consumer_config(fx: &Fixture, ack_wait_secs: u64) -> NatsConsumerConfig {
-    fx.consumer_config(&SourceSettings {
-        ack_wait: Duration::from_secs(ack_wait_secs),
-        ..SourceSettings::default()
-    })
+    fx.consumer_config(&SourceSettings::with_ack_wait(Duration::from_secs(
+        ack_wait_secs,
+    )))
 }
 
 async fn source(fx: &Fixture, ack_wait_secs: u64) -> anyhow::Result<NatsSource> {

@@ -16,6 +16,7 @@ use outbox_nats::async_nats::jetstream;
 use outbox_nats::{NatsConfig, NatsConnectError, NatsTransport};
 use outbox_testkit::harness::run;
 use outbox_testkit::message::{self, TRACEPARENT};
+use outbox_testkit::transport::TransportHarness as _;
 
 /// The subject comes from the template with each value made a token; every header is spelled
 /// as the crate documents it, `ce-` values percent-encoded.

@@ -15,7 +15,7 @@ use lapin::types::FieldTable;
 use outbox_core::Transport;
 use outbox_core::consumer::{Delivery, DeliverySource, SourceErrorKind};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitConsumerError, RabbitSource};
-use outbox_testkit::harness::run;
+use outbox_testkit::harness::{Harness as _, run};
 use outbox_testkit::message;
 use outbox_testkit::net::Proxy;
 use outbox_testkit::source::{SourceSettings, event_of, receive_one};
@@ -34,6 +34,18 @@ fn existing_queue(fx: &Fixture) -> RabbitConsumerConfig {
 
 async fn connect(url: &str, config: RabbitConsumerConfig) -> Result<RabbitSource> {
     Ok(RabbitSource::connect(url, config).await?)
+}
+
+/// Declares `fx`'s source queue (durable, no arguments), then consumes it from `url`.
+async fn on_declared_queue(
+    fx: &Fixture,
+    url: &str,
+    config: RabbitConsumerConfig,
+) -> Result<RabbitSource> {
+    fx.admin
+        .queue(&fx.source_queue, FieldTable::default())
+        .await?;
+    connect(url, config).await
 }
 
 /// On a quorum queue the count comes from the broker's `x-delivery-count`, so it holds for a
@@ -75,10 +87,8 @@ async fn quorum_queue_delivery_count_comes_from_the_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nack_waits_at_most_the_requeue_delay_cap() {
     run(Fixture::start(), async |fx: &Fixture| {
-        fx.admin
-            .queue(&fx.source_queue, FieldTable::default())
-            .await?;
-        let mut source = connect(
+        let mut source = on_declared_queue(
+            fx,
             &amqp_url(),
             RabbitConsumerConfig {
                 requeue_delay_cap_ms: 300,
@@ -117,11 +127,9 @@ async fn nack_waits_at_most_the_requeue_delay_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_reconnect_loop_within_the_reconnect_delay() {
     run(Fixture::start(), async |fx: &Fixture| {
-        fx.admin
-            .queue(&fx.source_queue, FieldTable::default())
-            .await?;
-        let proxy = Proxy::start(outbox_testkit::harness::Harness::broker_addr(fx)).await?;
-        let mut source = connect(
+        let proxy = Proxy::start(fx.broker_addr()?).await?;
+        let mut source = on_declared_queue(
+            fx,
             &proxy.url(&amqp_url())?,
             RabbitConsumerConfig {
                 reconnect_min_delay_ms: 2000,
@@ -276,10 +284,8 @@ async fn connect_fails_fast_and_clearly() {
 async fn binding_routes_the_exchange_into_an_existing_queue() {
     run(Fixture::start(), async |fx: &Fixture| {
         let transport = fx.transport_with(fx.config()).await?;
-        fx.admin
-            .queue(&fx.source_queue, FieldTable::default())
-            .await?;
-        let mut source = connect(
+        let mut source = on_declared_queue(
+            fx,
             &amqp_url(),
             RabbitConsumerConfig {
                 bind_exchange: Some(fx.exchange.clone()),

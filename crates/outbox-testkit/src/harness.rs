@@ -9,8 +9,17 @@ use futures::FutureExt as _;
 /// The part common to every harness: one test's private broker resources (stream, subjects,
 /// exchange, queue ...), created when the harness is built.
 pub trait Harness: Send + Sync + 'static {
-    /// `host:port` of the real broker, the upstream of a [`Proxy`](crate::net::Proxy).
-    fn broker_addr(&self) -> String;
+    /// The address of the real broker, e.g. [`env::NATS`](crate::env::NATS)`.url()`.
+    fn broker_url(&self) -> String;
+
+    /// `host:port` of [`Harness::broker_url`], the upstream of a
+    /// [`Proxy`](crate::net::Proxy).
+    ///
+    /// # Errors
+    /// When the URL names no host and port.
+    fn broker_addr(&self) -> anyhow::Result<String> {
+        crate::env::host_port(&self.broker_url())
+    }
 
     /// Deletes this harness's broker resources.
     ///

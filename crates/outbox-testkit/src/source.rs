@@ -56,6 +56,16 @@ pub struct SourceSettings {
     pub max_message_bytes: usize,
 }
 
+impl SourceSettings {
+    /// The defaults with another ack wait.
+    pub fn with_ack_wait(ack_wait: Duration) -> Self {
+        Self {
+            ack_wait,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for SourceSettings {
     /// Ack wait 30 s, 256 unacknowledged, 1 MiB bodies.
     fn default() -> Self {
@@ -113,19 +123,39 @@ pub trait SourceHarness: Harness {
     /// The source under test.
     type Source: DeliverySource;
 
-    /// A new source, with its own connection, consuming as `settings` say.
-    fn source(
+    /// A new source, with its own connection to the broker at `url` (the broker's own, or a
+    /// [`Proxy`]'s), consuming as `settings` say, and reconnecting quickly (within a second or
+    /// two) after a lost connection.
+    fn source_at(
         &self,
+        url: &str,
         settings: &SourceSettings,
     ) -> impl Future<Output = anyhow::Result<Self::Source>> + Send;
 
-    /// Like [`SourceHarness::source`], connected through `proxy` (see [`Proxy::url`]) and
-    /// reconnecting quickly (within a second or two) once it is restored.
+    /// A source connected straight to the broker.
+    fn source(
+        &self,
+        settings: &SourceSettings,
+    ) -> impl Future<Output = anyhow::Result<Self::Source>> + Send {
+        async move {
+            let url = self.broker_url();
+            self.source_at(&url, settings).await
+        }
+    }
+
+    /// A source whose connection goes through `proxy`.
     fn source_through(
         &self,
         proxy: &Proxy,
         settings: &SourceSettings,
-    ) -> impl Future<Output = anyhow::Result<Self::Source>> + Send;
+    ) -> impl Future<Output = anyhow::Result<Self::Source>> + Send {
+        async move {
+            let url = proxy.url(&self.broker_url())?;
+            self.source_at(&url, settings)
+                .await
+                .context("connecting through the proxy")
+        }
+    }
 
     /// Publishes `message` with the backend's transport, in the wire format, to where the
     /// sources read; returns once the broker acknowledged it. The sources see it only once one
@@ -344,6 +374,52 @@ fn check_count<D: Delivery>(
     Ok(())
 }
 
+/// Publishes one event of `aggregate` and receives it on `source`: its first delivery,
+/// counted 1.
+async fn publish_and_receive<H: SourceHarness>(
+    h: &H,
+    source: &mut H::Source,
+    aggregate: &str,
+) -> anyhow::Result<(OutboxMessage, <H::Source as DeliverySource>::Delivery)> {
+    let msg = message::event(aggregate, 1, &b"{\"n\":1}"[..]);
+    h.publish(&msg).await?;
+    let first = receive_one(source, DELIVERY_WITHIN).await?;
+    is_again(&h.capabilities(), &first, &msg, 1, "first delivery")?;
+    Ok((msg, first))
+}
+
+/// Checks that `d` is `msg` delivered for the `count`th time (where the backend counts).
+fn is_again<D: Delivery>(
+    caps: &SourceCapabilities,
+    d: &D,
+    msg: &OutboxMessage,
+    count: u32,
+    when: &str,
+) -> anyhow::Result<()> {
+    ensure!(
+        event_of(d)?.event_id == msg.event_id,
+        "{when}: {} came instead of event {}",
+        describe(d),
+        msg.event_id
+    );
+    check_count(caps, d, count, when)
+}
+
+/// Acknowledges `d`, then checks that nothing comes again (not even after the ack wait) and
+/// that lag is 0.
+async fn ack_and_expect_it_gone<S: DeliverySource>(
+    source: &mut S,
+    d: S::Delivery,
+    caps: &SourceCapabilities,
+    settings: &SourceSettings,
+) -> anyhow::Result<()> {
+    d.ack().await.context("ack")?;
+    expect_nothing(source, settings.ack_wait + Duration::from_secs(1))
+        .await
+        .context("after the ack")?;
+    check_lag(source, caps, 0, 0, "all acknowledged").await
+}
+
 /// Checks `lag` against `waiting` undelivered and `unacked` delivered, unacknowledged messages,
 /// as the backend counts them.
 async fn check_lag<S: DeliverySource>(
@@ -380,10 +456,7 @@ pub async fn delivered_event_is_decoded_and_gone_once_acked<H: SourceHarness>(
     h: &H,
 ) -> anyhow::Result<()> {
     let caps = h.capabilities();
-    let settings = SourceSettings {
-        ack_wait: Duration::from_secs(1),
-        ..SourceSettings::default()
-    };
+    let settings = SourceSettings::with_ack_wait(Duration::from_secs(1));
     let mut source = h.source(&settings).await?;
     let msg = message::rich();
     h.publish(&msg).await?;
@@ -416,11 +489,7 @@ pub async fn delivered_event_is_decoded_and_gone_once_acked<H: SourceHarness>(
         source.decode(raw)
     );
 
-    d.ack().await.context("ack")?;
-    expect_nothing(&mut source, settings.ack_wait + Duration::from_secs(1))
-        .await
-        .context("after the ack")?;
-    check_lag(&mut source, &caps, 0, 0, "all acknowledged").await?;
+    ack_and_expect_it_gone(&mut source, d, &caps, &settings).await?;
     drop(source);
     let mut restarted = h.source(&settings).await?;
     expect_nothing(&mut restarted, Duration::from_secs(1))
@@ -436,17 +505,9 @@ pub async fn delivered_event_is_decoded_and_gone_once_acked<H: SourceHarness>(
 /// The first broken expectation.
 pub async fn dropped_delivery_is_delivered_again<H: SourceHarness>(h: &H) -> anyhow::Result<()> {
     let caps = h.capabilities();
-    let settings = SourceSettings {
-        ack_wait: Duration::from_secs(1),
-        ..SourceSettings::default()
-    };
+    let settings = SourceSettings::with_ack_wait(Duration::from_secs(1));
     let mut source = h.source(&settings).await?;
-    let msg = message::event("dropped", 1, &b"{\"n\":1}"[..]);
-    h.publish(&msg).await?;
-
-    let first = receive_one(&mut source, DELIVERY_WITHIN).await?;
-    check_count(&caps, &first, 1, "first delivery")?;
-    ensure!(event_of(&first)?.event_id == msg.event_id, "another event");
+    let (msg, first) = publish_and_receive(h, &mut source, "dropped").await?;
     let delivered = Instant::now();
     drop(first);
 
@@ -466,16 +527,8 @@ pub async fn dropped_delivery_is_delivered_again<H: SourceHarness>(h: &H) -> any
         }
         Redelivery::AtOnce => receive_one(&mut source, DELIVERY_WITHIN).await?,
     };
-    ensure!(
-        event_of(&again)?.event_id == msg.event_id,
-        "another event came instead of the dropped one"
-    );
-    check_count(&caps, &again, 2, "after the drop")?;
-    again.ack().await.context("ack")?;
-    expect_nothing(&mut source, settings.ack_wait + Duration::from_secs(1))
-        .await
-        .context("after the ack")?;
-    check_lag(&mut source, &caps, 0, 0, "all acknowledged").await
+    is_again(&caps, &again, &msg, 2, "after the drop")?;
+    ack_and_expect_it_gone(&mut source, again, &caps, &settings).await
 }
 
 /// A consumer crashes while holding an unacknowledged delivery (its source and delivery vanish
@@ -488,25 +541,15 @@ pub async fn crashed_consumer_leaves_its_delivery_to_the_next<H: SourceHarness>(
     h: &H,
 ) -> anyhow::Result<()> {
     let caps = h.capabilities();
-    let settings = SourceSettings {
-        ack_wait: Duration::from_secs(1),
-        ..SourceSettings::default()
-    };
+    let settings = SourceSettings::with_ack_wait(Duration::from_secs(1));
     let mut crashing = h.source(&settings).await?;
-    let msg = message::event("crashed", 1, &b"{\"n\":1}"[..]);
-    h.publish(&msg).await?;
-    let held = receive_one(&mut crashing, DELIVERY_WITHIN).await?;
-    check_count(&caps, &held, 1, "first delivery")?;
+    let (msg, held) = publish_and_receive(h, &mut crashing, "crashed").await?;
     drop(crashing);
     drop(held);
 
     let mut next = h.source(&settings).await?;
     let again = receive_one(&mut next, DELIVERY_WITHIN + settings.ack_wait).await?;
-    ensure!(
-        event_of(&again)?.event_id == msg.event_id,
-        "another event came instead of the crashed consumer's"
-    );
-    check_count(&caps, &again, 2, "at the next consumer")?;
+    is_again(&caps, &again, &msg, 2, "at the next consumer")?;
     again.ack().await.context("ack")?;
     drop(next);
     let mut third = h.source(&settings).await?;
@@ -524,11 +567,7 @@ pub async fn nack_delivers_again_after_its_delay<H: SourceHarness>(h: &H) -> any
     let caps = h.capabilities();
     let settings = SourceSettings::default();
     let mut source = h.source(&settings).await?;
-    let msg = message::event("nacked", 1, &b"{\"n\":1}"[..]);
-    h.publish(&msg).await?;
-
-    let first = receive_one(&mut source, DELIVERY_WITHIN).await?;
-    check_count(&caps, &first, 1, "first delivery")?;
+    let (msg, first) = publish_and_receive(h, &mut source, "nacked").await?;
     let delay = Duration::from_millis(500);
     let nacked = Instant::now();
     first.nack(delay).await.context("nack")?;
@@ -539,13 +578,11 @@ pub async fn nack_delivers_again_after_its_delay<H: SourceHarness>(h: &H) -> any
         "nack({delay:?}) delivered again after {after:?} (the ack wait is {:?})",
         settings.ack_wait
     );
-    ensure!(event_of(&second)?.event_id == msg.event_id, "another event");
-    check_count(&caps, &second, 2, "after nack with a delay")?;
+    is_again(&caps, &second, &msg, 2, "after nack with a delay")?;
 
     second.nack(Duration::ZERO).await.context("nack(0)")?;
     let third = receive_one(&mut source, DELIVERY_WITHIN).await?;
-    ensure!(event_of(&third)?.event_id == msg.event_id, "another event");
-    check_count(&caps, &third, 3, "after nack(0)")?;
+    is_again(&caps, &third, &msg, 3, "after nack(0)")?;
     third.ack().await.context("ack")?;
     check_lag(&mut source, &caps, 0, 0, "all acknowledged").await
 }
@@ -870,17 +907,10 @@ pub async fn connection_loss_keeps_unacknowledged_deliveries<H: SourceHarness>(
     h: &H,
 ) -> anyhow::Result<()> {
     let caps = h.capabilities();
-    let settings = SourceSettings {
-        ack_wait: Duration::from_secs(2),
-        ..SourceSettings::default()
-    };
-    let proxy = Proxy::start(h.broker_addr()).await?;
+    let settings = SourceSettings::with_ack_wait(Duration::from_secs(2));
+    let proxy = Proxy::start(h.broker_addr()?).await?;
     let mut source = h.source_through(&proxy, &settings).await?;
-    let lost = message::event("loss", 1, &b"{\"n\":1}"[..]);
-    h.publish(&lost).await?;
-    let held = receive_one(&mut source, DELIVERY_WITHIN).await?;
-    ensure!(event_of(&held)?.event_id == lost.event_id, "another event");
-    check_count(&caps, &held, 1, "first delivery")?;
+    let (lost, held) = publish_and_receive(h, &mut source, "loss").await?;
 
     proxy.cut();
     let cut = Instant::now();

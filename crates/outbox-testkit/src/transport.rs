@@ -95,15 +95,12 @@ pub trait TransportHarness: Harness {
     /// The transport under test.
     type Transport: Transport;
 
-    /// A transport on this harness's resources, connected straight to the broker.
-    fn transport(&self) -> impl Future<Output = anyhow::Result<Self::Transport>> + Send;
-
-    /// A transport on the same resources whose connections go through `proxy` (see
-    /// [`Proxy::url`]), with short timeouts: during an outage a publish must fail within a few
-    /// seconds (well within [`OUTAGE_ERROR_WITHIN`]).
-    fn transport_through(
+    /// A transport on this harness's resources, connected to the broker at `url` (the
+    /// broker's own, or a [`Proxy`]'s) with `timeouts`.
+    fn transport_at(
         &self,
-        proxy: &Proxy,
+        url: &str,
+        timeouts: Timeouts,
     ) -> impl Future<Output = anyhow::Result<Self::Transport>> + Send;
 
     /// The messages stored since the previous call, in the order the broker stored them, read
@@ -112,6 +109,38 @@ pub trait TransportHarness: Harness {
 
     /// What the transport refuses (may ask the broker for its limits).
     fn capabilities(&self) -> impl Future<Output = anyhow::Result<TransportCapabilities>> + Send;
+
+    /// A transport connected straight to the broker, with [`Timeouts::Normal`].
+    fn transport(&self) -> impl Future<Output = anyhow::Result<Self::Transport>> + Send {
+        async move {
+            let url = self.broker_url();
+            self.transport_at(&url, Timeouts::Normal).await
+        }
+    }
+
+    /// A transport whose connections go through `proxy`, with [`Timeouts::Short`].
+    fn transport_through(
+        &self,
+        proxy: &Proxy,
+    ) -> impl Future<Output = anyhow::Result<Self::Transport>> + Send {
+        async move {
+            let url = proxy.url(&self.broker_url())?;
+            self.transport_at(&url, Timeouts::Short)
+                .await
+                .context("connecting through the proxy")
+        }
+    }
+}
+
+/// How long a transport waits before it gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeouts {
+    /// The backend's usual settings, with acknowledgement timeouts of several seconds (refusals
+    /// must still come within [`PROMPT`]).
+    Normal,
+    /// For outages: a publish that gets no acknowledgement fails within a few seconds (well
+    /// within [`OUTAGE_ERROR_WITHIN`]), and reconnect attempts are not held back for long.
+    Short,
 }
 
 /// Runs every transport case as its own `#[tokio::test]`, each on a fresh harness from
@@ -188,6 +217,27 @@ pub fn check_received(got: &Received, message: &OutboxMessage) -> anyhow::Result
     Ok(())
 }
 
+/// Takes what arrived and checks that it is exactly `expected`, in that order.
+///
+/// # Errors
+/// Naming the first difference.
+pub async fn expect_stored<H: TransportHarness>(
+    h: &H,
+    expected: &[&OutboxMessage],
+) -> anyhow::Result<()> {
+    let arrived = h.take_arrived().await?;
+    ensure!(
+        arrived.len() == expected.len(),
+        "{} messages stored; exactly the {} acknowledged ones may be",
+        arrived.len(),
+        expected.len()
+    );
+    for (got, message) in arrived.iter().zip(expected) {
+        check_received(got, message)?;
+    }
+    Ok(())
+}
+
 /// A destination for messages: long ones are shortened.
 fn shown(destination: &str) -> String {
     if destination.len() > 40 {
@@ -221,13 +271,7 @@ pub async fn publish_is_stored_with_the_event_id_and_attributes<H: TransportHarn
         "a first publish was reported as a duplicate"
     );
     ensure!(msg == before, "publish altered the message");
-    let arrived = h.take_arrived().await?;
-    ensure!(
-        arrived.len() == 1,
-        "{} messages stored right after one acknowledged publish",
-        arrived.len()
-    );
-    check_received(&arrived[0], &msg)
+    expect_stored(h, &[&msg]).await
 }
 
 /// A republish (the relay's retry after a crash) carries the same event id and byte-identical
@@ -375,19 +419,8 @@ pub async fn oversize_is_too_large_and_the_next_publish_works<H: TransportHarnes
             caps.largest_accepted_payload
         )
     })?;
-    let small = message::event("oversize", 101, &b"{}"[..]);
-    transport
-        .publish(&small)
-        .await
-        .context("the publish after the refused ones")?;
-    let arrived = h.take_arrived().await?;
-    ensure!(
-        arrived.len() == 2,
-        "{} messages stored; only the 2 accepted ones may be",
-        arrived.len()
-    );
-    check_received(&arrived[0], &fits)?;
-    check_received(&arrived[1], &small)
+    let small = publish_after_refusals(&transport, "oversize").await?;
+    expect_stored(h, &[&fits, &small]).await
 }
 
 /// Each refused destination fails with the kind the backend documents, within [`PROMPT`]
@@ -434,18 +467,22 @@ pub async fn refused_destinations_and_reserved_headers_fail_as_documented<H: Tra
             }
         }
     }
-    let ok = message::event("refused", 2, &b"{}"[..]);
+    let ok = publish_after_refusals(&transport, "refused").await?;
+    expect_stored(h, &[&ok]).await
+}
+
+/// Publishes a small event of `aggregate` (version 1000) after refused publishes: the
+/// transport must still work.
+async fn publish_after_refusals<T: Transport>(
+    transport: &T,
+    aggregate: &str,
+) -> anyhow::Result<OutboxMessage> {
+    let ok = message::event(aggregate, 1000, &b"{}"[..]);
     transport
         .publish(&ok)
         .await
         .context("the publish after the refused ones")?;
-    let arrived = h.take_arrived().await?;
-    ensure!(
-        arrived.len() == 1,
-        "{} messages stored; only the last, accepted one may be",
-        arrived.len()
-    );
-    check_received(&arrived[0], &ok)
+    Ok(ok)
 }
 
 /// The broker becomes unreachable with its connections closed (crash, restart, network
@@ -491,7 +528,7 @@ pub enum Outage {
 /// The first broken expectation.
 pub async fn outage<H: TransportHarness>(h: &H, outage: Outage) -> anyhow::Result<()> {
     let caps = h.capabilities().await?;
-    let proxy = Proxy::start(h.broker_addr()).await?;
+    let proxy = Proxy::start(h.broker_addr()?).await?;
     let transport = h.transport_through(&proxy).await?;
     let before = message::event("outage", 1, &b"{\"n\":1}"[..]);
     transport

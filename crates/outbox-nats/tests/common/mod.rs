@@ -20,13 +20,12 @@ use outbox_nats::{
     CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, NatsConfig, NatsConsumerConfig, NatsSource,
     NatsTransport,
 };
-use outbox_testkit::env::{self, NATS};
+use outbox_testkit::env::NATS;
 use outbox_testkit::harness::Harness;
-use outbox_testkit::net::Proxy;
 use outbox_testkit::source::{
     LagCounts, Redelivery, SourceCapabilities, SourceHarness, SourceSettings,
 };
-use outbox_testkit::transport::{Received, TransportCapabilities, TransportHarness};
+use outbox_testkit::transport::{Received, Timeouts, TransportCapabilities, TransportHarness};
 use tokio::sync::{Mutex, OnceCell};
 use uuid::Uuid;
 
@@ -88,10 +87,6 @@ impl Fixture {
             .map_err(|e| NATS.unreachable(e))
     }
 
-    pub async fn transport(&self) -> anyhow::Result<NatsTransport> {
-        self.transport_with(self.config()).await
-    }
-
     /// The consumer configuration for this fixture's stream and durable.
     pub fn consumer_config(&self, settings: &SourceSettings) -> NatsConsumerConfig {
         NatsConsumerConfig {
@@ -115,8 +110,8 @@ impl Fixture {
 }
 
 impl Harness for Fixture {
-    fn broker_addr(&self) -> String {
-        env::host_port(&nats_url()).expect("the NATS URL names a host and port")
+    fn broker_url(&self) -> String {
+        nats_url()
     }
 
     async fn cleanup(&self) -> anyhow::Result<()> {
@@ -190,18 +185,17 @@ fn received(message: jetstream::message::StreamMessage) -> anyhow::Result<Receiv
 impl TransportHarness for Fixture {
     type Transport = NatsTransport;
 
-    async fn transport(&self) -> anyhow::Result<NatsTransport> {
-        Fixture::transport(self).await
-    }
-
-    async fn transport_through(&self, proxy: &Proxy) -> anyhow::Result<NatsTransport> {
-        let config = NatsConfig {
-            ack_timeout_secs: 2,
-            ..self.config()
+    async fn transport_at(&self, url: &str, timeouts: Timeouts) -> anyhow::Result<NatsTransport> {
+        let config = match timeouts {
+            Timeouts::Normal => self.config(),
+            Timeouts::Short => NatsConfig {
+                ack_timeout_secs: 2,
+                ..self.config()
+            },
         };
-        NatsTransport::connect(&proxy.url(&nats_url())?, config)
+        NatsTransport::connect(url, config)
             .await
-            .context("connecting through the proxy")
+            .map_err(|e| NATS.unreachable(e))
     }
 
     async fn take_arrived(&self) -> anyhow::Result<Vec<Received>> {
@@ -265,22 +259,11 @@ impl TransportHarness for Fixture {
 impl SourceHarness for Fixture {
     type Source = NatsSource;
 
-    async fn source(&self, settings: &SourceSettings) -> anyhow::Result<NatsSource> {
+    async fn source_at(&self, url: &str, settings: &SourceSettings) -> anyhow::Result<NatsSource> {
         self.publisher().await?;
-        NatsSource::connect(&nats_url(), self.consumer_config(settings))
+        NatsSource::connect(url, self.consumer_config(settings))
             .await
             .map_err(|e| NATS.unreachable(e))
-    }
-
-    async fn source_through(
-        &self,
-        proxy: &Proxy,
-        settings: &SourceSettings,
-    ) -> anyhow::Result<NatsSource> {
-        self.publisher().await?;
-        NatsSource::connect(&proxy.url(&nats_url())?, self.consumer_config(settings))
-            .await
-            .context("connecting through the proxy")
     }
 
     async fn publish(&self, message: &OutboxMessage) -> anyhow::Result<()> {

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use lapin::message::BasicGetMessage;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
@@ -26,13 +26,12 @@ use outbox_rabbitmq::{
     CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, RabbitConfig, RabbitConsumerConfig,
     RabbitSource, RabbitTransport,
 };
-use outbox_testkit::env::{self, RABBITMQ};
+use outbox_testkit::env::RABBITMQ;
 use outbox_testkit::harness::Harness;
-use outbox_testkit::net::Proxy;
 use outbox_testkit::source::{
     LagCounts, Redelivery, SourceCapabilities, SourceHarness, SourceSettings,
 };
-use outbox_testkit::transport::{Received, TransportCapabilities, TransportHarness};
+use outbox_testkit::transport::{Received, Timeouts, TransportCapabilities, TransportHarness};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
@@ -280,8 +279,8 @@ impl Fixture {
 }
 
 impl Harness for Fixture {
-    fn broker_addr(&self) -> String {
-        env::host_port(&amqp_url()).expect("the AMQP URL names a host and port")
+    fn broker_url(&self) -> String {
+        amqp_url()
     }
 
     async fn cleanup(&self) -> anyhow::Result<()> {
@@ -297,22 +296,20 @@ impl Harness for Fixture {
 impl TransportHarness for Fixture {
     type Transport = RabbitTransport;
 
-    async fn transport(&self) -> anyhow::Result<RabbitTransport> {
+    async fn transport_at(&self, url: &str, timeouts: Timeouts) -> anyhow::Result<RabbitTransport> {
         self.reader().await?;
-        self.transport_with(self.config()).await
-    }
-
-    async fn transport_through(&self, proxy: &Proxy) -> anyhow::Result<RabbitTransport> {
-        self.reader().await?;
-        let config = RabbitConfig {
-            confirm_timeout_secs: 2,
-            connect_timeout_secs: 2,
-            reconnect_min_delay_ms: 200,
-            ..self.config()
+        let config = match timeouts {
+            Timeouts::Normal => self.config(),
+            Timeouts::Short => RabbitConfig {
+                confirm_timeout_secs: 2,
+                connect_timeout_secs: 2,
+                reconnect_min_delay_ms: 200,
+                ..self.config()
+            },
         };
-        RabbitTransport::connect(&proxy.url(&amqp_url())?, config)
+        RabbitTransport::connect(url, config)
             .await
-            .context("connecting through the proxy")
+            .map_err(|e| RABBITMQ.unreachable(e))
     }
 
     async fn take_arrived(&self) -> anyhow::Result<Vec<Received>> {
@@ -363,22 +360,15 @@ impl TransportHarness for Fixture {
 impl SourceHarness for Fixture {
     type Source = RabbitSource;
 
-    async fn source(&self, settings: &SourceSettings) -> anyhow::Result<RabbitSource> {
-        self.publisher().await?;
-        RabbitSource::connect(&amqp_url(), self.consumer_config(settings))
-            .await
-            .map_err(|e| RABBITMQ.unreachable(e))
-    }
-
-    async fn source_through(
+    async fn source_at(
         &self,
-        proxy: &Proxy,
+        url: &str,
         settings: &SourceSettings,
     ) -> anyhow::Result<RabbitSource> {
         self.publisher().await?;
-        RabbitSource::connect(&proxy.url(&amqp_url())?, self.consumer_config(settings))
+        RabbitSource::connect(url, self.consumer_config(settings))
             .await
-            .context("connecting through the proxy")
+            .map_err(|e| RABBITMQ.unreachable(e))
     }
 
     async fn publish(&self, message: &OutboxMessage) -> anyhow::Result<()> {
