@@ -19,6 +19,7 @@ use outbox_core::{OutboxMessage, PublishErrorKind, Transport};
 use outbox_rabbitmq::{RabbitConfig, RabbitConnectError, RabbitTransport};
 use outbox_testkit::harness::run;
 use outbox_testkit::message::{self, TRACEPARENT};
+use outbox_testkit::wait;
 use uuid::Uuid;
 
 /// `fx`'s read queue, bound to its exchange (which `transport` declared) with `binding`.
@@ -353,14 +354,12 @@ async fn broken_connection_fails_unavailable_then_reconnects_transparently() {
             move || close_connection(&name)
         })
         .await??;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while transport.is_connected() {
-            ensure!(
-                Instant::now() < deadline,
-                "transport never noticed the closed connection"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait::until(
+            "the transport notices the closed connection",
+            Duration::from_secs(10),
+            async || Ok((!transport.is_connected()).then_some(())),
+        )
+        .await?;
         // Right after the loss, publishes fail fast instead of reconnecting in a loop.
         let err = transport
             .publish(&message::event("pay-f", 2, "{}"))
@@ -386,18 +385,17 @@ async fn broken_connection_fails_unavailable_then_reconnects_transparently() {
         assert!(unavailable > 0, "the outage must surface as Unavailable");
 
         // The same transport reconnects by itself once the minimum delay passed.
-        let deadline = Instant::now() + Duration::from_secs(15);
         let after: OutboxMessage = message::event("pay-f", 3, "{}");
-        loop {
-            match transport.publish(&after).await {
-                Ok(_) => break,
-                Err(e) if e.kind == PublishErrorKind::Unavailable => {
-                    ensure!(Instant::now() < deadline, "never reconnected: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+        wait::until(
+            "the transport reconnects",
+            Duration::from_secs(15),
+            async || match transport.publish(&after).await {
+                Ok(_) => Ok(Some(())),
+                Err(e) if e.kind == PublishErrorKind::Unavailable => Ok(None),
                 Err(e) => bail!("unexpected error while reconnecting: {e}"),
-            }
-        }
+            },
+        )
+        .await?;
         assert!(transport.is_connected());
         let new_pid =
             tokio::task::spawn_blocking(move || connection_pid(&connection_name)).await??;

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use futures::FutureExt as _;
 
@@ -28,7 +29,11 @@ pub trait Harness: Send + Sync + 'static {
     fn cleanup(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
-/// Builds a harness with `start`, runs `case` on it, then [`Harness::cleanup`]s, and fails the
+/// Longest one case may run: every wait inside a case is bounded far below this, so reaching
+/// it means a call never returned.
+pub const CASE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Builds a harness with `start`, runs `case` on it (at most for [`CASE_TIMEOUT`]), then [`Harness::cleanup`]s, and fails the
 /// test (panics) with the case's error, its panic, or the cleanup's error.
 ///
 /// A harness that cannot be built (the service is down) fails the test too: tests never skip.
@@ -41,7 +46,17 @@ where
         Ok(harness) => harness,
         Err(e) => panic!("cannot set up the test harness: {e:#}"),
     };
-    let outcome = AssertUnwindSafe(case(&harness)).catch_unwind().await;
+    let outcome = AssertUnwindSafe(async {
+        tokio::time::timeout(CASE_TIMEOUT, case(&harness))
+            .await
+            .unwrap_or_else(|_| {
+                Err(anyhow::anyhow!(
+                    "the case did not finish within {CASE_TIMEOUT:?}: a broker call hangs"
+                ))
+            })
+    })
+    .catch_unwind()
+    .await;
     let cleaned = harness.cleanup().await;
     match outcome {
         Ok(Ok(())) => {

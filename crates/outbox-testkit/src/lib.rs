@@ -16,7 +16,7 @@
 //!
 //! ```ignore
 //! mod transport {
-//!     outbox_testkit::transport_suite!(crate::common::TransportFixture::start);
+//!     outbox_testkit::transport_suite!(crate::common::Fixture::start);
 //! }
 //! ```
 #![forbid(unsafe_code)]

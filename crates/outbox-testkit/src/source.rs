@@ -33,8 +33,8 @@ use outbox_core::{Fingerprint, OutboxMessage, Payload};
 use tokio::time::Instant;
 
 use crate::harness::Harness;
-use crate::message;
 use crate::net::Proxy;
+use crate::{message, wait};
 
 /// Longest a published message may take to be delivered.
 pub const DELIVERY_WITHIN: Duration = Duration::from_secs(20);
@@ -188,7 +188,7 @@ pub trait SourceHarness: Harness {
 ///
 /// ```ignore
 /// mod source {
-///     outbox_testkit::source_suite!(crate::common::SourceFixture::start);
+///     outbox_testkit::source_suite!(crate::common::Fixture::start);
 /// }
 /// ```
 #[macro_export]
@@ -812,14 +812,12 @@ pub async fn batches_respect_max_and_drain_in_order<H: SourceHarness>(h: &H) -> 
     if caps.lag == LagCounts::Waiting {
         // Where lag counts only undelivered messages, 0 means the broker handed all of them to
         // the consumer: batches can then be full.
-        let started = Instant::now();
-        while source.lag().await.context("lag")? != Some(0) {
-            ensure!(
-                started.elapsed() < DELIVERY_WITHIN,
-                "the broker did not hand the messages to the consumer within {DELIVERY_WITHIN:?}"
-            );
-            tokio::time::sleep(crate::wait::POLL_INTERVAL).await;
-        }
+        wait::until(
+            "the broker hands every message to the consumer",
+            DELIVERY_WITHIN,
+            async || Ok((source.lag().await.context("lag")? == Some(0)).then_some(())),
+        )
+        .await?;
     }
 
     let mut order = Vec::new();
@@ -913,21 +911,16 @@ pub async fn connection_loss_keeps_unacknowledged_deliveries<H: SourceHarness>(
     let (lost, held) = publish_and_receive(h, &mut source, "loss").await?;
 
     proxy.cut();
-    let cut = Instant::now();
-    let err = loop {
-        ensure!(
-            cut.elapsed() < RECOVERY_WITHIN,
-            "the lost connection was not reported within {RECOVERY_WITHIN:?}"
-        );
-        match source.next_batch(10, Duration::from_millis(200)).await {
-            Ok(batch) => ensure!(
-                batch.is_empty(),
-                "{} deliveries on a cut connection",
-                batch.len()
-            ),
-            Err(e) => break e,
-        }
-    };
+    let err = wait::until(
+        "the source reports the lost connection",
+        RECOVERY_WITHIN,
+        async || match source.next_batch(10, Duration::from_millis(200)).await {
+            Ok(batch) if batch.is_empty() => Ok(None),
+            Ok(batch) => bail!("{} deliveries on a cut connection", batch.len()),
+            Err(e) => Ok(Some(e)),
+        },
+    )
+    .await?;
     ensure!(
         err.kind == SourceErrorKind::Unavailable,
         "the lost connection was reported as {err}, not Unavailable"
@@ -943,46 +936,42 @@ pub async fn connection_loss_keeps_unacknowledged_deliveries<H: SourceHarness>(
     proxy.restore();
     let after = message::event("loss", 2, &b"{\"n\":2}"[..]);
     h.publish(&after).await?;
-    let restored = Instant::now();
     let (mut lost_again, mut after_seen) = (false, false);
-    loop {
-        ensure!(
-            restored.elapsed() < RECOVERY_WITHIN,
-            "after the broker came back: event after the outage delivered: {after_seen}, held \
-             event delivered again: {lost_again} (within {RECOVERY_WITHIN:?})"
-        );
-        match source.next_batch(10, Duration::from_millis(500)).await {
-            Err(e) => {
-                ensure!(
+    wait::until(
+        "the event after the outage (and, where a failed ack is final, the held one) delivered",
+        RECOVERY_WITHIN,
+        async || {
+            match source.next_batch(10, Duration::from_millis(500)).await {
+                Err(e) => ensure!(
                     e.kind == SourceErrorKind::Unavailable,
                     "while reconnecting: {e}, not Unavailable"
-                );
-                tokio::time::sleep(crate::wait::POLL_INTERVAL).await;
-                continue;
-            }
-            Ok(batch) => {
-                for d in batch {
-                    let id = event_of(&d)?.event_id;
-                    if id == lost.event_id {
-                        lost_again = true;
-                        if caps.counts_deliveries {
-                            let count = d.delivery_count().unwrap_or(0);
-                            ensure!(count >= 2, "delivered again, counted {count}");
+                ),
+                Ok(batch) => {
+                    for d in batch {
+                        let id = event_of(&d)?.event_id;
+                        if id == lost.event_id {
+                            lost_again = true;
+                            if caps.counts_deliveries {
+                                let count = d.delivery_count().unwrap_or(0);
+                                ensure!(count >= 2, "delivered again, counted {count}");
+                            }
+                        } else if id == after.event_id {
+                            after_seen = true;
+                        } else {
+                            bail!("an unknown event {id}");
                         }
-                    } else if id == after.event_id {
-                        after_seen = true;
-                    } else {
-                        bail!("an unknown event {id}");
+                        d.ack().await.context("ack after the reconnect")?;
                     }
-                    d.ack().await.context("ack after the reconnect")?;
                 }
             }
-        }
-        let settled = after_seen && (lost_again || !caps.failed_ack_redelivers);
-        if settled && matches!(source.lag().await, Ok(Some(0) | None)) {
-            break;
-        }
-    }
+            let settled = after_seen && (lost_again || !caps.failed_ack_redelivers);
+            Ok((settled && matches!(source.lag().await, Ok(Some(0) | None))).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| {
+        format!("event after the outage seen: {after_seen}, held event seen again: {lost_again}")
+    })?;
     check_lag(
         &mut source,
         &caps,

@@ -30,8 +30,8 @@ use outbox_core::{OutboxMessage, PublishErrorKind, Transport};
 use tokio::time::Instant;
 
 use crate::harness::Harness;
-use crate::message;
 use crate::net::Proxy;
+use crate::{message, wait};
 
 /// A refusal the broker answers at once (no route, bad name) must come sooner than this: it
 /// must not wait for an acknowledgement timeout.
@@ -148,7 +148,7 @@ pub enum Timeouts {
 ///
 /// ```ignore
 /// mod transport {
-///     outbox_testkit::transport_suite!(crate::common::TransportFixture::start);
+///     outbox_testkit::transport_suite!(crate::common::Fixture::start);
 /// }
 /// ```
 #[macro_export]
@@ -567,18 +567,24 @@ pub async fn outage<H: TransportHarness>(h: &H, outage: Outage) -> anyhow::Resul
     }
 
     proxy.restore();
-    let restored = Instant::now();
-    loop {
-        match transport.publish(&during).await {
-            Ok(_) => break,
-            Err(e) if e.is_retryable() => ensure!(
-                restored.elapsed() < RECOVERY_WITHIN,
-                "publishing still fails {RECOVERY_WITHIN:?} after the broker came back: {e}"
-            ),
-            Err(e) => bail!("a non-retryable error after the broker came back: {e}"),
-        }
-        tokio::time::sleep(crate::wait::POLL_INTERVAL).await;
-    }
+    let mut last_error = None;
+    wait::until(
+        "publishing again once the broker is reachable",
+        RECOVERY_WITHIN,
+        async || match tokio::time::timeout(OUTAGE_ERROR_WITHIN, transport.publish(&during)).await {
+            Err(_) => {
+                bail!("a publish after the broker came back hung for {OUTAGE_ERROR_WITHIN:?}")
+            }
+            Ok(Ok(_)) => Ok(Some(())),
+            Ok(Err(e)) if e.is_retryable() => {
+                last_error = Some(e);
+                Ok(None)
+            }
+            Ok(Err(e)) => bail!("a non-retryable error after the broker came back: {e}"),
+        },
+    )
+    .await
+    .with_context(|| format!("the last error: {last_error:?}"))?;
     let after = message::event("outage", 3, &b"{\"n\":3}"[..]);
     transport
         .publish(&after)

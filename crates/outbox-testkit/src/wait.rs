@@ -1,6 +1,5 @@
 //! Bounded polling: wait until a condition holds, or fail saying what did not happen.
 
-use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -9,15 +8,17 @@ use tokio::time::Instant;
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Calls `poll` until it returns `Ok(Some(value))`, at most for `within`, and returns the value.
+/// `poll` is an async closure, so it may borrow what it polls (a source, a transport)
+/// mutably.
 ///
 /// # Errors
 /// The first error `poll` returns (a hard failure, not a "not yet"), or, when `within` passed
 /// without a value, an error naming `what`.
-pub async fn until<T, F, Fut>(what: &str, within: Duration, mut poll: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
+pub async fn until<T>(
+    what: &str,
+    within: Duration,
+    mut poll: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(value) = poll().await? {
@@ -37,21 +38,20 @@ mod tests {
     #[tokio::test]
     async fn returns_the_value_or_names_what_did_not_happen() {
         let mut n = 0;
-        let got = until("n reaches 3", Duration::from_secs(5), || {
+        let got = until("n reaches 3", Duration::from_secs(5), async || {
             n += 1;
-            let now = n;
-            async move { Ok((now >= 3).then_some(now)) }
+            Ok((n >= 3).then_some(n))
         })
         .await
         .unwrap();
         assert_eq!(got, 3);
 
-        let e = until::<(), _, _>("never", Duration::from_millis(120), || async { Ok(None) })
+        let e = until::<()>("never", Duration::from_millis(120), async || Ok(None))
             .await
             .unwrap_err();
         assert!(e.to_string().contains("never"), "{e}");
 
-        let e = until::<(), _, _>("fails", Duration::from_secs(5), || async {
+        let e = until::<()>("fails", Duration::from_secs(5), async || {
             Err(anyhow::anyhow!("hard failure"))
         })
         .await
