@@ -498,14 +498,15 @@ pub async fn delivered_event_is_decoded_and_gone_once_acked<H: SourceHarness>(
 }
 
 /// A delivery dropped without ack or nack (the handler gave up before its commit) is
-/// delivered again, counted 2: after its ack wait where the broker has one (and not before),
-/// at once where the source requeues it. Acknowledged, it stays gone.
+/// delivered again, counted 2: after its ack wait (2 s) where the broker has one (nothing in
+/// the first 300 ms, and not sooner than 80 % of it, measured from when the client had the
+/// delivery), at once where the source requeues it. Acknowledged, it stays gone.
 ///
 /// # Errors
 /// The first broken expectation.
 pub async fn dropped_delivery_is_delivered_again<H: SourceHarness>(h: &H) -> anyhow::Result<()> {
     let caps = h.capabilities();
-    let settings = SourceSettings::with_ack_wait(Duration::from_secs(1));
+    let settings = SourceSettings::with_ack_wait(Duration::from_secs(2));
     let mut source = h.source(&settings).await?;
     let (msg, first) = publish_and_receive(h, &mut source, "dropped").await?;
     let delivered = Instant::now();

@@ -7,7 +7,6 @@
 #![allow(dead_code, missing_docs)]
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::context::GetStreamErrorKind;
@@ -322,6 +321,3 @@ impl SourceHarness for Fixture {
         }
     }
 }
-
-/// A short wait for tests that expect nothing to arrive.
-pub const QUIET: Duration = Duration::from_millis(500);
