@@ -1,16 +1,18 @@
 //! Outage behaviour against a PRIVATE nats-server process this test starts, kills and
-//! restarts (the shared server is never touched). The binary is `OUTBOX_TEST_NATS_SERVER`
+//! restarts (the shared server is never touched): what the conformance suite's proxy cannot
+//! show, that a stream on file storage keeps acknowledged events across a server restart and
+//! the transport reconnects to the restarted process. The binary is `OUTBOX_TEST_NATS_SERVER`
 //! (default `nats-server` on `PATH`); a missing binary fails the test.
 
-use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_core::{OutboxMessage, Payload, PublishErrorKind, Transport};
+use outbox_core::{OutboxMessage, PublishErrorKind, Transport};
 use outbox_nats::async_nats::jetstream;
 use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_testkit::message;
 use uuid::Uuid;
 
 struct Server {
@@ -66,24 +68,8 @@ fn free_port() -> u16 {
         .expect("no free port")
 }
 
-fn message(n: u32) -> OutboxMessage {
-    let payload = Payload::bytes("application/json", format!(r#"{{"n":{n}}}"#).into_bytes());
-    OutboxMessage {
-        id: i64::from(n),
-        event_id: Uuid::now_v7(),
-        aggregate_type: "payment".to_owned(),
-        aggregate_id: format!("pay-{n}"),
-        aggregate_version: 1,
-        event_type: "Created".to_owned(),
-        schema_version: 1,
-        fingerprint: payload.fingerprint(),
-        payload,
-        headers: BTreeMap::new(),
-        destination: None,
-        partition_key: None,
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
+fn numbered(n: u32) -> OutboxMessage {
+    message::event(&format!("pay-{n}"), 1, format!(r#"{{"n":{n}}}"#))
 }
 
 #[tokio::test]
@@ -101,12 +87,12 @@ async fn publishes_fail_during_an_outage_and_succeed_after_reconnect() {
         .expect("connect to the private server");
 
     transport
-        .publish(&message(1))
+        .publish(&numbered(1))
         .await
         .expect("publish before the outage");
 
     server.stop();
-    let during = message(2);
+    let during = numbered(2);
     let started = Instant::now();
     let err = transport
         .publish(&during)
@@ -140,7 +126,7 @@ async fn publishes_fail_during_an_outage_and_succeed_after_reconnect() {
         }
     }
     transport
-        .publish(&message(3))
+        .publish(&numbered(3))
         .await
         .expect("publish after reconnect");
 

@@ -1,23 +1,54 @@
 //! Test kit of the outbox toolkit: the conformance suites a new store or transport proves
-//! itself with, the engine suites, and named in-memory fakes.
+//! itself with against its real service, the engine suites, and named in-memory fakes.
+//!
+//! Stores:
 //!
 //! * [`fixture`]: what a store crate provides ([`fixture::StoreFixture`]) to run the suites.
 //! * [`store`]: the store conformance suite ([`store_suite!`]): claims, leases, fencing, late
 //!   commits, order, dead letters, inbox, conflicts, consumer dead letters, work items,
 //!   maintenance.
-//! * [`engines`]: the consumer engine and the remote-effect executor, unchanged, over any
-//!   store ([`engine_suite!`]).
+//! * [`engines`]: the consumer engine, the remote-effect executor and the maintainer,
+//!   unchanged, over any store ([`engine_suite!`]).
 //! * [`memory`]: [`memory::MemoryStore`], an in-memory fake of every store trait, and its
-//!   fixture; it passes the same suites.
-//! * [`fakes`]: a fake broker, delivery source and provider, and [`fakes::FaultyStore`], which
-//!   injects outages into any store.
+//!   fixture; it passes the same store suite.
 //!
-//! Everything named `Fake…` or `Memory…` is a fake for pure-logic tests; the suites run the
-//! real stores and brokers against the real services.
+//! Brokers:
+//!
+//! * [`transport`]: the [`Transport`](outbox_core::Transport) suite (stored on `Ok`, event id
+//!   as the broker's message id, byte-identical republish, per-aggregate order, oversize,
+//!   refused destinations, outages, concurrency), run with [`transport_suite!`].
+//! * [`source`]: the [`DeliverySource`](outbox_core::consumer::DeliverySource) suite
+//!   (decoding, redelivery of what was not acknowledged, nack delay, poison messages, lag,
+//!   batches, connection loss), run with [`source_suite!`].
+//! * [`harness`]: what both broker suites need from a backend, and the runner that cleans up.
+//! * [`net`]: a TCP proxy whose connections a test can cut or stall.
+//! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
+//!
+//! Fakes for pure-logic tests, named as such: [`fakes`] (a broker, a delivery source, a
+//! provider, and [`fakes::FaultyStore`], which injects outages into any store) and the
+//! [`memory`] store.
+//!
+//! The kit depends on no database driver or broker client: each backend implements the
+//! fixture or harness traits in its own `tests/` directory and runs a suite in a few lines:
+//!
+//! ```ignore
+//! outbox_testkit::store_suite!(PgFixture);
+//! outbox_testkit::engine_suite!(PgFixture);
+//! mod transport {
+//!     outbox_testkit::transport_suite!(crate::common::Fixture::start);
+//! }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod engines;
+pub mod env;
 pub mod fakes;
 pub mod fixture;
+pub mod harness;
 pub mod memory;
+pub mod message;
+pub mod net;
+pub mod source;
 pub mod store;
+pub mod transport;
+pub mod wait;
