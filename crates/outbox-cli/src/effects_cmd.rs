@@ -65,8 +65,8 @@ pub struct RunArgs {
     /// trusted network).
     #[arg(long, env = "OUTBOX_PROVIDER_URL", hide_env_values = true)]
     provider_url: String,
-    /// PEM file of certificate authorities trusted for the provider's certificate, besides
-    /// the system's (https only).
+    /// PEM file of the certificate authorities trusted for the provider's certificate, instead
+    /// of the system's trust store (https only).
     #[arg(long, env = "OUTBOX_PROVIDER_CA_FILE")]
     provider_ca_file: Option<PathBuf>,
     /// PEM client certificate for mutual TLS with the provider (needs --provider-key-file).

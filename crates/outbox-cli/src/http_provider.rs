@@ -22,8 +22,8 @@
 //!   because `NotFound` may allow a new call (and so a second payout).
 //!
 //! Transport: hyper's HTTP/1.1 client with a connection pool (keep-alive), over TLS (rustls)
-//! for `https://` base URLs: the provider's certificate is verified against the system's trust
-//! store plus an optional CA file, its name against the URL's host, and a client certificate
+//! for `https://` base URLs: the provider's certificate is verified against a CA file when given
+//! (only those CAs) or else the system's trust store, its name against the URL's host, and a client certificate
 //! can be presented ([`ProviderTls`]). An `https://` provider is never called in plain text,
 //! and TLS files given with an `http://` URL are refused. A failed TLS handshake happens
 //! before any request byte is sent, so it is `NotSent`.
@@ -69,7 +69,8 @@ pub struct HttpPayoutProvider {
 /// TLS settings of an `https://` provider. Every file is PEM.
 #[derive(Debug, Clone, Default)]
 pub struct ProviderTls {
-    /// Certificate authorities trusted for the provider's certificate, besides the system's.
+    /// Certificate authorities trusted for the provider's certificate; when set, only these
+    /// (otherwise the system's trust store).
     pub ca_file: Option<PathBuf>,
     /// Client certificate (chain) for mutual TLS; needs `key_file`.
     pub cert_file: Option<PathBuf>,
@@ -82,8 +83,8 @@ impl ProviderTls {
         self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
     }
 
-    /// The rustls client configuration: system roots plus `ca_file`, and the client
-    /// certificate when given.
+    /// The rustls client configuration: `ca_file`'s certificates (or the system's trust store
+    /// without one), and the client certificate when given.
     fn client_config(&self) -> Result<rustls::ClientConfig> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -100,16 +101,20 @@ impl ProviderTls {
             Ok(certs)
         };
         let mut roots = rustls::RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        for e in &native.errors {
-            tracing::warn!(error = %e, "cannot load some of the system's certificate authorities");
-        }
-        roots.add_parsable_certificates(native.certs);
-        if let Some(ca) = &self.ca_file {
-            for cert in certs("--provider-ca-file", ca)? {
-                roots.add(cert).with_context(|| {
-                    format!("invalid option `--provider-ca-file`: {}", ca.display())
-                })?;
+        match &self.ca_file {
+            Some(ca) => {
+                for cert in certs("--provider-ca-file", ca)? {
+                    roots.add(cert).with_context(|| {
+                        format!("invalid option `--provider-ca-file`: {}", ca.display())
+                    })?;
+                }
+            }
+            None => {
+                let native = rustls_native_certs::load_native_certs();
+                for e in &native.errors {
+                    tracing::warn!(error = %e, "cannot load some of the system's certificate authorities");
+                }
+                roots.add_parsable_certificates(native.certs);
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -212,6 +212,9 @@ enum DeadLetterCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Several client libraries build TLS configurations from rustls's process-wide default
+    // provider; the binary links both ring and aws-lc-rs, so name one instead of panicking.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let file = match &cli.config {
         Some(p) => FileConfig::load(p),
         None => Ok(FileConfig::default()),

@@ -7,9 +7,13 @@
 //! library prints its server addresses in its own debug logs.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_nats::ConnectOptions;
+use async_nats::rustls;
 use outbox_core::secrets::{Credentials, split_credentials};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
 /// TLS and authentication settings of a NATS connection (`[nats.security]` in a config file).
@@ -34,8 +38,8 @@ pub struct NatsSecurity {
     /// Refuse a connection that is not TLS. Default `false`; implied by a `tls://` URL and by
     /// any TLS file below.
     pub require_tls: bool,
-    /// PEM file of the certificate authorities that sign the server's certificate, trusted in
-    /// addition to the system's.
+    /// PEM file of the certificate authorities that sign the server's certificate. When set,
+    /// only these are trusted; otherwise the system's trust store.
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate (chain) for mutual TLS; needs [`NatsSecurity::key_file`].
     pub cert_file: Option<PathBuf>,
@@ -65,11 +69,26 @@ fn bad(key: &'static str, message: impl Into<String>) -> NatsSecurityError {
     }
 }
 
-/// Checks that `path` is a readable file, naming `key` otherwise.
-fn readable(key: &'static str, path: &Path) -> Result<(), NatsSecurityError> {
-    std::fs::File::open(path)
-        .map(drop)
-        .map_err(|e| bad(key, format!("cannot read {}: {e}", path.display())))
+/// The PEM certificates of `path`, naming `key` when the file cannot be read or holds none.
+fn pem_certs(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, NatsSecurityError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| {
+            bad(
+                key,
+                format!("cannot read a PEM certificate from {}: {e}", path.display()),
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(bad(
+            key,
+            format!("{} holds no PEM certificate", path.display()),
+        ));
+    }
+    Ok(certs)
 }
 
 impl NatsSecurity {
@@ -145,16 +164,9 @@ impl NatsSecurity {
             None => {}
         }
         if self.tls_required(url) {
-            options = options.require_tls(true);
-        }
-        if let Some(ca) = &self.ca_file {
-            readable("security.ca_file", ca)?;
-            options = options.add_root_certificates(ca.clone());
-        }
-        if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
-            readable("security.cert_file", cert)?;
-            readable("security.key_file", key)?;
-            options = options.add_client_certificate(cert.clone(), key.clone());
+            options = options
+                .require_tls(true)
+                .tls_client_config(self.client_config()?);
         }
         if let Some(path) = &self.credentials_file {
             options = options.credentials_file(path).await.map_err(|e| {
@@ -184,6 +196,54 @@ impl NatsSecurity {
             options = options.nkey(seed);
         }
         Ok((address, options))
+    }
+}
+
+impl NatsSecurity {
+    /// The TLS client configuration: the CA file's certificates (or the system's trust store
+    /// without one), the client certificate when given, and the `ring` provider named
+    /// explicitly, so it never depends on a process-wide default provider.
+    fn client_config(&self) -> Result<rustls::ClientConfig, NatsSecurityError> {
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_file {
+            Some(ca) => {
+                for cert in pem_certs("security.ca_file", ca)? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| bad("security.ca_file", format!("{}: {e}", ca.display())))?;
+                }
+            }
+            None => {
+                let native = rustls_native_certs::load_native_certs();
+                for e in &native.errors {
+                    tracing::warn!(error = %e, "cannot load some of the system's certificate authorities");
+                }
+                roots.add_parsable_certificates(native.certs);
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("security", format!("cannot set up TLS: {e}")))?
+            .with_root_certificates(roots);
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                let chain = pem_certs("security.cert_file", cert)?;
+                let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                    bad(
+                        "security.key_file",
+                        format!("cannot read a PEM private key from {}: {e}", key.display()),
+                    )
+                })?;
+                builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+                    bad(
+                        "security.cert_file",
+                        format!("the certificate and the key do not go together: {e}"),
+                    )
+                })
+            }
+            _ => Ok(builder.with_no_client_auth()),
+        }
     }
 }
 
