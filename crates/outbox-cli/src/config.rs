@@ -1,7 +1,7 @@
 //! Configuration: command-line flags, then environment, then an optional TOML file, then
 //! defaults. Every error names the key that is wrong.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -18,11 +18,11 @@ use serde::Deserialize;
 pub struct FileConfig {
     /// PostgreSQL URL.
     pub database_url: Option<String>,
-    /// `nats://…` or `amqp://…`.
+    /// `nats://…`, `tls://…` (NATS over TLS), `amqp://…` or `amqps://…`.
     pub broker_url: Option<String>,
     /// Schema of the outbox tables.
     pub schema: Option<String>,
-    /// Prometheus listen address of `outbox relay`.
+    /// Prometheus listen address of `outbox relay`; keep it on loopback (see the README).
     pub metrics_addr: Option<String>,
     /// `[relay]` table.
     pub relay: RelayFile,
@@ -155,10 +155,10 @@ pub fn resolve(
     }
     let broker_url = flag_broker.or_else(|| file.broker_url.clone());
     if let Some(b) = &broker_url
-        && !(b.starts_with("nats://") || b.starts_with("amqp://") || b.starts_with("amqps://"))
+        && broker_kind(b).is_none()
     {
         bail!(
-            "invalid configuration `broker_url`: scheme must be nats://, amqp:// or amqps://, got `{}`",
+            "invalid configuration `broker_url`: scheme must be nats://, tls:// (NATS over TLS), amqp:// or amqps://, got `{}`",
             redact(b)
         );
     }
@@ -174,17 +174,73 @@ pub fn resolve(
     })
 }
 
-/// Hides a password in a URL for messages.
+/// The broker a URL names, by its scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// `nats://` or `tls://` (NATS over TLS).
+    Nats,
+    /// `amqp://` or `amqps://`.
+    Rabbit,
+}
+
+/// The broker of `url`, or `None` for an unknown scheme.
+pub fn broker_kind(url: &str) -> Option<BrokerKind> {
+    let lower = url.trim_start().to_ascii_lowercase();
+    if lower.starts_with("nats://") || lower.starts_with("tls://") {
+        Some(BrokerKind::Nats)
+    } else if lower.starts_with("amqp://") || lower.starts_with("amqps://") {
+        Some(BrokerKind::Rabbit)
+    } else {
+        None
+    }
+}
+
+/// A URL with every secret masked, for messages: the one redaction of the toolkit,
+/// [`outbox_core::secrets::redact_url`].
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_owned(),
+    outbox_core::secrets::redact_url(url)
+}
+
+/// TLS and authentication of the broker connection. Each flag (or its environment variable)
+/// overrides the file's key: `[nats.security]` for NATS, `[rabbitmq.tls]` for RabbitMQ.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct BrokerSecurityArgs {
+    /// PEM file of certificate authorities trusted for the broker's certificate, besides the
+    /// system's (NATS `ca_file`, RabbitMQ `tls.ca_file`). Makes TLS required.
+    #[arg(long, global = true, env = "OUTBOX_BROKER_CA_FILE")]
+    pub broker_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS with the broker (needs --broker-key-file).
+    #[arg(long, global = true, env = "OUTBOX_BROKER_CERT_FILE")]
+    pub broker_cert_file: Option<PathBuf>,
+    /// PEM private key of --broker-cert-file.
+    #[arg(long, global = true, env = "OUTBOX_BROKER_KEY_FILE")]
+    pub broker_key_file: Option<PathBuf>,
+    /// NATS `.creds` file (user JWT and NKey seed) for servers in operator mode.
+    #[arg(long, global = true, env = "OUTBOX_NATS_CREDENTIALS_FILE")]
+    pub nats_credentials_file: Option<PathBuf>,
+    /// File holding a NATS user NKey seed (`SU…`).
+    #[arg(long, global = true, env = "OUTBOX_NATS_NKEY_FILE")]
+    pub nats_nkey_file: Option<PathBuf>,
+}
+
+impl BrokerSecurityArgs {
+    /// Writes the given flags over the file's `[nats.security]` and `[rabbitmq.tls]` keys.
+    pub fn apply(&self, file: &mut FileConfig) {
+        let set = |target: &mut Option<PathBuf>, flag: &Option<PathBuf>| {
+            if flag.is_some() {
+                target.clone_from(flag);
             }
-        }
-        _ => url.to_owned(),
+        };
+        let nats = &mut file.nats.security;
+        set(&mut nats.ca_file, &self.broker_ca_file);
+        set(&mut nats.cert_file, &self.broker_cert_file);
+        set(&mut nats.key_file, &self.broker_key_file);
+        set(&mut nats.credentials_file, &self.nats_credentials_file);
+        set(&mut nats.nkey_seed_file, &self.nats_nkey_file);
+        let rabbit = &mut file.rabbitmq.tls;
+        set(&mut rabbit.ca_file, &self.broker_ca_file);
+        set(&mut rabbit.cert_file, &self.broker_cert_file);
+        set(&mut rabbit.key_file, &self.broker_key_file);
     }
 }
 
@@ -239,5 +295,46 @@ mod tests {
             redact("amqp://guest:secret@h:5672/%2f"),
             "amqp://guest:***@h:5672/%2f"
         );
+        let r = resolve(
+            Some("postgres://x".into()),
+            Some("tls://h:4222".into()),
+            None,
+            &f,
+        )
+        .unwrap();
+        assert_eq!(r.broker_url.as_deref(), Some("tls://h:4222"));
+        assert_eq!(broker_kind("tls://h"), Some(BrokerKind::Nats));
+        assert_eq!(broker_kind("NATS://h"), Some(BrokerKind::Nats));
+        assert_eq!(broker_kind("amqps://h"), Some(BrokerKind::Rabbit));
+        assert_eq!(broker_kind("kafka://h"), None);
+        // A refused URL is shown without its secrets.
+        let e = resolve(
+            Some("postgres://x".into()),
+            Some("kafka://u:hunter2@h?token=t0k".into()),
+            None,
+            &f,
+        )
+        .unwrap_err();
+        assert!(!format!("{e:#}").contains("hunter2") && !format!("{e:#}").contains("t0k"));
+    }
+
+    #[test]
+    fn security_flags_override_the_file() {
+        let mut f = FileConfig::parse(
+            "[nats.security]\nca_file = \"/file/ca.pem\"\nnkey_seed_file = \"/file/seed\"\n\
+             [rabbitmq.tls]\ncert_file = \"/file/c.pem\"\nkey_file = \"/file/k.pem\"\n",
+        )
+        .unwrap();
+        BrokerSecurityArgs {
+            broker_ca_file: Some("/flag/ca.pem".into()),
+            ..Default::default()
+        }
+        .apply(&mut f);
+        assert_eq!(f.nats.security.ca_file, Some("/flag/ca.pem".into()));
+        assert_eq!(f.nats.security.nkey_seed_file, Some("/file/seed".into()));
+        assert_eq!(f.rabbitmq.tls.ca_file, Some("/flag/ca.pem".into()));
+        assert_eq!(f.rabbitmq.tls.cert_file, Some("/file/c.pem".into()));
+        let e = FileConfig::parse("[nats.security]\nca_fle = \"x\"\n").unwrap_err();
+        assert!(e.to_string().contains("ca_fle"), "{e}");
     }
 }

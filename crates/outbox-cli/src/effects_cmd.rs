@@ -2,6 +2,7 @@
 //! inspect or resolve work items by hand.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use outbox_postgres::effects::{PgEffects, Resolution};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::http_provider::HttpPayoutProvider;
+use crate::config::redact;
+use crate::http_provider::{HttpPayoutProvider, ProviderTls};
 
 /// `outbox effects` subcommands.
 #[derive(clap::Subcommand, Debug)]
@@ -61,9 +63,20 @@ pub struct RunArgs {
     /// Work-item kind to execute.
     #[arg(long, default_value = "payout")]
     kind: String,
-    /// Base URL of the payout provider (http://host:port).
-    #[arg(long, env = "OUTBOX_PROVIDER_URL")]
+    /// Base URL of the payout provider (https://host[:port][/prefix], or http:// on a
+    /// trusted network).
+    #[arg(long, env = "OUTBOX_PROVIDER_URL", hide_env_values = true)]
     provider_url: String,
+    /// PEM file of the certificate authorities trusted for the provider's certificate, instead
+    /// of the system's trust store (https only).
+    #[arg(long, env = "OUTBOX_PROVIDER_CA_FILE")]
+    provider_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS with the provider (needs --provider-key-file).
+    #[arg(long, env = "OUTBOX_PROVIDER_CERT_FILE")]
+    provider_cert_file: Option<PathBuf>,
+    /// PEM private key of --provider-cert-file.
+    #[arg(long, env = "OUTBOX_PROVIDER_KEY_FILE")]
+    provider_key_file: Option<PathBuf>,
     /// Timeout of one call or lookup; a timed-out call is an unknown outcome.
     #[arg(long, default_value_t = 10_000)]
     call_timeout_ms: u64,
@@ -83,9 +96,17 @@ pub struct RunArgs {
     /// (for providers that do not deduplicate by key).
     #[arg(long)]
     no_resend_when_not_found: bool,
-    /// Serve Prometheus metrics here.
+    /// Serve Prometheus metrics here, e.g. 127.0.0.1:9091 (no authentication: keep it on
+    /// loopback).
     #[arg(long, env = "OUTBOX_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+}
+
+impl RunArgs {
+    /// The provider's base URL as given (it may carry secrets: redact before showing it).
+    pub fn provider_url(&self) -> &str {
+        &self.provider_url
+    }
 }
 
 /// Runs an `outbox effects` subcommand.
@@ -97,7 +118,12 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             if !(a.lease_secs.is_finite() && a.lease_secs > 0.0) {
                 bail!("invalid option `--lease-secs`: must be a positive number of seconds");
             }
-            let provider = HttpPayoutProvider::new(&a.provider_url)?;
+            let tls = ProviderTls {
+                ca_file: a.provider_ca_file.clone(),
+                cert_file: a.provider_cert_file.clone(),
+                key_file: a.provider_key_file.clone(),
+            };
+            let provider = HttpPayoutProvider::with_tls(&a.provider_url, &tls)?;
             let config = ExecutorConfig {
                 batch_size: a.batch_size,
                 concurrency: a.concurrency,
@@ -116,7 +142,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             }
             let shutdown = CancellationToken::new();
             tokio::spawn(crate::shutdown_on_signal(shutdown.clone()));
-            tracing::info!(kind = %a.kind, provider = %a.provider_url, "executor started");
+            tracing::info!(kind = %a.kind, provider = %redact(&a.provider_url), "executor started");
             executor.run(shutdown).await;
             tracing::info!("executor stopped");
         }

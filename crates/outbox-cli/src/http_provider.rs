@@ -21,16 +21,24 @@
 //!   key" only when the body says exactly that; a 404 from a wrong base URL is `Unknown`,
 //!   because `NotFound` may allow a new call (and so a second payout).
 //!
-//! Transport: hyper's HTTP/1.1 client with a connection pool (keep-alive), plain HTTP only.
+//! Transport: hyper's HTTP/1.1 client with a connection pool (keep-alive), over TLS (rustls)
+//! for `https://` base URLs: the provider's certificate is verified against a CA file when given
+//! (only those CAs) or else the system's trust store, its name against the URL's host, and a client certificate
+//! can be presented ([`ProviderTls`]). An `https://` provider is never called in plain text,
+//! and TLS files given with an `http://` URL are refused. A failed TLS handshake happens
+//! before any request byte is sent, so it is `NotSent`.
 
 use std::error::Error as _;
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -53,9 +61,89 @@ const REASON_BODY_CHARS: usize = 300;
 /// Cheap to clone: clones share the connection pool.
 #[derive(Clone)]
 pub struct HttpPayoutProvider {
-    client: Client<HttpConnector, Full<Bytes>>,
-    /// `http://host:port` plus an optional path prefix, without a trailing slash.
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// `http(s)://host:port` plus an optional path prefix, without a trailing slash.
     base: String,
+}
+
+/// TLS settings of an `https://` provider. Every file is PEM.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderTls {
+    /// Certificate authorities trusted for the provider's certificate; when set, only these
+    /// (otherwise the system's trust store).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (chain) for mutual TLS; needs `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// Private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+}
+
+impl ProviderTls {
+    fn is_set(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+
+    /// The rustls client configuration: `ca_file`'s certificates (or the system's trust store
+    /// without one), and the client certificate when given.
+    fn client_config(&self) -> Result<rustls::ClientConfig> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = |key: &str, path: &Path| -> Result<Vec<CertificateDer<'static>>> {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| anyhow::anyhow!("invalid option `{key}`: {}: {e}", path.display()))?;
+            if certs.is_empty() {
+                bail!(
+                    "invalid option `{key}`: {} holds no PEM certificate",
+                    path.display()
+                );
+            }
+            Ok(certs)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_file {
+            Some(ca) => {
+                for cert in certs("--provider-ca-file", ca)? {
+                    roots.add(cert).with_context(|| {
+                        format!("invalid option `--provider-ca-file`: {}", ca.display())
+                    })?;
+                }
+            }
+            None => {
+                let native = rustls_native_certs::load_native_certs();
+                for e in &native.errors {
+                    tracing::warn!(error = %e, "cannot load some of the system's certificate authorities");
+                }
+                roots.add_parsable_certificates(native.certs);
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("cannot set up TLS")?
+            .with_root_certificates(roots);
+        Ok(match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                let chain = certs("--provider-cert-file", cert)?;
+                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                    anyhow::anyhow!(
+                        "invalid option `--provider-key-file`: {}: {e}",
+                        key.display()
+                    )
+                })?;
+                builder.with_client_auth_cert(chain, key).context(
+                    "invalid option `--provider-cert-file`: certificate and key do not match",
+                )?
+            }
+            (None, None) => builder.with_no_client_auth(),
+            (Some(_), None) => {
+                bail!("invalid option `--provider-cert-file`: needs --provider-key-file")
+            }
+            (None, Some(_)) => {
+                bail!("invalid option `--provider-key-file`: needs --provider-cert-file")
+            }
+        })
+    }
 }
 
 impl fmt::Debug for HttpPayoutProvider {
@@ -67,50 +155,75 @@ impl fmt::Debug for HttpPayoutProvider {
 }
 
 impl HttpPayoutProvider {
-    /// An adapter for the provider at `base_url`, e.g. `http://127.0.0.1:8080` (a path prefix
-    /// such as `http://host:port/provider` is kept; the port defaults to 80). Connects lazily.
+    /// An adapter for the provider at `base_url`, e.g. `https://payouts.example:8443` or
+    /// `http://127.0.0.1:8080` (a path prefix such as `https://host/provider` is kept; the port
+    /// defaults to 443 / 80), trusting the system's certificate authorities. Connects lazily.
     ///
     /// # Errors
     ///
-    /// Fails when `base_url` is not a plain `http://host[:port][/prefix]` URL: another scheme
-    /// (https needs a TLS connector this example does not carry), no host, user info, a query
-    /// or a fragment.
+    /// As [`HttpPayoutProvider::with_tls`].
     pub fn new(base_url: &str) -> Result<Self> {
-        let expected = "expected http://host:port";
+        Self::with_tls(base_url, &ProviderTls::default())
+    }
+
+    /// Like [`HttpPayoutProvider::new`] with TLS settings for an `https://` provider.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `base_url` is not an `http(s)://host[:port][/prefix]` URL (another scheme, no
+    /// host, user info, a query or a fragment; the message shows the URL redacted), when TLS
+    /// files are given for an `http://` URL, or when a TLS file cannot be read or parsed.
+    pub fn with_tls(base_url: &str, tls: &ProviderTls) -> Result<Self> {
+        let expected = "expected https://host[:port] (or http:// on a trusted network)";
+        let shown = crate::config::redact(base_url);
         if base_url.contains('#') {
-            bail!("invalid provider URL `{base_url}`: a fragment is not allowed; {expected}");
+            bail!("invalid provider URL `{shown}`: a fragment is not allowed; {expected}");
         }
         let uri: Uri = base_url
             .parse()
-            .with_context(|| format!("invalid provider URL `{base_url}`: {expected}"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => bail!(
-                "invalid provider URL `{base_url}`: https is not supported by this adapter \
-                 (it has no TLS connector); {expected}"
-            ),
+            .with_context(|| format!("invalid provider URL `{shown}`: {expected}"))?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
             Some(other) => {
-                bail!("invalid provider URL `{base_url}`: scheme `{other}` is not http; {expected}")
+                bail!("invalid provider URL `{shown}`: scheme `{other}` is not http(s); {expected}")
             }
-            None => bail!("invalid provider URL `{base_url}`: no scheme; {expected}"),
-        }
+            None => bail!("invalid provider URL `{shown}`: no scheme; {expected}"),
+        };
         let Some(authority) = uri.authority() else {
-            bail!("invalid provider URL `{base_url}`: no host; {expected}");
+            bail!("invalid provider URL `{shown}`: no host; {expected}");
         };
         if authority.host().is_empty() {
-            bail!("invalid provider URL `{base_url}`: no host; {expected}");
+            bail!("invalid provider URL `{shown}`: no host; {expected}");
         }
         if authority.as_str().contains('@') {
-            bail!("invalid provider URL `{base_url}`: user info is not supported; {expected}");
+            bail!("invalid provider URL `{shown}`: user info is not supported; {expected}");
         }
         if uri.query().is_some() {
-            bail!("invalid provider URL `{base_url}`: a query is not allowed; {expected}");
+            bail!("invalid provider URL `{shown}`: a query is not allowed; {expected}");
+        }
+        if !https && tls.is_set() {
+            bail!(
+                "invalid provider URL `{shown}`: TLS files are set but the URL is http://; use \
+                 https:// (a provider that asks for TLS is never called in plain text)"
+            );
         }
         let prefix = uri.path().trim_end_matches('/');
-        let base = format!("http://{authority}{prefix}");
+        let scheme = if https { "https" } else { "http" };
+        let base = format!("{scheme}://{authority}{prefix}");
 
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let builder = HttpsConnectorBuilder::new().with_tls_config(tls.client_config()?);
+        // An https base URL gets a connector that refuses plain http outright.
+        let connector = if https {
+            builder.https_only()
+        } else {
+            builder.https_or_http()
+        }
+        .enable_http1()
+        .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Self { client, base })
     }
@@ -476,6 +589,7 @@ mod tests {
         ) -> (StatusCode, Value) {
             let client: Client<HttpConnector, Full<Bytes>> =
                 Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+            // Plain HTTP straight to the in-process provider, never through a TLS proxy.
             let mut req = Request::builder()
                 .method(method)
                 .uri(format!("{}{path}", self.base));
@@ -879,6 +993,8 @@ mod tests {
             "http://127.0.0.1:8080",
             "http://127.0.0.1:8080/",
             "http://localhost:1/prefix/",
+            "https://127.0.0.1:8443",
+            "https://payouts.example/v1/",
         ] {
             let a = HttpPayoutProvider::new(good).unwrap_or_else(|e| panic!("{good}: {e:#}"));
             assert!(!a.base.ends_with('/'), "{}", a.base);
@@ -890,18 +1006,140 @@ mod tests {
             "http://localhost:1/prefix"
         );
         for (bad, why) in [
-            ("https://127.0.0.1:8443", "https"),
             ("ftp://127.0.0.1:21", "scheme"),
-            ("127.0.0.1:8080", "http://host:port"),
-            ("/payouts", "http://host:port"),
-            ("http://u:p@127.0.0.1:1", "user info"),
-            ("http://127.0.0.1:1/?x=1", "query"),
-            ("http://127.0.0.1:1/#f", "fragment"),
-            ("not a url", "http://host:port"),
+            ("127.0.0.1:8080", "https://host"),
+            ("/payouts", "https://host"),
+            ("http://u:hunter2@127.0.0.1:1", "user info"),
+            ("https://127.0.0.1:1/?token=hunter2", "query"),
+            ("http://127.0.0.1:1/#hunter2", "fragment"),
+            ("not a url", "https://host"),
         ] {
             let e = HttpPayoutProvider::new(bad).expect_err(bad);
             let msg = format!("{e:#}");
             assert!(msg.contains(why), "{bad}: {msg}");
+            assert!(
+                !msg.contains("hunter2"),
+                "{bad}: the secret is shown: {msg}"
+            );
         }
+    }
+
+    #[test]
+    fn tls_settings_are_checked_before_any_call() {
+        let pki = crate::tls_testkit::TestPki::new("provider-settings");
+        let with_ca = ProviderTls {
+            ca_file: Some(pki.ca_file()),
+            ..ProviderTls::default()
+        };
+        let e = HttpPayoutProvider::with_tls("http://127.0.0.1:1", &with_ca).unwrap_err();
+        assert!(format!("{e:#}").contains("https://"), "{e:#}");
+        assert!(HttpPayoutProvider::with_tls("https://127.0.0.1:1", &with_ca).is_ok());
+        let missing = ProviderTls {
+            ca_file: Some("/nonexistent/outbox/ca.pem".into()),
+            ..ProviderTls::default()
+        };
+        let e = HttpPayoutProvider::with_tls("https://127.0.0.1:1", &missing).unwrap_err();
+        assert!(format!("{e:#}").contains("--provider-ca-file"), "{e:#}");
+        let half = ProviderTls {
+            cert_file: Some(pki.client("c").cert),
+            ..ProviderTls::default()
+        };
+        let e = HttpPayoutProvider::with_tls("https://127.0.0.1:1", &half).unwrap_err();
+        assert!(format!("{e:#}").contains("--provider-key-file"), "{e:#}");
+    }
+
+    /// The stand-in provider behind a TLS terminator with a certificate from a test CA (and,
+    /// with `mutual`, requiring a client certificate from that CA).
+    async fn behind_tls(
+        pki: &crate::tls_testkit::TestPki,
+        mutual: bool,
+    ) -> (Running, crate::tls_testkit::TlsProxy) {
+        let p = Running::start(false).await;
+        let upstream: SocketAddr = p.base.trim_start_matches("http://").parse().unwrap();
+        let server = pki.server("provider", &["localhost", "127.0.0.1"]);
+        let ca = pki.ca_file();
+        let config =
+            crate::tls_testkit::TestPki::server_config(&server, mutual.then_some(ca.as_path()));
+        let proxy = crate::tls_testkit::TlsProxy::start(upstream, config).await;
+        (p, proxy)
+    }
+
+    #[tokio::test]
+    async fn https_provider_is_called_over_verified_tls() {
+        let pki = crate::tls_testkit::TestPki::new("provider-https");
+        let (p, proxy) = behind_tls(&pki, false).await;
+        let tls = ProviderTls {
+            ca_file: Some(pki.ca_file()),
+            ..ProviderTls::default()
+        };
+        let a = HttpPayoutProvider::with_tls(&format!("https://localhost:{}", proxy.port()), &tls)
+            .unwrap();
+        let it = item("k-tls", payout("pay-tls", 42));
+        let reference = succeeded(a.call(&it).await);
+        assert_eq!(a.lookup(&it).await, LookupOutcome::Succeeded { reference });
+        assert!(proxy.handshakes_ok() >= 1);
+        assert_eq!(p.payouts().await.len(), 1);
+
+        // The system's trust store alone does not know the test CA: refused before sending.
+        let untrusted =
+            HttpPayoutProvider::new(&format!("https://localhost:{}", proxy.port())).unwrap();
+        match untrusted
+            .call(&item("k-untrusted", payout("pay-u", 1)))
+            .await
+        {
+            CallOutcome::NotSent { reason } => {
+                assert!(reason.to_lowercase().contains("certificate"), "{reason}")
+            }
+            other => panic!("expected NotSent for an unknown CA, got {other:?}"),
+        }
+        // A name the certificate does not carry is refused too.
+        let other_name = pki.server("other", &["payouts.example"]);
+        let config = crate::tls_testkit::TestPki::server_config(&other_name, None);
+        let upstream: SocketAddr = p.base.trim_start_matches("http://").parse().unwrap();
+        let wrong = crate::tls_testkit::TlsProxy::start(upstream, config).await;
+        let a = HttpPayoutProvider::with_tls(&format!("https://localhost:{}", wrong.port()), &tls)
+            .unwrap();
+        assert!(matches!(
+            a.call(&item("k-name", payout("pay-n", 1))).await,
+            CallOutcome::NotSent { .. }
+        ));
+        // Plain HTTP to a provider that speaks TLS never succeeds.
+        let plain = HttpPayoutProvider::new(&format!("http://localhost:{}", proxy.port())).unwrap();
+        assert!(!matches!(
+            plain.call(&item("k-plain", payout("pay-p", 1))).await,
+            CallOutcome::Succeeded { .. }
+        ));
+        assert_eq!(
+            p.payouts().await.len(),
+            1,
+            "no refused call reached the provider"
+        );
+        p.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_is_presented_when_the_provider_requires_one() {
+        let pki = crate::tls_testkit::TestPki::new("provider-mtls");
+        let (p, proxy) = behind_tls(&pki, true).await;
+        let base = format!("https://localhost:{}", proxy.port());
+        let ca_only = ProviderTls {
+            ca_file: Some(pki.ca_file()),
+            ..ProviderTls::default()
+        };
+        let a = HttpPayoutProvider::with_tls(&base, &ca_only).unwrap();
+        assert!(!matches!(
+            a.call(&item("k-nocert", payout("pay-x", 1))).await,
+            CallOutcome::Succeeded { .. }
+        ));
+        let client = pki.client("executor");
+        let mtls = ProviderTls {
+            ca_file: Some(pki.ca_file()),
+            cert_file: Some(client.cert),
+            key_file: Some(client.key),
+        };
+        let a = HttpPayoutProvider::with_tls(&base, &mtls).unwrap();
+        succeeded(a.call(&item("k-cert", payout("pay-c", 2))).await);
+        assert_eq!(p.payouts().await.len(), 1);
+        p.stop().await;
     }
 }

@@ -18,10 +18,13 @@ mod config;
 mod demo;
 mod effects_cmd;
 mod http_provider;
+mod logging;
 mod matrix;
 mod observer;
 mod provider;
 mod scrape;
+#[cfg(test)]
+mod tls_testkit;
 mod workload;
 
 use std::net::SocketAddr;
@@ -41,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::broker::AnyTransport;
-use crate::config::{FileConfig, Resolved, redact};
+use crate::config::{BrokerKind, FileConfig, Resolved, broker_kind, redact};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,9 +64,12 @@ struct Cli {
         hide_env_values = true
     )]
     database_url: Option<String>,
-    /// Broker URL: nats://host:4222 or amqp://user:pass@host:5672/vhost.
+    /// Broker URL: nats://host:4222, tls://host:4222 (NATS, TLS required),
+    /// amqp://user:pass@host:5672/vhost or amqps://… (RabbitMQ over TLS).
     #[arg(long, global = true, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
+    #[command(flatten)]
+    security: config::BrokerSecurityArgs,
     /// Schema holding the outbox tables (default `outbox`).
     #[arg(long, global = true, env = "OUTBOX_SCHEMA")]
     schema: Option<String>,
@@ -77,7 +83,8 @@ enum Command {
     Migrate,
     /// Run the relay until SIGTERM / Ctrl-C.
     Relay {
-        /// Serve Prometheus metrics here.
+        /// Serve Prometheus metrics here, e.g. 127.0.0.1:9090. The endpoint has no
+        /// authentication: keep it on loopback unless a firewall guards the interface.
         #[arg(long, env = "OUTBOX_METRICS_ADDR")]
         metrics_addr: Option<SocketAddr>,
     },
@@ -205,6 +212,27 @@ enum DeadLetterCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Several client libraries build TLS configurations from rustls's process-wide default
+    // provider; the binary links both ring and aws-lc-rs, so name one instead of panicking.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let file = match &cli.config {
+        Some(p) => FileConfig::load(p),
+        None => Ok(FileConfig::default()),
+    };
+    // Every URL the process may hand to a client library: their secrets are masked in all
+    // log output and in the final error, whatever prints them.
+    let mut urls: Vec<&str> = [cli.database_url.as_deref(), cli.broker_url.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if let Ok(f) = &file {
+        urls.extend(f.database_url.as_deref());
+        urls.extend(f.broker_url.as_deref());
+    }
+    if let Command::Effects(effects_cmd::EffectsCmd::Run(args)) = &cli.command {
+        urls.push(args.provider_url());
+    }
+    let scrubber = Arc::new(logging::scrubber(urls));
     // The harness prints its own progress; its clients' connection chatter would drown it.
     let default_filter = if matches!(cli.command, Command::CrashMatrix(_)) {
         "warn,outbox_nats::transport=error,lapin=off"
@@ -216,29 +244,28 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| default_filter.into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(logging::ScrubbingStderr::new(Arc::clone(&scrubber)))
         .init();
+    let fail = |e: anyhow::Error| {
+        eprintln!("error: {}", scrubber.scrub(&format!("{e:#}")));
+        ExitCode::from(2)
+    };
+    let file = match file {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail(anyhow::Error::new(e).context("cannot start the async runtime")),
     };
-    match rt.block_on(run(cli)) {
+    match rt.block_on(run(cli, file)) {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
+        Err(e) => fail(e),
     }
 }
 
-async fn run(cli: Cli) -> Result<ExitCode> {
-    let file = match &cli.config {
-        Some(p) => FileConfig::load(p)?,
-        None => FileConfig::default(),
-    };
+async fn run(cli: Cli, mut file: FileConfig) -> Result<ExitCode> {
+    cli.security.apply(&mut file);
     if let Command::Demo(args) = cli.command {
         return demo::run(args, cli.database_url, cli.broker_url, &file).await;
     }
@@ -277,9 +304,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let store = PgStore::new(pool, store_config);
             store.check().await.context("cannot start the relay")?;
             let broker_url = broker_url(&resolved)?;
-            let transport =
-                AnyTransport::connect(&broker_url, file.nats.clone(), file.rabbitmq.clone())
-                    .await?;
+            let transport = connect_transport(&broker_url, &file).await?;
             let addr = metrics_addr.or(file
                 .metrics_addr
                 .as_deref()
@@ -593,6 +618,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 /// Relay leases that expired this long ago belong to crashed relays: the maintainer deletes them.
 const LEASE_REAP_AFTER: Duration = Duration::from_secs(600);
 
+/// Connects the relay's transport by the URL's scheme, with the file's (and flags') TLS and
+/// authentication settings: `nats://` / `tls://` to NATS, `amqp://` / `amqps://` to RabbitMQ.
+async fn connect_transport(url: &str, file: &FileConfig) -> Result<AnyTransport> {
+    match broker_kind(url) {
+        Some(BrokerKind::Nats) => Ok(AnyTransport::Nats(Box::new(
+            outbox_nats::NatsTransport::connect(url, file.nats.clone()).await?,
+        ))),
+        Some(BrokerKind::Rabbit) => Ok(AnyTransport::Rabbit(
+            outbox_rabbitmq::RabbitTransport::connect(url, file.rabbitmq.clone()).await?,
+        )),
+        None => anyhow::bail!(
+            "invalid configuration `broker_url`: unknown scheme in `{}`",
+            redact(url)
+        ),
+    }
+}
+
 fn broker_url(resolved: &Resolved) -> Result<String> {
     resolved.broker_url.clone().context(
         "invalid configuration `broker_url`: not set (use --broker-url, OUTBOX_BROKER_URL or the config file)",
@@ -621,8 +663,19 @@ pub(crate) async fn connect_db(url: &str) -> Result<PgPool> {
 }
 
 /// Serves Prometheus metrics on `addr` and describes the relay's metrics.
+///
+/// The endpoint has no authentication and no TLS, and its numbers (backlog, dead letters,
+/// consumer names) describe the business. Loopback is the recommended address, scraped by a
+/// local agent; any other address is served, with a warning, for interfaces a firewall guards.
 pub(crate) fn install_metrics(addr: SocketAddr) -> Result<()> {
     use outbox_core::relay::metric;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "the metrics endpoint is not on loopback: it has no authentication, so anyone who \
+             reaches this interface can read it; prefer 127.0.0.1 with a local scraper"
+        );
+    }
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(

@@ -73,7 +73,15 @@ pub fn parse(text: &str) -> RelayCounters {
     out
 }
 
-/// Fetches `http://{addr}/metrics`.
+/// Largest answer read from a relay's metrics endpoint. A relay's exposition is a few
+/// kilobytes; anything near this is not a relay, and reading it whole would cost memory.
+pub const MAX_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Fetches `http://{addr}/metrics`, reading at most [`MAX_ANSWER_BYTES`].
+///
+/// # Errors
+/// The address cannot be reached within 3 s, the answer takes longer than 3 s, is larger than
+/// [`MAX_ANSWER_BYTES`], is not UTF-8 or is not a 200.
 pub async fn fetch(addr: &str) -> Result<RelayCounters> {
     let addr = addr
         .trim_start_matches("http://")
@@ -86,10 +94,22 @@ pub async fn fetch(addr: &str) -> Result<RelayCounters> {
     stream
         .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
         .await?;
-    let mut body = String::new();
-    tokio::time::timeout(Duration::from_secs(3), stream.read_to_string(&mut body))
-        .await
-        .with_context(|| format!("relay metrics at {addr}: read timed out"))??;
+    let mut raw = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        (&mut stream)
+            .take(MAX_ANSWER_BYTES + 1)
+            .read_to_end(&mut raw),
+    )
+    .await
+    .with_context(|| format!("relay metrics at {addr}: read timed out"))??;
+    if raw.len() as u64 > MAX_ANSWER_BYTES {
+        bail!(
+            "relay metrics at {addr}: the answer is larger than {MAX_ANSWER_BYTES} bytes; is this a relay's metrics address?"
+        );
+    }
+    let body = String::from_utf8(raw)
+        .map_err(|_| anyhow::anyhow!("relay metrics at {addr}: the answer is not UTF-8 text"))?;
     if !body.starts_with("HTTP/1.") || body.split_whitespace().nth(1).is_none_or(|c| c != "200") {
         bail!(
             "relay metrics at {addr}: unexpected answer `{}`",
@@ -102,6 +122,38 @@ pub async fn fetch(addr: &str) -> Result<RelayCounters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-shot server that answers `answer` to whatever it is asked.
+    async fn serve_once(answer: Vec<u8>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            if let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(&answer).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_is_refused() {
+        let mut answer = b"HTTP/1.0 200 OK\r\n\r\n".to_vec();
+        answer.extend(std::iter::repeat_n(b'#', MAX_ANSWER_BYTES as usize));
+        let addr = serve_once(answer).await;
+        let e = fetch(&addr).await.unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e:#}");
+    }
+
+    #[tokio::test]
+    async fn a_normal_answer_is_parsed() {
+        let answer =
+            b"HTTP/1.0 200 OK\r\n\r\noutbox_published_total{transport=\"nats\"} 3\n".to_vec();
+        let addr = serve_once(answer).await;
+        let c = fetch(&addr).await.unwrap();
+        assert_eq!(c.totals["outbox_published_total"], 3.0);
+    }
 
     #[test]
     fn sums_labels_and_reads_latency_buckets() {

@@ -52,6 +52,62 @@ pub enum MessageError {
     /// The JSON payload could not be serialised.
     #[error("payload is not serialisable as JSON: {0}")]
     Json(String),
+    /// The content type is not a printable-ASCII media type `type/subtype[; parameters]`.
+    /// `content_type` is the refused value with control and non-ASCII characters escaped.
+    #[error("content type `{content_type}` is invalid: {reason}")]
+    BadContentType {
+        /// The refused value, escaped and cut to 64 characters.
+        content_type: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The content type says JSON (`application/json`, `text/json`, `…+json`) but the payload
+    /// does not parse as one JSON document.
+    #[error("payload is declared `{content_type}` but is not valid JSON: {error}")]
+    PayloadNotJson {
+        /// The declared content type.
+        content_type: String,
+        /// The parser's message (line and column).
+        error: String,
+    },
+    /// The payload is larger than [`MessageLimits::max_payload_bytes`](crate::limits::MessageLimits::max_payload_bytes).
+    #[error("payload is {size} bytes, over the limit of {max} bytes (max_payload_bytes)")]
+    PayloadTooLarge {
+        /// The payload's size in bytes.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More headers than [`MessageLimits::max_headers`](crate::limits::MessageLimits::max_headers).
+    #[error("message has {count} headers, over the limit of {max} (max_headers)")]
+    TooManyHeaders {
+        /// Headers on the message.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// One header value is longer than
+    /// [`MessageLimits::max_header_value_bytes`](crate::limits::MessageLimits::max_header_value_bytes).
+    #[error(
+        "header `{name}` value is {len} bytes, over the limit of {max} bytes (max_header_value_bytes)"
+    )]
+    HeaderValueTooLong {
+        /// The header's name.
+        name: String,
+        /// The value's length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// All header names and values together are larger than
+    /// [`MessageLimits::max_headers_bytes`](crate::limits::MessageLimits::max_headers_bytes).
+    #[error("headers are {size} bytes in total, over the limit of {max} bytes (max_headers_bytes)")]
+    HeadersTooLarge {
+        /// Sum of the names' and values' lengths in bytes.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// A payload's media type, e.g. `application/json`.
@@ -62,6 +118,20 @@ impl ContentType {
     /// `application/json`.
     pub fn json() -> Self {
         Self("application/json".to_owned())
+    }
+
+    /// True when the media type says the payload is JSON: `application/json`, `text/json` or
+    /// a `+json` structured syntax (`application/cloudevents+json`), parameters and case
+    /// ignored. [`NewMessage::validate`] then requires one valid JSON document.
+    pub fn is_json(&self) -> bool {
+        let essence = self
+            .0
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
     }
 }
 
@@ -280,7 +350,9 @@ impl NewMessage {
         self
     }
 
-    /// Checks field lengths, versions and header names.
+    /// Checks field lengths, versions, header names and values, the content type (a printable
+    /// media type), and that a payload whose content type says JSON is one valid JSON
+    /// document. Size limits are [`MessageLimits::check`](crate::limits::MessageLimits::check)'s.
     ///
     /// # Errors
     /// The first [`MessageError`] found.
@@ -289,6 +361,15 @@ impl NewMessage {
         check_len("aggregate_id", &self.aggregate_id)?;
         check_len("event_type", &self.event_type)?;
         check_len("content_type", &self.payload.content_type.0)?;
+        check_content_type(&self.payload.content_type.0)?;
+        if self.payload.content_type.is_json() {
+            serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload.bytes).map_err(|e| {
+                MessageError::PayloadNotJson {
+                    content_type: self.payload.content_type.0.clone(),
+                    error: e.to_string(),
+                }
+            })?;
+        }
         if let Some(d) = &self.destination {
             check_len("destination", d)?;
         }
@@ -306,6 +387,35 @@ impl NewMessage {
         }
         Ok(())
     }
+}
+
+/// An RFC 9110 `token` character.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Checks a media type: printable ASCII only (no CR, LF, NUL or other control character that
+/// could split a protocol header), and `type/subtype` made of tokens before any `;` parameters.
+fn check_content_type(value: &str) -> Result<(), MessageError> {
+    let bad = |reason| MessageError::BadContentType {
+        content_type: value.escape_default().take(64).collect(),
+        reason,
+    };
+    if !value.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+        return Err(bad(
+            "only printable ASCII is allowed (no control or non-ASCII characters)",
+        ));
+    }
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let ok = essence.split_once('/').is_some_and(|(t, s)| {
+        !t.is_empty() && !s.is_empty() && t.bytes().all(is_tchar) && s.bytes().all(is_tchar)
+    });
+    if !ok {
+        return Err(bad(
+            "must be a media type `type/subtype`, e.g. `application/json`",
+        ));
+    }
+    Ok(())
 }
 
 fn check_len(field: &'static str, value: &str) -> Result<(), MessageError> {
@@ -439,6 +549,78 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         );
         assert!(m.validate().is_ok());
+    }
+
+    #[test]
+    fn content_types_must_be_printable_media_types() {
+        for good in [
+            "application/json",
+            "application/octet-stream",
+            "text/plain; charset=utf-8",
+            "application/vnd.acme.payment+json;v=2",
+        ] {
+            let mut m = msg();
+            m.payload.content_type = ContentType(good.to_owned());
+            assert!(m.validate().is_ok(), "{good}");
+        }
+        for (bad, why) in [
+            ("application/json\r\nX-Injected: 1", "printable ASCII"),
+            ("text/plain\0", "printable ASCII"),
+            ("text/pl\u{e4}in", "printable ASCII"),
+            ("application/json\t", "printable ASCII"),
+            ("json", "type/subtype"),
+            ("application/", "type/subtype"),
+            ("app lication/json", "type/subtype"),
+        ] {
+            let mut m = msg();
+            m.payload.content_type = ContentType(bad.to_owned());
+            match m.validate() {
+                Err(MessageError::BadContentType {
+                    content_type,
+                    reason,
+                }) => {
+                    assert!(reason.contains(why), "{bad:?}: {reason}");
+                    assert!(!content_type.contains('\n') && !content_type.contains('\0'));
+                }
+                other => panic!("{bad:?}: expected BadContentType, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn json_content_types_require_valid_json() {
+        let json = |ct: &str, body: &str| {
+            NewMessage::new(
+                "payment",
+                "p1",
+                1,
+                "PaymentCreated",
+                Payload::bytes(ct, body.to_owned()),
+            )
+            .validate()
+        };
+        assert!(json("application/json", r#"{"a":[1,2]}"#).is_ok());
+        assert!(json("application/cloudevents+json; charset=utf-8", "[]").is_ok());
+        assert!(json("application/octet-stream", "{not json").is_ok());
+        for (ct, body) in [
+            ("application/json", "{not json"),
+            ("Application/JSON", r#"{"a":1} trailing"#),
+            ("text/json", ""),
+            ("application/problem+json", "\u{0}"),
+        ] {
+            match json(ct, body) {
+                Err(MessageError::PayloadNotJson {
+                    content_type,
+                    error,
+                }) => {
+                    assert_eq!(content_type, ct);
+                    assert!(!error.is_empty());
+                }
+                other => panic!("{ct} {body:?}: expected PayloadNotJson, got {other:?}"),
+            }
+        }
+        assert!(ContentType::json().is_json());
+        assert!(!ContentType("application/jsonl".into()).is_json());
     }
 
     #[cfg(feature = "opentelemetry")]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::security::NatsSecurity;
 use crate::subject;
 
 /// Configuration of the NATS JetStream transport.
@@ -51,6 +52,9 @@ pub struct NatsConfig {
     /// step). Also the timeout of the JetStream API requests made at startup. Keep it below the
     /// relay's `publish_timeout` so the transport reports `TimedOut` itself. Default 5.
     pub ack_timeout_secs: u64,
+    /// TLS and authentication of the connection (`[nats.security]`). Default: none beyond
+    /// what the URL says.
+    pub security: NatsSecurity,
 }
 
 impl Default for NatsConfig {
@@ -65,6 +69,7 @@ impl Default for NatsConfig {
             max_in_flight: 1024,
             connect_timeout_secs: 5,
             ack_timeout_secs: 5,
+            security: NatsSecurity::default(),
         }
     }
 }
@@ -157,6 +162,9 @@ impl NatsConfig {
         }
         if self.ack_timeout_secs == 0 {
             return bad("ack_timeout_secs", "must be positive");
+        }
+        if let Err(e) = self.security.validate() {
+            return bad(e.key, e.message);
         }
         Ok(())
     }

@@ -90,8 +90,10 @@ use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, S
 use outbox_core::wire::{self, DecodeError, IncomingEvent, attr};
 use serde::Deserialize;
 
+use crate::security::{NatsSecurity, NatsSecurityError};
 use crate::subject;
-use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER, is_stream_not_found, redact};
+use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER, is_stream_not_found};
+use outbox_core::secrets::redact_url;
 
 /// How long startup waits for the connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,6 +142,8 @@ pub struct NatsConsumerConfig {
     /// Largest body accepted; a larger one is delivered with
     /// [`DecodeError::TooLarge`] (and dead-lettered by the runner). Default 8 MiB.
     pub max_message_bytes: usize,
+    /// TLS and authentication of the connection. Default: none beyond what the URL says.
+    pub security: NatsSecurity,
 }
 
 impl Default for NatsConsumerConfig {
@@ -151,6 +155,7 @@ impl Default for NatsConsumerConfig {
             ack_wait_secs: 30,
             max_ack_pending: 10_000,
             max_message_bytes: 8 * 1024 * 1024,
+            security: NatsSecurity::default(),
         }
     }
 }
@@ -204,6 +209,9 @@ impl NatsConsumerConfig {
         if self.max_message_bytes == 0 {
             return bad("max_message_bytes", "must be positive");
         }
+        if let Err(e) = self.security.validate() {
+            return bad(e.key, e.message);
+        }
         Ok(())
     }
 
@@ -235,6 +243,9 @@ pub enum NatsConsumerError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] NatsConsumerConfigError),
+    /// A TLS or authentication file cannot be used, or the URL's credentials contradict them.
+    #[error(transparent)]
+    Security(#[from] NatsSecurityError),
     /// The server could not be reached or refused the connection (address, DNS, TLS, auth).
     #[error("cannot connect to NATS at `{url}`: {source}")]
     Connect {
@@ -300,36 +311,44 @@ impl NatsSource {
     /// [`NatsConsumerError::ConnectTimedOut`] when the server cannot be reached,
     /// [`NatsConsumerError::StreamNotFound`], [`NatsConsumerError::Stream`] and
     /// [`NatsConsumerError::Consumer`] as in [`NatsSource::from_client`].
-    #[tracing::instrument(level = "info", skip(config), fields(stream = %config.stream, durable = %config.durable_name))]
+    #[tracing::instrument(
+        level = "info",
+        skip_all,
+        fields(server = %redact_url(url), stream = %config.stream, durable = %config.durable_name)
+    )]
     pub async fn connect(url: &str, config: NatsConsumerConfig) -> Result<Self, NatsConsumerError> {
         let options = crate::transport::logged_connect_options("outbox-consumer");
         Self::connect_with_options(url, options, config).await
     }
 
-    /// Like [`NatsSource::connect`] with caller-built [`ConnectOptions`] (TLS, NKeys,
-    /// credentials, event callback). Do not enable `retry_on_initial_connect` unless startup
-    /// should wait for the server.
+    /// Like [`NatsSource::connect`] with caller-built [`ConnectOptions`] (event callback, or
+    /// TLS and authentication settings beyond [`NatsConsumerConfig::security`], which is
+    /// applied on top). Credentials in `url` are moved into the options, out of the address
+    /// the client library logs. Do not enable `retry_on_initial_connect` unless startup should
+    /// wait for the server.
     ///
     /// # Errors
-    /// As [`NatsSource::connect`].
+    /// As [`NatsSource::connect`], plus [`NatsConsumerError::Security`] when a TLS or
+    /// authentication file cannot be used.
     pub async fn connect_with_options(
         url: &str,
         options: ConnectOptions,
         config: NatsConsumerConfig,
     ) -> Result<Self, NatsConsumerError> {
         config.validate()?;
+        let (address, options) = config.security.apply(url, options).await?;
         let options = options.connection_timeout(CONNECT_TIMEOUT);
-        let client = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url)).await {
+        let client = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect(address)).await {
             Ok(Ok(client)) => client,
             Ok(Err(source)) => {
                 return Err(NatsConsumerError::Connect {
-                    url: redact(url),
+                    url: redact_url(url),
                     source,
                 });
             }
             Err(_elapsed) => {
                 return Err(NatsConsumerError::ConnectTimedOut {
-                    url: redact(url),
+                    url: redact_url(url),
                     timeout_secs: CONNECT_TIMEOUT.as_secs(),
                 });
             }

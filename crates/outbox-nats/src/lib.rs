@@ -93,6 +93,7 @@
 
 mod config;
 pub mod consumer;
+mod security;
 mod subject;
 mod transport;
 
@@ -101,6 +102,7 @@ pub use consumer::{
     NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery, NatsSource,
     decode_raw,
 };
+pub use security::{NatsSecurity, NatsSecurityError};
 pub use transport::{
     CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, NatsConnectError, NatsTransport,
 };

@@ -10,11 +10,13 @@ use async_nats::jetstream::context::{
 };
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
+use outbox_core::secrets::redact_url;
 use outbox_core::wire;
 use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
 use tokio::sync::Semaphore;
 
 use crate::config::{NatsConfig, NatsConfigError};
+use crate::security::NatsSecurityError;
 use crate::subject;
 
 /// Header carrying the JetStream deduplication id (the event id).
@@ -47,6 +49,9 @@ pub enum NatsConnectError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] NatsConfigError),
+    /// A TLS or authentication file cannot be used, or the URL's credentials contradict them.
+    #[error(transparent)]
+    Security(#[from] NatsSecurityError),
     /// The server could not be reached or refused the connection (address, DNS, TLS, auth).
     #[error("cannot connect to NATS at `{url}`: {source}")]
     Connect {
@@ -95,23 +100,33 @@ impl NatsTransport {
     /// reconnects by itself during outages; publishes made meanwhile fail with `TimedOut` /
     /// `Unavailable` and the relay retries them.
     ///
-    /// Credentials may be given in the URL (`nats://user:pass@host:4222`); use
-    /// [`NatsTransport::connect_with_options`] for TLS, NKeys or credential files.
+    /// Credentials may be given in the URL (`nats://user:pass@host:4222`, `nats://TOKEN@host`);
+    /// they are moved into the connect options and never logged. TLS (`tls://` URLs, a CA, a
+    /// client certificate), a credentials file or an NKey seed come from
+    /// [`NatsConfig::security`]; when TLS is required a plain-text server is an error, never a
+    /// fallback.
     ///
     /// # Errors
-    /// [`NatsConnectError::Config`] for a bad config, [`NatsConnectError::Connect`] /
-    /// [`NatsConnectError::ConnectTimedOut`] when the server cannot be reached,
-    /// [`NatsConnectError::Stream`] when the stream cannot be looked up or created.
-    #[tracing::instrument(level = "info", skip(config), fields(stream = %config.stream))]
+    /// [`NatsConnectError::Config`] for a bad config, [`NatsConnectError::Security`] when a TLS
+    /// or authentication file cannot be used, [`NatsConnectError::Connect`] /
+    /// [`NatsConnectError::ConnectTimedOut`] when the server cannot be reached (or refuses the
+    /// TLS handshake or the credentials), [`NatsConnectError::Stream`] when the stream cannot
+    /// be looked up or created.
+    #[tracing::instrument(
+        level = "info",
+        skip_all,
+        fields(server = %redact_url(url), stream = %config.stream)
+    )]
     pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, NatsConnectError> {
         let options = logged_connect_options("outbox-relay");
         Self::connect_with_options(url, options, config).await
     }
 
-    /// Like [`NatsTransport::connect`] with caller-built [`ConnectOptions`] (TLS, NKeys,
-    /// credentials, event callback). The connection timeout is set from
-    /// [`NatsConfig::connect_timeout_secs`]; do not enable `retry_on_initial_connect` unless
-    /// you want startup to wait for the server.
+    /// Like [`NatsTransport::connect`] with caller-built [`ConnectOptions`] (event callback,
+    /// or TLS and authentication settings beyond [`NatsConfig::security`], which is applied on
+    /// top). Credentials in `url` are moved into the options. The connection timeout is set
+    /// from [`NatsConfig::connect_timeout_secs`]; do not enable `retry_on_initial_connect`
+    /// unless you want startup to wait for the server.
     ///
     /// # Errors
     /// As [`NatsTransport::connect`].
@@ -121,19 +136,20 @@ impl NatsTransport {
         config: NatsConfig,
     ) -> Result<Self, NatsConnectError> {
         config.validate()?;
+        let (address, options) = config.security.apply(url, options).await?;
         let timeout = config.connect_timeout();
         let options = options.connection_timeout(timeout);
-        let client = match tokio::time::timeout(timeout, options.connect(url)).await {
+        let client = match tokio::time::timeout(timeout, options.connect(address)).await {
             Ok(Ok(client)) => client,
             Ok(Err(source)) => {
                 return Err(NatsConnectError::Connect {
-                    url: redact(url),
+                    url: redact_url(url),
                     source,
                 });
             }
             Err(_elapsed) => {
                 return Err(NatsConnectError::ConnectTimedOut {
-                    url: redact(url),
+                    url: redact_url(url),
                     timeout_secs: config.connect_timeout_secs,
                 });
             }
@@ -502,20 +518,6 @@ fn classify_other(err: &jetstream::context::PublishError, connected: bool) -> Pu
     PublishErrorKind::Rejected
 }
 
-/// Drops a password from a URL before it goes into an error message.
-pub(crate) fn redact(url: &str) -> String {
-    url.split(',')
-        .map(|one| match (one.find("://"), one.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}://***@{}", &one[..scheme], &one[at + 1..])
-            }
-            (None, Some(at)) => format!("***@{}", &one[at + 1..]),
-            _ => one.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -641,12 +643,5 @@ mod tests {
     fn serde_json_error(err_code: u64, description: &str) -> jetstream::Error {
         let text = format!(r#"{{"code":400,"err_code":{err_code},"description":"{description}"}}"#);
         serde_json::from_str(&text).unwrap()
-    }
-
-    #[test]
-    fn redact_hides_credentials() {
-        assert_eq!(redact("nats://u:p@h:4222"), "nats://***@h:4222");
-        assert_eq!(redact("nats://h:4222,u:p@h2"), "nats://h:4222,***@h2");
-        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
     }
 }

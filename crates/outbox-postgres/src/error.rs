@@ -7,7 +7,9 @@ use outbox_core::{EventId, MessageError, StoreError, StoreErrorKind};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EnqueueError {
-    /// The message failed validation before reaching the database.
+    /// The message broke a rule or a size limit before reaching the database; nothing was
+    /// written and the caller's transaction is still usable. The [`MessageError`] names the
+    /// rule (e.g. [`MessageError::PayloadTooLarge`] with the size and the limit).
     #[error("invalid message: {0}")]
     Invalid(#[from] MessageError),
     /// An event with this id is already stored: event ids are never reused.

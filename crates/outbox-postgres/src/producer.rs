@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_core::limits::MessageLimits;
 use outbox_core::{Fingerprint, NewMessage};
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool};
 use tokio::sync::mpsc;
@@ -31,10 +32,20 @@ use crate::sql::Sql;
 /// tx.commit().await?; // business row and intent commit together, or neither does
 /// # Ok(()) }
 /// ```
+///
+/// # Limits
+///
+/// Every message is checked before any SQL runs: [`NewMessage::validate`] (field lengths,
+/// header names and values, a printable media type, valid JSON when the content type says
+/// JSON) and the size limits of [`MessageLimits`] (payload, header count and sizes; defaults
+/// in its docs, set others with [`PgOutbox::with_limits`]). A refused message is an
+/// [`EnqueueError::Invalid`] naming the rule, and nothing is written. Producers that write the
+/// table with plain SQL bypass these checks and must keep their own bounds.
 #[derive(Debug, Clone)]
 pub struct PgOutbox {
     schema: Schema,
     sql: Arc<Sql>,
+    limits: MessageLimits,
 }
 
 /// The outcome of [`PgOutbox::idempotency_begin`].
@@ -51,7 +62,37 @@ impl PgOutbox {
     /// The producer API for `schema`.
     pub fn new(schema: Schema) -> Self {
         let sql = Arc::new(Sql::new(&schema));
-        Self { schema, sql }
+        Self {
+            schema,
+            sql,
+            limits: MessageLimits::default(),
+        }
+    }
+
+    /// Uses `limits` instead of [`MessageLimits::default`] for every enqueue.
+    ///
+    /// ```
+    /// use outbox_core::limits::MessageLimits;
+    /// use outbox_postgres::{PgOutbox, Schema};
+    /// let outbox = PgOutbox::new(Schema::new("outbox").unwrap())
+    ///     .with_limits(MessageLimits { max_payload_bytes: 256 * 1024, ..MessageLimits::default() });
+    /// assert_eq!(outbox.limits().max_payload_bytes, 256 * 1024);
+    /// ```
+    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The limits every enqueue checks.
+    pub fn limits(&self) -> &MessageLimits {
+        &self.limits
+    }
+
+    /// Validation and limits, before any SQL runs.
+    fn check(&self, message: &NewMessage) -> Result<(), EnqueueError> {
+        message.validate()?;
+        self.limits.check(message)?;
+        Ok(())
     }
 
     /// The schema.
@@ -67,15 +108,19 @@ impl PgOutbox {
     /// transaction commits.
     ///
     /// # Errors
-    /// [`EnqueueError::Invalid`] before any SQL runs; [`EnqueueError::DuplicateEventId`] or
-    /// [`EnqueueError::VersionConflict`] from the unique constraints; otherwise
-    /// [`EnqueueError::Database`]. After a database error the caller's transaction is aborted.
+    /// [`EnqueueError::Invalid`] before any SQL runs, when the message breaks a rule or a
+    /// limit (see "Limits" on [`PgOutbox`]; the [`outbox_core::MessageError`] inside names it:
+    /// `PayloadTooLarge`, `TooManyHeaders`, `HeaderValueTooLong`, `HeadersTooLarge`,
+    /// `BadContentType`, `PayloadNotJson`, `BadHeaderValue` …); the caller's transaction is
+    /// untouched then. [`EnqueueError::DuplicateEventId`] or [`EnqueueError::VersionConflict`]
+    /// from the unique constraints; otherwise [`EnqueueError::Database`]. After a database
+    /// error the caller's transaction is aborted.
     pub async fn enqueue<'e, E: PgExecutor<'e>>(
         &self,
         executor: E,
         message: &NewMessage,
     ) -> Result<(), EnqueueError> {
-        message.validate()?;
+        self.check(message)?;
         let headers = serde_json::to_string(&message.headers).expect("string map serialises");
         sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.insert_event)))
             .bind(message.event_id)
@@ -108,7 +153,7 @@ impl PgOutbox {
             return Ok(());
         }
         for m in messages {
-            m.validate()?;
+            self.check(m)?;
         }
         let col = |f: fn(&NewMessage) -> String| messages.iter().map(f).collect::<Vec<_>>();
         let ids: Vec<_> = messages.iter().map(|m| m.event_id).collect();

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::tls::RabbitTls;
+
 /// The largest message RabbitMQ can ever accept (its hard `max_message_size` ceiling).
 pub const RABBITMQ_MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 
@@ -70,6 +72,9 @@ pub struct RabbitConfig {
     /// relay's own `publish_timeout` fires first; this bounds confirms the relay stopped
     /// waiting for. Default 60 seconds.
     pub confirm_timeout_secs: u64,
+    /// Custom CA and client certificate for `amqps://` (`[rabbitmq.tls]`). Default: the
+    /// system's trust store, no client certificate.
+    pub tls: RabbitTls,
 }
 
 impl Default for RabbitConfig {
@@ -87,6 +92,7 @@ impl Default for RabbitConfig {
             connect_timeout_secs: 5,
             reconnect_min_delay_ms: 1000,
             confirm_timeout_secs: 60,
+            tls: RabbitTls::default(),
         }
     }
 }
@@ -160,6 +166,7 @@ impl RabbitConfig {
                 "must be at least 1, or an outage becomes a reconnect loop",
             );
         }
+        self.tls.validate()?;
         if self.confirm_timeout_secs == 0 {
             return bad("confirm_timeout_secs", "must be at least 1");
         }

@@ -178,6 +178,9 @@ pub struct RabbitConsumerConfig {
     /// Minimum pause between reconnect attempts, counted from the last attempt and from the
     /// moment a lost connection was noticed. Default 1000 ms.
     pub reconnect_min_delay_ms: u64,
+    /// Custom CA and client certificate for `amqps://`. Default: the system's trust store, no
+    /// client certificate.
+    pub tls: crate::tls::RabbitTls,
 }
 
 impl Default for RabbitConsumerConfig {
@@ -192,6 +195,7 @@ impl Default for RabbitConsumerConfig {
             requeue_delay_cap_ms: 1000,
             connect_timeout_secs: 5,
             reconnect_min_delay_ms: 1000,
+            tls: crate::tls::RabbitTls::default(),
         }
     }
 }
@@ -269,7 +273,7 @@ impl RabbitConsumerConfig {
                 "must be at least 1, or an outage becomes a reconnect loop",
             );
         }
-        Ok(())
+        self.tls.validate()
     }
 
     /// The exchange to bind to, if any (`None` and `""` both mean no binding).
@@ -406,6 +410,8 @@ struct ReconnectState {
 /// source closes its connection, and the broker redelivers whatever was not acknowledged.
 pub struct RabbitSource {
     uri: AMQPUri,
+    /// Custom CA and client certificate, read once at startup (used for `amqps://`).
+    tls: lapin::tcp::OwnedTLSConfig,
     endpoint: String,
     config: RabbitConsumerConfig,
     link: Option<Link>,
@@ -433,7 +439,8 @@ impl RabbitSource {
     /// re-established lazily by later calls.
     ///
     /// # Errors
-    /// * [`RabbitConsumerError::Config`] for an invalid `config`, naming the key;
+    /// * [`RabbitConsumerError::Config`] for an invalid `config`, naming the key, including TLS
+    ///   files that cannot be read or are given with an `amqp://` URL;
     /// * [`RabbitConsumerError::InvalidUrl`] for a malformed `url`;
     /// * [`RabbitConsumerError::Unreachable`] when the TCP connection or the AMQP handshake
     ///   (credentials, vhost) fails;
@@ -447,9 +454,11 @@ impl RabbitSource {
     ) -> Result<Self, RabbitConsumerError> {
         config.validate()?;
         let uri: AMQPUri = url.parse().map_err(RabbitConsumerError::InvalidUrl)?;
+        let tls = config.tls.load(&uri)?;
         let endpoint = endpoint_of(&uri);
         let mut source = Self {
             uri,
+            tls,
             endpoint,
             config,
             link: None,
@@ -515,7 +524,7 @@ impl RabbitSource {
         let name = format!("outbox-consumer {}", self.config.queue);
         let name: String = name.chars().take(MAX_SHORT_STRING / 4).collect();
         let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let connection = Connection::connect_uri(self.uri.clone(), properties)
+        let connection = crate::tls::connect(self.uri.clone(), properties, &self.tls)
             .await
             .map_err(|e| Failure {
                 error: RabbitConsumerError::Unreachable {

@@ -116,6 +116,7 @@ mod confirms;
 pub mod consumer;
 mod encode;
 mod error;
+mod tls;
 mod transport;
 
 pub use config::{
@@ -125,4 +126,5 @@ pub use config::{
 pub use consumer::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
 pub use encode::{CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, sanitize_routing_key_part};
 pub use error::RabbitConnectError;
+pub use tls::RabbitTls;
 pub use transport::RabbitTransport;

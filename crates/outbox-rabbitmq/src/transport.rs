@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{FieldTable, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -34,6 +35,8 @@ pub struct RabbitTransport {
 
 struct Shared {
     uri: AMQPUri,
+    /// Custom CA and client certificate, read once at startup (used for `amqps://`).
+    tls: OwnedTLSConfig,
     endpoint: String,
     config: RabbitConfig,
     exchange: ShortString,
@@ -118,7 +121,8 @@ impl RabbitTransport {
     /// re-established lazily by later publishes.
     ///
     /// # Errors
-    /// * [`RabbitConnectError::Config`] for an invalid `config`;
+    /// * [`RabbitConnectError::Config`] for an invalid `config`, including TLS files that
+    ///   cannot be read or are given with an `amqp://` URL ([`RabbitConfig::tls`]);
     /// * [`RabbitConnectError::InvalidUrl`] for a malformed `url`;
     /// * [`RabbitConnectError::Unreachable`] when the TCP connection or the AMQP handshake
     ///   (credentials, vhost) fails;
@@ -128,6 +132,7 @@ impl RabbitTransport {
     pub async fn connect(url: &str, config: RabbitConfig) -> Result<Self, RabbitConnectError> {
         config.validate()?;
         let uri: AMQPUri = url.parse().map_err(RabbitConnectError::InvalidUrl)?;
+        let tls = config.tls.load(&uri)?;
         let endpoint = endpoint_of(&uri);
         let exchange = ShortString::try_new(config.exchange.clone()).map_err(|e| {
             RabbitConnectError::Config(RabbitConfigError {
@@ -140,6 +145,7 @@ impl RabbitTransport {
             permits: Arc::new(Semaphore::new(config.max_in_flight)),
             exchange,
             uri,
+            tls,
             config,
             current: RwLock::new(None),
             reconnect: Mutex::new(ReconnectState::default()),
@@ -375,7 +381,7 @@ impl Shared {
     async fn establish_unbounded(&self) -> Result<Link, RabbitConnectError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(self.config.connection_name.clone().into());
-        let connection = Connection::connect_uri(self.uri.clone(), properties)
+        let connection = crate::tls::connect(self.uri.clone(), properties, &self.tls)
             .await
             .map_err(|e| RabbitConnectError::Unreachable {
                 endpoint: self.endpoint.clone(),

@@ -1,0 +1,111 @@
+//! Log output that cannot carry the process's secrets.
+//!
+//! The toolkit's own code logs only redacted URLs ([`outbox_core::secrets::redact_url`]), and
+//! the NATS crates hand credentials to the client through options, not inside addresses. This
+//! module is the safety net for text the toolkit does not format: a client library's debug line
+//! that prints its connection address, an error message that quotes its input. Every secret
+//! the process was given (passwords, tokens and sensitive query values of the database, broker
+//! and provider URLs, from flags, environment or the config file, and `PGPASSWORD`) is masked
+//! in every log line and in the final error message, at every level.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+
+use outbox_core::secrets::Scrubber;
+use tracing_subscriber::fmt::MakeWriter;
+
+/// The environment variables whose URLs may reach a client library without passing the CLI's
+/// flags (clap reads the `OUTBOX_*` ones into flags; these are read elsewhere).
+const URL_VARIABLES: &[&str] = &[
+    "DATABASE_URL",
+    "OUTBOX_DATABASE_URL",
+    "OUTBOX_BROKER_URL",
+    "OUTBOX_PROVIDER_URL",
+];
+
+/// Builds the scrubber from every URL the process may use, plus `PGPASSWORD`.
+pub fn scrubber<'a>(urls: impl IntoIterator<Item = &'a str>) -> Scrubber {
+    let mut s = Scrubber::default();
+    for url in urls {
+        s.add_url(url);
+    }
+    for var in URL_VARIABLES {
+        if let Ok(url) = std::env::var(var) {
+            s.add_url(&url);
+        }
+    }
+    if let Ok(pw) = std::env::var("PGPASSWORD") {
+        s.add_secret(&pw);
+    }
+    s
+}
+
+/// A [`MakeWriter`] for stderr that masks the scrubber's secrets in each event before it is
+/// written. One event is buffered whole (the formatter writes it in one go) and written when
+/// the writer is dropped, so a secret can never straddle two writes.
+#[derive(Clone)]
+pub struct ScrubbingStderr {
+    scrubber: Arc<Scrubber>,
+}
+
+impl ScrubbingStderr {
+    /// Writes to stderr through `scrubber`.
+    pub fn new(scrubber: Arc<Scrubber>) -> Self {
+        Self { scrubber }
+    }
+}
+
+/// One event's buffer; see [`ScrubbingStderr`].
+pub struct EventBuffer {
+    scrubber: Arc<Scrubber>,
+    buf: Vec<u8>,
+}
+
+impl Write for EventBuffer {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for EventBuffer {
+    fn drop(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.buf);
+        let clean = self.scrubber.scrub(&text);
+        let mut err = io::stderr().lock();
+        let _ = err.write_all(clean.as_bytes());
+        let _ = err.flush();
+    }
+}
+
+impl<'a> MakeWriter<'a> for ScrubbingStderr {
+    type Writer = EventBuffer;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EventBuffer {
+            scrubber: Arc::clone(&self.scrubber),
+            buf: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_their_secrets_are_collected() {
+        let s = scrubber([
+            "postgres://app:pg-s3cret@db/pay?password=q-s3cret",
+            "nats://t0ken@n",
+        ]);
+        assert_eq!(s.scrub("pg-s3cret q-s3cret t0ken db"), "*** *** *** db");
+    }
+}
