@@ -4,17 +4,21 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result, bail};
-use outbox_core::Backoff;
-use outbox_core::relay::RelayConfig;
-use outbox_nats::NatsConfig;
+use outbox::Backoff;
+use outbox::broker::{BrokerSettings, Registry, file};
+use outbox::relay::RelayConfig;
 use outbox_postgres::{OnPublish, Schema};
-use outbox_rabbitmq::RabbitConfig;
 use serde::Deserialize;
 
-/// The TOML file. Unknown keys are errors (a typo must not silently fall back to a default).
+/// The TOML file. Unknown keys are errors (a typo must not silently fall back to a default):
+/// `[relay]` refuses them itself; every other table is a broker's settings section (`[nats]`,
+/// `[nats_consumer]`, `[rabbitmq]`, `[rabbitmq_consumer]` ...), checked by the broker registry
+/// when the file is loaded, whatever broker the URL names.
 #[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct FileConfig {
     /// PostgreSQL URL.
     pub database_url: Option<String>,
@@ -26,10 +30,9 @@ pub struct FileConfig {
     pub metrics_addr: Option<String>,
     /// `[relay]` table.
     pub relay: RelayFile,
-    /// `[nats]` table.
-    pub nats: NatsConfig,
-    /// `[rabbitmq]` table.
-    pub rabbitmq: RabbitConfig,
+    /// Every other key: the brokers' settings sections, by name.
+    #[serde(flatten)]
+    pub brokers: BTreeMap<String, serde_json::Value>,
 }
 
 /// `[relay]` settings; see [`RelayConfig`] for their meaning.
@@ -116,16 +119,46 @@ impl RelayFile {
 }
 
 impl FileConfig {
-    /// Reads and parses a TOML file.
-    pub fn load(path: &Path) -> Result<Self> {
+    /// Reads and parses a TOML file, and has `brokers` check its broker sections.
+    pub fn load(path: &Path, brokers: &Registry) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
+        Self::parse(&text, brokers)
+            .with_context(|| format!("invalid config file {}", path.display()))
     }
 
-    /// Parses TOML text.
-    pub fn parse(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))
+    /// Parses TOML text and has `brokers` check its broker sections.
+    pub fn parse(text: &str, brokers: &Registry) -> Result<Self> {
+        let file: Self = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        brokers.check(&file.sections())?;
+        Ok(file)
+    }
+
+    /// The broker sections, without file overrides.
+    fn sections(&self) -> BrokerSettings {
+        let mut s = BrokerSettings::new();
+        for (name, value) in &self.brokers {
+            s.set_section(name.clone(), value.clone());
+        }
+        s
+    }
+
+    /// The broker settings: the file's sections, with the command line's TLS and credential
+    /// files over them.
+    pub fn broker_settings(&self, flags: &BrokerSecurityArgs) -> BrokerSettings {
+        let mut s = self.sections();
+        for (kind, path) in [
+            (file::CA, &flags.broker_ca_file),
+            (file::CERT, &flags.broker_cert_file),
+            (file::KEY, &flags.broker_key_file),
+            (file::NATS_CREDENTIALS, &flags.nats_credentials_file),
+            (file::NATS_NKEY_SEED, &flags.nats_nkey_file),
+        ] {
+            if let Some(p) = path {
+                s.set_file(kind, p.clone());
+            }
+        }
+        s
     }
 }
 
@@ -137,12 +170,14 @@ pub struct Resolved {
     pub schema: Schema,
 }
 
-/// Applies precedence: flag/`OUTBOX_*` env (clap), then `DATABASE_URL`, then the file.
+/// Applies precedence: flag/`OUTBOX_*` env (clap), then `DATABASE_URL`, then the file. A
+/// broker URL must name a scheme of `brokers`.
 pub fn resolve(
     flag_db: Option<String>,
     flag_broker: Option<String>,
     flag_schema: Option<String>,
     file: &FileConfig,
+    brokers: &Registry,
 ) -> Result<Resolved> {
     let database_url = flag_db
         .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()))
@@ -154,13 +189,10 @@ pub fn resolve(
         bail!("invalid configuration `database_url`: must start with postgres:// or postgresql://");
     }
     let broker_url = flag_broker.or_else(|| file.broker_url.clone());
-    if let Some(b) = &broker_url
-        && broker_kind(b).is_none()
-    {
-        bail!(
-            "invalid configuration `broker_url`: scheme must be nats://, tls:// (NATS over TLS), amqp:// or amqps://, got `{}`",
-            redact(b)
-        );
+    if let Some(b) = &broker_url {
+        brokers
+            .find(b)
+            .map_err(|e| anyhow::anyhow!("invalid configuration `broker_url`: {e}"))?;
     }
     let schema_name = flag_schema
         .or_else(|| file.schema.clone())
@@ -174,27 +206,6 @@ pub fn resolve(
     })
 }
 
-/// The broker a URL names, by its scheme.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BrokerKind {
-    /// `nats://` or `tls://` (NATS over TLS).
-    Nats,
-    /// `amqp://` or `amqps://`.
-    Rabbit,
-}
-
-/// The broker of `url`, or `None` for an unknown scheme.
-pub fn broker_kind(url: &str) -> Option<BrokerKind> {
-    let lower = url.trim_start().to_ascii_lowercase();
-    if lower.starts_with("nats://") || lower.starts_with("tls://") {
-        Some(BrokerKind::Nats)
-    } else if lower.starts_with("amqp://") || lower.starts_with("amqps://") {
-        Some(BrokerKind::Rabbit)
-    } else {
-        None
-    }
-}
-
 /// A URL with every secret masked, for messages: the one redaction of the toolkit,
 /// [`outbox_core::secrets::redact_url`].
 pub fn redact(url: &str) -> String {
@@ -202,7 +213,8 @@ pub fn redact(url: &str) -> String {
 }
 
 /// TLS and authentication of the broker connection. Each flag (or its environment variable)
-/// overrides the file's key: `[nats.security]` for NATS, `[rabbitmq.tls]` for RabbitMQ.
+/// overrides the broker section's key (`[nats.security]` for NATS, `[rabbitmq.tls]` for
+/// RabbitMQ); a broker that has no use for a file refuses it.
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct BrokerSecurityArgs {
     /// PEM file of certificate authorities trusted for the broker's certificate, besides the
@@ -223,41 +235,32 @@ pub struct BrokerSecurityArgs {
     pub nats_nkey_file: Option<PathBuf>,
 }
 
-impl BrokerSecurityArgs {
-    /// Writes the given flags over the file's `[nats.security]` and `[rabbitmq.tls]` keys.
-    pub fn apply(&self, file: &mut FileConfig) {
-        let set = |target: &mut Option<PathBuf>, flag: &Option<PathBuf>| {
-            if flag.is_some() {
-                target.clone_from(flag);
-            }
-        };
-        let nats = &mut file.nats.security;
-        set(&mut nats.ca_file, &self.broker_ca_file);
-        set(&mut nats.cert_file, &self.broker_cert_file);
-        set(&mut nats.key_file, &self.broker_key_file);
-        set(&mut nats.credentials_file, &self.nats_credentials_file);
-        set(&mut nats.nkey_seed_file, &self.nats_nkey_file);
-        let rabbit = &mut file.rabbitmq.tls;
-        set(&mut rabbit.ca_file, &self.broker_ca_file);
-        set(&mut rabbit.cert_file, &self.broker_cert_file);
-        set(&mut rabbit.key_file, &self.broker_key_file);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> Result<FileConfig> {
+        FileConfig::parse(text, &outbox::brokers())
+    }
+
     #[test]
     fn unknown_and_bad_keys_are_named() {
-        let e = FileConfig::parse("[relay]\nbatch_sise = 5\n").unwrap_err();
-        assert!(e.to_string().contains("batch_sise"), "{e}");
-        let e = FileConfig::parse("[relay]\nbatch_size = \"many\"\n").unwrap_err();
-        assert!(e.to_string().contains("batch_size"), "{e}");
-        let f = FileConfig::parse("[relay]\nbatch_size = 0\n").unwrap();
+        for (text, key) in [
+            ("[relay]\nbatch_sise = 5\n", "batch_sise"),
+            ("[relay]\nbatch_size = \"many\"\n", "batch_size"),
+            ("[nats]\nstreem = \"X\"\n", "streem"),
+            ("[rabbitmq]\nexchnage = \"x\"\n", "exchnage"),
+            ("[nats.security]\nca_fle = \"x\"\n", "ca_fle"),
+            ("[natz]\nstream = \"X\"\n", "natz"),
+            ("broker_ur = \"nats://h\"\n", "broker_ur"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(format!("{e:#}").contains(key), "{key}: {e:#}");
+        }
+        let f = parse("[relay]\nbatch_size = 0\n").unwrap();
         let e = f.relay.to_relay_config().unwrap_err();
         assert!(e.to_string().contains("relay.batch_size"), "{e}");
-        let f = FileConfig::parse("[relay]\nlease_secs = 1\n").unwrap();
+        let f = parse("[relay]\nlease_secs = 1\n").unwrap();
         let e = f.relay.to_relay_config().unwrap_err();
         assert!(e.to_string().contains("relay.lease"), "{e}");
     }
@@ -265,29 +268,40 @@ mod tests {
     #[test]
     fn resolve_checks_urls_and_schema() {
         let f = FileConfig::default();
-        let e = resolve(Some("mysql://x".into()), None, None, &f).unwrap_err();
+        let b = outbox::brokers();
+        let e = resolve(Some("mysql://x".into()), None, None, &f, &b).unwrap_err();
         assert!(e.to_string().contains("database_url"));
         let e = resolve(
             Some("postgres://x".into()),
-            Some("kafka://x".into()),
+            Some("foo://x".into()),
             None,
             &f,
+            &b,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("broker_url"));
+        let text = e.to_string();
+        assert!(
+            text.contains("broker_url") && text.contains("foo"),
+            "{text}"
+        );
+        for scheme in ["nats://", "tls://", "amqp://", "amqps://"] {
+            assert!(text.contains(scheme), "{text}");
+        }
         let e = resolve(
             Some("postgres://x".into()),
             None,
             Some("Bad-Name".into()),
             &f,
+            &b,
         )
         .unwrap_err();
         assert!(e.to_string().contains("schema"));
         let r = resolve(
             Some("postgres://x".into()),
-            Some("nats://h".into()),
+            Some("NATS://h".into()),
             None,
             &f,
+            &b,
         )
         .unwrap();
         assert_eq!(r.schema.as_str(), "outbox");
@@ -295,24 +309,13 @@ mod tests {
             redact("amqp://guest:secret@h:5672/%2f"),
             "amqp://guest:***@h:5672/%2f"
         );
-        let r = resolve(
-            Some("postgres://x".into()),
-            Some("tls://h:4222".into()),
-            None,
-            &f,
-        )
-        .unwrap();
-        assert_eq!(r.broker_url.as_deref(), Some("tls://h:4222"));
-        assert_eq!(broker_kind("tls://h"), Some(BrokerKind::Nats));
-        assert_eq!(broker_kind("NATS://h"), Some(BrokerKind::Nats));
-        assert_eq!(broker_kind("amqps://h"), Some(BrokerKind::Rabbit));
-        assert_eq!(broker_kind("kafka://h"), None);
         // A refused URL is shown without its secrets.
         let e = resolve(
             Some("postgres://x".into()),
             Some("kafka://u:hunter2@h?token=t0k".into()),
             None,
             &f,
+            &b,
         )
         .unwrap_err();
         assert!(!format!("{e:#}").contains("hunter2") && !format!("{e:#}").contains("t0k"));
@@ -320,21 +323,22 @@ mod tests {
 
     #[test]
     fn security_flags_override_the_file() {
-        let mut f = FileConfig::parse(
+        let f = parse(
             "[nats.security]\nca_file = \"/file/ca.pem\"\nnkey_seed_file = \"/file/seed\"\n\
              [rabbitmq.tls]\ncert_file = \"/file/c.pem\"\nkey_file = \"/file/k.pem\"\n",
         )
         .unwrap();
-        BrokerSecurityArgs {
+        let settings = f.broker_settings(&BrokerSecurityArgs {
             broker_ca_file: Some("/flag/ca.pem".into()),
             ..Default::default()
-        }
-        .apply(&mut f);
-        assert_eq!(f.nats.security.ca_file, Some("/flag/ca.pem".into()));
-        assert_eq!(f.nats.security.nkey_seed_file, Some("/file/seed".into()));
-        assert_eq!(f.rabbitmq.tls.ca_file, Some("/flag/ca.pem".into()));
-        assert_eq!(f.rabbitmq.tls.cert_file, Some("/file/c.pem".into()));
-        let e = FileConfig::parse("[nats.security]\nca_fle = \"x\"\n").unwrap_err();
-        assert!(e.to_string().contains("ca_fle"), "{e}");
+        });
+        assert_eq!(
+            settings.file(file::CA),
+            Some(&PathBuf::from("/flag/ca.pem"))
+        );
+        let nats: outbox_nats::NatsConfig = settings.section("nats").unwrap();
+        assert_eq!(nats.security.nkey_seed_file, Some("/file/seed".into()));
+        let rabbit: outbox_rabbitmq::RabbitConfig = settings.section("rabbitmq").unwrap();
+        assert_eq!(rabbit.tls.cert_file, Some("/file/c.pem".into()));
     }
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use outbox_core::effect::{Executor, ExecutorConfig};
+use outbox::effect::{Executor, ExecutorConfig};
+use outbox_http::{HttpPayoutProvider, ProviderTls};
 use outbox_postgres::PgStore;
 use outbox_postgres::Schema;
 use outbox_postgres::effects::{PgEffects, Resolution};
@@ -15,7 +16,6 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::redact;
-use crate::http_provider::{HttpPayoutProvider, ProviderTls};
 
 /// `outbox effects` subcommands.
 #[derive(clap::Subcommand, Debug)]
@@ -138,10 +138,10 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
                     .context("cannot start the executor")?,
             );
             if let Some(addr) = a.metrics_addr {
-                crate::install_metrics(addr)?;
+                crate::metrics::install(addr)?;
             }
             let shutdown = CancellationToken::new();
-            tokio::spawn(crate::shutdown_on_signal(shutdown.clone()));
+            tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
             tracing::info!(kind = %a.kind, provider = %redact(&a.provider_url), "executor started");
             executor.run(shutdown).await;
             tracing::info!("executor stopped");

@@ -6,8 +6,6 @@
 #![allow(missing_docs)]
 
 mod common;
-#[path = "../src/tls_testkit.rs"]
-mod tls_testkit;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,8 +18,8 @@ use outbox_core::Transport;
 use outbox_nats::async_nats::ConnectOptions;
 use outbox_nats::{NatsConfig, NatsSecurity, NatsTransport};
 use outbox_rabbitmq::{RabbitConfig, RabbitTls, RabbitTransport};
+use outbox_testkit::tls::{PemPair, TestPki, TlsProxy};
 use sqlx::Connection;
-use tls_testkit::{PemPair, TestPki, TlsProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Time allowed to a command that should finish at once.

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod backoff;
+pub mod broker;
 pub mod consumer;
 pub mod crash;
 pub mod effect;

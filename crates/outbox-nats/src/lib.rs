@@ -91,12 +91,14 @@
 //! themselves (replicas, retention) and may turn `ensure_stream` off.
 #![forbid(unsafe_code)]
 
+mod broker;
 mod config;
 pub mod consumer;
 mod security;
 mod subject;
 mod transport;
 
+pub use broker::BROKER;
 pub use config::{NatsConfig, NatsConfigError};
 pub use consumer::{
     NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery, NatsSource,

@@ -25,6 +25,7 @@
 //! services in other languages can write intents with plain SQL in their own transactions.
 #![forbid(unsafe_code)]
 
+mod connect;
 pub mod consumer;
 pub mod effects;
 mod error;
@@ -36,6 +37,7 @@ mod schema;
 mod sql;
 mod store;
 
+pub use connect::{ConnectError, connect};
 pub use consumer::{PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue};
 pub use effects::{
     EffectsError, EnqueueOutcome, NewWorkItem, PgEffects, Resolution, WorkItemRow, idempotency_key,

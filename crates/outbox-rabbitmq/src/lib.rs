@@ -111,6 +111,7 @@
 //! [`PublishErrorKind::Unavailable`]: outbox_core::PublishErrorKind::Unavailable
 #![forbid(unsafe_code)]
 
+mod broker;
 mod config;
 mod confirms;
 pub mod consumer;
@@ -119,6 +120,7 @@ mod error;
 mod tls;
 mod transport;
 
+pub use broker::BROKER;
 pub use config::{
     MAX_IN_FLIGHT, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfig, RabbitConfigError,
     TEMPLATE_PLACEHOLDERS,

@@ -21,7 +21,8 @@
 //!   (decoding, redelivery of what was not acknowledged, nack delay, poison messages, lag,
 //!   batches, connection loss), run with [`source_suite!`].
 //! * [`harness`]: what both broker suites need from a backend, and the runner that cleans up.
-//! * [`net`]: a TCP proxy whose connections a test can cut or stall.
+//! * [`net`]: a TCP proxy whose connections a test can cut or stall; [`tls`]: a throw-away
+//!   certificate authority and a TLS-terminating proxy.
 //! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
 //!
 //! Fakes for pure-logic tests, named as such: [`fakes`] (a broker, a delivery source, a
@@ -50,5 +51,6 @@ pub mod message;
 pub mod net;
 pub mod source;
 pub mod store;
+pub mod tls;
 pub mod transport;
 pub mod wait;

@@ -1,13 +1,23 @@
-//! Transactional Outbox / Inbox toolkit.
+//! Transactional Outbox / Inbox toolkit: the crate a service depends on.
 //!
-//! This facade re-exports the pieces a service needs, behind features:
+//! ```toml
+//! [dependencies]
+//! outbox = { version = "0.1", features = ["postgres", "nats"] }
+//! ```
 //!
-//! | feature    | crate             | what it brings                                   |
-//! |------------|-------------------|--------------------------------------------------|
-//! | (always)   | `outbox-core`     | message model, store and transport traits, engines |
-//! | `postgres` | `outbox-postgres` | migrations, `enqueue` on your transaction, store |
-//! | `nats`     | `outbox-nats`     | NATS JetStream transport                         |
-//! | `rabbitmq` | `outbox-rabbitmq` | RabbitMQ transport (publisher confirms)          |
+//! | feature         | crate             | what it brings                                          |
+//! |-----------------|-------------------|---------------------------------------------------------|
+//! | (always)        | `outbox-core`     | message model, store / transport traits, the engines    |
+//! | `postgres` (default) | `outbox-postgres` | migrations, `enqueue` on your transaction, the store |
+//! | `nats`          | `outbox-nats`     | NATS JetStream transport and delivery source            |
+//! | `rabbitmq`      | `outbox-rabbitmq` | RabbitMQ transport and delivery source                  |
+//! | `http`          | `outbox-http`     | HTTP remote-effect adapter (payouts by idempotency key) |
+//! | `opentelemetry` |                   | trace context from an OpenTelemetry context             |
+//!
+//! Everything of `outbox-core` is at the root (`outbox::NewMessage`, `outbox::relay::Relay`,
+//! `outbox::consumer::Consumer` ...); the backends are modules (`outbox::postgres`,
+//! `outbox::nats`, `outbox::rabbitmq`, `outbox::http`). [`brokers`] lists the transports of this
+//! build by URL scheme, for services that pick their broker from configuration.
 #![forbid(unsafe_code)]
 
 pub use outbox_core::*;
@@ -16,10 +26,50 @@ pub use outbox_core::*;
 #[cfg(feature = "postgres")]
 pub use outbox_postgres as postgres;
 
-/// NATS JetStream transport.
+/// NATS JetStream transport and delivery source.
 #[cfg(feature = "nats")]
 pub use outbox_nats as nats;
 
-/// RabbitMQ transport.
+/// RabbitMQ transport and delivery source.
 #[cfg(feature = "rabbitmq")]
 pub use outbox_rabbitmq as rabbitmq;
+
+/// HTTP remote-effect adapter.
+#[cfg(feature = "http")]
+pub use outbox_http as http;
+
+/// The brokers of this build, chosen by URL scheme: one registry entry per transport feature
+/// (`nats://`, `tls://` with `nats`; `amqp://`, `amqps://` with `rabbitmq`). Adding a transport
+/// is its crate plus one line here.
+///
+/// ```
+/// let brokers = outbox::brokers();
+/// let err = brokers.find("foo://x").unwrap_err();
+/// assert!(err.to_string().contains("foo"));
+/// ```
+pub fn brokers() -> broker::Registry {
+    broker::Registry::new(&[
+        #[cfg(feature = "nats")]
+        &outbox_nats::BROKER,
+        #[cfg(feature = "rabbitmq")]
+        &outbox_rabbitmq::BROKER,
+    ])
+}
+
+/// Cancels `token` on SIGTERM or Ctrl-C, so a relay, consumer or executor finishes its current
+/// batch and stops (their `run` methods take the token). Returns without cancelling if the
+/// signal handlers cannot be installed (logged).
+pub async fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install the SIGTERM handler");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: finishing the current batch, then stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: finishing the current batch, then stopping"),
+    }
+    token.cancel();
+}

@@ -59,9 +59,9 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a stopping server waits for open connections to finish their answers.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Body of the 404 a lookup gets for a key without a payout. [`crate::http_provider`] matches on
-/// it to tell "no payout for this key" from "no such route" (a misconfigured base URL).
-pub const NO_PAYOUT_FOR_KEY: &str = "no payout for this key";
+/// Body of the 404 a lookup gets for a key without a payout: the protocol's constant, which
+/// [`outbox_http::HttpPayoutProvider`] matches on exactly.
+pub use outbox_http::NO_PAYOUT_FOR_KEY;
 
 /// Options of `outbox demo-provider`.
 #[derive(clap::Args, Debug, Clone)]

@@ -1,7 +1,7 @@
-//! Test-only TLS kit, shared by the binary's unit tests and the integration tests (which
-//! include this file by path): a throw-away certificate authority that issues server and client
-//! certificates, and a TLS-terminating proxy that puts TLS in front of a plain-text service.
-#![allow(dead_code, missing_docs)]
+//! A test TLS kit: a throw-away certificate authority that issues server and client
+//! certificates, and a TLS-terminating proxy that puts TLS in front of a plain-text service
+//! (how the TLS tests reach a broker or provider that has no TLS listener of its own).
+#![allow(missing_docs)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

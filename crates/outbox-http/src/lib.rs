@@ -1,5 +1,15 @@
-//! [`HttpPayoutProvider`]: the [`RemoteEffect`] for the stand-in payment provider
-//! ([`crate::provider`]), and the worked example of writing a provider adapter.
+//! [`HttpPayoutProvider`]: a [`RemoteEffect`] over HTTP, for payout services that speak this
+//! small protocol (the stand-in provider of the test tools, `outbox demo-provider`, does), and
+//! the worked example of writing a provider adapter.
+//!
+//! # The protocol
+//!
+//! * `POST {base}/payouts` with the header `Idempotency-Key: <work item key>` and a JSON body
+//!   `{"amount": <integer, minor units>, "beneficiary": "<string>", "reference": "<string>"}`:
+//!   200 or 201 with `{"payout_id": "<id>"}` when paid (or already paid for this key), 4xx
+//!   when refused.
+//! * `GET {base}/payouts/by-key/{key}`: 200 with `{"payout_id": …}` when a payout exists for
+//!   the key; 404 with the body [`NO_PAYOUT_FOR_KEY`] when it does not.
 //!
 //! An adapter has one job: translate the provider's answers into the executor's vocabulary
 //! without ever guessing. The rules this one follows, and any adapter should:
@@ -33,7 +43,23 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+/// Why an adapter could not be built (bad URL, unreadable TLS files), or why a stand-in admin
+/// request failed. The message names the option or the request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProviderError(String);
+
+type Result<T, E = ProviderError> = std::result::Result<T, E>;
+
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(ProviderError(format!($($arg)*)))
+    };
+}
+
+/// The body of the 404 that a lookup gets for a key without a payout. Only this exact body
+/// means "no payout for this key"; any other 404 (a wrong base URL) is an unknown outcome.
+pub const NO_PAYOUT_FOR_KEY: &str = "no payout for this key";
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
@@ -43,8 +69,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outbox_core::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
-
-use crate::provider::NO_PAYOUT_FOR_KEY;
 
 /// Largest answer body read from the provider; a bigger one counts as unparsable.
 const MAX_ANSWER_BYTES: usize = 1024 * 1024;
@@ -91,7 +115,9 @@ impl ProviderTls {
         let certs = |key: &str, path: &Path| -> Result<Vec<CertificateDer<'static>>> {
             let certs = CertificateDer::pem_file_iter(path)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| anyhow::anyhow!("invalid option `{key}`: {}: {e}", path.display()))?;
+                .map_err(|e| {
+                    ProviderError(format!("invalid option `{key}`: {}: {e}", path.display()))
+                })?;
             if certs.is_empty() {
                 bail!(
                     "invalid option `{key}`: {} holds no PEM certificate",
@@ -104,8 +130,11 @@ impl ProviderTls {
         match &self.ca_file {
             Some(ca) => {
                 for cert in certs("--provider-ca-file", ca)? {
-                    roots.add(cert).with_context(|| {
-                        format!("invalid option `--provider-ca-file`: {}", ca.display())
+                    roots.add(cert).map_err(|e| {
+                        ProviderError(format!(
+                            "invalid option `--provider-ca-file`: {}: {e}",
+                            ca.display()
+                        ))
                     })?;
                 }
             }
@@ -120,20 +149,22 @@ impl ProviderTls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .context("cannot set up TLS")?
+            .map_err(|e| ProviderError(format!("cannot set up TLS: {e}")))?
             .with_root_certificates(roots);
         Ok(match (&self.cert_file, &self.key_file) {
             (Some(cert), Some(key)) => {
                 let chain = certs("--provider-cert-file", cert)?;
                 let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                    anyhow::anyhow!(
+                    ProviderError(format!(
                         "invalid option `--provider-key-file`: {}: {e}",
                         key.display()
-                    )
+                    ))
                 })?;
-                builder.with_client_auth_cert(chain, key).context(
-                    "invalid option `--provider-cert-file`: certificate and key do not match",
-                )?
+                builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    ProviderError(format!(
+                        "invalid option `--provider-cert-file`: certificate and key do not match: {e}"
+                    ))
+                })?
             }
             (None, None) => builder.with_no_client_auth(),
             (Some(_), None) => {
@@ -175,13 +206,13 @@ impl HttpPayoutProvider {
     /// files are given for an `http://` URL, or when a TLS file cannot be read or parsed.
     pub fn with_tls(base_url: &str, tls: &ProviderTls) -> Result<Self> {
         let expected = "expected https://host[:port] (or http:// on a trusted network)";
-        let shown = crate::config::redact(base_url);
+        let shown = outbox_core::secrets::redact_url(base_url);
         if base_url.contains('#') {
             bail!("invalid provider URL `{shown}`: a fragment is not allowed; {expected}");
         }
-        let uri: Uri = base_url
-            .parse()
-            .with_context(|| format!("invalid provider URL `{shown}`: {expected}"))?;
+        let uri: Uri = base_url.parse().map_err(|e| {
+            ProviderError(format!("invalid provider URL `{shown}`: {expected}: {e}"))
+        })?;
         let https = match uri.scheme_str() {
             Some("https") => true,
             Some("http") => false,
@@ -285,24 +316,26 @@ impl HttpPayoutProvider {
     ) -> Result<serde_json::Value> {
         let req = Request::builder()
             .method(method.clone())
-            .uri(self.uri(path).map_err(anyhow::Error::msg)?)
+            .uri(self.uri(path).map_err(ProviderError)?)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .body(Full::new(Bytes::from(
                 body.map(|b| b.to_string()).unwrap_or_default(),
-            )))?;
+            )))
+            .map_err(|e| ProviderError(format!("{method} {path}: {e}")))?;
         let resp = self
             .send(req)
             .await
-            .map_err(|(_, reason)| anyhow::anyhow!("{method} {path}: {reason}"))?;
+            .map_err(|(_, reason)| ProviderError(format!("{method} {path}: {reason}")))?;
         let status = resp.status();
-        let bytes = read_body(resp).await.map_err(anyhow::Error::msg)?;
+        let bytes = read_body(resp).await.map_err(ProviderError)?;
         if !status.is_success() {
             bail!(
                 "{method} {path}: {status}: {}",
                 clip(&String::from_utf8_lossy(&bytes))
             );
         }
-        Ok(serde_json::from_slice(&bytes)?)
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ProviderError(format!("{method} {path}: answer is not JSON: {e}")))
     }
 }
 
@@ -548,7 +581,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::provider::{ProviderArgs, ProviderServer};
+    use outbox_harness::provider::{ProviderArgs, ProviderServer};
 
     /// A provider serving in this process on a free port.
     struct Running {
@@ -875,7 +908,7 @@ mod tests {
         assert_eq!(s, StatusCode::BAD_REQUEST);
         assert!(v["error"].as_str().unwrap().contains("JSON"), "{v}");
 
-        let big = vec![b' '; crate::provider::MAX_BODY_BYTES + 1];
+        let big = vec![b' '; outbox_harness::provider::MAX_BODY_BYTES + 1];
         let (s, _) = p.raw(Method::POST, "/payouts", Some("k-z"), big).await;
         assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
 
@@ -1026,7 +1059,7 @@ mod tests {
 
     #[test]
     fn tls_settings_are_checked_before_any_call() {
-        let pki = crate::tls_testkit::TestPki::new("provider-settings");
+        let pki = outbox_testkit::tls::TestPki::new("provider-settings");
         let with_ca = ProviderTls {
             ca_file: Some(pki.ca_file()),
             ..ProviderTls::default()
@@ -1051,22 +1084,22 @@ mod tests {
     /// The stand-in provider behind a TLS terminator with a certificate from a test CA (and,
     /// with `mutual`, requiring a client certificate from that CA).
     async fn behind_tls(
-        pki: &crate::tls_testkit::TestPki,
+        pki: &outbox_testkit::tls::TestPki,
         mutual: bool,
-    ) -> (Running, crate::tls_testkit::TlsProxy) {
+    ) -> (Running, outbox_testkit::tls::TlsProxy) {
         let p = Running::start(false).await;
         let upstream: SocketAddr = p.base.trim_start_matches("http://").parse().unwrap();
         let server = pki.server("provider", &["localhost", "127.0.0.1"]);
         let ca = pki.ca_file();
         let config =
-            crate::tls_testkit::TestPki::server_config(&server, mutual.then_some(ca.as_path()));
-        let proxy = crate::tls_testkit::TlsProxy::start(upstream, config).await;
+            outbox_testkit::tls::TestPki::server_config(&server, mutual.then_some(ca.as_path()));
+        let proxy = outbox_testkit::tls::TlsProxy::start(upstream, config).await;
         (p, proxy)
     }
 
     #[tokio::test]
     async fn https_provider_is_called_over_verified_tls() {
-        let pki = crate::tls_testkit::TestPki::new("provider-https");
+        let pki = outbox_testkit::tls::TestPki::new("provider-https");
         let (p, proxy) = behind_tls(&pki, false).await;
         let tls = ProviderTls {
             ca_file: Some(pki.ca_file()),
@@ -1094,9 +1127,9 @@ mod tests {
         }
         // A name the certificate does not carry is refused too.
         let other_name = pki.server("other", &["payouts.example"]);
-        let config = crate::tls_testkit::TestPki::server_config(&other_name, None);
+        let config = outbox_testkit::tls::TestPki::server_config(&other_name, None);
         let upstream: SocketAddr = p.base.trim_start_matches("http://").parse().unwrap();
-        let wrong = crate::tls_testkit::TlsProxy::start(upstream, config).await;
+        let wrong = outbox_testkit::tls::TlsProxy::start(upstream, config).await;
         let a = HttpPayoutProvider::with_tls(&format!("https://localhost:{}", wrong.port()), &tls)
             .unwrap();
         assert!(matches!(
@@ -1119,7 +1152,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_certificate_is_presented_when_the_provider_requires_one() {
-        let pki = crate::tls_testkit::TestPki::new("provider-mtls");
+        let pki = outbox_testkit::tls::TestPki::new("provider-mtls");
         let (p, proxy) = behind_tls(&pki, true).await;
         let base = format!("https://localhost:{}", proxy.port());
         let ca_only = ProviderTls {

@@ -13,19 +13,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context as _, Result, bail};
+use outbox_core::broker::{BoxSource, BoxTransport, BrokerSettings, SourceOptions};
 use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::secrets::redact_url as redact;
 use outbox_core::{NewMessage, OutboxStore, Payload};
-use outbox_nats::NatsConfig;
+use outbox_nats::{NatsConfig, NatsTransport};
 use outbox_postgres::{PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker, Schema};
-use outbox_rabbitmq::RabbitConfig;
+use serde_json::json;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::broker::{AnySource, AnyTransport};
-use crate::config::{FileConfig, redact};
+use crate::Context;
 use crate::observer::Seen;
 
 const SCHEMA: &str = "outbox_demo";
@@ -54,19 +55,17 @@ struct Ledger {
     produced: AtomicU64,
 }
 
-pub async fn run(
-    args: DemoArgs,
-    flag_db: Option<String>,
-    flag_broker: Option<String>,
-    file: &FileConfig,
-) -> Result<std::process::ExitCode> {
-    let db_url = flag_db
-        .or_else(|| std::env::var("DATABASE_URL").ok())
-        .or_else(|| file.database_url.clone())
+/// Runs `outbox demo` and prints its verdict; exit status 1 when a check failed.
+pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode> {
+    let db_url = ctx
+        .database_url
+        .clone()
         .unwrap_or_else(|| DEFAULT_DB.to_owned());
-    let broker_url = flag_broker
-        .or_else(|| file.broker_url.clone())
+    let broker_url = ctx
+        .broker_url
+        .clone()
         .unwrap_or_else(|| DEFAULT_BROKER.to_owned());
+    let broker = ctx.brokers.find(&broker_url)?.name;
     println!(
         "outbox demo: {} payments from {} clients",
         args.payments, args.clients
@@ -90,37 +89,40 @@ pub async fn run(
     .await?;
 
     // Broker side: a fresh stream / exchange for the demo, and an independent subscriber.
-    let nats_cfg = NatsConfig {
-        stream: "OUTBOX_DEMO".into(),
-        stream_subjects: vec![format!("{SCHEMA}.>")],
-        subject_template: format!("{SCHEMA}.{{aggregate_type}}.{{event_type}}"),
-        ..NatsConfig::default()
-    };
-    let rabbit_cfg = RabbitConfig {
-        exchange: SCHEMA.into(),
-        ..RabbitConfig::default()
-    };
-    if broker_url.starts_with("nats://") {
+    let settings = demo_settings(&ctx.settings);
+    let nats = if broker == "nats" {
         let client = async_nats::connect(&broker_url)
             .await
             .with_context(|| format!("cannot connect to NATS at {}", redact(&broker_url)))?;
         let js = async_nats::jetstream::new(client.clone());
         let _ = js.delete_stream("OUTBOX_DEMO").await;
-    }
-    let transport = Arc::new(AnyTransport::connect(&broker_url, nats_cfg, rabbit_cfg).await?);
+        // Also a NATS transport of its own: the replay step publishes without Nats-Msg-Id.
+        Some(NatsTransport::connect(&broker_url, settings.section::<NatsConfig>("nats")?).await?)
+    } else {
+        None
+    };
+    let transport = Arc::new(
+        ctx.brokers
+            .connect_transport(&broker_url, &settings)
+            .await?,
+    );
     let seen = crate::observer::spawn_observer(&broker_url, SCHEMA).await?;
 
     // The reporting consumer: its own table, its inbox, ordering guard on.
     create_report_table(&pool, &schema).await?;
-    if !broker_url.starts_with("nats://") {
+    if broker == "rabbitmq" {
         delete_rabbit_queue(&broker_url, DEMO_QUEUE).await?;
     }
-    let source = AnySource::connect(
-        &broker_url,
-        nats_consumer_config(),
-        rabbit_consumer_config(),
-    )
-    .await?;
+    let source = ctx
+        .brokers
+        .connect_source(
+            &broker_url,
+            &settings,
+            &SourceOptions {
+                consumer: CONSUMER.into(),
+            },
+        )
+        .await?;
     let consumer = PgConsumer::new(
         PgStore::with_schema(pool.clone(), schema.clone()),
         source,
@@ -219,7 +221,7 @@ pub async fn run(
         if drained && replayed.is_none() {
             // What a relay that crashed between the broker's ack and its mark does: publish
             // again, same event ids. The inbox must absorb every copy that reaches it.
-            let r = replay(&transport, &ledger).await?;
+            let r = replay(&transport, nats.as_ref(), &ledger).await?;
             println!(
                 "replaying {} delivered events as a crashed relay would ({} dropped by the broker's dedup window, {} delivered again)",
                 r.sent, r.broker_deduplicated, r.expected_at_consumer
@@ -440,22 +442,47 @@ const CONSUMER: &str = "reporting";
 pub const PAYOUT_KIND: &str = "payout";
 const DEMO_QUEUE: &str = "outbox_demo.reporting";
 
-fn nats_consumer_config() -> outbox_nats::NatsConsumerConfig {
-    outbox_nats::NatsConsumerConfig {
-        stream: "OUTBOX_DEMO".into(),
-        durable_name: CONSUMER.into(),
-        ack_wait_secs: 10,
-        ..Default::default()
-    }
-}
-
-fn rabbit_consumer_config() -> outbox_rabbitmq::RabbitConsumerConfig {
-    outbox_rabbitmq::RabbitConsumerConfig {
-        queue: DEMO_QUEUE.into(),
-        bind_exchange: Some(SCHEMA.into()),
-        binding_key: "#".into(),
-        ..Default::default()
-    }
+/// The demo's stream / exchange and consumer sections over `base` (which keeps its security
+/// keys and file overrides).
+fn demo_settings(base: &BrokerSettings) -> BrokerSettings {
+    let section = |name: &str, extra: serde_json::Value| {
+        let mut v = base.raw_section(name).cloned().unwrap_or_else(|| json!({}));
+        if let (Some(obj), serde_json::Value::Object(add)) = (v.as_object_mut(), extra) {
+            obj.extend(add);
+        }
+        v
+    };
+    let mut s = base.clone();
+    s.set_section(
+        "nats",
+        section(
+            "nats",
+            json!({
+                "stream": "OUTBOX_DEMO",
+                "stream_subjects": [format!("{SCHEMA}.>")],
+                "subject_template": format!("{SCHEMA}.{{aggregate_type}}.{{event_type}}"),
+            }),
+        ),
+    );
+    s.set_section(
+        "rabbitmq",
+        section("rabbitmq", json!({ "exchange": SCHEMA })),
+    );
+    s.set_section(
+        "nats_consumer",
+        section(
+            "nats_consumer",
+            json!({ "stream": "OUTBOX_DEMO", "durable_name": CONSUMER, "ack_wait_secs": 10 }),
+        ),
+    );
+    s.set_section(
+        "rabbitmq_consumer",
+        section(
+            "rabbitmq_consumer",
+            json!({ "queue": DEMO_QUEUE, "bind_exchange": SCHEMA, "binding_key": "#" }),
+        ),
+    );
+    s
 }
 
 pub(crate) async fn delete_rabbit_queue(url: &str, queue: &str) -> Result<()> {
@@ -602,7 +629,7 @@ impl Handler<sqlx::PgConnection> for ReportingHandler {
 }
 
 async fn drive_consumer(
-    mut consumer: PgConsumer<AnySource, ReportingHandler>,
+    mut consumer: PgConsumer<BoxSource, ReportingHandler>,
     totals: Arc<Mutex<ConsumerReport>>,
     stop: CancellationToken,
 ) {
@@ -637,7 +664,11 @@ struct Replay {
 /// Republishes up to 50 delivered events with the relay's transport (same event ids, same
 /// bytes). On NATS the stream's duplicate window drops them, so the demo also sends 20 copies
 /// without a `Nats-Msg-Id`, as a republish after the window would arrive.
-async fn replay(transport: &AnyTransport, ledger: &Ledger) -> Result<Replay> {
+async fn replay(
+    transport: &BoxTransport,
+    nats: Option<&NatsTransport>,
+    ledger: &Ledger,
+) -> Result<Replay> {
     use outbox_core::Transport;
     let messages: Vec<NewMessage> = ledger
         .messages
@@ -675,7 +706,7 @@ async fn replay(transport: &AnyTransport, ledger: &Ledger) -> Result<Replay> {
         }
         out.push(msg);
     }
-    if let AnyTransport::Nats(t) = transport {
+    if let Some(t) = nats {
         for msg in out.iter().take(20) {
             let subject = t.subject_for(msg)?;
             let mut headers = async_nats::HeaderMap::new();
@@ -738,6 +769,7 @@ pub async fn run_consumer(
     pool: PgPool,
     schema: Schema,
     broker_url: &str,
+    ctx: &Context,
     shutdown: CancellationToken,
 ) -> Result<()> {
     let ordering = match args.ordering.as_str() {
@@ -750,22 +782,33 @@ pub async fn run_consumer(
     };
     outbox_postgres::check_schema(&pool, &schema).await?;
     create_report_table(&pool, &schema).await?;
-    let nats = outbox_nats::NatsConsumerConfig {
-        stream: args.nats_stream.clone(),
-        durable_name: args
-            .nats_durable
-            .clone()
-            .unwrap_or_else(|| args.name.clone()),
-        ack_wait_secs: args.ack_wait_secs,
-        ..Default::default()
-    };
-    let rabbit = outbox_rabbitmq::RabbitConsumerConfig {
-        queue: args.rabbit_queue.clone(),
-        bind_exchange: Some(args.rabbit_exchange.clone()),
-        binding_key: "#".into(),
-        ..Default::default()
-    };
-    let source = AnySource::connect(broker_url, nats, rabbit).await?;
+    let mut settings = ctx.settings.clone();
+    settings.set_section(
+        "nats_consumer",
+        json!({
+            "stream": args.nats_stream,
+            "durable_name": args.nats_durable.clone().unwrap_or_else(|| args.name.clone()),
+            "ack_wait_secs": args.ack_wait_secs,
+        }),
+    );
+    settings.set_section(
+        "rabbitmq_consumer",
+        json!({
+            "queue": args.rabbit_queue,
+            "bind_exchange": args.rabbit_exchange,
+            "binding_key": "#",
+        }),
+    );
+    let source = ctx
+        .brokers
+        .connect_source(
+            broker_url,
+            &settings,
+            &SourceOptions {
+                consumer: args.name.clone(),
+            },
+        )
+        .await?;
     let handler = ReportingHandler::with_payouts(&schema, &args.name, args.payouts);
     let config = ConsumerConfig {
         batch_size: args.batch_size,
@@ -778,7 +821,7 @@ pub async fn run_consumer(
         tracing::warn!(
             "{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)"
         );
-        let source = crate::broker::AckFirstSource(source);
+        let source = crate::ack_first::AckFirstSource(source);
         PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)
             .run(shutdown)
             .await;

@@ -40,18 +40,18 @@ use std::process::{ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use outbox_nats::NatsConfig;
+use anyhow::{Context as _, Result, bail};
+use outbox_core::broker::{BrokerSettings, Registry, SourceOptions};
+use outbox_core::secrets::redact_url as redact;
+use outbox_http::HttpPayoutProvider;
 use outbox_postgres::Schema;
-use outbox_rabbitmq::RabbitConfig;
+use serde_json::json;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use crate::broker::AnyTransport;
-use crate::config::redact;
-use crate::http_provider::HttpPayoutProvider;
+use crate::Context;
 use crate::observer::Seen;
 use crate::workload::rolled_back;
 
@@ -296,24 +296,20 @@ const CELLS: &[Cell] = &[
 ];
 
 /// Runs `outbox crash-matrix`.
-pub async fn run(
-    args: MatrixArgs,
-    flag_db: Option<String>,
-    flag_broker: Option<String>,
-    file: &crate::config::FileConfig,
-) -> Result<ExitCode> {
+pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
     if args.list {
         for c in CELLS {
             println!("{:<34} {}", c.id, c.step);
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let db_url = flag_db
-        .or_else(|| std::env::var("DATABASE_URL").ok())
-        .or_else(|| file.database_url.clone())
+    let db_url = ctx
+        .database_url
+        .clone()
         .unwrap_or_else(|| DEFAULT_DB.to_owned());
-    let broker_url = flag_broker
-        .or_else(|| file.broker_url.clone())
+    let broker_url = ctx
+        .broker_url
+        .clone()
         .unwrap_or_else(|| DEFAULT_BROKER.to_owned());
     let break_ack = match args.break_mode.as_deref() {
         None => false,
@@ -344,15 +340,12 @@ pub async fn run(
         }
         v
     };
-    let broker = if broker_url.starts_with("nats://") {
-        "nats"
-    } else if broker_url.starts_with("amqp://") || broker_url.starts_with("amqps://") {
-        "rabbitmq"
-    } else {
-        bail!(
-            "invalid configuration `broker_url`: {} is neither nats:// nor amqp://",
+    let broker = match ctx.brokers.find(&broker_url)?.name {
+        b @ ("nats" | "rabbitmq") => b,
+        other => bail!(
+            "invalid configuration `broker_url`: the crash matrix drives NATS and RabbitMQ, not {other} ({})",
             redact(&broker_url)
-        );
+        ),
     };
     if let Some(path) = &args.markdown_into {
         // Refuse at once rather than after minutes of cells.
@@ -375,6 +368,8 @@ pub async fn run(
         exe: std::env::current_exe().context("cannot find the outbox binary")?,
         pool,
         break_ack,
+        brokers: ctx.brokers.clone(),
+        settings: ctx.settings.clone(),
     };
     println!(
         "outbox crash-matrix: broker {} ({}), database {}, {} payments per cell, logs in {}",
@@ -450,6 +445,8 @@ struct Env {
     exe: PathBuf,
     pool: PgPool,
     break_ack: bool,
+    brokers: Registry,
+    settings: BrokerSettings,
 }
 
 impl Env {
@@ -459,19 +456,24 @@ impl Env {
     fn queue(&self) -> String {
         format!("{}.{CONSUMER}", self.prefix)
     }
-    fn nats_config(&self) -> NatsConfig {
-        NatsConfig {
-            stream: self.stream(),
-            stream_subjects: vec![format!("{}.>", self.prefix)],
-            subject_template: format!("{}.{{aggregate_type}}.{{event_type}}", self.prefix),
-            ..NatsConfig::default()
-        }
-    }
-    fn rabbit_config(&self) -> RabbitConfig {
-        RabbitConfig {
-            exchange: self.prefix.clone(),
-            ..RabbitConfig::default()
-        }
+    /// The cell's stream / exchange and consumer queue over the given settings.
+    fn settings(&self) -> BrokerSettings {
+        let mut s = self.settings.clone();
+        let p = &self.prefix;
+        s.set_section(
+            "nats",
+            json!({
+                "stream": self.stream(),
+                "stream_subjects": [format!("{p}.>")],
+                "subject_template": format!("{p}.{{aggregate_type}}.{{event_type}}"),
+            }),
+        );
+        s.set_section("rabbitmq", json!({ "exchange": p }));
+        s.set_section(
+            "rabbitmq_consumer",
+            json!({ "queue": self.queue(), "bind_exchange": p, "binding_key": "#" }),
+        );
+        s
     }
     fn config_toml(&self) -> String {
         format!(
@@ -506,22 +508,23 @@ impl Env {
             crate::demo::delete_rabbit_queue(&self.broker_url, &self.queue()).await?;
         }
         // Declares the stream (NATS) or the exchange (RabbitMQ) before any process starts.
-        let _ = AnyTransport::connect(&self.broker_url, self.nats_config(), self.rabbit_config())
+        let _ = self
+            .brokers
+            .connect_transport(&self.broker_url, &self.settings())
             .await?;
         if self.broker == "rabbitmq" {
             // The consumer's queue must be bound before the first publish, as in any deployment:
             // a message routed only to the observer's queue would never reach the consumer.
-            let _ = crate::broker::AnySource::connect(
-                &self.broker_url,
-                outbox_nats::NatsConsumerConfig::default(),
-                outbox_rabbitmq::RabbitConsumerConfig {
-                    queue: self.queue(),
-                    bind_exchange: Some(self.prefix.clone()),
-                    binding_key: "#".into(),
-                    ..Default::default()
-                },
-            )
-            .await?;
+            let _ = self
+                .brokers
+                .connect_source(
+                    &self.broker_url,
+                    &self.settings(),
+                    &SourceOptions {
+                        consumer: CONSUMER.into(),
+                    },
+                )
+                .await?;
         }
         std::fs::write(self.log_dir.join("outbox.toml"), self.config_toml())?;
         Ok(())

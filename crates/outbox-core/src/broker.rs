@@ -1,0 +1,576 @@
+//! Brokers chosen at runtime by URL scheme: the [`Registry`] of [`BrokerEntry`]s and the
+//! type-erased transport and delivery source it hands out.
+//!
+//! Each transport crate exports one `BrokerEntry` (for NATS, `outbox_nats::BROKER`: schemes
+//! `nats` and `tls`); the facade crate `outbox` lists the entries of the transports it was built
+//! with (`outbox::brokers()`), and the CLI, the benchmarks and the tests connect through that
+//! one registry. Adding a transport is one crate plus one registry line. An unknown scheme is
+//! [`BrokerError::UnknownScheme`], naming the supported ones.
+//!
+//! Settings travel as named sections ([`BrokerSettings`]): an entry reads its own sections
+//! (the NATS entry reads `nats` for the transport and `nats_consumer` for the delivery source)
+//! and refuses unknown keys in them, so a typo in any section is reported at startup, whatever
+//! broker the URL names. TLS and credential files given on the command line
+//! ([`BrokerSettings::set_file`]) override the sections' own keys; an entry refuses a file kind
+//! it has no use for.
+//!
+//! The erased types ([`BoxTransport`], [`BoxSource`], [`BoxDelivery`]) implement the same
+//! traits as the concrete ones, so the engines run on them unchanged; the cost is one boxed
+//! future per publish or delivery operation.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
+use crate::message::OutboxMessage;
+use crate::transport::{PublishError, PublishReceipt, Transport};
+use crate::wire::{DecodeError, IncomingEvent};
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+trait DynTransport: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn publish<'a>(
+        &'a self,
+        message: &'a OutboxMessage,
+    ) -> BoxFuture<'a, Result<PublishReceipt, PublishError>>;
+}
+
+impl<T: Transport> DynTransport for T {
+    fn name(&self) -> &'static str {
+        Transport::name(self)
+    }
+    fn publish<'a>(
+        &'a self,
+        message: &'a OutboxMessage,
+    ) -> BoxFuture<'a, Result<PublishReceipt, PublishError>> {
+        Box::pin(Transport::publish(self, message))
+    }
+}
+
+/// Any [`Transport`], chosen at runtime.
+pub struct BoxTransport(Box<dyn DynTransport>);
+
+impl BoxTransport {
+    /// Erases `transport`'s type.
+    pub fn new<T: Transport>(transport: T) -> Self {
+        Self(Box::new(transport))
+    }
+}
+
+impl std::fmt::Debug for BoxTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BoxTransport").field(&self.0.name()).finish()
+    }
+}
+
+impl Transport for BoxTransport {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        self.0.publish(message).await
+    }
+}
+
+trait DynDelivery: Send + Sync + 'static {
+    fn event(&self) -> &Result<IncomingEvent, DecodeError>;
+    fn raw(&self) -> &RawMessage;
+    fn delivery_count(&self) -> Option<u32>;
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>>;
+    fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>>;
+}
+
+impl<D: Delivery> DynDelivery for D {
+    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
+        Delivery::event(self)
+    }
+    fn raw(&self) -> &RawMessage {
+        Delivery::raw(self)
+    }
+    fn delivery_count(&self) -> Option<u32> {
+        Delivery::delivery_count(self)
+    }
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(Delivery::ack(*self))
+    }
+    fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(Delivery::nack(*self, delay))
+    }
+}
+
+/// A delivery of a [`BoxSource`].
+pub struct BoxDelivery(Box<dyn DynDelivery>);
+
+impl Delivery for BoxDelivery {
+    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
+        self.0.event()
+    }
+    fn raw(&self) -> &RawMessage {
+        self.0.raw()
+    }
+    fn delivery_count(&self) -> Option<u32> {
+        self.0.delivery_count()
+    }
+    async fn ack(self) -> Result<(), SourceError> {
+        self.0.ack().await
+    }
+    async fn nack(self, delay: Duration) -> Result<(), SourceError> {
+        self.0.nack(delay).await
+    }
+}
+
+trait DynSource: Send + Sync + 'static {
+    fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> BoxFuture<'_, Result<Vec<BoxDelivery>, SourceError>>;
+    fn lag(&mut self) -> BoxFuture<'_, Result<Option<u64>, SourceError>>;
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
+}
+
+impl<S: DeliverySource + Sync> DynSource for S {
+    fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> BoxFuture<'_, Result<Vec<BoxDelivery>, SourceError>> {
+        Box::pin(async move {
+            let batch = DeliverySource::next_batch(self, max, wait).await?;
+            Ok(batch
+                .into_iter()
+                .map(|d| BoxDelivery(Box::new(d)))
+                .collect())
+        })
+    }
+    fn lag(&mut self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
+        Box::pin(DeliverySource::lag(self))
+    }
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
+        DeliverySource::decode(self, raw)
+    }
+}
+
+/// Any [`DeliverySource`], chosen at runtime.
+pub struct BoxSource(Box<dyn DynSource>);
+
+impl BoxSource {
+    /// Erases `source`'s type. The source must be `Sync` (the consumer engine shares it across
+    /// the futures of one batch).
+    pub fn new<S: DeliverySource + Sync>(source: S) -> Self {
+        Self(Box::new(source))
+    }
+}
+
+impl DeliverySource for BoxSource {
+    type Delivery = BoxDelivery;
+
+    async fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<BoxDelivery>, SourceError> {
+        self.0.next_batch(max, wait).await
+    }
+
+    async fn lag(&mut self) -> Result<Option<u64>, SourceError> {
+        self.0.lag().await
+    }
+
+    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
+        self.0.decode(raw)
+    }
+}
+
+/// Why a broker could not be chosen, configured or reached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// No registered broker serves the URL's scheme.
+    #[error("unsupported broker URL scheme `{scheme}`: this build supports {supported}")]
+    UnknownScheme {
+        /// The scheme found (`foo`), or the whole (redacted) URL when it has none.
+        scheme: String,
+        /// The supported schemes, e.g. `nats://, tls://, amqp://, amqps://`.
+        supported: String,
+    },
+    /// A settings section no registered broker owns (a typo, or a transport not in this build).
+    #[error("unknown configuration section `{name}`: known broker sections are {known}")]
+    UnknownSection {
+        /// The section.
+        name: String,
+        /// The sections the registered brokers read.
+        known: String,
+    },
+    /// A setting is invalid; `key` is `section.key`.
+    #[error("invalid configuration `{key}`: {reason}")]
+    Config {
+        /// The key, e.g. `nats.stream`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The broker could not be reached or refused the set-up.
+    #[error("cannot connect to {broker} at {address}: {reason}")]
+    Connect {
+        /// The broker's title (`NATS`).
+        broker: &'static str,
+        /// The URL, redacted.
+        address: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl BrokerError {
+    /// A [`BrokerError::Config`] for `key` of `section`.
+    pub fn config(section: &str, key: &str, reason: impl std::fmt::Display) -> Self {
+        Self::Config {
+            key: format!("{section}.{key}"),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A [`BrokerError::Connect`] for `broker` (its title) at `url` (redacted here).
+    pub fn connect(broker: &'static str, url: &str, reason: impl std::fmt::Display) -> Self {
+        Self::Connect {
+            broker,
+            address: crate::secrets::redact_url(url),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Well-known TLS and credential files that override a broker section's own keys.
+pub mod file {
+    /// PEM certificate authorities trusted for the broker's certificate.
+    pub const CA: &str = "ca_file";
+    /// PEM client certificate for mutual TLS.
+    pub const CERT: &str = "cert_file";
+    /// PEM private key of the client certificate.
+    pub const KEY: &str = "key_file";
+    /// A NATS `.creds` file (user JWT and NKey seed).
+    pub const NATS_CREDENTIALS: &str = "credentials_file";
+    /// A NATS user NKey seed file.
+    pub const NATS_NKEY_SEED: &str = "nkey_seed_file";
+}
+
+/// The settings brokers read: named sections (each a table of keys, as parsed from the
+/// configuration file) and file overrides from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerSettings {
+    sections: BTreeMap<String, serde_json::Value>,
+    files: BTreeMap<&'static str, PathBuf>,
+}
+
+impl BrokerSettings {
+    /// No sections, no files: every broker's defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets section `name` (a JSON object of keys), replacing an earlier one.
+    pub fn set_section(&mut self, name: impl Into<String>, value: serde_json::Value) {
+        self.sections.insert(name.into(), value);
+    }
+
+    /// [`BrokerSettings::set_section`], by value.
+    pub fn with_section(mut self, name: impl Into<String>, value: serde_json::Value) -> Self {
+        self.set_section(name, value);
+        self
+    }
+
+    /// Sets a file override (`kind` one of [`file`]).
+    pub fn set_file(&mut self, kind: &'static str, path: PathBuf) {
+        self.files.insert(kind, path);
+    }
+
+    /// The section names present.
+    pub fn section_names(&self) -> impl Iterator<Item = &str> {
+        self.sections.keys().map(String::as_str)
+    }
+
+    /// The raw section `name`, if present.
+    pub fn raw_section(&self, name: &str) -> Option<&serde_json::Value> {
+        self.sections.get(name)
+    }
+
+    /// Section `name` as `T` (its defaults when the section is absent).
+    ///
+    /// # Errors
+    /// [`BrokerError::Config`] naming `name.key` for an unknown key or a value of the wrong type
+    /// (`T` should refuse unknown fields).
+    pub fn section<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        name: &str,
+    ) -> Result<T, BrokerError> {
+        match self.sections.get(name) {
+            None => Ok(T::default()),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| BrokerError::Config {
+                key: name.to_owned(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// The file overrides, by kind.
+    pub fn files(&self) -> &BTreeMap<&'static str, PathBuf> {
+        &self.files
+    }
+
+    /// The override of `kind`, if given.
+    pub fn file(&self, kind: &str) -> Option<&PathBuf> {
+        self.files.get(kind)
+    }
+
+    /// Refuses file overrides other than `accepted` (a broker that has no use for them), naming
+    /// the broker.
+    ///
+    /// # Errors
+    /// [`BrokerError::Config`] for the first file kind `broker` does not accept.
+    pub fn accept_files(&self, broker: &str, accepted: &[&str]) -> Result<(), BrokerError> {
+        match self.files.keys().find(|k| !accepted.contains(k)) {
+            None => Ok(()),
+            Some(k) => Err(BrokerError::config(
+                broker,
+                k,
+                format!("{broker} does not use a {k}"),
+            )),
+        }
+    }
+}
+
+/// What a consumer asks of a delivery source besides the settings sections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceOptions {
+    /// The consumer's name: the default durable consumer / queue name when the section does not
+    /// set one.
+    pub consumer: String,
+}
+
+/// Connects a transport: `(url, settings)`.
+pub type TransportConnector =
+    for<'a> fn(&'a str, &'a BrokerSettings) -> BoxFuture<'a, Result<BoxTransport, BrokerError>>;
+
+/// Connects a delivery source: `(url, settings, options)`.
+pub type SourceConnector = for<'a> fn(
+    &'a str,
+    &'a BrokerSettings,
+    &'a SourceOptions,
+) -> BoxFuture<'a, Result<BoxSource, BrokerError>>;
+
+/// One broker of the registry, exported by its transport crate.
+#[derive(Debug)]
+pub struct BrokerEntry {
+    /// The broker's short name (`nats`), lower case.
+    pub name: &'static str,
+    /// The name in messages (`NATS`).
+    pub title: &'static str,
+    /// URL schemes it serves, lower case, without `://`.
+    pub schemes: &'static [&'static str],
+    /// The settings sections it reads (and owns).
+    pub sections: &'static [&'static str],
+    /// Checks its sections and the file overrides without connecting.
+    pub check: fn(&BrokerSettings) -> Result<(), BrokerError>,
+    /// Connects its transport.
+    pub transport: TransportConnector,
+    /// Connects its delivery source.
+    pub source: SourceConnector,
+}
+
+/// The brokers of a build, chosen by URL scheme.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    entries: Vec<&'static BrokerEntry>,
+}
+
+/// The scheme of `url`, lower case, if it has one.
+fn scheme_of(url: &str) -> Option<String> {
+    let (scheme, _) = url.trim_start().split_once("://")?;
+    let ok = !scheme.is_empty()
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    ok.then(|| scheme.to_ascii_lowercase())
+}
+
+impl Registry {
+    /// A registry of `entries`.
+    pub fn new(entries: &[&'static BrokerEntry]) -> Self {
+        Self {
+            entries: entries.to_vec(),
+        }
+    }
+
+    /// The entries.
+    pub fn entries(&self) -> &[&'static BrokerEntry] {
+        &self.entries
+    }
+
+    /// The supported schemes as `nats://, tls://, …`.
+    pub fn supported(&self) -> String {
+        let all: Vec<String> = self
+            .entries
+            .iter()
+            .flat_map(|e| e.schemes.iter().map(|s| format!("{s}://")))
+            .collect();
+        if all.is_empty() {
+            "no broker (built without transports)".to_owned()
+        } else {
+            all.join(", ")
+        }
+    }
+
+    /// The entry serving `url`'s scheme.
+    ///
+    /// # Errors
+    /// [`BrokerError::UnknownScheme`] naming the supported schemes.
+    pub fn find(&self, url: &str) -> Result<&'static BrokerEntry, BrokerError> {
+        let scheme = scheme_of(url);
+        scheme
+            .as_deref()
+            .and_then(|s| {
+                self.entries
+                    .iter()
+                    .copied()
+                    .find(|e| e.schemes.contains(&s))
+            })
+            .ok_or_else(|| BrokerError::UnknownScheme {
+                scheme: scheme.unwrap_or_else(|| crate::secrets::redact_url(url)),
+                supported: self.supported(),
+            })
+    }
+
+    /// Checks every section of `settings`: each must belong to a registered broker, and each
+    /// broker must accept its own.
+    ///
+    /// # Errors
+    /// [`BrokerError::UnknownSection`] or the first entry's [`BrokerError::Config`].
+    pub fn check(&self, settings: &BrokerSettings) -> Result<(), BrokerError> {
+        for name in settings.section_names() {
+            if !self.entries.iter().any(|e| e.sections.contains(&name)) {
+                let known: Vec<&str> = self
+                    .entries
+                    .iter()
+                    .flat_map(|e| e.sections.iter().copied())
+                    .collect();
+                return Err(BrokerError::UnknownSection {
+                    name: name.to_owned(),
+                    known: known.join(", "),
+                });
+            }
+        }
+        for e in &self.entries {
+            (e.check)(settings)?;
+        }
+        Ok(())
+    }
+
+    /// Connects the transport `url` names.
+    ///
+    /// # Errors
+    /// [`BrokerError`]: unknown scheme, invalid settings, or the broker's connect error.
+    pub async fn connect_transport(
+        &self,
+        url: &str,
+        settings: &BrokerSettings,
+    ) -> Result<BoxTransport, BrokerError> {
+        let entry = self.find(url)?;
+        (entry.transport)(url, settings).await
+    }
+
+    /// Connects the delivery source `url` names.
+    ///
+    /// # Errors
+    /// [`BrokerError`]: unknown scheme, invalid settings, or the broker's connect error.
+    pub async fn connect_source(
+        &self,
+        url: &str,
+        settings: &BrokerSettings,
+        options: &SourceOptions,
+    ) -> Result<BoxSource, BrokerError> {
+        let entry = self.find(url)?;
+        (entry.source)(url, settings, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(_: &BrokerSettings) -> Result<(), BrokerError> {
+        Ok(())
+    }
+    fn transport<'a>(
+        url: &'a str,
+        _: &'a BrokerSettings,
+    ) -> BoxFuture<'a, Result<BoxTransport, BrokerError>> {
+        Box::pin(async move { Err(BrokerError::connect("fake", url, "never connects")) })
+    }
+    fn source<'a>(
+        url: &'a str,
+        _: &'a BrokerSettings,
+        _: &'a SourceOptions,
+    ) -> BoxFuture<'a, Result<BoxSource, BrokerError>> {
+        Box::pin(async move { Err(BrokerError::connect("fake", url, "never connects")) })
+    }
+    static FAKE: BrokerEntry = BrokerEntry {
+        name: "fake",
+        title: "Fake",
+        schemes: &["fake", "fakes"],
+        sections: &["fake"],
+        check,
+        transport,
+        source,
+    };
+
+    #[tokio::test]
+    async fn an_unknown_scheme_names_the_supported_ones() {
+        let r = Registry::new(&[&FAKE]);
+        assert_eq!(r.find("FAKE://h").unwrap().name, "fake");
+        for (url, scheme) in [("foo://x", "foo"), ("localhost:4222", "localhost:4222")] {
+            let e = r.find(url).unwrap_err();
+            assert_eq!(
+                e,
+                BrokerError::UnknownScheme {
+                    scheme: scheme.into(),
+                    supported: "fake://, fakes://".into()
+                }
+            );
+            assert!(e.to_string().contains("fake://, fakes://"), "{e}");
+        }
+        let e = r
+            .connect_transport("fakes://user:secret@h", &BrokerSettings::new())
+            .await
+            .unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+        let settings = BrokerSettings::new().with_section("natz", serde_json::json!({}));
+        assert!(matches!(
+            r.check(&settings),
+            Err(BrokerError::UnknownSection { name, .. }) if name == "natz"
+        ));
+    }
+
+    #[test]
+    fn sections_are_typed_and_files_are_checked() {
+        #[derive(Debug, Default, serde::Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        struct S {
+            stream: String,
+        }
+        let s = BrokerSettings::new().with_section("x", serde_json::json!({"streem": "a"}));
+        let e = s.section::<S>("x").unwrap_err();
+        assert!(e.to_string().contains("streem"), "{e}");
+        assert_eq!(s.section::<S>("absent").unwrap().stream, "");
+        let mut s = BrokerSettings::new();
+        s.set_file(file::NATS_NKEY_SEED, "/seed".into());
+        assert!(s.accept_files("rabbitmq", &[file::CA]).is_err());
+        assert!(s.accept_files("nats", &[file::NATS_NKEY_SEED]).is_ok());
+    }
+}
