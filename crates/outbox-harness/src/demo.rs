@@ -409,6 +409,10 @@ async fn verdict(
         consumed.conflicts
     );
     println!(
+        "consumer: stale / retried / requeued    {} / {} / {}",
+        consumed.stale, consumed.nacked, consumed.requeued_resolved
+    );
+    println!(
         "elapsed                                 {:.1}s",
         elapsed.as_secs_f64()
     );
@@ -644,6 +648,7 @@ async fn drive_consumer(
                 t.conflicts += r.conflicts;
                 t.dead_lettered += r.dead_lettered;
                 t.nacked += r.nacked;
+                t.requeued_resolved += r.requeued_resolved;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "demo consumer error; retrying");

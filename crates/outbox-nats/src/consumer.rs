@@ -95,12 +95,8 @@ use crate::subject;
 use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER, is_stream_not_found};
 use outbox_core::secrets::redact_url;
 
-/// How long startup waits for the connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Timeout of the JetStream API requests (stream / consumer lookup, consumer info).
-const API_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long [`NatsDelivery::ack`] waits for the server to confirm the ack.
-const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest connect or ack timeout accepted, in seconds.
+const MAX_TIMEOUT_SECS: u64 = 300;
 /// Longest ack wait accepted (a sanity bound: a redelivery a week later is a mistake).
 const MAX_ACK_WAIT_SECS: u64 = 7 * 24 * 3600;
 /// Largest `max_ack_pending` accepted.
@@ -142,6 +138,11 @@ pub struct NatsConsumerConfig {
     /// Largest body accepted; a larger one is delivered with
     /// [`DecodeError::TooLarge`] (and dead-lettered by the runner). Default 8 MiB.
     pub max_message_bytes: usize,
+    /// How long startup waits for the connection, in seconds. Default 5.
+    pub connect_timeout_secs: u64,
+    /// How long a JetStream API request (stream and consumer lookup, consumer info for the lag)
+    /// and an acknowledgement's confirmation may take, in seconds. Default 5.
+    pub ack_timeout_secs: u64,
     /// TLS and authentication of the connection. Default: none beyond what the URL says.
     pub security: NatsSecurity,
 }
@@ -155,6 +156,8 @@ impl Default for NatsConsumerConfig {
             ack_wait_secs: 30,
             max_ack_pending: 10_000,
             max_message_bytes: 8 * 1024 * 1024,
+            connect_timeout_secs: 5,
+            ack_timeout_secs: 5,
             security: NatsSecurity::default(),
         }
     }
@@ -209,6 +212,14 @@ impl NatsConsumerConfig {
         if self.max_message_bytes == 0 {
             return bad("max_message_bytes", "must be positive");
         }
+        for (key, v) in [
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("ack_timeout_secs", self.ack_timeout_secs),
+        ] {
+            if v == 0 || v > MAX_TIMEOUT_SECS {
+                return bad(key, format!("must be between 1 and {MAX_TIMEOUT_SECS}"));
+            }
+        }
         if let Err(e) = self.security.validate() {
             return bad(e.key, e.message);
         }
@@ -218,6 +229,16 @@ impl NatsConsumerConfig {
     /// [`NatsConsumerConfig::ack_wait_secs`] as a duration.
     pub fn ack_wait(&self) -> Duration {
         Duration::from_secs(self.ack_wait_secs)
+    }
+
+    /// [`NatsConsumerConfig::connect_timeout_secs`] as a duration.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs)
+    }
+
+    /// [`NatsConsumerConfig::ack_timeout_secs`] as a duration.
+    pub fn ack_timeout(&self) -> Duration {
+        Duration::from_secs(self.ack_timeout_secs)
     }
 
     /// The pull consumer configuration this config asks for.
@@ -337,8 +358,9 @@ impl NatsSource {
     ) -> Result<Self, NatsConsumerError> {
         config.validate()?;
         let (address, options) = config.security.apply(url, options).await?;
-        let options = options.connection_timeout(CONNECT_TIMEOUT);
-        let client = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect(address)).await {
+        let connect_timeout = config.connect_timeout();
+        let options = options.connection_timeout(connect_timeout);
+        let client = match tokio::time::timeout(connect_timeout, options.connect(address)).await {
             Ok(Ok(client)) => client,
             Ok(Err(source)) => {
                 return Err(NatsConsumerError::Connect {
@@ -349,7 +371,7 @@ impl NatsSource {
             Err(_elapsed) => {
                 return Err(NatsConsumerError::ConnectTimedOut {
                     url: redact_url(url),
-                    timeout_secs: CONNECT_TIMEOUT.as_secs(),
+                    timeout_secs: connect_timeout.as_secs(),
                 });
             }
         };
@@ -373,7 +395,7 @@ impl NatsSource {
     ) -> Result<Self, NatsConsumerError> {
         config.validate()?;
         let js = jetstream::ContextBuilder::new()
-            .timeout(API_TIMEOUT)
+            .timeout(config.ack_timeout())
             .build(client.clone());
         let stream = match js.get_stream(&config.stream).await {
             Ok(stream) => stream,
@@ -532,7 +554,7 @@ impl DeliverySource for NatsSource {
                 }
             };
             match item {
-                Ok(message) => out.push(NatsDelivery::new(message, self.config.max_message_bytes)),
+                Ok(message) => out.push(NatsDelivery::new(message, &self.config)),
                 Err(e) if out.is_empty() => {
                     return Err(self.unavailable_or(
                         SourceErrorKind::Other,
@@ -592,16 +614,18 @@ pub struct NatsDelivery {
     message: jetstream::Message,
     event: Result<IncomingEvent, DecodeError>,
     raw: RawMessage,
+    ack_timeout: Duration,
 }
 
 impl NatsDelivery {
-    fn new(message: jetstream::Message, max_message_bytes: usize) -> Self {
+    fn new(message: jetstream::Message, config: &NatsConsumerConfig) -> Self {
         let raw = raw_message(&message.message);
-        let event = decode_raw(&raw, max_message_bytes);
+        let event = decode_raw(&raw, config.max_message_bytes);
         Self {
             message,
             event,
             raw,
+            ack_timeout: config.ack_timeout(),
         }
     }
 
@@ -654,7 +678,8 @@ impl Delivery for NatsDelivery {
             .and_then(|i| u32::try_from(i.delivered).ok())
     }
 
-    /// Sends `+ACK` and waits up to 5 s for the server's confirmation (a "double ack").
+    /// Sends `+ACK` and waits up to `ack_timeout_secs` for the server's confirmation (a
+    /// "double ack").
     ///
     /// # Errors
     /// [`SourceErrorKind::Unavailable`] when no confirmation came (timeout, no responder,
@@ -668,7 +693,7 @@ impl Delivery for NatsDelivery {
         // shared response inbox is the same protocol without the extra subscription.
         let request = async_nats::Request::new()
             .payload(Bytes::from(AckKind::Ack))
-            .timeout(Some(ACK_CONFIRM_TIMEOUT));
+            .timeout(Some(self.ack_timeout));
         match self
             .message
             .context
@@ -866,6 +891,23 @@ mod tests {
         assert_eq!(
             key_of(with(|c| c.max_message_bytes = 0)),
             "max_message_bytes"
+        );
+        assert_eq!(
+            key_of(with(|c| c.connect_timeout_secs = 0)),
+            "connect_timeout_secs"
+        );
+        assert_eq!(
+            key_of(with(|c| c.ack_timeout_secs = 301)),
+            "ack_timeout_secs"
+        );
+        let c = NatsConsumerConfig {
+            connect_timeout_secs: 2,
+            ack_timeout_secs: 7,
+            ..NatsConsumerConfig::default()
+        };
+        assert_eq!(
+            (c.connect_timeout(), c.ack_timeout()),
+            (Duration::from_secs(2), Duration::from_secs(7))
         );
     }
 
