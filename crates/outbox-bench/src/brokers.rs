@@ -12,9 +12,10 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outbox::broker::{BoxTransport, BrokerSettings};
 use outbox_core::{OutboxMessage, wire};
 use outbox_nats::{NatsConfig, NatsTransport};
-use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
+use serde_json::json;
 
 use crate::common::{Env, random_suffix};
 
@@ -64,10 +65,12 @@ fn finish(started: Instant, results: Vec<Result<()>>) -> Result<Duration> {
     Ok(elapsed)
 }
 
-/// A JetStream stream with a random name, the relay's transport on it, and a separate raw
-/// client for the baseline.
+/// A JetStream stream with a random name, the relay's transport on it (connected through the
+/// broker registry, as `outbox relay` does), and a separate raw client for the baseline.
 pub struct NatsBench {
-    pub transport: Arc<NatsTransport>,
+    pub transport: Arc<BoxTransport>,
+    /// The NATS transport's own subject and header rules, for the raw baseline.
+    wire: Arc<NatsTransport>,
     pub stream: String,
     pub prefix: String,
     client: async_nats::Client,
@@ -85,13 +88,26 @@ impl NatsBench {
             subject_template: format!("{prefix}.{{aggregate_type}}.{{event_type}}"),
             ..NatsConfig::default()
         };
-        let transport = NatsTransport::connect(&env.nats_url, config)
+        let settings = BrokerSettings::new().with_section(
+            "nats",
+            json!({
+                "stream": stream,
+                "stream_subjects": config.stream_subjects,
+                "subject_template": config.subject_template,
+            }),
+        );
+        let transport = outbox::brokers()
+            .connect_transport(&env.nats_url, &settings)
+            .await
+            .context("NATS transport")?;
+        let wire = NatsTransport::connect(&env.nats_url, config)
             .await
             .context("NATS transport")?;
         let client = async_nats::connect(&env.nats_url).await?;
         let js = async_nats::jetstream::new(client.clone());
         Ok(Self {
             transport: Arc::new(transport),
+            wire: Arc::new(wire),
             stream,
             prefix,
             client,
@@ -108,7 +124,7 @@ impl NatsBench {
         tasks: bool,
     ) -> Result<Duration> {
         let publish_one = |m: OutboxMessage| {
-            let transport = Arc::clone(&self.transport);
+            let transport = Arc::clone(&self.wire);
             let js = self.js.clone();
             async move {
                 let subject = transport.subject_for(&m)?;
@@ -179,9 +195,10 @@ impl NatsBench {
 }
 
 /// A durable topic exchange and a durable queue bound to it with `#` (random names), the
-/// relay's transport, and a separate raw lapin connection for the baseline.
+/// relay's transport (through the broker registry), and a separate raw lapin connection for
+/// the baseline.
 pub struct RabbitBench {
-    pub transport: Arc<RabbitTransport>,
+    pub transport: Arc<BoxTransport>,
     pub exchange: String,
     pub queue: String,
     conn: Connection,
@@ -192,15 +209,11 @@ pub struct RabbitBench {
 impl RabbitBench {
     pub async fn setup(env: &Env) -> Result<Self> {
         let name = format!("bench_{}", random_suffix());
-        let transport = RabbitTransport::connect(
-            &env.amqp_url,
-            RabbitConfig {
-                exchange: name.clone(),
-                ..RabbitConfig::default()
-            },
-        )
-        .await
-        .context("RabbitMQ transport")?;
+        let settings = BrokerSettings::new().with_section("rabbitmq", json!({ "exchange": name }));
+        let transport = outbox::brokers()
+            .connect_transport(&env.amqp_url, &settings)
+            .await
+            .context("RabbitMQ transport")?;
         let conn = Connection::connect(&env.amqp_url, ConnectionProperties::default()).await?;
         let admin = conn.create_channel().await?;
         admin
@@ -368,7 +381,7 @@ impl RabbitBench {
     }
 
     pub async fn teardown(self) -> Result<()> {
-        self.transport.close().await;
+        drop(self.transport);
         self.admin
             .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
             .await?;

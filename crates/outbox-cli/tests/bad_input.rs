@@ -126,6 +126,24 @@ async fn unreachable_broker_at_startup_is_a_clean_error() {
 }
 
 #[tokio::test]
+async fn unknown_broker_scheme_is_refused_naming_the_supported_ones() {
+    for url in ["foo://x", "localhost:4222"] {
+        let mut cmd = outbox(Some("outbox_unused"), Some(url), None);
+        cmd.arg("relay");
+        let r = run(cmd, QUICK).await;
+        assert_clean_failure(
+            &r,
+            &["broker_url", "nats://", "tls://", "amqp://", "amqps://"],
+        );
+    }
+    let mut cmd = outbox(Some("outbox_unused"), Some("foo://user:hunter2@x"), None);
+    cmd.arg("relay");
+    let r = run(cmd, QUICK).await;
+    assert_clean_failure(&r, &["`foo`"]);
+    assert!(!r.stderr.contains("hunter2"), "{}", r.stderr);
+}
+
+#[tokio::test]
 async fn invalid_schema_identifier_is_refused() {
     for sub in [&["relay"][..], &["migrate"], &["status"]] {
         let mut cmd = outbox(None, Some(&nats_url()), None);

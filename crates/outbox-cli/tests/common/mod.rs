@@ -20,7 +20,8 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
+use outbox::broker::{BoxTransport, BrokerSettings};
+use outbox_core::{NewMessage, Payload};
 use outbox_nats::async_nats;
 use outbox_nats::async_nats::jetstream;
 use outbox_nats::{NatsConfig, NatsTransport};
@@ -690,11 +691,23 @@ impl BrokerEnv {
         }
     }
 
-    pub async fn transport(&self, url: &str) -> TestTransport {
-        match self {
-            Self::Nats(n) => TestTransport::Nats(Box::new(n.transport(url).await)),
-            Self::Rabbit(r) => TestTransport::Rabbit(r.transport(url).await),
+    /// The broker settings of this environment (its stream / exchange), as the binary reads
+    /// them from its config file.
+    pub fn settings(&self) -> BrokerSettings {
+        let table: toml::Table = toml::from_str(&self.toml("")).expect("valid broker table");
+        let mut settings = BrokerSettings::new();
+        for (name, value) in table {
+            settings.set_section(name, serde_json::to_value(value).expect("json"));
         }
+        settings
+    }
+
+    /// The relay's transport for `url`, chosen by the broker registry as `outbox relay` does.
+    pub async fn transport(&self, url: &str) -> BoxTransport {
+        outbox::brokers()
+            .connect_transport(url, &self.settings())
+            .await
+            .unwrap_or_else(|e| panic!("transport at {url}: {e}"))
     }
 
     /// The independent subscriber: the stream's content (NATS) or the bound queue (RabbitMQ).
@@ -709,27 +722,6 @@ impl BrokerEnv {
         match self {
             Self::Nats(n) => n.cleanup().await,
             Self::Rabbit(r) => r.cleanup().await,
-        }
-    }
-}
-
-pub enum TestTransport {
-    Nats(Box<NatsTransport>),
-    Rabbit(RabbitTransport),
-}
-
-impl Transport for TestTransport {
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Nats(t) => t.name(),
-            Self::Rabbit(t) => t.name(),
-        }
-    }
-
-    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
-        match self {
-            Self::Nats(t) => t.publish(message).await,
-            Self::Rabbit(t) => t.publish(message).await,
         }
     }
 }

@@ -15,12 +15,13 @@ use lapin::options::{
     BasicPublishOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
+use outbox::broker::BoxTransport;
 use outbox_core::Backoff;
 use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
 use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, Transport};
 use outbox_nats::async_nats;
-use outbox_nats::{NatsConsumerConfig, NatsDelivery, NatsSource};
+use outbox_nats::{NatsConsumerConfig, NatsDelivery, NatsSource, NatsTransport};
 use outbox_postgres::{PgConsumer, PgStore};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitDelivery, RabbitSource};
 use sqlx::{AssertSqlSafe, PgConnection};
@@ -40,7 +41,10 @@ pub const QUIET: Duration = Duration::from_millis(1600);
 pub struct Env {
     pub db: TestDb,
     pub broker: BrokerEnv,
-    pub transport: TestTransport,
+    /// The relay's transport, from the broker registry.
+    pub transport: BoxTransport,
+    /// NATS only: the transport's own subject and header rules, for hand-made publishes.
+    nats_wire: Option<NatsTransport>,
     /// RabbitMQ queues created for sources, deleted at cleanup.
     queues: Mutex<Vec<String>>,
 }
@@ -56,8 +60,13 @@ impl Env {
         .await;
         let broker = BrokerEnv::new(kind).await;
         let transport = broker.transport(&broker.url()).await;
+        let nats_wire = match &broker {
+            BrokerEnv::Nats(n) => Some(n.transport(&broker.url()).await),
+            BrokerEnv::Rabbit(_) => None,
+        };
         Env {
             db,
+            nats_wire,
             broker,
             transport,
             queues: Mutex::new(Vec::new()),
@@ -194,11 +203,11 @@ impl Env {
     /// published raw with the transport's exact subject and headers *minus* `Nats-Msg-Id`, as
     /// a republish after the window would arrive.
     pub async fn publish_copy(&self, msg: &OutboxMessage) {
-        match &self.transport {
-            TestTransport::Rabbit(t) => {
-                t.publish(msg).await.expect("republish");
+        match &self.nats_wire {
+            None => {
+                self.transport.publish(msg).await.expect("republish");
             }
-            TestTransport::Nats(t) => {
+            Some(t) => {
                 let subject = t.subject_for(msg).expect("subject");
                 let mut headers = async_nats::HeaderMap::new();
                 for (k, v) in t.headers_for(msg).expect("headers") {
@@ -232,8 +241,8 @@ impl Env {
                 .map(|(k, v)| (k.to_owned(), v))
                 .collect();
         edit(&mut attrs);
-        match (&self.transport, &self.broker) {
-            (TestTransport::Nats(t), _) => {
+        match (&self.nats_wire, &self.broker) {
+            (Some(t), _) => {
                 let subject = t.subject_for(msg).expect("subject");
                 let mut headers = async_nats::HeaderMap::new();
                 for (k, v) in &attrs {
@@ -247,7 +256,7 @@ impl Env {
                     .await
                     .expect("raw not stored");
             }
-            (TestTransport::Rabbit(_), BrokerEnv::Rabbit(r)) => {
+            (None, BrokerEnv::Rabbit(r)) => {
                 let mut table = FieldTable::default();
                 for (k, v) in &attrs {
                     table.insert(
@@ -337,9 +346,6 @@ impl Env {
                     .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
                     .await;
             }
-        }
-        if let TestTransport::Rabbit(t) = &self.transport {
-            t.close().await;
         }
         self.broker.cleanup().await;
         self.db.cleanup().await;

@@ -1,0 +1,63 @@
+//! `outbox --help` keeps operator commands and test tools apart: the test tools (built in with
+//! the `harness` feature, as this test build is) are not in the command list, and are listed in
+//! a section of their own.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+#[tokio::test]
+async fn help_lists_operator_commands_and_test_tools_apart() {
+    let mut cmd = outbox(None, None, None);
+    cmd.arg("--help");
+    let r = run(cmd, Duration::from_secs(30)).await;
+    assert!(r.status.success(), "{}", r.stderr);
+    let commands = r
+        .stdout
+        .split_once("Commands:")
+        .and_then(|(_, rest)| rest.split_once("Options:"))
+        .map(|(list, _)| list)
+        .expect("a command list");
+    for operator in [
+        "migrate",
+        "relay",
+        "status",
+        "dead-letters",
+        "conflicts",
+        "consumer-dead-letters",
+        "cleanup",
+        "effects",
+    ] {
+        assert!(
+            commands.contains(operator),
+            "{operator} missing:\n{commands}"
+        );
+    }
+    let tools = r
+        .stdout
+        .split_once("Test tools")
+        .map(|(_, rest)| rest)
+        .expect("a test tools section");
+    for tool in [
+        "crash-matrix",
+        "demo",
+        "demo-consumer",
+        "demo-producer",
+        "demo-provider",
+    ] {
+        assert!(
+            !commands.contains(tool),
+            "{tool} is in the operator list:\n{commands}"
+        );
+        assert!(tools.contains(tool), "{tool} missing:\n{tools}");
+    }
+    // Hidden from the list, still runnable.
+    let mut cmd = outbox(None, None, None);
+    cmd.args(["crash-matrix", "--list"]);
+    let r = run(cmd, Duration::from_secs(30)).await;
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(r.stdout.contains("relay.after_publish"), "{}", r.stdout);
+}
