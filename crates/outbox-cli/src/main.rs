@@ -22,6 +22,7 @@ mod logging;
 mod matrix;
 mod observer;
 mod provider;
+mod roles_cmd;
 mod scrape;
 #[cfg(test)]
 mod tls_testkit;
@@ -124,6 +125,9 @@ enum Command {
     /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
+    /// Least-privilege roles: print or apply each component's grants, check a role's.
+    #[command(subcommand)]
+    Roles(roles_cmd::RolesCmd),
 }
 
 /// Options of `outbox cleanup`.
@@ -277,6 +281,9 @@ async fn run(cli: Cli, mut file: FileConfig) -> Result<ExitCode> {
     }
     if let Command::CrashMatrix(args) = cli.command {
         return matrix::run(args, cli.database_url, cli.broker_url, &file).await;
+    }
+    if let Command::Roles(cmd) = cli.command {
+        return roles_cmd::run(cmd, cli.database_url, cli.schema, &file).await;
     }
     let resolved = config::resolve(cli.database_url, cli.broker_url, cli.schema, &file)?;
     let pool = connect_db(&resolved.database_url).await?;
@@ -611,6 +618,7 @@ async fn run(cli: Cli, mut file: FileConfig) -> Result<ExitCode> {
         Command::Demo(_) | Command::CrashMatrix(_) | Command::DemoProvider(_) => {
             unreachable!("handled above")
         }
+        Command::Roles(_) => unreachable!("handled above"),
     }
     Ok(ExitCode::SUCCESS)
 }
