@@ -1124,7 +1124,17 @@ async fn missing_privileges(
         return Ok(Vec::new());
     }
     let s = schema.quoted();
-    // (description, check) pairs; a column-level privilege is checked column by column and
+    // Objects by OID: resolving a name would itself need USAGE on the schema.
+    let oids: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT c.relname::text, c.oid::int8 FROM pg_catalog.pg_class c \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = ANY($2)",
+    )
+    .bind(schema.as_str())
+    .bind(covered_objects().collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    // (description, check, column); a column-level privilege is checked column by column and
     // reported with the missing columns only.
     let mut checks: Vec<(String, String, Option<&'static str>)> = vec![(
         format!("USAGE ON SCHEMA {s}"),
@@ -1132,22 +1142,15 @@ async fn missing_privileges(
         None,
     )];
     for (o, access) in access_of(&[component]) {
-        let object = format!("{s}.\"{}\"", o.name);
-        let on = format!("ON {} {object}", o.kind.keyword());
-        if access.usage {
-            checks.push((
-                format!("USAGE {on}"),
-                format!("has_sequence_privilege($1, '{object}', 'USAGE')"),
-                None,
-            ));
-        }
-        if access.delete {
-            checks.push((
-                format!("DELETE {on}"),
-                format!("has_table_privilege($1, '{object}', 'DELETE')"),
-                None,
-            ));
-        }
+        let on = format!("ON {} {s}.\"{}\"", o.kind.keyword(), o.name);
+        let Some((_, oid)) = oids.iter().find(|(name, _)| name == o.name) else {
+            return Err(sqlx::Error::Protocol(format!(
+                "{} {s}.{} does not exist: run `outbox migrate`",
+                o.kind.keyword().to_lowercase(),
+                o.name
+            )));
+        };
+        let object = format!("{oid}::oid");
         for (keyword, merged) in [
             ("SELECT", &access.select),
             ("INSERT", &access.insert),
@@ -1157,19 +1160,33 @@ async fn missing_privileges(
                 Merged::No => {}
                 Merged::Table => checks.push((
                     format!("{keyword} {on}"),
-                    format!("has_table_privilege($1, '{object}', '{keyword}')"),
+                    format!("has_table_privilege($1, {object}, '{keyword}')"),
                     None,
                 )),
                 Merged::Some(cols) => {
                     for col in cols {
                         checks.push((
                             format!("{keyword} ({{}}) {on}"),
-                            format!("has_column_privilege($1, '{object}', '{col}', '{keyword}')"),
+                            format!("has_column_privilege($1, {object}, '{col}', '{keyword}')"),
                             Some(col),
                         ));
                     }
                 }
             }
+        }
+        if access.delete {
+            checks.push((
+                format!("DELETE {on}"),
+                format!("has_table_privilege($1, {object}, 'DELETE')"),
+                None,
+            ));
+        }
+        if access.usage {
+            checks.push((
+                format!("USAGE {on}"),
+                format!("has_sequence_privilege($1, {object}, 'USAGE')"),
+                None,
+            ));
         }
     }
     let sql = format!(
@@ -1182,7 +1199,7 @@ async fn missing_privileges(
     );
     let held: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(sql))
         .bind(role)
-        .fetch_one(conn)
+        .fetch_one(&mut *conn)
         .await?;
     // Group missing columns under their privilege, keeping the order of the checks.
     let mut missing: Vec<(String, Vec<&str>)> = Vec::new();
