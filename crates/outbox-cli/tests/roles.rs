@@ -23,14 +23,14 @@ fn cmd(mut c: std::process::Command, args: &[&str]) -> std::process::Command {
 #[tokio::test]
 async fn the_relay_process_publishes_wakes_and_reaps_under_the_relay_role() {
     let db = TestDb::new().await;
-    let mut roles = TestRoles::new().await;
-    let by = roles.per_component(&db.schema).await;
+    let mut roles = login_roles().await;
+    let by = roles_per_component(&mut roles, &db.schema).await;
     let nats = NatsEnv::new().await;
     let sub = nats.stream_subscriber().await;
     // A crashed relay's lease, expired long ago: the relay's elected reaper deletes it.
     db.exec("INSERT INTO {s}.leases VALUES ('payment', 'crashed', 1, now() - interval '1 hour')")
         .await;
-    let producer = pool_as(&by[&Component::Producer]).await;
+    let producer = roles.pool_as(&by[&Component::Producer]).await;
     let outbox = PgOutbox::new(db.schema.clone());
     outbox
         .enqueue_batch(&producer, &[event("a", 1), event("a", 2), event("b", 1)])
@@ -86,7 +86,6 @@ async fn the_relay_process_publishes_wakes_and_reaps_under_the_relay_role() {
     assert_eq!(seen[3].aggregate_id, "c");
     relay.assert_running();
     assert!(relay.terminate().await.success(), "{}", relay.log());
-    producer.close().await;
 
     // The same process under a role without grants stops at once, saying why.
     let nobody = roles.create("nobody").await;
@@ -122,8 +121,8 @@ async fn the_relay_process_publishes_wakes_and_reaps_under_the_relay_role() {
 #[tokio::test]
 async fn the_reader_reads_and_only_the_operator_requeues_and_resolves() {
     let db = TestDb::new().await;
-    let mut roles = TestRoles::new().await;
-    let by = roles.per_component(&db.schema).await;
+    let mut roles = login_roles().await;
+    let by = roles_per_component(&mut roles, &db.schema).await;
     db.enqueue(&[event("a", 1)]).await;
     for sql in [
         "UPDATE {s}.events SET state = 'dead', last_error = 'too large'",
@@ -228,8 +227,8 @@ async fn the_reader_reads_and_only_the_operator_requeues_and_resolves() {
 #[tokio::test]
 async fn cleanup_runs_under_the_maintainer_role_only() {
     let db = TestDb::new().await;
-    let mut roles = TestRoles::new().await;
-    let by = roles.per_component(&db.schema).await;
+    let mut roles = login_roles().await;
+    let by = roles_per_component(&mut roles, &db.schema).await;
     for sql in [
         "INSERT INTO {s}.inbox (consumer_name, event_id, payload_sha256, aggregate_type, \
          aggregate_id, aggregate_version, event_type, received_at) VALUES \
@@ -291,7 +290,7 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
 #[tokio::test]
 async fn roles_bootstrap_migrate_grant_and_check_end_to_end() {
     let db = TestDb::unmigrated().await;
-    let mut roles = TestRoles::new().await;
+    let mut roles = login_roles().await;
     let migrator = roles.create("migrator").await;
     let relay = roles.create("relay").await;
     let schema = Some(db.name());

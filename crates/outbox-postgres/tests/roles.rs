@@ -6,13 +6,15 @@
 //! docs/security.md is the generator's.
 
 mod common;
+#[path = "support/login_roles.rs"]
+mod login_roles;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{database_url, msg};
+use login_roles::LoginRoles;
 use outbox_core::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
 use outbox_core::effect::{Executor, ExecutorConfig, WorkItemStore as _};
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
@@ -28,7 +30,6 @@ use outbox_postgres::{
 };
 use outbox_testkit::fakes::{CallMode, FakeProvider, FakeSource, FakeTransport, event_message};
 use outbox_testkit::wait;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -55,30 +56,26 @@ struct Env {
     schema: Schema,
     other: Schema,
     business: String,
-    roles: Vec<String>,
-    pools: Vec<PgPool>,
-    cleaned: bool,
+    roles: LoginRoles,
 }
 
 impl Env {
     async fn new() -> Env {
-        let admin = PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&database_url())
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL at {} is required: {e}", database_url()));
-        let id = Uuid::now_v7().simple().to_string();
+        let mut roles = LoginRoles::new(&database_url()).await;
+        let id = roles.id.clone();
         let schema = Schema::new(&format!("t_{id}")).unwrap();
         let other = Schema::new(&format!("u_{id}")).unwrap();
+        let business = format!("b_{id}");
+        for s in [schema.as_str(), other.as_str(), &business] {
+            roles.first(format!("DROP SCHEMA IF EXISTS \"{s}\" CASCADE"));
+        }
         let mut env = Env {
-            admin,
-            business: format!("b_{id}"),
+            admin: roles.admin().clone(),
             id,
             schema,
             other,
-            roles: Vec::new(),
-            pools: Vec::new(),
-            cleaned: false,
+            business,
+            roles,
         };
         migrate(&env.admin, &env.schema).await.expect("migrate");
         migrate(&env.admin, &env.other).await.expect("migrate");
@@ -95,29 +92,17 @@ impl Env {
 
     /// The role of `component` in this test.
     fn role(&self, component: Component) -> String {
-        format!("r_{}_{component}", self.id)
+        self.roles.name(component.as_str())
     }
 
     /// Creates the login role `r_<id>_<suffix>` (dropped at the end).
     async fn login(&mut self, suffix: &str) -> RoleName {
-        let name = format!("r_{}_{suffix}", self.id);
-        self.exec(&format!("CREATE ROLE \"{name}\" LOGIN")).await;
-        self.roles.push(name.clone());
-        RoleName::new(&name).unwrap()
+        RoleName::new(&self.roles.create(suffix).await).unwrap()
     }
 
-    /// A pool logged in as `role` (trust authentication: the name is enough).
+    /// A pool logged in as `role`.
     async fn pool_as(&mut self, role: &str) -> PgPool {
-        let options = PgConnectOptions::from_str(&database_url())
-            .unwrap()
-            .username(role);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap_or_else(|e| panic!("log in as {role}: {e}"));
-        self.pools.push(pool.clone());
-        pool
+        self.roles.pool_as(role).await
     }
 
     async fn pool(&mut self, component: Component) -> PgPool {
@@ -158,57 +143,8 @@ impl Env {
         assert!(db.message().starts_with("permission denied"), "{sql}: {e}");
     }
 
-    fn cleanup_sql(&self) -> Vec<String> {
-        let mut sql = vec![
-            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema),
-            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.other),
-            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.business),
-        ];
-        for r in &self.roles {
-            sql.push(format!("DROP OWNED BY \"{r}\""));
-            sql.push(format!("DROP ROLE \"{r}\""));
-        }
-        sql
-    }
-
-    async fn cleanup(mut self) {
-        for p in &self.pools {
-            p.close().await;
-        }
-        for st in self.cleanup_sql() {
-            sqlx::raw_sql(AssertSqlSafe(st.clone()))
-                .execute(&self.admin)
-                .await
-                .unwrap_or_else(|e| panic!("{st}: {e}"));
-        }
-        self.cleaned = true;
-    }
-}
-
-impl Drop for Env {
-    /// After a panic: drop the schemas and roles on a thread of its own (roles are global to
-    /// the server, so they must not outlive the test).
-    fn drop(&mut self) {
-        if self.cleaned {
-            return;
-        }
-        let sql = self.cleanup_sql();
-        let url = database_url();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let Ok(pool) = PgPoolOptions::new().connect(&url).await else {
-                    return;
-                };
-                for st in sql {
-                    let _ = sqlx::raw_sql(AssertSqlSafe(st)).execute(&pool).await;
-                }
-            });
-        })
-        .join();
+    async fn cleanup(self) {
+        self.roles.cleanup().await;
     }
 }
 
@@ -378,8 +314,8 @@ async fn the_migrator_owns_migrates_and_grants_and_nothing_else() {
     let mut env = Env::new().await;
     let migrator = env.login("migrator").await;
     let fresh = Schema::new(&format!("v_{}", env.id)).unwrap();
-    let newcomer = format!("r_{}_new", env.id);
-    env.roles.push(newcomer.clone());
+    let newcomer = env.roles.name("new");
+    env.roles.adopt(&newcomer);
     let plan = RolePlan::new(fresh.clone())
         .with_role(Component::Migrator, migrator.clone())
         .with_role(

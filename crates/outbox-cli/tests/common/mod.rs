@@ -1095,112 +1095,34 @@ pub fn assert_clean_failure(r: &Run, needles: &[&str]) {
 // Least-privilege roles
 // ------------------------------------------------------------------------------------------
 
-/// The test database's URL logged in as `role` (trust authentication: the name is enough).
-pub fn database_url_as(role: &str) -> String {
-    let url = database_url();
-    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
-    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-    format!("{scheme}://{role}@{host}")
+#[path = "../../../outbox-postgres/tests/support/login_roles.rs"]
+mod login_roles;
+pub use login_roles::LoginRoles;
+
+/// Login roles for one test on the test database.
+pub async fn login_roles() -> LoginRoles {
+    LoginRoles::new(&database_url()).await
 }
 
-/// Login roles of one test, `r_<id>_<suffix>`, dropped at the end, also after a panic (roles
-/// are global to the server).
-pub struct TestRoles {
-    pub id: String,
-    admin: PgPool,
-    names: Vec<String>,
-    cleaned: bool,
-}
-
-impl TestRoles {
-    pub async fn new() -> TestRoles {
-        TestRoles {
-            id: uid(),
-            admin: connect_pool().await,
-            names: Vec::new(),
-            cleaned: false,
+/// Creates a login role per component and grants each its component's grants in `schema`
+/// (as the superuser, who acts as the owner). Returns the roles by component.
+pub async fn roles_per_component(
+    roles: &mut LoginRoles,
+    schema: &Schema,
+) -> BTreeMap<outbox_postgres::Component, String> {
+    use outbox_postgres::{Component, RoleName, RolePlan};
+    let mut plan = RolePlan::new(schema.clone());
+    let mut by = BTreeMap::new();
+    for c in Component::ALL {
+        if c == Component::Migrator {
+            continue;
         }
+        let name = roles.create(c.as_str()).await;
+        plan = plan.with_role(c, RoleName::new(&name).unwrap());
+        by.insert(c, name);
     }
-
-    /// Creates the login role `r_<id>_<suffix>`.
-    pub async fn create(&mut self, suffix: &str) -> String {
-        let name = format!("r_{}_{suffix}", self.id);
-        sqlx::query(AssertSqlSafe(format!("CREATE ROLE \"{name}\" LOGIN")))
-            .execute(&self.admin)
-            .await
-            .unwrap_or_else(|e| panic!("create role {name}: {e}"));
-        self.names.push(name.clone());
-        name
-    }
-
-    /// Creates a login role per component and grants each its component's grants in `schema`
-    /// (as the superuser, who acts as the owner). Returns the roles by component.
-    pub async fn per_component(
-        &mut self,
-        schema: &Schema,
-    ) -> BTreeMap<outbox_postgres::Component, String> {
-        use outbox_postgres::{Component, RoleName, RolePlan};
-        let mut plan = RolePlan::new(schema.clone());
-        let mut roles = BTreeMap::new();
-        for c in Component::ALL {
-            if c == Component::Migrator {
-                continue;
-            }
-            let name = self.create(c.as_str()).await;
-            plan = plan.with_role(c, RoleName::new(&name).unwrap());
-            roles.insert(c, name);
-        }
-        plan.apply_grants(&self.admin).await.expect("grants");
-        roles
-    }
-
-    fn drop_sql(&self) -> Vec<String> {
-        self.names
-            .iter()
-            .flat_map(|r| {
-                [
-                    format!("DROP OWNED BY \"{r}\""),
-                    format!("DROP ROLE \"{r}\""),
-                ]
-            })
-            .collect()
-    }
-
-    /// Drops the roles (drop the schemas they own first, or this drops them).
-    pub async fn cleanup(mut self) {
-        for st in self.drop_sql() {
-            sqlx::query(AssertSqlSafe(st.clone()))
-                .execute(&self.admin)
-                .await
-                .unwrap_or_else(|e| panic!("{st}: {e}"));
-        }
-        self.cleaned = true;
-    }
-}
-
-impl Drop for TestRoles {
-    fn drop(&mut self) {
-        if self.cleaned {
-            return;
-        }
-        let sql = self.drop_sql();
-        let url = database_url();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let Ok(pool) = PgPoolOptions::new().connect(&url).await else {
-                    return;
-                };
-                for st in sql {
-                    let _ = sqlx::query(AssertSqlSafe(st)).execute(&pool).await;
-                }
-            });
-        })
-        .join();
-    }
+    plan.apply_grants(roles.admin()).await.expect("grants");
+    by
 }
 
 /// `outbox` as [`outbox`] does, logged in to the database as `role`.
@@ -1211,15 +1133,9 @@ pub fn outbox_as(
     config: Option<&Path>,
 ) -> std::process::Command {
     let mut cmd = outbox(schema, broker_url, config);
-    cmd.env("OUTBOX_DATABASE_URL", database_url_as(role));
+    cmd.env(
+        "OUTBOX_DATABASE_URL",
+        login_roles::url_as(&database_url(), role),
+    );
     cmd
-}
-
-/// A pool logged in as `role`.
-pub async fn pool_as(role: &str) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&database_url_as(role))
-        .await
-        .unwrap_or_else(|e| panic!("log in as {role}: {e}"))
 }
