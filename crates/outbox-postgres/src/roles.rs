@@ -965,28 +965,8 @@ impl RolePlan {
         let mut tx = pool.begin().await?;
         let names: Vec<String> = grantees.iter().map(|(r, _)| r.to_string()).collect();
         self.refuse_unknown(&mut tx, &names).await?;
-        // The connected role must be able to act as the owner of every object: GRANT by anyone
-        // else is only a warning ("no privileges were granted"), not an error.
-        let not_owned: Vec<String> = sqlx::query_scalar(
-            "SELECT c.relname::text FROM pg_catalog.pg_class c \
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = ANY($2) \
-             AND NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') ORDER BY 1",
-        )
-        .bind(self.schema.as_str())
-        .bind(covered_objects().collect::<Vec<_>>())
-        .fetch_all(&mut *tx)
-        .await?;
-        if !not_owned.is_empty() {
-            let role: String = sqlx::query_scalar("SELECT current_user::text")
-                .fetch_one(&mut *tx)
-                .await?;
-            return Err(RolesError::NotOwner {
-                role,
-                schema: self.schema.to_string(),
-                objects: not_owned,
-            });
-        }
+        // GRANT by anyone but the owner is only a warning ("no privileges were granted").
+        refuse_not_owner(&mut tx, &self.schema).await?;
         for (role, components) in &grantees {
             let owns_or_super: bool = sqlx::query_scalar(
                 "SELECT r.rolsuper OR EXISTS (SELECT FROM pg_catalog.pg_class c \
@@ -1225,12 +1205,43 @@ async fn missing_privileges(
         .collect())
 }
 
-/// Checks that the connected role holds every grant `component` needs in `schema`, and that
-/// the schema is at this release's version. Components call it at startup to fail at once,
-/// naming what is missing, rather than at their first statement.
+/// Refuses when the connected role cannot act as the owner of the schema and of every object
+/// the grants cover.
+async fn refuse_not_owner(conn: &mut PgConnection, schema: &Schema) -> Result<(), RolesError> {
+    let not_owned: Vec<String> = sqlx::query_scalar(
+        "SELECT 'schema ' || n.nspname::text FROM pg_catalog.pg_namespace n \
+         WHERE n.nspname = $1 AND NOT pg_catalog.pg_has_role(current_user, n.nspowner, 'USAGE') \
+         UNION ALL \
+         (SELECT c.relname::text FROM pg_catalog.pg_class c \
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+          WHERE n.nspname = $1 AND c.relname = ANY($2) \
+          AND NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') ORDER BY 1)",
+    )
+    .bind(schema.as_str())
+    .bind(covered_objects().collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    if not_owned.is_empty() {
+        return Ok(());
+    }
+    let role: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(&mut *conn)
+        .await?;
+    Err(RolesError::NotOwner {
+        role,
+        schema: schema.to_string(),
+        objects: not_owned,
+    })
+}
+
+/// Checks that the connected role holds every grant `component` needs in `schema` (for the
+/// migrator: owns the schema and its objects), and that the schema is at this release's
+/// version. Components call it at startup to fail at once, naming what is missing, rather than
+/// at their first statement.
 ///
 /// # Errors
 /// * [`RolesError::Missing`]: the role lacks grants; the error lists each one.
+/// * [`RolesError::NotOwner`]: checking the migrator, the role does not own everything.
 /// * [`RolesError::Schema`]: [`crate::check_schema`] failed (including its
 ///   [`MigrateError::PermissionDenied`]).
 /// * [`RolesError::Database`].
@@ -1246,6 +1257,10 @@ pub async fn check_privileges(
         other => other,
     };
     let mut conn = pool.acquire().await?;
+    if component == Component::Migrator {
+        refuse_not_owner(&mut conn, schema).await?;
+        return Ok(version?);
+    }
     let role: String = sqlx::query_scalar("SELECT current_user::text")
         .fetch_one(&mut *conn)
         .await?;

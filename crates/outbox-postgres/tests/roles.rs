@@ -353,6 +353,13 @@ async fn the_migrator_owns_migrates_and_grants_and_nothing_else() {
     check_privileges(&relay, &fresh, Component::Relay)
         .await
         .unwrap();
+    check_privileges(&m, &fresh, Component::Migrator)
+        .await
+        .unwrap();
+    let e = check_privileges(&relay, &fresh, Component::Migrator)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RolesError::NotOwner { .. }), "{e}");
     let owners: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT pg_catalog.pg_get_userbyid(c.relowner)::text FROM pg_catalog.pg_class c \
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1",
