@@ -1021,7 +1021,7 @@ impl RolePlan {
     /// # Errors
     /// * [`RolesError::NoMigrator`], [`RolesError::OwnerAsComponent`]: the plan is incomplete
     ///   or names the migrator for a component.
-    /// * [`RolesError::PermissionDenied`]: the connected role may not create roles or schemas.
+    /// * [`RolesError::BootstrapDenied`]: the connected role may not create roles or schemas.
     /// * [`RolesError::Database`].
     pub async fn apply_bootstrap(&self, pool: &PgPool) -> Result<BootstrapReport, RolesError> {
         let statements = self.bootstrap_statements()?;
@@ -1041,7 +1041,13 @@ impl RolePlan {
         created.dedup();
         for st in statements {
             if let Err(e) = sqlx::raw_sql(AssertSqlSafe(st)).execute(&mut *tx).await {
-                return Err(denied_or(e, None, pool).await);
+                return Err(match PermissionDenied::from_sqlx(&e, None, None) {
+                    Some(p) => RolesError::BootstrapDenied {
+                        role: pool_role(pool),
+                        detail: p.detail,
+                    },
+                    None => RolesError::Database(e),
+                });
             }
         }
         tx.commit().await?;
@@ -1335,14 +1341,6 @@ pub(crate) fn pool_role(pool: &PgPool) -> String {
     pool.connect_options().get_username().to_owned()
 }
 
-/// `e` as [`RolesError::PermissionDenied`] when it is one, else [`RolesError::Database`].
-async fn denied_or(e: sqlx::Error, component: Option<Component>, pool: &PgPool) -> RolesError {
-    match PermissionDenied::from_sqlx(&e, Some(&pool_role(pool)), component) {
-        Some(p) => RolesError::PermissionDenied(p),
-        None => RolesError::Database(e),
-    }
-}
-
 /// Why a role operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -1405,9 +1403,16 @@ pub enum RolesError {
         /// Each missing grant as a GRANT fragment.
         missing: Vec<String>,
     },
-    /// A statement was refused for lack of a privilege.
-    #[error("{0}")]
-    PermissionDenied(PermissionDenied),
+    /// The bootstrap was refused: it creates roles and schemas and hands objects over.
+    #[error(
+        "{detail} (role `{role}` cannot run the bootstrap: run `outbox roles apply --bootstrap` as a superuser, or as a role with CREATEROLE that is a member of the migrator and may create schemas)"
+    )]
+    BootstrapDenied {
+        /// The connected role.
+        role: String,
+        /// What the database said.
+        detail: String,
+    },
     /// The schema is missing, at another version, or unreadable for this role.
     #[error(transparent)]
     Schema(#[from] MigrateError),

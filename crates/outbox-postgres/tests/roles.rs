@@ -360,6 +360,10 @@ async fn the_migrator_owns_migrates_and_grants_and_nothing_else() {
         .await
         .unwrap_err();
     assert!(matches!(e, RolesError::NotOwner { .. }), "{e}");
+    // The bootstrap is a superuser's: anyone else is refused, and told so.
+    let e = plan.apply_bootstrap(&relay).await.unwrap_err();
+    assert!(matches!(e, RolesError::BootstrapDenied { .. }), "{e}");
+    assert!(e.to_string().contains("as a superuser"), "{e}");
     let owners: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT pg_catalog.pg_get_userbyid(c.relowner)::text FROM pg_catalog.pg_class c \
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1",
