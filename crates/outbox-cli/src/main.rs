@@ -23,6 +23,7 @@ mod config;
 mod effects_cmd;
 mod logging;
 mod metrics;
+mod roles_cmd;
 mod scrape;
 
 use std::net::SocketAddr;
@@ -103,6 +104,9 @@ enum Command {
     /// Remote effects: run the executor, inspect and resolve work items.
     #[command(subcommand)]
     Effects(effects_cmd::EffectsCmd),
+    /// Least-privilege roles: print or apply each component's grants, check a role's.
+    #[command(subcommand)]
+    Roles(roles_cmd::RolesCmd),
     /// Test tools (feature `harness`).
     #[cfg(feature = "harness")]
     #[command(flatten)]
@@ -308,6 +312,9 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
         };
         return outbox_harness::run(tool, ctx).await;
     }
+    if let Command::Roles(cmd) = cli.command {
+        return roles_cmd::run(cmd, cli.database_url, cli.schema, &file, &brokers).await;
+    }
     let resolved = config::resolve(
         cli.database_url,
         cli.broker_url,
@@ -349,6 +356,7 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             effects_cmd::run(cmd, pool, schema.clone()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Roles(_) => unreachable!("dispatched above"),
         #[cfg(feature = "harness")]
         Command::Tool(_) => unreachable!("dispatched above"),
     }

@@ -33,6 +33,7 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::error::store_error;
+use crate::roles::{Component, PermissionDenied, pool_role};
 use crate::schema::Schema;
 use crate::store::PgStore;
 
@@ -90,6 +91,10 @@ pub enum EffectsError {
         /// The id.
         id: i64,
     },
+    /// The connected role lacks a grant for this operation (SQLSTATE 42501): the message
+    /// names the component whose grants it needs.
+    #[error("{0}")]
+    PermissionDenied(PermissionDenied),
 }
 
 impl EffectsError {
@@ -99,8 +104,26 @@ impl EffectsError {
     }
 }
 
+impl EffectsError {
+    /// `e`, naming the role (when known) and the `component` whose grants the statement
+    /// needs if the database refused it for lack of a privilege.
+    fn denied(e: sqlx::Error, role: Option<String>, component: Component) -> Self {
+        match Self::from(e) {
+            Self::PermissionDenied(p) => Self::PermissionDenied(PermissionDenied {
+                role,
+                component: Some(component),
+                ..p
+            }),
+            other => other,
+        }
+    }
+}
+
 impl From<sqlx::Error> for EffectsError {
     fn from(e: sqlx::Error) -> Self {
+        if let Some(p) = PermissionDenied::from_sqlx(&e, None, None) {
+            return Self::PermissionDenied(p);
+        }
         // 42P01 undefined_table, 3F000 invalid_schema_name.
         if let Some(db) = e.as_database_error()
             && matches!(db.code().as_deref(), Some("42P01" | "3F000"))
@@ -407,6 +430,7 @@ impl PgEffects {
     /// * [`EffectsError::KeyConflict`]: the key names an item with another kind or payload
     ///   (also counted in [`metric::KEY_CONFLICTS`]). Roll back.
     /// * [`EffectsError::InvalidArgument`]: empty or oversized kind or key.
+    /// * [`EffectsError::PermissionDenied`]: the role lacks the consumer grants.
     /// * [`EffectsError::NotMigrated`], [`EffectsError::Database`]: the transaction is aborted.
     pub async fn enqueue(
         &self,
@@ -424,7 +448,8 @@ impl PgEffects {
             .bind(item.event_id)
             .bind(item.consumer_name.as_deref())
             .fetch_optional(&mut *conn)
-            .await?;
+            .await
+            .map_err(|e| EffectsError::denied(e, None, Component::Consumer))?;
         if let Some(id) = inserted {
             return Ok(EnqueueOutcome::Inserted { id });
         }
@@ -434,7 +459,8 @@ impl PgEffects {
                 .bind(&item.kind)
                 .bind(&item.payload)
                 .fetch_one(&mut *conn)
-                .await?;
+                .await
+                .map_err(|e| EffectsError::denied(e, None, Component::Consumer))?;
         if same {
             Ok(EnqueueOutcome::AlreadyPresent { id })
         } else {
@@ -457,6 +483,7 @@ impl PgEffects {
     /// [`Self::backlog`] instead.
     ///
     /// # Errors
+    /// [`EffectsError::PermissionDenied`] (the role lacks the reader grants),
     /// [`EffectsError::NotMigrated`] or [`EffectsError::Database`].
     pub async fn stats(
         &self,
@@ -466,7 +493,8 @@ impl PgEffects {
         let r = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.stats)))
             .bind(kind)
             .fetch_one(pool)
-            .await?;
+            .await
+            .map_err(|e| EffectsError::denied(e, Some(pool_role(pool)), Component::Reader))?;
         Ok(EffectsStats {
             pending: r.try_get(0)?,
             in_progress: r.try_get(1)?,
@@ -502,6 +530,7 @@ impl PgEffects {
     ///
     /// # Errors
     /// [`EffectsError::InvalidArgument`] for an unknown state name or a negative limit;
+    /// [`EffectsError::PermissionDenied`] (the role lacks the reader grants),
     /// [`EffectsError::NotMigrated`] or [`EffectsError::Database`].
     pub async fn list(
         &self,
@@ -528,7 +557,8 @@ impl PgEffects {
             .bind(state)
             .bind(limit)
             .fetch_all(pool)
-            .await?;
+            .await
+            .map_err(|e| EffectsError::denied(e, Some(pool_role(pool)), Component::Reader))?;
         Ok(rows.iter().map(row_to_item).collect::<Result<_, _>>()?)
     }
 
@@ -543,6 +573,7 @@ impl PgEffects {
     /// * [`EffectsError::NotFound`]: no item `id`.
     /// * [`EffectsError::NotResolvable`]: the item is in a state this resolution does not
     ///   apply to (e.g. `pending`, `in_progress`, or already `succeeded`); nothing changed.
+    /// * [`EffectsError::PermissionDenied`]: the role lacks the operator grants.
     /// * [`EffectsError::NotMigrated`] or [`EffectsError::Database`].
     pub async fn resolve(
         &self,
@@ -565,7 +596,11 @@ impl PgEffects {
                 sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.resolve_resend))).bind(id)
             }
         };
-        if let Some(row) = query.fetch_optional(pool).await? {
+        let row = query
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| EffectsError::denied(e, Some(pool_role(pool)), Component::Operator))?;
+        if let Some(row) = row {
             return Ok(row_to_item(&row)?);
         }
         let state: Option<String> =
@@ -625,7 +660,7 @@ impl WorkItemStore for PgStore {
             .bind(reason)
             .fetch_all(self.pool())
             .await
-            .map_err(|e| store_error("work items: expire leases", e))
+            .map_err(self.err(Component::Executor, "work items: expire leases"))
     }
 
     async fn work_item_claim<'a>(
@@ -642,7 +677,7 @@ impl WorkItemStore for PgStore {
             .bind(params.lease.as_secs_f64())
             .fetch_all(self.pool())
             .await
-            .map_err(|e| store_error("work items: claim", e))?;
+            .map_err(self.err(Component::Executor, "work items: claim"))?;
         rows.iter()
             .map(claimed_from_row)
             .collect::<Result<_, _>>()
@@ -672,7 +707,7 @@ impl WorkItemStore for PgStore {
         let done = query
             .execute(self.pool())
             .await
-            .map_err(|e| store_error("work items: record", e))?;
+            .map_err(self.err(Component::Executor, "work items: record"))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -684,7 +719,7 @@ impl WorkItemStore for PgStore {
             .bind(kind)
             .fetch_one(self.pool())
             .await
-            .map_err(|e| store_error("work items: backlog", e))?;
+            .map_err(self.err(Component::Executor, "work items: backlog"))?;
         stats_from_backlog(&r).map_err(|e| store_error("work items: backlog: decoding", e))
     }
 }

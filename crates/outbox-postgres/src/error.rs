@@ -2,6 +2,8 @@
 
 use outbox_core::{EventId, MessageError, StoreError, StoreErrorKind};
 
+use crate::roles::{Component, PermissionDenied};
+
 /// Why [`crate::PgOutbox::enqueue`] failed. The caller's transaction should be rolled back on
 /// any of these (PostgreSQL aborts it anyway after a failed statement).
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +27,9 @@ pub enum EnqueueError {
         /// The version that was taken.
         version: i64,
     },
+    /// The connected role lacks a producer grant (SQLSTATE 42501).
+    #[error("{0}")]
+    PermissionDenied(PermissionDenied),
     /// Any other database error (connection lost, schema missing ...).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -53,9 +58,21 @@ pub enum IdempotencyError {
         /// The key.
         key: String,
     },
+    /// The connected role lacks a producer grant (SQLSTATE 42501).
+    #[error("{0}")]
+    PermissionDenied(PermissionDenied),
     /// Database error.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for IdempotencyError {
+    fn from(e: sqlx::Error) -> Self {
+        match PermissionDenied::from_sqlx(&e, None, Some(Component::Producer)) {
+            Some(p) => Self::PermissionDenied(p),
+            None => Self::Database(e),
+        }
+    }
 }
 
 /// Why migrations failed.
@@ -100,6 +117,10 @@ pub enum MigrateError {
         /// Version needed.
         needed: i32,
     },
+    /// The connected role may not read the schema (or, migrating, may not change it): a
+    /// missing grant, not a missing migration. The message names the role and what to run.
+    #[error("{0}")]
+    PermissionDenied(PermissionDenied),
     /// Database error.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -107,6 +128,24 @@ pub enum MigrateError {
 
 /// Maps a driver error to the core's store error kinds.
 pub(crate) fn store_error(context: &str, e: sqlx::Error) -> StoreError {
+    store_error_as(None, None, context, e)
+}
+
+/// [`store_error`], naming `role` and the `component` whose grants the statement needs when
+/// the database refused it for lack of a privilege.
+pub(crate) fn store_error_as(
+    role: Option<&str>,
+    component: Option<Component>,
+    context: &str,
+    e: sqlx::Error,
+) -> StoreError {
+    if let Some(denied) = PermissionDenied::from_sqlx(&e, role, component) {
+        return StoreError::with_source(
+            StoreErrorKind::PermissionDenied,
+            format!("{context}: {denied}"),
+            e,
+        );
+    }
     let kind = match &e {
         sqlx::Error::Encode(_) => StoreErrorKind::InvalidData,
         sqlx::Error::Io(_)

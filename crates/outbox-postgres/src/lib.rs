@@ -17,6 +17,8 @@
 //!   consumer's transaction ([`PgEffects::enqueue`]), and the operator functions.
 //! * **Migrations** ([`migrate()`]): numbered `.sql` files under a configurable schema, applied
 //!   under an advisory lock.
+//! * **Least privilege** ([`roles`]): one role per component with exactly the grants its SQL
+//!   needs, the scripts that create and grant them, and errors that name a missing grant.
 //!
 //! The engines themselves (relay, consumer, executor, maintainer) live in `outbox-core`; this
 //! crate holds only SQL, migrations and the producer API.
@@ -33,6 +35,7 @@ mod inbox;
 pub mod maintenance;
 pub mod migrate;
 mod producer;
+pub mod roles;
 mod schema;
 mod sql;
 mod store;
@@ -46,6 +49,7 @@ pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
 pub use migrate::{MigrateReport, check_schema, migrate};
 pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
+pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};
 

@@ -32,6 +32,7 @@ use outbox_core::maintenance::MaintenanceStore;
 use sqlx::PgConnection;
 
 use crate::error::store_error;
+use crate::roles::Component;
 use crate::store::PgStore;
 
 const ELECT: &str =
@@ -48,14 +49,14 @@ impl PgStore {
         session: &mut PgConnection,
         older_than: Duration,
         limit: i64,
-        what: &str,
+        what: &'static str,
     ) -> Result<u64, StoreError> {
         Ok(sqlx::query(self.q(sql))
             .bind(millis(older_than))
             .bind(limit)
             .execute(session)
             .await
-            .map_err(|e| store_error(what, e))?
+            .map_err(self.err(Component::Maintainer, what))?
             .rows_affected())
     }
 }
@@ -81,7 +82,7 @@ impl MaintenanceStore for PgStore {
             .bind(self.schema().as_str())
             .fetch_one(session)
             .await
-            .map_err(|e| store_error("maintainer election", e))
+            .map_err(self.err(Component::Maintainer, "maintainer election"))
     }
 
     async fn inbox_purge<'a>(

@@ -2,9 +2,10 @@
 //! relays or services starting at once migrate exactly once.
 
 use sha2::{Digest, Sha256};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use crate::error::MigrateError;
+use crate::roles::{Component, PermissionDenied};
 use crate::schema::Schema;
 
 /// One migration file.
@@ -68,17 +69,30 @@ pub struct MigrateReport {
 /// # Errors
 /// * [`MigrateError::NewerSchema`]: the database was migrated by a newer release.
 /// * [`MigrateError::Modified`]: an applied migration differs from this release's text.
+/// * [`MigrateError::PermissionDenied`]: the connected role may not create or change the schema
+///   (it is not the migrator that owns it); nothing was applied.
 /// * [`MigrateError::Database`]: connection or SQL failure (nothing was applied).
 pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, MigrateError> {
+    match migrate_in_tx(pool, schema).await {
+        Err(MigrateError::Database(e)) => Err(denied(pool, e, Some(Component::Migrator)).await),
+        other => other,
+    }
+}
+
+async fn migrate_in_tx(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, MigrateError> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
         .bind(schema.as_str())
         .execute(&mut *tx)
         .await?;
     let q = schema.quoted();
-    sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS {q}")))
-        .execute(&mut *tx)
-        .await?;
+    // Only when missing: even `IF NOT EXISTS` needs CREATE on the database, which a migrator
+    // given its schema by the bootstrap (`outbox roles apply --bootstrap`) does not have.
+    if !schema_exists(&mut tx, schema).await? {
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS {q}")))
+            .execute(&mut *tx)
+            .await?;
+    }
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {q}.schema_migrations (version integer PRIMARY KEY, \
          name text NOT NULL, checksum bytea NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -138,25 +152,58 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, Mi
     Ok(report)
 }
 
+async fn schema_exists(conn: &mut PgConnection, schema: &Schema) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)")
+        .bind(schema.as_str())
+        .fetch_one(conn)
+        .await
+}
+
+/// `e` as [`MigrateError::PermissionDenied`] naming the connected role when it is SQLSTATE
+/// 42501, else [`MigrateError::Database`].
+async fn denied(pool: &PgPool, e: sqlx::Error, component: Option<Component>) -> MigrateError {
+    if PermissionDenied::from_sqlx(&e, None, None).is_none() {
+        return MigrateError::Database(e);
+    }
+    let role: Option<String> = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(pool)
+        .await
+        .ok();
+    let denied = PermissionDenied::from_sqlx(&e, role.as_deref(), component)
+        .expect("checked to be 42501 above");
+    MigrateError::PermissionDenied(denied)
+}
+
 /// Checks, without changing anything, that `schema` is at exactly the version this release
 /// needs. Relays call this at startup.
 ///
+/// The tables are looked up in `pg_catalog`, which every role can read, so a role without
+/// grants on the schema is told so ([`MigrateError::PermissionDenied`]) instead of being sent
+/// to migrate a schema that exists.
+///
 /// # Errors
-/// [`MigrateError::NotMigrated`], [`MigrateError::NewerSchema`] or a database error.
+/// [`MigrateError::NotMigrated`], [`MigrateError::NewerSchema`],
+/// [`MigrateError::PermissionDenied`] (the role cannot read `schema_migrations`: it lacks its
+/// component's grants) or a database error.
 pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<(), MigrateError> {
     let exists: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
-         WHERE table_schema = $1 AND table_name = 'schema_migrations')",
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_class c \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'schema_migrations' AND c.relkind = 'r')",
     )
     .bind(schema.as_str())
     .fetch_one(pool)
     .await?;
     let found: i32 = if exists {
-        sqlx::query_scalar(AssertSqlSafe(
+        match sqlx::query_scalar(AssertSqlSafe(
             schema.render("SELECT coalesce(max(version), 0) FROM {s}.schema_migrations"),
         ))
         .fetch_one(pool)
-        .await?
+        .await
+        {
+            Ok(v) => v,
+            Err(e) => return Err(denied(pool, e, None).await),
+        }
     } else {
         0
     };

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::error::{EnqueueError, IdempotencyError};
+use crate::roles::{Component, PermissionDenied};
 use crate::schema::Schema;
 use crate::sql::Sql;
 
@@ -113,8 +114,9 @@ impl PgOutbox {
     /// `PayloadTooLarge`, `TooManyHeaders`, `HeaderValueTooLong`, `HeadersTooLarge`,
     /// `BadContentType`, `PayloadNotJson`, `BadHeaderValue` …); the caller's transaction is
     /// untouched then. [`EnqueueError::DuplicateEventId`] or [`EnqueueError::VersionConflict`]
-    /// from the unique constraints; otherwise [`EnqueueError::Database`]. After a database
-    /// error the caller's transaction is aborted.
+    /// from the unique constraints; [`EnqueueError::PermissionDenied`] when the role lacks the
+    /// producer grants; otherwise [`EnqueueError::Database`]. After a database error the
+    /// caller's transaction is aborted.
     pub async fn enqueue<'e, E: PgExecutor<'e>>(
         &self,
         executor: E,
@@ -222,6 +224,7 @@ impl PgOutbox {
     /// # Errors
     /// * [`IdempotencyError::Conflict`]: the key was used with a different request fingerprint.
     /// * [`IdempotencyError::Incomplete`]: a committed record has no response.
+    /// * [`IdempotencyError::PermissionDenied`]: the role lacks the producer grants.
     /// * [`IdempotencyError::Database`].
     pub async fn idempotency_begin(
         &self,
@@ -264,6 +267,7 @@ impl PgOutbox {
     ///
     /// # Errors
     /// [`IdempotencyError::NotStarted`] when no open record exists for the key;
+    /// [`IdempotencyError::PermissionDenied`] when the role lacks the producer grants;
     /// [`IdempotencyError::Database`].
     pub async fn idempotency_complete(
         &self,
@@ -331,7 +335,10 @@ fn classify(e: sqlx::Error, messages: &[NewMessage]) -> EnqueueError {
             _ => {}
         }
     }
-    EnqueueError::Database(e)
+    match PermissionDenied::from_sqlx(&e, None, Some(Component::Producer)) {
+        Some(p) => EnqueueError::PermissionDenied(p),
+        None => EnqueueError::Database(e),
+    }
 }
 
 /// Coalescing, rate-limited wake-ups for relays, sent outside any business transaction.

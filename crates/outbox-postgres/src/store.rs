@@ -23,8 +23,9 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::effects::PgEffects;
-use crate::error::store_error;
+use crate::error::{store_error, store_error_as};
 use crate::inbox::PgInbox;
+use crate::roles::{Component, pool_role};
 use crate::schema::Schema;
 use crate::sql::Sql;
 
@@ -139,6 +140,16 @@ impl PgStore {
         AssertSqlSafe(Arc::clone(sql))
     }
 
+    /// Maps a driver error of `context` to a [`StoreError`]; a refused privilege names this
+    /// store's role and the `component` whose grants the statement needs.
+    pub(crate) fn err(
+        &self,
+        component: Component,
+        context: &'static str,
+    ) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+        move |e| store_error_as(Some(&pool_role(&self.pool)), Some(component), context, e)
+    }
+
     /// Starts (once) a task that LISTENs on the schema's wake-up channel. The task ends when the
     /// last clone of this store is dropped.
     async fn wakeup_notify(&self) -> Arc<Notify> {
@@ -230,9 +241,9 @@ impl OutboxStore for PgStore {
             .bind(i64::try_from(heads).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
-            .map_err(|e| store_error("claim", e))?;
+            .map_err(self.err(Component::Relay, "claim"))?;
         let token = match rows.first() {
-            Some(r) => LeaseToken(r.try_get(0).map_err(|e| store_error("claim", e))?),
+            Some(r) => LeaseToken(r.try_get(0).map_err(self.err(Component::Relay, "claim"))?),
             None => LeaseToken(0),
         };
         let mut messages = rows
@@ -272,7 +283,7 @@ impl OutboxStore for PgStore {
             .bind(params.token.0)
             .execute(&self.pool)
             .await
-            .map_err(|e| store_error("mark published", e))?
+            .map_err(self.err(Component::Relay, "mark published"))?
             .rows_affected())
     }
 
@@ -284,7 +295,7 @@ impl OutboxStore for PgStore {
             .bind(params.retry_after.map(millis))
             .execute(&self.pool)
             .await
-            .map_err(|e| store_error("record failure", e))?
+            .map_err(self.err(Component::Relay, "record failure"))?
             .rows_affected();
         Ok(n == 1)
     }
@@ -294,7 +305,7 @@ impl OutboxStore for PgStore {
             .bind(params.token.0)
             .execute(&self.pool)
             .await
-            .map_err(|e| store_error("release", e))?
+            .map_err(self.err(Component::Relay, "release"))?
             .rows_affected())
     }
 
@@ -302,11 +313,11 @@ impl OutboxStore for PgStore {
         let r = sqlx::query(self.q(&self.sql.stats))
             .fetch_one(&self.pool)
             .await
-            .map_err(|e| store_error("stats", e))?;
+            .map_err(self.err(Component::Reader, "stats"))?;
         let get = |i: usize| -> Result<i64, StoreError> {
             r.try_get::<i64, _>(i).map_err(|e| store_error("stats", e))
         };
-        let age: Option<f64> = r.try_get(1).map_err(|e| store_error("stats", e))?;
+        let age: Option<f64> = r.try_get(1).map_err(self.err(Component::Reader, "stats"))?;
         Ok(OutboxStats {
             pending: get(0)?,
             oldest_pending_age: age.map(|a| Duration::from_secs_f64(a.max(0.0))),
@@ -325,7 +336,7 @@ impl OutboxStore for PgStore {
             .bind(params.limit)
             .fetch_all(&self.pool)
             .await
-            .map_err(|e| store_error("dead letters", e))?;
+            .map_err(self.err(Component::Reader, "dead letters"))?;
         rows.iter()
             .map(|r| {
                 Ok(DeadLetter {
@@ -352,7 +363,7 @@ impl OutboxStore for PgStore {
         let n = q
             .execute(&self.pool)
             .await
-            .map_err(|e| store_error("requeue", e))?
+            .map_err(self.err(Component::Operator, "requeue"))?
             .rows_affected();
         if n > 0 {
             // Wake relays so requeued events (and the ones parked behind them) move at once.
@@ -374,12 +385,17 @@ impl PgStore {
     /// Refuses to run against a schema that is missing or at another version.
     ///
     /// # Errors
-    /// [`StoreError`] of kind `Schema` naming what to do, or `Unavailable`.
+    /// [`StoreError`] of kind `Schema` naming what to do, `PermissionDenied` naming the role
+    /// when it cannot read the schema, or `Unavailable`.
     pub async fn check(&self) -> Result<(), StoreError> {
         crate::migrate::check_schema(&self.pool, &self.config.schema)
             .await
             .map_err(|e| match e {
                 crate::error::MigrateError::Database(d) => store_error("schema check", d),
+                crate::error::MigrateError::PermissionDenied(p) => StoreError::new(
+                    StoreErrorKind::PermissionDenied,
+                    format!("schema check: {p}"),
+                ),
                 other => StoreError::new(StoreErrorKind::Schema, other.to_string()),
             })
     }

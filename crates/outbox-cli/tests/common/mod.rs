@@ -1082,3 +1082,52 @@ pub fn assert_clean_failure(r: &Run, needles: &[&str]) {
         r.stderr
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// Least-privilege roles
+// ------------------------------------------------------------------------------------------
+
+#[path = "../../../outbox-postgres/tests/support/login_roles.rs"]
+mod login_roles;
+pub use login_roles::LoginRoles;
+
+/// Login roles for one test on the test database.
+pub async fn login_roles() -> LoginRoles {
+    LoginRoles::new(&database_url()).await
+}
+
+/// Creates a login role per component and grants each its component's grants in `schema`
+/// (as the superuser, who acts as the owner). Returns the roles by component.
+pub async fn roles_per_component(
+    roles: &mut LoginRoles,
+    schema: &Schema,
+) -> BTreeMap<outbox_postgres::Component, String> {
+    use outbox_postgres::{Component, RoleName, RolePlan};
+    let mut plan = RolePlan::new(schema.clone());
+    let mut by = BTreeMap::new();
+    for c in Component::ALL {
+        if c == Component::Migrator {
+            continue;
+        }
+        let name = roles.create(c.as_str()).await;
+        plan = plan.with_role(c, RoleName::new(&name).unwrap());
+        by.insert(c, name);
+    }
+    plan.apply_grants(roles.admin()).await.expect("grants");
+    by
+}
+
+/// `outbox` as [`outbox`] does, logged in to the database as `role`.
+pub fn outbox_as(
+    role: &str,
+    schema: Option<&str>,
+    broker_url: Option<&str>,
+    config: Option<&Path>,
+) -> std::process::Command {
+    let mut cmd = outbox(schema, broker_url, config);
+    cmd.env(
+        "OUTBOX_DATABASE_URL",
+        login_roles::url_as(&database_url(), role),
+    );
+    cmd
+}
