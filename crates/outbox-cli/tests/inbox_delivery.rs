@@ -18,21 +18,6 @@ use serde_json::json;
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(20);
 
-macro_rules! on_both_brokers {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn nats() {
-                super::$name(super::Kind::Nats).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn rabbitmq() {
-                super::$name(super::Kind::Rabbit).await;
-            }
-        }
-    )*};
-}
-
 on_both_brokers!(
     same_event_delivered_n_times_has_one_effect,
     two_instances_racing_on_one_event_have_one_effect,

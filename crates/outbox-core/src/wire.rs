@@ -28,6 +28,14 @@
 //!
 //! User headers (for example W3C `traceparent`) are carried as plain protocol headers with
 //! their own names.
+//!
+//! # Bounded decoding
+//!
+//! [`decode`] trusts nothing it receives. Every attribute is text without control characters
+//! (NUL above all: PostgreSQL refuses it in text) and at most [`MAX_ATTRIBUTE_CHARS`]
+//! characters long: the producer's own limit, and what the inbox can index (see there). An
+//! attribute repeated, not UTF-8, too long, empty where it is required or unparsable is a
+//! [`DecodeError`]: the consumer dead-letters the message instead of failing on it.
 
 use chrono::SecondsFormat;
 
@@ -38,6 +46,17 @@ pub const SPEC_VERSION: &str = "1.0";
 
 /// Default CloudEvents `source`.
 pub const DEFAULT_SOURCE: &str = "/outbox";
+
+/// Longest attribute value [`decode`] accepts, in characters: the producer's limit on aggregate
+/// type and id, event type, partition key and content type (`NewMessage::validate`), so every
+/// event a producer could write decodes.
+///
+/// It is also what the inbox can index. PostgreSQL's btree keys hold at most 2,704 bytes; the
+/// ordering guard's key is (consumer, aggregate type, aggregate id). Two attributes of 255
+/// four-byte characters are 2,040 bytes, which leaves room for a consumer name of 150 such
+/// characters (any ASCII name up to the inbox's 255). A key the database still refuses (an
+/// even longer consumer name) is dead-lettered by the consumer engine, never retried for ever.
+pub const MAX_ATTRIBUTE_CHARS: usize = 255;
 
 /// Attribute names (without protocol prefix).
 pub mod attr {
@@ -65,6 +84,27 @@ pub mod attr {
     pub const PARTITION_KEY: &str = "partitionkey";
     /// `payloadsha256`
     pub const PAYLOAD_SHA256: &str = "payloadsha256";
+    /// `datacontenttype` (carried as the protocol's content type; read as an attribute only
+    /// when that is absent)
+    pub const DATA_CONTENT_TYPE: &str = "datacontenttype";
+
+    /// Every attribute a consumer reads, by its bare name: a transport looks each up in its
+    /// protocol headers (and refuses one it finds twice or not as text).
+    pub const ALL: [&str; 13] = [
+        SPECVERSION,
+        ID,
+        SOURCE,
+        TYPE,
+        SUBJECT,
+        TIME,
+        AGGREGATE_TYPE,
+        AGGREGATE_ID,
+        AGGREGATE_VERSION,
+        SCHEMA_VERSION,
+        PARTITION_KEY,
+        PAYLOAD_SHA256,
+        DATA_CONTENT_TYPE,
+    ];
 }
 
 /// The CloudEvents attributes of `msg` except `datacontenttype` (which each binding carries as
@@ -143,13 +183,25 @@ pub enum DecodeError {
     /// A required attribute is missing.
     #[error("missing CloudEvents attribute `{0}`")]
     Missing(&'static str),
-    /// An attribute has a value that does not parse.
+    /// An attribute has a value that does not parse, holds control characters, is not UTF-8
+    /// text, or was sent more than once.
     #[error("CloudEvents attribute `{name}` has an invalid value `{value}`")]
     Invalid {
         /// Attribute.
         name: &'static str,
-        /// Value as received (truncated to 64 characters).
+        /// The value as received, cut to 64 characters with control characters shown as `?`
+        /// (see [`excerpt`]), or what is wrong with it.
         value: String,
+    },
+    /// An attribute is longer than [`MAX_ATTRIBUTE_CHARS`].
+    #[error("CloudEvents attribute `{name}` is {len} characters long, over the limit of {max}")]
+    TooLong {
+        /// Attribute.
+        name: &'static str,
+        /// Its length in characters.
+        len: usize,
+        /// The limit.
+        max: usize,
     },
     /// `specversion` is not `1.0`.
     #[error("unsupported CloudEvents specversion `{0}`")]
@@ -173,8 +225,15 @@ pub enum DecodeError {
     },
 }
 
-fn truncated(v: &str) -> String {
-    v.chars().take(64).collect()
+/// A received value as it may appear in an error: at most 64 characters, each control
+/// character (NUL, CR, LF, ESC ...) shown as `?`. Transports use it for the `value` of
+/// [`DecodeError::Invalid`], so a reason can always be stored and printed.
+pub fn excerpt(value: &str) -> String {
+    value
+        .chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// Decodes an event. `attribute(name)` returns a CloudEvents attribute's value (already
@@ -196,16 +255,17 @@ pub fn decode(
             max: max_bytes,
         });
     }
-    // Control characters (NUL above all) would make the database refuse the inbox row and
-    // turn the message into a poison pill; refuse them here, where it is dead-lettered.
+    // Control characters (NUL above all) and values longer than an index key would make the
+    // database refuse the inbox row; refuse them here, where the message is dead-lettered.
     let attribute = |name: &'static str| -> Result<Option<String>, DecodeError> {
         match attribute(name) {
-            Some(v) if v.chars().any(char::is_control) => Err(DecodeError::Invalid {
-                name,
-                value: truncated(&v.replace(char::is_control, "?")),
-            }),
-            other => Ok(other),
+            Some(v) => check_attribute(name, &v).map(|()| Some(v)),
+            None => Ok(None),
         }
+    };
+    // An optional attribute sent empty counts as absent.
+    let optional = |name: &'static str| -> Result<Option<String>, DecodeError> {
+        Ok(attribute(name)?.filter(|v| !v.is_empty()))
     };
     let required = |name: &'static str| -> Result<String, DecodeError> {
         attribute(name)?
@@ -214,12 +274,12 @@ pub fn decode(
     };
     let spec = required(attr::SPECVERSION)?;
     if spec != SPEC_VERSION {
-        return Err(DecodeError::SpecVersion(truncated(&spec)));
+        return Err(DecodeError::SpecVersion(excerpt(&spec)));
     }
     let id = required(attr::ID)?;
     let event_id = uuid::Uuid::parse_str(&id).map_err(|_| DecodeError::Invalid {
         name: attr::ID,
-        value: truncated(&id),
+        value: excerpt(&id),
     })?;
     let int = |name: &'static str| -> Result<i64, DecodeError> {
         let v = required(name)?;
@@ -228,7 +288,7 @@ pub fn decode(
             .filter(|n| *n >= 1)
             .ok_or(DecodeError::Invalid {
                 name,
-                value: truncated(&v),
+                value: excerpt(&v),
             })
     };
     let aggregate_version = int(attr::AGGREGATE_VERSION)?;
@@ -243,39 +303,37 @@ pub fn decode(
         && !expected.eq_ignore_ascii_case(&fingerprint.to_hex())
     {
         return Err(DecodeError::FingerprintMismatch {
-            expected: truncated(&expected),
+            expected: excerpt(&expected),
             actual: fingerprint.to_hex(),
         });
     }
+    // Not used (it repeats the aggregate id), but bounded like every attribute.
+    optional(attr::SUBJECT)?;
     let time = match attribute(attr::TIME)? {
         Some(t) => Some(
             chrono::DateTime::parse_from_rfc3339(&t)
                 .map_err(|_| DecodeError::Invalid {
                     name: attr::TIME,
-                    value: truncated(&t),
+                    value: excerpt(&t),
                 })?
                 .with_timezone(&chrono::Utc),
         ),
         None => None,
     };
-    let content_type = match content_type {
-        Some(c) => c,
-        None => {
-            attribute("datacontenttype")?.unwrap_or_else(|| "application/octet-stream".to_owned())
+    let content_type = match content_type.filter(|c| !c.is_empty()) {
+        Some(c) => {
+            check_attribute(attr::DATA_CONTENT_TYPE, &c)?;
+            c
         }
+        None => attribute(attr::DATA_CONTENT_TYPE)?
+            .unwrap_or_else(|| "application/octet-stream".to_owned()),
     };
-    if content_type.chars().any(char::is_control) {
-        return Err(DecodeError::Invalid {
-            name: "datacontenttype",
-            value: truncated(&content_type.replace(char::is_control, "?")),
-        });
-    }
     Ok(IncomingEvent {
         event_id,
         event_type: required(attr::TYPE)?,
-        source: attribute(attr::SOURCE)?.unwrap_or_default(),
+        source: optional(attr::SOURCE)?.unwrap_or_default(),
         aggregate_type: required(attr::AGGREGATE_TYPE)?,
-        partition_key: attribute(attr::PARTITION_KEY)?.unwrap_or_else(|| aggregate_id.clone()),
+        partition_key: optional(attr::PARTITION_KEY)?.unwrap_or_else(|| aggregate_id.clone()),
         aggregate_id,
         aggregate_version,
         schema_version,
@@ -284,6 +342,26 @@ pub fn decode(
         fingerprint,
         headers,
     })
+}
+
+/// Refuses an attribute value with a control character or longer than
+/// [`MAX_ATTRIBUTE_CHARS`].
+fn check_attribute(name: &'static str, value: &str) -> Result<(), DecodeError> {
+    if value.chars().any(char::is_control) {
+        return Err(DecodeError::Invalid {
+            name,
+            value: excerpt(value),
+        });
+    }
+    let len = value.chars().count();
+    if len > MAX_ATTRIBUTE_CHARS {
+        return Err(DecodeError::TooLong {
+            name,
+            len,
+            max: MAX_ATTRIBUTE_CHARS,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -395,5 +473,101 @@ mod tests {
             run(&|_| {}, &[b'x'; 65]),
             DecodeError::TooLarge { size: 65, max: 64 }
         ));
+    }
+
+    fn decode_with(
+        f: impl Fn(&mut HashMap<&str, String>),
+        content_type: Option<&str>,
+    ) -> Result<IncomingEvent, DecodeError> {
+        let m = message();
+        let mut a: HashMap<&str, String> = attributes(&m, DEFAULT_SOURCE).into_iter().collect();
+        f(&mut a);
+        decode(
+            |n| a.get(n).cloned(),
+            content_type.map(str::to_owned),
+            m.payload.bytes.clone(),
+            BTreeMap::new(),
+            1 << 20,
+        )
+    }
+
+    #[test]
+    fn every_attribute_is_bounded() {
+        let widest = "𠀀".repeat(MAX_ATTRIBUTE_CHARS);
+        let e = decode_with(
+            |a| {
+                a.insert("aggregateid", widest.clone());
+                a.insert("aggregatetype", widest.clone());
+            },
+            None,
+        )
+        .expect("the longest attributes a producer may write decode");
+        assert_eq!(e.aggregate_id.len(), 4 * MAX_ATTRIBUTE_CHARS);
+        for name in [
+            attr::TYPE,
+            attr::SOURCE,
+            attr::SUBJECT,
+            attr::AGGREGATE_TYPE,
+            attr::AGGREGATE_ID,
+            attr::PARTITION_KEY,
+            attr::DATA_CONTENT_TYPE,
+        ] {
+            let long = "a".repeat(MAX_ATTRIBUTE_CHARS + 1);
+            assert_eq!(
+                decode_with(|a| drop(a.insert(name, long.clone())), None).unwrap_err(),
+                DecodeError::TooLong {
+                    name,
+                    len: MAX_ATTRIBUTE_CHARS + 1,
+                    max: MAX_ATTRIBUTE_CHARS
+                },
+                "{name}"
+            );
+            assert_eq!(
+                decode_with(|a| drop(a.insert(name, "a\0b\u{1b}".into())), None).unwrap_err(),
+                DecodeError::Invalid {
+                    name,
+                    value: "a?b?".into()
+                },
+                "{name}"
+            );
+        }
+        assert_eq!(
+            decode_with(|_| {}, Some("application/json\0")).unwrap_err(),
+            DecodeError::Invalid {
+                name: attr::DATA_CONTENT_TYPE,
+                value: "application/json?".into()
+            }
+        );
+        let huge = "x".repeat(10_000);
+        assert!(matches!(
+            decode_with(|a| drop(a.insert(attr::SUBJECT, huge.clone())), None),
+            Err(DecodeError::TooLong { len: 10_000, .. })
+        ));
+    }
+
+    #[test]
+    fn empty_optional_attributes_count_as_absent() {
+        let e = decode_with(
+            |a| {
+                a.insert(attr::PARTITION_KEY, String::new());
+                a.insert(attr::SOURCE, String::new());
+                a.insert(attr::SUBJECT, String::new());
+            },
+            Some(""),
+        )
+        .unwrap();
+        assert_eq!(e.partition_key, "p-1", "the aggregate id");
+        assert_eq!(e.source, "");
+        assert_eq!(e.payload.content_type.0, "application/octet-stream");
+        assert_eq!(
+            decode_with(|a| drop(a.insert(attr::TYPE, String::new())), None).unwrap_err(),
+            DecodeError::Missing(attr::TYPE)
+        );
+    }
+
+    #[test]
+    fn excerpts_are_printable_and_short() {
+        assert_eq!(excerpt("a\0\r\nb"), "a???b");
+        assert_eq!(excerpt(&"é".repeat(100)).chars().count(), 64);
     }
 }

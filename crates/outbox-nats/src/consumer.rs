@@ -57,8 +57,14 @@
 //! are all headers except `ce-*`, `Nats-*` and `Content-Type`. A header sent several times is
 //! kept as its values joined by `, ` (so a duplicated `ce-id` is invalid, never a silent
 //! choice of one). The body over [`NatsConsumerConfig::max_message_bytes`] is
-//! [`DecodeError::TooLarge`]. [`DeliverySource::decode`] applies exactly this to a stored
-//! [`RawMessage`]: a live delivery is decoded *from* its `RawMessage`, so both agree.
+//! [`DecodeError::TooLarge`]; every attribute is bounded as [`outbox_core::wire::decode`]
+//! says. [`DeliverySource::decode`] applies exactly this to a stored [`RawMessage`]: a live
+//! delivery is decoded *from* its `RawMessage`, so both agree.
+//!
+//! [`RawMessage::metadata`] holds the subject and JetStream's view of the delivery (stream,
+//! consumer, stream and consumer sequence, deliveries, pending, publish time), for the
+//! operator reading a dead letter. The client only hands over headers that are UTF-8 text, so
+//! [`RawMessage::binary_headers`] stays empty.
 //!
 //! # Lag
 //!
@@ -619,7 +625,22 @@ pub struct NatsDelivery {
 
 impl NatsDelivery {
     fn new(message: jetstream::Message, config: &NatsConsumerConfig) -> Self {
-        let raw = raw_message(&message.message);
+        let mut raw = raw_message(&message.message);
+        raw.metadata
+            .insert("subject".to_owned(), message.subject.to_string());
+        if let Ok(info) = message.info() {
+            for (key, value) in [
+                ("stream", info.stream.to_owned()),
+                ("consumer", info.consumer.to_owned()),
+                ("stream_sequence", info.stream_sequence.to_string()),
+                ("consumer_sequence", info.consumer_sequence.to_string()),
+                ("delivered", info.delivered.to_string()),
+                ("pending", info.pending.to_string()),
+                ("published", info.published.to_string()),
+            ] {
+                raw.metadata.insert(key.to_owned(), value);
+            }
+        }
         let event = decode_raw(&raw, config.max_message_bytes);
         Self {
             message,
@@ -750,6 +771,7 @@ fn raw_message(message: &async_nats::Message) -> RawMessage {
         payload: message.payload.clone(),
         headers,
         content_type,
+        ..RawMessage::default()
     }
 }
 
@@ -775,23 +797,6 @@ fn is_protocol_header(name: &str) -> bool {
         || name.eq_ignore_ascii_case(CONTENT_TYPE_HEADER)
 }
 
-/// The attributes read from `ce-` headers (percent-decoded).
-const ATTRIBUTES: [&str; 13] = [
-    attr::SPECVERSION,
-    attr::ID,
-    attr::SOURCE,
-    attr::TYPE,
-    attr::SUBJECT,
-    attr::TIME,
-    attr::AGGREGATE_TYPE,
-    attr::AGGREGATE_ID,
-    attr::AGGREGATE_VERSION,
-    attr::SCHEMA_VERSION,
-    attr::PARTITION_KEY,
-    attr::PAYLOAD_SHA256,
-    "datacontenttype",
-];
-
 /// Decodes a NATS message kept as a [`RawMessage`] (as [`NatsDelivery`] does for a live one):
 /// `ce-<attribute>` headers matched without regard to case and percent-decoded, content type
 /// from [`RawMessage::content_type`] / `Content-Type`, else `ce-datacontenttype`, user headers
@@ -808,13 +813,13 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
         });
     }
     let mut attributes: HashMap<&'static str, String> = HashMap::new();
-    for name in ATTRIBUTES {
+    for name in attr::ALL {
         let Some(encoded) = header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")) else {
             continue;
         };
         let value = subject::percent_decode(&encoded).map_err(|_| DecodeError::Invalid {
             name,
-            value: encoded.chars().take(64).collect(),
+            value: wire::excerpt(&encoded),
         })?;
         attributes.insert(name, value);
     }
@@ -943,6 +948,7 @@ mod tests {
             payload: m.payload.bytes.clone(),
             content_type: headers.get("Content-Type").cloned(),
             headers,
+            ..RawMessage::default()
         };
         (m, raw)
     }

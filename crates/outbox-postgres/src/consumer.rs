@@ -42,8 +42,10 @@ pub type PgConsumer<Src, H> = Consumer<PgStore, Src, H>;
 
 pub(crate) const INSERT_DEAD: &str = "INSERT INTO {s}.consumer_dead_letters (consumer_name, \
     event_id, aggregate_type, aggregate_id, aggregate_version, event_type, content_type, payload, \
-    headers, error, attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11)";
-pub(crate) const TAKE_REQUEUED: &str = "SELECT id, payload, headers::text, content_type, attempts \
+    headers, error, attempts, header_names, header_values, content_type_bytes, broker_metadata) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15::jsonb)";
+pub(crate) const TAKE_REQUEUED: &str = "SELECT id, payload, headers::text, content_type, attempts, \
+    header_names, header_values, content_type_bytes, broker_metadata::text \
     FROM {s}.consumer_dead_letters WHERE consumer_name = $1 AND state = 'requeued' \
     ORDER BY updated_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
 pub(crate) const SETTLE_REQUEUED: &str = "UPDATE {s}.consumer_dead_letters SET state = $2, \
@@ -59,16 +61,79 @@ const REQUEUE_DEAD: &str = "UPDATE {s}.consumer_dead_letters SET state = 'requeu
     updated_at = now() WHERE state = 'dead' AND ($1::text IS NULL OR consumer_name = $1) \
     AND ($2::int8[] IS NULL OR id = ANY($2))";
 
-/// Headers as a JSON object for the dead-letter row. PostgreSQL's jsonb cannot hold NUL, so
-/// NUL characters (only ever in hostile or broken messages) are replaced by U+FFFD.
-fn raw_headers_json(raw: &RawMessage) -> String {
-    let clean = |s: &String| s.replace('\0', "\u{FFFD}");
-    let headers: std::collections::BTreeMap<String, String> = raw
-        .headers
+/// Text for a readable column: PostgreSQL's text and jsonb cannot hold NUL, so NUL (only ever
+/// in hostile or broken messages) shows as U+FFFD. The bytes are kept in the byte columns.
+fn readable(s: &str) -> String {
+    s.replace('\0', "\u{FFFD}")
+}
+
+/// A map as a JSON object of [`readable`] strings.
+fn readable_json<'a>(pairs: impl Iterator<Item = (&'a str, String)>) -> String {
+    let map: std::collections::BTreeMap<String, String> =
+        pairs.map(|(k, v)| (readable(k), readable(&v))).collect();
+    serde_json::to_string(&map).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// Every header of `raw` as two arrays of bytes, names and values, text headers first.
+fn header_columns(raw: &RawMessage) -> (Vec<&[u8]>, Vec<&[u8]>) {
+    raw.headers
         .iter()
-        .map(|(k, v)| (clean(k), clean(v)))
-        .collect();
-    serde_json::to_string(&headers).unwrap_or_else(|_| "{}".to_owned())
+        .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+        .chain(
+            raw.binary_headers
+                .iter()
+                .map(|(k, v)| (k.as_bytes(), v.as_ref())),
+        )
+        .unzip()
+}
+
+/// The columns of a dead-letter row read back into the message as it was received: from the
+/// byte columns, or, for a row written before schema version 4, from the readable ones.
+struct StoredRaw {
+    payload: Vec<u8>,
+    headers_json: String,
+    content_type: Option<String>,
+    header_names: Option<Vec<Vec<u8>>>,
+    header_values: Option<Vec<Vec<u8>>>,
+    content_type_bytes: Option<Vec<u8>>,
+    metadata_json: String,
+}
+
+impl StoredRaw {
+    fn into_raw(self) -> RawMessage {
+        let metadata = serde_json::from_str(&self.metadata_json).unwrap_or_default();
+        let (Some(names), Some(values)) = (self.header_names, self.header_values) else {
+            return RawMessage {
+                payload: self.payload.into(),
+                headers: serde_json::from_str(&self.headers_json).unwrap_or_default(),
+                content_type: self.content_type,
+                metadata,
+                ..RawMessage::default()
+            };
+        };
+        let text = |b: Vec<u8>| {
+            String::from_utf8(b)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        };
+        let mut raw = RawMessage {
+            payload: self.payload.into(),
+            content_type: self.content_type_bytes.map(text),
+            metadata,
+            ..RawMessage::default()
+        };
+        for (name, value) in names.into_iter().zip(values) {
+            let name = text(name);
+            match String::from_utf8(value) {
+                Ok(v) => {
+                    raw.headers.insert(name, v);
+                }
+                Err(e) => {
+                    raw.binary_headers.insert(name, e.into_bytes().into());
+                }
+            }
+        }
+        raw
+    }
 }
 
 impl InboxStore for PgStore {
@@ -120,7 +185,20 @@ impl InboxStore for PgStore {
         conn: &'a mut PgConnection,
         letter: NewConsumerDeadLetter<'a>,
     ) -> Result<(), StoreError> {
-        let event = letter.event;
+        let (event, raw) = (letter.event, letter.raw);
+        let (names, values) = header_columns(raw);
+        let headers_json = readable_json(
+            raw.headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .chain(
+                    raw.binary_headers
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), String::from_utf8_lossy(v).into_owned())),
+                ),
+        );
+        let metadata_json =
+            readable_json(raw.metadata.iter().map(|(k, v)| (k.as_str(), v.clone())));
         sqlx::query(self.q(&self.sql().insert_dead))
             .bind(letter.consumer)
             .bind(event.map(|e| e.event_id))
@@ -128,11 +206,15 @@ impl InboxStore for PgStore {
             .bind(event.map(|e| e.aggregate_id.as_str()))
             .bind(event.map(|e| e.aggregate_version))
             .bind(event.map(|e| e.event_type.as_str()))
-            .bind(letter.raw.content_type.as_deref())
-            .bind(letter.raw.payload.as_ref())
-            .bind(raw_headers_json(letter.raw))
+            .bind(raw.content_type.as_deref().map(readable))
+            .bind(raw.payload.as_ref())
+            .bind(headers_json)
             .bind(letter.error)
             .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+            .bind(names)
+            .bind(values)
+            .bind(raw.content_type.as_deref().map(str::as_bytes))
+            .bind(metadata_json)
             .execute(conn)
             .await
             .map(|_| ())
@@ -153,15 +235,18 @@ impl InboxStore for PgStore {
             .map_err(|e| store_error("requeued dead letters", e))?;
         rows.iter()
             .map(|row| {
-                let payload: Vec<u8> = row.try_get(1)?;
-                let headers: String = row.try_get(2)?;
+                let stored = StoredRaw {
+                    payload: row.try_get(1)?,
+                    headers_json: row.try_get(2)?,
+                    content_type: row.try_get(3)?,
+                    header_names: row.try_get(5)?,
+                    header_values: row.try_get(6)?,
+                    content_type_bytes: row.try_get(7)?,
+                    metadata_json: row.try_get(8)?,
+                };
                 Ok(RequeuedDeadLetter {
                     id: row.try_get(0)?,
-                    raw: RawMessage {
-                        payload: payload.into(),
-                        headers: serde_json::from_str(&headers).unwrap_or_default(),
-                        content_type: row.try_get(3)?,
-                    },
+                    raw: stored.into_raw(),
                     attempts: row.try_get(4)?,
                 })
             })

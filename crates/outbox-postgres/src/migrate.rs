@@ -36,6 +36,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_work_items.sql",
         sql: include_str!("../migrations/0003_work_items.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_dead_letter_raw.sql",
+        sql: include_str!("../migrations/0004_dead_letter_raw.sql"),
+    },
 ];
 
 /// The schema version this release needs.

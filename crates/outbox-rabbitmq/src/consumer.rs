@@ -91,11 +91,19 @@
 //! its [`RawMessage`], exactly as [`RabbitSource::decode`] decodes a stored one, so both always
 //! agree.
 //!
-//! [`RawMessage::headers`] holds every AMQP header as text: string values as UTF-8 (invalid
-//! sequences replaced by U+FFFD), numbers and booleans in decimal / `true` / `false`, tables
-//! and arrays in a debug notation. Attributes are expected as long or short strings; other
-//! scalar types are accepted through that text form. A body above
-//! [`RabbitConsumerConfig::max_message_bytes`] decodes as [`DecodeError::TooLarge`].
+//! [`RawMessage::headers`] holds every AMQP header as text: string values as received, numbers
+//! and booleans in decimal / `true` / `false`, tables and arrays in a debug notation. A long
+//! string or byte array that is not valid UTF-8 is kept byte for byte in
+//! [`RawMessage::binary_headers`] instead: as a CloudEvents attribute it is
+//! [`DecodeError::Invalid`], as a user header it reaches the handler with U+FFFD for the
+//! invalid bytes. Attributes are expected as long or short strings; other scalar types are
+//! accepted through their text form. A body above [`RabbitConsumerConfig::max_message_bytes`]
+//! decodes as [`DecodeError::TooLarge`]; every attribute is bounded as
+//! [`outbox_core::wire::decode`] says.
+//!
+//! [`RawMessage::metadata`] holds the delivery's exchange, routing key, redelivered flag and
+//! delivery tag, and every message property other than the content type and the headers
+//! (`message_id`, `type`, `timestamp`, `app_id` ...), for the operator reading a dead letter.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -708,13 +716,23 @@ impl RabbitSource {
 
     fn wrap(&self, delivery: lapin::message::Delivery) -> RabbitDelivery {
         let lapin::message::Delivery {
+            delivery_tag,
+            exchange,
+            routing_key,
             redelivered,
             properties,
             data,
             acker,
-            ..
         } = delivery;
-        let raw = raw_message(&properties, Bytes::from(data));
+        let mut raw = raw_message(&properties, Bytes::from(data));
+        for (key, value) in [
+            ("exchange", exchange.to_string()),
+            ("routing_key", routing_key.to_string()),
+            ("redelivered", redelivered.to_string()),
+            ("delivery_tag", delivery_tag.to_string()),
+        ] {
+            raw.metadata.insert(key.to_owned(), value);
+        }
         let event = decode_raw(&raw, self.config.max_message_bytes);
         let previous = previous_deliveries(&properties);
         let key = tracking_key(&raw, &properties);
@@ -1027,37 +1045,92 @@ fn decimal_text(value: u32, scale: u8) -> String {
     format!("{int}.{frac}")
 }
 
-/// The message as received: body, every header as text, content type.
+/// An AMQP header value as [`RawMessage`] keeps it: its text, or the bytes of a long string or
+/// byte array that is not valid UTF-8.
+pub(crate) fn header_value(value: &AMQPValue) -> Result<String, Bytes> {
+    let bytes = match value {
+        AMQPValue::LongString(s) => s.as_bytes(),
+        AMQPValue::ByteArray(b) => b.as_slice(),
+        other => return Ok(value_text(other)),
+    };
+    String::from_utf8(bytes.to_vec()).map_err(|e| Bytes::from(e.into_bytes()))
+}
+
+/// The message as received: body, every header (text, or bytes when not UTF-8), content type,
+/// and the message properties as metadata.
 pub(crate) fn raw_message(properties: &BasicProperties, body: Bytes) -> RawMessage {
-    let headers = properties
-        .headers()
-        .as_ref()
-        .map(|table| {
-            table
-                .inner()
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), value_text(v)))
-                .collect::<BTreeMap<_, _>>()
-        })
-        .unwrap_or_default();
-    RawMessage {
+    let mut raw = RawMessage {
         payload: body,
-        headers,
         content_type: properties
             .content_type()
             .as_ref()
             .map(|c| c.as_str().to_owned()),
+        ..RawMessage::default()
+    };
+    if let Some(table) = properties.headers() {
+        for (name, value) in table.inner() {
+            let name = name.as_str().to_owned();
+            match header_value(value) {
+                Ok(text) => {
+                    raw.headers.insert(name, text);
+                }
+                Err(bytes) => {
+                    raw.binary_headers.insert(name, bytes);
+                }
+            }
+        }
     }
+    let text = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_owned());
+    let number = |v: Option<u64>| v.map(|n| n.to_string());
+    for (key, value) in [
+        ("message_id", text(properties.message_id())),
+        ("type", text(properties.kind())),
+        ("timestamp", number(*properties.timestamp())),
+        ("app_id", text(properties.app_id())),
+        ("user_id", text(properties.user_id())),
+        ("correlation_id", text(properties.correlation_id())),
+        ("reply_to", text(properties.reply_to())),
+        ("expiration", text(properties.expiration())),
+        ("content_encoding", text(properties.content_encoding())),
+        ("cluster_id", text(properties.cluster_id())),
+        (
+            "delivery_mode",
+            number(properties.delivery_mode().map(u64::from)),
+        ),
+        ("priority", number(properties.priority().map(u64::from))),
+    ] {
+        if let Some(value) = value {
+            raw.metadata.insert(key.to_owned(), value);
+        }
+    }
+    raw
 }
 
 /// Decodes the wire format from a raw message; the one decoding path for live and stored
 /// messages.
 pub(crate) fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
+    for name in wire::attr::ALL {
+        if let Some(bytes) = raw
+            .binary_headers
+            .get(&format!("{CLOUDEVENTS_HEADER_PREFIX}{name}"))
+        {
+            return Err(DecodeError::Invalid {
+                name,
+                value: format!("not UTF-8 text ({} bytes)", bytes.len()),
+            });
+        }
+    }
+    let binary_as_text = raw
+        .binary_headers
+        .iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(v).into_owned()));
     let user_headers = raw
         .headers
         .iter()
+        .map(|(k, v)| (k, v.clone()))
+        .chain(binary_as_text)
         .filter(|(k, _)| !k.starts_with(CLOUDEVENTS_HEADER_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.clone(), v))
         .collect();
     wire::decode(
         |name| {
@@ -1313,6 +1386,52 @@ mod tests {
         assert_eq!(decimal_text(5, 3), "0.005");
         assert_eq!(decimal_text(7, 0), "7");
         assert!(!value_text(&AMQPValue::FieldArray(FieldArray::default())).is_empty());
+        assert_eq!(
+            header_value(&AMQPValue::LongString(LongString::from(vec![b'a', 0xff]))),
+            Err(Bytes::from_static(&[b'a', 0xff])),
+            "bytes that are not UTF-8 are kept as bytes"
+        );
+        assert_eq!(
+            header_value(&AMQPValue::LongString(LongString::from("a\0b"))),
+            Ok("a\0b".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_attribute_that_is_not_text_is_invalid_and_kept_as_bytes() {
+        let body = Bytes::from_static(b"{}");
+        let p = props(vec![
+            (
+                "cloudEvents_specversion",
+                AMQPValue::LongString("1.0".into()),
+            ),
+            (
+                "cloudEvents_aggregateid",
+                AMQPValue::LongString(LongString::from(vec![b'p', 0xfe, 0xff])),
+            ),
+            ("trace", AMQPValue::ByteArray(vec![0xc3, 0x28].into())),
+        ])
+        .with_message_id("m-1".into())
+        .with_timestamp(7);
+        let raw = raw_message(&p, body);
+        assert_eq!(
+            raw.binary_headers["cloudEvents_aggregateid"],
+            Bytes::from_static(&[b'p', 0xfe, 0xff])
+        );
+        assert!(!raw.headers.contains_key("cloudEvents_aggregateid"));
+        assert_eq!(
+            raw.binary_headers["trace"],
+            Bytes::from_static(&[0xc3, 0x28])
+        );
+        assert_eq!(raw.metadata["message_id"], "m-1");
+        assert_eq!(raw.metadata["timestamp"], "7");
+        assert_eq!(
+            decode_raw(&raw, 1024).unwrap_err(),
+            DecodeError::Invalid {
+                name: "aggregateid",
+                value: "not UTF-8 text (3 bytes)".into()
+            }
+        );
     }
 
     fn props(headers: Vec<(&str, AMQPValue)>) -> BasicProperties {

@@ -123,6 +123,7 @@ pub fn wire_message(m: &OutboxMessage) -> RawMessage {
         payload: m.payload.bytes.clone(),
         headers,
         content_type: Some(m.payload.content_type.0.clone()),
+        ..RawMessage::default()
     }
 }
 
@@ -169,6 +170,8 @@ struct Queue {
     acked: usize,
     nacked: usize,
     unsettled: usize,
+    /// Deliveries say nothing about their count (a broker that cannot tell).
+    uncounted: bool,
 }
 
 /// A fake broker queue: [`FakeSource::push`] adds messages; a nack puts a delivery back with its
@@ -183,6 +186,14 @@ impl FakeSource {
     /// An empty queue.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty queue whose deliveries do not tell their count
+    /// ([`Delivery::delivery_count`] is `None`), as a broker without one.
+    pub fn without_counts() -> Self {
+        let source = Self::default();
+        lock(&source.queue).uncounted = true;
+        source
     }
 
     /// Adds a message at the end of the queue (first delivery).
@@ -244,7 +255,7 @@ impl Delivery for FakeDelivery {
         &self.raw
     }
     fn delivery_count(&self) -> Option<u32> {
-        Some(self.count)
+        (!lock(&self.queue).uncounted).then_some(self.count)
     }
     async fn ack(mut self) -> Result<(), SourceError> {
         self.settled = true;
@@ -471,8 +482,10 @@ impl RemoteEffect for FakeProvider {
 /// Wraps a store and makes its calls fail with `Unavailable` as an outage would: the next `n`
 /// calls of any kind ([`FaultyStore::fail_next`]) or of one operation
 /// ([`FaultyStore::fail_op`], by the names used in the error messages: `begin`, `commit`,
-/// `claim`, `mark`, `inbox record` ...). The engines must wait such an outage out and lose
-/// nothing.
+/// `claim`, `mark`, `inbox record`, `dead letter` ...). The engines must wait such an outage
+/// out and lose nothing. Other kinds of error can be injected too: per operation
+/// ([`FaultyStore::fail_op_with`]), or for the inbox records of one event
+/// ([`FaultyStore::fail_event`]: the database refusing that event's values, say).
 #[derive(Debug, Clone)]
 pub struct FaultyStore<S> {
     inner: S,
@@ -482,8 +495,16 @@ pub struct FaultyStore<S> {
 #[derive(Debug, Default)]
 struct FaultPlan {
     any: u32,
-    ops: HashMap<&'static str, u32>,
+    ops: HashMap<&'static str, (u32, StoreErrorKind)>,
+    events: HashMap<Uuid, (u32, StoreErrorKind)>,
     injected: u32,
+}
+
+/// Takes one failure from `left`, if any is left.
+fn take_one(left: Option<&mut (u32, StoreErrorKind)>) -> Option<StoreErrorKind> {
+    let (n, kind) = left.filter(|(n, _)| *n > 0)?;
+    *n -= 1;
+    Some(*kind)
 }
 
 impl<S> FaultyStore<S> {
@@ -505,9 +526,20 @@ impl<S> FaultyStore<S> {
         lock(&self.plan).any = n;
     }
 
-    /// Makes the next `n` calls of the operation `op` fail.
+    /// Makes the next `n` calls of the operation `op` fail as an outage.
     pub fn fail_op(&self, op: &'static str, n: u32) {
-        lock(&self.plan).ops.insert(op, n);
+        self.fail_op_with(op, StoreErrorKind::Unavailable, n);
+    }
+
+    /// Makes the next `n` calls of the operation `op` fail with `kind`.
+    pub fn fail_op_with(&self, op: &'static str, kind: StoreErrorKind, n: u32) {
+        lock(&self.plan).ops.insert(op, (n, kind));
+    }
+
+    /// Makes the next `n` inbox records (`inbox record`, alone or in a batch) that include the
+    /// event `event_id` fail with `kind` (`u32::MAX`: every one).
+    pub fn fail_event(&self, event_id: Uuid, kind: StoreErrorKind, n: u32) {
+        lock(&self.plan).events.insert(event_id, (n, kind));
     }
 
     /// Failures injected so far.
@@ -517,25 +549,46 @@ impl<S> FaultyStore<S> {
 
     fn check(&self, what: &'static str) -> Result<(), StoreError> {
         let mut plan = lock(&self.plan);
-        let targeted = plan.ops.get_mut(what).filter(|n| **n > 0);
-        let fail = if let Some(n) = targeted {
-            *n -= 1;
-            true
-        } else if plan.any > 0 {
-            plan.any -= 1;
-            true
-        } else {
-            false
+        let kind = match take_one(plan.ops.get_mut(what)) {
+            Some(kind) => Some(kind),
+            None if plan.any > 0 => {
+                plan.any -= 1;
+                Some(StoreErrorKind::Unavailable)
+            }
+            None => None,
         };
-        if fail {
-            plan.injected += 1;
-            return Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!("{what}: injected outage"),
-            ));
+        match kind {
+            Some(kind) => {
+                plan.injected += 1;
+                Err(injected(what, kind))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// [`FaultyStore::check`] of an inbox record of `events`.
+    fn check_events<'e>(
+        &self,
+        events: impl IntoIterator<Item = &'e IncomingEvent>,
+    ) -> Result<(), StoreError> {
+        self.check("inbox record")?;
+        let mut plan = lock(&self.plan);
+        for e in events {
+            if let Some(kind) = take_one(plan.events.get_mut(&e.event_id)) {
+                plan.injected += 1;
+                return Err(injected("inbox record", kind));
+            }
         }
         Ok(())
     }
+}
+
+fn injected(what: &str, kind: StoreErrorKind) -> StoreError {
+    let message = match kind {
+        StoreErrorKind::Unavailable => format!("{what}: injected outage"),
+        other => format!("{what}: injected {other:?} error"),
+    };
+    StoreError::new(kind, message)
 }
 
 impl<S: OutboxStore> OutboxStore for FaultyStore<S> {
@@ -597,7 +650,7 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
         guard: OrderingGuard,
         event: &'a IncomingEvent,
     ) -> Result<InboxOutcome, StoreError> {
-        self.check("inbox record")?;
+        self.check_events([event])?;
         self.inner.inbox_record(conn, consumer, guard, event).await
     }
     async fn inbox_record_many<'a>(
@@ -606,7 +659,7 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
         consumer: &'a str,
         events: &'a [&'a IncomingEvent],
     ) -> Result<Vec<InboxOutcome>, StoreError> {
-        self.check("inbox record")?;
+        self.check_events(events.iter().copied())?;
         self.inner.inbox_record_many(conn, consumer, events).await
     }
     async fn consumer_dead_letter_insert<'a>(

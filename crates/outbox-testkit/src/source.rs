@@ -12,10 +12,11 @@
 //! * A delivery dropped without an ack, or held by a consumer that crashed before its commit,
 //!   is delivered again, with a higher delivery count.
 //! * `nack(delay)` delivers again after the delay.
-//! * Malformed messages (no attributes, missing or bad id, bad version, unknown spec version,
-//!   altered body, body over the limit) are deliveries whose event is the exact
-//!   [`DecodeError`], with the raw message kept, and they do not hold back the valid event
-//!   behind them.
+//! * Malformed messages (no attributes, missing, empty or bad id, bad version, unknown spec
+//!   version, altered body, body over the limit, an attribute over
+//!   [`wire::MAX_ATTRIBUTE_CHARS`], NUL in an attribute or the content type, an attribute that
+//!   is not UTF-8) are deliveries whose event is the exact [`DecodeError`], with the raw
+//!   message kept, and they do not hold back the valid event behind them.
 //! * [`DeliverySource::lag`] counts what waits, and falls to 0 once everything is acknowledged.
 //! * Batches hold at most `max`, come in publish order, drain everything, and an empty batch
 //!   waits instead of spinning.
@@ -175,9 +176,15 @@ pub trait SourceHarness: Harness {
     /// `cloudEvents_id` ...).
     fn attribute_header(&self, attribute: &str) -> String;
 
-    /// Publishes `raw` as it is (body, headers with text values, content type if any) to where
-    /// the sources read; returns once the broker acknowledged it.
+    /// Publishes `raw` as it is (body, headers with text values, binary header values where
+    /// the protocol has them, content type if any) to where the sources read; returns once the
+    /// broker acknowledged it.
     fn publish_raw(&self, raw: &RawMessage) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Sets CloudEvents attribute `attribute` of `raw` to `value`, bytes that are not UTF-8,
+    /// the way this protocol can carry them (NATS: percent-encoded in the text header; AMQP: a
+    /// long string of those bytes, in [`RawMessage::binary_headers`]).
+    fn set_attribute_bytes(&self, raw: &mut RawMessage, attribute: &str, value: &[u8]);
 
     /// How this backend's source behaves where the contract leaves a choice.
     fn capabilities(&self) -> SourceCapabilities;
@@ -588,13 +595,39 @@ pub async fn nack_delivers_again_after_its_delay<H: SourceHarness>(h: &H) -> any
     check_lag(&mut source, &caps, 0, 0, "all acknowledged").await
 }
 
+/// What a malformed message must decode to.
+#[derive(Debug)]
+enum Expected {
+    /// Exactly this error.
+    Exactly(DecodeError),
+    /// [`DecodeError::Invalid`] naming this attribute (the value shown depends on the protocol).
+    InvalidAttribute(&'static str),
+}
+
+impl Expected {
+    fn is(&self, got: &DecodeError) -> bool {
+        match self {
+            Self::Exactly(e) => e == got,
+            Self::InvalidAttribute(name) => {
+                matches!(got, DecodeError::Invalid { name: n, .. } if n == name)
+            }
+        }
+    }
+}
+
+impl From<DecodeError> for Expected {
+    fn from(e: DecodeError) -> Self {
+        Self::Exactly(e)
+    }
+}
+
 /// Builds the malformed messages of
-/// [`malformed_messages_are_deliveries_and_do_not_block`], each with the exact error it must
-/// decode to.
+/// [`malformed_messages_are_deliveries_and_do_not_block`], each with the error it must decode
+/// to.
 fn malformed<H: SourceHarness>(
     h: &H,
     max_message_bytes: usize,
-) -> anyhow::Result<Vec<(&'static str, RawMessage, DecodeError)>> {
+) -> anyhow::Result<Vec<(&'static str, RawMessage, Expected)>> {
     let encoded = |version: i64| h.encode(&message::event("poison", version, &b"{\"x\":1}"[..]));
     let altered =
         |version: i64, attribute: &str, value: Option<&str>| -> anyhow::Result<RawMessage> {
@@ -615,23 +648,39 @@ fn malformed<H: SourceHarness>(
     tampered.payload = Bytes::from_static(b"{\"x\":999}");
     let big_len = max_message_bytes + 1000;
     let big = h.encode(&message::sized("poison", 7, big_len))?;
-    Ok(vec![
+    let too_long = "x".repeat(wire::MAX_ATTRIBUTE_CHARS + 45);
+    let bad_type = "application/json\0; charset=x";
+    let mut nul_content_type = encoded(11)?;
+    nul_content_type.content_type = Some(bad_type.to_owned());
+    for (name, value) in &mut nul_content_type.headers {
+        if name.eq_ignore_ascii_case("content-type") {
+            bad_type.clone_into(value);
+        }
+    }
+    let mut not_utf8 = encoded(12)?;
+    h.set_attribute_bytes(&mut not_utf8, "aggregateid", b"p-\xff\xfe");
+    let cases: Vec<(&'static str, RawMessage, Expected)> = vec![
         (
             "no CloudEvents attributes at all",
             RawMessage {
                 payload: Bytes::from_static(b"plain text, no CloudEvents headers"),
                 ..RawMessage::default()
             },
-            DecodeError::Missing("specversion"),
+            DecodeError::Missing("specversion").into(),
         ),
-        ("no id", altered(2, "id", None)?, DecodeError::Missing("id")),
+        (
+            "no id",
+            altered(2, "id", None)?,
+            DecodeError::Missing("id").into(),
+        ),
         (
             "an id that is not a UUID",
             altered(3, "id", Some("not-a-uuid"))?,
             DecodeError::Invalid {
                 name: "id",
                 value: "not-a-uuid".to_owned(),
-            },
+            }
+            .into(),
         ),
         (
             "a bad aggregate version",
@@ -639,12 +688,13 @@ fn malformed<H: SourceHarness>(
             DecodeError::Invalid {
                 name: "aggregateversion",
                 value: "zero".to_owned(),
-            },
+            }
+            .into(),
         ),
         (
             "an unknown spec version",
             altered(5, "specversion", Some("0.3"))?,
-            DecodeError::SpecVersion("0.3".to_owned()),
+            DecodeError::SpecVersion("0.3".to_owned()).into(),
         ),
         (
             "a body that is not the fingerprinted one",
@@ -652,7 +702,8 @@ fn malformed<H: SourceHarness>(
             DecodeError::FingerprintMismatch {
                 expected: sent_fingerprint.to_hex(),
                 actual: Fingerprint::of(b"{\"x\":999}").to_hex(),
-            },
+            }
+            .into(),
         ),
         (
             "a body over the limit",
@@ -660,9 +711,49 @@ fn malformed<H: SourceHarness>(
             DecodeError::TooLarge {
                 size: big_len,
                 max: max_message_bytes,
-            },
+            }
+            .into(),
         ),
-    ])
+        (
+            "an empty event type",
+            altered(9, "type", Some(""))?,
+            DecodeError::Missing("type").into(),
+        ),
+        (
+            "an aggregate id over the attribute limit",
+            altered(10, "aggregateid", Some(&too_long))?,
+            DecodeError::TooLong {
+                name: "aggregateid",
+                len: too_long.len(),
+                max: wire::MAX_ATTRIBUTE_CHARS,
+            }
+            .into(),
+        ),
+        (
+            "a NUL in the aggregate type",
+            altered(13, "aggregatetype", Some("pay\0ment"))?,
+            DecodeError::Invalid {
+                name: "aggregatetype",
+                value: "pay?ment".to_owned(),
+            }
+            .into(),
+        ),
+        (
+            "a NUL in the content type",
+            nul_content_type,
+            DecodeError::Invalid {
+                name: "datacontenttype",
+                value: wire::excerpt(bad_type),
+            }
+            .into(),
+        ),
+        (
+            "an aggregate id that is not UTF-8",
+            not_utf8,
+            Expected::InvalidAttribute("aggregateid"),
+        ),
+    ];
+    Ok(cases)
 }
 
 /// Poison messages published before a valid event are each a delivery, in publish order, whose
@@ -696,8 +787,8 @@ pub async fn malformed_messages_are_deliveries_and_do_not_block<H: SourceHarness
     let got = receive(&mut source, cases.len() + 1, DELIVERY_WITHIN).await?;
     for ((what, sent, expected), d) in cases.iter().zip(&got) {
         ensure!(
-            d.event().as_ref().err() == Some(expected),
-            "{what}: delivered as {:?}, expected Err({expected:?}) (deliveries come in publish \
+            d.event().as_ref().err().is_some_and(|e| expected.is(e)),
+            "{what}: delivered as {:?}, expected {expected:?} (deliveries come in publish \
              order)",
             d.event()
         );
@@ -719,6 +810,12 @@ pub async fn malformed_messages_are_deliveries_and_do_not_block<H: SourceHarness
                 raw.headers.get(name)
             );
         }
+        ensure!(
+            raw.binary_headers == sent.binary_headers,
+            "{what}: raw binary headers {:?}, sent {:?}",
+            raw.binary_headers,
+            sent.binary_headers
+        );
         ensure!(
             source.decode(raw) == *d.event(),
             "{what}: decoding the kept raw message gives {:?}",

@@ -632,6 +632,68 @@ pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture
     f.cleanup().await;
 }
 
+/// A consumer dead letter keeps the message byte for byte, whatever it holds (NUL and control
+/// characters in the content type, a header name and a value, a header value that is not
+/// UTF-8, a body that is not text, broker metadata), with the decoded event's fields when
+/// given. Metadata holding NUL is accepted too (a store may show it otherwise: it is for the
+/// operator, never decoded).
+pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let id = Uuid::now_v7();
+    let mut raw = wire_message(&event_message(id, "a", 1, "{}"));
+    raw.content_type = Some("text/plain\0\u{7}; x=\u{1b}".into());
+    raw.headers
+        .insert("x-\0name".into(), "\0\r\n\u{1b}[0m".into());
+    raw.binary_headers.insert(
+        "x-binary".into(),
+        bytes::Bytes::from_static(&[0, 0xff, 0xc3]),
+    );
+    raw.payload = bytes::Bytes::from_static(&[0, 0xff, 0xfe, b'\n']);
+    raw.metadata.insert("subject".into(), "payments.a".into());
+    let mut nul_metadata = raw.clone();
+    nul_metadata
+        .metadata
+        .insert("routing_key".into(), "a\0b".into());
+    let event = incoming(id, "a", 1, "{}");
+    let mut tx = store.begin().await.unwrap();
+    for (raw, event) in [(&raw, Some(&event)), (&nul_metadata, None)] {
+        store
+            .consumer_dead_letter_insert(
+                &mut tx,
+                NewConsumerDeadLetter {
+                    consumer: "c",
+                    raw,
+                    event,
+                    error: "malformed: test",
+                    attempts: 1,
+                },
+            )
+            .await
+            .expect("a dead letter is never refused for what the message holds");
+    }
+    store.commit(tx).await.unwrap();
+    let letters = f.consumer_dead_letters("c").await;
+    assert_eq!(letters.len(), 2);
+    assert_eq!(letters[0].event_id, Some(id));
+    assert_eq!(letters[0].aggregate_id.as_deref(), Some("a"));
+    assert_eq!(letters[1].event_id, None);
+
+    assert_eq!(f.requeue_consumer_dead_letters("c").await, 2);
+    let mut tx = store.begin().await.unwrap();
+    let taken = store
+        .consumer_dead_letter_take_requeued(&mut tx, "c", 10)
+        .await
+        .unwrap();
+    store.rollback(tx).await.unwrap();
+    assert_eq!(taken.len(), 2);
+    assert_eq!(taken[0].raw, raw, "kept byte for byte");
+    let mut second = taken[1].raw.clone();
+    assert!(second.metadata.remove("routing_key").is_some());
+    assert_eq!(second, raw, "kept byte for byte, metadata aside");
+    f.cleanup().await;
+}
+
 async fn enqueue_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
     let store = f.store();
     let before: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
@@ -915,6 +977,7 @@ macro_rules! store_suite {
             ordering_guard_absorbs_stale_versions_and_reports_gaps,
             record_many_decides_as_record_one_by_one,
             consumer_dead_letters_are_kept_requeued_and_settled,
+            consumer_dead_letters_keep_the_message_byte_for_byte,
             work_items_are_claimed_once_and_recorded_under_their_lease,
             maintenance_is_elected_and_deletes_only_old_rows,
         );

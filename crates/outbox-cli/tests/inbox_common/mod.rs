@@ -29,6 +29,24 @@ use uuid::Uuid;
 
 use crate::common::*;
 
+/// Runs each named `async fn(Kind)` of the calling file as two tests, `<name>::nats` and
+/// `<name>::rabbitmq`.
+#[macro_export]
+macro_rules! on_both_brokers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn nats() {
+                super::$name(super::Kind::Nats).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn rabbitmq() {
+                super::$name(super::Kind::Rabbit).await;
+            }
+        }
+    )*};
+}
+
 /// NATS ack wait of the in-process sources: an unacknowledged delivery comes back after 1 s.
 pub const ACK_WAIT_SECS: u64 = 1;
 /// Longer than the ack wait: long enough to see a redelivery of anything not acknowledged.
@@ -44,7 +62,7 @@ pub struct Env {
     /// The relay's transport, from the broker registry.
     pub transport: BoxTransport,
     /// NATS only: the transport's own subject and header rules, for hand-made publishes.
-    nats_wire: Option<NatsTransport>,
+    pub nats_wire: Option<NatsTransport>,
     /// RabbitMQ queues created for sources, deleted at cleanup.
     queues: Mutex<Vec<String>>,
 }

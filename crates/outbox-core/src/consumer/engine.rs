@@ -14,12 +14,30 @@
 //! | handler `Transient` | rolled back | nack with backoff; after `max_attempts` deliveries: dead letter, then ack |
 //! | handler `Permanent` | rolled back, dead letter committed | ack after the dead letter committed |
 //! | malformed message | dead letter with the decode error committed | ack after commit |
-//! | database error | rolled back | nack with backoff (redelivered, absorbed if it had committed) |
+//! | database outage (`StoreErrorKind::Unavailable`) | rolled back | nack with backoff, however often: never dead-lettered (redelivered, absorbed if it had committed) |
+//! | the database refused the values (`InvalidData`: bytes it cannot store, a key over an index's limit) | rolled back, dead letter committed at once | ack after the dead letter committed |
+//! | any other database error (`Constraint`, `PermissionDenied`, `Schema`, `Other`) | rolled back | nack with backoff; after `max_attempts` deliveries: dead letter, then ack |
 //!
 //! A crash anywhere before the commit rolls everything back and the broker redelivers; a crash
 //! after the commit and before the ack leads to a redelivery that the inbox absorbs. Dead
 //! letters are never counted as processed; `requeue` makes the engine apply them again, through
 //! the inbox, so a requeued event still has at most one effect.
+//!
+//! # No input stalls the consumer
+//!
+//! Whatever a delivery holds, it ends applied, absorbed, or dead-lettered; only a database
+//! outage makes it wait. The cap of `max_attempts` counts deliveries: the broker's count
+//! ([`Delivery::delivery_count`]) where it has one, else the engine's own count of deliveries of
+//! the same raw message (by SHA-256 of body, headers and content type; the last
+//! [`LOCAL_COUNT_CAPACITY`] messages, forgotten on restart).
+//!
+//! A dead letter keeps everything the transport could read ([`RawMessage`]: body, headers, and
+//! content type byte for byte, the broker's metadata), the decoded event's fields when there
+//! are any, and the reason, with control characters escaped and cut to [`MAX_REASON_CHARS`].
+//! If the database refuses the dead letter with the decoded fields, it is written again with
+//! the raw message alone. A dead letter that cannot be written at all (the table missing, a
+//! grant missing) leaves the delivery to be sent back: nothing is acknowledged without a record,
+//! and the error is logged.
 //!
 //! # Batching
 //!
@@ -29,22 +47,30 @@
 //! delivery, so the others still commit and only the failing one is retried or dead-lettered.
 //! (A savepoint per delivery would cost two extra round trips each; W4 measured it.)
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::source::{Delivery, DeliverySource, SourceError};
+use super::source::{Delivery, DeliverySource, RawMessage, SourceError};
 use super::store::{
     ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard,
 };
 use crate::backoff::Backoff;
 use crate::crash;
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreErrorKind};
 use crate::wire::IncomingEvent;
+
+/// Longest dead-letter reason stored, in characters (a database error may quote a long value).
+pub const MAX_REASON_CHARS: usize = 1024;
+
+/// Raw messages whose deliveries the engine counts itself, for sources that cannot tell
+/// ([`Delivery::delivery_count`] is `None`).
+pub const LOCAL_COUNT_CAPACITY: usize = 10_000;
 
 /// Metric names of the consumer engine (label `consumer`).
 pub mod metric {
@@ -56,7 +82,9 @@ pub mod metric {
     pub const STALE: &str = "outbox_consumer_stale_total";
     /// Counter: same id, different payload.
     pub const CONFLICTS: &str = "outbox_consumer_conflicts_total";
-    /// Counter: deliveries dead-lettered (label `reason`: malformed, permanent, attempts).
+    /// Counter: deliveries dead-lettered (label `reason`: `malformed`, `permanent`, `attempts`
+    /// (transient handler errors), `refused` (the database refused the values), `database`
+    /// (other database errors, after `max_attempts` deliveries)).
     pub const DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
     /// Counter: negative acknowledgements (transient errors, gaps, database errors).
     pub const RETRIES: &str = "outbox_consumer_retries_total";
@@ -156,7 +184,8 @@ pub struct ConsumerConfig {
     pub batch_size: usize,
     /// Longest wait for the first delivery of a batch.
     pub batch_wait: Duration,
-    /// Deliveries of one event with transient errors before it is dead-lettered.
+    /// Deliveries of one message before a transient handler error or a database error (other
+    /// than an outage) dead-letters it.
     pub max_attempts: u32,
     /// Redelivery delay after a transient error, by attempt.
     pub backoff: Backoff,
@@ -256,6 +285,47 @@ pub struct Consumer<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> {
     /// When requeued dead letters were last looked for, and whether the last batch was empty.
     last_requeue_check: Option<Instant>,
     idle: bool,
+    /// Deliveries seen per raw message, for sources that do not count them.
+    local_counts: Mutex<HashMap<[u8; 32], u32>>,
+}
+
+/// A dead-letter reason that any store can keep: control characters escaped (`\u{0}`), at
+/// most [`MAX_REASON_CHARS`] characters.
+fn printable(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len().min(MAX_REASON_CHARS));
+    for (i, c) in reason.chars().enumerate() {
+        if i == MAX_REASON_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// SHA-256 of everything a raw message holds that identifies it: body, headers, content type.
+fn digest(raw: &RawMessage) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(&raw.payload);
+    for (name, value) in &raw.headers {
+        field(name.as_bytes());
+        field(value.as_bytes());
+    }
+    for (name, value) in &raw.binary_headers {
+        field(name.as_bytes());
+        field(value);
+    }
+    field(raw.content_type.as_deref().unwrap_or_default().as_bytes());
+    h.finalize().into()
 }
 
 impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H> {
@@ -268,6 +338,33 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             config,
             last_requeue_check: None,
             idle: true,
+            local_counts: Mutex::default(),
+        }
+    }
+
+    /// Deliveries of `d` so far, this one included: the broker's count, else the engine's own.
+    fn attempts(&self, d: &Src::Delivery) -> u32 {
+        if let Some(n) = d.delivery_count() {
+            return n.max(1);
+        }
+        let key = digest(d.raw());
+        let mut counts = self.local_counts.lock().unwrap_or_else(|p| p.into_inner());
+        if counts.len() >= LOCAL_COUNT_CAPACITY && !counts.contains_key(&key) {
+            // Forgetting all is the simple bound; counts of messages still failing restart.
+            counts.clear();
+        }
+        let n = counts.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Forgets the engine's own count of a delivery that was settled for good.
+    fn forget(&self, d: &Src::Delivery) {
+        if d.delivery_count().is_none() {
+            self.local_counts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&digest(d.raw()));
         }
     }
 
@@ -387,10 +484,11 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         }
     }
 
+    /// Writes a dead letter on `conn`; `error` is made [`printable`] first.
     async fn insert_dead_letter(
         &self,
         conn: &mut S::Conn,
-        raw: &super::source::RawMessage,
+        raw: &RawMessage,
         event: Option<&IncomingEvent>,
         error: &str,
         attempts: u32,
@@ -402,11 +500,80 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                     consumer: &self.config.name,
                     raw,
                     event,
-                    error,
+                    error: &printable(error),
                     attempts,
                 },
             )
             .await
+    }
+
+    /// Dead-letters `d` in a transaction of its own and says so, with the reason `label` for
+    /// the metric. With the decoded `event` first; when the database refuses that row (the
+    /// event's own values), again with the raw message alone. When no dead letter can be
+    /// written (other than in an outage, which is returned), the delivery is sent back: it is
+    /// never acknowledged without a record.
+    async fn park(
+        &self,
+        d: &Src::Delivery,
+        event: Option<&IncomingEvent>,
+        reason: &str,
+        attempts: u32,
+        label: &'static str,
+    ) -> Result<Verdict, StoreError> {
+        let name = &self.config.name;
+        let mut with_event = event;
+        loop {
+            let written = async {
+                let mut tx = self.store.begin().await?;
+                self.insert_dead_letter(&mut tx, d.raw(), with_event, reason, attempts)
+                    .await?;
+                self.store.commit(tx).await
+            }
+            .await;
+            match written {
+                Ok(()) => return Ok(Verdict::DeadLettered(label)),
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(e) if with_event.is_some() && e.kind() == StoreErrorKind::InvalidData => {
+                    warn!(consumer = %name, error = %e, "the database refused the dead letter with the decoded event; keeping the raw message alone");
+                    with_event = None;
+                }
+                Err(e) => {
+                    error!(consumer = %name, error = %e, reason = %printable(reason),
+                        "cannot write the dead letter; the delivery is sent back");
+                    return Ok(Verdict::Nack(self.config.backoff.delay(attempts as i32)));
+                }
+            }
+        }
+    }
+
+    /// What a database error `e` on one delivery (attempt `attempts`) leads to: an outage is
+    /// returned (the batch waits); refused values are dead-lettered at once; anything else is
+    /// sent back until `max_attempts`, then dead-lettered.
+    async fn after_store_error(
+        &self,
+        d: &Src::Delivery,
+        event: Option<&IncomingEvent>,
+        attempts: u32,
+        e: StoreError,
+    ) -> Result<Verdict, StoreError> {
+        let name = &self.config.name;
+        match e.kind() {
+            StoreErrorKind::Unavailable => Err(e),
+            StoreErrorKind::InvalidData => {
+                warn!(consumer = %name, error = %e, "the database refused the delivery; dead-lettering it");
+                let reason = format!("refused by the database: {e}");
+                self.park(d, event, &reason, attempts, "refused").await
+            }
+            _ if attempts >= self.config.max_attempts => {
+                error!(consumer = %name, error = %e, attempts, "database error at the last attempt; dead-lettering the delivery");
+                let reason = format!("database error after {attempts} deliveries: {e}");
+                self.park(d, event, &reason, attempts, "database").await
+            }
+            _ => {
+                warn!(consumer = %name, error = %e, attempts, "database error; redelivering");
+                Ok(Verdict::Nack(self.config.backoff.delay(attempts as i32)))
+            }
+        }
     }
 
     /// Processes one batch of deliveries, and requeued dead letters when the consumer is idle
@@ -445,7 +612,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         if deliveries.is_empty() {
             return Ok(report);
         }
-        let verdicts = match self.decide(&deliveries).await {
+        let attempts: Vec<u32> = deliveries.iter().map(|d| self.attempts(d)).collect();
+        let verdicts = match self.decide(&deliveries, &attempts).await {
             Ok(v) => v,
             Err(e) => {
                 error!(consumer = %self.config.name, error = %e, "database error; redelivering the batch");
@@ -461,13 +629,17 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         // Settle all deliveries of the batch concurrently: an ack waits for the broker's
         // confirmation and a RabbitMQ nack waits out its (capped) delay, so doing them one by
         // one would cost a round trip or a delay per delivery.
+        let this = &*self;
         let settles = deliveries
             .into_iter()
             .zip(verdicts.iter())
             .map(|(d, v)| async move {
                 match v {
                     Verdict::Nack(delay) | Verdict::ConflictHeld(delay) => d.nack(*delay).await,
-                    _ => d.ack().await,
+                    _ => {
+                        this.forget(&d);
+                        d.ack().await
+                    }
                 }
             });
         for result in futures::future::join_all(settles).await {
@@ -511,27 +683,44 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         Ok(report)
     }
 
-    /// Writes and commits; returns one verdict per delivery. Nothing is acknowledged here.
-    async fn decide(&self, deliveries: &[Src::Delivery]) -> Result<Vec<Verdict>, StoreError> {
+    /// Writes and commits; returns one verdict per delivery (`attempts` holds each one's
+    /// delivery count). Nothing is acknowledged here.
+    ///
+    /// # Errors
+    /// Only an outage ([`StoreErrorKind::Unavailable`]): every other database error is decided
+    /// per delivery.
+    async fn decide(
+        &self,
+        deliveries: &[Src::Delivery],
+        attempts: &[u32],
+    ) -> Result<Vec<Verdict>, StoreError> {
         if deliveries.len() > 1 {
-            if let Some(verdicts) = self.decide_together(deliveries).await? {
-                return Ok(verdicts);
+            match self.decide_together(deliveries, attempts).await {
+                Ok(Some(verdicts)) => return Ok(verdicts),
+                Ok(None) => {
+                    debug!(consumer = %self.config.name, "a delivery needed a rollback; redoing the batch one transaction per delivery")
+                }
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(e) => {
+                    warn!(consumer = %self.config.name, error = %e, "the batch failed; redoing it one transaction per delivery")
+                }
             }
-            debug!(consumer = %self.config.name, "a delivery needed a rollback; redoing the batch one transaction per delivery");
         }
         let mut verdicts = Vec::with_capacity(deliveries.len());
-        for d in deliveries {
-            verdicts.push(self.decide_one(d).await?);
+        for (d, count) in deliveries.iter().zip(attempts) {
+            verdicts.push(self.decide_one(d, *count).await?);
         }
         Ok(verdicts)
     }
 
     /// The batch's fast path: every delivery in one transaction, no savepoints. As soon as one
     /// delivery must be rolled back (handler error, ordering gap) the whole transaction is
-    /// rolled back and `None` returned: the caller redoes the batch one delivery at a time.
+    /// rolled back and `None` returned: the caller redoes the batch one delivery at a time, as
+    /// it does after any database error here.
     async fn decide_together(
         &self,
         deliveries: &[Src::Delivery],
+        attempts: &[u32],
     ) -> Result<Option<Vec<Verdict>>, StoreError> {
         let mut tx = self.store.begin().await?;
         let mut verdicts = Vec::with_capacity(deliveries.len());
@@ -548,8 +737,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         } else {
             Vec::new().into_iter()
         };
-        for d in deliveries {
-            let count = d.delivery_count().unwrap_or(1);
+        for (d, &count) in deliveries.iter().zip(attempts) {
             let applied = match d.event() {
                 Ok(event) if self.config.ordering == OrderingGuard::Off => {
                     let outcome = outcomes.next().expect("one outcome per decoded event");
@@ -575,34 +763,45 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         Ok(Some(verdicts))
     }
 
-    /// One delivery in its own transaction (a dead letter, when one is due, is committed in a
-    /// fresh transaction after the rollback of the failed attempt).
-    async fn decide_one(&self, d: &Src::Delivery) -> Result<Verdict, StoreError> {
-        let count = d.delivery_count().unwrap_or(1);
+    /// One try of `event` in a transaction of its own: committed when its writes are kept,
+    /// rolled back otherwise.
+    async fn attempt(&self, event: &IncomingEvent, attempts: u32) -> Result<Applied, StoreError> {
         let mut tx = self.store.begin().await?;
+        let applied = self.apply(&mut tx, event, attempts).await?;
+        if applied.keep {
+            self.store.commit(tx).await?;
+        } else {
+            self.store.rollback(tx).await?;
+        }
+        Ok(applied)
+    }
+
+    /// One delivery in its own transaction; a dead letter, when one is due, in a fresh
+    /// transaction after the rollback of the failed attempt.
+    ///
+    /// # Errors
+    /// Only an outage.
+    async fn decide_one(&self, d: &Src::Delivery, attempts: u32) -> Result<Verdict, StoreError> {
         let event = match d.event() {
             Ok(e) => e,
             Err(decode) => {
                 warn!(consumer = %self.config.name, error = %decode, "malformed message dead-lettered");
                 let reason = format!("malformed: {decode}");
-                self.insert_dead_letter(&mut tx, d.raw(), None, &reason, count)
-                    .await?;
-                self.store.commit(tx).await?;
-                return Ok(Verdict::DeadLettered("malformed"));
+                return self.park(d, None, &reason, attempts, "malformed").await;
             }
         };
-        let applied = self.apply(&mut tx, event, count).await?;
-        if !applied.keep {
-            self.store.rollback(tx).await?;
-            tx = self.store.begin().await?;
+        match self.attempt(event, attempts).await {
+            Ok(Applied {
+                verdict: Verdict::DeadLettered(label),
+                dead_reason: Some(reason),
+                ..
+            }) => {
+                warn!(consumer = %self.config.name, event_id = %event.event_id, error = %reason, "event dead-lettered");
+                self.park(d, Some(event), &reason, attempts, label).await
+            }
+            Ok(applied) => Ok(applied.verdict),
+            Err(e) => self.after_store_error(d, Some(event), attempts, e).await,
         }
-        if let Some(reason) = &applied.dead_reason {
-            warn!(consumer = %self.config.name, event_id = %event.event_id, error = %reason, "event dead-lettered");
-            self.insert_dead_letter(&mut tx, d.raw(), Some(event), reason, count)
-                .await?;
-        }
-        self.store.commit(tx).await?;
-        Ok(applied.verdict)
     }
 
     /// Applies dead letters an operator requeued, through the inbox (so at most one effect),
@@ -635,7 +834,17 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 ),
                 Ok(event) => {
                     let count = letter.attempts.max(0) as u32 + 1;
-                    let applied = self.apply(&mut tx, &event, count).await?;
+                    let applied = match self.apply(&mut tx, &event, count).await {
+                        Ok(applied) => applied,
+                        Err(e) if e.is_retryable() => return Err(e),
+                        // Refused values or another database error: the letter goes back to
+                        // `dead` with the reason, and the next requeued letter is tried.
+                        Err(e) => Applied {
+                            verdict: Verdict::DeadLettered("database"),
+                            keep: false,
+                            dead_reason: Some(format!("database error on requeue: {e}")),
+                        },
+                    };
                     let (state, error) = match applied.verdict {
                         Verdict::Processed | Verdict::Duplicate | Verdict::Stale => {
                             resolved += 1;
@@ -661,6 +870,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 self.store.rollback(tx).await?;
                 tx = self.store.begin().await?;
             }
+            let error = error.as_deref().map(printable);
             self.store
                 .consumer_dead_letter_settle(&mut tx, letter.id, state, error.as_deref())
                 .await?;
@@ -708,5 +918,45 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_printable_and_bounded() {
+        assert_eq!(printable("bad\0value\n"), "bad\\u{0}value\\u{a}");
+        let long = printable(&"x".repeat(MAX_REASON_CHARS + 10));
+        assert_eq!(long.chars().count(), MAX_REASON_CHARS + 1);
+        assert!(long.ends_with('…'));
+        assert_eq!(printable("fine"), "fine");
+    }
+
+    #[test]
+    fn the_digest_covers_every_part_of_the_message() {
+        let raw = RawMessage {
+            payload: bytes::Bytes::from_static(b"body"),
+            headers: [("a".to_owned(), "1".to_owned())].into(),
+            content_type: Some("text/plain".into()),
+            ..RawMessage::default()
+        };
+        let mut other = raw.clone();
+        other.headers.insert("a".into(), "2".into());
+        let mut binary = raw.clone();
+        binary
+            .binary_headers
+            .insert("b".into(), bytes::Bytes::from_static(&[0xff]));
+        let mut typed = raw.clone();
+        typed.content_type = None;
+        let d = digest(&raw);
+        assert_eq!(d, digest(&raw.clone()));
+        for changed in [other, binary, typed] {
+            assert_ne!(d, digest(&changed));
+        }
+        let mut metadata = raw.clone();
+        metadata.metadata.insert("delivered".into(), "2".into());
+        assert_eq!(d, digest(&metadata), "broker metadata changes per delivery");
     }
 }

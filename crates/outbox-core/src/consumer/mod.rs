@@ -9,7 +9,7 @@ mod store;
 
 pub use engine::{
     ConflictPolicy, Consumer, ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError,
-    metric,
+    LOCAL_COUNT_CAPACITY, MAX_REASON_CHARS, metric,
 };
 pub use source::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
 pub use store::{

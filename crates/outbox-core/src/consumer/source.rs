@@ -10,6 +10,10 @@
 //!   (NATS `Nak` with delay); otherwise the transport requeues it after waiting, bounded.
 //! * [`Delivery::event`] is the decoded wire format, or why the message is malformed; a
 //!   malformed message is still a delivery (the runner dead-letters it, then acks it).
+//! * [`Delivery::raw`] is the message as received, everything the transport could read: the
+//!   body, every header (values that are not UTF-8 text byte for byte, in
+//!   [`RawMessage::binary_headers`]), the content type, and the broker's metadata. A dead
+//!   letter keeps all of it.
 //! * [`DeliverySource::decode`] decodes a stored [`RawMessage`] exactly as a live delivery
 //!   would be decoded, so a requeued consumer dead letter is processed like the original.
 
@@ -21,15 +25,29 @@ use bytes::Bytes;
 
 use crate::wire::{DecodeError, IncomingEvent};
 
-/// A message as received, kept for dead letters: the body and every protocol header as text.
+/// A message as received, kept for dead letters: the body, every protocol header, the content
+/// type, and what the broker said about the delivery.
+///
+/// Nothing here is trusted: any field may hold control characters, NUL included, or be of any
+/// length the broker let through. A store keeps it byte for byte (see
+/// [`InboxStore::consumer_dead_letter_insert`](super::InboxStore::consumer_dead_letter_insert)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawMessage {
     /// The body.
     pub payload: Bytes,
-    /// Every header, protocol names (e.g. `ce-id`, `cloudEvents_id`), values as received.
+    /// Every header whose value is UTF-8 text, protocol names (e.g. `ce-id`, `cloudEvents_id`),
+    /// values as received.
     pub headers: BTreeMap<String, String>,
     /// The protocol's content type, if any.
     pub content_type: Option<String>,
+    /// Every header whose value is *not* valid UTF-8, byte for byte (AMQP long strings and byte
+    /// arrays can carry any bytes). A header is either here or in `headers`, never in both; a
+    /// decoder refuses a CloudEvents attribute found here.
+    pub binary_headers: BTreeMap<String, Bytes>,
+    /// What the broker said about the delivery (NATS: subject, stream, sequences; RabbitMQ:
+    /// exchange, routing key, message properties), for the operator reading a dead letter.
+    /// Never decoded.
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// Why the broker side failed.

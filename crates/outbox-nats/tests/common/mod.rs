@@ -279,6 +279,7 @@ impl SourceHarness for Fixture {
             payload: message.payload.bytes.clone(),
             headers: publisher.headers_for(message)?.into_iter().collect(),
             content_type: Some(message.payload.content_type.0.clone()),
+            ..RawMessage::default()
         })
     }
 
@@ -310,6 +311,12 @@ impl SourceHarness for Fixture {
         };
         ack.await.context("no PublishAck for a hand-made message")?;
         Ok(())
+    }
+
+    fn set_attribute_bytes(&self, raw: &mut RawMessage, attribute: &str, value: &[u8]) {
+        let encoded: String = value.iter().map(|b| format!("%{b:02X}")).collect();
+        raw.headers
+            .insert(format!("{CE_PREFIX}{attribute}"), encoded);
     }
 
     fn capabilities(&self) -> SourceCapabilities {

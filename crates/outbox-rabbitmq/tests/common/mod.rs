@@ -381,6 +381,7 @@ impl SourceHarness for Fixture {
             payload: message.payload.bytes.clone(),
             headers: wire_headers(message),
             content_type: Some(message.payload.content_type.0.clone()),
+            ..RawMessage::default()
         })
     }
 
@@ -390,8 +391,15 @@ impl SourceHarness for Fixture {
 
     async fn publish_raw(&self, raw: &RawMessage) -> anyhow::Result<()> {
         let mut properties = BasicProperties::default();
-        if !raw.headers.is_empty() {
-            properties = properties.with_headers(table(&raw.headers));
+        if !raw.headers.is_empty() || !raw.binary_headers.is_empty() {
+            let mut headers = table(&raw.headers);
+            for (name, value) in &raw.binary_headers {
+                headers.insert(
+                    name.as_str().into(),
+                    AMQPValue::LongString(LongString::from(value.to_vec())),
+                );
+            }
+            properties = properties.with_headers(headers);
         }
         if let Some(content_type) = &raw.content_type {
             properties = properties.with_content_type(content_type.as_str().into());
@@ -399,6 +407,13 @@ impl SourceHarness for Fixture {
         self.admin
             .publish(&self.source_queue, &raw.payload, properties)
             .await
+    }
+
+    fn set_attribute_bytes(&self, raw: &mut RawMessage, attribute: &str, value: &[u8]) {
+        let header = format!("{CLOUDEVENTS_HEADER_PREFIX}{attribute}");
+        raw.headers.remove(&header);
+        raw.binary_headers
+            .insert(header, bytes::Bytes::copy_from_slice(value));
     }
 
     fn capabilities(&self) -> SourceCapabilities {
