@@ -280,7 +280,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             ..ConsumerConfig::new("w3")
         },
-    );
+    )?;
     let relay_stop = CancellationToken::new();
     let consumer_stop = CancellationToken::new();
     let relay_task = tokio::spawn(Arc::clone(&relay).run(relay_stop.clone()));

@@ -376,7 +376,7 @@ async fn drain<S: DeliverySource>(
                     batch_wait: wait,
                     ..ConsumerConfig::new("w4")
                 },
-            );
+            )?;
             let started = Instant::now();
             let mut processed = 0;
             while processed < n {

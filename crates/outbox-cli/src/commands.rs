@@ -9,6 +9,7 @@ use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
 use outbox::{DeadLetterListParams, OutboxStore, RequeueParams};
+use outbox_postgres::roles::{Component, PermissionDenied, check_privileges};
 use outbox_postgres::{PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -48,6 +49,10 @@ pub async fn relay(
 ) -> Result<ExitCode> {
     let relay_config = file.relay.to_relay_config()?;
     store.check().await.context("cannot start the relay")?;
+    // Fail now, naming every missing grant, rather than at the first claim or settle.
+    check_privileges(store.pool(), store.schema(), Component::Relay)
+        .await
+        .context("cannot start the relay")?;
     let transport = brokers.connect_transport(broker_url, settings).await?;
     let addr = metrics_addr.or(file
         .metrics_addr
@@ -301,7 +306,8 @@ pub async fn consumer_dead_letters(
                 consumer.as_deref(),
                 (!all).then_some(ids.as_slice()),
             )
-            .await?;
+            .await
+            .map_err(|e| needs_grants(&pool, e, Component::Operator))?;
             println!(
                 "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
             );
@@ -317,9 +323,20 @@ pub async fn consumer_dead_letters(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A refused statement says which component's grants the role needs; other errors pass.
+fn needs_grants(pool: &PgPool, e: sqlx::Error, component: Component) -> anyhow::Error {
+    let role = pool.connect_options().get_username().to_owned();
+    match PermissionDenied::from_sqlx(&e, Some(&role), Some(component)) {
+        Some(denied) => anyhow::Error::new(denied),
+        None => e.into(),
+    }
+}
+
 /// `outbox cleanup`: one elected round, or rounds until SIGTERM with `--loop`.
 pub async fn cleanup(pool: PgPool, schema: &Schema, a: CleanupArgs) -> Result<ExitCode> {
-    outbox_postgres::check_schema(&pool, schema).await?;
+    check_privileges(&pool, schema, Component::Maintainer)
+        .await
+        .context("refusing to clean up")?;
     if a.batch_size < 1 {
         anyhow::bail!("invalid option `--batch-size`: must be at least 1");
     }

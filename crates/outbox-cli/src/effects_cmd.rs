@@ -12,6 +12,7 @@ use outbox_http::{HttpPayoutProvider, ProviderTls};
 use outbox_postgres::PgStore;
 use outbox_postgres::Schema;
 use outbox_postgres::effects::{PgEffects, Resolution};
+use outbox_postgres::roles::Component;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -115,6 +116,10 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
     let effects = PgEffects::new(schema.clone());
     match cmd {
         EffectsCmd::Run(a) => {
+            // Fail now, naming every missing grant, rather than at the first claim.
+            outbox_postgres::roles::check_privileges(&pool, &schema, Component::Executor)
+                .await
+                .context("cannot start the executor")?;
             if !(a.lease_secs.is_finite() && a.lease_secs > 0.0) {
                 bail!("invalid option `--lease-secs`: must be a positive number of seconds");
             }

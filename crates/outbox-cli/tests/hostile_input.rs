@@ -699,7 +699,8 @@ mod property {
             source,
             handler,
             fast_config("probe", OrderingGuard::Wait),
-        );
+        )
+        .expect("valid consumer config");
         let wires: Vec<Wire> = probes.iter().map(|p| p.wire(kind)).collect();
         for w in &wires {
             publish(&env, w).await;

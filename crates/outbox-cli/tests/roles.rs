@@ -182,7 +182,13 @@ async fn the_reader_reads_and_only_the_operator_requeues_and_resolves() {
         ],
     );
     let r = as_role(reader, &["consumer-dead-letters", "requeue", "--all"]).await;
-    assert_clean_failure(&r, &["permission denied for table consumer_dead_letters"]);
+    assert_clean_failure(
+        &r,
+        &[
+            "permission denied for table consumer_dead_letters",
+            &format!("role `{reader}` needs the operator grants"),
+        ],
+    );
     assert_eq!(
         db.count("state = 'dead'").await,
         1,
@@ -261,7 +267,8 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
     assert_clean_failure(
         &r,
         &[
-            "permission denied for table inbox",
+            "permission denied: role",
+            "lacks DELETE ON",
             "needs the maintainer grants",
         ],
     );

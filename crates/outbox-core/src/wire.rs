@@ -344,6 +344,29 @@ pub fn decode(
     })
 }
 
+/// Checks a relay's configured CloudEvents `source`: not blank, no control characters, at most
+/// [`MAX_ATTRIBUTE_CHARS`] characters. Consumers refuse (dead-letter) an event whose `source`
+/// breaks these rules, so a relay must never publish one.
+///
+/// # Errors
+/// A [`ConfigError`](crate::ConfigError) for key `source` saying which rule is broken.
+pub fn check_source(source: &str) -> Result<(), crate::ConfigError> {
+    let refuse = |reason: String| Err(crate::ConfigError::new("source", reason));
+    if source.trim().is_empty() {
+        return refuse("must not be empty (CloudEvents requires it)".into());
+    }
+    if source.chars().any(char::is_control) {
+        return refuse("must not contain control characters".into());
+    }
+    let len = source.chars().count();
+    if len > MAX_ATTRIBUTE_CHARS {
+        return refuse(format!(
+            "must be at most {MAX_ATTRIBUTE_CHARS} characters (got {len}): consumers refuse longer attributes"
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses an attribute value with a control character or longer than
 /// [`MAX_ATTRIBUTE_CHARS`].
 fn check_attribute(name: &'static str, value: &str) -> Result<(), DecodeError> {
@@ -387,6 +410,20 @@ mod tests {
             partition_key: None,
             created_at: chrono::Utc::now(),
             attempts: 0,
+        }
+    }
+
+    #[test]
+    fn a_relay_source_is_bounded_like_every_attribute() {
+        assert!(check_source(DEFAULT_SOURCE).is_ok());
+        assert!(check_source(&"𠀀".repeat(MAX_ATTRIBUTE_CHARS)).is_ok());
+        for bad in [
+            String::new(),
+            " ".into(),
+            "/a\0b".into(),
+            "/".repeat(MAX_ATTRIBUTE_CHARS + 1),
+        ] {
+            assert_eq!(check_source(&bad).unwrap_err().key, "source", "{bad:?}");
         }
     }
 

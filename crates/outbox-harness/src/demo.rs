@@ -134,7 +134,7 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             gap_delay: Duration::from_millis(200),
             ..ConsumerConfig::new(CONSUMER)
         },
-    );
+    )?;
     let consumed: Arc<Mutex<ConsumerReport>> = Arc::default();
     let consumer_stop = CancellationToken::new();
     let consumer_task = tokio::spawn(drive_consumer(
@@ -827,11 +827,11 @@ pub async fn run_consumer(
             "{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)"
         );
         let source = crate::ack_first::AckFirstSource(source);
-        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)
+        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)?
             .run(shutdown)
             .await;
     } else {
-        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)
+        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)?
             .run(shutdown)
             .await;
     }

@@ -148,11 +148,8 @@ impl NatsConfig {
                 format!("must be at most {MAX_DUPLICATE_WINDOW_SECS} (one week)"),
             );
         }
-        if self.source.trim().is_empty() {
-            return bad("source", "must not be empty (CloudEvents requires it)");
-        }
-        if self.source.chars().any(char::is_control) {
-            return bad("source", "must not contain control characters");
+        if let Err(e) = outbox_core::wire::check_source(&self.source) {
+            return bad(e.key, e.reason);
         }
         if self.max_in_flight == 0 || self.max_in_flight > tokio::sync::Semaphore::MAX_PERMITS / 2 {
             return bad("max_in_flight", "must be at least 1 (and sanely bounded)");
@@ -242,6 +239,7 @@ mod tests {
             "duplicate_window_secs"
         );
         assert_eq!(key_of(with(|c| c.source = " ".into())), "source");
+        assert_eq!(key_of(with(|c| c.source = "x".repeat(256))), "source");
         assert_eq!(key_of(with(|c| c.max_in_flight = 0)), "max_in_flight");
         assert_eq!(
             key_of(with(|c| c.connect_timeout_secs = 0)),

@@ -20,7 +20,7 @@
 //! }
 //!
 //! let store = PgStore::new(pool, PgStoreConfig { schema: Schema::new("outbox")?, ..Default::default() });
-//! let consumer = PgConsumer::new(store, source, Reporting, ConsumerConfig::new("reporting"));
+//! let consumer = PgConsumer::new(store, source, Reporting, ConsumerConfig::new("reporting"))?;
 //! consumer.run(tokio_util::sync::CancellationToken::new()).await;
 //! # Ok(()) }
 //! ```
@@ -32,7 +32,7 @@ use outbox_core::consumer::{
 use outbox_core::{IncomingEvent, StoreError};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
-use crate::error::store_error;
+use crate::roles::Component;
 use crate::schema::Schema;
 use crate::store::PgStore;
 
@@ -144,15 +144,19 @@ impl InboxStore for PgStore {
         self.pool()
             .begin()
             .await
-            .map_err(|e| store_error("begin", e))
+            .map_err(self.err(Component::Consumer, "begin"))
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.commit().await.map_err(|e| store_error("commit", e))
+        tx.commit()
+            .await
+            .map_err(self.err(Component::Consumer, "commit"))
     }
 
     async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await.map_err(|e| store_error("rollback", e))
+        tx.rollback()
+            .await
+            .map_err(self.err(Component::Consumer, "rollback"))
     }
 
     async fn inbox_record<'a>(
@@ -165,7 +169,7 @@ impl InboxStore for PgStore {
         self.inbox()
             .record(conn, consumer, guard, event)
             .await
-            .map_err(|e| store_error("inbox record", e))
+            .map_err(self.err(Component::Consumer, "inbox record"))
     }
 
     async fn inbox_record_many<'a>(
@@ -177,7 +181,7 @@ impl InboxStore for PgStore {
         self.inbox()
             .record_many(conn, consumer, events)
             .await
-            .map_err(|e| store_error("inbox record", e))
+            .map_err(self.err(Component::Consumer, "inbox record"))
     }
 
     async fn consumer_dead_letter_insert<'a>(
@@ -218,7 +222,7 @@ impl InboxStore for PgStore {
             .execute(conn)
             .await
             .map(|_| ())
-            .map_err(|e| store_error("consumer dead letter", e))
+            .map_err(self.err(Component::Consumer, "consumer dead letter"))
     }
 
     async fn consumer_dead_letter_take_requeued<'a>(
@@ -232,7 +236,7 @@ impl InboxStore for PgStore {
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(conn)
             .await
-            .map_err(|e| store_error("requeued dead letters", e))?;
+            .map_err(self.err(Component::Consumer, "requeued dead letters"))?;
         rows.iter()
             .map(|row| {
                 let stored = StoredRaw {
@@ -251,7 +255,7 @@ impl InboxStore for PgStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| store_error("requeued dead letters: decoding", e))
+            .map_err(self.err(Component::Consumer, "requeued dead letters: decoding"))
     }
 
     async fn consumer_dead_letter_settle<'a>(
@@ -268,7 +272,7 @@ impl InboxStore for PgStore {
             .execute(conn)
             .await
             .map(|_| ())
-            .map_err(|e| store_error("settle requeued dead letter", e))
+            .map_err(self.err(Component::Consumer, "settle requeued dead letter"))
     }
 
     async fn consumer_dead_letter_count<'a>(
@@ -279,7 +283,7 @@ impl InboxStore for PgStore {
             .bind(consumer)
             .fetch_one(self.pool())
             .await
-            .map_err(|e| store_error("count consumer dead letters", e))
+            .map_err(self.err(Component::Consumer, "count consumer dead letters"))
     }
 }
 

@@ -1324,9 +1324,13 @@ impl fmt::Display for PermissionDenied {
     }
 }
 
+impl std::error::Error for PermissionDenied {}
+
 impl PermissionDenied {
-    /// `Some` when `e` is SQLSTATE 42501 (insufficient privilege).
-    pub(crate) fn from_sqlx(
+    /// `Some` when `e` is SQLSTATE 42501 (insufficient privilege): the database's message with
+    /// the role (when known) and the component whose grants the statement needs. `None` for any
+    /// other error.
+    pub fn from_sqlx(
         e: &sqlx::Error,
         role: Option<&str>,
         component: Option<Component>,

@@ -719,7 +719,8 @@ async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
             batch_wait: Duration::from_millis(10),
             ..ConsumerConfig::new("ledger")
         },
-    );
+    )
+    .expect("valid consumer config");
     wait::until("five deliveries settled", WITHIN, async || {
         consumer.run_batch().await?;
         Ok((source.acked() == 5).then_some(()))
@@ -964,6 +965,19 @@ async fn a_role_without_grants_is_told_so_not_to_migrate() {
     );
     let e = store(&pool, &env.schema).check().await.unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::PermissionDenied, "{e}");
+    // The consumer engine's statements name the consumer's grants.
+    let e = outbox_core::consumer::InboxStore::consumer_dead_letter_count(
+        &store(&pool, &env.schema),
+        "c",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::PermissionDenied, "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("role `{nobody}` needs the consumer grants")),
+        "{e}"
+    );
     // The check lists exactly what the role lacks.
     let e = check_privileges(&pool, &env.schema, Component::Maintainer)
         .await

@@ -122,8 +122,8 @@ impl RabbitConfig {
     pub fn validate(&self) -> Result<(), RabbitConfigError> {
         self.validate_exchange()?;
         self.validate_template()?;
-        if self.source.is_empty() {
-            return bad("source", "must not be empty");
+        if let Err(e) = outbox_core::wire::check_source(&self.source) {
+            return bad(e.key, e.reason);
         }
         if let Some(app_id) = &self.app_id {
             if app_id.is_empty() || app_id.len() > MAX_SHORT_STRING {
@@ -315,6 +315,13 @@ mod tests {
             (
                 RabbitConfig {
                     source: String::new(),
+                    ..Default::default()
+                },
+                "source",
+            ),
+            (
+                RabbitConfig {
+                    source: "/".repeat(256),
                     ..Default::default()
                 },
                 "source",

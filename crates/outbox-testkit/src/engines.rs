@@ -219,6 +219,7 @@ impl<F: StoreFixture> Rig<F> {
             Shared(Arc::clone(&self.handler)),
             config,
         )
+        .expect("valid consumer config")
     }
 
     async fn effects(&self, event_id: Uuid) -> u64 {
@@ -452,7 +453,8 @@ pub async fn two_consumers_get_one_effect_each<F: StoreFixture>() {
         billing_source.clone(),
         Shared(Arc::clone(&billing)),
         fast_config("billing"),
-    );
+    )
+    .expect("valid consumer config");
     drain(&mut reporting, &rig.source).await;
     drain(&mut billing_consumer, &billing_source).await;
     assert_eq!(rig.effects(m.event_id).await, 1);
@@ -478,7 +480,8 @@ pub async fn a_store_outage_loses_nothing_and_acks_only_after_commit<F: StoreFix
         source.clone(),
         Shared(Arc::clone(&handler)),
         fast_config("c"),
-    );
+    )
+    .expect("valid consumer config");
     store.fail_op("commit", 2);
     store.fail_op("begin", 1);
     store.fail_op("inbox record", 1);
@@ -800,7 +803,8 @@ pub async fn work_items_are_written_with_the_inbox_transaction<F: StoreFixture>(
         rig.source.clone(),
         Shared(Arc::clone(&handler)),
         fast_config("c"),
-    );
+    )
+    .expect("valid consumer config");
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!((r.processed, r.duplicates), (1, 1), "{r:?}");
     let items = rig.fixture.work_items().await;

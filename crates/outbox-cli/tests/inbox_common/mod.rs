@@ -199,6 +199,7 @@ impl Env {
             handler,
             fast_config(name, ordering),
         )
+        .expect("valid consumer config")
     }
 
     /// Publishes `msg` with the real transport (on NATS with `Nats-Msg-Id` = event id).

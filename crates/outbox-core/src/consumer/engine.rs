@@ -62,6 +62,7 @@ use super::store::{
 };
 use crate::backoff::Backoff;
 use crate::crash;
+use crate::error::ConfigError;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::wire::IncomingEvent;
 
@@ -219,6 +220,39 @@ impl ConsumerConfig {
             housekeeping_interval: Duration::from_secs(5),
         }
     }
+
+    /// Checks every setting. The name is bounded like an event attribute (1 to
+    /// [`MAX_ATTRIBUTE_CHARS`](crate::wire::MAX_ATTRIBUTE_CHARS) characters, no control
+    /// characters): it is part of every inbox key, and a name the database cannot index would
+    /// make every delivery a dead letter.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first offending field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let chars = self.name.chars().count();
+        if self.name.trim().is_empty() || chars > crate::wire::MAX_ATTRIBUTE_CHARS {
+            return Err(ConfigError::new(
+                "name",
+                format!(
+                    "must be 1 to {} characters (got {chars})",
+                    crate::wire::MAX_ATTRIBUTE_CHARS
+                ),
+            ));
+        }
+        if self.name.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                "name",
+                "must not contain control characters",
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(ConfigError::new("batch_size", "must be at least 1"));
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::new("max_attempts", "must be at least 1"));
+        }
+        Ok(())
+    }
 }
 
 /// What the engine decided for one delivery.
@@ -330,8 +364,17 @@ fn digest(raw: &RawMessage) -> [u8; 32] {
 
 impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H> {
     /// A consumer `config.name` reading from `source`, recording in `store`.
-    pub fn new(store: impl Into<Arc<S>>, source: Src, handler: H, config: ConsumerConfig) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// A [`ConfigError`] when `config` is refused ([`ConsumerConfig::validate`]).
+    pub fn new(
+        store: impl Into<Arc<S>>,
+        source: Src,
+        handler: H,
+        config: ConsumerConfig,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
             store: store.into(),
             source,
             handler: Arc::new(handler),
@@ -339,7 +382,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             last_requeue_check: None,
             idle: true,
             local_counts: Mutex::default(),
-        }
+        })
     }
 
     /// Deliveries of `d` so far, this one included: the broker's count, else the engine's own.
@@ -924,6 +967,37 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_consumer_config_is_checked_field_by_field() {
+        assert_eq!(ConsumerConfig::new("billing").validate(), Ok(()));
+        let widest = "𠀀".repeat(crate::wire::MAX_ATTRIBUTE_CHARS);
+        assert_eq!(ConsumerConfig::new(widest).validate(), Ok(()));
+        let refused = |c: ConsumerConfig| c.validate().unwrap_err().key;
+        assert_eq!(refused(ConsumerConfig::new("")), "name");
+        assert_eq!(refused(ConsumerConfig::new("  ")), "name");
+        assert_eq!(refused(ConsumerConfig::new("a\0b")), "name");
+        assert_eq!(
+            refused(ConsumerConfig::new(
+                "x".repeat(crate::wire::MAX_ATTRIBUTE_CHARS + 1)
+            )),
+            "name"
+        );
+        assert_eq!(
+            refused(ConsumerConfig {
+                batch_size: 0,
+                ..ConsumerConfig::new("c")
+            }),
+            "batch_size"
+        );
+        assert_eq!(
+            refused(ConsumerConfig {
+                max_attempts: 0,
+                ..ConsumerConfig::new("c")
+            }),
+            "max_attempts"
+        );
+    }
 
     #[test]
     fn reasons_are_printable_and_bounded() {
