@@ -203,6 +203,14 @@ pub trait MaintenanceStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
 }
 
+/// One purge job of a round.
+#[derive(Debug, Clone, Copy)]
+enum Job {
+    Inbox,
+    WorkItems,
+    Leases,
+}
+
 /// Runs the maintenance jobs of a [`MaintenanceConfig`] on exactly one instance at a time.
 pub struct Maintainer<S> {
     store: Arc<S>,
@@ -264,28 +272,26 @@ impl<S: MaintenanceStore> Maintainer<S> {
         }
         let limit = self.config.batch_size;
         let mut report = RoundReport::default();
-        if let Some(r) = self.config.inbox {
+        let jobs = [
+            (Job::Inbox, self.config.inbox.map(|r| r.keep)),
+            (Job::WorkItems, self.config.work_items_keep),
+            (Job::Leases, self.config.lease_reap_after),
+        ];
+        for (job, age) in jobs {
+            let Some(age) = age else { continue };
+            // Batches until one comes back short: each is its own statement, so a long purge
+            // never holds locks for long.
             loop {
-                let n = self.store.inbox_purge(session, r.keep, limit).await?;
-                report.inbox += n;
-                if n < limit as u64 {
-                    break;
-                }
-            }
-        }
-        if let Some(keep) = self.config.work_items_keep {
-            loop {
-                let n = self.store.work_item_purge(session, keep, limit).await?;
-                report.work_items += n;
-                if n < limit as u64 {
-                    break;
-                }
-            }
-        }
-        if let Some(after) = self.config.lease_reap_after {
-            loop {
-                let n = self.store.lease_reap(session, after, limit).await?;
-                report.leases += n;
+                let n = match job {
+                    Job::Inbox => self.store.inbox_purge(session, age, limit).await?,
+                    Job::WorkItems => self.store.work_item_purge(session, age, limit).await?,
+                    Job::Leases => self.store.lease_reap(session, age, limit).await?,
+                };
+                *match job {
+                    Job::Inbox => &mut report.inbox,
+                    Job::WorkItems => &mut report.work_items,
+                    Job::Leases => &mut report.leases,
+                } += n;
                 if n < limit as u64 {
                     break;
                 }
