@@ -85,20 +85,9 @@ pub fn run_header(env: &Env) -> String {
     )
 }
 
-/// Hides a password in a URL.
+/// The URL with every credential hidden (the toolkit's one redaction function).
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            if userinfo.contains(':') {
-                format!("{}://{user}:***@{}", &url[..s], &url[at + 1..])
-            } else {
-                url.to_owned()
-            }
-        }
-        _ => url.to_owned(),
-    }
+    outbox_core::secrets::redact_url(url)
 }
 
 pub async fn connect_pool(env: &Env, size: u32) -> Result<PgPool> {

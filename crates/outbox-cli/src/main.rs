@@ -15,7 +15,8 @@
 //! With the cargo feature `harness` the binary also has the test tools (`crash-matrix`, `demo`,
 //! `demo-consumer`, `demo-producer`, `demo-provider`, from `outbox-harness`) and the crash points
 //! they arm; `outbox --help` lists them apart. A production build leaves the feature off:
-//! `cargo install outbox-cli` has operator commands only, and no crash points.
+//! `cargo install --path crates/outbox-cli` (or a plain `cargo build` at the workspace root, whose
+//! default members leave the harness out) has operator commands only, and no crash points.
 #![forbid(unsafe_code)]
 
 mod commands;

@@ -21,8 +21,8 @@ pub enum RolesCmd {
     Apply(PlanArgs),
     /// Check that the connected role holds every grant of a component; lists what is missing.
     Check {
-        /// The component the connected role serves: producer, relay, consumer, executor,
-        /// maintainer, reader or operator.
+        /// The component the connected role serves: migrator, producer, relay, consumer,
+        /// executor, maintainer, reader or operator.
         #[arg(long, value_parser = parse_component)]
         component: Component,
     },

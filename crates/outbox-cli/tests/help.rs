@@ -1,6 +1,6 @@
 //! `outbox --help` keeps operator commands and test tools apart: the test tools (built in with
-//! the `harness` feature, as this test build is) are not in the command list, and are listed in
-//! a section of their own.
+//! the `harness` feature, as CI's test build is) are not in the command list, and are listed in
+//! a section of their own; a build without the feature says that it has none.
 #![allow(missing_docs)]
 
 mod common;
@@ -30,14 +30,35 @@ async fn help_lists_operator_commands_and_test_tools_apart() {
         "consumer-dead-letters",
         "cleanup",
         "effects",
+        "roles",
     ] {
         assert!(
             commands.contains(operator),
             "{operator} missing:\n{commands}"
         );
     }
-    let tools = r
-        .stdout
+    #[cfg(feature = "harness")]
+    harness_tools_listed_apart(&r.stdout, commands).await;
+    #[cfg(not(feature = "harness"))]
+    {
+        assert!(
+            r.stdout.contains("--features harness"),
+            "a production build names the feature that has the test tools:\n{}",
+            r.stdout
+        );
+        for tool in ["crash-matrix", "demo"] {
+            assert!(!commands.contains(tool), "{tool} in a production build");
+        }
+        let mut cmd = outbox(None, None, None);
+        cmd.args(["crash-matrix", "--list"]);
+        let r = run(cmd, Duration::from_secs(30)).await;
+        assert!(!r.status.success(), "crash-matrix ran without the harness");
+    }
+}
+
+#[cfg(feature = "harness")]
+async fn harness_tools_listed_apart(stdout: &str, commands: &str) {
+    let tools = stdout
         .split_once("Test tools")
         .map(|(_, rest)| rest)
         .expect("a test tools section");

@@ -129,7 +129,8 @@ impl Planted {
 /// Commands that finish by themselves (or fail at once).
 fn short_commands(provider_secret: &str) -> Vec<Vec<String>> {
     let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-    vec![
+    #[allow(unused_mut)]
+    let mut commands = vec![
         v(&["migrate"]),
         v(&["status"]),
         v(&["status", "--json", "--relay-metrics", "127.0.0.1:1"]),
@@ -154,18 +155,28 @@ fn short_commands(provider_secret: &str) -> Vec<Vec<String>> {
             "--provider-url".into(),
             format!("http://127.0.0.1:1/?token={provider_secret}"),
         ],
+        v(&["roles", "print"]),
+        v(&["roles", "print", "--bootstrap"]),
+        v(&["roles", "apply"]),
+        v(&["roles", "check", "--component", "relay"]),
+        v(&["roles", "check", "--component", "migrator"]),
+    ];
+    // The test tools exist only in a build with the `harness` feature (CI builds it).
+    #[cfg(feature = "harness")]
+    commands.extend([
         v(&["demo-producer", "--payments", "3"]),
         v(&["demo", "--payments", "3", "--clients", "1"]),
         v(&["crash-matrix", "--cells", "c1", "--payments", "3"]),
-    ]
+    ]);
+    commands
 }
 
 /// Commands that run until stopped: started, given a few seconds to connect (or fail), then
 /// stopped.
 fn long_commands() -> Vec<Vec<&'static str>> {
-    vec![
+    #[allow(unused_mut)]
+    let mut commands = vec![
         vec!["relay"],
-        vec!["demo-consumer"],
         vec![
             "cleanup",
             "--inbox-keep-secs",
@@ -175,8 +186,13 @@ fn long_commands() -> Vec<Vec<&'static str>> {
             "--loop",
         ],
         vec!["effects", "run", "--provider-url", "http://127.0.0.1:1"],
+    ];
+    #[cfg(feature = "harness")]
+    commands.extend([
+        vec!["demo-consumer"],
         vec!["demo-provider", "--listen", "127.0.0.1:0"],
-    ]
+    ]);
+    commands
 }
 
 async fn run_form(p: &Planted, form: Form) -> (usize, usize) {

@@ -85,7 +85,8 @@ async fn postgres_sslmode_require_connects_encrypted() {
 async fn postgres_verify_modes_check_the_ca_and_the_name() {
     let cert = server_certificate().await;
     let root = format!("sslrootcert={}", cert.display());
-    // The snakeoil certificate names `localhost`: verify-full passes for that name only.
+    // The server's certificate names `localhost` (`.ci/services` sees to it): verify-full
+    // passes for that name only.
     assert!(
         encrypted(&pg_url_with_host(
             "localhost",
@@ -220,13 +221,18 @@ impl NatsServer {
             ".conf",
             &format!("listen: \"127.0.0.1:{port}\"\n{jetstream}{body}\n"),
         );
-        let child = std::process::Command::new("/usr/sbin/nats-server")
+        // On PATH, or where Debian's package puts it (`.ci/services` checks one exists).
+        let exe = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("nats-server"))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("/usr/sbin/nats-server"));
+        let child = std::process::Command::new(&exe)
             .arg("-c")
             .arg(config.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("nats-server is required (/usr/sbin/nats-server)");
+            .unwrap_or_else(|e| panic!("nats-server is required ({}): {e}", exe.display()));
         let server = NatsServer {
             child,
             port,

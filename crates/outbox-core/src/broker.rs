@@ -5,7 +5,8 @@
 //! `nats` and `tls`); the facade crate `outbox` lists the entries of the transports it was built
 //! with (`outbox::brokers()`), and the CLI, the benchmarks and the tests connect through that
 //! one registry. Adding a transport is one crate plus one registry line. An unknown scheme is
-//! [`BrokerError::UnknownScheme`], naming the supported ones.
+//! [`BrokerError::UnknownScheme`] and a URL without one [`BrokerError::NoScheme`], both naming
+//! the supported ones.
 //!
 //! Settings travel as named sections ([`BrokerSettings`]): an entry reads its own sections
 //! (the NATS entry reads `nats` for the transport and `nats_consumer` for the delivery source)
@@ -192,6 +193,14 @@ impl DeliverySource for BoxSource {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
+    /// The URL has no `scheme://` (empty, or a typo such as `nats//host`).
+    #[error("broker URL `{url}` has no scheme: use one of {supported} (e.g. nats://host:4222)")]
+    NoScheme {
+        /// The URL as given, redacted (empty when none was).
+        url: String,
+        /// The supported schemes, e.g. `nats://, tls://, amqp://, amqps://`.
+        supported: String,
+    },
     /// No registered broker serves the URL's scheme.
     #[error("unsupported broker URL scheme `{scheme}`: this build supports {supported}")]
     UnknownScheme {
@@ -430,19 +439,21 @@ impl Registry {
     /// The entry serving `url`'s scheme.
     ///
     /// # Errors
-    /// [`BrokerError::UnknownScheme`] naming the supported schemes.
+    /// [`BrokerError::NoScheme`] or [`BrokerError::UnknownScheme`], naming the supported
+    /// schemes.
     pub fn find(&self, url: &str) -> Result<&'static BrokerEntry, BrokerError> {
-        let scheme = scheme_of(url);
-        scheme
-            .as_deref()
-            .and_then(|s| {
-                self.entries
-                    .iter()
-                    .copied()
-                    .find(|e| e.schemes.contains(&s))
-            })
+        let Some(scheme) = scheme_of(url) else {
+            return Err(BrokerError::NoScheme {
+                url: crate::secrets::redact_url(url.trim()),
+                supported: self.supported(),
+            });
+        };
+        self.entries
+            .iter()
+            .copied()
+            .find(|e| e.schemes.contains(&scheme.as_str()))
             .ok_or_else(|| BrokerError::UnknownScheme {
-                scheme: scheme.unwrap_or_else(|| crate::secrets::redact_url(url)),
+                scheme,
                 supported: self.supported(),
             })
     }
@@ -534,16 +545,22 @@ mod tests {
     async fn an_unknown_scheme_names_the_supported_ones() {
         let r = Registry::new(&[&FAKE]);
         assert_eq!(r.find("FAKE://h").unwrap().name, "fake");
-        for (url, scheme) in [("foo://x", "foo"), ("localhost:4222", "localhost:4222")] {
+        let e = r.find("foo://x").unwrap_err();
+        assert_eq!(
+            e,
+            BrokerError::UnknownScheme {
+                scheme: "foo".into(),
+                supported: "fake://, fakes://".into()
+            }
+        );
+        assert!(e.to_string().contains("fake://, fakes://"), "{e}");
+        for url in ["localhost:4222", "", "  ", "fake//u:secret@h"] {
             let e = r.find(url).unwrap_err();
-            assert_eq!(
-                e,
-                BrokerError::UnknownScheme {
-                    scheme: scheme.into(),
-                    supported: "fake://, fakes://".into()
-                }
-            );
-            assert!(e.to_string().contains("fake://, fakes://"), "{e}");
+            assert!(matches!(e, BrokerError::NoScheme { .. }), "{url}: {e:?}");
+            let text = e.to_string();
+            assert!(text.contains("has no scheme"), "{text}");
+            assert!(text.contains("fake://, fakes://"), "{text}");
+            assert!(!text.contains("secret"), "{text}");
         }
         let e = r
             .connect_transport("fakes://user:secret@h", &BrokerSettings::new())

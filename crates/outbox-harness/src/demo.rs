@@ -106,7 +106,7 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             .connect_transport(&broker_url, &settings)
             .await?,
     );
-    let seen = crate::observer::spawn_observer(&broker_url, SCHEMA).await?;
+    let seen = crate::observer::spawn_observer(broker, &broker_url, SCHEMA).await?;
 
     // The reporting consumer: its own table, its inbox, ordering guard on.
     create_report_table(&pool, &schema).await?;

@@ -850,7 +850,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         a => Some((cell.target, cell.point, cell.skip, a)),
     };
     let relays = if cell.action == Action::Stop { 2 } else { 1 };
-    let seen = crate::observer::spawn_observer(&env.broker_url, &env.prefix).await?;
+    let seen = crate::observer::spawn_observer(env.broker, &env.broker_url, &env.prefix).await?;
     let mut sys = start_system(
         env,
         SystemSpec {
@@ -1409,7 +1409,7 @@ async fn chaos(env: &Env, args: &MatrixArgs, restart_cmd: &str) -> Result<ExitCo
     let logs = env.log_dir.join("chaos");
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)?;
-    let seen = crate::observer::spawn_observer(&env.broker_url, &env.prefix).await?;
+    let seen = crate::observer::spawn_observer(env.broker, &env.broker_url, &env.prefix).await?;
     let duration = format!("--duration-secs={}", args.chaos_secs);
     let mut sys = start_system(
         env,

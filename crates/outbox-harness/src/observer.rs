@@ -50,13 +50,22 @@ impl Drop for Observer {
 /// included. It reconnects by itself (RabbitMQ: a new exclusive queue) after a broker restart.
 /// For RabbitMQ the exchange `prefix` must exist.
 ///
+/// `broker` is the registry name of the broker serving `broker_url` (`nats` or `rabbitmq`).
+///
 /// # Errors
-/// The broker cannot be reached, or (RabbitMQ) the queue cannot be declared and bound within
-/// 10 s.
-pub(crate) async fn spawn_observer(broker_url: &str, prefix: &str) -> Result<Observer> {
+/// The broker has no observer here, cannot be reached, or (RabbitMQ) the queue cannot be
+/// declared and bound within 10 s.
+pub(crate) async fn spawn_observer(
+    broker: &str,
+    broker_url: &str,
+    prefix: &str,
+) -> Result<Observer> {
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let stop = CancellationToken::new();
-    if broker_url.starts_with("nats://") {
+    if !matches!(broker, "nats" | "rabbitmq") {
+        bail!("the test tools observe NATS and RabbitMQ only, not {broker}");
+    }
+    if broker == "nats" {
         let client = async_nats::connect(broker_url).await?;
         let mut sub = client.subscribe(format!("{prefix}.>")).await?;
         client.flush().await?;

@@ -280,6 +280,9 @@ impl HttpPayoutProvider {
     }
 }
 
+/// Calls that only the stand-in provider (`outbox demo-provider`) answers, for the test harness
+/// (feature `stand-in`, which a production build leaves off).
+#[cfg(feature = "stand-in")]
 impl HttpPayoutProvider {
     /// Every payout the stand-in provider (`outbox demo-provider`) made, as its `GET /payouts`
     /// lists them. Stand-in only: a real provider has no such endpoint.

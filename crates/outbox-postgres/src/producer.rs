@@ -353,16 +353,24 @@ pub struct RelayWaker {
 }
 
 impl RelayWaker {
-    /// Starts the background sender on the current tokio runtime.
+    /// Starts the background sender on the current tokio runtime. It stops when the last clone
+    /// of the waker is dropped or when `pool` is closed, whichever comes first; wake-ups after
+    /// that are ignored.
     pub fn spawn(pool: PgPool, outbox: &PgOutbox, min_interval: Duration) -> Self {
         let (tx, mut rx) = mpsc::channel::<()>(1);
         let outbox = outbox.clone();
         tokio::spawn(async move {
-            while rx.recv().await.is_some() {
-                if let Err(e) = outbox.notify_relays(&pool).await {
-                    warn!(error = %e, "relay wake-up failed; relays will pick the work up on their next poll");
+            let send = async {
+                while rx.recv().await.is_some() {
+                    if let Err(e) = outbox.notify_relays(&pool).await {
+                        warn!(error = %e, "relay wake-up failed; relays will pick the work up on their next poll");
+                    }
+                    tokio::time::sleep(min_interval).await;
                 }
-                tokio::time::sleep(min_interval).await;
+            };
+            tokio::select! {
+                () = pool.close_event() => {}
+                () = send => {}
             }
         });
         Self { tx }
@@ -371,5 +379,10 @@ impl RelayWaker {
     /// Asks for a wake-up (call after commit).
     pub fn wake(&self) {
         let _ = self.tx.try_send(());
+    }
+
+    /// Whether the background sender still runs (false once its pool was closed).
+    pub fn is_running(&self) -> bool {
+        !self.tx.is_closed()
     }
 }

@@ -150,8 +150,9 @@ impl PgStore {
         move |e| store_error_as(Some(&pool_role(&self.pool)), Some(component), context, e)
     }
 
-    /// Starts (once) a task that LISTENs on the schema's wake-up channel. The task ends when the
-    /// last clone of this store is dropped.
+    /// Starts (once) a task that LISTENs on the schema's wake-up channel. The task ends, and
+    /// gives its connection back, when the last clone of this store is dropped or when the pool
+    /// is closed (so `pool.close().await` at shutdown never waits for it).
     async fn wakeup_notify(&self) -> Arc<Notify> {
         let wakeups = self
             .wakeups
@@ -182,6 +183,7 @@ impl PgStore {
                     };
                     tokio::select! {
                         () = stopped.cancelled() => {}
+                        () = pool.close_event() => {}
                         () = listen => {}
                     }
                 });

@@ -153,3 +153,49 @@ async fn concurrent_deliveries_to_two_instances_give_one_effect() {
     assert_eq!(effects(&db, &table, "c").await, 3);
     db.drop().await;
 }
+
+/// A stored fingerprint that is not 32 bytes (a row damaged by hand) is an error naming the
+/// column, never read as zeros: zeros would make every redelivery of that event a conflict.
+#[tokio::test]
+async fn a_corrupt_stored_fingerprint_is_an_error_not_a_conflict() {
+    let db = TestDb::new().await;
+    let table = effects_table(&db).await;
+    let inbox = PgInbox::new(db.schema.clone());
+    let e = event(Uuid::now_v7(), "p1", 1, "{\"a\":1}");
+    assert_eq!(
+        deliver(&db.pool, &inbox, &table, "c", OrderingGuard::Off, &e).await,
+        InboxOutcome::New
+    );
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\".inbox SET payload_sha256 = '\\x0102'::bytea WHERE event_id = $1",
+        db.schema
+    )))
+    .bind(e.event_id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let err = inbox
+        .record(&mut tx, "c", OrderingGuard::Off, &e)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("corrupt inbox.payload_sha256: 2 bytes"),
+        "{err}"
+    );
+    tx.rollback().await.unwrap();
+    let conflicts: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".inbox_conflicts",
+        db.schema
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        conflicts, 0,
+        "a corrupt row must not be recorded as a conflict"
+    );
+    assert_eq!(effects(&db, &table, "c").await, 1);
+    db.drop().await;
+}

@@ -8,9 +8,11 @@ use std::time::Duration;
 use common::{TestDb, msg};
 use outbox_core::{ClaimParams, Fingerprint, MarkParams, OutboxStore, ReleaseParams};
 use outbox_postgres::{
-    EnqueueError, IdempotencyBegin, IdempotencyError, MigrateError, OnPublish, Schema, migrate,
+    EnqueueError, IdempotencyBegin, IdempotencyError, MigrateError, OnPublish, PgStore,
+    PgStoreConfig, RelayWaker, Schema, migrate,
 };
 use sqlx::AssertSqlSafe;
+use sqlx::postgres::PgPoolOptions;
 
 fn claim(max_rows: usize, lease_ms: u64) -> ClaimParams {
     ClaimParams {
@@ -280,5 +282,77 @@ async fn request_idempotency_replays_and_detects_conflicts() {
         waiter.await.unwrap(),
         IdempotencyBegin::Replay(serde_json::json!(1))
     );
+    db.drop().await;
+}
+
+/// The relay's wake-up listener and the producer's waker hold or use pool connections; closing
+/// the pool at shutdown stops both instead of waiting for them (or retrying for ever).
+#[tokio::test]
+async fn wakeup_tasks_stop_when_the_pool_closes() {
+    // What the tasks log (they run on this test's single thread).
+    #[derive(Clone, Default)]
+    struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let db = TestDb::new().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&common::database_url())
+        .await
+        .unwrap();
+    let store = PgStore::new(
+        pool.clone(),
+        PgStoreConfig {
+            schema: db.schema.clone(),
+            on_publish: OnPublish::Delete,
+        },
+    );
+    let waker = RelayWaker::spawn(pool.clone(), &db.outbox, Duration::from_millis(10));
+    // Starts the LISTEN task; a wake-up reaches it.
+    store.wait_for_work(Duration::from_millis(200)).await;
+    waker.wake();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        store.wait_for_work(Duration::from_secs(30)),
+    )
+    .await
+    .expect("the wake-up reached the listener");
+    assert!(waker.is_running());
+
+    // The store (and its listener) stays alive; closing the pool must not wait for it.
+    tokio::time::timeout(Duration::from_secs(5), pool.close())
+        .await
+        .expect("pool.close() waited for the LISTEN connection");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while waker.is_running() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the waker's task stopped with the pool");
+    waker.wake();
+    // The listener stopped too, rather than retrying a closed pool every second.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(
+        !logged.contains("wake-up listener") && !logged.contains("relay wake-up failed"),
+        "a wake-up task outlived its pool:\n{logged}"
+    );
+    drop(store);
     db.drop().await;
 }
