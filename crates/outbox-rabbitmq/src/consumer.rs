@@ -127,6 +127,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{MAX_SHORT_STRING, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfigError};
 use crate::encode::CLOUDEVENTS_HEADER_PREFIX;
+use crate::error::RabbitConnectError;
 
 /// Most event ids whose delivery counts a [`RabbitSource`] remembers (see the
 /// [module documentation](self)).
@@ -303,43 +304,11 @@ impl RabbitConsumerConfig {
 }
 
 /// Why [`RabbitSource::connect`] failed. Nothing is retried at startup.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum RabbitConsumerError {
-    /// The configuration was refused.
-    #[error(transparent)]
-    Config(#[from] RabbitConfigError),
-    /// The URL is not a valid `amqp://` / `amqps://` URL.
-    #[error("invalid AMQP URL: {0}")]
-    InvalidUrl(String),
-    /// The broker could not be reached, or refused the connection or the credentials.
-    #[error("cannot connect to RabbitMQ at {endpoint}: {message}")]
-    Unreachable {
-        /// `host:port/vhost` (never the credentials).
-        endpoint: String,
-        /// The client library's explanation.
-        message: String,
-    },
-    /// Connecting and setting up the consumer took longer than `connect_timeout_secs`.
-    #[error("connecting to RabbitMQ at {endpoint} timed out after {after:?}")]
-    TimedOut {
-        /// `host:port/vhost`.
-        endpoint: String,
-        /// The configured timeout.
-        after: Duration,
-    },
-    /// The connection opened but a setup step was refused (a missing exchange or queue,
-    /// a queue declared with other arguments, permissions).
-    #[error("RabbitMQ at {endpoint} refused {step}: {message}")]
-    Setup {
-        /// `host:port/vhost`.
-        endpoint: String,
-        /// `channel.open`, `queue.declare`, `queue.bind`, `basic.qos` or `basic.consume`.
-        step: &'static str,
-        /// The broker's or client library's explanation.
-        message: String,
-    },
-}
+///
+/// The same type as the transport's [`RabbitConnectError`]: both sides reach the broker the same
+/// way, so they fail the same way; only the setup steps differ (see
+/// [`RabbitConnectError::Setup`]).
+pub type RabbitConsumerError = RabbitConnectError;
 
 /// A failed (re)connect: the public error and how a running source reports it.
 struct Failure {
