@@ -8,6 +8,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use outbox_core::PublishErrorKind;
 
 use crate::config::RabbitConfigError;
+use crate::link::connection_level;
 
 /// Why [`crate::RabbitTransport::connect`] or [`crate::RabbitSource::connect`] failed (the
 /// source's name for it is [`crate::RabbitConsumerError`]). Nothing is retried at startup: a
@@ -83,46 +84,28 @@ pub(crate) fn parse_broker_max_size(text: &str) -> Option<usize> {
 /// broker's limit; the others on the channel are innocent bystanders and get
 /// [`PublishErrorKind::Unavailable`] (retried, never dead-lettered).
 pub(crate) fn classify(err: &lapin::Error, body_len: usize) -> Classified {
-    let unavailable = |connection_broken| Classified {
+    let mut c = Classified {
         kind: PublishErrorKind::Unavailable,
-        connection_broken,
+        connection_broken: connection_level(err),
         broker_max_message_bytes: None,
     };
-    match err.kind() {
-        LapinKind::ProtocolError(amqp) => match amqp.kind() {
+    if let LapinKind::ProtocolError(amqp) = err.kind() {
+        match amqp.kind() {
             AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
-                let text = amqp.get_message().as_str();
-                match parse_broker_max_size(text) {
-                    Some(max) => Classified {
-                        kind: if body_len > max {
-                            PublishErrorKind::TooLarge
-                        } else {
-                            PublishErrorKind::Unavailable
-                        },
-                        connection_broken: false,
-                        broker_max_message_bytes: Some(max),
-                    },
-                    None => unavailable(false),
+                if let Some(max) = parse_broker_max_size(amqp.get_message().as_str()) {
+                    if body_len > max {
+                        c.kind = PublishErrorKind::TooLarge;
+                    }
+                    c.broker_max_message_bytes = Some(max);
                 }
             }
             AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND | AMQPSoftError::ACCESSREFUSED) => {
-                Classified {
-                    kind: PublishErrorKind::Rejected,
-                    connection_broken: false,
-                    broker_max_message_bytes: None,
-                }
+                c.kind = PublishErrorKind::Rejected;
             }
-            AMQPErrorKind::Soft(_) => unavailable(false),
-            AMQPErrorKind::Hard(_) => unavailable(true),
-        },
-        LapinKind::IOError(_)
-        | LapinKind::RuntimeShutdownError(_)
-        | LapinKind::ParsingError(_)
-        | LapinKind::SerialisationError(_)
-        | LapinKind::MissingHeartbeatError
-        | LapinKind::InvalidConnectionState(_) => unavailable(true),
-        _ => unavailable(false),
+            _ => {}
+        }
     }
+    c
 }
 
 #[cfg(test)]
