@@ -96,6 +96,7 @@ use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, S
 use outbox_core::wire::{self, DecodeError, IncomingEvent, attr};
 use serde::Deserialize;
 
+use crate::client::{ClientConnectError, connect_client, logged_connect_options};
 use crate::security::{NatsSecurity, NatsSecurityError};
 use crate::subject;
 use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER, is_stream_not_found};
@@ -318,6 +319,16 @@ pub enum NatsConsumerError {
     },
 }
 
+impl ClientConnectError for NatsConsumerError {
+    fn unreachable(url: String, source: async_nats::ConnectError) -> Self {
+        Self::Connect { url, source }
+    }
+
+    fn timed_out(url: String, timeout_secs: u64) -> Self {
+        Self::ConnectTimedOut { url, timeout_secs }
+    }
+}
+
 /// The NATS JetStream [`DeliverySource`]: a durable pull consumer with explicit acks.
 #[derive(Debug)]
 pub struct NatsSource {
@@ -344,7 +355,7 @@ impl NatsSource {
         fields(server = %redact_url(url), stream = %config.stream, durable = %config.durable_name)
     )]
     pub async fn connect(url: &str, config: NatsConsumerConfig) -> Result<Self, NatsConsumerError> {
-        let options = crate::transport::logged_connect_options("outbox-consumer");
+        let options = logged_connect_options("outbox-consumer");
         Self::connect_with_options(url, options, config).await
     }
 
@@ -363,24 +374,9 @@ impl NatsSource {
         config: NatsConsumerConfig,
     ) -> Result<Self, NatsConsumerError> {
         config.validate()?;
-        let (address, options) = config.security.apply(url, options).await?;
-        let connect_timeout = config.connect_timeout();
-        let options = options.connection_timeout(connect_timeout);
-        let client = match tokio::time::timeout(connect_timeout, options.connect(address)).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(source)) => {
-                return Err(NatsConsumerError::Connect {
-                    url: redact_url(url),
-                    source,
-                });
-            }
-            Err(_elapsed) => {
-                return Err(NatsConsumerError::ConnectTimedOut {
-                    url: redact_url(url),
-                    timeout_secs: connect_timeout.as_secs(),
-                });
-            }
-        };
+        let timeout = config.connect_timeout();
+        let client =
+            connect_client::<NatsConsumerError>(url, options, &config.security, timeout).await?;
         Self::from_client(client, config).await
     }
 

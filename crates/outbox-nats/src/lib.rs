@@ -92,6 +92,7 @@
 #![forbid(unsafe_code)]
 
 mod broker;
+mod client;
 mod config;
 pub mod consumer;
 mod security;

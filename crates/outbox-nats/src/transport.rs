@@ -15,6 +15,7 @@ use outbox_core::wire;
 use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
 use tokio::sync::Semaphore;
 
+use crate::client::{ClientConnectError, connect_client, logged_connect_options};
 use crate::config::{NatsConfig, NatsConfigError};
 use crate::security::NatsSecurityError;
 use crate::subject;
@@ -25,22 +26,6 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
 /// Prefix of the CloudEvents attribute headers.
 pub const CE_PREFIX: &str = "ce-";
-
-/// Connect options that name the connection and log connection events (used by the transport
-/// and the delivery source).
-pub(crate) fn logged_connect_options(name: &str) -> ConnectOptions {
-    ConnectOptions::new()
-        .name(name)
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
-                async_nats::Event::Disconnected => {
-                    tracing::warn!("NATS connection lost; reconnecting")
-                }
-                other => tracing::warn!(event = %other, "NATS client event"),
-            }
-        })
-}
 
 /// Why [`NatsTransport`] could not start.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +63,16 @@ pub enum NatsConnectError {
         /// What went wrong.
         message: String,
     },
+}
+
+impl ClientConnectError for NatsConnectError {
+    fn unreachable(url: String, source: async_nats::ConnectError) -> Self {
+        Self::Connect { url, source }
+    }
+
+    fn timed_out(url: String, timeout_secs: u64) -> Self {
+        Self::ConnectTimedOut { url, timeout_secs }
+    }
 }
 
 /// The NATS JetStream [`Transport`].
@@ -136,24 +131,9 @@ impl NatsTransport {
         config: NatsConfig,
     ) -> Result<Self, NatsConnectError> {
         config.validate()?;
-        let (address, options) = config.security.apply(url, options).await?;
         let timeout = config.connect_timeout();
-        let options = options.connection_timeout(timeout);
-        let client = match tokio::time::timeout(timeout, options.connect(address)).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(source)) => {
-                return Err(NatsConnectError::Connect {
-                    url: redact_url(url),
-                    source,
-                });
-            }
-            Err(_elapsed) => {
-                return Err(NatsConnectError::ConnectTimedOut {
-                    url: redact_url(url),
-                    timeout_secs: config.connect_timeout_secs,
-                });
-            }
-        };
+        let client =
+            connect_client::<NatsConnectError>(url, options, &config.security, timeout).await?;
         Self::from_client(client, config).await
     }
 

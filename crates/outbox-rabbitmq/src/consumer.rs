@@ -108,7 +108,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
@@ -118,8 +118,7 @@ use lapin::options::{
 };
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::uri::AMQPUri;
-use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use lapin::{Acker, BasicProperties, Channel, Connection, Consumer};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
 use outbox_core::wire::{self, DecodeError, IncomingEvent};
 use serde::Deserialize;
@@ -127,6 +126,8 @@ use tracing::{debug, info, warn};
 
 use crate::config::{MAX_SHORT_STRING, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfigError};
 use crate::encode::CLOUDEVENTS_HEADER_PREFIX;
+use crate::error::RabbitConnectError;
+use crate::link::{Connector, Link, ReconnectState, Session, StepError};
 
 /// Most event ids whose delivery counts a [`RabbitSource`] remembers (see the
 /// [module documentation](self)).
@@ -303,77 +304,11 @@ impl RabbitConsumerConfig {
 }
 
 /// Why [`RabbitSource::connect`] failed. Nothing is retried at startup.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum RabbitConsumerError {
-    /// The configuration was refused.
-    #[error(transparent)]
-    Config(#[from] RabbitConfigError),
-    /// The URL is not a valid `amqp://` / `amqps://` URL.
-    #[error("invalid AMQP URL: {0}")]
-    InvalidUrl(String),
-    /// The broker could not be reached, or refused the connection or the credentials.
-    #[error("cannot connect to RabbitMQ at {endpoint}: {message}")]
-    Unreachable {
-        /// `host:port/vhost` (never the credentials).
-        endpoint: String,
-        /// The client library's explanation.
-        message: String,
-    },
-    /// Connecting and setting up the consumer took longer than `connect_timeout_secs`.
-    #[error("connecting to RabbitMQ at {endpoint} timed out after {after:?}")]
-    TimedOut {
-        /// `host:port/vhost`.
-        endpoint: String,
-        /// The configured timeout.
-        after: Duration,
-    },
-    /// The connection opened but a setup step was refused (a missing exchange or queue,
-    /// a queue declared with other arguments, permissions).
-    #[error("RabbitMQ at {endpoint} refused {step}: {message}")]
-    Setup {
-        /// `host:port/vhost`.
-        endpoint: String,
-        /// `channel.open`, `queue.declare`, `queue.bind`, `basic.qos` or `basic.consume`.
-        step: &'static str,
-        /// The broker's or client library's explanation.
-        message: String,
-    },
-}
-
-/// A failed (re)connect: the public error and how a running source reports it.
-struct Failure {
-    error: RabbitConsumerError,
-    kind: SourceErrorKind,
-}
-
-impl Failure {
-    fn to_source_error(&self) -> SourceError {
-        SourceError::new(self.kind, self.error.to_string())
-    }
-}
-
-fn endpoint_of(uri: &AMQPUri) -> String {
-    format!(
-        "{}:{}/{}",
-        uri.authority.host, uri.authority.port, uri.vhost
-    )
-}
-
-/// Whether a lapin error means the connection (not just a channel) is gone.
-fn connection_level(err: &lapin::Error) -> bool {
-    use lapin::ErrorKind as K;
-    match err.kind() {
-        K::ProtocolError(amqp) => matches!(amqp.kind(), AMQPErrorKind::Hard(_)),
-        K::IOError(_)
-        | K::RuntimeShutdownError(_)
-        | K::ParsingError(_)
-        | K::SerialisationError(_)
-        | K::MissingHeartbeatError
-        | K::InvalidConnectionState(_) => true,
-        _ => false,
-    }
-}
+///
+/// The same type as the transport's [`RabbitConnectError`]: both sides reach the broker the same
+/// way, so they fail the same way; only the setup steps differ (see
+/// [`RabbitConnectError::Setup`]).
+pub type RabbitConsumerError = RabbitConnectError;
 
 fn is_not_found(err: &lapin::Error) -> bool {
     matches!(
@@ -387,28 +322,80 @@ fn unavailable(message: impl Into<String>) -> SourceError {
     SourceError::new(SourceErrorKind::Unavailable, message)
 }
 
-/// One connection, the consuming channel and its consumer, and a channel for `lag`.
-struct Link {
-    connection: Connection,
-    channel: Channel,
+/// One connection, the consuming channel and its consumer.
+type ConsumerLink = Link<Consuming>;
+
+/// What a [`ConsumerLink`] keeps beside its connection and channel.
+pub(crate) struct Consuming {
     consumer: Consumer,
-    /// Opened on first use by `lag`; a passive declare of a missing queue closes it.
+    /// A channel for `lag`, opened on first use; a passive declare of a missing queue closes it.
     inspect: Option<Channel>,
-    /// The consumer reported an error or was cancelled by the broker.
-    failed: bool,
 }
 
-impl Link {
-    fn usable(&self) -> bool {
-        !self.failed && self.connection.status().connected() && self.channel.status().connected()
+/// What the source opens on a connection: its channel, the queue declared and bound as
+/// configured, `basic.qos(prefetch)` and the consumer.
+impl Session for RabbitConsumerConfig {
+    type Parts = Consuming;
+
+    fn describe(&self) -> String {
+        format!("consumer of queue `{}`", self.queue)
     }
-}
 
-#[derive(Default)]
-struct ReconnectState {
-    last_attempt: Option<Instant>,
-    lost_at: Option<Instant>,
-    last_error: Option<String>,
+    async fn open(&self, connection: &Connection) -> Result<(Channel, Consuming), StepError> {
+        let queue = ShortString::from(self.queue.as_str());
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| ("channel.open", e))?;
+        if self.declare_queue {
+            channel
+                .queue_declare(
+                    queue.clone(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| ("queue.declare", e))?;
+        }
+        if let Some(exchange) = self.exchange() {
+            channel
+                .queue_bind(
+                    queue.clone(),
+                    exchange.into(),
+                    self.binding_key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| ("queue.bind", e))?;
+        }
+        let prefetch = u16::try_from(self.prefetch).unwrap_or(u16::MAX);
+        channel
+            .basic_qos(prefetch, BasicQosOptions { global: false })
+            .await
+            .map_err(|e| ("basic.qos", e))?;
+        // Manual acknowledgements: a delivery leaves the queue only when it is acked.
+        let manual_ack = BasicConsumeOptions {
+            no_ack: false,
+            ..BasicConsumeOptions::default()
+        };
+        let consumer = channel
+            .basic_consume(
+                queue,
+                ShortString::from(""),
+                manual_ack,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| ("basic.consume", e))?;
+        Ok((
+            channel,
+            Consuming {
+                consumer,
+                inspect: None,
+            },
+        ))
+    }
 }
 
 /// Reads outbox events from a RabbitMQ queue; see the [module documentation](self).
@@ -417,12 +404,9 @@ struct ReconnectState {
 /// (they may be acked or nacked concurrently while the next batch is fetched); dropping the
 /// source closes its connection, and the broker redelivers whatever was not acknowledged.
 pub struct RabbitSource {
-    uri: AMQPUri,
-    /// Custom CA and client certificate, read once at startup (used for `amqps://`).
-    tls: lapin::tcp::OwnedTLSConfig,
-    endpoint: String,
+    connector: Connector,
     config: RabbitConsumerConfig,
-    link: Option<Link>,
+    link: Option<ConsumerLink>,
     state: ReconnectState,
     counts: Arc<Mutex<DeliveryCounts>>,
 }
@@ -430,7 +414,7 @@ pub struct RabbitSource {
 impl fmt::Debug for RabbitSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitSource")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.connector.endpoint())
             .field("queue", &self.config.queue)
             .field("connected", &self.is_connected())
             .finish_non_exhaustive()
@@ -461,27 +445,29 @@ impl RabbitSource {
         config: RabbitConsumerConfig,
     ) -> Result<Self, RabbitConsumerError> {
         config.validate()?;
-        let uri: AMQPUri = url.parse().map_err(RabbitConsumerError::InvalidUrl)?;
-        let tls = config.tls.load(&uri)?;
-        let endpoint = endpoint_of(&uri);
-        let mut source = Self {
-            uri,
-            tls,
-            endpoint,
-            config,
-            link: None,
-            state: ReconnectState::default(),
-            counts: Arc::new(Mutex::new(DeliveryCounts::new(DELIVERY_COUNT_CAPACITY))),
-        };
-        source.state.last_attempt = Some(Instant::now());
-        let link = source.establish().await.map_err(|f| f.error)?;
+        let name = format!("outbox-consumer {}", config.queue);
+        let name: String = name.chars().take(MAX_SHORT_STRING / 4).collect();
+        let connector = Connector::new(
+            url,
+            &config.tls,
+            name,
+            config.connect_timeout(),
+            config.reconnect_min_delay(),
+        )?;
+        let mut state = ReconnectState::default();
+        let link = connector.connect(&config, &mut state).await?;
         info!(
-            endpoint = %source.endpoint,
-            queue = %source.config.queue,
+            endpoint = %connector.endpoint(),
+            queue = %config.queue,
             "consuming from RabbitMQ"
         );
-        source.link = Some(link);
-        Ok(source)
+        Ok(Self {
+            connector,
+            config,
+            link: Some(link),
+            state,
+            counts: Arc::new(Mutex::new(DeliveryCounts::new(DELIVERY_COUNT_CAPACITY))),
+        })
     }
 
     /// True while the connection and the consuming channel are open. A `false` is repaired by
@@ -497,7 +483,7 @@ impl RabbitSource {
 
     /// `host:port/vhost` of the broker, without credentials.
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        self.connector.endpoint()
     }
 
     /// Closes the connection gracefully. Deliveries not yet acknowledged are redelivered by
@@ -505,213 +491,29 @@ impl RabbitSource {
     /// connection loss.
     pub async fn close(&mut self) {
         if let Some(link) = self.link.take() {
-            self.state.lost_at = Some(Instant::now());
-            if link.connection.status().connected()
-                && let Err(e) = link.connection.close(200, "OK".into()).await
-            {
-                debug!(error = %e, "closing the RabbitMQ connection");
-            }
+            self.state.lost();
+            link.close().await;
         }
     }
 
-    /// Connects and sets up the consumer, bounded by the connect timeout.
-    async fn establish(&self) -> Result<Link, Failure> {
-        let after = self.config.connect_timeout();
-        tokio::time::timeout(after, self.establish_unbounded())
-            .await
-            .map_err(|_| Failure {
-                error: RabbitConsumerError::TimedOut {
-                    endpoint: self.endpoint.clone(),
-                    after,
-                },
-                kind: SourceErrorKind::Unavailable,
-            })?
-    }
-
-    async fn establish_unbounded(&self) -> Result<Link, Failure> {
-        let name = format!("outbox-consumer {}", self.config.queue);
-        let name: String = name.chars().take(MAX_SHORT_STRING / 4).collect();
-        let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let connection = crate::tls::connect(self.uri.clone(), properties, &self.tls)
-            .await
-            .map_err(|e| Failure {
-                error: RabbitConsumerError::Unreachable {
-                    endpoint: self.endpoint.clone(),
-                    message: e.to_string(),
-                },
-                kind: SourceErrorKind::Unavailable,
-            })?;
-        let (channel, consumer) = self.start_consumer(&connection).await?;
-        Ok(Link {
-            connection,
-            channel,
-            consumer,
-            inspect: None,
-            failed: false,
-        })
-    }
-
-    /// Opens the consuming channel, declares and binds the queue and starts consuming.
-    async fn start_consumer(
-        &self,
-        connection: &Connection,
-    ) -> Result<(Channel, Consumer), Failure> {
-        let setup = |step: &'static str| {
-            move |e: lapin::Error| Failure {
-                kind: if connection_level(&e) {
-                    SourceErrorKind::Unavailable
-                } else {
-                    SourceErrorKind::Other
-                },
-                error: RabbitConsumerError::Setup {
-                    endpoint: self.endpoint.clone(),
-                    step,
-                    message: e.to_string(),
-                },
-            }
+    /// The working link, repaired (see `link.rs`) if it broke and the reconnect delay allows.
+    async fn ensure_link(&mut self) -> Result<&mut ConsumerLink, SourceError> {
+        let link = match self.link.take() {
+            Some(link) if link.usable() => link,
+            old => self
+                .connector
+                .repair(&self.config, &mut self.state, old.as_ref())
+                .await
+                .map_err(|e| {
+                    let kind = if e.refused {
+                        SourceErrorKind::Other
+                    } else {
+                        SourceErrorKind::Unavailable
+                    };
+                    SourceError::new(kind, e.message)
+                })?,
         };
-        let queue = ShortString::from(self.config.queue.as_str());
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(setup("channel.open"))?;
-        if self.config.declare_queue {
-            channel
-                .queue_declare(
-                    queue.clone(),
-                    QueueDeclareOptions::durable(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(setup("queue.declare"))?;
-        }
-        if let Some(exchange) = self.config.exchange() {
-            channel
-                .queue_bind(
-                    queue.clone(),
-                    exchange.into(),
-                    self.config.binding_key.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(setup("queue.bind"))?;
-        }
-        let prefetch = u16::try_from(self.config.prefetch).unwrap_or(u16::MAX);
-        channel
-            .basic_qos(prefetch, BasicQosOptions { global: false })
-            .await
-            .map_err(setup("basic.qos"))?;
-        let consumer = channel
-            .basic_consume(
-                queue,
-                ShortString::from(""),
-                BasicConsumeOptions {
-                    no_ack: false,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(setup("basic.consume"))?;
-        Ok((channel, consumer))
-    }
-
-    /// The working link, re-established if it broke and the reconnect delay allows.
-    async fn ensure_link(&mut self) -> Result<&mut Link, SourceError> {
-        if self.link.as_ref().is_some_and(Link::usable) {
-            return Ok(self.link.as_mut().expect("checked above"));
-        }
-        let now = Instant::now();
-        if let Some(old) = self.link.take() {
-            self.state.lost_at = Some(now);
-            let connection_ok = old.connection.status().connected();
-            warn!(
-                endpoint = %self.endpoint,
-                queue = %self.config.queue,
-                connection_ok,
-                "RabbitMQ consumer channel lost; unacknowledged deliveries will be redelivered"
-            );
-            if connection_ok {
-                // Only the channel failed (a channel-level error, the consumer cancelled by
-                // the broker): consume again on the same connection.
-                let Link {
-                    connection,
-                    channel,
-                    consumer,
-                    ..
-                } = old;
-                drop(consumer);
-                if channel.status().connected()
-                    && let Err(e) = channel.close(200, "OK".into()).await
-                {
-                    debug!(error = %e, "closing the failed consumer channel");
-                }
-                let reopened = tokio::time::timeout(self.config.connect_timeout(), async {
-                    self.start_consumer(&connection).await
-                })
-                .await;
-                match reopened {
-                    Ok(Ok((channel, consumer))) => {
-                        info!(endpoint = %self.endpoint, queue = %self.config.queue, "RabbitMQ consumer restarted");
-                        self.state.lost_at = None;
-                        self.state.last_error = None;
-                        self.link = Some(Link {
-                            connection,
-                            channel,
-                            consumer,
-                            inspect: None,
-                            failed: false,
-                        });
-                        return Ok(self.link.as_mut().expect("just set"));
-                    }
-                    Ok(Err(e)) => {
-                        warn!(error = %e.error, "restarting the RabbitMQ consumer failed");
-                        self.state.last_error = Some(e.error.to_string());
-                        if e.kind != SourceErrorKind::Unavailable {
-                            // The broker refused (e.g. the queue is gone): retrying at once
-                            // would fail the same way; report it and wait for the delay.
-                            return Err(e.to_source_error());
-                        }
-                    }
-                    Err(_) => {
-                        self.state.last_error = Some("restarting the consumer timed out".into());
-                    }
-                }
-            } else {
-                self.state.last_error = Some("the connection was closed".into());
-            }
-        }
-
-        let since = [self.state.last_attempt, self.state.lost_at]
-            .into_iter()
-            .flatten()
-            .max();
-        if let Some(since) = since {
-            let wait = (since + self.config.reconnect_min_delay()).saturating_duration_since(now);
-            if !wait.is_zero() {
-                return Err(unavailable(format!(
-                    "not connected to RabbitMQ at {}; next reconnect attempt in {wait:?} (last error: {})",
-                    self.endpoint,
-                    self.state.last_error.as_deref().unwrap_or("none")
-                )));
-            }
-        }
-        self.state.last_attempt = Some(now);
-        match self.establish().await {
-            Ok(link) => {
-                info!(endpoint = %self.endpoint, queue = %self.config.queue, "reconnected to RabbitMQ");
-                self.state.lost_at = None;
-                self.state.last_error = None;
-                self.link = Some(link);
-                Ok(self.link.as_mut().expect("just set"))
-            }
-            Err(e) => {
-                warn!(error = %e.error, "reconnecting to RabbitMQ failed");
-                self.state.last_error = Some(e.error.to_string());
-                Err(e.to_source_error())
-            }
-        }
+        Ok(self.link.insert(link))
     }
 
     fn wrap(&self, delivery: lapin::message::Delivery) -> RabbitDelivery {
@@ -757,19 +559,19 @@ impl RabbitSource {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<RabbitDelivery>, SourceError> {
-        let endpoint = self.endpoint.clone();
+        let endpoint = self.connector.endpoint().to_owned();
         let link = self.ensure_link().await?;
-        let first = match tokio::time::timeout(wait, link.consumer.next()).await {
+        let first = match tokio::time::timeout(wait, link.parts.consumer.next()).await {
             Err(_) => return Ok(Vec::new()),
             Ok(Some(Ok(d))) => d,
             Ok(Some(Err(e))) => {
-                link.failed = true;
+                link.mark_channel_failed();
                 return Err(unavailable(format!(
                     "RabbitMQ consumer at {endpoint} failed: {e}"
                 )));
             }
             Ok(None) => {
-                link.failed = true;
+                link.mark_channel_failed();
                 return Err(unavailable(format!(
                     "RabbitMQ at {endpoint} cancelled the consumer (queue deleted?)"
                 )));
@@ -777,18 +579,18 @@ impl RabbitSource {
         };
         let mut raw = vec![first];
         while raw.len() < max {
-            match link.consumer.next().now_or_never() {
+            match link.parts.consumer.next().now_or_never() {
                 None => break,
                 Some(Some(Ok(d))) => raw.push(d),
                 Some(Some(Err(e))) => {
                     // Hand out what arrived; acking it fails if the channel is gone, and the
                     // next call reports the loss.
                     warn!(error = %e, "RabbitMQ consumer failed");
-                    link.failed = true;
+                    link.mark_channel_failed();
                     break;
                 }
                 Some(None) => {
-                    link.failed = true;
+                    link.mark_channel_failed();
                     break;
                 }
             }
@@ -799,16 +601,17 @@ impl RabbitSource {
     async fn ready_messages(&mut self) -> Result<Option<u64>, SourceError> {
         let queue = ShortString::from(self.config.queue.as_str());
         let timeout = self.config.connect_timeout();
-        let endpoint = self.endpoint.clone();
+        let endpoint = self.connector.endpoint().to_owned();
         let link = self.ensure_link().await?;
-        let channel = match link.inspect.as_ref().filter(|c| c.status().connected()) {
+        let inspect = &mut link.parts.inspect;
+        let channel = match inspect.as_ref().filter(|c| c.status().connected()) {
             Some(c) => c.clone(),
             None => {
                 let c = tokio::time::timeout(timeout, link.connection.create_channel())
                     .await
                     .map_err(|_| unavailable("opening a channel for lag timed out"))?
                     .map_err(|e| unavailable(format!("opening a channel for lag: {e}")))?;
-                link.inspect = Some(c.clone());
+                *inspect = Some(c.clone());
                 c
             }
         };
@@ -828,7 +631,7 @@ impl RabbitSource {
         match declared {
             Ok(q) => Ok(Some(u64::from(q.message_count()))),
             Err(e) => {
-                link.inspect = None;
+                *inspect = None;
                 let kind = if is_not_found(&e) {
                     SourceErrorKind::Other
                 } else {

@@ -1,5 +1,5 @@
-//! Errors: [`RabbitConnectError`] at startup, and the mapping of lapin / broker errors to
-//! [`PublishErrorKind`].
+//! Errors: [`RabbitConnectError`] at startup (of the transport and of the delivery source), and
+//! the mapping of lapin / broker errors to [`PublishErrorKind`].
 
 use std::time::Duration;
 
@@ -8,9 +8,11 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use outbox_core::PublishErrorKind;
 
 use crate::config::RabbitConfigError;
+use crate::link::connection_level;
 
-/// Why [`crate::RabbitTransport::connect`] failed. Nothing is retried at startup: a relay that
-/// cannot reach its broker should say so and let its supervisor decide.
+/// Why [`crate::RabbitTransport::connect`] or [`crate::RabbitSource::connect`] failed (the
+/// source's name for it is [`crate::RabbitConsumerError`]). Nothing is retried at startup: a
+/// relay or consumer that cannot reach its broker should say so and let its supervisor decide.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RabbitConnectError {
@@ -28,8 +30,8 @@ pub enum RabbitConnectError {
         /// The client library's explanation.
         message: String,
     },
-    /// Connecting, opening the channel or declaring the exchange took longer than
-    /// `connect_timeout_secs`.
+    /// Connecting and setting up the channel (declaring the transport's exchange; declaring,
+    /// binding and consuming the source's queue) took longer than `connect_timeout_secs`.
     #[error("connecting to RabbitMQ at {endpoint} timed out after {after:?}")]
     TimedOut {
         /// `host:port/vhost`.
@@ -37,13 +39,16 @@ pub enum RabbitConnectError {
         /// The configured timeout.
         after: Duration,
     },
-    /// The connection opened but a setup step failed (opening the channel, enabling publisher
-    /// confirms, declaring the exchange, e.g. because it exists with another type).
+    /// The connection opened but a setup step was refused: for the transport opening the
+    /// channel, enabling publisher confirms or declaring the exchange (e.g. it exists with
+    /// another type); for the source a missing exchange or queue, a queue declared with other
+    /// arguments, permissions.
     #[error("RabbitMQ at {endpoint} refused {step}: {message}")]
     Setup {
         /// `host:port/vhost`.
         endpoint: String,
-        /// `channel.open`, `confirm.select` or `exchange.declare`.
+        /// `channel.open`, then `confirm.select` or `exchange.declare` (transport), or
+        /// `queue.declare`, `queue.bind`, `basic.qos` or `basic.consume` (source).
         step: &'static str,
         /// The broker's or client library's explanation.
         message: String,
@@ -79,46 +84,28 @@ pub(crate) fn parse_broker_max_size(text: &str) -> Option<usize> {
 /// broker's limit; the others on the channel are innocent bystanders and get
 /// [`PublishErrorKind::Unavailable`] (retried, never dead-lettered).
 pub(crate) fn classify(err: &lapin::Error, body_len: usize) -> Classified {
-    let unavailable = |connection_broken| Classified {
+    let mut c = Classified {
         kind: PublishErrorKind::Unavailable,
-        connection_broken,
+        connection_broken: connection_level(err),
         broker_max_message_bytes: None,
     };
-    match err.kind() {
-        LapinKind::ProtocolError(amqp) => match amqp.kind() {
+    if let LapinKind::ProtocolError(amqp) = err.kind() {
+        match amqp.kind() {
             AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
-                let text = amqp.get_message().as_str();
-                match parse_broker_max_size(text) {
-                    Some(max) => Classified {
-                        kind: if body_len > max {
-                            PublishErrorKind::TooLarge
-                        } else {
-                            PublishErrorKind::Unavailable
-                        },
-                        connection_broken: false,
-                        broker_max_message_bytes: Some(max),
-                    },
-                    None => unavailable(false),
+                if let Some(max) = parse_broker_max_size(amqp.get_message().as_str()) {
+                    if body_len > max {
+                        c.kind = PublishErrorKind::TooLarge;
+                    }
+                    c.broker_max_message_bytes = Some(max);
                 }
             }
             AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND | AMQPSoftError::ACCESSREFUSED) => {
-                Classified {
-                    kind: PublishErrorKind::Rejected,
-                    connection_broken: false,
-                    broker_max_message_bytes: None,
-                }
+                c.kind = PublishErrorKind::Rejected;
             }
-            AMQPErrorKind::Soft(_) => unavailable(false),
-            AMQPErrorKind::Hard(_) => unavailable(true),
-        },
-        LapinKind::IOError(_)
-        | LapinKind::RuntimeShutdownError(_)
-        | LapinKind::ParsingError(_)
-        | LapinKind::SerialisationError(_)
-        | LapinKind::MissingHeartbeatError
-        | LapinKind::InvalidConnectionState(_) => unavailable(true),
-        _ => unavailable(false),
+            _ => {}
+        }
     }
+    c
 }
 
 #[cfg(test)]

@@ -117,6 +117,7 @@ mod confirms;
 pub mod consumer;
 mod encode;
 mod error;
+mod link;
 mod tls;
 mod transport;
 

@@ -1,17 +1,14 @@
 //! [`RabbitTransport`]: one connection, one confirm-mode channel, lazy reconnect.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 
 use bytes::Bytes;
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{FieldTable, ShortString};
-use lapin::uri::AMQPUri;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
 use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, error, info, warn};
@@ -20,6 +17,7 @@ use crate::config::{RabbitConfig, RabbitConfigError};
 use crate::confirms::Verdict;
 use crate::encode::{self, Envelope};
 use crate::error::{RabbitConnectError, classify};
+use crate::link::{Connector, Link, ReconnectState, Session, StepError};
 
 /// AMQP reply code `CONTENT_TOO_LARGE`.
 const REPLY_CONTENT_TOO_LARGE: u16 = 311;
@@ -34,68 +32,37 @@ pub struct RabbitTransport {
 }
 
 struct Shared {
-    uri: AMQPUri,
-    /// Custom CA and client certificate, read once at startup (used for `amqps://`).
-    tls: OwnedTLSConfig,
-    endpoint: String,
+    connector: Connector,
     config: RabbitConfig,
     exchange: ShortString,
     permits: Arc<Semaphore>,
     /// The link publishes use; read without waiting on the reconnect mutex.
-    current: RwLock<Option<Arc<Link>>>,
+    current: RwLock<Option<Arc<PublishLink>>>,
     /// Held while checking and replacing `current`: one reconnect at a time.
     reconnect: Mutex<ReconnectState>,
     /// `max_message_size` learned from a broker refusal; 0 while unknown.
     broker_max_message_bytes: AtomicUsize,
-    next_link_id: AtomicU64,
-}
-
-#[derive(Default)]
-struct ReconnectState {
-    last_attempt: Option<Instant>,
-    lost_at: Option<Instant>,
-    last_error: Option<String>,
 }
 
 /// One connection and its confirm-mode channel.
-struct Link {
-    id: u64,
-    connection: Arc<Connection>,
-    channel: Channel,
+type PublishLink = Link<Publisher>;
+
+/// What a [`PublishLink`] keeps beside its connection and channel.
+pub(crate) struct Publisher {
+    /// The connection's negotiated `frame_max`.
     frame_max: usize,
-    /// Set when an error means the connection itself can no longer be trusted.
-    broken: AtomicBool,
-    /// Decides every publish of `channel` from all of its confirms (see `confirms.rs`).
+    /// Decides every publish of the channel from all of its confirms (see `confirms.rs`).
     confirms: crate::confirms::Collector,
-}
-
-impl Link {
-    fn usable(&self) -> bool {
-        !self.broken.load(Ordering::Acquire)
-            && self.connection.status().connected()
-            && self.channel.status().connected()
-    }
-
-    fn mark_broken(&self) {
-        self.broken.store(true, Ordering::Release);
-    }
 }
 
 impl fmt::Debug for RabbitTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitTransport")
-            .field("endpoint", &self.shared.endpoint)
+            .field("endpoint", &self.shared.connector.endpoint())
             .field("exchange", &self.shared.config.exchange)
             .field("connected", &self.is_connected())
             .finish_non_exhaustive()
     }
-}
-
-fn endpoint_of(uri: &AMQPUri) -> String {
-    format!(
-        "{}:{}/{}",
-        uri.authority.host, uri.authority.port, uri.vhost
-    )
 }
 
 fn exchange_kind(kind: &str) -> ExchangeKind {
@@ -131,9 +98,13 @@ impl RabbitTransport {
     ///   declaration are refused (e.g. the exchange exists with another type).
     pub async fn connect(url: &str, config: RabbitConfig) -> Result<Self, RabbitConnectError> {
         config.validate()?;
-        let uri: AMQPUri = url.parse().map_err(RabbitConnectError::InvalidUrl)?;
-        let tls = config.tls.load(&uri)?;
-        let endpoint = endpoint_of(&uri);
+        let connector = Connector::new(
+            url,
+            &config.tls,
+            config.connection_name.clone(),
+            config.connect_timeout(),
+            config.reconnect_min_delay(),
+        )?;
         let exchange = ShortString::try_new(config.exchange.clone()).map_err(|e| {
             RabbitConnectError::Config(RabbitConfigError {
                 key: "exchange",
@@ -141,23 +112,19 @@ impl RabbitTransport {
             })
         })?;
         let shared = Arc::new(Shared {
-            endpoint,
+            connector,
             permits: Arc::new(Semaphore::new(config.max_in_flight)),
             exchange,
-            uri,
-            tls,
             config,
             current: RwLock::new(None),
             reconnect: Mutex::new(ReconnectState::default()),
             broker_max_message_bytes: AtomicUsize::new(0),
-            next_link_id: AtomicU64::new(1),
         });
         {
             let mut state = shared.reconnect.lock().await;
-            state.last_attempt = Some(Instant::now());
-            let link = shared.establish().await?;
+            let link = shared.connector.connect(&*shared, &mut state).await?;
             info!(
-                endpoint = %shared.endpoint,
+                endpoint = %shared.connector.endpoint(),
                 exchange = %shared.config.exchange,
                 "connected to RabbitMQ"
             );
@@ -181,7 +148,7 @@ impl RabbitTransport {
 
     /// `host:port/vhost` of the broker, without credentials.
     pub fn endpoint(&self) -> &str {
-        &self.shared.endpoint
+        self.shared.connector.endpoint()
     }
 
     /// Graceful shutdown: waits for every publish in flight to get its confirm (each bounded by
@@ -194,11 +161,7 @@ impl RabbitTransport {
         let _state = self.shared.reconnect.lock().await;
         if let Some(link) = self.shared.current() {
             self.shared.set_current(None);
-            if link.connection.status().connected()
-                && let Err(e) = link.connection.close(200, "OK".into()).await
-            {
-                debug!(error = %e, "closing the RabbitMQ connection");
-            }
+            link.close().await;
         }
     }
 
@@ -235,15 +198,15 @@ impl RabbitTransport {
         if link.connection.status().blocked() {
             return Err(unavailable(format!(
                 "RabbitMQ at {} blocks publishing (memory or disk alarm)",
-                shared.endpoint
+                shared.connector.endpoint()
             )));
         }
-        if envelope.header_frame_bytes > link.frame_max {
+        if envelope.header_frame_bytes > link.parts.frame_max {
             return Err(PublishError::new(
                 PublishErrorKind::TooLarge,
                 format!(
                     "properties and headers need a {} byte content header frame, the connection's frame_max is {}",
-                    envelope.header_frame_bytes, link.frame_max
+                    envelope.header_frame_bytes, link.parts.frame_max
                 ),
             ));
         }
@@ -265,151 +228,16 @@ impl RabbitTransport {
     }
 }
 
-impl Shared {
-    fn current(&self) -> Option<Arc<Link>> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+impl Session for Shared {
+    type Parts = Publisher;
+
+    fn describe(&self) -> String {
+        format!("publisher to exchange `{}`", self.config.exchange)
     }
 
-    fn set_current(&self, link: Option<Arc<Link>>) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = link;
-    }
-
-    /// The link to publish on, re-established if the current one broke.
-    async fn link(&self) -> Result<Arc<Link>, PublishError> {
-        if let Some(link) = self.current().filter(|l| l.usable()) {
-            return Ok(link);
-        }
-        let mut state = self.reconnect.lock().await;
-        let old = self.current();
-        if let Some(link) = old.as_ref().filter(|l| l.usable()) {
-            return Ok(Arc::clone(link));
-        }
-        if self.permits.is_closed() {
-            return Err(unavailable("the transport was closed"));
-        }
-        let now = Instant::now();
-        if let Some(old) = old {
-            self.set_current(None);
-            state.lost_at = Some(now);
-            let connection_ok =
-                !old.broken.load(Ordering::Acquire) && old.connection.status().connected();
-            warn!(
-                endpoint = %self.endpoint,
-                connection_ok,
-                "RabbitMQ channel lost"
-            );
-            if connection_ok {
-                // Only the channel was closed (by a channel-level error): reopen it on the
-                // same connection.
-                let reopen = tokio::time::timeout(
-                    self.config.connect_timeout(),
-                    self.open_channel(&old.connection),
-                )
-                .await;
-                match reopen {
-                    Ok(Ok(channel)) => {
-                        let link = Arc::new(Link {
-                            id: self.next_link_id.fetch_add(1, Ordering::Relaxed),
-                            connection: Arc::clone(&old.connection),
-                            confirms: crate::confirms::Collector::spawn(channel.clone()),
-                            channel,
-                            frame_max: old.frame_max,
-                            broken: AtomicBool::new(false),
-                        });
-                        info!(endpoint = %self.endpoint, link = link.id, "RabbitMQ channel reopened");
-                        state.lost_at = None;
-                        self.set_current(Some(Arc::clone(&link)));
-                        return Ok(link);
-                    }
-                    Ok(Err((step, e))) => {
-                        state.last_error = Some(format!("{step}: {e}"));
-                    }
-                    Err(_) => state.last_error = Some("reopening the channel timed out".into()),
-                }
-            } else {
-                state.last_error = Some("the connection was closed".into());
-            }
-        }
-
-        let min_delay = self.config.reconnect_min_delay();
-        let since = [state.last_attempt, state.lost_at]
-            .into_iter()
-            .flatten()
-            .max();
-        if let Some(since) = since {
-            let wait = (since + min_delay).saturating_duration_since(now);
-            if !wait.is_zero() {
-                return Err(unavailable(format!(
-                    "not connected to RabbitMQ at {}; next reconnect attempt in {wait:?} (last error: {})",
-                    self.endpoint,
-                    state.last_error.as_deref().unwrap_or("none")
-                )));
-            }
-        }
-        state.last_attempt = Some(now);
-        match self.establish().await {
-            Ok(link) => {
-                let link = Arc::new(link);
-                info!(endpoint = %self.endpoint, link = link.id, "reconnected to RabbitMQ");
-                state.lost_at = None;
-                state.last_error = None;
-                self.set_current(Some(Arc::clone(&link)));
-                Ok(link)
-            }
-            Err(e) => {
-                warn!(error = %e, "reconnecting to RabbitMQ failed");
-                state.last_error = Some(e.to_string());
-                Err(unavailable(e.to_string()))
-            }
-        }
-    }
-
-    /// Connects and opens the confirm-mode channel, bounded by the connect timeout.
-    async fn establish(&self) -> Result<Link, RabbitConnectError> {
-        let after = self.config.connect_timeout();
-        tokio::time::timeout(after, self.establish_unbounded())
-            .await
-            .map_err(|_| RabbitConnectError::TimedOut {
-                endpoint: self.endpoint.clone(),
-                after,
-            })?
-    }
-
-    async fn establish_unbounded(&self) -> Result<Link, RabbitConnectError> {
-        let properties = ConnectionProperties::default()
-            .with_connection_name(self.config.connection_name.clone().into());
-        let connection = crate::tls::connect(self.uri.clone(), properties, &self.tls)
-            .await
-            .map_err(|e| RabbitConnectError::Unreachable {
-                endpoint: self.endpoint.clone(),
-                message: e.to_string(),
-            })?;
-        let channel = self.open_channel(&connection).await.map_err(|(step, e)| {
-            RabbitConnectError::Setup {
-                endpoint: self.endpoint.clone(),
-                step,
-                message: e.to_string(),
-            }
-        })?;
-        let frame_max =
-            usize::try_from(connection.configuration().frame_max()).unwrap_or(usize::MAX);
-        Ok(Link {
-            id: self.next_link_id.fetch_add(1, Ordering::Relaxed),
-            connection: Arc::new(connection),
-            confirms: crate::confirms::Collector::spawn(channel.clone()),
-            channel,
-            frame_max,
-            broken: AtomicBool::new(false),
-        })
-    }
-
-    async fn open_channel(
-        &self,
-        connection: &Connection,
-    ) -> Result<Channel, (&'static str, lapin::Error)> {
+    /// Opens a channel in publisher-confirm mode and (with `declare_exchange`) declares the
+    /// exchange.
+    async fn open(&self, connection: &Connection) -> Result<(Channel, Publisher), StepError> {
         let channel = connection
             .create_channel()
             .await
@@ -432,13 +260,55 @@ impl Shared {
                 .await
                 .map_err(|e| ("exchange.declare", e))?;
         }
-        Ok(channel)
+        let publisher = Publisher {
+            frame_max: usize::try_from(connection.configuration().frame_max())
+                .unwrap_or(usize::MAX),
+            confirms: crate::confirms::Collector::spawn(channel.clone()),
+        };
+        Ok((channel, publisher))
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Option<Arc<PublishLink>> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_current(&self, link: Option<Arc<PublishLink>>) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = link;
+    }
+
+    /// The link to publish on, repaired (see `link.rs`) if the current one broke.
+    async fn link(&self) -> Result<Arc<PublishLink>, PublishError> {
+        if let Some(link) = self.current().filter(|l| l.usable()) {
+            return Ok(link);
+        }
+        let mut state = self.reconnect.lock().await;
+        let old = self.current();
+        if let Some(link) = old.as_ref().filter(|l| l.usable()) {
+            return Ok(Arc::clone(link));
+        }
+        if self.permits.is_closed() {
+            return Err(unavailable("the transport was closed"));
+        }
+        self.set_current(None);
+        let link = self
+            .connector
+            .repair(self, &mut state, old.as_deref())
+            .await
+            .map_err(|e| unavailable(e.message))?;
+        let link = Arc::new(link);
+        self.set_current(Some(Arc::clone(&link)));
+        Ok(link)
     }
 
     /// Sends one message and waits for its confirm.
     async fn send(
         &self,
-        link: &Link,
+        link: &PublishLink,
         envelope: Envelope,
         body: Bytes,
         event_id: &str,
@@ -452,7 +322,8 @@ impl Shared {
         // drop a confirm that may carry another publish's returned message: every publish that
         // took a ticket registers with the collector, with its confirm or with its failure.
         let len = body.len();
-        let ticket = link.confirms.ticket();
+        let confirms = &link.parts.confirms;
+        let ticket = confirms.ticket();
         let confirm = match link
             .channel
             .basic_publish(
@@ -469,11 +340,11 @@ impl Shared {
         {
             Ok(confirm) => confirm,
             Err(e) => {
-                link.confirms.register_failure(ticket);
+                confirms.register_failure(ticket);
                 return Err(self.failed(link, &e, len, "basic.publish", event_id));
             }
         };
-        let verdict = link.confirms.register(ticket, event_id.to_owned(), confirm);
+        let verdict = confirms.register(ticket, event_id.to_owned(), confirm);
         let verdict = match tokio::time::timeout(self.config.confirm_timeout(), verdict).await {
             Ok(Ok(verdict)) => verdict,
             Ok(Err(_)) => Verdict::Stopped,
@@ -548,7 +419,7 @@ impl Shared {
 
     fn failed(
         &self,
-        link: &Link,
+        link: &PublishLink,
         err: &lapin::Error,
         body_len: usize,
         step: &str,
@@ -562,7 +433,10 @@ impl Shared {
             self.broker_max_message_bytes.store(max, Ordering::Relaxed);
         }
         debug!(event_id, link = link.id, step, kind = ?c.kind, error = %err, "publish failed");
-        PublishError::new(c.kind, format!("{step} on {}: {err}", self.endpoint))
+        PublishError::new(
+            c.kind,
+            format!("{step} on {}: {err}", self.connector.endpoint()),
+        )
     }
 }
 
@@ -582,16 +456,6 @@ impl Transport for RabbitTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoint_hides_credentials() {
-        let uri: AMQPUri = "amqp://user:s3cret@broker.example:5673/payments"
-            .parse()
-            .unwrap();
-        let e = endpoint_of(&uri);
-        assert_eq!(e, "broker.example:5673/payments");
-        assert!(!e.contains("s3cret"));
-    }
 
     #[test]
     fn exchange_kinds() {

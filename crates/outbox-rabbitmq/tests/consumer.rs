@@ -1,20 +1,22 @@
 //! RabbitMQ-specific tests of [`RabbitSource`] against the real broker at
 //! `OUTBOX_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`): the quorum-queue
-//! delivery count, the nack delay cap, no reconnect loop after a lost connection, binding an
-//! existing queue, startup errors. What every delivery source must do is in the conformance
-//! suite (`conformance.rs`). A missing broker fails the tests.
+//! delivery count, the nack delay cap, no reconnect loop after a lost connection, a connection
+//! closed by the broker, a queue deleted under the consumer, binding an existing queue, startup
+//! errors. What every delivery source must do is in the conformance suite (`conformance.rs`).
+//! A missing broker fails the tests.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail, ensure};
-use common::{Fixture, amqp_url, long, unique, wire_headers};
+use anyhow::{Context, Result, bail, ensure};
+use common::{Fixture, amqp_url, close_connection, connection_pid, long, unique, wire_headers};
 use lapin::BasicProperties;
 use lapin::types::FieldTable;
+use outbox_core::OutboxMessage;
 use outbox_core::Transport;
-use outbox_core::consumer::{Delivery, DeliverySource, SourceErrorKind};
-use outbox_rabbitmq::{RabbitConsumerConfig, RabbitConsumerError, RabbitSource};
+use outbox_core::consumer::{Delivery, DeliverySource, SourceError, SourceErrorKind};
+use outbox_rabbitmq::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
 use outbox_testkit::harness::{Harness as _, run};
 use outbox_testkit::message;
 use outbox_testkit::net::Proxy;
@@ -47,6 +49,65 @@ async fn on_declared_queue(
         .queue(&fx.source_queue, FieldTable::default())
         .await?;
     connect(url, config).await
+}
+
+/// Publishes `msg` as the transport would, straight into `fx`'s source queue.
+async fn publish_to_source_queue(fx: &Fixture, msg: &OutboxMessage) -> Result<()> {
+    let headers = common::table(&wire_headers(msg));
+    fx.admin
+        .publish(
+            &fx.source_queue,
+            &msg.payload.bytes,
+            BasicProperties::default().with_headers(headers),
+        )
+        .await
+}
+
+/// Calls `next_batch` until the source reports `what`, which must be `Unavailable`; a delivery
+/// meanwhile is an error.
+async fn reported_unavailable(source: &mut RabbitSource, what: &str) -> Result<SourceError> {
+    let err = wait::until(what, WITHIN, async || {
+        match source.next_batch(10, Duration::from_millis(200)).await {
+            Ok(batch) if batch.is_empty() => Ok(None),
+            Ok(_) => bail!("a delivery while waiting until {what}"),
+            Err(e) => Ok(Some(e)),
+        }
+    })
+    .await?;
+    ensure!(err.kind == SourceErrorKind::Unavailable, "{what}: {err}");
+    ensure!(!source.is_connected(), "{what}: still connected");
+    Ok(err)
+}
+
+/// One `next_batch` call, which must fail at once with `kind`.
+async fn fails_at_once(source: &mut RabbitSource, kind: SourceErrorKind) -> Result<SourceError> {
+    let t = Instant::now();
+    match source.next_batch(10, Duration::from_secs(5)).await {
+        Err(e) if e.kind == kind && t.elapsed() < Duration::from_secs(1) => Ok(e),
+        Err(e) => bail!("expected {kind:?} at once, got {e} after {:?}", t.elapsed()),
+        Ok(batch) => bail!("expected {kind:?}, got {} deliveries", batch.len()),
+    }
+}
+
+/// Calls `next_batch` until `msg` is delivered, accepting `Unavailable` while the source
+/// reconnects (any other error fails); acknowledges it, checks that the source is connected,
+/// and returns the delivery count.
+async fn consumed_after_outage(source: &mut RabbitSource, msg: &OutboxMessage) -> Result<u32> {
+    let d: RabbitDelivery = wait::until(
+        "a delivery once the source is back",
+        Duration::from_secs(15),
+        async || match source.next_batch(1, Duration::from_millis(200)).await {
+            Ok(mut batch) => Ok(batch.pop()),
+            Err(e) if e.kind == SourceErrorKind::Unavailable => Ok(None),
+            Err(e) => bail!("while the source reconnects: {e}"),
+        },
+    )
+    .await?;
+    ensure!(event_of(&d)?.event_id == msg.event_id);
+    let count = d.delivery_count().context("a delivery count")?;
+    d.ack().await?;
+    ensure!(source.is_connected());
+    Ok(count)
 }
 
 /// On a quorum queue the count comes from the broker's `x-delivery-count`, so it holds for a
@@ -98,14 +159,7 @@ async fn nack_waits_at_most_the_requeue_delay_cap() {
         )
         .await?;
         let msg = message::event("pay-3", 1, "{}");
-        let headers = common::table(&wire_headers(&msg));
-        fx.admin
-            .publish(
-                &fx.source_queue,
-                &msg.payload.bytes,
-                BasicProperties::default().with_headers(headers),
-            )
-            .await?;
+        publish_to_source_queue(fx, &msg).await?;
         let d = receive_one(&mut source, WITHIN).await?;
         let t = Instant::now();
         d.nack(Duration::from_secs(30)).await?;
@@ -140,26 +194,10 @@ async fn no_reconnect_loop_within_the_reconnect_delay() {
         .await?;
         ensure!(source.is_connected());
         proxy.cut();
-        let err = wait::until(
-            "the source reports the lost connection",
-            WITHIN,
-            async || match source.next_batch(10, Duration::from_millis(200)).await {
-                Ok(batch) if batch.is_empty() => Ok(None),
-                Ok(_) => bail!("a delivery on a cut link"),
-                Err(e) => Ok(Some(e)),
-            },
-        )
-        .await?;
-        ensure!(err.kind == SourceErrorKind::Unavailable, "{err}");
-        ensure!(!source.is_connected());
+        reported_unavailable(&mut source, "the source reports the lost connection").await?;
         proxy.restore();
-        let t = Instant::now();
-        let err = source
-            .next_batch(10, Duration::from_secs(5))
-            .await
-            .expect_err("within the reconnect delay");
-        ensure!(err.kind == SourceErrorKind::Unavailable, "{err}");
-        ensure!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // Within the reconnect delay.
+        fails_at_once(&mut source, SourceErrorKind::Unavailable).await?;
 
         wait::until(
             "the source reconnects",
@@ -173,6 +211,102 @@ async fn no_reconnect_loop_within_the_reconnect_delay() {
         )
         .await?;
         source.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// The broker closes the source's connection (`CONNECTION_FORCED`) while it holds a delivery:
+/// the loss is reported as `Unavailable`, acknowledging the held delivery fails as
+/// `Unavailable` instead of pretending, and the same source reconnects by itself and gets the
+/// delivery again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_closed_by_the_broker_reconnects_and_redelivers() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let msg = message::event("pay-6", 1, "{}");
+        let mut source = on_declared_queue(fx, &amqp_url(), existing_queue(fx)).await?;
+        publish_to_source_queue(fx, &msg).await?;
+        let held = receive_one(&mut source, WITHIN).await?;
+
+        // The source names its connection after the queue, cut to 63 characters.
+        let name: String = format!("outbox-consumer {}", fx.source_queue)
+            .chars()
+            .take(63)
+            .collect();
+        tokio::task::spawn_blocking({
+            let name = name.clone();
+            move || close_connection(&name)
+        })
+        .await??;
+        reported_unavailable(&mut source, "the source reports the closed connection").await?;
+        let err = held.ack().await.expect_err("its channel is gone");
+        ensure!(err.kind == SourceErrorKind::Unavailable, "{err}");
+
+        let count = consumed_after_outage(&mut source, &msg).await?;
+        ensure!(count >= 2, "redelivered, counted {count}");
+        let pid = tokio::task::spawn_blocking(move || connection_pid(&name)).await??;
+        ensure!(pid.is_some(), "a new connection with the same name exists");
+        Ok(())
+    })
+    .await;
+}
+
+/// The queue is deleted under a running consumer that does not declare it: the broker cancels
+/// the consumer, which is reported as `Unavailable`; consuming again on the same connection is
+/// refused, reported as `Other` naming the queue, and the call after it waits out the reconnect
+/// delay instead of looping. Once the queue is declared again, the same source consumes it by
+/// itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleted_queue_is_reported_then_consumed_once_declared_again() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let mut source = on_declared_queue(fx, &amqp_url(), existing_queue(fx)).await?;
+        fx.admin.delete_queue(&fx.source_queue).await?;
+        reported_unavailable(&mut source, "the source reports the cancelled consumer").await?;
+        let refused = fails_at_once(&mut source, SourceErrorKind::Other).await?;
+        ensure!(
+            refused.message.contains("basic.consume") && refused.message.contains(&fx.source_queue),
+            "{refused}"
+        );
+        let waiting = fails_at_once(&mut source, SourceErrorKind::Unavailable).await?;
+        ensure!(
+            waiting.message.contains("next reconnect attempt"),
+            "{waiting}"
+        );
+
+        fx.admin
+            .queue(&fx.source_queue, FieldTable::default())
+            .await?;
+        let msg = message::event("pay-7", 1, "{}");
+        publish_to_source_queue(fx, &msg).await?;
+        consumed_after_outage(&mut source, &msg).await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// The queue is deleted under a running consumer that declares it: after reporting the
+/// cancelled consumer, the source declares the queue again and consumes it on the same
+/// connection at once, without waiting for the (here very long) reconnect delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleted_queue_is_declared_again_on_the_same_connection() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        // A reconnect would have to wait a minute: only reopening the channel is fast enough.
+        let slow_reconnect = RabbitConsumerConfig {
+            declare_queue: true,
+            reconnect_min_delay_ms: 60_000,
+            ..existing_queue(fx)
+        };
+        let mut source = connect(&amqp_url(), slow_reconnect).await?;
+        fx.admin.delete_queue(&fx.source_queue).await?;
+        reported_unavailable(&mut source, "the source reports the cancelled consumer").await?;
+        ensure!(source.next_batch(10, Duration::ZERO).await?.is_empty());
+        ensure!(
+            source.is_connected(),
+            "consuming again without a new connection"
+        );
+        let msg = message::event("pay-8", 1, "{}");
+        publish_to_source_queue(fx, &msg).await?;
+        ensure!(consumed_after_outage(&mut source, &msg).await? == 1);
         Ok(())
     })
     .await;

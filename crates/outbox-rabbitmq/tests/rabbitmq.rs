@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use chrono::{TimeZone, Utc};
-use common::{Fixture, amqp_url, long, unique, wire_headers};
+use common::{Fixture, amqp_url, close_connection, connection_pid, long, unique, wire_headers};
 use lapin::types::FieldTable;
 use outbox_core::{OutboxMessage, PublishErrorKind, Transport};
 use outbox_rabbitmq::{RabbitConfig, RabbitConnectError, RabbitTransport};
@@ -268,45 +268,6 @@ async fn mixed_routed_and_unroutable_publishes_are_never_confused() {
         Ok(())
     })
     .await;
-}
-
-/// The broker-side pid of the connection named `name`, via `rabbitmqctl`.
-fn connection_pid(name: &str) -> Result<Option<String>> {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "list_connections",
-            "--no-table-headers",
-            "pid",
-            "client_properties",
-        ])
-        .output()
-        .context("rabbitmqctl must be installed and runnable (as root) for the reconnect test")?;
-    ensure!(
-        out.status.success(),
-        "rabbitmqctl list_connections failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    Ok(stdout
-        .lines()
-        .find(|line| line.contains(name))
-        .and_then(|line| line.split_whitespace().next())
-        .map(str::to_owned))
-}
-
-fn close_connection(name: &str) -> Result<()> {
-    let pid =
-        connection_pid(name)?.with_context(|| format!("no broker connection named {name}"))?;
-    let out = std::process::Command::new("rabbitmqctl")
-        .args(["-q", "close_connection", &pid, "outbox reconnect test"])
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "rabbitmqctl close_connection failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
 }
 
 /// The broker closes the connection under 20 concurrent publishers: publishes in flight fail

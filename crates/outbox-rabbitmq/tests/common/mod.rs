@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::ensure;
+use anyhow::{Context, ensure};
 use lapin::message::BasicGetMessage;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
@@ -160,6 +160,47 @@ impl Admin {
             .await?;
         Ok(())
     }
+}
+
+/// The broker-side pid of the connection named `name`, via `rabbitmqctl`.
+pub fn connection_pid(name: &str) -> anyhow::Result<Option<String>> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_connections",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .context("rabbitmqctl must be installed and runnable (as root) for the reconnect tests")?;
+    ensure!(
+        out.status.success(),
+        "rabbitmqctl list_connections failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(stdout
+        .lines()
+        .find(|line| line.contains(name))
+        .and_then(|line| line.split_whitespace().next())
+        .map(str::to_owned))
+}
+
+/// Closes the connection named `name` from the broker side (`CONNECTION_FORCED`), via
+/// `rabbitmqctl`.
+pub fn close_connection(name: &str) -> anyhow::Result<()> {
+    let pid =
+        connection_pid(name)?.with_context(|| format!("no broker connection named {name}"))?;
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "close_connection", &pid, "outbox reconnect test"])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "rabbitmqctl close_connection failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// The headers the transport publishes for `message` (CloudEvents binding and user headers),
