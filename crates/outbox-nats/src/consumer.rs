@@ -37,7 +37,10 @@
 //! * [`Delivery::nack`] sends `-NAK` with a delay: the message is delivered again after that
 //!   delay instead of after the ack wait.
 //! * [`Delivery::delivery_count`] is JetStream's delivery counter for the message (1 = first
-//!   delivery, 2 = first redelivery, ...).
+//!   delivery, 2 = first redelivery, ...). After a lost connection the server may take back a
+//!   redelivery that went to the dead connection's pull request, so the count can stay one
+//!   behind (seen about once in twenty cuts in the conformance suite): the engine's attempt cap
+//!   then parks a poison message one delivery later, but it still parks it.
 //! * Nothing is ever dropped by this side: a message that does not decode is still a
 //!   [`NatsDelivery`] whose [`Delivery::event`] is the [`DecodeError`]; the runner dead-letters
 //!   it and then acks it. The consumer has no `max_deliver` limit set here.
