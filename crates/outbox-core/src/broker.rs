@@ -169,6 +169,12 @@ impl BoxSource {
     }
 }
 
+impl std::fmt::Debug for BoxSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BoxSource")
+    }
+}
+
 impl DeliverySource for BoxSource {
     type Delivery = BoxDelivery;
 
@@ -328,6 +334,15 @@ impl BrokerSettings {
         }
     }
 
+    /// Whether section `section` sets `key` itself (for settings a delivery source inherits
+    /// from the transport's section, or derives from the consumer's name, unless it sets them).
+    pub fn sets(&self, section: &str, key: &str) -> bool {
+        self.sections
+            .get(section)
+            .and_then(|s| s.get(key))
+            .is_some()
+    }
+
     /// The file overrides, by kind.
     pub fn files(&self) -> &BTreeMap<&'static str, PathBuf> {
         &self.files
@@ -391,6 +406,118 @@ pub struct BrokerEntry {
     pub transport: TransportConnector,
     /// Connects its delivery source.
     pub source: SourceConnector,
+}
+
+/// A transport crate's side of its [`BrokerEntry`]: how the settings become its two
+/// configurations, and how each side connects. The entry's functions are then [`check`],
+/// [`transport`] and [`source`] instantiated for it, which do what every broker does the same
+/// way: refuse file overrides outside [`Backend::FILES`], check both sections, connect, and
+/// report a connect error as [`BrokerError::Connect`] with the URL redacted.
+///
+/// ```ignore
+/// pub static BROKER: BrokerEntry = BrokerEntry {
+///     name: "nats",
+///     title: "NATS",
+///     schemes: &["nats", "tls"],
+///     sections: &["nats", "nats_consumer"],
+///     check: broker::check::<Nats>,
+///     transport: broker::transport::<Nats>,
+///     source: broker::source::<Nats>,
+/// };
+/// ```
+pub trait Backend: 'static {
+    /// The broker's short name (`nats`), as [`BrokerEntry::name`].
+    const NAME: &'static str;
+    /// The broker's name in messages (`NATS`), as [`BrokerEntry::title`].
+    const TITLE: &'static str;
+    /// The file overrides ([`file`]) it uses; any other is refused.
+    const FILES: &'static [&'static str];
+    /// The transport's configuration.
+    type TransportConfig: Send;
+    /// The delivery source's configuration.
+    type SourceConfig: Send;
+    /// The transport.
+    type Transport: Transport;
+    /// The delivery source.
+    type Source: DeliverySource + Sync;
+    /// Why the transport could not connect.
+    type TransportError: std::fmt::Display;
+    /// Why the delivery source could not connect.
+    type SourceError: std::fmt::Display;
+
+    /// The transport's configuration from `settings`, file overrides applied, validated.
+    ///
+    /// # Errors
+    /// [`BrokerError::Config`] naming the section and key.
+    fn transport_config(settings: &BrokerSettings) -> Result<Self::TransportConfig, BrokerError>;
+
+    /// The delivery source's configuration from `settings` and, when connecting, the
+    /// consumer's `options` (`None` when only checking), file overrides applied, validated.
+    ///
+    /// # Errors
+    /// [`BrokerError::Config`] naming the section and key.
+    fn source_config(
+        settings: &BrokerSettings,
+        options: Option<&SourceOptions>,
+    ) -> Result<Self::SourceConfig, BrokerError>;
+
+    /// Connects the transport.
+    fn connect_transport(
+        url: &str,
+        config: Self::TransportConfig,
+    ) -> impl Future<Output = Result<Self::Transport, Self::TransportError>> + Send;
+
+    /// Connects the delivery source.
+    fn connect_source(
+        url: &str,
+        config: Self::SourceConfig,
+    ) -> impl Future<Output = Result<Self::Source, Self::SourceError>> + Send;
+}
+
+/// [`BrokerEntry::check`] of backend `B`: both configurations build from `settings`.
+///
+/// # Errors
+/// The first section's [`BrokerError::Config`].
+pub fn check<B: Backend>(settings: &BrokerSettings) -> Result<(), BrokerError> {
+    B::transport_config(settings)?;
+    B::source_config(settings, None).map(drop)
+}
+
+/// [`BrokerEntry::transport`] of backend `B`.
+///
+/// # Errors
+/// A refused file override, an invalid section, or [`BrokerError::Connect`].
+pub fn transport<'a, B: Backend>(
+    url: &'a str,
+    settings: &'a BrokerSettings,
+) -> BoxFuture<'a, Result<BoxTransport, BrokerError>> {
+    Box::pin(async move {
+        settings.accept_files(B::NAME, B::FILES)?;
+        let config = B::transport_config(settings)?;
+        B::connect_transport(url, config)
+            .await
+            .map(BoxTransport::new)
+            .map_err(|e| BrokerError::connect(B::TITLE, url, e))
+    })
+}
+
+/// [`BrokerEntry::source`] of backend `B`.
+///
+/// # Errors
+/// A refused file override, an invalid section, or [`BrokerError::Connect`].
+pub fn source<'a, B: Backend>(
+    url: &'a str,
+    settings: &'a BrokerSettings,
+    options: &'a SourceOptions,
+) -> BoxFuture<'a, Result<BoxSource, BrokerError>> {
+    Box::pin(async move {
+        settings.accept_files(B::NAME, B::FILES)?;
+        let config = B::source_config(settings, Some(options))?;
+        B::connect_source(url, config)
+            .await
+            .map(BoxSource::new)
+            .map_err(|e| BrokerError::connect(B::TITLE, url, e))
+    })
 }
 
 /// The brokers of a build, chosen by URL scheme.

@@ -6,32 +6,30 @@
 //! `cert_file`, `key_file`, `credentials_file`, `nkey_seed_file`) replace the `security` keys.
 
 use outbox_core::broker::{
-    BoxFuture, BoxSource, BoxTransport, BrokerEntry, BrokerError, BrokerSettings, SourceOptions,
-    file,
+    self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
 };
 
-use crate::{NatsConfig, NatsConsumerConfig, NatsSecurity, NatsSource, NatsTransport};
+use crate::{
+    NatsConfig, NatsConnectError, NatsConsumerConfig, NatsConsumerError, NatsSecurity, NatsSource,
+    NatsTransport,
+};
 
 /// The registry entry of NATS JetStream.
 pub static BROKER: BrokerEntry = BrokerEntry {
-    name: "nats",
-    title: "NATS",
+    name: Nats::NAME,
+    title: Nats::TITLE,
     schemes: &["nats", "tls"],
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
-    check,
-    transport,
-    source,
+    check: broker::check::<Nats>,
+    transport: broker::transport::<Nats>,
+    source: broker::source::<Nats>,
 };
 
 const TRANSPORT_SECTION: &str = "nats";
 const SOURCE_SECTION: &str = "nats_consumer";
-const FILES: &[&str] = &[
-    file::CA,
-    file::CERT,
-    file::KEY,
-    file::NATS_CREDENTIALS,
-    file::NATS_NKEY_SEED,
-];
+
+/// NATS JetStream as a registry backend.
+struct Nats;
 
 fn apply_files(security: &mut NatsSecurity, settings: &BrokerSettings) {
     for (kind, path) in settings.files() {
@@ -47,67 +45,63 @@ fn apply_files(security: &mut NatsSecurity, settings: &BrokerSettings) {
     }
 }
 
-fn transport_config(settings: &BrokerSettings) -> Result<NatsConfig, BrokerError> {
-    let mut config: NatsConfig = settings.section(TRANSPORT_SECTION)?;
-    apply_files(&mut config.security, settings);
-    config
-        .validate()
-        .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.message))?;
-    Ok(config)
-}
+impl Backend for Nats {
+    const NAME: &'static str = "nats";
+    const TITLE: &'static str = "NATS";
+    const FILES: &'static [&'static str] = &[
+        file::CA,
+        file::CERT,
+        file::KEY,
+        file::NATS_CREDENTIALS,
+        file::NATS_NKEY_SEED,
+    ];
+    type TransportConfig = NatsConfig;
+    type SourceConfig = NatsConsumerConfig;
+    type Transport = NatsTransport;
+    type Source = NatsSource;
+    type TransportError = NatsConnectError;
+    type SourceError = NatsConsumerError;
 
-fn source_config(
-    settings: &BrokerSettings,
-    options: Option<&SourceOptions>,
-) -> Result<NatsConsumerConfig, BrokerError> {
-    let mut config: NatsConsumerConfig = settings.section(SOURCE_SECTION)?;
-    let raw = settings.raw_section(SOURCE_SECTION);
-    let has = |key: &str| raw.and_then(|r| r.get(key)).is_some();
-    if !has("security") {
-        config.security = settings.section::<NatsConfig>(TRANSPORT_SECTION)?.security;
+    fn transport_config(settings: &BrokerSettings) -> Result<NatsConfig, BrokerError> {
+        let mut config: NatsConfig = settings.section(TRANSPORT_SECTION)?;
+        apply_files(&mut config.security, settings);
+        config
+            .validate()
+            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.message))?;
+        Ok(config)
     }
-    if let Some(o) = options
-        && !has("durable_name")
-    {
-        config.durable_name.clone_from(&o.consumer);
+
+    fn source_config(
+        settings: &BrokerSettings,
+        options: Option<&SourceOptions>,
+    ) -> Result<NatsConsumerConfig, BrokerError> {
+        let mut config: NatsConsumerConfig = settings.section(SOURCE_SECTION)?;
+        if !settings.sets(SOURCE_SECTION, "security") {
+            config.security = settings.section::<NatsConfig>(TRANSPORT_SECTION)?.security;
+        }
+        if let Some(o) = options
+            && !settings.sets(SOURCE_SECTION, "durable_name")
+        {
+            config.durable_name.clone_from(&o.consumer);
+        }
+        apply_files(&mut config.security, settings);
+        config
+            .validate()
+            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.message))?;
+        Ok(config)
     }
-    apply_files(&mut config.security, settings);
-    config
-        .validate()
-        .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.message))?;
-    Ok(config)
-}
 
-fn check(settings: &BrokerSettings) -> Result<(), BrokerError> {
-    transport_config(settings)?;
-    source_config(settings, None).map(|_| ())
-}
+    async fn connect_transport(
+        url: &str,
+        config: NatsConfig,
+    ) -> Result<NatsTransport, NatsConnectError> {
+        NatsTransport::connect(url, config).await
+    }
 
-fn transport<'a>(
-    url: &'a str,
-    settings: &'a BrokerSettings,
-) -> BoxFuture<'a, Result<BoxTransport, BrokerError>> {
-    Box::pin(async move {
-        settings.accept_files(BROKER.name, FILES)?;
-        let config = transport_config(settings)?;
-        NatsTransport::connect(url, config)
-            .await
-            .map(BoxTransport::new)
-            .map_err(|e| BrokerError::connect(BROKER.title, url, e))
-    })
-}
-
-fn source<'a>(
-    url: &'a str,
-    settings: &'a BrokerSettings,
-    options: &'a SourceOptions,
-) -> BoxFuture<'a, Result<BoxSource, BrokerError>> {
-    Box::pin(async move {
-        settings.accept_files(BROKER.name, FILES)?;
-        let config = source_config(settings, Some(options))?;
-        NatsSource::connect(url, config)
-            .await
-            .map(BoxSource::new)
-            .map_err(|e| BrokerError::connect(BROKER.title, url, e))
-    })
+    async fn connect_source(
+        url: &str,
+        config: NatsConsumerConfig,
+    ) -> Result<NatsSource, NatsConsumerError> {
+        NatsSource::connect(url, config).await
+    }
 }

@@ -6,27 +6,30 @@
 //! `key_file`) replace the `tls` keys; NATS credential files are refused.
 
 use outbox_core::broker::{
-    BoxFuture, BoxSource, BoxTransport, BrokerEntry, BrokerError, BrokerSettings, SourceOptions,
-    file,
+    self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
 };
 
 use crate::tls::RabbitTls;
-use crate::{RabbitConfig, RabbitConsumerConfig, RabbitSource, RabbitTransport};
+use crate::{
+    RabbitConfig, RabbitConnectError, RabbitConsumerConfig, RabbitSource, RabbitTransport,
+};
 
 /// The registry entry of RabbitMQ.
 pub static BROKER: BrokerEntry = BrokerEntry {
-    name: "rabbitmq",
-    title: "RabbitMQ",
+    name: Rabbit::NAME,
+    title: Rabbit::TITLE,
     schemes: &["amqp", "amqps"],
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
-    check,
-    transport,
-    source,
+    check: broker::check::<Rabbit>,
+    transport: broker::transport::<Rabbit>,
+    source: broker::source::<Rabbit>,
 };
 
 const TRANSPORT_SECTION: &str = "rabbitmq";
 const SOURCE_SECTION: &str = "rabbitmq_consumer";
-const FILES: &[&str] = &[file::CA, file::CERT, file::KEY];
+
+/// RabbitMQ as a registry backend.
+struct Rabbit;
 
 fn apply_files(tls: &mut RabbitTls, settings: &BrokerSettings) {
     for (kind, path) in settings.files() {
@@ -40,67 +43,118 @@ fn apply_files(tls: &mut RabbitTls, settings: &BrokerSettings) {
     }
 }
 
-fn transport_config(settings: &BrokerSettings) -> Result<RabbitConfig, BrokerError> {
-    let mut config: RabbitConfig = settings.section(TRANSPORT_SECTION)?;
-    apply_files(&mut config.tls, settings);
-    config
-        .validate()
-        .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
-    Ok(config)
-}
+impl Backend for Rabbit {
+    const NAME: &'static str = "rabbitmq";
+    const TITLE: &'static str = "RabbitMQ";
+    const FILES: &'static [&'static str] = &[file::CA, file::CERT, file::KEY];
+    type TransportConfig = RabbitConfig;
+    type SourceConfig = RabbitConsumerConfig;
+    type Transport = RabbitTransport;
+    type Source = RabbitSource;
+    type TransportError = RabbitConnectError;
+    type SourceError = RabbitConnectError;
 
-fn source_config(
-    settings: &BrokerSettings,
-    options: Option<&SourceOptions>,
-) -> Result<RabbitConsumerConfig, BrokerError> {
-    let mut config: RabbitConsumerConfig = settings.section(SOURCE_SECTION)?;
-    let raw = settings.raw_section(SOURCE_SECTION);
-    let has = |key: &str| raw.and_then(|r| r.get(key)).is_some();
-    if !has("tls") {
-        config.tls = settings.section::<RabbitConfig>(TRANSPORT_SECTION)?.tls;
+    fn transport_config(settings: &BrokerSettings) -> Result<RabbitConfig, BrokerError> {
+        let mut config: RabbitConfig = settings.section(TRANSPORT_SECTION)?;
+        apply_files(&mut config.tls, settings);
+        config
+            .validate()
+            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
+        Ok(config)
     }
-    if let Some(o) = options
-        && !has("queue")
-    {
-        config.queue.clone_from(&o.consumer);
+
+    fn source_config(
+        settings: &BrokerSettings,
+        options: Option<&SourceOptions>,
+    ) -> Result<RabbitConsumerConfig, BrokerError> {
+        let mut config: RabbitConsumerConfig = settings.section(SOURCE_SECTION)?;
+        if !settings.sets(SOURCE_SECTION, "tls") {
+            config.tls = settings.section::<RabbitConfig>(TRANSPORT_SECTION)?.tls;
+        }
+        if let Some(o) = options
+            && !settings.sets(SOURCE_SECTION, "queue")
+        {
+            config.queue.clone_from(&o.consumer);
+        }
+        apply_files(&mut config.tls, settings);
+        config
+            .validate()
+            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
+        Ok(config)
     }
-    apply_files(&mut config.tls, settings);
-    config
-        .validate()
-        .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
-    Ok(config)
+
+    async fn connect_transport(
+        url: &str,
+        config: RabbitConfig,
+    ) -> Result<RabbitTransport, RabbitConnectError> {
+        RabbitTransport::connect(url, config).await
+    }
+
+    async fn connect_source(
+        url: &str,
+        config: RabbitConsumerConfig,
+    ) -> Result<RabbitSource, RabbitConnectError> {
+        RabbitSource::connect(url, config).await
+    }
 }
 
-fn check(settings: &BrokerSettings) -> Result<(), BrokerError> {
-    transport_config(settings)?;
-    source_config(settings, None).map(|_| ())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn transport<'a>(
-    url: &'a str,
-    settings: &'a BrokerSettings,
-) -> BoxFuture<'a, Result<BoxTransport, BrokerError>> {
-    Box::pin(async move {
-        settings.accept_files(BROKER.name, FILES)?;
-        let config = transport_config(settings)?;
-        RabbitTransport::connect(url, config)
-            .await
-            .map(BoxTransport::new)
-            .map_err(|e| BrokerError::connect(BROKER.title, url, e))
-    })
-}
+    #[tokio::test]
+    async fn a_file_rabbitmq_has_no_use_for_is_refused_before_connecting() {
+        let mut settings = BrokerSettings::new();
+        settings.set_file(file::NATS_CREDENTIALS, "/secrets/x.creds".into());
+        let opts = SourceOptions {
+            consumer: "reporting".into(),
+        };
+        for e in [
+            (BROKER.transport)("amqp://127.0.0.1:1/%2f", &settings)
+                .await
+                .unwrap_err(),
+            (BROKER.source)("amqp://127.0.0.1:1/%2f", &settings, &opts)
+                .await
+                .unwrap_err(),
+        ] {
+            assert!(
+                matches!(&e, BrokerError::Config { reason, .. } if reason.contains("rabbitmq does not use")),
+                "{e:?}"
+            );
+        }
+    }
 
-fn source<'a>(
-    url: &'a str,
-    settings: &'a BrokerSettings,
-    options: &'a SourceOptions,
-) -> BoxFuture<'a, Result<BoxSource, BrokerError>> {
-    Box::pin(async move {
-        settings.accept_files(BROKER.name, FILES)?;
-        let config = source_config(settings, Some(options))?;
-        RabbitSource::connect(url, config)
-            .await
-            .map(BoxSource::new)
-            .map_err(|e| BrokerError::connect(BROKER.title, url, e))
-    })
+    #[test]
+    fn the_source_inherits_tls_and_takes_the_consumers_name_unless_set() {
+        let opts = SourceOptions {
+            consumer: "reporting".into(),
+        };
+        let mut settings = BrokerSettings::new()
+            .with_section(
+                TRANSPORT_SECTION,
+                serde_json::json!({"tls": {"ca_file": "/ca.pem"}}),
+            )
+            .with_section(SOURCE_SECTION, serde_json::json!({}));
+        let c = Rabbit::source_config(&settings, Some(&opts)).unwrap();
+        assert_eq!(c.queue, "reporting");
+        assert_eq!(c.tls.ca_file.as_deref(), Some("/ca.pem".as_ref()));
+        settings.set_section(
+            SOURCE_SECTION,
+            serde_json::json!({"queue": "q1", "tls": {}}),
+        );
+        let c = Rabbit::source_config(&settings, Some(&opts)).unwrap();
+        assert_eq!(c.queue, "q1");
+        assert_eq!(c.tls.ca_file, None);
+        // A file override replaces the section's key, and is validated with it.
+        settings.set_file(file::CERT, "/client.pem".into());
+        let e = (BROKER.check)(&settings).unwrap_err();
+        assert!(
+            e.to_string().contains("key_file"),
+            "a cert without its key: {e}"
+        );
+        settings.set_file(file::KEY, "/client.key".into());
+        let c = Rabbit::source_config(&settings, Some(&opts)).unwrap();
+        assert_eq!(c.tls.cert_file.as_deref(), Some("/client.pem".as_ref()));
+        assert_eq!(c.tls.key_file.as_deref(), Some("/client.key".as_ref()));
+    }
 }
