@@ -195,13 +195,17 @@ async fn nats_late_commit_with_lower_id_is_not_skipped() {
         .await
         .unwrap();
 
+    // T2's id is read inside T2: once T2 commits, the running relay may publish and delete
+    // the row before a later read.
     let early = event("pay-early", 1);
-    db.enqueue(std::slice::from_ref(&early)).await;
+    let mut t2 = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *t2, &early).await.unwrap();
     let t2_id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(id_sql))
         .bind(early.event_id)
-        .fetch_one(&db.pool)
+        .fetch_one(&mut *t2)
         .await
         .unwrap();
+    t2.commit().await.unwrap();
     assert!(
         t1_id < t2_id,
         "T1 must hold the lower id ({t1_id} vs {t2_id})"

@@ -21,7 +21,8 @@ enum Form {
     Flags,
     /// `DATABASE_URL` and `OUTBOX_BROKER_URL`: user:password on both.
     Env,
-    /// The `--config` file: user:password on PostgreSQL, an unreachable AMQP broker.
+    /// The `--config` file: user:password on PostgreSQL, the real RabbitMQ with a wrong
+    /// password (the AMQP handshake runs at trace level and is refused).
     File,
 }
 
@@ -60,7 +61,7 @@ impl Planted {
             ".toml",
             &format!(
                 "database_url = \"postgres://postgres:{}@127.0.0.1:5432/test\"\n\
-                 broker_url = \"amqp://guest:{}@127.0.0.1:1/%2f\"\n",
+                 broker_url = \"amqp://guest:{}@127.0.0.1:5672/%2f\"\n",
                 secrets[5], secrets[6]
             ),
         );

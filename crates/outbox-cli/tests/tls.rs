@@ -1,4 +1,4 @@
-//! TLS everywhere, against real servers: the local PostgreSQL (TLS on, snakeoil certificate),
+//! TLS everywhere, against real servers: the local PostgreSQL (TLS on, a self-signed certificate for localhost),
 //! a second nats-server this test starts with certificates it generates (TLS, mutual TLS, NKey
 //! users, operator mode with a credentials file), and RabbitMQ reached through a
 //! TLS-terminating proxy the test controls (the shared broker has no AMQPS listener). Plain
@@ -51,7 +51,7 @@ async fn encrypted(url: &str) -> Result<bool, sqlx::Error> {
     Ok(ssl)
 }
 
-/// The server's certificate file (the snakeoil certificate, CN and SAN `localhost`,
+/// The server's certificate file (Debian's snakeoil or the one `.ci/services` makes: SAN `localhost`,
 /// self-signed); fails loudly when the server has TLS off.
 async fn server_certificate() -> PathBuf {
     let mut conn = sqlx::PgConnection::connect(&pg_url("sslmode=disable"))

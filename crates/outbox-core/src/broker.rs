@@ -462,12 +462,19 @@ pub trait Backend: 'static {
     ) -> Result<Self::SourceConfig, BrokerError>;
 
     /// Connects the transport.
+    ///
+    /// # Errors
+    /// The transport's connect error (unreachable, refused, set-up failed), which the registry
+    /// reports as [`BrokerError::Connect`].
     fn connect_transport(
         url: &str,
         config: Self::TransportConfig,
     ) -> impl Future<Output = Result<Self::Transport, Self::TransportError>> + Send;
 
     /// Connects the delivery source.
+    ///
+    /// # Errors
+    /// The source's connect error, which the registry reports as [`BrokerError::Connect`].
     fn connect_source(
         url: &str,
         config: Self::SourceConfig,

@@ -9,6 +9,11 @@ use std::error::Error as StdError;
 pub enum StoreErrorKind {
     /// The database could not be reached or the connection broke. Retry later.
     Unavailable,
+    /// The transaction lost to a concurrent one (serialization failure, deadlock): the same work
+    /// usually succeeds when retried soon, but a delivery that loses every time is a defect
+    /// (a handler that deadlocks with itself), so the consumer engine counts it against
+    /// `max_attempts` like any other database error instead of waiting it out as an outage.
+    Contention,
     /// A claim's lease token no longer owns the rows: another relay took them over after the
     /// lease expired. The caller must drop the batch without marking anything.
     LeaseLost,

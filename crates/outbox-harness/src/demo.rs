@@ -640,15 +640,7 @@ async fn drive_consumer(
     while !stop.is_cancelled() {
         match consumer.run_batch().await {
             Ok(r) => {
-                let mut t = totals.lock().unwrap();
-                t.received += r.received;
-                t.processed += r.processed;
-                t.duplicates += r.duplicates;
-                t.stale += r.stale;
-                t.conflicts += r.conflicts;
-                t.dead_lettered += r.dead_lettered;
-                t.nacked += r.nacked;
-                t.requeued_resolved += r.requeued_resolved;
+                *totals.lock().unwrap() += &r;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "demo consumer error; retrying");

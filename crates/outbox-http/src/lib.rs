@@ -76,8 +76,9 @@ const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 /// How much of a provider's answer body goes into a `Failed` / `Unknown` reason.
 const REASON_BODY_CHARS: usize = 300;
 
-/// Calls the stand-in payment provider over HTTP: `POST /payouts` to pay,
-/// `GET /payouts/by-key/{key}` to reconcile. See the module docs for the outcome mapping.
+/// A payout provider over HTTP(S) that deduplicates by idempotency key: `POST /payouts` to
+/// pay, `GET /payouts/by-key/{key}` to reconcile (the protocol of the stand-in provider,
+/// `outbox demo-provider`, and the example for a real provider's adapter). See the module docs for the outcome mapping.
 ///
 /// The work item's payload must hold `amount` (integer, minor units) and `beneficiary`
 /// (string); `reference` (string) is optional and defaults to the idempotency key.

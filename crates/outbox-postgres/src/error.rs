@@ -156,12 +156,10 @@ pub(crate) fn store_error_as(
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // undefined_table / undefined_column / invalid_schema_name
             Some("42P01" | "42703" | "3F000") => StoreErrorKind::Schema,
-            // connection exceptions, admin shutdown, cannot connect now, serialization/deadlock
-            Some(c)
-                if c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01" =>
-            {
-                StoreErrorKind::Unavailable
-            }
+            // connection exceptions, admin shutdown, cannot connect now
+            Some(c) if c.starts_with("08") || c.starts_with("57P") => StoreErrorKind::Unavailable,
+            // serialization failure, deadlock
+            Some("40001" | "40P01") => StoreErrorKind::Contention,
             Some(c) if c.starts_with("23") => StoreErrorKind::Constraint,
             // data exceptions (bytes or text the column cannot hold, NUL in text, bad encoding)
             // and program limits (an index row larger than a btree page can hold)

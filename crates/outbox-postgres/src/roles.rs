@@ -691,7 +691,7 @@ impl RoleName {
 
     /// `"name"`.
     fn quoted(&self) -> String {
-        format!("\"{}\"", self.0)
+        crate::schema::quote_ident(&self.0)
     }
 }
 

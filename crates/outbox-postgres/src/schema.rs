@@ -45,7 +45,7 @@ impl Schema {
 
     /// The name as a quoted SQL identifier, `"outbox"`.
     pub fn quoted(&self) -> String {
-        format!("\"{}\"", self.0)
+        quote_ident(&self.0)
     }
 
     /// `template` with every `{s}` replaced by the quoted schema name: how every statement of
@@ -72,9 +72,22 @@ impl fmt::Display for Schema {
     }
 }
 
+/// `name` as a quoted SQL identifier: in double quotes, an embedded `"` doubled. The one
+/// identifier quoting of this crate (schema and role names are also validated before they get
+/// here, so the doubling is a second line of defence).
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identifiers_are_quoted_with_embedded_quotes_doubled() {
+        assert_eq!(Schema::new("outbox").unwrap().quoted(), "\"outbox\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
 
     #[test]
     fn accepts_plain_identifiers_only() {

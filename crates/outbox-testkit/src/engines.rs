@@ -154,14 +154,7 @@ where
     for _ in 0..200 {
         match consumer.run_batch().await {
             Ok(r) => {
-                total.received += r.received;
-                total.processed += r.processed;
-                total.duplicates += r.duplicates;
-                total.stale += r.stale;
-                total.conflicts += r.conflicts;
-                total.dead_lettered += r.dead_lettered;
-                total.nacked += r.nacked;
-                total.requeued_resolved += r.requeued_resolved;
+                total += &r;
                 if r.received == 0 && source.ready() == 0 && source.unsettled() == 0 {
                     break;
                 }
@@ -540,15 +533,21 @@ pub async fn a_delivery_the_database_refuses_is_dead_lettered_at_once<F: StoreFi
     }
 }
 
-/// Any other database error (a missing grant, a constraint, anything) sends the delivery back,
-/// and at its `max_attempts`th delivery dead-letters it ("parked"), visibly: counted, with the
-/// reason and the attempts. The delivery behind it is applied.
+/// Any other database error (a missing grant, a constraint, a deadlock or serialization
+/// failure that recurs on every delivery, anything) sends the delivery back, and at its
+/// `max_attempts`th delivery dead-letters it ("parked"), visibly: counted, with the reason and
+/// the attempts. The delivery behind it is applied.
 pub async fn other_database_errors_are_retried_then_dead_lettered<F: StoreFixture>() {
+    for kind in [StoreErrorKind::PermissionDenied, StoreErrorKind::Contention] {
+        retried_then_dead_lettered::<F>(kind).await;
+    }
+}
+
+async fn retried_then_dead_lettered<F: StoreFixture>(kind: StoreErrorKind) {
     let rig = Rig::<F>::new("c").await;
     let bad = event_message(Uuid::now_v7(), "a", 1, "{}");
     let good = event_message(Uuid::now_v7(), "b", 1, "{}");
-    rig.faults
-        .fail_event(bad.event_id, StoreErrorKind::PermissionDenied, u32::MAX);
+    rig.faults.fail_event(bad.event_id, kind, u32::MAX);
     rig.source.push_message(&bad);
     rig.source.push_message(&good);
     let mut consumer = rig.consumer(ConsumerConfig {
@@ -573,7 +572,7 @@ pub async fn other_database_errors_are_retried_then_dead_lettered<F: StoreFixtur
         dead[0]
             .error
             .starts_with("database error after 3 deliveries")
-            && dead[0].error.contains("PermissionDenied"),
+            && dead[0].error.contains(&format!("{kind:?}")),
         "{}",
         dead[0].error
     );

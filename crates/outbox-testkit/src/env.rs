@@ -49,16 +49,9 @@ impl Service {
     }
 }
 
-/// `url` without the password of its user info.
+/// `url` with every credential hidden (the toolkit's one redaction function).
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}://{user}:***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
+    outbox_core::secrets::redact_url(url)
 }
 
 /// `host:port` of a URL such as `amqp://user:pass@host:5672/%2f` or `nats://host:4222`.

@@ -425,14 +425,7 @@ pub fn fingerprint_hex(bytes: &[u8]) -> String {
 // ------------------------------------------------------------------------------------------
 
 pub fn add(total: &mut ConsumerReport, r: &ConsumerReport) {
-    total.received += r.received;
-    total.processed += r.processed;
-    total.duplicates += r.duplicates;
-    total.stale += r.stale;
-    total.conflicts += r.conflicts;
-    total.dead_lettered += r.dead_lettered;
-    total.nacked += r.nacked;
-    total.requeued_resolved += r.requeued_resolved;
+    *total += r;
 }
 
 /// Runs batches until `done(totals)` holds; panics with the totals after `timeout`. Runner

@@ -16,7 +16,7 @@
 //! | malformed message | dead letter with the decode error committed | ack after commit |
 //! | database outage (`StoreErrorKind::Unavailable`) | rolled back | nack with backoff, however often: never dead-lettered (redelivered, absorbed if it had committed) |
 //! | the database refused the values (`InvalidData`: bytes it cannot store, a key over an index's limit) | rolled back, dead letter committed at once | ack after the dead letter committed |
-//! | any other database error (`Constraint`, `PermissionDenied`, `Schema`, `Other`) | rolled back | nack with backoff; after `max_attempts` deliveries: dead letter, then ack |
+//! | any other database error (`Contention`: a deadlock or serialization failure; `Constraint`, `PermissionDenied`, `Schema`, `Other`) | rolled back | nack with backoff; after `max_attempts` deliveries: dead letter, then ack |
 //!
 //! A crash anywhere before the commit rolls everything back and the broker redelivers; a crash
 //! after the commit and before the ack leads to a redelivery that the inbox absorbs. Dead
@@ -296,6 +296,30 @@ pub struct ConsumerReport {
     pub nacked: usize,
     /// Requeued dead letters applied (or absorbed) this call.
     pub requeued_resolved: usize,
+}
+
+impl std::ops::AddAssign<&ConsumerReport> for ConsumerReport {
+    /// Adds every count of `other` (totals over several batches).
+    fn add_assign(&mut self, other: &ConsumerReport) {
+        let ConsumerReport {
+            received,
+            processed,
+            duplicates,
+            stale,
+            conflicts,
+            dead_lettered,
+            nacked,
+            requeued_resolved,
+        } = other;
+        self.received += received;
+        self.processed += processed;
+        self.duplicates += duplicates;
+        self.stale += stale;
+        self.conflicts += conflicts;
+        self.dead_lettered += dead_lettered;
+        self.nacked += nacked;
+        self.requeued_resolved += requeued_resolved;
+    }
 }
 
 /// Why the engine stopped a batch.
