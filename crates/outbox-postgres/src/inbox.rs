@@ -191,8 +191,9 @@ impl PgInbox {
                 .fetch_one(&mut *conn)
                 .await?;
             let stored = stored_fingerprint(&stored, "inbox.payload_sha256")?;
-            if stored == event.fingerprint {
-                return Ok(InboxOutcome::Duplicate);
+            let outcome = InboxOutcome::seen_again(stored, event.fingerprint);
+            if outcome == InboxOutcome::Duplicate {
+                return Ok(outcome);
             }
             sqlx::query(q(&self.sql.insert_conflict))
                 .bind(consumer)
@@ -206,7 +207,7 @@ impl PgInbox {
                 .bind(event.payload.bytes.as_ref())
                 .execute(&mut *conn)
                 .await?;
-            return Ok(InboxOutcome::Conflict { stored });
+            return Ok(outcome);
         }
         if guard == OrderingGuard::Off {
             return Ok(InboxOutcome::New);
@@ -224,26 +225,27 @@ impl PgInbox {
             .bind(key.2)
             .fetch_one(&mut *conn)
             .await?;
-        let v = event.aggregate_version;
-        if v <= last {
-            sqlx::query(q(&self.sql.mark_stale))
-                .bind(consumer)
-                .bind(event.event_id)
-                .execute(&mut *conn)
-                .await?;
-            return Ok(InboxOutcome::Stale { last_applied: last });
+        let outcome = guard.judge(last, event.aggregate_version);
+        match outcome {
+            InboxOutcome::Stale { .. } => {
+                sqlx::query(q(&self.sql.mark_stale))
+                    .bind(consumer)
+                    .bind(event.event_id)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            InboxOutcome::New => {
+                sqlx::query(q(&self.sql.set_agg))
+                    .bind(key.0)
+                    .bind(key.1)
+                    .bind(key.2)
+                    .bind(event.aggregate_version)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            _ => {}
         }
-        if v > last + 1 && guard == OrderingGuard::Wait {
-            return Ok(InboxOutcome::Gap { last_applied: last });
-        }
-        sqlx::query(q(&self.sql.set_agg))
-            .bind(key.0)
-            .bind(key.1)
-            .bind(key.2)
-            .bind(v)
-            .execute(&mut *conn)
-            .await?;
-        Ok(InboxOutcome::New)
+        Ok(outcome)
     }
 
     /// Records several events for `consumer` in the caller's transaction with one multi-row
@@ -306,9 +308,8 @@ impl PgInbox {
                     e.event_id
                 ))
             })?;
-            if stored == e.fingerprint {
-                outcomes.push(InboxOutcome::Duplicate);
-            } else {
+            let outcome = InboxOutcome::seen_again(stored, e.fingerprint);
+            if outcome != InboxOutcome::Duplicate {
                 sqlx::query(q(&self.sql.insert_conflict))
                     .bind(consumer)
                     .bind(e.event_id)
@@ -321,8 +322,8 @@ impl PgInbox {
                     .bind(e.payload.bytes.as_ref())
                     .execute(&mut *conn)
                     .await?;
-                outcomes.push(InboxOutcome::Conflict { stored });
             }
+            outcomes.push(outcome);
         }
         Ok(outcomes)
     }

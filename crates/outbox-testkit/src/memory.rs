@@ -796,10 +796,11 @@ impl InboxStore for MemoryStore {
         let s = &mut conn.state;
         let key = (consumer.to_owned(), event.event_id);
         if let Some(row) = s.inbox.get(&key) {
-            if row.fingerprint == event.fingerprint {
-                return Ok(InboxOutcome::Duplicate);
-            }
             let stored = row.fingerprint;
+            let outcome = InboxOutcome::seen_again(stored, event.fingerprint);
+            if outcome == InboxOutcome::Duplicate {
+                return Ok(outcome);
+            }
             match s.conflicts.iter_mut().find(|c| {
                 c.consumer == consumer
                     && c.event_id == event.event_id
@@ -814,7 +815,7 @@ impl InboxStore for MemoryStore {
                     occurrences: 1,
                 }),
             }
-            return Ok(InboxOutcome::Conflict { stored });
+            return Ok(outcome);
         }
         s.inbox.insert(
             key.clone(),
@@ -832,16 +833,17 @@ impl InboxStore for MemoryStore {
             event.aggregate_id.clone(),
         );
         let last = s.aggregates.get(&agg).copied().unwrap_or(0);
-        let v = event.aggregate_version;
-        if v <= last {
-            s.stale.insert(key);
-            return Ok(InboxOutcome::Stale { last_applied: last });
+        let outcome = guard.judge(last, event.aggregate_version);
+        match outcome {
+            InboxOutcome::Stale { .. } => {
+                s.stale.insert(key);
+            }
+            InboxOutcome::New => {
+                s.aggregates.insert(agg, event.aggregate_version);
+            }
+            _ => {}
         }
-        if v > last + 1 && guard == OrderingGuard::Wait {
-            return Ok(InboxOutcome::Gap { last_applied: last });
-        }
-        s.aggregates.insert(agg, v);
-        Ok(InboxOutcome::New)
+        Ok(outcome)
     }
 
     async fn inbox_record_many<'a>(

@@ -45,6 +45,27 @@ pub enum OrderingGuard {
     ApplyAnyway,
 }
 
+impl OrderingGuard {
+    /// What the guard makes of `version` of an aggregate whose last applied version is
+    /// `last_applied` (0: none yet): [`InboxOutcome::New`] (apply it, and record `version` as
+    /// the last applied), [`InboxOutcome::Stale`] (an older or equal version: absorb it) or,
+    /// under [`OrderingGuard::Wait`] only, [`InboxOutcome::Gap`] (a version in between is
+    /// missing). [`OrderingGuard::Off`] applies everything.
+    ///
+    /// The one statement of the ordering rules: a store reads and locks the aggregate's mark,
+    /// asks this, and writes what it says (mark the row stale, or move the mark).
+    pub fn judge(self, last_applied: i64, version: i64) -> InboxOutcome {
+        match self {
+            Self::Off => InboxOutcome::New,
+            _ if version <= last_applied => InboxOutcome::Stale { last_applied },
+            Self::Wait if version > last_applied.saturating_add(1) => {
+                InboxOutcome::Gap { last_applied }
+            }
+            Self::Wait | Self::ApplyAnyway => InboxOutcome::New,
+        }
+    }
+}
+
 /// What recording a delivery in the inbox found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InboxOutcome {
@@ -74,6 +95,18 @@ impl InboxOutcome {
     /// True only for [`InboxOutcome::New`]: the one case where the effect must run.
     pub fn should_apply(&self) -> bool {
         matches!(self, Self::New)
+    }
+
+    /// What a delivery is whose event id the inbox already holds with fingerprint `stored`:
+    /// [`InboxOutcome::Duplicate`] when the payload is the same, otherwise
+    /// [`InboxOutcome::Conflict`] (which the store then records). The one statement of the
+    /// rule; every store calls it.
+    pub fn seen_again(stored: Fingerprint, received: Fingerprint) -> Self {
+        if stored == received {
+            Self::Duplicate
+        } else {
+            Self::Conflict { stored }
+        }
     }
 }
 
@@ -251,4 +284,49 @@ pub trait InboxStore: Send + Sync + 'static {
         &'a self,
         consumer: &'a str,
     ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ordering_rules() {
+        use InboxOutcome::{Gap, New, Stale};
+        use OrderingGuard::{ApplyAnyway, Off, Wait};
+        for (guard, last, v, want) in [
+            (Off, 5, 1, New),
+            (Off, 5, 9, New),
+            (Wait, 0, 1, New),
+            (Wait, 0, 2, Gap { last_applied: 0 }),
+            (Wait, 4, 5, New),
+            (Wait, 4, 4, Stale { last_applied: 4 }),
+            (Wait, 4, 3, Stale { last_applied: 4 }),
+            (Wait, 4, 7, Gap { last_applied: 4 }),
+            (
+                Wait,
+                i64::MAX,
+                i64::MAX,
+                Stale {
+                    last_applied: i64::MAX,
+                },
+            ),
+            (ApplyAnyway, 4, 7, New),
+            (ApplyAnyway, 0, 3, New),
+            (ApplyAnyway, 4, 2, Stale { last_applied: 4 }),
+        ] {
+            assert_eq!(guard.judge(last, v), want, "{guard:?} last {last} v {v}");
+        }
+    }
+
+    #[test]
+    fn a_known_id_is_a_duplicate_or_a_conflict() {
+        let a = Fingerprint::of(b"a");
+        let b = Fingerprint::of(b"b");
+        assert_eq!(InboxOutcome::seen_again(a, a), InboxOutcome::Duplicate);
+        assert_eq!(
+            InboxOutcome::seen_again(a, b),
+            InboxOutcome::Conflict { stored: a }
+        );
+    }
 }
