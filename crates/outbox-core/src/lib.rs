@@ -33,6 +33,8 @@ mod message;
 pub mod relay;
 pub mod secrets;
 mod store;
+#[cfg(feature = "rustls")]
+pub mod tls;
 mod transport;
 pub mod wire;
 

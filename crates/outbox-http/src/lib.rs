@@ -40,8 +40,7 @@
 
 use std::error::Error as _;
 use std::fmt;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
 /// Why an adapter could not be built (bad URL, unreadable TLS files), or why a stand-in admin
 /// request failed. The message names the option or the request.
@@ -108,72 +107,24 @@ impl ProviderTls {
         self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
     }
 
-    /// The rustls client configuration: `ca_file`'s certificates (or the system's trust store
-    /// without one), and the client certificate when given.
+    /// The rustls client configuration ([`outbox_core::tls::client_config`]): `ca_file`'s
+    /// certificates (or the system's trust store without one), and the client certificate
+    /// when given.
     fn client_config(&self) -> Result<rustls::ClientConfig> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let certs = |key: &str, path: &Path| -> Result<Vec<CertificateDer<'static>>> {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| {
-                    ProviderError(format!("invalid option `{key}`: {}: {e}", path.display()))
-                })?;
-            if certs.is_empty() {
-                bail!(
-                    "invalid option `{key}`: {} holds no PEM certificate",
-                    path.display()
-                );
-            }
-            Ok(certs)
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        match &self.ca_file {
-            Some(ca) => {
-                for cert in certs("--provider-ca-file", ca)? {
-                    roots.add(cert).map_err(|e| {
-                        ProviderError(format!(
-                            "invalid option `--provider-ca-file`: {}: {e}",
-                            ca.display()
-                        ))
-                    })?;
-                }
-            }
-            None => {
-                let native = rustls_native_certs::load_native_certs();
-                for e in &native.errors {
-                    tracing::warn!(error = %e, "cannot load some of the system's certificate authorities");
-                }
-                roots.add_parsable_certificates(native.certs);
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ProviderError(format!("cannot set up TLS: {e}")))?
-            .with_root_certificates(roots);
-        Ok(match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => {
-                let chain = certs("--provider-cert-file", cert)?;
-                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                    ProviderError(format!(
-                        "invalid option `--provider-key-file`: {}: {e}",
-                        key.display()
-                    ))
-                })?;
-                builder.with_client_auth_cert(chain, key).map_err(|e| {
-                    ProviderError(format!(
-                        "invalid option `--provider-cert-file`: certificate and key do not match: {e}"
-                    ))
-                })?
-            }
-            (None, None) => builder.with_no_client_auth(),
-            (Some(_), None) => {
-                bail!("invalid option `--provider-cert-file`: needs --provider-key-file")
-            }
-            (None, Some(_)) => {
-                bail!("invalid option `--provider-key-file`: needs --provider-cert-file")
-            }
+        use outbox_core::tls::{TlsFile, TlsFiles, client_config};
+        client_config(TlsFiles {
+            ca_file: self.ca_file.as_ref(),
+            cert_file: self.cert_file.as_ref(),
+            key_file: self.key_file.as_ref(),
+        })
+        .map_err(|e| {
+            let option = match e.file {
+                TlsFile::Ca => "invalid option `--provider-ca-file`: ",
+                TlsFile::Cert => "invalid option `--provider-cert-file`: ",
+                TlsFile::Key => "invalid option `--provider-key-file`: ",
+                TlsFile::Setup => "",
+            };
+            ProviderError(format!("{option}{}", e.reason))
         })
     }
 }

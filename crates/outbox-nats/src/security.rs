@@ -6,14 +6,11 @@
 //! them and the matching [`ConnectOptions`] (`user_and_password` / `token`), because the
 //! library prints its server addresses in its own debug logs.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use async_nats::ConnectOptions;
 use async_nats::rustls;
 use outbox_core::secrets::{Credentials, split_credentials};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
 /// TLS and authentication settings of a NATS connection (`[nats.security]` in a config file).
@@ -67,28 +64,6 @@ fn bad(key: &'static str, message: impl Into<String>) -> NatsSecurityError {
         key,
         message: message.into(),
     }
-}
-
-/// The PEM certificates of `path`, naming `key` when the file cannot be read or holds none.
-fn pem_certs(
-    key: &'static str,
-    path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, NatsSecurityError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| {
-            bad(
-                key,
-                format!("cannot read a PEM certificate from {}: {e}", path.display()),
-            )
-        })?;
-    if certs.is_empty() {
-        return Err(bad(
-            key,
-            format!("{} holds no PEM certificate", path.display()),
-        ));
-    }
-    Ok(certs)
 }
 
 impl NatsSecurity {
@@ -200,50 +175,25 @@ impl NatsSecurity {
 }
 
 impl NatsSecurity {
-    /// The TLS client configuration: the CA file's certificates (or the system's trust store
-    /// without one), the client certificate when given, and the `ring` provider named
-    /// explicitly, so it never depends on a process-wide default provider.
+    /// The TLS client configuration ([`outbox_core::tls::client_config`]): the CA file's
+    /// certificates (or the system's trust store without one), the client certificate when
+    /// given.
     fn client_config(&self) -> Result<rustls::ClientConfig, NatsSecurityError> {
-        let mut roots = rustls::RootCertStore::empty();
-        match &self.ca_file {
-            Some(ca) => {
-                for cert in pem_certs("security.ca_file", ca)? {
-                    roots
-                        .add(cert)
-                        .map_err(|e| bad("security.ca_file", format!("{}: {e}", ca.display())))?;
-                }
-            }
-            None => {
-                let native = rustls_native_certs::load_native_certs();
-                for e in &native.errors {
-                    tracing::warn!(error = %e, "cannot load some of the system's certificate authorities");
-                }
-                roots.add_parsable_certificates(native.certs);
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| bad("security", format!("cannot set up TLS: {e}")))?
-            .with_root_certificates(roots);
-        match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => {
-                let chain = pem_certs("security.cert_file", cert)?;
-                let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                    bad(
-                        "security.key_file",
-                        format!("cannot read a PEM private key from {}: {e}", key.display()),
-                    )
-                })?;
-                builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                    bad(
-                        "security.cert_file",
-                        format!("the certificate and the key do not go together: {e}"),
-                    )
-                })
-            }
-            _ => Ok(builder.with_no_client_auth()),
-        }
+        use outbox_core::tls::{TlsFile, TlsFiles, client_config};
+        client_config(TlsFiles {
+            ca_file: self.ca_file.as_ref(),
+            cert_file: self.cert_file.as_ref(),
+            key_file: self.key_file.as_ref(),
+        })
+        .map_err(|e| {
+            let key = match e.file {
+                TlsFile::Ca => "security.ca_file",
+                TlsFile::Cert => "security.cert_file",
+                TlsFile::Key => "security.key_file",
+                TlsFile::Setup => "security",
+            };
+            bad(key, e.reason)
+        })
     }
 }
 
