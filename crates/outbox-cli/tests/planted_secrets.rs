@@ -127,6 +127,9 @@ impl Planted {
     }
 }
 
+/// Held while a command that uses fixed names (the demo's schema, the matrix's prefix) runs.
+static FIXED_NAMES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Commands that finish by themselves (or fail at once).
 fn short_commands(provider_secret: &str) -> Vec<Vec<String>> {
     let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
@@ -201,6 +204,12 @@ async fn run_form(p: &Planted, form: Form) -> (usize, usize) {
     let mut runs = 0;
     for args in short_commands(p.provider_secret()) {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // `demo` and `crash-matrix` drop and recreate fixed schemas and streams of their own:
+        // the three forms take turns with them instead of wiping each other's.
+        let _turn = match args[0] {
+            "demo" | "crash-matrix" => Some(FIXED_NAMES.lock().await),
+            _ => None,
+        };
         let r = run(p.command(form, &args), Duration::from_secs(120)).await;
         let what = format!("{form:?} outbox {}", args.join(" "));
         let output = format!("{}{}", r.stdout, r.stderr);
