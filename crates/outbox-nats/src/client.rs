@@ -20,6 +20,9 @@ pub(crate) fn logged_connect_options(name: &str) -> ConnectOptions {
                 async_nats::Event::Disconnected => {
                     tracing::warn!("NATS connection lost; reconnecting")
                 }
+                // A close is this side's own doing (shutdown, a replaced client); whatever
+                // fails afterwards reports its own error.
+                async_nats::Event::Closed => tracing::info!("NATS connection closed"),
                 other => tracing::warn!(event = %other, "NATS client event"),
             }
         })
