@@ -747,6 +747,33 @@ pub async fn a_requeued_letter_the_database_refuses_does_not_block_the_others<F:
     rig.fixture.cleanup().await;
 }
 
+/// A requeued letter whose apply loses to a concurrent transaction (deadlock, serialization
+/// failure) stays requeued and is applied on the next round: a transient conflict never undoes
+/// the operator's requeue.
+pub async fn a_requeued_letter_survives_a_deadlock<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    rig.handler.script(m.event_id, &[Script::Permanent]);
+    rig.source.push_message(&m);
+    let mut consumer = rig.consumer(fast_config("c"));
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(r.dead_lettered, 1, "{r:?}");
+    rig.faults
+        .fail_event(m.event_id, StoreErrorKind::Contention, 1);
+    assert_eq!(rig.fixture.requeue_consumer_dead_letters("c").await, 1);
+    let e = consumer.process_requeued().await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Contention);
+    let dead = rig.fixture.consumer_dead_letters("c").await;
+    assert_eq!(dead[0].state, "requeued", "{dead:?}");
+    assert_eq!(consumer.process_requeued().await.unwrap(), 1);
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    assert_eq!(
+        rig.fixture.consumer_dead_letters("c").await[0].state,
+        "resolved"
+    );
+    rig.fixture.cleanup().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Executor
 
@@ -1251,6 +1278,7 @@ macro_rules! engine_suite {
             a_refused_dead_letter_is_kept_with_the_raw_message_alone,
             a_hostile_message_is_dead_lettered_byte_for_byte,
             a_requeued_letter_the_database_refuses_does_not_block_the_others,
+            a_requeued_letter_survives_a_deadlock,
             work_items_are_written_with_the_inbox_transaction,
             a_call_succeeds_once_with_its_key,
             a_failed_call_is_terminal,

@@ -604,6 +604,11 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                     warn!(consumer = %name, error = %e, "the database refused the dead letter with the decoded event; keeping the raw message alone");
                     with_event = None;
                 }
+                Err(e) if e.kind() == StoreErrorKind::Contention => {
+                    warn!(consumer = %name, error = %e,
+                        "the dead letter lost to a concurrent transaction; the delivery is sent back");
+                    return Ok(Verdict::Nack(self.config.backoff.delay(attempts as i32)));
+                }
                 Err(e) => {
                     error!(consumer = %name, error = %e, reason = %printable(reason),
                         "cannot write the dead letter; the delivery is sent back");
@@ -903,7 +908,11 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                     let count = letter.attempts.max(0) as u32 + 1;
                     let applied = match self.apply(&mut tx, &event, count).await {
                         Ok(applied) => applied,
-                        Err(e) if e.is_retryable() => return Err(e),
+                        // An outage, or a deadlock / serialization failure: the transaction
+                        // is dropped (rolled back), the letter stays requeued for next time.
+                        Err(e) if e.is_retryable() || e.kind() == StoreErrorKind::Contention => {
+                            return Err(e);
+                        }
                         // Refused values or another database error: the letter goes back to
                         // `dead` with the reason, and the next requeued letter is tried.
                         Err(e) => Applied {

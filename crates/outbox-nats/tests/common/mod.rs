@@ -325,6 +325,7 @@ impl SourceHarness for Fixture {
             dropped_delivery: Redelivery::AfterAckWait,
             lag: LagCounts::WaitingAndUnacknowledged,
             failed_ack_redelivers: false,
+            count_grows_across_cuts: false,
         }
     }
 }

@@ -463,6 +463,7 @@ impl SourceHarness for Fixture {
             dropped_delivery: Redelivery::AtOnce,
             lag: LagCounts::Waiting,
             failed_ack_redelivers: true,
+            count_grows_across_cuts: true,
         }
     }
 }
