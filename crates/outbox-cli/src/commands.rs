@@ -9,7 +9,7 @@ use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
 use outbox::{DeadLetterListParams, OutboxStore, RequeueParams};
-use outbox_postgres::roles::{Component, PermissionDenied, check_privileges};
+use outbox_postgres::roles::{Component, PermissionDenied, check_privileges, pool_role};
 use outbox_postgres::{PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -325,8 +325,7 @@ pub async fn consumer_dead_letters(
 
 /// A refused statement says which component's grants the role needs; other errors pass.
 fn needs_grants(pool: &PgPool, e: sqlx::Error, component: Component) -> anyhow::Error {
-    let role = pool.connect_options().get_username().to_owned();
-    match PermissionDenied::from_sqlx(&e, Some(&role), Some(component)) {
+    match PermissionDenied::from_sqlx(&e, Some(&pool_role(pool)), Some(component)) {
         Some(denied) => anyhow::Error::new(denied),
         None => e.into(),
     }

@@ -344,21 +344,30 @@ pub fn decode(
     })
 }
 
-/// Checks a relay's configured CloudEvents `source`: not blank, no control characters, at most
-/// [`MAX_ATTRIBUTE_CHARS`] characters. Consumers refuse (dead-letter) an event whose `source`
-/// breaks these rules, so a relay must never publish one.
+/// Checks a relay's configured CloudEvents `source`: see [`check_configured`].
 ///
 /// # Errors
 /// A [`ConfigError`](crate::ConfigError) for key `source` saying which rule is broken.
 pub fn check_source(source: &str) -> Result<(), crate::ConfigError> {
-    let refuse = |reason: String| Err(crate::ConfigError::new("source", reason));
-    if source.trim().is_empty() {
-        return refuse("must not be empty (CloudEvents requires it)".into());
+    check_configured("source", source)
+}
+
+/// Checks a configured value that travels as, or beside, an event attribute and is part of an
+/// inbox key (a relay's `source`, a consumer's name): not blank, no control characters, at most
+/// [`MAX_ATTRIBUTE_CHARS`] characters. Consumers refuse (dead-letter) an event breaking these
+/// rules, and the inbox could not index a longer name, so configuration must never hold one.
+///
+/// # Errors
+/// A [`ConfigError`](crate::ConfigError) for `key` saying which rule is broken.
+pub fn check_configured(key: &'static str, value: &str) -> Result<(), crate::ConfigError> {
+    let refuse = |reason: String| Err(crate::ConfigError::new(key, reason));
+    if value.trim().is_empty() {
+        return refuse("must not be empty".into());
     }
-    if source.chars().any(char::is_control) {
+    if value.chars().any(char::is_control) {
         return refuse("must not contain control characters".into());
     }
-    let len = source.chars().count();
+    let len = value.chars().count();
     if len > MAX_ATTRIBUTE_CHARS {
         return refuse(format!(
             "must be at most {MAX_ATTRIBUTE_CHARS} characters (got {len}): consumers refuse longer attributes"

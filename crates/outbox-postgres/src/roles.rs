@@ -1345,7 +1345,7 @@ impl PermissionDenied {
 }
 
 /// The role `pool` connects as, without a round trip (the URL's user).
-pub(crate) fn pool_role(pool: &PgPool) -> String {
+pub fn pool_role(pool: &PgPool) -> String {
     pool.connect_options().get_username().to_owned()
 }
 

@@ -229,22 +229,7 @@ impl ConsumerConfig {
     /// # Errors
     /// A [`ConfigError`] naming the first offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let chars = self.name.chars().count();
-        if self.name.trim().is_empty() || chars > crate::wire::MAX_ATTRIBUTE_CHARS {
-            return Err(ConfigError::new(
-                "name",
-                format!(
-                    "must be 1 to {} characters (got {chars})",
-                    crate::wire::MAX_ATTRIBUTE_CHARS
-                ),
-            ));
-        }
-        if self.name.chars().any(char::is_control) {
-            return Err(ConfigError::new(
-                "name",
-                "must not contain control characters",
-            ));
-        }
+        crate::wire::check_configured("name", &self.name)?;
         if self.batch_size == 0 {
             return Err(ConfigError::new("batch_size", "must be at least 1"));
         }
