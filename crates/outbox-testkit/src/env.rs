@@ -30,6 +30,13 @@ pub const RABBITMQ: Service = Service {
     default_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
 };
 
+/// A Kafka-protocol broker (tansu, started by `scripts/kafka-broker`).
+pub const KAFKA: Service = Service {
+    name: "Kafka (tansu)",
+    env: "OUTBOX_TEST_KAFKA_URL",
+    default_url: "kafka://127.0.0.1:9092",
+};
+
 impl Service {
     /// The address: the variable's value, or the default.
     pub fn url(&self) -> String {

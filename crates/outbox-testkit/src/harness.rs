@@ -22,6 +22,18 @@ pub trait Harness: Send + Sync + 'static {
         crate::env::host_port(&self.broker_url())
     }
 
+    /// A [`Proxy`](crate::net::Proxy) for the outage cases: once it is cut or stalled, no
+    /// client that connected through it reaches the broker. By default one in front of
+    /// [`Harness::broker_addr`]. A broker whose clients go on to the addresses it advertises
+    /// (Kafka: the bootstrap address only serves the cluster's metadata) overrides it with a
+    /// private broker that advertises the proxy, and serves the case from that broker.
+    ///
+    /// # Errors
+    /// When the proxy (or the private broker) cannot be started.
+    fn outage_proxy(&self) -> impl Future<Output = anyhow::Result<crate::net::Proxy>> + Send {
+        async move { crate::net::Proxy::start(self.broker_addr()?).await }
+    }
+
     /// Deletes this harness's broker resources.
     ///
     /// # Errors

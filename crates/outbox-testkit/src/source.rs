@@ -1008,7 +1008,7 @@ pub async fn connection_loss_keeps_unacknowledged_deliveries<H: SourceHarness>(
 ) -> anyhow::Result<()> {
     let caps = h.capabilities();
     let settings = SourceSettings::with_ack_wait(Duration::from_secs(2));
-    let proxy = Proxy::start(h.broker_addr()?).await?;
+    let proxy = h.outage_proxy().await?;
     let mut source = h.source_through(&proxy, &settings).await?;
     let (lost, held) = publish_and_receive(h, &mut source, "loss").await?;
 

@@ -528,7 +528,7 @@ pub enum Outage {
 /// The first broken expectation.
 pub async fn outage<H: TransportHarness>(h: &H, outage: Outage) -> anyhow::Result<()> {
     let caps = h.capabilities().await?;
-    let proxy = Proxy::start(h.broker_addr()?).await?;
+    let proxy = h.outage_proxy().await?;
     let transport = h.transport_through(&proxy).await?;
     let before = message::event("outage", 1, &b"{\"n\":1}"[..]);
     transport
