@@ -22,7 +22,7 @@ use serde::Deserialize;
 pub struct FileConfig {
     /// PostgreSQL URL.
     pub database_url: Option<String>,
-    /// `nats://…`, `tls://…` (NATS over TLS), `amqp://…` or `amqps://…`.
+    /// `nats://…`, `tls://…` (NATS over TLS), `amqp://…`, `amqps://…` or `kafka://…`.
     pub broker_url: Option<String>,
     /// Schema of the outbox tables.
     pub schema: Option<String>,
@@ -284,7 +284,7 @@ mod tests {
             text.contains("broker_url") && text.contains("foo"),
             "{text}"
         );
-        for scheme in ["nats://", "tls://", "amqp://", "amqps://"] {
+        for scheme in ["nats://", "tls://", "amqp://", "amqps://", "kafka://"] {
             assert!(text.contains(scheme), "{text}");
         }
         let e = resolve(
@@ -312,7 +312,7 @@ mod tests {
         // A refused URL is shown without its secrets.
         let e = resolve(
             Some("postgres://x".into()),
-            Some("kafka://u:hunter2@h?token=t0k".into()),
+            Some("pulsar://u:hunter2@h?token=t0k".into()),
             None,
             &f,
             &b,

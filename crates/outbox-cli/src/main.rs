@@ -58,7 +58,8 @@ struct Cli {
     )]
     database_url: Option<String>,
     /// Broker URL: nats://host:4222, tls://host:4222 (NATS, TLS required),
-    /// amqp://user:pass@host:5672/vhost or amqps://… (RabbitMQ over TLS).
+    /// amqp://user:pass@host:5672/vhost or amqps://… (RabbitMQ over TLS),
+    /// kafka://host:9092,host:9092 (Kafka; TLS and SASL in the config's [kafka.properties]).
     #[arg(long, global = true, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     #[command(flatten)]

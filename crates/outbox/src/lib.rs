@@ -11,12 +11,13 @@
 //! | `postgres` (default) | `outbox-postgres` | migrations, `enqueue` on your transaction, the store |
 //! | `nats`          | `outbox-nats`     | NATS JetStream transport and delivery source            |
 //! | `rabbitmq`      | `outbox-rabbitmq` | RabbitMQ transport and delivery source                  |
+//! | `kafka`         | `outbox-kafka`    | Kafka transport and delivery source (librdkafka)        |
 //! | `http`          | `outbox-http`     | HTTP remote-effect adapter (payouts by idempotency key) |
 //! | `opentelemetry` |                   | trace context from an OpenTelemetry context             |
 //!
 //! Everything of `outbox-core` is at the root (`outbox::NewMessage`, `outbox::relay::Relay`,
 //! `outbox::consumer::Consumer` ...); the backends are modules (`outbox::postgres`,
-//! `outbox::nats`, `outbox::rabbitmq`, `outbox::http`). [`brokers`] lists the transports of this
+//! `outbox::nats`, `outbox::rabbitmq`, `outbox::kafka`, `outbox::http`). [`brokers`] lists the transports of this
 //! build by URL scheme, for services that pick their broker from configuration.
 #![forbid(unsafe_code)]
 
@@ -34,12 +35,17 @@ pub use outbox_nats as nats;
 #[cfg(feature = "rabbitmq")]
 pub use outbox_rabbitmq as rabbitmq;
 
+/// Kafka transport and delivery source.
+#[cfg(feature = "kafka")]
+pub use outbox_kafka as kafka;
+
 /// HTTP remote-effect adapter.
 #[cfg(feature = "http")]
 pub use outbox_http as http;
 
 /// The brokers of this build, chosen by URL scheme: one registry entry per transport feature
-/// (`nats://`, `tls://` with `nats`; `amqp://`, `amqps://` with `rabbitmq`). Adding a transport
+/// (`nats://`, `tls://` with `nats`; `amqp://`, `amqps://` with `rabbitmq`; `kafka://` with
+/// `kafka`). Adding a transport
 /// is its crate plus one line here.
 ///
 /// ```
@@ -53,6 +59,8 @@ pub fn brokers() -> broker::Registry {
         &outbox_nats::BROKER,
         #[cfg(feature = "rabbitmq")]
         &outbox_rabbitmq::BROKER,
+        #[cfg(feature = "kafka")]
+        &outbox_kafka::BROKER,
     ])
 }
 

@@ -1,0 +1,209 @@
+//! The Kafka entry of the broker registry ([`outbox_core::broker`]): scheme `kafka://`,
+//! settings sections `kafka` ([`KafkaConfig`], the transport) and `kafka_consumer`
+//! ([`KafkaConsumerConfig`], the delivery source).
+//!
+//! The source uses the consumer's name as its group unless its section sets `group_id`, and
+//! inherits the transport section's connection security (every `security.*`, `ssl.*` and
+//! `sasl.*` property) unless its own section sets it. File overrides (`ca_file`, `cert_file`,
+//! `key_file`) become `ssl.ca.location`, `ssl.certificate.location` and `ssl.key.location` in
+//! both, and make TLS required (`security.protocol = ssl` unless it says `sasl_ssl`).
+
+use outbox_core::broker::{
+    self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
+};
+
+use crate::config::Properties;
+use crate::{
+    KafkaConfig, KafkaConnectError, KafkaConsumerConfig, KafkaConsumerError, KafkaSource,
+    KafkaTransport,
+};
+
+/// The registry entry of Kafka.
+pub static BROKER: BrokerEntry = BrokerEntry {
+    name: Kafka::NAME,
+    title: Kafka::TITLE,
+    schemes: &["kafka"],
+    sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
+    check: broker::check::<Kafka>,
+    transport: broker::transport::<Kafka>,
+    source: broker::source::<Kafka>,
+};
+
+const TRANSPORT_SECTION: &str = "kafka";
+const SOURCE_SECTION: &str = "kafka_consumer";
+
+/// Kafka as a registry backend.
+struct Kafka;
+
+/// Whether a librdkafka property is about the connection's security (shared by the producer
+/// and the consumer).
+fn is_security_property(name: &str) -> bool {
+    name.starts_with("security.") || name.starts_with("ssl.") || name.starts_with("sasl.")
+}
+
+/// Applies the file overrides. Like on the other brokers, a TLS file makes TLS required:
+/// `security.protocol` becomes `ssl` when unset, and a plain-text protocol is refused.
+fn apply_files(
+    properties: &mut Properties,
+    settings: &BrokerSettings,
+    section: &str,
+) -> Result<(), BrokerError> {
+    let mut tls = false;
+    for (kind, path) in settings.files() {
+        let name = match *kind {
+            file::CA => "ssl.ca.location",
+            file::CERT => "ssl.certificate.location",
+            file::KEY => "ssl.key.location",
+            _ => continue,
+        };
+        tls = true;
+        properties
+            .0
+            .insert(name.to_owned(), path.display().to_string());
+    }
+    if tls {
+        match properties
+            .0
+            .get("security.protocol")
+            .map(|p| p.to_ascii_lowercase())
+        {
+            None => {
+                properties
+                    .0
+                    .insert("security.protocol".to_owned(), "ssl".to_owned());
+            }
+            Some(p) if p == "ssl" || p == "sasl_ssl" => {}
+            Some(p) => {
+                return Err(BrokerError::config(
+                    section,
+                    "properties",
+                    format!(
+                        "a CA, certificate or key file makes TLS required, but                          `security.protocol` is `{p}` (use `ssl` or `sasl_ssl`)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Backend for Kafka {
+    const NAME: &'static str = "kafka";
+    const TITLE: &'static str = "Kafka";
+    const FILES: &'static [&'static str] = &[file::CA, file::CERT, file::KEY];
+    type TransportConfig = KafkaConfig;
+    type SourceConfig = KafkaConsumerConfig;
+    type Transport = KafkaTransport;
+    type Source = KafkaSource;
+    type TransportError = KafkaConnectError;
+    type SourceError = KafkaConsumerError;
+
+    fn transport_config(settings: &BrokerSettings) -> Result<KafkaConfig, BrokerError> {
+        let mut config: KafkaConfig = settings.section(TRANSPORT_SECTION)?;
+        apply_files(&mut config.properties, settings, TRANSPORT_SECTION)?;
+        config
+            .validate()
+            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.message))?;
+        Ok(config)
+    }
+
+    fn source_config(
+        settings: &BrokerSettings,
+        options: Option<&SourceOptions>,
+    ) -> Result<KafkaConsumerConfig, BrokerError> {
+        let mut config: KafkaConsumerConfig = settings.section(SOURCE_SECTION)?;
+        if !settings.sets(SOURCE_SECTION, "properties") {
+            let transport: KafkaConfig = settings.section(TRANSPORT_SECTION)?;
+            config.properties.0.extend(
+                transport
+                    .properties
+                    .0
+                    .into_iter()
+                    .filter(|(name, _)| is_security_property(name)),
+            );
+        }
+        if let Some(o) = options
+            && !settings.sets(SOURCE_SECTION, "group_id")
+        {
+            config.group_id.clone_from(&o.consumer);
+        }
+        apply_files(&mut config.properties, settings, SOURCE_SECTION)?;
+        // The registry's check runs without a consumer name: a placeholder group then stands
+        // for the one the consumer will give.
+        if options.is_none() && config.group_id.is_empty() {
+            config.group_id = "outbox-consumer".to_owned();
+        }
+        config
+            .validate()
+            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.message))?;
+        Ok(config)
+    }
+
+    async fn connect_transport(
+        url: &str,
+        config: KafkaConfig,
+    ) -> Result<KafkaTransport, KafkaConnectError> {
+        KafkaTransport::connect(url, config).await
+    }
+
+    async fn connect_source(
+        url: &str,
+        config: KafkaConsumerConfig,
+    ) -> Result<KafkaSource, KafkaConsumerError> {
+        KafkaSource::connect(url, config).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(text: &str) -> BrokerSettings {
+        let value: toml::Value = toml::from_str(text).unwrap();
+        let mut settings = BrokerSettings::new();
+        for (name, section) in value.as_table().unwrap() {
+            settings.set_section(name.clone(), serde_json::to_value(section).unwrap());
+        }
+        settings
+    }
+
+    #[test]
+    fn the_source_takes_the_group_and_the_transports_security() {
+        let s = settings(
+            r#"
+            [kafka.properties]
+            "security.protocol" = "sasl_ssl"
+            "sasl.username" = "u"
+            "linger.ms" = "20"
+            "#,
+        );
+        let options = SourceOptions {
+            consumer: "reporting".into(),
+        };
+        let config = Kafka::source_config(&s, Some(&options)).unwrap();
+        assert_eq!(config.group_id, "reporting");
+        assert_eq!(config.properties.0.get("sasl.username").unwrap(), "u");
+        assert!(
+            !config.properties.0.contains_key("linger.ms"),
+            "producer-only"
+        );
+        assert!(broker::check::<Kafka>(&s).is_ok());
+    }
+
+    #[test]
+    fn tls_files_make_tls_required() {
+        let mut s = settings("[kafka]\n");
+        s.set_file(file::CA, "/ca.pem".into());
+        let config = Kafka::transport_config(&s).unwrap();
+        assert_eq!(config.properties.0.get("security.protocol").unwrap(), "ssl");
+        assert_eq!(
+            config.properties.0.get("ssl.ca.location").unwrap(),
+            "/ca.pem"
+        );
+
+        let mut s = settings("[kafka.properties]\n\"security.protocol\" = \"plaintext\"\n");
+        s.set_file(file::CA, "/ca.pem".into());
+        let e = Kafka::transport_config(&s).unwrap_err();
+        assert!(e.to_string().contains("TLS required"), "{e}");
+    }
+}

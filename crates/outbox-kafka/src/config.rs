@@ -1,0 +1,448 @@
+//! [`KafkaConfig`] (the transport) and [`KafkaConsumerConfig`] (the delivery source): what the
+//! toolkit decides itself, and the librdkafka properties passed through.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::topic;
+
+/// librdkafka properties the toolkit sets itself, because its guarantees rest on them. Setting
+/// one in [`KafkaConfig::properties`] or [`KafkaConsumerConfig::properties`] is refused with
+/// the reason, never silently overridden either way.
+const OWNED: &[(&str, &str)] = &[
+    (
+        "bootstrap.servers",
+        "the brokers come from the URL (`kafka://host:port,host:port`)",
+    ),
+    (
+        "metadata.broker.list",
+        "the brokers come from the URL (`kafka://host:port,host:port`)",
+    ),
+    (
+        "enable.idempotence",
+        "always true: a retried produce must never be stored twice or out of order",
+    ),
+    (
+        "acks",
+        "always `all`: an event is sent once every in-sync replica has it",
+    ),
+    (
+        "request.required.acks",
+        "always `all`: an event is sent once every in-sync replica has it",
+    ),
+    (
+        "message.timeout.ms",
+        "set it with `delivery_timeout_secs`, which the relay's publish timeout must exceed",
+    ),
+    (
+        "delivery.timeout.ms",
+        "set it with `delivery_timeout_secs`, which the relay's publish timeout must exceed",
+    ),
+    (
+        "transactional.id",
+        "the relay's own claim and fencing order the publishes; Kafka transactions are not used",
+    ),
+    (
+        "group.id",
+        "set it with `group_id` (default: the consumer's name)",
+    ),
+    (
+        "enable.auto.commit",
+        "always false: offsets are committed only after the inbox transaction committed",
+    ),
+    (
+        "enable.auto.offset.store",
+        "always false: offsets are committed only after the inbox transaction committed",
+    ),
+    (
+        "auto.offset.reset",
+        "set it with `start_from` (default earliest: no event published before the first start is skipped)",
+    ),
+    (
+        "enable.partition.eof",
+        "the source does not use end-of-partition events",
+    ),
+];
+
+/// Property names whose values are secrets: never shown by `Debug` or in errors.
+fn is_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.contains("password")
+        || name.contains("secret")
+        || name.ends_with(".key.pem")
+        || name == "sasl.oauthbearer.config"
+}
+
+/// Extra librdkafka properties (`[kafka.properties]`), e.g. `security.protocol`,
+/// `ssl.ca.location`, `sasl.mechanism`, `sasl.username`, `sasl.password`, `linger.ms`,
+/// `compression.type`. Values of secret properties (names with `password` or `secret`) are
+/// never shown by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Properties(pub BTreeMap<String, String>);
+
+impl fmt::Debug for Properties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| {
+                let shown = if is_secret(k) { "***" } else { v.as_str() };
+                (k, shown)
+            }))
+            .finish()
+    }
+}
+
+impl Properties {
+    fn check(&self, key: &'static str) -> Result<(), KafkaConfigError> {
+        for name in self.0.keys() {
+            if let Some((_, why)) = OWNED.iter().find(|(owned, _)| owned == name) {
+                return bad(key, format!("`{name}` cannot be set here: {why}"));
+            }
+            if name.trim().is_empty() || name.chars().any(char::is_control) {
+                return bad(
+                    key,
+                    format!("`{}` is not a property name", name.escape_debug()),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Configuration of the Kafka transport (`[kafka]`).
+///
+/// Every key has a default and unknown keys are refused (a typo must not silently fall back to
+/// a default); [`KafkaConfig::validate`] names the offending key.
+///
+/// ```
+/// let config: outbox_kafka::KafkaConfig = toml::from_str(r#"
+///     topic_template = "payments.{aggregate_type}"
+///     [properties]
+///     "security.protocol" = "sasl_ssl"
+///     "sasl.mechanism" = "SCRAM-SHA-512"
+///     "sasl.username" = "relay"
+///     "sasl.password" = "s3cret"
+/// "#).unwrap();
+/// assert!(config.validate().is_ok());
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Topic of each event; `{aggregate_type}`, `{aggregate_id}` and `{event_type}` are replaced
+    /// by the message's values, with every character a topic name cannot hold (anything but
+    /// ASCII letters, digits, `.`, `_` and `-`) turned into `_`. A message's own destination
+    /// override wins. Default `outbox.{aggregate_type}`.
+    pub topic_template: String,
+    /// Create a topic on its first use when it does not exist (with [`KafkaConfig::topic_partitions`]
+    /// and [`KafkaConfig::topic_replication_factor`]). Without it, or when creating fails, a
+    /// publish to a missing topic fails as `Rejected` with the reason and is retried. Default
+    /// `true`.
+    pub create_topics: bool,
+    /// Partitions of a topic this transport creates; `-1` lets the broker decide
+    /// (`num.partitions`). Default `-1`.
+    pub topic_partitions: i32,
+    /// Replication factor of a topic this transport creates; `-1` lets the broker decide
+    /// (`default.replication.factor`). Default `-1`.
+    pub topic_replication_factor: i32,
+    /// CloudEvents `source` attribute. Default [`outbox_core::wire::DEFAULT_SOURCE`].
+    pub source: String,
+    /// Most publishes awaiting their delivery report at once; further calls wait. Default 1024.
+    pub max_in_flight: usize,
+    /// How long a publish may take from being handed to the client to its delivery report
+    /// (librdkafka `message.timeout.ms`), in seconds; an event not acknowledged by then fails
+    /// as `TimedOut` and is republished by the relay. Keep it below the relay's publish
+    /// timeout. Default 5.
+    pub delivery_timeout_secs: u64,
+    /// How long startup waits for the cluster's metadata, in seconds. Default 5.
+    pub connect_timeout_secs: u64,
+    /// Extra librdkafka producer properties (`[kafka.properties]`): TLS, SASL, batching,
+    /// compression. The properties the guarantees rest on (idempotence, acks, timeouts,
+    /// brokers) are refused here.
+    pub properties: Properties,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            topic_template: "outbox.{aggregate_type}".to_owned(),
+            create_topics: true,
+            topic_partitions: -1,
+            topic_replication_factor: -1,
+            source: outbox_core::wire::DEFAULT_SOURCE.to_owned(),
+            max_in_flight: 1024,
+            delivery_timeout_secs: 5,
+            connect_timeout_secs: 5,
+            properties: Properties::default(),
+        }
+    }
+}
+
+/// A [`KafkaConfig`] or [`KafkaConsumerConfig`] value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid Kafka config `{key}`: {message}")]
+pub struct KafkaConfigError {
+    /// The configuration key, e.g. `topic_template`.
+    pub key: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+fn bad(key: &'static str, message: impl Into<String>) -> Result<(), KafkaConfigError> {
+    Err(KafkaConfigError {
+        key,
+        message: message.into(),
+    })
+}
+
+fn seconds(key: &'static str, value: u64, max: u64) -> Result<(), KafkaConfigError> {
+    if value == 0 || value > max {
+        return bad(
+            key,
+            format!("must be between 1 and {max} seconds (got {value})"),
+        );
+    }
+    Ok(())
+}
+
+impl KafkaConfig {
+    /// Checks every key.
+    ///
+    /// # Errors
+    /// A [`KafkaConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), KafkaConfigError> {
+        if let Err(why) = topic::check_template(&self.topic_template) {
+            return bad("topic_template", why);
+        }
+        if self.topic_partitions == 0 || self.topic_partitions < -1 {
+            return bad(
+                "topic_partitions",
+                "must be -1 (the broker's default) or at least 1",
+            );
+        }
+        if self.topic_replication_factor == 0 || self.topic_replication_factor < -1 {
+            return bad(
+                "topic_replication_factor",
+                "must be -1 (the broker's default) or at least 1",
+            );
+        }
+        outbox_core::wire::check_source(&self.source).map_err(|e| KafkaConfigError {
+            key: "source",
+            message: e.reason,
+        })?;
+        if self.max_in_flight == 0 {
+            return bad("max_in_flight", "must be at least 1");
+        }
+        seconds("delivery_timeout_secs", self.delivery_timeout_secs, 3600)?;
+        seconds("connect_timeout_secs", self.connect_timeout_secs, 3600)?;
+        self.properties.check("properties")
+    }
+
+    /// [`KafkaConfig::delivery_timeout_secs`] as a duration.
+    pub fn delivery_timeout(&self) -> Duration {
+        Duration::from_secs(self.delivery_timeout_secs)
+    }
+
+    /// [`KafkaConfig::connect_timeout_secs`] as a duration.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs)
+    }
+}
+
+/// Where a consumer group without a committed offset starts reading a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    /// The oldest event the topic still holds (`auto.offset.reset=earliest`): a consumer
+    /// deployed after the producer misses nothing.
+    Earliest,
+    /// Only events published after the group first joined (`auto.offset.reset=latest`).
+    Latest,
+}
+
+/// Configuration of the Kafka delivery source (`[kafka_consumer]`).
+///
+/// ```
+/// let config: outbox_kafka::KafkaConsumerConfig = toml::from_str(r#"
+///     topics = ["payments.payment"]
+///     group_id = "reporting"
+/// "#).unwrap();
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConsumerConfig {
+    /// Topics to consume; a name starting with `^` is a regular expression (new matching
+    /// topics are picked up at the next metadata refresh). Default `["^outbox\\..*"]`, every
+    /// topic of the transport's default template.
+    pub topics: Vec<String>,
+    /// Consumer group. The registry sets it to the consumer's name unless the section sets it.
+    /// Required.
+    pub group_id: String,
+    /// Where a group without a committed offset starts. Default `earliest`.
+    pub start_from: StartFrom,
+    /// Largest message value the consumer decodes; a larger one is dead-lettered as too large
+    /// (and librdkafka's `fetch.message.max.bytes` is raised to fetch it). Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// Most deliveries held at once: handed out and not acknowledged yet, nacked ones waiting
+    /// to come again included. At the limit the source pauses its partitions (it stays in the
+    /// group) until a quarter of them settled, so a consumer whose handler fails on everything
+    /// does not read the whole topic into memory. Default 1000.
+    pub max_unacked: usize,
+    /// How long a commit or lag query may take, in seconds, before it fails as `Unavailable`.
+    /// Default 10.
+    pub request_timeout_secs: u64,
+    /// Extra librdkafka consumer properties (`[kafka_consumer.properties]`): TLS, SASL,
+    /// `session.timeout.ms`, `max.poll.interval.ms`. Offsets, group and reset policy are
+    /// refused here.
+    pub properties: Properties,
+}
+
+impl Default for KafkaConsumerConfig {
+    fn default() -> Self {
+        Self {
+            topics: vec![r"^outbox\..*".to_owned()],
+            group_id: String::new(),
+            start_from: StartFrom::Earliest,
+            max_message_bytes: 1024 * 1024,
+            max_unacked: 1000,
+            request_timeout_secs: 10,
+            properties: Properties::default(),
+        }
+    }
+}
+
+impl KafkaConsumerConfig {
+    /// Checks every key.
+    ///
+    /// # Errors
+    /// A [`KafkaConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), KafkaConfigError> {
+        if self.topics.is_empty() {
+            return bad("topics", "must list at least one topic");
+        }
+        for t in &self.topics {
+            if t.starts_with('^') {
+                if t.len() == 1 {
+                    return bad("topics", "`^` alone is not a pattern");
+                }
+            } else if let Err(why) = topic::check_name(t) {
+                return bad("topics", format!("`{}`: {why}", t.escape_debug()));
+            }
+        }
+        if let Err(e) = outbox_core::wire::check_configured("group_id", &self.group_id) {
+            return bad("group_id", e.reason);
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > 1_000_000_000 {
+            return bad("max_message_bytes", "must be between 1 and 1000000000");
+        }
+        if self.max_unacked == 0 {
+            return bad("max_unacked", "must be at least 1");
+        }
+        seconds("request_timeout_secs", self.request_timeout_secs, 3600)?;
+        self.properties.check("properties")
+    }
+
+    /// [`KafkaConsumerConfig::request_timeout_secs`] as a duration.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_properties_are_refused_with_the_reason() {
+        let mut config = KafkaConfig::default();
+        config
+            .properties
+            .0
+            .insert("enable.idempotence".into(), "false".into());
+        let e = config.validate().unwrap_err();
+        assert_eq!(e.key, "properties");
+        assert!(e.message.contains("never be stored twice"), "{e}");
+
+        let mut consumer = KafkaConsumerConfig {
+            group_id: "g".into(),
+            ..KafkaConsumerConfig::default()
+        };
+        assert!(consumer.validate().is_ok());
+        consumer
+            .properties
+            .0
+            .insert("enable.auto.commit".into(), "true".into());
+        assert!(
+            consumer
+                .validate()
+                .unwrap_err()
+                .message
+                .contains("after the inbox")
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases: [(KafkaConfig, &str); 4] = [
+            (
+                KafkaConfig {
+                    topic_template: "a/{aggregate_type}".into(),
+                    ..KafkaConfig::default()
+                },
+                "topic_template",
+            ),
+            (
+                KafkaConfig {
+                    topic_template: "{tenant}".into(),
+                    ..KafkaConfig::default()
+                },
+                "topic_template",
+            ),
+            (
+                KafkaConfig {
+                    topic_partitions: 0,
+                    ..KafkaConfig::default()
+                },
+                "topic_partitions",
+            ),
+            (
+                KafkaConfig {
+                    delivery_timeout_secs: 0,
+                    ..KafkaConfig::default()
+                },
+                "delivery_timeout_secs",
+            ),
+        ];
+        for (config, key) in cases {
+            assert_eq!(config.validate().unwrap_err().key, key, "{config:?}");
+        }
+        let no_group = KafkaConsumerConfig::default();
+        assert_eq!(no_group.validate().unwrap_err().key, "group_id");
+    }
+
+    #[test]
+    fn secrets_are_not_shown() {
+        let config: KafkaConfig = toml::from_str(
+            r#"
+            [properties]
+            "sasl.password" = "hunter2"
+            "ssl.key.password" = "hunter3"
+            "sasl.username" = "relay"
+            "#,
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(shown.contains("relay"), "{shown}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = toml::from_str::<KafkaConfig>("topic_templat = \"x\"").unwrap_err();
+        assert!(e.to_string().contains("topic_templat"), "{e}");
+    }
+}

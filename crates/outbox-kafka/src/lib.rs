@@ -1,0 +1,113 @@
+//! Kafka transport and delivery source for the outbox toolkit, on librdkafka (`rdkafka`).
+//!
+//! [`KafkaTransport`] implements [`outbox_core::Transport`] with an idempotent producer
+//! (`enable.idempotence=true`, `acks=all`): a publish returns `Ok` only on the record's
+//! delivery report, once every in-sync replica stored it, so the relay marks a row sent only
+//! after the broker confirmed it (G3). The idempotent producer keeps each partition in order
+//! across its own retries, and the record key is the partition key (the aggregate id by
+//! default), so one aggregate's events stay in one partition, in order.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_kafka::{KafkaConfig, KafkaTransport};
+//! let transport = KafkaTransport::connect("kafka://127.0.0.1:9092", KafkaConfig::default()).await?;
+//! // hand `transport` to outbox_core::relay::Relay
+//! # Ok(()) }
+//! ```
+//!
+//! The consumer side, [`KafkaSource`] (a consumer-group member implementing
+//! [`outbox_core::consumer::DeliverySource`], committing offsets only after the inbox
+//! transaction), is described in [`consumer`].
+//!
+//! # Wire format
+//!
+//! CloudEvents 1.0 in binary content mode, following the CloudEvents Kafka protocol binding:
+//!
+//! * **topic**: the message's destination override, or [`KafkaConfig::topic_template`]
+//!   (default `outbox.{aggregate_type}`) with each placeholder's value made legal in a topic
+//!   name (every character but ASCII letters, digits, `.`, `_` and `-` becomes `_`).
+//! * **key**: the partition key (the message's override, or the aggregate id), UTF-8.
+//! * **value**: the payload bytes, unchanged.
+//! * **timestamp**: created_at, milliseconds (`CreateTime`).
+//! * **headers**, values as UTF-8 text (the binding does not percent-encode):
+//!
+//! | header                | value                                                       |
+//! |-----------------------|-------------------------------------------------------------|
+//! | `ce_specversion`      | `1.0`                                                       |
+//! | `ce_id`               | event id, hyphenated UUID                                   |
+//! | `ce_source`           | [`KafkaConfig::source`], default `/outbox`                  |
+//! | `ce_type`             | event type                                                  |
+//! | `ce_subject`          | aggregate id                                                |
+//! | `ce_time`             | created_at, RFC 3339, microseconds, UTC                     |
+//! | `ce_aggregatetype`    | aggregate type                                              |
+//! | `ce_aggregateid`      | aggregate id                                                |
+//! | `ce_aggregateversion` | aggregate version, decimal                                  |
+//! | `ce_schemaversion`    | payload schema version, decimal                             |
+//! | `ce_partitionkey`     | partition key (override or aggregate id)                    |
+//! | `ce_payloadsha256`    | SHA-256 of the payload, lower-case hex                      |
+//! | `content-type`        | payload content type                                        |
+//! | user headers          | each of the message's headers, name and value unchanged     |
+//!
+//! User header names that collide with the binding (`ce_*`, `ce-*`, `content-type`, any case)
+//! are refused as [`PublishErrorKind::Invalid`](outbox_core::PublishErrorKind::Invalid).
+//!
+//! # Duplicates
+//!
+//! Kafka has no dedup window by event id. The idempotent producer drops its own retries of a
+//! record, but a relay that crashed after the broker stored an event and before it marked the
+//! row republishes it (same event id, byte-identical): a wire duplicate the consumer inbox
+//! absorbs. [`PublishReceipt::duplicate`](outbox_core::PublishReceipt::duplicate) is always
+//! `false`.
+//!
+//! # Error mapping
+//!
+//! | situation                                                         | kind          |
+//! |-------------------------------------------------------------------|---------------|
+//! | topic name not legal (override or expanded template)              | `Invalid`     |
+//! | user header reserved                                              | `Invalid`     |
+//! | broker refused the record as invalid (`INVALID_RECORD`, `INVALID_TIMESTAMP`, `INVALID_TOPIC_EXCEPTION`) | `Invalid` |
+//! | record over `message.max.bytes` (checked before sending), or the broker's `MESSAGE_TOO_LARGE` | `TooLarge` |
+//! | topic missing and not created (`create_topics` off, creation refused), unknown topic or partition, authorization | `Rejected` |
+//! | no delivery report within `delivery_timeout_secs`                 | `TimedOut`    |
+//! | brokers down, connection broken, not enough replicas, leader moving, local queue full, producer fenced or its epoch refused (the producer is replaced) | `Unavailable` |
+//! | anything else                                                     | `Rejected`    |
+//!
+//! `TooLarge` and `Invalid` are dead-lettered by the relay at once; the other kinds are retried
+//! with the same event id.
+//!
+//! # Topics
+//!
+//! With [`KafkaConfig::create_topics`] (default), the first publish to a topic that the
+//! cluster's metadata does not list creates it ([`KafkaConfig::topic_partitions`],
+//! [`KafkaConfig::topic_replication_factor`]; the broker's defaults unless set). Production
+//! clusters usually create their topics themselves (partitions, replication, retention) and
+//! may turn it off; a missing topic is then a `Rejected` publish, retried, with the reason.
+//!
+//! # Security
+//!
+//! TLS and SASL (PLAIN, SCRAM, OAUTHBEARER) are librdkafka properties in `[kafka.properties]`
+//! (`security.protocol`, `ssl.ca.location`, `sasl.mechanism`, `sasl.username`,
+//! `sasl.password` ...), passed through as they are; their values are never logged. The URL
+//! carries no credentials. Kerberos (GSSAPI) is not built in.
+#![forbid(unsafe_code)]
+
+mod broker;
+mod client;
+mod config;
+pub mod consumer;
+mod topic;
+mod tracker;
+mod transport;
+
+pub use broker::BROKER;
+pub use client::{DEFAULT_PORT, KafkaUrlError, LogContext, bootstrap_servers};
+pub use config::{KafkaConfig, KafkaConfigError, KafkaConsumerConfig, Properties, StartFrom};
+pub use consumer::{KafkaConsumerError, KafkaDelivery, KafkaSource, decode_raw};
+pub use topic::{MAX_TOPIC_CHARS, check_name as check_topic_name, sanitize_token};
+pub use transport::{
+    CE_PREFIX, CONTENT_TYPE_HEADER, KafkaConnectError, KafkaTransport, wire_headers,
+};
+
+/// The librdkafka binding this crate is built on, re-exported so callers (and tests) can use
+/// its admin and consumer types of the matching version.
+pub use rdkafka;

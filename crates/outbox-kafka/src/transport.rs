@@ -1,0 +1,534 @@
+//! [`KafkaTransport`]: the idempotent producer, topic checks and the [`Transport`]
+//! implementation.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use outbox_core::secrets::redact_url;
+use outbox_core::wire::{self, attr};
+use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::util::Timeout;
+use tokio::sync::Semaphore;
+
+use crate::client::{KafkaUrlError, LogContext, bootstrap_servers, client_config};
+use crate::config::{KafkaConfig, KafkaConfigError};
+use crate::topic;
+
+/// Prefix of the CloudEvents attribute headers (Kafka protocol binding).
+pub const CE_PREFIX: &str = "ce_";
+/// Header carrying the payload media type (the binding's `datacontenttype`).
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+
+/// librdkafka's default `message.max.bytes`, the client's limit on one record.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// Room a record takes beyond its key, value and headers (record and batch framing), so the
+/// size check before sending errs on the safe side of librdkafka's own.
+const RECORD_OVERHEAD: usize = 128;
+
+/// Why [`KafkaTransport`] could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KafkaConnectError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] KafkaConfigError),
+    /// The URL is not a `kafka://` broker list.
+    #[error(transparent)]
+    Url(#[from] KafkaUrlError),
+    /// librdkafka refused the configuration (an unknown property or a bad value).
+    #[error("librdkafka refused the configuration: {0}")]
+    Client(String),
+    /// No broker answered within `connect_timeout_secs` (address, TLS, authentication).
+    #[error("cannot reach the Kafka cluster at `{url}` within {timeout_secs}s: {reason}")]
+    Connect {
+        /// The address tried.
+        url: String,
+        /// The configured timeout.
+        timeout_secs: u64,
+        /// librdkafka's error.
+        reason: String,
+    },
+}
+
+/// What the transport shares between its clones.
+struct Inner {
+    /// Replaced after a fatal error (see [`KafkaTransport::replace_after_fatal`]).
+    producer: RwLock<Arc<FutureProducer<LogContext>>>,
+    /// The producer's configuration, to make a new one.
+    client: ClientConfig,
+    admin: AdminClient<LogContext>,
+    config: KafkaConfig,
+    /// Topics seen in the cluster's metadata (or created here): not checked again.
+    known_topics: Mutex<HashSet<String>>,
+    in_flight: Semaphore,
+    message_max_bytes: usize,
+}
+
+/// The Kafka [`Transport`]: an idempotent producer (`enable.idempotence=true`, `acks=all`)
+/// whose `publish` returns `Ok` only on the record's delivery report, i.e. once every in-sync
+/// replica stored it.
+///
+/// Cheap to clone: clones share the producer and the in-flight bound.
+#[derive(Clone)]
+pub struct KafkaTransport {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KafkaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaTransport")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaTransport {
+    /// Connects to the cluster at `url` (`kafka://host:port,host:port`) and waits for its
+    /// metadata, so an unreachable cluster is an error after at most
+    /// [`KafkaConfig::connect_timeout_secs`], never an endless retry. Once started, the client
+    /// reconnects by itself during outages; publishes meanwhile fail as `TimedOut` or
+    /// `Unavailable` and the relay retries them.
+    ///
+    /// # Errors
+    /// [`KafkaConnectError::Config`] or [`KafkaConnectError::Url`] for a bad configuration,
+    /// [`KafkaConnectError::Client`] when librdkafka refuses a property,
+    /// [`KafkaConnectError::Connect`] when no broker answers.
+    #[tracing::instrument(level = "info", skip_all, fields(brokers = %redact_url(url)))]
+    pub async fn connect(url: &str, config: KafkaConfig) -> Result<Self, KafkaConnectError> {
+        config.validate()?;
+        let bootstrap = bootstrap_servers(url)?;
+        let mut client = client_config(&bootstrap, &config.properties);
+        client
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                (config.delivery_timeout_secs * 1000).to_string(),
+            );
+        let producer: FutureProducer<LogContext> = client
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaConnectError::Client(e.to_string()))?;
+        let producer = RwLock::new(Arc::new(producer));
+        let admin: AdminClient<LogContext> = client
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaConnectError::Client(e.to_string()))?;
+        let message_max_bytes = config
+            .properties
+            .0
+            .get("message.max.bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
+        let transport = Self {
+            inner: Arc::new(Inner {
+                producer,
+                client,
+                admin,
+                in_flight: Semaphore::new(config.max_in_flight),
+                known_topics: Mutex::new(HashSet::new()),
+                message_max_bytes,
+                config,
+            }),
+        };
+        let timeout = transport.inner.config.connect_timeout();
+        let producer = transport.producer();
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Timeout::After(timeout))
+                .map(|m| m.brokers().len())
+        })
+        .await
+        .map_err(|e| KafkaConnectError::Client(format!("metadata task failed: {e}")))?;
+        match metadata {
+            Ok(brokers) => {
+                tracing::info!(brokers, "connected to the Kafka cluster");
+                Ok(transport)
+            }
+            Err(e) => Err(KafkaConnectError::Connect {
+                url: redact_url(url),
+                timeout_secs: transport.inner.config.connect_timeout_secs,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.inner.config
+    }
+
+    /// The topic `message` is published to: its destination override, or
+    /// [`KafkaConfig::topic_template`] with legal placeholder values.
+    ///
+    /// # Errors
+    /// [`PublishErrorKind::Invalid`] when the result is not a legal topic name.
+    pub fn topic_for(&self, message: &OutboxMessage) -> Result<String, PublishError> {
+        let topic = wire::destination(
+            message,
+            &self.inner.config.topic_template,
+            topic::sanitize_token,
+        );
+        topic::check_name(&topic).map_err(|why| {
+            PublishError::new(
+                PublishErrorKind::Invalid,
+                format!("event {}: {why}", message.event_id),
+            )
+        })?;
+        Ok(topic)
+    }
+
+    /// The headers `message` is published with: see [`wire_headers`].
+    ///
+    /// # Errors
+    /// As [`wire_headers`].
+    pub fn headers_for(
+        &self,
+        message: &OutboxMessage,
+    ) -> Result<Vec<(String, String)>, PublishError> {
+        wire_headers(message, &self.inner.config.source)
+    }
+
+    /// Makes sure `topic` exists: known, found in the cluster's metadata, or created.
+    async fn ensure_topic(&self, topic: &str, event: &OutboxMessage) -> Result<(), PublishError> {
+        if self.known(topic) {
+            return Ok(());
+        }
+        let timeout = self.inner.config.connect_timeout();
+        let producer = self.producer();
+        let name = topic.to_owned();
+        let found = tokio::task::spawn_blocking(move || {
+            let metadata = producer
+                .client()
+                .fetch_metadata(Some(&name), Timeout::After(timeout))?;
+            Ok::<_, KafkaError>(
+                metadata
+                    .topics()
+                    .iter()
+                    .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty()),
+            )
+        })
+        .await
+        .map_err(|e| PublishError::new(PublishErrorKind::Unavailable, e.to_string()))?
+        .map_err(|e| {
+            PublishError::new(
+                classify(&e),
+                format!("event {}: metadata of topic `{topic}`: {e}", event.event_id),
+            )
+        })?;
+        if found {
+            self.remember(topic);
+            return Ok(());
+        }
+        let missing = |why: String| {
+            PublishError::new(
+                PublishErrorKind::Rejected,
+                format!(
+                    "event {}: topic `{topic}` does not exist and {why}; the event stays \
+                     pending and is retried",
+                    event.event_id
+                ),
+            )
+        };
+        if !self.inner.config.create_topics {
+            return Err(missing("create_topics is off".into()));
+        }
+        let config = &self.inner.config;
+        let new = NewTopic::new(
+            topic,
+            config.topic_partitions,
+            TopicReplication::Fixed(config.topic_replication_factor),
+        );
+        let options = AdminOptions::new().operation_timeout(Some(timeout));
+        let results = self
+            .inner
+            .admin
+            .create_topics([&new], &options)
+            .await
+            .map_err(|e| missing(format!("cannot be created: {e}")))?;
+        for result in results {
+            match result {
+                Ok(_) => tracing::info!(topic, "created Kafka topic"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(missing(format!("cannot be created: {code}"))),
+            }
+        }
+        self.remember(topic);
+        Ok(())
+    }
+
+    fn producer(&self) -> Arc<FutureProducer<LogContext>> {
+        Arc::clone(
+            &self
+                .inner
+                .producer
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// An idempotent producer that hit a fatal error (the broker lost acknowledged data of a
+    /// sequence), or whose producer id or epoch the broker no longer accepts, refuses every
+    /// later record. Replaces it with a new one, once per failed producer: the events it failed
+    /// are republished with the same ids by the relay (`Unavailable`, retried).
+    fn replace_after_fatal(&self, failed: &Arc<FutureProducer<LogContext>>, error: &KafkaError) {
+        let (code, reason) = match failed.client().fatal_error() {
+            Some(fatal) => fatal,
+            // The broker no longer accepts this producer id or epoch (a broker that cannot bump
+            // an idempotent producer's epoch after timed-out records answers so): only a new
+            // producer id gets records stored again.
+            None => match error.rdkafka_error_code() {
+                Some(
+                    code @ (RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::UnknownProducerId
+                    | RDKafkaErrorCode::InvalidProducerIdMapping),
+                ) => (code, error.to_string()),
+                _ => return,
+            },
+        };
+        let mut slot = self
+            .inner
+            .producer
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !Arc::ptr_eq(&slot, failed) {
+            return;
+        }
+        match self.inner.client.create_with_context(LogContext) {
+            Ok(producer) => {
+                tracing::warn!(
+                    %code, %reason,
+                    "the Kafka producer can no longer publish; replaced it with a new one (the \
+                     events it failed are retried with the same ids)"
+                );
+                *slot = Arc::new(producer);
+            }
+            Err(e) => tracing::error!(
+                %code, %reason, error = %e,
+                "the Kafka producer hit a fatal error and a new one cannot be made"
+            ),
+        }
+    }
+
+    fn known(&self, topic: &str) -> bool {
+        self.inner
+            .known_topics
+            .lock()
+            .is_ok_and(|known| known.contains(topic))
+    }
+
+    fn remember(&self, topic: &str) {
+        if let Ok(mut known) = self.inner.known_topics.lock() {
+            known.insert(topic.to_owned());
+        }
+    }
+
+    fn forget(&self, topic: &str) {
+        if let Ok(mut known) = self.inner.known_topics.lock() {
+            known.remove(topic);
+        }
+    }
+}
+
+impl Transport for KafkaTransport {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        let topic = self.topic_for(message)?;
+        let pairs = wire_headers(message, &self.inner.config.source)?;
+        let key = message.partition_key();
+
+        let size = key.len()
+            + message.payload.bytes.len()
+            + pairs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+            + RECORD_OVERHEAD;
+        let max = self.inner.message_max_bytes;
+        if size > max {
+            return Err(PublishError::new(
+                PublishErrorKind::TooLarge,
+                format!(
+                    "event {}: the record is {size} bytes (payload {} + key + headers), more \
+                     than message.max.bytes of {max}",
+                    message.event_id,
+                    message.payload.bytes.len()
+                ),
+            ));
+        }
+
+        self.ensure_topic(&topic, message).await?;
+
+        let mut headers = OwnedHeaders::new_with_capacity(pairs.len());
+        for (name, value) in &pairs {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+        let record = FutureRecord::to(&topic)
+            .key(key.as_bytes())
+            .payload(message.payload.bytes.as_ref())
+            .headers(headers)
+            .timestamp(message.created_at.timestamp_millis());
+
+        let _permit = self.inner.in_flight.acquire().await.map_err(|_| {
+            PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")
+        })?;
+        let failed = |stage: &str, e: &KafkaError| {
+            PublishError::new(
+                classify(e),
+                format!("event {}: {stage} to `{topic}`: {e}", message.event_id),
+            )
+        };
+        let producer = self.producer();
+        let delivery = match producer.send_result(record) {
+            Ok(delivery) => delivery,
+            Err((e, _)) => {
+                self.replace_after_fatal(&producer, &e);
+                return Err(failed("queueing", &e));
+            }
+        };
+        // librdkafka reports every queued record within message.timeout.ms; the margin only
+        // guards against a report that never comes.
+        let bound = self.inner.config.delivery_timeout() * 2 + Duration::from_secs(1);
+        let report = match tokio::time::timeout(bound, delivery).await {
+            Err(_) => {
+                return Err(PublishError::new(
+                    PublishErrorKind::TimedOut,
+                    format!(
+                        "event {}: no delivery report within {bound:?}",
+                        message.event_id
+                    ),
+                ));
+            }
+            Ok(Err(_canceled)) => {
+                return Err(PublishError::new(
+                    PublishErrorKind::Unavailable,
+                    "the producer was closed before the delivery report",
+                ));
+            }
+            Ok(Ok(report)) => report,
+        };
+        match report {
+            Ok(delivery) => {
+                tracing::trace!(
+                    event_id = %message.event_id,
+                    %topic,
+                    partition = delivery.partition,
+                    offset = delivery.offset,
+                    "published"
+                );
+                Ok(PublishReceipt { duplicate: false })
+            }
+            Err((e, _)) => {
+                if matches!(
+                    e.rdkafka_error_code(),
+                    Some(
+                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                    )
+                ) {
+                    self.forget(&topic);
+                }
+                self.replace_after_fatal(&producer, &e);
+                Err(failed("delivery", &e))
+            }
+        }
+    }
+}
+
+/// The kind of a librdkafka error: what the relay does with the event.
+pub(crate) fn classify(e: &KafkaError) -> PublishErrorKind {
+    use RDKafkaErrorCode as C;
+    let Some(code) = e.rdkafka_error_code() else {
+        return match e {
+            KafkaError::Canceled => PublishErrorKind::Unavailable,
+            _ => PublishErrorKind::Rejected,
+        };
+    };
+    match code {
+        C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge => {
+            PublishErrorKind::TooLarge
+        }
+        C::InvalidTopic | C::InvalidRecord | C::InvalidTimestamp | C::InvalidMessage => {
+            PublishErrorKind::Invalid
+        }
+        C::MessageTimedOut | C::RequestTimedOut | C::OperationTimedOut | C::TimedOutQueue => {
+            PublishErrorKind::TimedOut
+        }
+        C::BrokerTransportFailure
+        | C::AllBrokersDown
+        | C::Resolve
+        | C::QueueFull
+        | C::NetworkException
+        | C::LeaderNotAvailable
+        | C::NotLeaderForPartition
+        | C::BrokerNotAvailable
+        | C::NotEnoughReplicas
+        | C::NotEnoughReplicasAfterAppend
+        | C::KafkaStorageError
+        | C::PurgeQueue
+        | C::PurgeInflight
+        | C::Fatal
+        | C::ProducerFenced
+        | C::InvalidProducerEpoch
+        | C::UnknownProducerId
+        | C::InvalidProducerIdMapping
+        | C::BrokerDestroy
+        | C::DestroyBroker => PublishErrorKind::Unavailable,
+        _ => PublishErrorKind::Rejected,
+    }
+}
+
+/// True for a user header name that would collide with a header this transport sets.
+fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("ce_") || lower.starts_with("ce-") || lower == CONTENT_TYPE_HEADER
+}
+
+/// The headers `message` is published with (CloudEvents `source` = `source`), in order:
+/// `ce_<attribute>` for every CloudEvents attribute (values as UTF-8 text, unescaped),
+/// `content-type`, then the user headers unchanged.
+///
+/// # Errors
+/// [`PublishErrorKind::Invalid`] when a user header name collides with a header set here
+/// (`ce_*`, `ce-*`, `content-type`, any case).
+pub fn wire_headers(
+    message: &OutboxMessage,
+    source: &str,
+) -> Result<Vec<(String, String)>, PublishError> {
+    let mut pairs: Vec<(String, String)> = wire::attributes(message, source)
+        .into_iter()
+        .map(|(name, value)| (format!("{CE_PREFIX}{name}"), value))
+        .collect();
+    pairs.push((
+        CONTENT_TYPE_HEADER.to_owned(),
+        message.payload.content_type.0.clone(),
+    ));
+    for (name, value) in &message.headers {
+        if is_reserved_header(name) {
+            return Err(PublishError::new(
+                PublishErrorKind::Invalid,
+                format!(
+                    "event {}: user header `{}` collides with a header of the Kafka binding",
+                    message.event_id,
+                    name.escape_debug()
+                ),
+            ));
+        }
+        pairs.push((name.clone(), value.clone()));
+    }
+    debug_assert!(
+        pairs
+            .iter()
+            .any(|(n, _)| n == &format!("{CE_PREFIX}{}", attr::ID))
+    );
+    Ok(pairs)
+}

@@ -1,0 +1,290 @@
+//! Kafka-specific behaviour of the transport and the source against the real broker: missing
+//! topics, start-up against an unreachable cluster, keys and timestamps, and two members of
+//! one group through a rebalance.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use common::Fixture;
+use outbox_core::consumer::{Delivery as _, DeliverySource as _};
+use outbox_core::{PublishErrorKind, Transport as _};
+use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+use outbox_kafka::rdkafka::message::Message as _;
+use outbox_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use outbox_kafka::{KafkaConfig, KafkaConnectError, KafkaSource, KafkaTransport};
+use outbox_testkit::harness::run;
+use outbox_testkit::message;
+use outbox_testkit::source::{SourceSettings, event_of};
+use outbox_testkit::transport::PROMPT;
+use uuid::Uuid;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_a_prompt_rejection_then_publishes_once_it_exists() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let topic = format!("outboxmissing{}", Uuid::now_v7().simple());
+        let transport = fx
+            .transport_with(KafkaConfig {
+                topic_template: topic.clone(),
+                create_topics: false,
+                ..fx.config()
+            })
+            .await?;
+        let msg = message::event("missing", 1, &b"{}"[..]);
+        let started = tokio::time::Instant::now();
+        let err = transport
+            .publish(&msg)
+            .await
+            .expect_err("a publish to a missing topic must fail");
+        anyhow::ensure!(
+            err.kind == PublishErrorKind::Rejected && err.is_retryable(),
+            "a missing topic failed as {err}"
+        );
+        anyhow::ensure!(
+            err.message.contains(&topic) && err.message.contains("does not exist"),
+            "the reason does not name the topic: {err}"
+        );
+        anyhow::ensure!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+
+        common::create_topic(&fx.url(), &topic).await?;
+        transport
+            .publish(&msg)
+            .await
+            .context("the same event once the topic exists")?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_is_created_on_first_use_with_the_configured_partitions() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let prefix = format!("outboxcreated{}", Uuid::now_v7().simple());
+        let transport = fx
+            .transport_with(KafkaConfig {
+                topic_template: format!("{prefix}.{{aggregate_type}}"),
+                topic_partitions: 3,
+                ..fx.config()
+            })
+            .await?;
+        let mut msg = message::event("created", 1, &b"{}"[..]);
+        msg.aggregate_type = "Pay ment/EU".into();
+        transport.publish(&msg).await.context("first publish")?;
+        let topic = format!("{prefix}.Pay_ment_EU");
+        let url = fx.url();
+        let check = topic.clone();
+        let partitions = tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = common::client(&url)?.create()?;
+            let metadata = consumer.fetch_metadata(Some(&check), Duration::from_secs(10))?;
+            let t = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == check)
+                .context("the topic is not in the metadata")?;
+            anyhow::Ok(t.partitions().len())
+        })
+        .await??;
+        anyhow::ensure!(partitions == 3, "created with {partitions} partitions");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_fails_start_up_within_the_timeout() {
+    let started = tokio::time::Instant::now();
+    let err = KafkaTransport::connect(
+        "kafka://127.0.0.1:1",
+        KafkaConfig {
+            connect_timeout_secs: 2,
+            ..KafkaConfig::default()
+        },
+    )
+    .await
+    .expect_err("nothing listens on port 1");
+    assert!(matches!(err, KafkaConnectError::Connect { .. }), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let err = KafkaTransport::connect(
+        "kafka://user:hunter2@127.0.0.1:9092",
+        KafkaConfig::default(),
+    )
+    .await
+    .expect_err("credentials in the URL are refused");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_is_the_partition_key_and_the_timestamp_the_creation_time() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let transport = fx.transport_with(fx.config()).await?;
+        let plain = message::event("keyed", 1, &b"{}"[..]);
+        let mut overridden = message::event("keyed", 2, &b"{}"[..]);
+        overridden.partition_key = Some("tenant-7".into());
+        transport.publish(&plain).await?;
+        transport.publish(&overridden).await?;
+        let url = fx.url();
+        let topic = fx.topic.clone();
+        let got = tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = common::client(&url)?
+                .set("group.id", format!("reader-{}", Uuid::now_v7().simple()))
+                .create()?;
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(&topic, 0, Offset::Beginning)?;
+            consumer.assign(&list)?;
+            let mut got = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while got.len() < 2 && std::time::Instant::now() < deadline {
+                if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                    let m = m?;
+                    got.push((
+                        m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                        m.timestamp().to_millis(),
+                    ));
+                }
+            }
+            anyhow::Ok(got)
+        })
+        .await??;
+        anyhow::ensure!(
+            got == vec![
+                (
+                    Some(plain.aggregate_id.clone()),
+                    Some(plain.created_at.timestamp_millis())
+                ),
+                (
+                    Some("tenant-7".to_owned()),
+                    Some(overridden.created_at.timestamp_millis())
+                ),
+            ],
+            "keys and timestamps: {got:?}"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// Two members of one group on a topic of four partitions: the second joins halfway (a
+/// rebalance moves partitions away from the first, which commits before it lets them go).
+/// Every event is delivered at least once, every event after its predecessors of the same
+/// aggregate (per-partition order), and after both acknowledged everything, a third member
+/// gets nothing: nothing was committed past an unacknowledged event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_members_through_a_rebalance_miss_nothing_and_keep_each_aggregates_order() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let topic = format!("outboxgroup{}", Uuid::now_v7().simple());
+        let transport = fx
+            .transport_with(KafkaConfig {
+                topic_template: topic.clone(),
+                topic_partitions: 4,
+                ..fx.config()
+            })
+            .await?;
+        let config = outbox_kafka::KafkaConsumerConfig {
+            topics: vec![topic.clone()],
+            ..fx.consumer_config(&SourceSettings::default())
+        };
+        const AGGREGATES: usize = 8;
+        const VERSIONS: i64 = 25;
+        let publish = async |versions: std::ops::RangeInclusive<i64>| -> anyhow::Result<()> {
+            for v in versions {
+                for a in 0..AGGREGATES {
+                    transport
+                        .publish(&message::event(&format!("agg-{a}"), v, &b"{}"[..]))
+                        .await?;
+                }
+            }
+            Ok(())
+        };
+        publish(1..=10).await?;
+
+        let mut first = KafkaSource::connect(&fx.url(), config.clone()).await?;
+        // (aggregate, version) -> deliveries; per aggregate, the versions in delivery order.
+        let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+        let mut order: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        let record = |seen: &mut BTreeMap<(String, i64), usize>,
+                      order: &mut BTreeMap<String, Vec<i64>>,
+                      d: &outbox_kafka::KafkaDelivery|
+         -> anyhow::Result<()> {
+            let e = event_of(d)?;
+            *seen
+                .entry((e.aggregate_id.clone(), e.aggregate_version))
+                .or_default() += 1;
+            order
+                .entry(e.aggregate_id.clone())
+                .or_default()
+                .push(e.aggregate_version);
+            Ok(())
+        };
+        // The first member alone takes some events.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut taken = 0;
+        while taken < 30 {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "only {taken} delivered"
+            );
+            for d in first.next_batch(10, Duration::from_millis(500)).await? {
+                record(&mut seen, &mut order, &d)?;
+                d.ack().await?;
+                taken += 1;
+            }
+        }
+        // The second member joins; both consume while the rest is published.
+        let mut second = KafkaSource::connect(&fx.url(), config.clone()).await?;
+        publish(11..=VERSIONS).await?;
+        let total = AGGREGATES * usize::try_from(VERSIONS)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        while seen.len() < total {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {total} events delivered",
+                seen.len()
+            );
+            for source in [&mut first, &mut second] {
+                for d in source.next_batch(20, Duration::from_millis(200)).await? {
+                    record(&mut seen, &mut order, &d)?;
+                    // An ack of a partition revoked meanwhile fails; its new owner reads the
+                    // event again (and the inbox would absorb it).
+                    let _ = d.ack().await;
+                }
+            }
+        }
+        for (aggregate, versions) in &order {
+            // Redeliveries start again from a committed offset, so a version may repeat, but
+            // never comes before one it follows for the first time.
+            let mut highest = 0;
+            for v in versions {
+                anyhow::ensure!(
+                    *v <= highest + 1,
+                    "{aggregate}: version {v} delivered before {} ({versions:?})",
+                    highest + 1
+                );
+                highest = highest.max(*v);
+            }
+        }
+        let again: BTreeSet<_> = seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, _)| k)
+            .collect();
+        eprintln!("{} of {total} events delivered more than once", again.len());
+        drop(first);
+        drop(second);
+        let mut third = KafkaSource::connect(&fx.url(), config).await?;
+        let quiet =
+            outbox_testkit::source::expect_nothing(&mut third, Duration::from_secs(8)).await;
+        anyhow::ensure!(
+            third.lag().await? == Some(0),
+            "lag after everything was acknowledged"
+        );
+        quiet.context("a third member after both acknowledged everything")?;
+        Ok(())
+    })
+    .await;
+}
