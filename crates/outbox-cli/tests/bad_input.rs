@@ -183,6 +183,8 @@ async fn oversized_payload_is_dead_lettered_and_parks_only_its_aggregate(kind: K
         Kind::Nats => 1024 * 1024 + 10,
         // Over the transport's configured max_message_bytes.
         Kind::Rabbit => 4096,
+        // Over librdkafka's message.max.bytes of 1,000,000.
+        Kind::Kafka => 1_000_010,
     };
     let config = config_file("", &broker.toml("max_message_bytes = 2048"));
     let mut cmd = outbox(Some(db.name()), Some(&broker.url()), Some(config.path()));
@@ -284,4 +286,9 @@ async fn nats_oversized_payload_is_dead_lettered_and_parks_only_its_aggregate() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_oversized_payload_is_dead_lettered_and_parks_only_its_aggregate() {
     oversized_payload_is_dead_lettered_and_parks_only_its_aggregate(Kind::Rabbit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_oversized_payload_is_dead_lettered_and_parks_only_its_aggregate() {
+    oversized_payload_is_dead_lettered_and_parks_only_its_aggregate(Kind::Kafka).await;
 }

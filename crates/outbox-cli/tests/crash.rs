@@ -17,6 +17,7 @@ async fn crash_after_broker_ack_before_mark(kind: Kind) {
     let wire = match &broker {
         BrokerEnv::Nats(n) => n.core_subscriber().await,
         BrokerEnv::Rabbit(r) => r.subscriber().await,
+        BrokerEnv::Kafka(k) => k.subscriber().await,
     };
     let config = config_file("", &broker.toml(""));
 
@@ -143,4 +144,9 @@ async fn nats_crash_after_broker_ack_before_mark_republishes_same_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_crash_after_broker_ack_before_mark_republishes_same_event() {
     crash_after_broker_ack_before_mark(Kind::Rabbit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_crash_after_broker_ack_before_mark_republishes_same_event() {
+    crash_after_broker_ack_before_mark(Kind::Kafka).await;
 }

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Run, amqp_url, nats_url};
+use common::{Run, amqp_url, kafka_url, nats_url};
 
 async fn crash_matrix(broker: &str, prefix: &str, extra: &[&str], timeout: Duration) -> Run {
     let log_dir = std::env::temp_dir().join(format!("outbox-test-{prefix}"));
@@ -90,6 +90,12 @@ async fn every_cell_holds_on_nats() {
 async fn every_cell_holds_on_rabbitmq() {
     let out = crash_matrix(&amqp_url(), "cmt_rabbit", &[], Duration::from_secs(900)).await;
     assert_all_cells_pass(&out, "rabbitmq");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_cell_holds_on_kafka() {
+    let out = crash_matrix(&kafka_url(), "cmt_kafka", &[], Duration::from_secs(900)).await;
+    assert_all_cells_pass(&out, "kafka");
 }
 
 /// A consumer that acknowledges before its commit loses the event whose transaction the crash

@@ -176,6 +176,11 @@ async fn rabbitmq_rollback_publishes_nothing_commit_publishes_exactly_its_events
     rollback_publishes_nothing_commit_publishes_exactly_its_events(Kind::Rabbit).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_rollback_publishes_nothing_commit_publishes_exactly_its_events() {
+    rollback_publishes_nothing_commit_publishes_exactly_its_events(Kind::Kafka).await;
+}
+
 /// G2: T1 enqueues first (lower id) but commits only after T2 committed and T2's event was
 /// already published. T1's event must still leave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

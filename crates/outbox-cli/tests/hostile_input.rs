@@ -131,6 +131,7 @@ async fn a_nul_in_the_content_type_is_dead_lettered_and_the_next_is_applied(kind
     let id_header = match kind {
         Kind::Nats => "ce-id",
         Kind::Rabbit => "cloudEvents_id",
+        Kind::Kafka => "ce_id",
     };
     assert_eq!(
         dead.header(id_header),
@@ -141,6 +142,7 @@ async fn a_nul_in_the_content_type_is_dead_lettered_and_the_next_is_applied(kind
     match kind {
         Kind::Nats => assert!(metadata.contains("stream_sequence"), "{metadata}"),
         Kind::Rabbit => assert!(metadata.contains("routing_key"), "{metadata}"),
+        Kind::Kafka => assert!(metadata.contains("partition"), "{metadata}"),
     }
     let log = log.lock().unwrap().clone();
     assert_eq!(log.acked.len(), 2, "both acknowledged once: {log:?}");
@@ -198,6 +200,7 @@ async fn an_aggregate_id_over_the_key_limit_is_dead_lettered_and_the_next_is_app
     let header = match kind {
         Kind::Nats => "ce-aggregateid",
         Kind::Rabbit => "cloudEvents_aggregateid",
+        Kind::Kafka => "ce_aggregateid",
     };
     assert_eq!(dead.header(header), Some(long.as_bytes()), "kept whole");
     env.cleanup().await;
@@ -343,8 +346,8 @@ mod property {
         Widest,
         /// An attribute whose bytes are not UTF-8 (percent-encoded on NATS).
         NotUtf8(&'static str, Vec<u8>),
-        /// An attribute header sent twice (NATS); on RabbitMQ, whose header table holds one
-        /// value per name, again under another spelling, which is a user header (valid).
+        /// An attribute header sent twice (NATS, Kafka); on RabbitMQ, whose header table holds
+        /// one value per name, again under another spelling, which is a user header (valid).
         Duplicate(&'static str),
         /// A control character inside the content type.
         ContentType(char),
@@ -554,7 +557,7 @@ mod property {
                         .map(|(_, v)| v.clone())
                         .expect("a published attribute");
                     let name = match kind {
-                        Kind::Nats => (*a).to_owned(),
+                        Kind::Nats | Kind::Kafka => (*a).to_owned(),
                         Kind::Rabbit => a.to_uppercase(),
                     };
                     attributes.push((name, v));
@@ -644,6 +647,39 @@ mod property {
                     .expect("basic.publish")
                     .await
                     .expect("publish confirm");
+            }
+            (None, BrokerEnv::Kafka(k)) => {
+                use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+                use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+                let producer: FutureProducer = kafka_client().create().expect("producer");
+                let mut headers = OwnedHeaders::new();
+                for (name, value) in &w.attributes {
+                    headers = headers.insert(Header {
+                        key: &format!("ce_{name}"),
+                        value: Some(value.bytes()),
+                    });
+                }
+                for (name, value) in &w.user_headers {
+                    headers = headers.insert(Header {
+                        key: name,
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                if let Some(c) = &w.content_type {
+                    headers = headers.insert(Header {
+                        key: "content-type",
+                        value: Some(c.as_bytes()),
+                    });
+                }
+                let record = FutureRecord::to(&k.topic)
+                    .key("probe")
+                    .payload(&w.body)
+                    .headers(headers);
+                producer
+                    .send(record, std::time::Duration::from_secs(10))
+                    .await
+                    .map_err(|(e, _)| e)
+                    .expect("produce");
             }
             _ => unreachable!("a transport of the environment's broker"),
         }
@@ -825,5 +861,10 @@ mod property {
     #[test]
     fn every_message_is_applied_once_or_dead_lettered_and_none_blocks_rabbitmq() {
         property(Kind::Rabbit);
+    }
+
+    #[test]
+    fn every_message_is_applied_once_or_dead_lettered_and_none_blocks_kafka() {
+        property(Kind::Kafka);
     }
 }

@@ -31,6 +31,10 @@ macro_rules! on_both_brokers {
             async fn rabbitmq() {
                 super::crash_and_restart(super::Kind::Rabbit, $point).await;
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn kafka() {
+                super::crash_and_restart(super::Kind::Kafka, $point).await;
+            }
         }
     )*};
 }
@@ -44,11 +48,18 @@ on_both_brokers!(
 struct Consumer<'a> {
     env: &'a Env,
     endpoint: String,
+    /// Kafka: a group member killed without leaving holds its partitions until its session
+    /// times out, so the test's consumers use a short one (6 s instead of librdkafka's 45 s).
+    config: TempFile,
 }
 
 impl Consumer<'_> {
     fn spawn(&self, crash_point: Option<&str>, name: &str) -> ChildGuard {
-        let mut cmd = outbox(Some(self.env.db.name()), Some(&self.env.broker.url()), None);
+        let mut cmd = outbox(
+            Some(self.env.db.name()),
+            Some(&self.env.broker.url()),
+            Some(self.config.path()),
+        );
         cmd.arg("demo-consumer");
         match &self.env.broker {
             BrokerEnv::Nats(n) => cmd.args([
@@ -65,6 +76,9 @@ impl Consumer<'_> {
                 "--rabbit-exchange",
                 &r.exchange,
             ]),
+            BrokerEnv::Kafka(k) => {
+                cmd.args(["--kafka-topic", &k.topic, "--kafka-group", &self.endpoint])
+            }
         };
         if let Some(p) = crash_point {
             cmd.env("OUTBOX_CRASH_POINT", p);
@@ -74,7 +88,8 @@ impl Consumer<'_> {
 
     /// Messages the broker still holds for this consumer: NATS `num_pending +
     /// num_ack_pending` of the durable; RabbitMQ the queue's ready messages (call it when no
-    /// consumer holds unacknowledged deliveries: their channel closed, so they were requeued).
+    /// consumer holds unacknowledged deliveries: their channel closed, so they were requeued);
+    /// Kafka the group's lag (end offsets minus committed offsets).
     async fn broker_backlog(&self) -> u64 {
         match &self.env.broker {
             BrokerEnv::Nats(n) => {
@@ -100,6 +115,7 @@ impl Consumer<'_> {
                     .expect("queue.declare passive")
                     .message_count(),
             ),
+            BrokerEnv::Kafka(k) => k.group_lag(&self.endpoint).await,
         }
     }
 }
@@ -138,6 +154,11 @@ async fn crash_and_restart(kind: Kind, point: &str) {
     let consumer = Consumer {
         endpoint: env.endpoint_name(),
         env: &env,
+        config: TempFile::new(
+            ".toml",
+            "[kafka_consumer.properties]\n\"session.timeout.ms\" = \"6000\"\n\
+             \"heartbeat.interval.ms\" = \"1000\"\n",
+        ),
     };
     // RabbitMQ: the queue exists (as the process declares it) before anything is published.
     env.declare_queue(&consumer.endpoint).await;

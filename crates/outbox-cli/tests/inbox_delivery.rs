@@ -111,10 +111,19 @@ async fn two_instances_racing_on_one_event_have_one_effect(kind: Kind) {
     let processed: usize = reports.iter().map(|r| r.processed).sum();
     let duplicates: usize = reports.iter().map(|r| r.duplicates).sum();
     assert_eq!((processed, duplicates), (1, 1), "{reports:?}");
-    assert!(
-        reports.iter().all(|r| r.received == 1),
-        "each instance must have received one copy (the race was not exercised): {reports:?}"
-    );
+    if kind == Kind::Kafka {
+        // One partition has one owner in a group: both copies go to the same instance, which
+        // absorbs the second (the race between instances happens only across a rebalance,
+        // tested in outbox-kafka's `two_members_through_a_rebalance...`).
+        let mut received: Vec<usize> = reports.iter().map(|r| r.received).collect();
+        received.sort_unstable();
+        assert_eq!(received, vec![0, 2], "{reports:?}");
+    } else {
+        assert!(
+            reports.iter().all(|r| r.received == 1),
+            "each instance must have received one copy (the race was not exercised): {reports:?}"
+        );
+    }
     assert_eq!(env.effects_of("ledger", msg.event_id).await, 1, "G5");
     assert_eq!(env.inbox_rows("ledger").await, 1);
     for log in logs {

@@ -88,8 +88,9 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
     .execute(&pool)
     .await?;
 
-    // Broker side: a fresh stream / exchange for the demo, and an independent subscriber.
-    let settings = demo_settings(&ctx.settings);
+    // Broker side: a fresh stream / exchange / topic for the demo, and an independent subscriber.
+    let kafka_topic = format!("{SCHEMA}.{}", Uuid::now_v7().simple());
+    let settings = demo_settings(&ctx.settings, &kafka_topic);
     let nats = if broker == "nats" {
         let client = async_nats::connect(&broker_url)
             .await
@@ -106,7 +107,12 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             .connect_transport(&broker_url, &settings)
             .await?,
     );
-    let seen = crate::observer::spawn_observer(broker, &broker_url, SCHEMA).await?;
+    let observed = if broker == "kafka" {
+        kafka_topic.as_str()
+    } else {
+        SCHEMA
+    };
+    let seen = crate::observer::spawn_observer(broker, &broker_url, observed).await?;
 
     // The reporting consumer: its own table, its inbox, ordering guard on.
     create_report_table(&pool, &schema).await?;
@@ -448,7 +454,7 @@ const DEMO_QUEUE: &str = "outbox_demo.reporting";
 
 /// The demo's stream / exchange and consumer sections over `base` (which keeps its security
 /// keys and file overrides).
-fn demo_settings(base: &BrokerSettings) -> BrokerSettings {
+fn demo_settings(base: &BrokerSettings, kafka_topic: &str) -> BrokerSettings {
     let section = |name: &str, extra: serde_json::Value| {
         let mut v = base.raw_section(name).cloned().unwrap_or_else(|| json!({}));
         if let (Some(obj), serde_json::Value::Object(add)) = (v.as_object_mut(), extra) {
@@ -484,6 +490,18 @@ fn demo_settings(base: &BrokerSettings) -> BrokerSettings {
         section(
             "rabbitmq_consumer",
             json!({ "queue": DEMO_QUEUE, "bind_exchange": SCHEMA, "binding_key": "#" }),
+        ),
+    );
+    // Kafka: a topic (and group) of this run's own; a topic is not deleted afterwards.
+    s.set_section(
+        "kafka",
+        section("kafka", json!({ "topic_template": kafka_topic })),
+    );
+    s.set_section(
+        "kafka_consumer",
+        section(
+            "kafka_consumer",
+            json!({ "topics": [kafka_topic], "group_id": format!("{CONSUMER}-{kafka_topic}") }),
         ),
     );
     s
@@ -744,6 +762,12 @@ pub struct ConsumerArgs {
     /// RabbitMQ: exchange to bind the queue to with `#`.
     #[arg(long, default_value = "outbox")]
     rabbit_exchange: String,
+    /// Kafka: topic to consume (a leading `^` makes it a pattern).
+    #[arg(long, default_value = r"^outbox\..*")]
+    kafka_topic: String,
+    /// Kafka: consumer group (defaults to --name).
+    #[arg(long)]
+    kafka_group: Option<String>,
     /// Deliveries per transaction.
     #[arg(long, default_value_t = 1)]
     batch_size: usize,
@@ -780,7 +804,20 @@ pub async fn run_consumer(
     outbox_postgres::check_schema(&pool, &schema).await?;
     create_report_table(&pool, &schema).await?;
     let mut settings = ctx.settings.clone();
-    settings.set_section(
+    // The options given here over each consumer section of the config file (whose other keys,
+    // TLS or librdkafka properties for instance, stay as they are).
+    let over = |settings: &mut BrokerSettings, name: &str, keys: serde_json::Value| {
+        let mut section = settings
+            .raw_section(name)
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        if let (Some(section), Some(keys)) = (section.as_object_mut(), keys.as_object()) {
+            section.extend(keys.clone());
+        }
+        settings.set_section(name, section);
+    };
+    over(
+        &mut settings,
         "nats_consumer",
         json!({
             "stream": args.nats_stream,
@@ -788,12 +825,21 @@ pub async fn run_consumer(
             "ack_wait_secs": args.ack_wait_secs,
         }),
     );
-    settings.set_section(
+    over(
+        &mut settings,
         "rabbitmq_consumer",
         json!({
             "queue": args.rabbit_queue,
             "bind_exchange": args.rabbit_exchange,
             "binding_key": "#",
+        }),
+    );
+    over(
+        &mut settings,
+        "kafka_consumer",
+        json!({
+            "topics": [args.kafka_topic],
+            "group_id": args.kafka_group.clone().unwrap_or_else(|| args.name.clone()),
         }),
     );
     let source = ctx

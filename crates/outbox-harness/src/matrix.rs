@@ -341,9 +341,9 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
         v
     };
     let broker = match ctx.brokers.find(&broker_url)?.name {
-        b @ ("nats" | "rabbitmq") => b,
+        b @ ("nats" | "rabbitmq" | "kafka") => b,
         other => bail!(
-            "invalid configuration `broker_url`: the crash matrix drives NATS and RabbitMQ, not {other} ({})",
+            "invalid configuration `broker_url`: the crash matrix drives NATS, RabbitMQ and Kafka, not {other} ({})",
             redact(&broker_url)
         ),
     };
@@ -370,6 +370,8 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
         break_ack,
         brokers: ctx.brokers.clone(),
         settings: ctx.settings.clone(),
+        cell: std::sync::atomic::AtomicU64::new(0),
+        run: uuid::Uuid::now_v7().simple().to_string(),
     };
     println!(
         "outbox crash-matrix: broker {} ({}), database {}, {} payments per cell, logs in {}",
@@ -447,9 +449,35 @@ struct Env {
     break_ack: bool,
     brokers: Registry,
     settings: BrokerSettings,
+    /// Counts resets. Kafka: every cell has a topic and a consumer group of its own (a topic is
+    /// not deleted: the test broker cannot take that while a consumer may still subscribe).
+    cell: std::sync::atomic::AtomicU64,
+    /// This run's id, in its Kafka topic names: runs with the same prefix never share a topic.
+    run: String,
 }
 
 impl Env {
+    /// The current cell's Kafka topic.
+    fn kafka_topic(&self) -> String {
+        format!(
+            "{}.{}.c{}",
+            self.prefix,
+            self.run,
+            self.cell.load(std::sync::atomic::Ordering::SeqCst)
+        )
+    }
+    /// The current cell's Kafka consumer group.
+    fn kafka_group(&self) -> String {
+        format!("{CONSUMER}-{}", self.kafka_topic())
+    }
+    /// What the observer watches: the Kafka topic, or the prefix of the stream / exchange.
+    fn observed(&self) -> String {
+        if self.broker == "kafka" {
+            self.kafka_topic()
+        } else {
+            self.prefix.clone()
+        }
+    }
     fn stream(&self) -> String {
         self.prefix.to_ascii_uppercase()
     }
@@ -473,6 +501,14 @@ impl Env {
             "rabbitmq_consumer",
             json!({ "queue": self.queue(), "bind_exchange": p, "binding_key": "#" }),
         );
+        s.set_section(
+            "kafka",
+            json!({ "topic_template": self.kafka_topic(), "delivery_timeout_secs": 1 }),
+        );
+        s.set_section(
+            "kafka_consumer",
+            json!({ "topics": [self.kafka_topic()], "group_id": self.kafka_group() }),
+        );
         s
     }
     fn config_toml(&self) -> String {
@@ -481,9 +517,13 @@ impl Env {
              lease_safety_margin_secs = 0.5\npoll_interval_ms = 100\nbatch_size = 50\n\n\
              [nats]\nstream = \"{stream}\"\nstream_subjects = [\"{p}.>\"]\n\
              subject_template = \"{p}.{{aggregate_type}}.{{event_type}}\"\n\n\
-             [rabbitmq]\nexchange = \"{p}\"\n",
+             [rabbitmq]\nexchange = \"{p}\"\n\n\
+             [kafka]\ntopic_template = \"{topic}\"\ndelivery_timeout_secs = 1\n\n\
+             [kafka_consumer.properties]\n\"session.timeout.ms\" = \"6000\"\n\
+             \"heartbeat.interval.ms\" = \"1000\"\n",
             stream = self.stream(),
-            p = self.prefix
+            p = self.prefix,
+            topic = self.kafka_topic(),
         )
     }
 
@@ -496,7 +536,10 @@ impl Env {
         outbox_postgres::migrate(&self.pool, &self.schema).await?;
         crate::workload::create_payments_table(&self.pool, &self.schema).await?;
         crate::demo::create_report_table(&self.pool, &self.schema).await?;
-        if self.broker == "nats" {
+        self.cell.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.broker == "kafka" {
+            // A fresh topic and group (kafka_topic): nothing of the previous cell to drop.
+        } else if self.broker == "nats" {
             let client = async_nats::connect(&self.broker_url)
                 .await
                 .with_context(|| {
@@ -532,6 +575,14 @@ impl Env {
 
     /// Messages the consumer has not settled yet, as the broker counts them.
     async fn broker_backlog(&self) -> Result<u64> {
+        if self.broker == "kafka" {
+            return crate::observer::kafka_group_lag(
+                &self.broker_url,
+                &self.kafka_topic(),
+                &self.kafka_group(),
+            )
+            .await;
+        }
         if self.broker == "nats" {
             let client = async_nats::connect(&self.broker_url).await?;
             let js = async_nats::jetstream::new(client);
@@ -791,6 +842,10 @@ async fn start_system(env: &Env, spec: SystemSpec<'_>) -> Result<Processes> {
         env.queue(),
         "--rabbit-exchange".into(),
         env.prefix.clone(),
+        "--kafka-topic".into(),
+        env.kafka_topic(),
+        "--kafka-group".into(),
+        env.kafka_group(),
     ]);
     procs.push(Proc::new(logs, Role::Consumer, "consumer", consumer_args));
     for i in 0..relays {
@@ -850,7 +905,8 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         a => Some((cell.target, cell.point, cell.skip, a)),
     };
     let relays = if cell.action == Action::Stop { 2 } else { 1 };
-    let seen = crate::observer::spawn_observer(env.broker, &env.broker_url, &env.prefix).await?;
+    let seen =
+        crate::observer::spawn_observer(env.broker, &env.broker_url, &env.observed()).await?;
     let mut sys = start_system(
         env,
         SystemSpec {
@@ -1409,7 +1465,8 @@ async fn chaos(env: &Env, args: &MatrixArgs, restart_cmd: &str) -> Result<ExitCo
     let logs = env.log_dir.join("chaos");
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)?;
-    let seen = crate::observer::spawn_observer(env.broker, &env.broker_url, &env.prefix).await?;
+    let seen =
+        crate::observer::spawn_observer(env.broker, &env.broker_url, &env.observed()).await?;
     let duration = format!("--duration-secs={}", args.chaos_secs);
     let mut sys = start_system(
         env,

@@ -1,6 +1,8 @@
 //! The independent subscriber of the demo and the crash matrix: it records every message the
 //! broker routes for a prefix, duplicates included, straight from the wire (NATS core
-//! subscription on `<prefix>.>`, or an exclusive RabbitMQ queue bound to exchange `<prefix>`),
+//! subscription on `<prefix>.>`, an exclusive RabbitMQ queue bound to exchange `<prefix>`, or
+//! every partition of Kafka topic `<prefix>` from its start: the tools make a fresh topic for
+//! every run and cell),
 //! without any of the toolkit's consumer machinery.
 
 use std::sync::{Arc, Mutex};
@@ -62,10 +64,12 @@ pub(crate) async fn spawn_observer(
 ) -> Result<Observer> {
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let stop = CancellationToken::new();
-    if !matches!(broker, "nats" | "rabbitmq") {
-        bail!("the test tools observe NATS and RabbitMQ only, not {broker}");
+    if !matches!(broker, "nats" | "rabbitmq" | "kafka") {
+        bail!("the test tools observe NATS, RabbitMQ and Kafka only, not {broker}");
     }
-    if broker == "nats" {
+    if broker == "kafka" {
+        kafka_observe(broker_url, prefix, &seen, &stop).await?;
+    } else if broker == "nats" {
         let client = async_nats::connect(broker_url).await?;
         let mut sub = client.subscribe(format!("{prefix}.>")).await?;
         client.flush().await?;
@@ -113,6 +117,135 @@ pub(crate) async fn spawn_observer(
             .context("the RabbitMQ observer did not start within 10 s")??;
     }
     Ok(Observer { seen, stop })
+}
+
+/// Partitions of the Kafka topics the test tools make: several, so keys really spread.
+pub(crate) const KAFKA_PARTITIONS: i32 = 4;
+
+/// Reads every partition of topic `topic` from its start, on a thread of its own, until
+/// `stop`; librdkafka reconnects by itself.
+async fn kafka_observe(
+    url: &str,
+    topic: &str,
+    seen: &Arc<Mutex<Vec<Seen>>>,
+    stop: &CancellationToken,
+) -> Result<()> {
+    use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use outbox_kafka::rdkafka::error::RDKafkaErrorCode;
+    use outbox_kafka::rdkafka::message::{Headers as _, Message as _};
+    use outbox_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+    let mut config = outbox_kafka::rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", outbox_kafka::bootstrap_servers(url)?)
+        .set(
+            "group.id",
+            format!("outbox-observer-{}", Uuid::now_v7().simple()),
+        )
+        .set("enable.auto.commit", "false");
+    // The topic is made here (4 partitions) when missing: the relay creates it only at its first
+    // publish, and the observer must read it from the first event on.
+    let admin: AdminClient<_> = config.create()?;
+    let created = admin
+        .create_topics(
+            [&NewTopic::new(
+                topic,
+                KAFKA_PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?;
+    for result in created {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => bail!("cannot create Kafka topic {t}: {e}"),
+        }
+    }
+    let consumer: BaseConsumer = config.create()?;
+    let topic = topic.to_owned();
+    let consumer = tokio::task::spawn_blocking(move || -> Result<BaseConsumer> {
+        let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions().len())
+            .filter(|n| *n > 0)
+            .with_context(|| format!("Kafka topic {topic} does not exist"))?;
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition_offset(&topic, i32::try_from(p)?, Offset::Beginning)?;
+        }
+        consumer.assign(&list)?;
+        Ok(consumer)
+    })
+    .await??;
+    let seen = Arc::clone(seen);
+    let stop = stop.clone();
+    std::thread::spawn(move || {
+        while !stop.is_cancelled() {
+            let Some(m) = consumer.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            let Ok(m) = m else { continue };
+            let get = |k: &str| {
+                m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|x| x.key == k)
+                        .and_then(|x| x.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                })
+            };
+            if let Some(s) = parse_ce(get, "ce_") {
+                seen.lock().unwrap().push(s);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The lag of consumer group `group` on Kafka topic `topic`: end offsets minus committed
+/// offsets (the partition's start where the group committed nothing); `u64::MAX` while the
+/// topic does not exist yet.
+pub(crate) async fn kafka_group_lag(url: &str, topic: &str, group: &str) -> Result<u64> {
+    use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use outbox_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+    let mut config = outbox_kafka::rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", outbox_kafka::bootstrap_servers(url)?)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create()?;
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<u64> {
+        let timeout = Duration::from_secs(10);
+        let metadata = consumer.fetch_metadata(Some(&topic), timeout)?;
+        let Some(partitions) = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions().len())
+        else {
+            return Ok(u64::MAX);
+        };
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition(&topic, i32::try_from(p)?);
+        }
+        let committed = consumer.committed_offsets(list, timeout)?;
+        let mut lag = 0u64;
+        for e in committed.elements() {
+            let (low, high) = consumer.fetch_watermarks(&topic, e.partition(), timeout)?;
+            let from = match e.offset() {
+                Offset::Offset(o) => o,
+                _ => low,
+            };
+            lag += u64::try_from(high - from).unwrap_or(0);
+        }
+        Ok(lag)
+    })
+    .await?
 }
 
 async fn rabbit_observe(

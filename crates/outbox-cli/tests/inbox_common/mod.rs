@@ -15,22 +15,25 @@ use lapin::options::{
     BasicPublishOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use outbox::broker::BoxTransport;
+use outbox::broker::{BoxDelivery, BoxSource, BoxTransport};
 use outbox_core::Backoff;
 use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
 use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, Transport};
+use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use outbox_kafka::{KafkaConsumerConfig, KafkaSource};
 use outbox_nats::async_nats;
-use outbox_nats::{NatsConsumerConfig, NatsDelivery, NatsSource, NatsTransport};
+use outbox_nats::{NatsConsumerConfig, NatsSource, NatsTransport};
 use outbox_postgres::{PgConsumer, PgStore};
-use outbox_rabbitmq::{RabbitConsumerConfig, RabbitDelivery, RabbitSource};
+use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
 use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
 
 use crate::common::*;
 
-/// Runs each named `async fn(Kind)` of the calling file as two tests, `<name>::nats` and
-/// `<name>::rabbitmq`.
+/// Runs each named `async fn(Kind)` of the calling file as three tests, `<name>::nats`,
+/// `<name>::rabbitmq` and `<name>::kafka`.
 #[macro_export]
 macro_rules! on_both_brokers {
     ($($name:ident),* $(,)?) => {$(
@@ -42,6 +45,10 @@ macro_rules! on_both_brokers {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn rabbitmq() {
                 super::$name(super::Kind::Rabbit).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn kafka() {
+                super::$name(super::Kind::Kafka).await;
             }
         }
     )*};
@@ -80,7 +87,7 @@ impl Env {
         let transport = broker.transport(&broker.url()).await;
         let nats_wire = match &broker {
             BrokerEnv::Nats(n) => Some(n.transport(&broker.url()).await),
-            BrokerEnv::Rabbit(_) => None,
+            BrokerEnv::Rabbit(_) | BrokerEnv::Kafka(_) => None,
         };
         Env {
             db,
@@ -100,6 +107,7 @@ impl Env {
         match self.kind() {
             Kind::Nats => format!("inbox-{}", uid()),
             Kind::Rabbit => format!("outbox-e2e-inbox-{}", uid()),
+            Kind::Kafka => format!("inbox-{}", uid()),
         }
     }
 
@@ -142,8 +150,8 @@ impl Env {
         max_message_bytes: usize,
         prefetch: u32,
     ) -> Src {
-        let inner = match &self.broker {
-            BrokerEnv::Nats(n) => Inner::Nats(Box::new(
+        match &self.broker {
+            BrokerEnv::Nats(n) => Src::new(
                 NatsSource::connect(
                     &nats_url(),
                     NatsConsumerConfig {
@@ -156,10 +164,10 @@ impl Env {
                 )
                 .await
                 .unwrap_or_else(|e| panic!("NatsSource: {e}")),
-            )),
+            ),
             BrokerEnv::Rabbit(r) => {
                 self.declare_queue(endpoint).await;
-                Inner::Rabbit(Box::new(
+                Src::new(
                     RabbitSource::connect(
                         &amqp_url(),
                         RabbitConsumerConfig {
@@ -176,12 +184,26 @@ impl Env {
                     )
                     .await
                     .unwrap_or_else(|e| panic!("RabbitSource: {e}")),
-                ))
+                )
             }
-        };
-        Src {
-            inner,
-            log: Arc::default(),
+            BrokerEnv::Kafka(k) => Src::new(
+                KafkaSource::connect(
+                    &kafka_url(),
+                    KafkaConsumerConfig {
+                        topics: vec![k.topic.clone()],
+                        group_id: endpoint.to_owned(),
+                        max_message_bytes,
+                        request_timeout_secs: 5,
+                        properties: outbox_kafka::Properties(BTreeMap::from([
+                            ("session.timeout.ms".to_owned(), "10000".to_owned()),
+                            ("heartbeat.interval.ms".to_owned(), "1000".to_owned()),
+                        ])),
+                        ..KafkaConsumerConfig::default()
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| panic!("KafkaSource: {e}")),
+            ),
         }
     }
 
@@ -216,8 +238,8 @@ impl Env {
         );
     }
 
-    /// Puts another copy of `msg` on the wire that reaches the consumer. RabbitMQ: the real
-    /// transport again (no broker-side dedup). NATS: JetStream would drop a republish with
+    /// Puts another copy of `msg` on the wire that reaches the consumer. RabbitMQ and Kafka:
+    /// the real transport again (no broker-side dedup by event id). NATS: JetStream would drop a republish with
     /// the same `Nats-Msg-Id` inside the stream's duplicate window (120 s here), so the copy is
     /// published raw with the transport's exact subject and headers *minus* `Nats-Msg-Id`, as
     /// a republish after the window would arrive.
@@ -299,6 +321,29 @@ impl Env {
                     .expect("basic.publish")
                     .await
                     .expect("publish confirm");
+            }
+            (None, BrokerEnv::Kafka(k)) => {
+                let producer: FutureProducer = kafka_client().create().expect("producer");
+                let mut headers = OwnedHeaders::new();
+                for (key, value) in &attrs {
+                    headers = headers.insert(Header {
+                        key: &format!("ce_{key}"),
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                headers = headers.insert(Header {
+                    key: "content-type",
+                    value: Some(msg.payload.content_type.0.as_bytes()),
+                });
+                let record = FutureRecord::to(&k.topic)
+                    .key(msg.aggregate_id.as_bytes())
+                    .payload(&body)
+                    .headers(headers);
+                producer
+                    .send(record, Duration::from_secs(10))
+                    .await
+                    .map_err(|(e, _)| e)
+                    .expect("produce raw");
             }
             _ => unreachable!(),
         }
@@ -560,30 +605,27 @@ impl Log {
     }
 }
 
-enum Inner {
-    Nats(Box<NatsSource>),
-    Rabbit(Box<RabbitSource>),
-}
-
+/// Any broker's source, boxed as the broker registry boxes it.
 pub struct Src {
-    inner: Inner,
+    inner: BoxSource,
     pub log: Arc<Mutex<Log>>,
 }
 
 impl Src {
+    pub fn new<S: DeliverySource + Sync>(source: S) -> Src {
+        Src {
+            inner: BoxSource::new(source),
+            log: Arc::default(),
+        }
+    }
+
     pub fn log_handle(&self) -> Arc<Mutex<Log>> {
         Arc::clone(&self.log)
     }
 }
 
-#[allow(clippy::large_enum_variant)]
-enum InnerDelivery {
-    Nats(NatsDelivery),
-    Rabbit(RabbitDelivery),
-}
-
 pub struct Dlv {
-    inner: InnerDelivery,
+    inner: BoxDelivery,
     key: String,
     log: Arc<Mutex<Log>>,
 }
@@ -605,28 +647,16 @@ pub fn raw_key(body: &[u8]) -> String {
 
 impl Delivery for Dlv {
     fn event(&self) -> &Result<IncomingEvent, DecodeError> {
-        match &self.inner {
-            InnerDelivery::Nats(d) => d.event(),
-            InnerDelivery::Rabbit(d) => d.event(),
-        }
+        self.inner.event()
     }
     fn raw(&self) -> &RawMessage {
-        match &self.inner {
-            InnerDelivery::Nats(d) => d.raw(),
-            InnerDelivery::Rabbit(d) => d.raw(),
-        }
+        self.inner.raw()
     }
     fn delivery_count(&self) -> Option<u32> {
-        match &self.inner {
-            InnerDelivery::Nats(d) => d.delivery_count(),
-            InnerDelivery::Rabbit(d) => d.delivery_count(),
-        }
+        self.inner.delivery_count()
     }
     async fn ack(self) -> Result<(), SourceError> {
-        let r = match self.inner {
-            InnerDelivery::Nats(d) => d.ack().await,
-            InnerDelivery::Rabbit(d) => d.ack().await,
-        };
+        let r = self.inner.ack().await;
         if r.is_ok() {
             self.log.lock().unwrap().acked.push(self.key);
         }
@@ -634,38 +664,19 @@ impl Delivery for Dlv {
     }
     async fn nack(self, delay: Duration) -> Result<(), SourceError> {
         self.log.lock().unwrap().nacked.push(self.key.clone());
-        match self.inner {
-            InnerDelivery::Nats(d) => d.nack(delay).await,
-            InnerDelivery::Rabbit(d) => d.nack(delay).await,
-        }
+        self.inner.nack(delay).await
     }
 }
 
 impl DeliverySource for Src {
     type Delivery = Dlv;
     async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<Dlv>, SourceError> {
-        let inner: Vec<InnerDelivery> = match &mut self.inner {
-            Inner::Nats(s) => s
-                .next_batch(max, wait)
-                .await?
-                .into_iter()
-                .map(InnerDelivery::Nats)
-                .collect(),
-            Inner::Rabbit(s) => s
-                .next_batch(max, wait)
-                .await?
-                .into_iter()
-                .map(InnerDelivery::Rabbit)
-                .collect(),
-        };
+        let inner = self.inner.next_batch(max, wait).await?;
         let mut log = self.log.lock().unwrap();
         Ok(inner
             .into_iter()
             .map(|d| {
-                let key = match &d {
-                    InnerDelivery::Nats(x) => key_of(x.event(), x.raw()),
-                    InnerDelivery::Rabbit(x) => key_of(x.event(), x.raw()),
-                };
+                let key = key_of(d.event(), d.raw());
                 log.delivered.push(key.clone());
                 Dlv {
                     inner: d,
@@ -676,15 +687,9 @@ impl DeliverySource for Src {
             .collect())
     }
     async fn lag(&mut self) -> Result<Option<u64>, SourceError> {
-        match &mut self.inner {
-            Inner::Nats(s) => s.lag().await,
-            Inner::Rabbit(s) => s.lag().await,
-        }
+        self.inner.lag().await
     }
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
-        match &self.inner {
-            Inner::Nats(s) => s.decode(raw),
-            Inner::Rabbit(s) => s.decode(raw),
-        }
+        self.inner.decode(raw)
     }
 }
