@@ -186,15 +186,28 @@ impl ConsumerContext for SourceContext {
         tracing::info!(partitions = ?tps, "partitions revoked");
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(list) => {
                 let tps = tps_of(list);
                 tracing::info!(partitions = ?tps, "partitions assigned");
+                // librdkafka keeps an application's pause of a partition across revocation
+                // and assignment, while the books start afresh (not paused): resume, so a
+                // rebalance during flow control cannot leave partitions paused for good.
+                if let Err(e) = consumer.resume(list) {
+                    tracing::warn!(error = %e, "cannot resume the assigned partitions");
+                }
                 lock(&self.tracker).assign(tps);
             }
             Rebalance::Revoke(_) => {}
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance failed"),
+            Rebalance::Error(e) => {
+                // rdkafka drops the whole assignment after a failed rebalance: so do the books
+                // (the next assignment reads from the committed offsets).
+                let mut tracker = lock(&self.tracker);
+                let assigned = tracker.assigned();
+                tracker.revoke(&assigned);
+                tracing::warn!(error = %e, "rebalance failed; the assignment is dropped");
+            }
         }
     }
 }
@@ -204,6 +217,10 @@ struct Shared {
     consumer: BaseConsumer<SourceContext>,
     tracker: Arc<Mutex<Tracker>>,
     commit_lock: Arc<Mutex<()>>,
+    /// One thread polls at a time: a rebalance seen by one poll is in the books before another
+    /// poll can return a message of the new assignment (a `next_batch` whose future was
+    /// dropped leaves its blocking poll running).
+    poll_lock: Mutex<()>,
     timeout: Duration,
 }
 
@@ -226,7 +243,7 @@ impl Shared {
     }
 
     /// Pauses every assigned partition once `max` deliveries are held, and resumes them once
-    /// three quarters of that are left (blocking thread). Paused, the consumer is still polled:
+    /// a quarter of them (at least one) settled (blocking thread). Paused, the consumer is still polled:
     /// it stays in its group and serves rebalances.
     fn flow_control(&self, max: usize) {
         let (held, paused, assigned) = {
@@ -235,7 +252,7 @@ impl Shared {
         };
         let pause = if !paused && held >= max {
             true
-        } else if paused && held <= max - max / 4 {
+        } else if paused && held <= max - max.div_ceil(4) {
             false
         } else {
             return;
@@ -273,6 +290,10 @@ impl Shared {
         wait: Duration,
         links: &Links,
     ) -> Result<Vec<KafkaDelivery>, SourceError> {
+        let _polling = self
+            .poll_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let deadline = Instant::now() + wait;
         let mut batch = Vec::new();
         while batch.len() < max {
@@ -332,7 +353,17 @@ impl Shared {
     ) -> Option<KafkaDelivery> {
         let tp = (message.topic().to_owned(), message.partition());
         let offset = message.offset();
-        let generation = lock(&self.tracker).delivered(&tp, offset)?;
+        let Some(generation) = lock(&self.tracker).delivered(&tp, offset) else {
+            // librdkafka hands out messages of assigned partitions only, and the books learn
+            // of an assignment in the same poll, before any of its messages: this is a bug.
+            // Not delivered, the message is not committed past either while the partition
+            // stays unknown; a later assignment reads it again.
+            tracing::error!(
+                topic = %tp.0, partition = tp.1, offset,
+                "a message of a partition this source does not know it holds; not delivered"
+            );
+            return None;
+        };
         let raw = raw_of(message);
         let event = decode_raw(&raw, links.max_message_bytes);
         Some(KafkaDelivery {
@@ -679,6 +710,7 @@ impl KafkaSource {
             consumer,
             tracker: Arc::clone(&tracker),
             commit_lock,
+            poll_lock: Mutex::new(()),
             timeout,
         });
         let topics = config.topics.clone();
@@ -728,6 +760,11 @@ impl KafkaSource {
     pub fn config(&self) -> &KafkaConsumerConfig {
         &self.config
     }
+
+    /// How many partitions this member holds now.
+    pub fn assigned_partitions(&self) -> usize {
+        lock(&self.shared.tracker).assigned().len()
+    }
 }
 
 impl Drop for KafkaSource {
@@ -740,6 +777,10 @@ impl Drop for KafkaSource {
             if let Err(e) = shared.commit() {
                 tracing::warn!(error = %e, "cannot commit the last offsets while closing");
             }
+            let _polling = shared
+                .poll_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             lock(&shared.tracker).close();
             shared.consumer.unsubscribe();
             let until = Instant::now() + shared.timeout;
