@@ -42,6 +42,10 @@ const OWNED: &[(&str, &str)] = &[
         "set it with `delivery_timeout_secs`, which the relay's publish timeout must exceed",
     ),
     (
+        "allow.auto.create.topics",
+        "set create_topics: the transport creates topics itself or not at all",
+    ),
+    (
         "transactional.id",
         "the relay's own claim and fencing order the publishes; Kafka transactions are not used",
     ),

@@ -108,6 +108,9 @@ impl KafkaTransport {
         client
             .set("enable.idempotence", "true")
             .set("acks", "all")
+            // Topics are created by this transport (create_topics) or not at all: the metadata
+            // lookup of a missing topic must not create it behind the configuration's back.
+            .set("allow.auto.create.topics", "false")
             .set(
                 "message.timeout.ms",
                 (config.delivery_timeout_secs * 1000).to_string(),
@@ -429,10 +432,14 @@ impl Transport for KafkaTransport {
                 Ok(PublishReceipt { duplicate: false })
             }
             Err((e, _)) => {
+                // The topic may have been deleted since it was seen (librdkafka then times the
+                // record out): look it up again on the next publish, and create it if so set.
                 if matches!(
                     e.rdkafka_error_code(),
                     Some(
-                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                        RDKafkaErrorCode::UnknownTopicOrPartition
+                            | RDKafkaErrorCode::UnknownTopic
+                            | RDKafkaErrorCode::MessageTimedOut
                     )
                 ) {
                     self.forget(&topic);
