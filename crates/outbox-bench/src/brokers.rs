@@ -194,6 +194,139 @@ impl NatsBench {
     }
 }
 
+/// Partitions of the bench's Kafka topic.
+const KAFKA_PARTITIONS: i32 = 4;
+
+/// A Kafka topic with a random name and four partitions, the relay's transport on it (through
+/// the broker registry), and a separate raw rdkafka producer for the baseline, configured as
+/// the transport's (idempotent, `acks=all`).
+pub struct KafkaBench {
+    pub transport: Arc<BoxTransport>,
+    topic: String,
+    producer: outbox_kafka::rdkafka::producer::FutureProducer,
+    reader: Arc<outbox_kafka::rdkafka::consumer::BaseConsumer>,
+    /// Sum of the partitions' end offsets at the last purge: the bench cannot delete records,
+    /// so it counts from there.
+    base: Mutex<i64>,
+}
+
+impl KafkaBench {
+    pub async fn setup(env: &Env) -> Result<Self> {
+        use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let topic = format!("bench_{}", random_suffix());
+        let mut client = outbox_kafka::rdkafka::ClientConfig::new();
+        client.set(
+            "bootstrap.servers",
+            outbox_kafka::bootstrap_servers(&env.kafka_url)?,
+        );
+        let admin: AdminClient<_> = client.create()?;
+        for r in admin
+            .create_topics(
+                [&NewTopic::new(
+                    &topic,
+                    KAFKA_PARTITIONS,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new(),
+            )
+            .await?
+        {
+            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+        }
+        let settings =
+            BrokerSettings::new().with_section("kafka", json!({ "topic_template": topic }));
+        let transport = outbox::brokers()
+            .connect_transport(&env.kafka_url, &settings)
+            .await
+            .context("Kafka transport")?;
+        let producer = client
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()?;
+        let reader = client
+            .clone()
+            .set("group.id", format!("bench-reader-{}", random_suffix()))
+            .create()?;
+        Ok(Self {
+            transport: Arc::new(transport),
+            topic,
+            producer,
+            reader: Arc::new(reader),
+            base: Mutex::new(0),
+        })
+    }
+
+    /// Raw rdkafka: the transport's exact key, headers and payload, at most `window` delivery
+    /// reports outstanding, awaiting every one.
+    pub async fn baseline(
+        &self,
+        msgs: &[OutboxMessage],
+        window: usize,
+        tasks: bool,
+    ) -> Result<Duration> {
+        use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+        use outbox_kafka::rdkafka::producer::FutureRecord;
+        let publish_one = |m: OutboxMessage| {
+            let producer = self.producer.clone();
+            let topic = self.topic.clone();
+            async move {
+                let mut headers = OwnedHeaders::new();
+                for (name, value) in outbox_kafka::wire_headers(&m, wire::DEFAULT_SOURCE)? {
+                    headers = headers.insert(Header {
+                        key: &name,
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                let record = FutureRecord::to(&topic)
+                    .key(m.partition_key().as_bytes())
+                    .payload(m.payload.bytes.as_ref())
+                    .headers(headers)
+                    .timestamp(m.created_at.timestamp_millis());
+                producer
+                    .send(record, Duration::from_secs(30))
+                    .await
+                    .map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+                anyhow::Ok(())
+            }
+        };
+        let started = Instant::now();
+        let results = run_window(msgs, window, tasks, publish_one).await;
+        finish(started, results)
+    }
+
+    fn end_offsets(&self) -> Result<i64> {
+        use outbox_kafka::rdkafka::consumer::Consumer as _;
+        let mut sum = 0;
+        for p in 0..KAFKA_PARTITIONS {
+            let (_, high) =
+                self.reader
+                    .fetch_watermarks(&self.topic, p, Duration::from_secs(10))?;
+            sum += high;
+        }
+        Ok(sum)
+    }
+
+    /// Records stored since the last purge (from the partitions' end offsets; the test broker
+    /// tansu reports an end one short after a multi-record batch, so this can be a few low).
+    pub async fn count(&self) -> Result<u64> {
+        let base = *self.base.lock().unwrap();
+        Ok(u64::try_from(self.end_offsets()? - base).unwrap_or(0))
+    }
+
+    /// Remembers the current end: later counts start there.
+    pub async fn purge(&self) -> Result<()> {
+        *self.base.lock().unwrap() = self.end_offsets()?;
+        Ok(())
+    }
+
+    /// Nothing to remove: the test broker cannot take deleting a topic a client still uses;
+    /// the topic (random name) stays in its memory.
+    pub async fn teardown(self) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A durable topic exchange and a durable queue bound to it with `#` (random names), the
 /// relay's transport (through the broker registry), and a separate raw lapin connection for
 /// the baseline.

@@ -13,6 +13,7 @@ pub struct Env {
     pub database_url: String,
     pub nats_url: String,
     pub amqp_url: String,
+    pub kafka_url: String,
 }
 
 impl Env {
@@ -28,15 +29,18 @@ impl Env {
                 "OUTBOX_BENCH_AMQP_URL",
                 "amqp://guest:guest@127.0.0.1:5672/%2f",
             ),
+            kafka_url: var("OUTBOX_BENCH_KAFKA_URL", "kafka://127.0.0.1:9092"),
         }
     }
 }
 
-/// Which broker(s) a workload runs against.
+/// Which broker(s) a workload runs against. `all` is NATS and RabbitMQ; Kafka is measured by
+/// W2 only so far (`--transport kafka`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TransportChoice {
     Nats,
     Rabbitmq,
+    Kafka,
     All,
 }
 
@@ -52,6 +56,7 @@ impl TransportChoice {
         match self {
             Self::Nats => "nats",
             Self::Rabbitmq => "rabbitmq",
+            Self::Kafka => "kafka",
             Self::All => "all",
         }
     }

@@ -121,6 +121,9 @@ async fn measure(
                 r?;
                 down.context("NATS teardown")?;
             }
+            TransportChoice::Kafka => {
+                anyhow::bail!("The latency workload does not measure Kafka yet")
+            }
             _ => {
                 let b = RabbitBench::setup(env).await?;
                 let sub = b.subscribe(Arc::clone(&arrivals)).await?;

@@ -12,7 +12,7 @@ use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{NatsBench, RabbitBench};
+use crate::brokers::{KafkaBench, NatsBench, RabbitBench};
 use crate::common::{
     BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
     mean, print_table, verdict,
@@ -201,6 +201,7 @@ async fn drain<T: Transport>(
 enum Broker {
     Nats(NatsBench),
     Rabbit(RabbitBench),
+    Kafka(KafkaBench),
 }
 
 impl Broker {
@@ -213,18 +214,21 @@ impl Broker {
         match self {
             Self::Nats(b) => b.baseline(msgs, window, tasks).await,
             Self::Rabbit(b) => b.baseline(msgs, window, tasks).await,
+            Self::Kafka(b) => b.baseline(msgs, window, tasks).await,
         }
     }
     async fn count(&self) -> Result<u64> {
         match self {
             Self::Nats(b) => b.count().await,
             Self::Rabbit(b) => b.count().await,
+            Self::Kafka(b) => b.count().await,
         }
     }
     async fn purge(&self) -> Result<()> {
         match self {
             Self::Nats(b) => b.purge().await,
             Self::Rabbit(b) => b.purge().await,
+            Self::Kafka(b) => b.purge().await,
         }
     }
     async fn drain(
@@ -261,12 +265,25 @@ impl Broker {
                 )
                 .await
             }
+            Self::Kafka(b) => {
+                drain(
+                    pool,
+                    bench,
+                    store,
+                    Arc::clone(&b.transport),
+                    config,
+                    n,
+                    timeout,
+                )
+                .await
+            }
         }
     }
     async fn teardown(self) -> Result<()> {
         match self {
             Self::Nats(b) => b.teardown().await,
             Self::Rabbit(b) => b.teardown().await,
+            Self::Kafka(b) => b.teardown().await,
         }
     }
 }
@@ -314,6 +331,7 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> 
     for t in args.transport.list() {
         let broker = match t {
             TransportChoice::Nats => Broker::Nats(NatsBench::setup(env).await?),
+            TransportChoice::Kafka => Broker::Kafka(KafkaBench::setup(env).await?),
             _ => Broker::Rabbit(RabbitBench::setup(env).await?),
         };
         let r = measure_broker(

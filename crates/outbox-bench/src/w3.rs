@@ -187,6 +187,7 @@ async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> 
                 down.context("NATS teardown")?;
                 o
             }
+            TransportChoice::Kafka => anyhow::bail!("W3 does not measure Kafka yet"),
             _ => {
                 let b = RabbitBench::setup(env).await?;
                 let r = async {

@@ -153,6 +153,7 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> 
     for t in args.transport.list() {
         let broker = match t {
             TransportChoice::Nats => Broker::Nats(NatsBench::setup(env).await?),
+            TransportChoice::Kafka => anyhow::bail!("W4 does not measure Kafka yet"),
             _ => Broker::Rabbit(RabbitBench::setup(env).await?),
         };
         let r = measure_broker(env, &broker, t.label(), pool, bench, args, &mut phases).await;
