@@ -511,10 +511,14 @@ impl Env {
         );
         s
     }
+    /// The processes' config file. One relay worker: a crash point freezes or kills the whole
+    /// process, and a second worker caught in the middle of its claim transaction would hold
+    /// row locks through a freeze (the lease cell then saw the other relay claim nothing).
     fn config_toml(&self) -> String {
         format!(
             "[relay]\nlease_secs = {RELAY_LEASE_SECS}\npublish_timeout_secs = 1.0\n\
-             lease_safety_margin_secs = 0.5\npoll_interval_ms = 100\nbatch_size = 50\n\n\
+             lease_safety_margin_secs = 0.5\npoll_interval_ms = 100\nbatch_size = 50\n\
+             workers = 1\n\n\
              [nats]\nstream = \"{stream}\"\nstream_subjects = [\"{p}.>\"]\n\
              subject_template = \"{p}.{{aggregate_type}}.{{event_type}}\"\n\n\
              [rabbitmq]\nexchange = \"{p}\"\n\n\
