@@ -14,7 +14,7 @@ use outbox_postgres::{OnPublish, Schema};
 use serde::Deserialize;
 
 /// The TOML file. Unknown keys are errors (a typo must not silently fall back to a default):
-/// `[relay]` refuses them itself; every other table is a broker's settings section (`[nats]`,
+/// `[relay]` and `[debezium]` refuse them themselves; every other table is a broker's settings section (`[nats]`,
 /// `[nats_consumer]`, `[rabbitmq]`, `[rabbitmq_consumer]` ...), checked by the broker registry
 /// when the file is loaded, whatever broker the URL names.
 #[derive(Debug, Default, Deserialize)]
@@ -30,6 +30,8 @@ pub struct FileConfig {
     pub metrics_addr: Option<String>,
     /// `[relay]` table.
     pub relay: RelayFile,
+    /// `[debezium]` table: the Debezium-layout outbox table `outbox debezium apply` bridges.
+    pub debezium: Option<outbox_postgres::debezium::DebeziumTable>,
     /// Every other key: the brokers' settings sections, by name.
     #[serde(flatten)]
     pub brokers: BTreeMap<String, serde_json::Value>,

@@ -10,6 +10,7 @@
 //! outbox consumer-dead-letters list|requeue
 //! outbox cleanup                      elected retention round (inbox identities, old work items)
 //! outbox effects run|status|list|resolve   remote-effect executor and work items
+//! outbox debezium apply|sql|remove    bridge a Debezium-layout outbox table into this outbox
 //! ```
 //!
 //! With the cargo feature `harness` the binary also has the test tools (`crash-matrix`, `demo`,
@@ -21,6 +22,7 @@
 
 mod commands;
 mod config;
+mod debezium_cmd;
 mod effects_cmd;
 mod logging;
 mod metrics;
@@ -109,6 +111,10 @@ enum Command {
     /// Least-privilege roles: print or apply each component's grants, check a role's.
     #[command(subcommand)]
     Roles(roles_cmd::RolesCmd),
+    /// Bridge a Debezium-layout outbox table: each row its producers insert becomes an event
+    /// here, in their transaction (see the README, "Moving from Debezium").
+    #[command(subcommand)]
+    Debezium(debezium_cmd::DebeziumCmd),
     /// Test tools (feature `harness`).
     #[cfg(feature = "harness")]
     #[command(flatten)]
@@ -357,6 +363,9 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
         Command::Effects(cmd) => {
             effects_cmd::run(cmd, pool, schema.clone()).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Debezium(cmd) => {
+            debezium_cmd::run(cmd, &pool, schema, file.debezium.as_ref()).await
         }
         Command::Roles(_) => unreachable!("dispatched above"),
         #[cfg(feature = "harness")]

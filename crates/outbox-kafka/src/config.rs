@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::debezium::{DebeziumPayload, WireFormat};
 use crate::topic;
+
+/// Topic template of the CloudEvents format.
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.{aggregate_type}";
 
 /// librdkafka properties the toolkit sets itself, because its guarantees rest on them. Setting
 /// one in [`KafkaConfig::properties`] or [`KafkaConsumerConfig::properties`] is refused with
@@ -137,10 +141,20 @@ impl Properties {
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Topic of each event; `{aggregate_type}`, `{aggregate_id}` and `{event_type}` are replaced
-    /// by the message's values, with every character a topic name cannot hold (anything but
-    /// ASCII letters, digits, `.`, `_` and `-`) turned into `_`. A message's own destination
-    /// override wins. Default `outbox.{aggregate_type}`.
-    pub topic_template: String,
+    /// by the message's values. In the CloudEvents format every character a topic name cannot
+    /// hold (anything but ASCII letters, digits, `.`, `_` and `-`) is turned into `_`; in the
+    /// Debezium format the values are inserted as they are (as the router does), and a name
+    /// Kafka refuses is an `Invalid` publish. A message's own destination override wins.
+    /// Default (`None`): `outbox.{aggregate_type}`, or `outbox.event.{aggregate_type}` in the
+    /// Debezium format.
+    pub topic_template: Option<String>,
+    /// How records are shaped: `cloudevents` (default; what this toolkit's consumers read) or
+    /// `debezium` (as Debezium's Outbox Event Router emits them, for consumers built for it;
+    /// see [`crate::debezium`]).
+    pub format: WireFormat,
+    /// The record value in the Debezium format: `as-is` (default), `json-string` or
+    /// `expanded-json` (see [`DebeziumPayload`]). Refused with the CloudEvents format.
+    pub debezium_payload: Option<DebeziumPayload>,
     /// Create a topic on its first use when it does not exist (with [`KafkaConfig::topic_partitions`]
     /// and [`KafkaConfig::topic_replication_factor`]). Without it, or when creating fails, a
     /// publish to a missing topic fails as `Rejected` with the reason and is retried. Default
@@ -172,7 +186,9 @@ pub struct KafkaConfig {
 impl Default for KafkaConfig {
     fn default() -> Self {
         Self {
-            topic_template: "outbox.{aggregate_type}".to_owned(),
+            topic_template: None,
+            format: WireFormat::Cloudevents,
+            debezium_payload: None,
             create_topics: true,
             topic_partitions: -1,
             topic_replication_factor: -1,
@@ -218,8 +234,14 @@ impl KafkaConfig {
     /// # Errors
     /// A [`KafkaConfigError`] naming the first bad key.
     pub fn validate(&self) -> Result<(), KafkaConfigError> {
-        if let Err(why) = topic::check_template(&self.topic_template) {
+        if let Err(why) = topic::check_template(self.topic_template()) {
             return bad("topic_template", why);
+        }
+        if self.debezium_payload.is_some() && self.format != WireFormat::Debezium {
+            return bad(
+                "debezium_payload",
+                "applies to the Debezium format only; set `format = \"debezium\"` or remove it",
+            );
         }
         if self.topic_partitions == 0 || self.topic_partitions < -1 {
             return bad(
@@ -243,6 +265,15 @@ impl KafkaConfig {
         seconds("delivery_timeout_secs", self.delivery_timeout_secs, 3600)?;
         seconds("connect_timeout_secs", self.connect_timeout_secs, 3600)?;
         self.properties.check("properties")
+    }
+
+    /// The topic template in force: [`KafkaConfig::topic_template`], or the format's default.
+    pub fn topic_template(&self) -> &str {
+        match (&self.topic_template, self.format) {
+            (Some(t), _) => t,
+            (None, WireFormat::Cloudevents) => DEFAULT_TOPIC_TEMPLATE,
+            (None, WireFormat::Debezium) => crate::debezium::DEFAULT_TOPIC_TEMPLATE,
+        }
     }
 
     /// [`KafkaConfig::delivery_timeout_secs`] as a duration.
@@ -391,17 +422,24 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_key() {
-        let cases: [(KafkaConfig, &str); 4] = [
+        let cases: [(KafkaConfig, &str); 5] = [
             (
                 KafkaConfig {
-                    topic_template: "a/{aggregate_type}".into(),
+                    debezium_payload: Some(crate::DebeziumPayload::JsonString),
+                    ..KafkaConfig::default()
+                },
+                "debezium_payload",
+            ),
+            (
+                KafkaConfig {
+                    topic_template: Some("a/{aggregate_type}".into()),
                     ..KafkaConfig::default()
                 },
                 "topic_template",
             ),
             (
                 KafkaConfig {
-                    topic_template: "{tenant}".into(),
+                    topic_template: Some("{tenant}".into()),
                     ..KafkaConfig::default()
                 },
                 "topic_template",

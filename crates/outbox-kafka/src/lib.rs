@@ -23,6 +23,10 @@
 //!
 //! CloudEvents 1.0 in binary content mode, following the CloudEvents Kafka protocol binding:
 //!
+//! The default format (`format = "cloudevents"`) is below; `format = "debezium"` shapes the
+//! records as Debezium's Outbox Event Router does instead, for consumers built for a Debezium
+//! outbox ([`debezium`]).
+//!
 //! * **topic**: the message's destination override, or [`KafkaConfig::topic_template`]
 //!   (default `outbox.{aggregate_type}`) with each placeholder's value made legal in a topic
 //!   name (every character but ASCII letters, digits, `.`, `_` and `-` becomes `_`).
@@ -95,14 +99,19 @@ mod broker;
 mod client;
 mod config;
 pub mod consumer;
+pub mod debezium;
 mod topic;
 mod tracker;
 mod transport;
 
 pub use broker::BROKER;
 pub use client::{DEFAULT_PORT, KafkaUrlError, LogContext, bootstrap_servers};
-pub use config::{KafkaConfig, KafkaConfigError, KafkaConsumerConfig, Properties, StartFrom};
+pub use config::{
+    DEFAULT_TOPIC_TEMPLATE, KafkaConfig, KafkaConfigError, KafkaConsumerConfig, Properties,
+    StartFrom,
+};
 pub use consumer::{KafkaConsumerError, KafkaDelivery, KafkaSource, decode_raw};
+pub use debezium::{DebeziumPayload, WireFormat};
 pub use topic::{MAX_TOPIC_CHARS, check_name as check_topic_name, sanitize_token};
 pub use transport::{
     CE_PREFIX, CONTENT_TYPE_HEADER, KafkaConnectError, KafkaTransport, wire_headers,

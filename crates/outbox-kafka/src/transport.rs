@@ -1,6 +1,7 @@
 //! [`KafkaTransport`]: the idempotent producer, topic checks and the [`Transport`]
 //! implementation.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use tokio::sync::Semaphore;
 
 use crate::client::{KafkaUrlError, LogContext, bootstrap_servers, client_config};
 use crate::config::{KafkaConfig, KafkaConfigError};
+use crate::debezium::{self, RecordParts, WireFormat};
 use crate::topic;
 
 /// Prefix of the CloudEvents attribute headers (Kafka protocol binding).
@@ -173,11 +175,15 @@ impl KafkaTransport {
     /// # Errors
     /// [`PublishErrorKind::Invalid`] when the result is not a legal topic name.
     pub fn topic_for(&self, message: &OutboxMessage) -> Result<String, PublishError> {
-        let topic = wire::destination(
-            message,
-            &self.inner.config.topic_template,
-            topic::sanitize_token,
-        );
+        let config = &self.inner.config;
+        let topic = match config.format {
+            WireFormat::Cloudevents => {
+                wire::destination(message, config.topic_template(), topic::sanitize_token)
+            }
+            WireFormat::Debezium => {
+                wire::destination(message, config.topic_template(), str::to_owned)
+            }
+        };
         topic::check_name(&topic).map_err(|why| {
             PublishError::new(
                 PublishErrorKind::Invalid,
@@ -347,11 +353,27 @@ impl Transport for KafkaTransport {
 
     async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
         let topic = self.topic_for(message)?;
-        let pairs = wire_headers(message, &self.inner.config.source)?;
-        let key = message.partition_key();
+        let config = &self.inner.config;
+        let RecordParts {
+            key,
+            headers: pairs,
+            value,
+        } = match config.format {
+            WireFormat::Cloudevents => RecordParts {
+                key: message.partition_key(),
+                headers: wire_headers(message, &config.source)?
+                    .into_iter()
+                    .map(|(n, v)| (Cow::Owned(n), Cow::Owned(v)))
+                    .collect(),
+                value: Some(Cow::Borrowed(&message.payload.bytes[..])),
+            },
+            WireFormat::Debezium => {
+                debezium::record(message, config.debezium_payload.unwrap_or_default())?
+            }
+        };
 
         let size = key.len()
-            + message.payload.bytes.len()
+            + value.as_ref().map_or(0, |v| v.len())
             + pairs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
             + RECORD_OVERHEAD;
         let max = self.inner.message_max_bytes;
@@ -376,11 +398,13 @@ impl Transport for KafkaTransport {
                 value: Some(value.as_bytes()),
             });
         }
-        let record = FutureRecord::to(&topic)
+        let mut record = FutureRecord::to(&topic)
             .key(key.as_bytes())
-            .payload(message.payload.bytes.as_ref())
             .headers(headers)
             .timestamp(message.created_at.timestamp_millis());
+        if let Some(value) = &value {
+            record = record.payload(value.as_ref());
+        }
 
         let _permit = self.inner.in_flight.acquire().await.map_err(|_| {
             PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")

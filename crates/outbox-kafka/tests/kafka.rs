@@ -27,7 +27,7 @@ async fn a_missing_topic_is_a_prompt_rejection_then_publishes_once_it_exists() {
         let topic = format!("outboxmissing{}", Uuid::now_v7().simple());
         let transport = fx
             .transport_with(KafkaConfig {
-                topic_template: topic.clone(),
+                topic_template: Some(topic.clone()),
                 create_topics: false,
                 ..fx.config()
             })
@@ -64,7 +64,7 @@ async fn a_topic_is_created_on_first_use_with_the_configured_partitions() {
         let prefix = format!("outboxcreated{}", Uuid::now_v7().simple());
         let transport = fx
             .transport_with(KafkaConfig {
-                topic_template: format!("{prefix}.{{aggregate_type}}"),
+                topic_template: Some(format!("{prefix}.{{aggregate_type}}")),
                 topic_partitions: 3,
                 ..fx.config()
             })
@@ -180,7 +180,7 @@ async fn two_members_through_a_rebalance_miss_nothing_and_keep_each_aggregates_o
         let topic = format!("outboxgroup{}", Uuid::now_v7().simple());
         let transport = fx
             .transport_with(KafkaConfig {
-                topic_template: topic.clone(),
+                topic_template: Some(topic.clone()),
                 topic_partitions: 4,
                 ..fx.config()
             })

@@ -17,6 +17,9 @@
 //!   consumer's transaction ([`PgEffects::enqueue`]), and the operator functions.
 //! * **Migrations** ([`migrate()`]): numbered `.sql` files under a configurable schema, applied
 //!   under an advisory lock.
+//! * **Debezium bridge** ([`debezium`]): producers built for Debezium's outbox table keep
+//!   writing it; a trigger turns each inserted row into an event of this outbox, in their
+//!   transaction.
 //! * **Least privilege** ([`roles`]): one role per component with exactly the grants its SQL
 //!   needs, the scripts that create and grant them, and errors that name a missing grant.
 //!
@@ -29,6 +32,7 @@
 
 mod connect;
 pub mod consumer;
+pub mod debezium;
 pub mod effects;
 mod error;
 mod inbox;

@@ -707,7 +707,7 @@ impl KafkaEnv {
 
     pub fn config(&self) -> KafkaConfig {
         KafkaConfig {
-            topic_template: self.topic.clone(),
+            topic_template: Some(self.topic.clone()),
             delivery_timeout_secs: 2,
             connect_timeout_secs: 3,
             ..KafkaConfig::default()

@@ -194,7 +194,7 @@ impl Fixture {
     /// timeout.
     pub fn config(&self) -> KafkaConfig {
         KafkaConfig {
-            topic_template: self.topic.clone(),
+            topic_template: Some(self.topic.clone()),
             topic_partitions: 1,
             topic_replication_factor: 1,
             delivery_timeout_secs: 5,
