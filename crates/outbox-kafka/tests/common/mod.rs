@@ -244,9 +244,8 @@ impl Fixture {
 
     /// Every message of the topic from `from` up to its end, read with a client of its own.
     ///
-    /// The end is where nothing more comes for half a second after the high watermark was
-    /// reached: tansu 0.6 reports a high watermark one short when the partition's last batch
-    /// holds several records (every record is stored and read; only the watermark is off).
+    /// The end is where nothing more comes for half a second after the high watermark (read
+    /// first) was reached: a record a case expects to be missing must have had its chance.
     pub async fn read_from(&self, from: i64) -> anyhow::Result<Vec<Received>> {
         let url = self.url();
         let topic = self.topic.clone();
