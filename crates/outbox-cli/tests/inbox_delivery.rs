@@ -571,3 +571,97 @@ async fn run_batch_applies_requeued_dead_letters_as_documented() {
         "run_batch did not apply/count the requeued dead letter: {after:?}"
     );
 }
+
+/// Kafka, issue 10 acceptance 3: two instances of one consumer in one group through two
+/// rebalances (the second joins while events stream in, then the first leaves): every event
+/// applied exactly once, each aggregate's versions applied in order. Copies re-read after a
+/// rebalance (from the last committed offset) are absorbed by the inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order() {
+    const AGGREGATES: usize = 24;
+    const VERSIONS: i64 = 15;
+    let total = AGGREGATES * VERSIONS as usize;
+    let env = Env::new(Kind::Kafka).await;
+    let endpoint = env.endpoint_name();
+    let applied = Arc::new(AtomicUsize::new(0));
+    let stop_a = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    let instance = |src: Src, stop: Option<Arc<std::sync::atomic::AtomicBool>>| {
+        let mut handler = TestHandler::new(&env, "ledger");
+        // Slow enough that the stream outlasts both rebalances.
+        handler.delay = Duration::from_millis(5);
+        let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
+        let applied = Arc::clone(&applied);
+        tokio::spawn(async move {
+            let mut t = ConsumerReport::default();
+            let deadline = Instant::now() + Duration::from_secs(90);
+            while applied.load(Ordering::SeqCst) < total
+                && !stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+            {
+                assert!(Instant::now() < deadline, "not done within 90 s: {t:?}");
+                let r = c.run_batch().await.expect("run_batch");
+                applied.fetch_add(r.processed, Ordering::SeqCst);
+                add(&mut t, &r);
+            }
+            // Dropping the runner closes the source: the member leaves the group at once.
+            drop(c);
+            t
+        })
+    };
+
+    let a = instance(env.source(&endpoint, MIB).await, Some(Arc::clone(&stop_a)));
+    let mut b = None;
+    let mut expected = Vec::with_capacity(total);
+    for v in 1..=VERSIONS {
+        for n in 0..AGGREGATES {
+            let msg = message(&format!("agg-{n:02}"), v, "PaymentCreated", json!({"v": v}));
+            env.publish(&msg).await;
+            expected.push(msg.event_id);
+        }
+        if v == 4 {
+            // A second member: the partitions are split between the two.
+            b = Some(instance(env.source(&endpoint, MIB).await, None));
+        }
+        if v == 10 {
+            // The first leaves: the second takes every partition.
+            stop_a.store(true, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let a = a.await.expect("instance a");
+    let b = b.expect("second instance").await.expect("instance b");
+    eprintln!("instance a: {a:?}\ninstance b: {b:?}");
+
+    assert!(a.processed > 0 && b.processed > 0, "a {a:?}, b {b:?}");
+    assert_eq!(a.processed + b.processed, total, "a {a:?}, b {b:?}");
+    assert_eq!(
+        a.conflicts + b.conflicts + a.dead_lettered + b.dead_lettered,
+        0
+    );
+    assert_eq!(
+        env.effects("ledger").await,
+        total as i64,
+        "G5: one effect per event"
+    );
+    let twice = env
+        .db
+        .scalar(
+            "SELECT count(*) FROM (SELECT event_id FROM {s}.effects GROUP BY event_id \
+             HAVING count(*) > 1) d",
+        )
+        .await;
+    assert_eq!(twice, 0, "an event applied twice");
+    for id in &expected {
+        assert_eq!(env.effects_of("ledger", *id).await, 1, "{id}");
+    }
+    for n in 0..AGGREGATES {
+        let versions: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(env.db.sql(&format!(
+            "SELECT version FROM {{s}}.effects WHERE aggregate_id = 'agg-{n:02}' ORDER BY id"
+        ))))
+        .fetch_all(&env.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(versions, (1..=VERSIONS).collect::<Vec<_>>(), "agg-{n:02}");
+    }
+    env.cleanup().await;
+}
