@@ -468,3 +468,99 @@ async fn our_table_is_what_the_documented_debezium_connector_reads() {
     assert!(view.is_err(), "a view was accepted into a publication");
     db.cleanup().await;
 }
+
+/// Non-default column names (as a connector's `table.field.event.*` options give them), a text
+/// id written in upper case, a text payload, `header` placements (one of them NULL), a NULL
+/// type, and the value `JsonConverter` (`schemas.enable=false`) writes: the payload as a JSON
+/// string.
+#[tokio::test]
+async fn custom_columns_placements_and_json_string_values() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE {s}.invoice_outbox (event_uuid text NOT NULL, kind text NOT NULL, \
+         entity text NOT NULL, event_name text, body text, tenant text, region text)",
+    )
+    .await;
+    let cfg = TempFile::new(
+        ".toml",
+        &format!(
+            "[debezium]\ntable = \"{}.invoice_outbox\"\n\"table.field.event.id\" = \"event_uuid\"\n\
+             \"route.by.field\" = \"kind\"\n\"table.field.event.key\" = \"entity\"\n\
+             \"table.field.event.type\" = \"event_name\"\n\"table.field.event.payload\" = \"body\"\n\
+             \"table.fields.additional.placement\" = \"tenant:header:x-tenant, region:header\"\n\n\
+             [kafka]\nformat = \"debezium\"\ndebezium_payload = \"json-string\"\n\
+             topic_partitions = {PARTITIONS}\ndelivery_timeout_secs = 2\nconnect_timeout_secs = 3\n\n\
+             [relay]\npoll_interval_ms = 50\nlease_secs = 8\npublish_timeout_secs = 2.5\n",
+            db.name()
+        ),
+    );
+    let apply = cli(&db, Some(&cfg), &["debezium", "apply"]).await;
+    assert!(apply.status.success(), "{apply:?}");
+
+    let kind = format!("Invoice{}", uid());
+    let (id1, id2) = (Uuid::now_v7(), Uuid::now_v7());
+    let insert = |id: &Uuid, name: &str, body: &str, tenant: &str, region: &str| {
+        db.sql(&format!(
+            "INSERT INTO {{s}}.invoice_outbox VALUES ('{}', '{kind}', 'inv-1', {name}, {body}, \
+             {tenant}, {region})",
+            id.to_string().to_uppercase()
+        ))
+    };
+    for sql in [
+        insert(
+            &id1,
+            "'InvoiceIssued'",
+            r#"'{"total": 5}'"#,
+            "'acme'",
+            "NULL",
+        ),
+        insert(&id2, "NULL", r#"'plain "text"'"#, "NULL", "'eu'"),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    assert_eq!(db.count("event_type = 'unknown'").await, 1, "a NULL type");
+
+    let mut relay = ChildGuard::spawn(
+        {
+            let mut c = outbox(Some(db.name()), Some(&kafka_url()), Some(cfg.path()));
+            c.arg("relay");
+            c
+        },
+        "debezium-relay-custom",
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the bridged events to drain",
+        || async { db.count("true").await == 0 },
+    )
+    .await;
+    relay.assert_running();
+    let records = read_topic(&format!("outbox.event.{kind}"), PARTITIONS, 2).await;
+    drop(relay);
+
+    assert_eq!(records.len(), 2, "{records:#?}");
+    let header = |name: &str, value: &str| (name.to_owned(), Some(value.as_bytes().to_vec()));
+    assert_eq!(records[0].key.as_deref(), Some(&b"inv-1"[..]));
+    assert_eq!(
+        records[0].headers,
+        vec![header("id", &id1.to_string()), header("x-tenant", "acme")],
+        "a NULL placement sends no header"
+    );
+    // A text column is sent as written (no jsonb normalisation), as one JSON string.
+    assert_eq!(
+        records[0].value.as_deref(),
+        Some(&br#""{\"total\": 5}""#[..])
+    );
+    assert_eq!(
+        records[1].headers,
+        vec![header("id", &id2.to_string()), header("region", "eu")]
+    );
+    assert_eq!(
+        records[1].value.as_deref(),
+        Some(&br#""plain \"text\"""#[..])
+    );
+    db.cleanup().await;
+}

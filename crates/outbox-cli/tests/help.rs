@@ -31,6 +31,7 @@ async fn help_lists_operator_commands_and_test_tools_apart() {
         "cleanup",
         "effects",
         "roles",
+        "debezium",
     ] {
         assert!(
             commands.contains(operator),

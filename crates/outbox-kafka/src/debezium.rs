@@ -108,7 +108,18 @@ pub fn record<'a>(
         headers.push((Cow::Borrowed(name.as_str()), Cow::Borrowed(value.as_str())));
     }
     let bytes: &[u8] = &message.payload.bytes;
-    let empty = bytes.iter().all(u8::is_ascii_whitespace);
+    // The router's test is `payload.toString().trim().isEmpty()`: text of only white space is
+    // empty, bytes (a `bytea` column) never are; the bridge stores a NULL payload as no bytes.
+    let binary = message
+        .payload
+        .content_type
+        .0
+        .starts_with("application/octet-stream");
+    let empty = if binary {
+        bytes.is_empty()
+    } else {
+        bytes.iter().all(u8::is_ascii_whitespace)
+    };
     let value = match payload {
         DebeziumPayload::AsIs if empty => None,
         DebeziumPayload::AsIs => Some(Cow::Borrowed(bytes)),
@@ -218,6 +229,16 @@ mod tests {
             PublishErrorKind::Invalid
         );
         assert!(record(&binary, DebeziumPayload::AsIs).is_ok());
+        // Bytes are never "empty" to the router, white space or not.
+        let mut spaces = message(b"  ");
+        spaces.payload = Payload::bytes("application/octet-stream", b"  ".to_vec());
+        assert_eq!(
+            record(&spaces, DebeziumPayload::AsIs)
+                .unwrap()
+                .value
+                .as_deref(),
+            Some(&b"  "[..])
+        );
         let mut clash = message(b"{}");
         clash.headers.insert("ID".into(), "x".into());
         assert_eq!(

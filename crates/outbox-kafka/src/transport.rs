@@ -107,6 +107,17 @@ impl KafkaTransport {
         config.validate()?;
         let bootstrap = bootstrap_servers(url)?;
         let mut client = client_config(&bootstrap, &config.properties);
+        // The relay awaits each delivery report before it sends an aggregate's next version,
+        // so time a record waits in librdkafka's queue for company is added to every step of
+        // an aggregate's run: no linger unless configured (concurrent publishes still share
+        // requests, as they queue while one is in flight). W2 on Kafka: 13.6k ev/s with
+        // librdkafka's default of 5 ms, 22k with 0.
+        if !["linger.ms", "queue.buffering.max.ms"]
+            .iter()
+            .any(|p| config.properties.0.contains_key(*p))
+        {
+            client.set("linger.ms", "0");
+        }
         client
             .set("enable.idempotence", "true")
             .set("acks", "all")

@@ -51,10 +51,17 @@
 //!
 //! # Privileges
 //!
-//! The trigger function is `SECURITY DEFINER`, owned by the role that installs it (the
-//! migrator, which owns the outbox schema), with a fixed `search_path`: producers need no
-//! grant on the outbox schema. Creating a trigger needs the table's ownership or its
-//! `TRIGGER` privilege (`GRANT TRIGGER ON public.outbox TO outbox_migrator`).
+//! The trigger function is `SECURITY DEFINER`, owned by the role that installs it, with a fixed
+//! `search_path` and no `EXECUTE` for `PUBLIC`: producers need no grant on the outbox schema,
+//! and no other role can attach the function to a table of its own. [`install`] and
+//! [`remove`] need both the Debezium table's ownership (to replace or drop its trigger) and
+//! `CREATE` on the outbox schema (the migrator's): run them as a role that has both (for
+//! instance the table's owner made a member of the migrator role), or have a DBA run the SQL
+//! of [`bridge_sql`] (`outbox debezium sql`). Install it as a role no more powerful than that:
+//! the function inserts events with the installer's rights.
+//!
+//! Each outbox schema has its own trigger ([`trigger_name`]), so two outboxes can bridge one
+//! table without replacing each other.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -65,12 +72,23 @@ use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::schema::{Schema, quote_ident};
 
-/// Name of the trigger on the Debezium table.
-pub const TRIGGER_NAME: &str = "outbox_debezium_bridge";
+/// Name of the bridge's trigger into `schema` (one per outbox schema, so two outboxes can bridge
+/// one table): `outbox_debezium_bridge_<schema>`, or a hash of the schema's name where that
+/// would pass PostgreSQL's 63-byte limit.
+pub fn trigger_name(schema: &Schema) -> String {
+    let name = format!("outbox_debezium_bridge_{}", schema.as_str());
+    if name.len() <= 63 {
+        return name;
+    }
+    let digest = Sha256::digest(schema.as_str().as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("outbox_debezium_bridge_{hex}")
+}
 
 /// The Debezium-layout table and its column names (`[debezium]` in the CLI's config file), with
-/// the option names and defaults of Debezium's Outbox Event Router, so a connector's settings
-/// carry over as they are.
+/// the option names and defaults of Debezium's Outbox Event Router, so a connector's table
+/// settings carry over as they are (its routing and value settings are the Kafka transport's:
+/// `topic_template`, `debezium_payload`).
 ///
 /// ```
 /// let t: outbox_postgres::debezium::DebeziumTable = toml::from_str(r#"
@@ -308,8 +326,25 @@ pub async fn bridge_sql(
     render(schema, table, &found)
 }
 
+/// Names go into the function's body, which is dollar-quoted: quoting makes every other
+/// character safe, but not `$` (it could end the body) nor control characters.
+fn check_name(key: &'static str, name: &str) -> Result<(), DebeziumError> {
+    if name.is_empty() || name.contains('$') || name.chars().any(char::is_control) {
+        return Err(DebeziumError::config(
+            key,
+            format!(
+                "`{}` cannot be bridged: a name must not be empty nor hold `$` or control characters",
+                name.escape_debug()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<String, DebeziumError> {
+    check_name("table", &found.name)?;
     let column = |key: &'static str, name: &str| -> Result<(String, String), DebeziumError> {
+        check_name(key, name)?;
         let ty = found.columns.get(name).ok_or_else(|| {
             DebeziumError::config(
                 key,
@@ -374,6 +409,7 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
     };
     let mut header_pairs = Vec::new();
     for (col, alias) in table.header_placements()? {
+        check_name("table.fields.additional.placement", &alias)?;
         let (value, _) = column("table.fields.additional.placement", &col)?;
         header_pairs.push(format!("{}, {value}::text", quote_literal(&alias)));
     }
@@ -407,7 +443,8 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
     let _ = write!(
         sql,
         "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger\n\
-         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $outbox$\n\
+         LANGUAGE plpgsql SECURITY DEFINER\n\
+         SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $outbox$\n\
          DECLARE\n    version bigint;\n\
          BEGIN\n\
          \x20   -- Bridge of {table} into {s}.events (outbox debezium apply): one event per inserted row,\n\
@@ -420,15 +457,17 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
          \x20                           event_type, content_type, payload, headers, created_at)\n\
          \x20        VALUES ({id}, {route}::text, {key}::text, version,\n\
          \x20                coalesce(nullif({ty}::text, ''), 'unknown'), {ct},\n\
-         \x20                coalesce({payload}, '\\x'::bytea), {headers}, {created_at});\n\
+         \x20                coalesce({payload}, ''::bytea), {headers}, {created_at});\n\
          \x20   RETURN NULL;\n\
          END\n$outbox$;\n\
+         -- A trigger function runs whatever role fires the trigger; nobody needs to call it.\n\
+         REVOKE ALL ON FUNCTION {function}() FROM PUBLIC;\n\
          DROP TRIGGER IF EXISTS {trigger} ON {table};\n\
          CREATE TRIGGER {trigger} AFTER INSERT ON {table}\n\
          \x20   FOR EACH ROW EXECUTE FUNCTION {function}();\n",
         table = found.name,
         ct = quote_literal(content_type),
-        trigger = quote_ident(TRIGGER_NAME),
+        trigger = quote_ident(&trigger_name(schema)),
     );
     Ok(sql)
 }
@@ -456,9 +495,33 @@ pub async fn install(
     schema: &Schema,
     table: &DebeziumTable,
 ) -> Result<(), DebeziumError> {
-    let sql = bridge_sql(pool, schema, table).await?;
+    let found = find(pool, table).await?;
+    let sql = render(schema, table, &found)?;
     let mut tx = pool.begin().await?;
+    // The function of a bridge installed before the table was renamed has another name: it
+    // goes once the new trigger replaced the old.
+    let bridge_function = "SELECT t.tgfoid::bigint, t.tgfoid::regprocedure::text FROM pg_trigger t \
+                           WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2";
+    let previous: Option<(i64, String)> = sqlx::query_as(bridge_function)
+        .bind(&table.table)
+        .bind(trigger_name(schema))
+        .fetch_optional(&mut *tx)
+        .await?;
     sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
+    let current: Option<(i64, String)> = sqlx::query_as(bridge_function)
+        .bind(&table.table)
+        .bind(trigger_name(schema))
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some((oid, previous)) = previous
+        && current.is_some_and(|(now, _)| now != oid)
+    {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP FUNCTION IF EXISTS {previous};"
+        )))
+        .execute(&mut *tx)
+        .await?;
+    }
     tx.commit().await?;
     Ok(())
 }
@@ -474,15 +537,26 @@ pub async fn remove(
     table: &DebeziumTable,
 ) -> Result<(), DebeziumError> {
     let found = find(pool, table).await?;
-    let sql = format!(
-        "DROP TRIGGER IF EXISTS {trigger} ON {table};\n\
-         DROP FUNCTION IF EXISTS {s}.{function}();\n",
-        trigger = quote_ident(TRIGGER_NAME),
-        table = found.name,
-        s = schema.quoted(),
-        function = function_name(&found.name),
-    );
+    let trigger = trigger_name(schema);
     let mut tx = pool.begin().await?;
+    // The function through the trigger (`tgfoid`), not by name: the table may have been
+    // renamed since the bridge was installed.
+    let function: Option<String> = sqlx::query_scalar(
+        "SELECT t.tgfoid::regprocedure::text FROM pg_trigger t \
+          WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2",
+    )
+    .bind(&table.table)
+    .bind(&trigger)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let mut sql = format!(
+        "DROP TRIGGER IF EXISTS {} ON {};\n",
+        quote_ident(&trigger),
+        found.name
+    );
+    if let Some(function) = function {
+        let _ = writeln!(sql, "DROP FUNCTION IF EXISTS {function};");
+    }
     sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(())
@@ -522,6 +596,8 @@ mod tests {
         );
         assert!(sql.contains("'traceparent'"), "{sql}");
         assert!(sql.contains("AFTER INSERT ON public.outbox"), "{sql}");
+        assert!(sql.contains("REVOKE ALL ON FUNCTION"), "{sql}");
+        assert!(sql.contains("outbox_debezium_bridge_outbox"), "{sql}");
         assert!(
             sql.contains("created_at)") && sql.contains("now());"),
             "{sql}"
@@ -545,6 +621,14 @@ mod tests {
         t.timestamp = Some("timestamp".into());
         let sql = render(&schema, &t, &found()).unwrap();
         assert!(sql.contains("AT TIME ZONE 'UTC'"), "{sql}");
+        // A `$` could end the dollar-quoted body: refused, as are control characters.
+        for alias in ["x$outbox$", "a\nb"] {
+            t.additional_placement = Some(format!("eventType:header:{alias}"));
+            let e = render(&schema, &t, &found()).unwrap_err().to_string();
+            assert!(e.contains("must not"), "{e}");
+        }
+        let long = Schema::new(&"s".repeat(60)).unwrap();
+        assert!(trigger_name(&long).len() <= 63);
     }
 
     #[test]
