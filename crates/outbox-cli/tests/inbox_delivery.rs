@@ -579,14 +579,17 @@ async fn run_batch_applies_requeued_dead_letters_as_documented() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order() {
     const AGGREGATES: usize = 24;
-    const VERSIONS: i64 = 15;
+    const VERSIONS: i64 = 30;
     let total = AGGREGATES * VERSIONS as usize;
     let env = Env::new(Kind::Kafka).await;
     let endpoint = env.endpoint_name();
     let applied = Arc::new(AtomicUsize::new(0));
     let stop_a = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let b_applied = Arc::new(AtomicUsize::new(0));
 
-    let instance = |src: Src, stop: Option<Arc<std::sync::atomic::AtomicBool>>| {
+    let instance = |src: Src,
+                    stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+                    mine: Option<Arc<AtomicUsize>>| {
         let mut handler = TestHandler::new(&env, "ledger");
         // Slow enough that the stream outlasts both rebalances.
         handler.delay = Duration::from_millis(5);
@@ -601,6 +604,9 @@ async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order(
                 assert!(Instant::now() < deadline, "not done within 90 s: {t:?}");
                 let r = c.run_batch().await.expect("run_batch");
                 applied.fetch_add(r.processed, Ordering::SeqCst);
+                if let Some(mine) = &mine {
+                    mine.fetch_add(r.processed, Ordering::SeqCst);
+                }
                 add(&mut t, &r);
             }
             // Dropping the runner closes the source: the member leaves the group at once.
@@ -609,7 +615,11 @@ async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order(
         })
     };
 
-    let a = instance(env.source(&endpoint, MIB).await, Some(Arc::clone(&stop_a)));
+    let a = instance(
+        env.source(&endpoint, MIB).await,
+        Some(Arc::clone(&stop_a)),
+        None,
+    );
     let mut b = None;
     let mut expected = Vec::with_capacity(total);
     for v in 1..=VERSIONS {
@@ -620,14 +630,28 @@ async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order(
         }
         if v == 4 {
             // A second member: the partitions are split between the two.
-            b = Some(instance(env.source(&endpoint, MIB).await, None));
+            b = Some(instance(
+                env.source(&endpoint, MIB).await,
+                None,
+                Some(Arc::clone(&b_applied)),
+            ));
         }
-        if v == 10 {
-            // The first leaves: the second takes every partition.
+        if v >= 10 && !stop_a.load(Ordering::SeqCst) && b_applied.load(Ordering::SeqCst) > 0 {
+            // Both members have applied events: the first leaves, the second takes every
+            // partition.
+            eprintln!(
+                "the first member leaves at version {v}; the second applied {} by then",
+                b_applied.load(Ordering::SeqCst)
+            );
             stop_a.store(true, Ordering::SeqCst);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    assert!(
+        stop_a.load(Ordering::SeqCst),
+        "the second member applied nothing while {VERSIONS} rounds were published: the \
+         partitions were never split between two live members"
+    );
     let a = a.await.expect("instance a");
     let b = b.expect("second instance").await.expect("instance b");
     eprintln!("instance a: {a:?}\ninstance b: {b:?}");
