@@ -1,0 +1,173 @@
+//! Fault injection with librdkafka's mock cluster (in addition to the real broker of the other
+//! tests, not instead): produce requests refused with retriable errors, a record the broker
+//! calls invalid, and the only broker going down and coming back. The transport must report
+//! success only for what is stored, keep one aggregate's versions in order and without
+//! duplicates through librdkafka's own retries, and recover after a broker comes back.
+
+use std::time::Duration;
+
+use outbox_core::{PublishErrorKind, Transport as _};
+use outbox_kafka::rdkafka::ClientConfig;
+use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+use outbox_kafka::rdkafka::message::{Headers as _, Message as _};
+use outbox_kafka::rdkafka::mocking::MockCluster;
+use outbox_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use outbox_kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use outbox_kafka::{KafkaConfig, KafkaTransport};
+use outbox_testkit::message;
+
+const TOPIC: &str = "outbox.payment";
+
+async fn transport(bootstrap: &str) -> KafkaTransport {
+    KafkaTransport::connect(
+        &format!("kafka://{bootstrap}"),
+        KafkaConfig {
+            create_topics: false,
+            delivery_timeout_secs: 3,
+            connect_timeout_secs: 5,
+            ..KafkaConfig::default()
+        },
+    )
+    .await
+    .expect("transport on the mock cluster")
+}
+
+/// `(aggregate version, event id)` of every record of the one-partition topic, in offset order.
+fn read_all(bootstrap: &str) -> Vec<(i64, String)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "mock-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("reader");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(TOPIC, 0, Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&list).expect("assign");
+    let (_, high) = consumer
+        .fetch_watermarks(TOPIC, 0, Duration::from_secs(10))
+        .expect("watermarks");
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while (out.len() as i64) < high && std::time::Instant::now() < deadline {
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m.expect("record");
+            let header = |name: &str| {
+                m.headers()
+                    .and_then(|h| h.iter().find(|h| h.key == name))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default()
+            };
+            out.push((
+                header("ce_aggregateversion").parse().expect("version"),
+                header("ce_id"),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_produce_errors_keep_order_and_store_each_event_once() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic(TOPIC, 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let transport = transport(&bootstrap).await;
+
+    // The relay's pattern: one aggregate's versions one after another, each acknowledged
+    // before the next, while the broker refuses some produce requests with retriable errors
+    // (librdkafka retries them itself, with the same producer id and sequence numbers).
+    let mut sent = Vec::new();
+    for v in 1..=30 {
+        if v % 5 == 0 {
+            cluster.request_errors(
+                RDKafkaApiKey::Produce,
+                &[
+                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                ],
+            );
+        }
+        let m = message::event("pay-1", v, &b"{}"[..]);
+        transport
+            .publish(&m)
+            .await
+            .unwrap_or_else(|e| panic!("v{v}: {e}"));
+        sent.push((v, m.event_id.to_string()));
+    }
+    let stored = tokio::task::spawn_blocking(move || read_all(&bootstrap))
+        .await
+        .expect("reader");
+    assert_eq!(stored, sent, "every version once, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_record_is_not_sent_and_a_broker_outage_is_survived() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic(TOPIC, 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let transport = transport(&bootstrap).await;
+    let first = message::event("pay-2", 1, &b"{}"[..]);
+    transport.publish(&first).await.expect("first");
+
+    // A record the broker refuses as invalid: an error the relay dead-letters, never sent.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+    );
+    let refused = message::event("pay-2", 2, &b"{}"[..]);
+    let e = transport.publish(&refused).await.expect_err("refused");
+    assert!(
+        matches!(
+            e.kind,
+            PublishErrorKind::Invalid | PublishErrorKind::Unavailable
+        ),
+        "{e:?}"
+    );
+    cluster.clear_request_errors(RDKafkaApiKey::Produce);
+
+    // The only broker down: the publish fails within the delivery timeout (retried later by
+    // the relay), then goes through once it is back (the producer is replaced if the failure
+    // was fatal to it).
+    cluster.broker_down(1).expect("broker down");
+    let during = message::event("pay-2", 2, &b"{}"[..]);
+    let started = std::time::Instant::now();
+    let e = transport.publish(&during).await.expect_err("broker down");
+    assert!(e.is_retryable(), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    cluster.broker_up(1).expect("broker up");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let m = message::event("pay-2", 2, &b"{}"[..]);
+        match transport.publish(&m).await {
+            Ok(_) => break m,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("after the outage: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no publish within 30 s of the broker's return: {e}"),
+        }
+    };
+    let stored = tokio::task::spawn_blocking(move || read_all(&bootstrap))
+        .await
+        .expect("reader");
+    let ids: Vec<&str> = stored.iter().map(|(_, id)| id.as_str()).collect();
+    assert!(
+        !ids.contains(&refused.event_id.to_string().as_str()),
+        "the refused record was stored: {stored:?}"
+    );
+    assert_eq!(
+        ids.first().copied(),
+        Some(first.event_id.to_string().as_str())
+    );
+    assert_eq!(
+        ids.last().copied(),
+        Some(after.event_id.to_string().as_str())
+    );
+}
