@@ -233,14 +233,28 @@ impl KafkaBench {
         {
             r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
         }
-        let settings =
-            BrokerSettings::new().with_section("kafka", json!({ "topic_template": topic }));
+        // Producer properties for both the relay's transport and the raw baseline, e.g.
+        // OUTBOX_BENCH_KAFKA_PROPERTIES="linger.ms=1,batch.size=65536".
+        let properties: std::collections::BTreeMap<String, String> =
+            std::env::var("OUTBOX_BENCH_KAFKA_PROPERTIES")
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect();
+        let settings = BrokerSettings::new().with_section(
+            "kafka",
+            json!({ "topic_template": topic, "properties": properties }),
+        );
         let transport = outbox::brokers()
             .connect_transport(&env.kafka_url, &settings)
             .await
             .context("Kafka transport")?;
-        let producer = client
-            .clone()
+        let mut producer_config = client.clone();
+        for (k, v) in &properties {
+            producer_config.set(k, v);
+        }
+        let producer = producer_config
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .create()?;
@@ -295,6 +309,11 @@ impl KafkaBench {
         finish(started, results)
     }
 
+    /// The topic every event goes to.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
     fn end_offsets(&self) -> Result<i64> {
         use outbox_kafka::rdkafka::consumer::Consumer as _;
         let mut sum = 0;
@@ -307,8 +326,7 @@ impl KafkaBench {
         Ok(sum)
     }
 
-    /// Records stored since the last purge (from the partitions' end offsets; the test broker
-    /// tansu reports an end one short after a multi-record batch, so this can be a few low).
+    /// Records stored since the last purge (from the partitions' end offsets).
     pub async fn count(&self) -> Result<u64> {
         let base = *self.base.lock().unwrap();
         Ok(u64::try_from(self.end_offsets()? - base).unwrap_or(0))

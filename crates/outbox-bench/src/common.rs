@@ -34,8 +34,8 @@ impl Env {
     }
 }
 
-/// Which broker(s) a workload runs against. `all` is NATS and RabbitMQ; Kafka is measured by
-/// W2 only so far (`--transport kafka`).
+/// Which broker(s) a workload runs against. `all` is NATS and RabbitMQ; Kafka (`--transport
+/// kafka`) is measured by W2 and W3, on its own (its broker here is a test broker, tansu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TransportChoice {
     Nats,

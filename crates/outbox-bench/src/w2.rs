@@ -491,7 +491,7 @@ fn report(args: &Args, workers: &[usize], phases: &[Phase]) {
                 .collect()
         };
         let base = mean(&rates(None));
-        let abs_goal = if t == "nats" { 20_000.0 } else { 10_000.0 };
+        let abs_goal = if t == "rabbitmq" { 10_000.0 } else { 20_000.0 };
         for &w in workers {
             let cand = mean(&rates(Some(w)));
             let ratio = cand / base;

@@ -10,6 +10,7 @@ use outbox_core::consumer::ConsumerConfig;
 use outbox_core::consumer::DeliverySource;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
+use outbox_kafka::{KafkaConsumerConfig, KafkaSource};
 use outbox_nats::{NatsConsumerConfig, NatsSource};
 use outbox_postgres::{PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
@@ -17,7 +18,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{NatsBench, RabbitBench};
+use crate::brokers::{KafkaBench, NatsBench, RabbitBench};
 use crate::common::{
     BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
     percentile, print_table,
@@ -187,7 +188,26 @@ async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> 
                 down.context("NATS teardown")?;
                 o
             }
-            TransportChoice::Kafka => anyhow::bail!("W3 does not measure Kafka yet"),
+            TransportChoice::Kafka => {
+                let b = KafkaBench::setup(env).await?;
+                let r = async {
+                    let source = KafkaSource::connect(
+                        &env.kafka_url,
+                        KafkaConsumerConfig {
+                            topics: vec![b.topic().to_owned()],
+                            group_id: format!("w3-{}", bench.name()),
+                            ..KafkaConsumerConfig::default()
+                        },
+                    )
+                    .await?;
+                    run_one("kafka", pools, bench, &pg_store, &b.transport, source, args).await
+                }
+                .await;
+                let down = b.teardown().await;
+                let o = r?;
+                down.context("Kafka teardown")?;
+                o
+            }
             _ => {
                 let b = RabbitBench::setup(env).await?;
                 let r = async {
