@@ -112,12 +112,16 @@ async fn two_instances_racing_on_one_event_have_one_effect(kind: Kind) {
     let duplicates: usize = reports.iter().map(|r| r.duplicates).sum();
     assert_eq!((processed, duplicates), (1, 1), "{reports:?}");
     if kind == Kind::Kafka {
-        // One partition has one owner in a group: both copies go to the same instance, which
-        // absorbs the second (the race between instances happens only across a rebalance,
-        // tested in outbox-kafka's `two_members_through_a_rebalance...`).
+        // One partition has one owner in a group: both copies go to the instance that owns it
+        // and it absorbs the second, or, when the second member's join moved the partition
+        // between the two copies, each instance gets one (the race across a rebalance). Either
+        // way one effect (asserted above and below).
         let mut received: Vec<usize> = reports.iter().map(|r| r.received).collect();
         received.sort_unstable();
-        assert_eq!(received, vec![0, 2], "{reports:?}");
+        assert!(
+            received == vec![0, 2] || received == vec![1, 1],
+            "{reports:?}"
+        );
     } else {
         assert!(
             reports.iter().all(|r| r.received == 1),
