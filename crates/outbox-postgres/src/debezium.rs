@@ -483,6 +483,23 @@ fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
+/// The function the bridge's trigger on `table` calls (`pg_trigger.tgfoid`): its oid and its
+/// name as SQL (`regprocedure`), or `None` when there is no bridge into `schema`.
+async fn bridge_function(
+    tx: &mut sqlx::PgConnection,
+    schema: &Schema,
+    table: &DebeziumTable,
+) -> Result<Option<(i64, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT t.tgfoid::bigint, t.tgfoid::regprocedure::text FROM pg_trigger t \
+          WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2",
+    )
+    .bind(&table.table)
+    .bind(trigger_name(schema))
+    .fetch_optional(tx)
+    .await
+}
+
 /// Installs (or replaces) the bridge on `table`, in one transaction: from then on every row
 /// inserted into it is an event of `schema`'s outbox. Running it again with other settings
 /// replaces the bridge.
@@ -500,19 +517,9 @@ pub async fn install(
     let mut tx = pool.begin().await?;
     // The function of a bridge installed before the table was renamed has another name: it
     // goes once the new trigger replaced the old.
-    let bridge_function = "SELECT t.tgfoid::bigint, t.tgfoid::regprocedure::text FROM pg_trigger t \
-                           WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2";
-    let previous: Option<(i64, String)> = sqlx::query_as(bridge_function)
-        .bind(&table.table)
-        .bind(trigger_name(schema))
-        .fetch_optional(&mut *tx)
-        .await?;
+    let previous = bridge_function(&mut tx, schema, table).await?;
     sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
-    let current: Option<(i64, String)> = sqlx::query_as(bridge_function)
-        .bind(&table.table)
-        .bind(trigger_name(schema))
-        .fetch_optional(&mut *tx)
-        .await?;
+    let current = bridge_function(&mut tx, schema, table).await?;
     if let Some((oid, previous)) = previous
         && current.is_some_and(|(now, _)| now != oid)
     {
@@ -539,16 +546,11 @@ pub async fn remove(
     let found = find(pool, table).await?;
     let trigger = trigger_name(schema);
     let mut tx = pool.begin().await?;
-    // The function through the trigger (`tgfoid`), not by name: the table may have been
-    // renamed since the bridge was installed.
-    let function: Option<String> = sqlx::query_scalar(
-        "SELECT t.tgfoid::regprocedure::text FROM pg_trigger t \
-          WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2",
-    )
-    .bind(&table.table)
-    .bind(&trigger)
-    .fetch_optional(&mut *tx)
-    .await?;
+    // The function through the trigger, not by name: the table may have been renamed since
+    // the bridge was installed.
+    let function = bridge_function(&mut tx, schema, table)
+        .await?
+        .map(|(_, f)| f);
     let mut sql = format!(
         "DROP TRIGGER IF EXISTS {} ON {};\n",
         quote_ident(&trigger),
