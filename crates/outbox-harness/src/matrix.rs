@@ -61,6 +61,10 @@ const CONSUMER: &str = "reporting";
 /// Relay lease in the harness's relay configuration (seconds).
 const RELAY_LEASE_SECS: f64 = 3.0;
 
+/// The lease cell's longest wait, after the frozen relay's lease expired, for the other relay to
+/// take its aggregates over, and then for the woken relay to settle.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(30);
+
 /// Options of `outbox crash-matrix`.
 #[derive(clap::Args, Debug)]
 pub struct MatrixArgs {
@@ -932,6 +936,9 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
     let mut in_flight_clean: Option<bool> = None;
     let mut stopped_at: Option<Instant> = None;
     let mut resumed = false;
+    let mut resumed_at: Option<Instant> = None;
+    let mut settled = false;
+    let mut takeover_left: Option<i64> = None;
     let mut unknown_peak = 0i64;
     let mut delay_lifted = false;
     let mut quiet_since: Option<Instant> = None;
@@ -965,13 +972,32 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
             if stopped_at.is_none() && target.is_stopped() {
                 stopped_at = Some(Instant::now());
             }
+            // Resumed once its lease is long expired AND the other relay has taken over every
+            // aggregate it held (no expired lease is left: the takeover's upsert replaced them).
+            // Resuming on time alone made the cell depend on the other relay's speed: on a loaded
+            // machine it had not claimed the rows yet, the woken relay's marks then rightly
+            // succeeded, and the cell reported a refused-marks count of 0. After
+            // `TAKEOVER_WAIT` the relay is resumed anyway, and the check below says why it failed.
             if let Some(t) = stopped_at
                 && !resumed
                 && t.elapsed() > Duration::from_secs_f64(RELAY_LEASE_SECS * 2.0 + 1.0)
             {
-                target.signal("-CONT");
-                resumed = true;
-                crashed += 1;
+                let left = expired_leases(env).await?;
+                if left == 0 || t.elapsed() > TAKEOVER_WAIT {
+                    target.signal("-CONT");
+                    resumed = true;
+                    resumed_at = Some(Instant::now());
+                    takeover_left = Some(left);
+                    crashed += 1;
+                }
+            }
+            // Quiet needs the woken relay to have settled (its refused marks are logged) too,
+            // however slowly it gets the CPU back; bounded by `TAKEOVER_WAIT` again.
+            if let Some(t) = resumed_at
+                && !settled
+            {
+                settled = count_in_log(&logs.join("relay-0.log"), "lease lost") > 0
+                    || t.elapsed() > TAKEOVER_WAIT;
             }
         }
         let s = effects_stats(env).await?;
@@ -989,7 +1015,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         let quiet = producer_done
             && crashed > 0
             && is_quiet(env, &s).await?
-            && (cell.action != Action::Stop || resumed);
+            && (cell.action != Action::Stop || settled);
         if quiet {
             let since = *quiet_since.get_or_insert_with(Instant::now);
             // Long enough for a redelivery after the NATS ack wait to show up.
@@ -1030,7 +1056,12 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         problems.push("the transaction in flight at the crash left rows behind".into());
     }
     if cell.action == Action::Stop && stale_marks == 0 {
-        problems.push("the frozen relay's marks were not refused after its lease expired".into());
+        problems.push(format!(
+            "the frozen relay's marks were not refused after its lease expired (expired leases \
+             left when it was resumed: {}; the end of its log: {})",
+            takeover_left.unwrap_or(-1),
+            log_tail(&logs.join("relay-0.log"), 5)
+        ));
     }
     if cell.action == Action::SlowProvider && unknown_peak == 0 {
         problems.push("no work item ever became unknown".into());
@@ -1069,6 +1100,27 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         wire_duplicates: check.wire_duplicates,
         pass,
     })
+}
+
+/// Leases whose time is up and that nobody took over (the takeover's upsert replaces them, a
+/// settle deletes its own): in the lease cell, the frozen relay's.
+async fn expired_leases(env: &Env) -> Result<i64> {
+    let s = env.schema.as_str();
+    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {s}.leases WHERE lease_until <= now()"
+    )))
+    .fetch_one(&env.pool)
+    .await?)
+}
+
+/// The last `n` lines of a log that are not debug output, joined by ` | `.
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains("DEBUG") && !l.contains("TRACE"))
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 fn count_in_log(path: &Path, needle: &str) -> usize {
