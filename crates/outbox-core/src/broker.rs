@@ -33,12 +33,20 @@ use crate::wire::{DecodeError, IncomingEvent};
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A boxed, sendable stream.
+pub type BoxStream<'a, T> = Pin<Box<dyn futures::Stream<Item = T> + Send + 'a>>;
+
 trait DynTransport: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     fn publish<'a>(
         &'a self,
         message: &'a OutboxMessage,
     ) -> BoxFuture<'a, Result<PublishReceipt, PublishError>>;
+    fn ordered_pipelining(&self) -> bool;
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> BoxStream<'a, Result<PublishReceipt, PublishError>>;
 }
 
 impl<T: Transport> DynTransport for T {
@@ -50,6 +58,15 @@ impl<T: Transport> DynTransport for T {
         message: &'a OutboxMessage,
     ) -> BoxFuture<'a, Result<PublishReceipt, PublishError>> {
         Box::pin(Transport::publish(self, message))
+    }
+    fn ordered_pipelining(&self) -> bool {
+        Transport::ordered_pipelining(self)
+    }
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> BoxStream<'a, Result<PublishReceipt, PublishError>> {
+        Box::pin(Transport::publish_run(self, run))
     }
 }
 
@@ -76,6 +93,17 @@ impl Transport for BoxTransport {
 
     async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
         self.0.publish(message).await
+    }
+
+    fn ordered_pipelining(&self) -> bool {
+        self.0.ordered_pipelining()
+    }
+
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> impl futures::Stream<Item = Result<PublishReceipt, PublishError>> + Send + 'a {
+        self.0.publish_run(run)
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::future::Future;
 
+use futures::Stream;
+
 use crate::message::OutboxMessage;
 
 /// What a broker said when it durably accepted a message.
@@ -82,4 +84,44 @@ pub trait Transport: Send + Sync + 'static {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<PublishReceipt, PublishError>> + Send;
+
+    /// Whether [`Transport::publish_run`] keeps several versions of one aggregate in flight at
+    /// once, in order (*ordered pipelining*). `false` unless the transport overrides it: the
+    /// relay then publishes an aggregate's versions one after another, each after the previous
+    /// one's acknowledgement, which is correct on any broker.
+    fn ordered_pipelining(&self) -> bool {
+        false
+    }
+
+    /// Publishes `run`, consecutive versions of one aggregate (one partition key) in version
+    /// order, and yields one result per message, in order. The relay calls it only when
+    /// [`Transport::ordered_pipelining`] is `true`, and stops reading at the first error (the
+    /// rest of the run is retried later, with the same event ids).
+    ///
+    /// The stream may end before the run does (the transport bounds how much it keeps in
+    /// flight): the messages without a result were not published and are handed out again.
+    ///
+    /// The default publishes one message after another with [`Transport::publish`] and ends
+    /// after the first error. A transport that overrides it to hand the whole run to its client
+    /// at once must guarantee what that gives for free: **the broker never stores a message of
+    /// the run unless it stored every earlier message of the run before it** (in this call or
+    /// an earlier one), whatever fails, times out or is retried. Copies of a message stored
+    /// again later are fine (same event id, the consumer's inbox absorbs them); a later version
+    /// stored before the first copy of an earlier one is not.
+    ///
+    /// # Errors
+    /// Each item is the message's [`Transport::publish`] result.
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> impl Stream<Item = Result<PublishReceipt, PublishError>> + Send + 'a {
+        futures::stream::unfold((0usize, false), move |(next, failed)| async move {
+            if failed || next >= run.len() {
+                return None;
+            }
+            let result = self.publish(&run[next]).await;
+            let failed = result.is_err();
+            Some((result, (next + 1, failed)))
+        })
+    }
 }

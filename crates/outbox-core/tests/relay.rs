@@ -297,3 +297,80 @@ async fn any_feed_plugs_into_the_publish_engine() {
     assert!(s.failed[0].retry_after.is_some());
     assert!(s.failed[0].error.starts_with("attempt 1:"));
 }
+
+#[tokio::test]
+async fn ordered_pipelining_hands_a_whole_run_over_and_marks_only_the_stored_prefix() {
+    let events: Vec<(&str, i64)> = (1..=10)
+        .map(|v| ("a", v))
+        .chain((1..=3).map(|v| ("b", v)))
+        .collect();
+    let r = relay(
+        store_with(&events),
+        FakeTransport::pipelined(100).fail("a", 4, PublishErrorKind::Unavailable, 1),
+        fast_config(),
+    );
+    let o = r.run_batch().await.unwrap();
+    // a1..a3 stored, a4 failed (retried), a5..a10 neither stored nor failed: released.
+    assert_eq!(
+        (o.claimed, o.published, o.retried, o.released),
+        (13, 6, 1, 6),
+        "{o:?}"
+    );
+    let mut runs = r.transport().runs();
+    runs.sort_unstable();
+    assert_eq!(
+        runs,
+        vec![3, 10],
+        "each aggregate's run handed over at once"
+    );
+    assert_eq!(r.transport().acked_for("a"), vec![1, 2, 3]);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let o = r.run_batch().await.unwrap();
+    assert_eq!((o.published, o.retried), (7, 0), "{o:?}");
+    assert_eq!(
+        r.transport().acked_for("a"),
+        (1..=10).collect::<Vec<_>>(),
+        "every version once, in order"
+    );
+    assert_eq!(r.store().stats().await.unwrap().pending, 0);
+}
+
+#[tokio::test]
+async fn a_pipelined_run_the_transport_takes_in_part_leaves_the_rest_for_the_next_claim() {
+    let events: Vec<(&str, i64)> = (1..=7).map(|v| ("a", v)).collect();
+    let r = relay(
+        store_with(&events),
+        FakeTransport::pipelined(3),
+        fast_config(),
+    );
+    let o = r.run_batch().await.unwrap();
+    assert_eq!((o.published, o.retried, o.released), (3, 0, 4), "{o:?}");
+    let o = r.run_batch().await.unwrap();
+    assert_eq!((o.published, o.released), (3, 1), "{o:?}");
+    let o = r.run_batch().await.unwrap();
+    assert_eq!(o.published, 1, "{o:?}");
+    assert_eq!(r.transport().acked_for("a"), (1..=7).collect::<Vec<_>>());
+    assert_eq!(r.transport().runs(), vec![3, 3, 1]);
+}
+
+#[tokio::test]
+async fn a_pipelined_run_is_cut_at_one_publish_timeout_from_its_start() {
+    let events: Vec<(&str, i64)> = (1..=5).map(|v| ("a", v)).collect();
+    let r = relay(
+        store_with(&events),
+        FakeTransport::pipelined_with_delay(100, Duration::from_secs(3)),
+        RelayConfig {
+            publish_timeout: Duration::from_millis(50),
+            ..fast_config()
+        },
+    );
+    let started = Instant::now();
+    let o = r.run_batch().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // The first version timed out (retried), the rest were not attempted: nothing is marked.
+    assert_eq!((o.published, o.retried, o.released), (0, 1, 4), "{o:?}");
+}

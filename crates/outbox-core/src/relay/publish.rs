@@ -12,7 +12,7 @@ use super::feed::{FailedRow, Settlement};
 use super::{RelayConfig, metric};
 use crate::crash;
 use crate::message::OutboxMessage;
-use crate::transport::{PublishError, PublishErrorKind, Transport};
+use crate::transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
 
 enum Outcome {
     Published,
@@ -54,16 +54,22 @@ pub(super) async fn publish_batch<T: Transport>(
 }
 
 /// Publishes one aggregate's run in order; stops at the first failure or when the ownership
-/// leaves no time for another publish.
+/// leaves no time for another publish. On a transport with ordered pipelining the whole run is
+/// handed over at once ([`Transport::publish_run`]) and every message of it is cut at one
+/// `publish_timeout` from that moment; otherwise each message waits for the previous one's
+/// acknowledgement and is cut at its own `publish_timeout`. Either way every publish starts
+/// before `last_start` and ends before the ownership can.
 async fn publish_run<T: Transport>(
     transport: &T,
     config: &RelayConfig,
     run: &[OutboxMessage],
     last_start: Option<Instant>,
 ) -> Vec<(i64, Outcome)> {
+    if transport.ordered_pipelining() {
+        return publish_run_pipelined(transport, config, run, last_start).await;
+    }
     let mut out = Vec::with_capacity(run.len());
     let mut stopped = false;
-    let name = transport.name();
     for msg in run {
         if stopped || last_start.is_some_and(|t| Instant::now() >= t) {
             stopped = true;
@@ -74,36 +80,88 @@ async fn publish_run<T: Transport>(
         let result =
             match tokio::time::timeout(config.publish_timeout, transport.publish(msg)).await {
                 Ok(r) => r,
-                Err(_) => Err(PublishError::new(
-                    PublishErrorKind::TimedOut,
-                    format!("no acknowledgement within {:?}", config.publish_timeout),
-                )),
+                Err(_) => Err(timed_out(config)),
             };
-        match result {
-            Ok(receipt) => {
-                metrics::histogram!(metric::PUBLISH_LATENCY, "transport" => name)
-                    .record(sent.elapsed().as_secs_f64());
-                metrics::counter!(metric::PUBLISHED, "transport" => name).increment(1);
-                if receipt.duplicate {
-                    metrics::counter!(metric::BROKER_DUPLICATES, "transport" => name).increment(1);
-                    info!(event_id = %msg.event_id, "broker reported a duplicate of an earlier publish");
-                }
-                crash::hit(crash::RELAY_AFTER_PUBLISH);
-                out.push((msg.id, Outcome::Published));
-            }
-            Err(e) => {
-                metrics::counter!(
-                    metric::PUBLISH_FAILURES,
-                    "transport" => name,
-                    "kind" => format!("{:?}", e.kind)
-                )
-                .increment(1);
-                stopped = true;
-                out.push((msg.id, Outcome::Failed(e)));
-            }
-        }
+        let outcome = account(transport.name(), msg, sent, result);
+        stopped = matches!(outcome, Outcome::Failed(_));
+        out.push((msg.id, outcome));
     }
     out
+}
+
+/// [`publish_run`] on a transport with ordered pipelining.
+async fn publish_run_pipelined<T: Transport>(
+    transport: &T,
+    config: &RelayConfig,
+    run: &[OutboxMessage],
+    last_start: Option<Instant>,
+) -> Vec<(i64, Outcome)> {
+    if last_start.is_some_and(|t| Instant::now() >= t) {
+        return run.iter().map(|m| (m.id, Outcome::NotAttempted)).collect();
+    }
+    let sent = Instant::now();
+    let deadline = tokio::time::Instant::from_std(sent + config.publish_timeout);
+    let mut results = std::pin::pin!(transport.publish_run(run));
+    let mut out = Vec::with_capacity(run.len());
+    let mut stopped = false;
+    for msg in run {
+        if stopped {
+            out.push((msg.id, Outcome::NotAttempted));
+            continue;
+        }
+        let result = match tokio::time::timeout_at(deadline, results.next()).await {
+            Ok(Some(r)) => r,
+            // The transport took only part of the run: the rest was not published.
+            Ok(None) => {
+                stopped = true;
+                out.push((msg.id, Outcome::NotAttempted));
+                continue;
+            }
+            Err(_) => Err(timed_out(config)),
+        };
+        let outcome = account(transport.name(), msg, sent, result);
+        stopped = matches!(outcome, Outcome::Failed(_));
+        out.push((msg.id, outcome));
+    }
+    out
+}
+
+fn timed_out(config: &RelayConfig) -> PublishError {
+    PublishError::new(
+        PublishErrorKind::TimedOut,
+        format!("no acknowledgement within {:?}", config.publish_timeout),
+    )
+}
+
+/// Metrics, the crash point and the outcome of one message's publish result.
+fn account(
+    name: &'static str,
+    msg: &OutboxMessage,
+    sent: Instant,
+    result: Result<PublishReceipt, PublishError>,
+) -> Outcome {
+    match result {
+        Ok(receipt) => {
+            metrics::histogram!(metric::PUBLISH_LATENCY, "transport" => name)
+                .record(sent.elapsed().as_secs_f64());
+            metrics::counter!(metric::PUBLISHED, "transport" => name).increment(1);
+            if receipt.duplicate {
+                metrics::counter!(metric::BROKER_DUPLICATES, "transport" => name).increment(1);
+                info!(event_id = %msg.event_id, "broker reported a duplicate of an earlier publish");
+            }
+            crash::hit(crash::RELAY_AFTER_PUBLISH);
+            Outcome::Published
+        }
+        Err(e) => {
+            metrics::counter!(
+                metric::PUBLISH_FAILURES,
+                "transport" => name,
+                "kind" => format!("{:?}", e.kind)
+            )
+            .increment(1);
+            Outcome::Failed(e)
+        }
+    }
 }
 
 /// Splits a batch (sorted by aggregate, then version) into per-aggregate runs, as index ranges.
