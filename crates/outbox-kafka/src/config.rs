@@ -39,11 +39,20 @@ const OWNED: &[(&str, &str)] = &[
     ),
     (
         "message.timeout.ms",
-        "set it with `delivery_timeout_secs`, which the relay's publish timeout must exceed",
+        "always 0 (none): a record timed out in the client's queue while a later one of its \
+         partition is stored breaks per-aggregate order; `delivery_timeout_secs` bounds the wait \
+         for a delivery report instead",
     ),
     (
         "delivery.timeout.ms",
-        "set it with `delivery_timeout_secs`, which the relay's publish timeout must exceed",
+        "always 0 (none): a record timed out in the client's queue while a later one of its \
+         partition is stored breaks per-aggregate order; `delivery_timeout_secs` bounds the wait \
+         for a delivery report instead",
+    ),
+    (
+        "enable.gapless.guarantee",
+        "always true: a record refused for good must stop the producer (it is replaced), never \
+         leave a gap before a later version of its aggregate",
     ),
     (
         "allow.auto.create.topics",
@@ -170,10 +179,12 @@ pub struct KafkaConfig {
     pub source: String,
     /// Most publishes awaiting their delivery report at once; further calls wait. Default 1024.
     pub max_in_flight: usize,
-    /// How long a publish may take from being handed to the client to its delivery report
-    /// (librdkafka `message.timeout.ms`), in seconds; an event not acknowledged by then fails
-    /// as `TimedOut` and is republished by the relay. Keep it below the relay's publish
-    /// timeout. Default 5.
+    /// How long a publish waits for its delivery report, in seconds; an event not acknowledged
+    /// by then fails as `TimedOut` and is republished by the relay (the relay's own
+    /// `publish_timeout` cuts it earlier when it is shorter). The record itself stays in
+    /// librdkafka's queue, which has no local timeout (`message.timeout.ms = 0`, see the
+    /// crate's docs, "Ordered pipelining"), and may still be stored later: a copy with the same
+    /// event id, never out of order. Default 5.
     pub delivery_timeout_secs: u64,
     /// How long startup waits for the cluster's metadata, in seconds. Default 5.
     pub connect_timeout_secs: u64,

@@ -63,6 +63,36 @@
 //! absorbs. [`PublishReceipt::duplicate`](outbox_core::PublishReceipt::duplicate) is always
 //! `false`.
 //!
+//! # Ordered pipelining
+//!
+//! The transport declares [`ordered_pipelining`](outbox_core::Transport::ordered_pipelining):
+//! the relay hands it an aggregate's whole run of versions at once
+//! ([`publish_run`](outbox_core::Transport::publish_run)) and reads the delivery reports in
+//! order, instead of waiting for each version's report before sending the next (W2 in
+//! BENCHMARKS.md: the sequential path reached 0.31x of the raw producer). The run goes out in
+//! one piece while its records share one topic and key, i.e. one partition; a row whose
+//! `destination` sends it elsewhere ends the piece and goes out in the next claim.
+//!
+//! What makes this safe is that **the broker never stores a version of an aggregate unless it
+//! stored every earlier version before it**:
+//!
+//! * the idempotent producer numbers each partition's records and the broker stores a producer
+//!   session's records only in that sequence, without holes; librdkafka's own retries keep it;
+//! * librdkafka skips a record only when it times out in its queue (`message.timeout.ms`) or
+//!   the broker refuses it for good. The first cannot happen: the local timeout is off (`0`);
+//!   the second stops the producer (`enable.gapless.guarantee`: a fatal error, the transport
+//!   replaces the producer) instead of sending the later records;
+//! * the relay marks only the versions whose reports said stored, up to the first that did not;
+//!   the rest of the run is published again later, with the same event ids. A record still in
+//!   the old queue, or in flight from a replaced producer, may then be stored twice: copies,
+//!   absorbed by the consumer's inbox, never a later version before an earlier one.
+//!
+//! The cost of no local timeout: while the cluster is unreachable, every retry of an event adds
+//! a copy to librdkafka's queue (bounded by `queue.buffering.max.messages` and
+//! `queue.buffering.max.kbytes`, after which publishes fail as `Unavailable` at once), and the
+//! copies are stored once the cluster is back. `tests/mock_cluster.rs` proves the order under
+//! injected produce errors and an outage with whole runs in flight.
+//!
 //! # Error mapping
 //!
 //! | situation                                                         | kind          |
@@ -73,7 +103,7 @@
 //! | record over `message.max.bytes` (checked before sending), or the broker's `MESSAGE_TOO_LARGE` | `TooLarge` |
 //! | topic missing and not created (`create_topics` off, creation refused), unknown topic or partition, authorization | `Rejected` |
 //! | no delivery report within `delivery_timeout_secs`                 | `TimedOut`    |
-//! | brokers down, connection broken, not enough replicas, leader moving, local queue full, producer fenced or its epoch refused (the producer is replaced) | `Unavailable` |
+//! | brokers down, connection broken, not enough replicas, leader moving, local queue full, producer fenced or its epoch refused, a fatal error (the producer is replaced) | `Unavailable` |
 //! | anything else                                                     | `Rejected`    |
 //!
 //! `TooLarge` and `Invalid` are dead-lettered by the relay at once; the other kinds are retried

@@ -4,7 +4,6 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use outbox_core::secrets::redact_url;
 use outbox_core::wire::{self, attr};
@@ -13,7 +12,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 use tokio::sync::Semaphore;
 
@@ -124,10 +123,14 @@ impl KafkaTransport {
             // Topics are created by this transport (create_topics) or not at all: the metadata
             // lookup of a missing topic must not create it behind the configuration's back.
             .set("allow.auto.create.topics", "false")
-            .set(
-                "message.timeout.ms",
-                (config.delivery_timeout_secs * 1000).to_string(),
-            );
+            // Ordered pipelining rests on these two (see the crate's docs): a record is never
+            // dropped by the client while a later record of its partition is stored. librdkafka
+            // drops a record that times out in its queue and sends the later ones (a gap), so
+            // there is no local timeout; `delivery_timeout_secs` bounds the wait for a report
+            // instead. A record the broker refuses for good stops the producer (a fatal error:
+            // it is replaced) instead of leaving a gap.
+            .set("message.timeout.ms", "0")
+            .set("enable.gapless.guarantee", "true");
         let producer: FutureProducer<LogContext> = client
             .create_with_context(LogContext)
             .map_err(|e| KafkaConnectError::Client(e.to_string()))?;
@@ -357,19 +360,19 @@ impl KafkaTransport {
     }
 }
 
-impl Transport for KafkaTransport {
-    fn name(&self) -> &'static str {
-        "kafka"
-    }
+/// A message's record, ready to be handed to librdkafka.
+struct Record<'m> {
+    topic: String,
+    parts: RecordParts<'m>,
+}
 
-    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+impl KafkaTransport {
+    /// The record of `message`: its topic, key, headers and value, its size checked against
+    /// `message.max.bytes` (before any topic is looked up or created).
+    fn record<'m>(&self, message: &'m OutboxMessage) -> Result<Record<'m>, PublishError> {
         let topic = self.topic_for(message)?;
         let config = &self.inner.config;
-        let RecordParts {
-            key,
-            headers: pairs,
-            value,
-        } = match config.format {
+        let parts = match config.format {
             WireFormat::Cloudevents => RecordParts {
                 key: message.partition_key(),
                 headers: wire_headers(message, &config.source)?
@@ -382,10 +385,13 @@ impl Transport for KafkaTransport {
                 debezium::record(message, config.debezium_payload.unwrap_or_default())?
             }
         };
-
-        let size = key.len()
-            + value.as_ref().map_or(0, |v| v.len())
-            + pairs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+        let size = parts.key.len()
+            + parts.value.as_ref().map_or(0, |v| v.len())
+            + parts
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len())
+                .sum::<usize>()
             + RECORD_OVERHEAD;
         let max = self.inner.message_max_bytes;
         if size > max {
@@ -399,50 +405,55 @@ impl Transport for KafkaTransport {
                 ),
             ));
         }
+        Ok(Record { topic, parts })
+    }
 
-        self.ensure_topic(&topic, message).await?;
-
-        let mut headers = OwnedHeaders::new_with_capacity(pairs.len());
-        for (name, value) in &pairs {
+    /// Hands `record` to `producer` (librdkafka copies it into its queue).
+    fn enqueue(
+        &self,
+        producer: &Arc<FutureProducer<LogContext>>,
+        message: &OutboxMessage,
+        record: &Record<'_>,
+    ) -> Result<DeliveryFuture, PublishError> {
+        let mut headers = OwnedHeaders::new_with_capacity(record.parts.headers.len());
+        for (name, value) in &record.parts.headers {
             headers = headers.insert(Header {
                 key: name,
                 value: Some(value.as_bytes()),
             });
         }
-        let mut record = FutureRecord::to(&topic)
-            .key(key.as_bytes())
+        let mut future = FutureRecord::to(&record.topic)
+            .key(record.parts.key.as_bytes())
             .headers(headers)
             .timestamp(message.created_at.timestamp_millis());
-        if let Some(value) = &value {
-            record = record.payload(value.as_ref());
+        if let Some(value) = &record.parts.value {
+            future = future.payload(value.as_ref());
         }
+        producer.send_result(future).map_err(|(e, _)| {
+            self.replace_after_fatal(producer, &e);
+            failed(message, "queueing", &record.topic, &e)
+        })
+    }
 
-        let _permit = self.inner.in_flight.acquire().await.map_err(|_| {
-            PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")
-        })?;
-        let failed = |stage: &str, e: &KafkaError| {
-            PublishError::new(
-                classify(e),
-                format!("event {}: {stage} to `{topic}`: {e}", message.event_id),
-            )
-        };
-        let producer = self.producer();
-        let delivery = match producer.send_result(record) {
-            Ok(delivery) => delivery,
-            Err((e, _)) => {
-                self.replace_after_fatal(&producer, &e);
-                return Err(failed("queueing", &e));
-            }
-        };
-        // librdkafka reports every queued record within message.timeout.ms; the margin only
-        // guards against a report that never comes.
-        let bound = self.inner.config.delivery_timeout() * 2 + Duration::from_secs(1);
+    /// Waits for the delivery report of a record of `message` to `topic`, at most
+    /// [`KafkaConfig::delivery_timeout_secs`].
+    async fn report(
+        &self,
+        producer: &Arc<FutureProducer<LogContext>>,
+        message: &OutboxMessage,
+        topic: &str,
+        delivery: DeliveryFuture,
+    ) -> Result<PublishReceipt, PublishError> {
+        let bound = self.inner.config.delivery_timeout();
         let report = match tokio::time::timeout(bound, delivery).await {
             Err(_) => {
+                // The topic may have been deleted since it was seen: look it up again.
+                self.forget(topic);
                 return Err(PublishError::new(
                     PublishErrorKind::TimedOut,
                     format!(
-                        "event {}: no delivery report within {bound:?}",
+                        "event {}: no delivery report within {bound:?} (the record stays in \
+                         the client's queue and may still be stored: a copy with the same id)",
                         message.event_id
                     ),
                 ));
@@ -467,22 +478,179 @@ impl Transport for KafkaTransport {
                 Ok(PublishReceipt { duplicate: false })
             }
             Err((e, _)) => {
-                // The topic may have been deleted since it was seen (librdkafka then times the
-                // record out): look it up again on the next publish, and create it if so set.
+                // The topic may have been deleted since it was seen: look it up again on the
+                // next publish, and create it if so set.
                 if matches!(
                     e.rdkafka_error_code(),
                     Some(
                         RDKafkaErrorCode::UnknownTopicOrPartition
                             | RDKafkaErrorCode::UnknownTopic
-                            | RDKafkaErrorCode::MessageTimedOut
+                            | RDKafkaErrorCode::UnknownPartition
                     )
                 ) {
-                    self.forget(&topic);
+                    self.forget(topic);
                 }
-                self.replace_after_fatal(&producer, &e);
-                Err(failed("delivery", &e))
+                self.replace_after_fatal(producer, &e);
+                Err(failed(message, "delivery", topic, &e))
             }
         }
+    }
+
+    /// Hands as much of `run` to librdkafka as goes out in one piece: in order, the messages
+    /// that share the first one's topic and key (so one partition, whose order the idempotent
+    /// producer keeps), at most `max_in_flight`, stopping at the first that cannot be queued
+    /// (its error is the last item). Holds the in-flight permits for all of them.
+    async fn enqueue_run<'m>(&self, run: &'m [OutboxMessage]) -> Queued<'_, 'm> {
+        let mut items: Vec<QueuedItem<'m>> = Vec::new();
+        let mut records = Vec::new();
+        let mut error = None;
+        for message in run.iter().take(self.inner.config.max_in_flight) {
+            match self.record(message) {
+                Ok(record) => {
+                    if let Some((_, first)) = records.first()
+                        && !same_partition(first, &record)
+                    {
+                        break;
+                    }
+                    records.push((message, record));
+                }
+                Err(e) => {
+                    error = Some((message, e));
+                    break;
+                }
+            }
+        }
+        if let Some(&(message, ref record)) = records.first()
+            && let Err(e) = self.ensure_topic(&record.topic, message).await
+        {
+            // No record goes out: the first one's error stands for the run.
+            records.clear();
+            error = Some((message, e));
+        }
+        let permit = match self
+            .inner
+            .in_flight
+            .acquire_many(records.len() as u32)
+            .await
+        {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                let e =
+                    PublishError::new(PublishErrorKind::Unavailable, "the transport was closed");
+                return Queued {
+                    producer: self.producer(),
+                    items: vec![QueuedItem::Failed(e)],
+                    _permit: None,
+                };
+            }
+        };
+        let producer = self.producer();
+        for (message, record) in records {
+            match self.enqueue(&producer, message, &record) {
+                Ok(delivery) => items.push(QueuedItem::Sent {
+                    message,
+                    topic: record.topic,
+                    delivery,
+                }),
+                Err(e) => {
+                    items.push(QueuedItem::Failed(e));
+                    error = None;
+                    break;
+                }
+            }
+        }
+        if let Some((_, e)) = error {
+            items.push(QueuedItem::Failed(e));
+        }
+        Queued {
+            producer,
+            items,
+            _permit: permit,
+        }
+    }
+}
+
+/// What [`KafkaTransport::enqueue_run`] handed over.
+struct Queued<'t, 'm> {
+    producer: Arc<FutureProducer<LogContext>>,
+    items: Vec<QueuedItem<'m>>,
+    /// Released once every report was read (or the stream dropped).
+    _permit: Option<tokio::sync::SemaphorePermit<'t>>,
+}
+
+enum QueuedItem<'m> {
+    Sent {
+        message: &'m OutboxMessage,
+        topic: String,
+        delivery: DeliveryFuture,
+    },
+    Failed(PublishError),
+}
+
+/// Whether two records go to one partition: one topic and one key.
+fn same_partition(a: &Record<'_>, b: &Record<'_>) -> bool {
+    a.topic == b.topic && a.parts.key == b.parts.key
+}
+
+fn failed(message: &OutboxMessage, stage: &str, topic: &str, e: &KafkaError) -> PublishError {
+    PublishError::new(
+        classify(e),
+        format!("event {}: {stage} to `{topic}`: {e}", message.event_id),
+    )
+}
+
+impl Transport for KafkaTransport {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
+        let record = self.record(message)?;
+        self.ensure_topic(&record.topic, message).await?;
+        let _permit = self.inner.in_flight.acquire().await.map_err(|_| {
+            PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")
+        })?;
+        let producer = self.producer();
+        let delivery = self.enqueue(&producer, message, &record)?;
+        self.report(&producer, message, &record.topic, delivery)
+            .await
+    }
+
+    /// `true`: the idempotent producer keeps one partition's records in order across its
+    /// retries, and `message.timeout.ms` is infinite with `enable.gapless.guarantee`, so no
+    /// record is ever dropped while a later one of its partition is stored (see the crate's
+    /// docs, "Ordered pipelining").
+    fn ordered_pipelining(&self) -> bool {
+        true
+    }
+
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> impl futures::Stream<Item = Result<PublishReceipt, PublishError>> + Send + 'a {
+        use futures::StreamExt as _;
+        futures::stream::once(self.enqueue_run(run)).flat_map(move |queued| {
+            let Queued {
+                producer,
+                items,
+                _permit,
+            } = queued;
+            futures::stream::iter(items).then(move |item| {
+                // The permits live as long as the reports are read.
+                let _held = &_permit;
+                let producer = Arc::clone(&producer);
+                async move {
+                    match item {
+                        QueuedItem::Sent {
+                            message,
+                            topic,
+                            delivery,
+                        } => self.report(&producer, message, &topic, delivery).await,
+                        QueuedItem::Failed(e) => Err(e),
+                    }
+                }
+            })
+        })
     }
 }
 

@@ -171,3 +171,125 @@ async fn a_refused_record_is_not_sent_and_a_broker_outage_is_survived() {
         Some(after.event_id.to_string().as_str())
     );
 }
+
+/// The relay's pipelined pattern on Kafka: whole runs of versions handed over at once
+/// ([`Transport::publish_run`]), the reports read in order up to the first failure, and the
+/// rest of the run published again, as the relay does. Several aggregates at once, while the
+/// broker refuses produce requests with retriable errors and then goes down and comes back.
+/// What the broker stores must hold every acknowledged version, and each aggregate's versions
+/// must first appear in order: never a version before the first copy of an earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_runs_keep_each_aggregate_in_order_through_errors_and_an_outage() {
+    use futures::StreamExt as _;
+    const AGGREGATES: usize = 6;
+    const VERSIONS: i64 = 40;
+    const RUN: usize = 5;
+
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic(TOPIC, 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let transport = std::sync::Arc::new(transport(&bootstrap).await);
+    assert!(transport.ordered_pipelining());
+
+    let mut tasks = Vec::new();
+    for a in 0..AGGREGATES {
+        let transport = std::sync::Arc::clone(&transport);
+        tasks.push(tokio::spawn(async move {
+            let aggregate = format!("pipe-{a}");
+            let events: Vec<_> = (1..=VERSIONS)
+                .map(|v| message::event(&aggregate, v, &b"{}"[..]))
+                .collect();
+            let mut next = 0usize; // first version not acknowledged yet
+            let mut failures = 0u32;
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while next < events.len() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{aggregate}: stuck at v{}",
+                    next + 1
+                );
+                let run = &events[next..(next + RUN).min(events.len())];
+                // The relay's read: in order, up to the first error, cut after 3 s.
+                let mut results = std::pin::pin!(transport.publish_run(run));
+                let cut = tokio::time::Instant::now() + Duration::from_secs(3);
+                while let Ok(Some(result)) = tokio::time::timeout_at(cut, results.next()).await {
+                    match result {
+                        Ok(_) => next += 1,
+                        Err(e) => {
+                            assert!(e.is_retryable(), "{aggregate}: {e}");
+                            failures += 1;
+                            break;
+                        }
+                    }
+                }
+                // The relay's pace between batches: the runs spread over the faults below.
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            (events, failures)
+        }));
+    }
+    // The faults, while the aggregates publish (here: the mock cluster stays on this task):
+    // bursts of retriable produce errors, then the only broker down for longer than the
+    // delivery timeout (3 s), so that publishes in flight fail and are taken again.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+            ],
+        );
+    }
+    cluster.broker_down(1).expect("broker down");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.broker_up(1).expect("broker up");
+
+    let mut sent = Vec::new();
+    let mut failures = 0;
+    for t in tasks {
+        let (events, f) = t.await.expect("aggregate task");
+        failures += f;
+        sent.push(events);
+    }
+    assert!(
+        failures > 0,
+        "the outage failed no publish: the test proves nothing"
+    );
+
+    // Everything the client may still hold is stored before the topic is read.
+    let stored = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        read_all(&bootstrap)
+    })
+    .await
+    .expect("reader");
+    let position: std::collections::HashMap<&str, usize> = stored
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, (_, id))| (id.as_str(), i))
+        .collect();
+    for events in &sent {
+        let firsts: Vec<usize> = events
+            .iter()
+            .map(|m| {
+                *position
+                    .get(m.event_id.to_string().as_str())
+                    .unwrap_or_else(|| panic!("acknowledged but not stored: {}", m.event_id))
+            })
+            .collect();
+        assert!(
+            firsts.windows(2).all(|w| w[0] < w[1]),
+            "{}: a version first appears before an earlier one: {firsts:?}",
+            events[0].aggregate_id
+        );
+    }
+    eprintln!(
+        "{} records stored for {} events ({failures} failed reads)",
+        stored.len(),
+        AGGREGATES * VERSIONS as usize
+    );
+}
