@@ -87,11 +87,14 @@
 //!   the old queue, or in flight from a replaced producer, may then be stored twice: copies,
 //!   absorbed by the consumer's inbox, never a later version before an earlier one.
 //!
-//! The cost of no local timeout: while the cluster is unreachable, every retry of an event adds
-//! a copy to librdkafka's queue (bounded by `queue.buffering.max.messages` and
-//! `queue.buffering.max.kbytes`, after which publishes fail as `Unavailable` at once), and the
-//! copies are stored once the cluster is back. `tests/mock_cluster.rs` proves the order under
-//! injected produce errors and an outage with whole runs in flight.
+//! The cost of no local timeout is that a record stays in librdkafka's queue until the cluster
+//! takes it, however long an outage lasts (bounded by `queue.buffering.max.messages` and
+//! `queue.buffering.max.kbytes`, after which publishes fail as `Unavailable` at once). A
+//! republish of an event whose record is still queued in the current producer does not queue
+//! another copy: it awaits the queued record's report, so an outage of many retries stores each
+//! event once when the cluster is back. `tests/mock_cluster.rs` proves the order under injected
+//! produce errors and an outage with whole runs in flight, and the single copy per retried
+//! event.
 //!
 //! # Error mapping
 //!

@@ -2,17 +2,22 @@
 //! implementation.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
+
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 
 use outbox_core::secrets::redact_url;
 use outbox_core::wire::{self, attr};
-use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
+use outbox_core::{
+    EventId, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport,
+};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 use tokio::sync::Semaphore;
 
@@ -32,6 +37,23 @@ const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// Room a record takes beyond its key, value and headers (record and batch framing), so the
 /// size check before sending errs on the safe side of librdkafka's own.
 const RECORD_OVERHEAD: usize = 128;
+
+/// Records queued in the current producer past their report's wait, kept (to be awaited by a
+/// republish instead of queueing another copy) before completed ones are swept out.
+const QUEUED_SWEEP_AT: usize = 4096;
+
+/// A delivery report, cloneable: `Ok((partition, offset))`, the client's error, or `None` when
+/// the producer was closed before it reported.
+type Report = Result<(i32, i64), Option<KafkaError>>;
+
+/// The report of a record still in a producer's queue, shared by every publish of its event.
+type PendingReport = Shared<BoxFuture<'static, Report>>;
+
+/// A record in librdkafka's queue: which producer holds it, and its report.
+struct InQueue {
+    producer: Arc<FutureProducer<LogContext>>,
+    report: PendingReport,
+}
 
 /// Why [`KafkaTransport`] could not start.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +90,10 @@ struct Inner {
     config: KafkaConfig,
     /// Topics seen in the cluster's metadata (or created here): not checked again.
     known_topics: Mutex<HashSet<String>>,
+    /// Records handed to the current producer whose report nobody has read yet, by event id:
+    /// a republish of one of them awaits it instead of queueing a copy (see
+    /// [`KafkaTransport::enqueue`]).
+    queued: Mutex<HashMap<EventId, InQueue>>,
     in_flight: Semaphore,
     message_max_bytes: usize,
 }
@@ -151,6 +177,7 @@ impl KafkaTransport {
                 admin,
                 in_flight: Semaphore::new(config.max_in_flight),
                 known_topics: Mutex::new(HashSet::new()),
+                queued: Mutex::new(HashMap::new()),
                 message_max_bytes,
                 config,
             }),
@@ -408,13 +435,28 @@ impl KafkaTransport {
         Ok(Record { topic, parts })
     }
 
-    /// Hands `record` to `producer` (librdkafka copies it into its queue).
+    /// Hands `record` to `producer` (librdkafka copies it into its queue) and returns its
+    /// report.
+    ///
+    /// A record of the same event still in this producer's queue (an earlier publish whose
+    /// report was not awaited to its end: the relay timed it out, or the lease moved) is not
+    /// queued again: its report is shared. With no local timeout in librdkafka (see the
+    /// crate's docs), a retried event would otherwise add a copy to the queue on every retry
+    /// of an outage, all stored once the cluster is back. Skipping a later copy of a record
+    /// that is queued ahead of it cannot reorder anything: the first copy is the one stored
+    /// first.
     fn enqueue(
         &self,
         producer: &Arc<FutureProducer<LogContext>>,
         message: &OutboxMessage,
         record: &Record<'_>,
-    ) -> Result<DeliveryFuture, PublishError> {
+    ) -> Result<PendingReport, PublishError> {
+        let mut queued = lock(&self.inner.queued);
+        if let Some(q) = queued.get(&message.event_id)
+            && Arc::ptr_eq(&q.producer, producer)
+        {
+            return Ok(q.report.clone());
+        }
         let mut headers = OwnedHeaders::new_with_capacity(record.parts.headers.len());
         for (name, value) in &record.parts.headers {
             headers = headers.insert(Header {
@@ -429,10 +471,32 @@ impl KafkaTransport {
         if let Some(value) = &record.parts.value {
             future = future.payload(value.as_ref());
         }
-        producer.send_result(future).map_err(|(e, _)| {
+        let delivery = producer.send_result(future).map_err(|(e, _)| {
             self.replace_after_fatal(producer, &e);
             failed(message, "queueing", &record.topic, &e)
-        })
+        })?;
+        let report = delivery
+            .map(|r| match r {
+                Ok(Ok(d)) => Ok((d.partition, d.offset)),
+                Ok(Err((e, _))) => Err(Some(e)),
+                Err(_canceled) => Err(None),
+            })
+            .boxed()
+            .shared();
+        if queued.len() >= QUEUED_SWEEP_AT {
+            // Reports nobody came back for: drop the settled ones and the replaced producers'.
+            queued.retain(|_, q| {
+                Arc::ptr_eq(&q.producer, producer) && q.report.clone().now_or_never().is_none()
+            });
+        }
+        queued.insert(
+            message.event_id,
+            InQueue {
+                producer: Arc::clone(producer),
+                report: report.clone(),
+            },
+        );
+        Ok(report)
     }
 
     /// Waits for the delivery report of a record of `message` to `topic`, at most
@@ -442,42 +506,46 @@ impl KafkaTransport {
         producer: &Arc<FutureProducer<LogContext>>,
         message: &OutboxMessage,
         topic: &str,
-        delivery: DeliveryFuture,
+        delivery: PendingReport,
     ) -> Result<PublishReceipt, PublishError> {
         let bound = self.inner.config.delivery_timeout();
-        let report = match tokio::time::timeout(bound, delivery).await {
-            Err(_) => {
-                // The topic may have been deleted since it was seen: look it up again.
-                self.forget(topic);
-                return Err(PublishError::new(
-                    PublishErrorKind::TimedOut,
-                    format!(
-                        "event {}: no delivery report within {bound:?} (the record stays in \
-                         the client's queue and may still be stored: a copy with the same id)",
-                        message.event_id
-                    ),
-                ));
-            }
-            Ok(Err(_canceled)) => {
-                return Err(PublishError::new(
-                    PublishErrorKind::Unavailable,
-                    "the producer was closed before the delivery report",
-                ));
-            }
-            Ok(Ok(report)) => report,
+        let Ok(report) = tokio::time::timeout(bound, delivery.clone()).await else {
+            // The topic may have been deleted since it was seen: look it up again.
+            self.forget(topic);
+            return Err(PublishError::new(
+                PublishErrorKind::TimedOut,
+                format!(
+                    "event {}: no delivery report within {bound:?} (the record stays in the \
+                     client's queue and may still be stored: a copy with the same id)",
+                    message.event_id
+                ),
+            ));
         };
+        {
+            let mut queued = lock(&self.inner.queued);
+            if queued
+                .get(&message.event_id)
+                .is_some_and(|q| q.report.ptr_eq(&delivery))
+            {
+                queued.remove(&message.event_id);
+            }
+        }
         match report {
-            Ok(delivery) => {
+            Ok((partition, offset)) => {
                 tracing::trace!(
                     event_id = %message.event_id,
                     %topic,
-                    partition = delivery.partition,
-                    offset = delivery.offset,
+                    partition,
+                    offset,
                     "published"
                 );
                 Ok(PublishReceipt { duplicate: false })
             }
-            Err((e, _)) => {
+            Err(None) => Err(PublishError::new(
+                PublishErrorKind::Unavailable,
+                "the producer was closed before the delivery report",
+            )),
+            Err(Some(e)) => {
                 // The topic may have been deleted since it was seen: look it up again on the
                 // next publish, and create it if so set.
                 if matches!(
@@ -582,7 +650,7 @@ enum QueuedItem<'m> {
     Sent {
         message: &'m OutboxMessage,
         topic: String,
-        delivery: DeliveryFuture,
+        delivery: PendingReport,
     },
     Failed(PublishError),
 }
@@ -741,4 +809,11 @@ pub fn wire_headers(
             .any(|(n, _)| n == &format!("{CE_PREFIX}{}", attr::ID))
     );
     Ok(pairs)
+}
+
+/// The lock's data, poisoned or not (every critical section here leaves it consistent).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -172,6 +172,49 @@ async fn a_refused_record_is_not_sent_and_a_broker_outage_is_survived() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_retried_through_an_outage_is_queued_once() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic(TOPIC, 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let transport = transport(&bootstrap).await;
+    transport
+        .publish(&message::event("pay-3", 1, &b"{}"[..]))
+        .await
+        .expect("before the outage");
+
+    // The relay's retries of one event while the broker is down: each times out waiting for
+    // its report, and the record stays in the client's queue (no local timeout).
+    cluster.broker_down(1).expect("broker down");
+    let retried = message::event("pay-3", 2, &b"{}"[..]);
+    for attempt in 1..=3 {
+        let e = transport.publish(&retried).await.expect_err("broker down");
+        assert!(e.is_retryable(), "attempt {attempt}: {e:?}");
+    }
+    cluster.broker_up(1).expect("broker up");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while let Err(e) = transport.publish(&retried).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no publish within 30 s of the broker's return: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stored = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        read_all(&bootstrap)
+    })
+    .await
+    .expect("reader");
+    let id = retried.event_id.to_string();
+    let copies = stored.iter().filter(|(_, e)| *e == id).count();
+    assert_eq!(
+        copies, 1,
+        "four publishes of one event while it sat in the queue: one record, not one per retry \
+         ({stored:?})"
+    );
+}
+
 /// The relay's pipelined pattern on Kafka: whole runs of versions handed over at once
 /// ([`Transport::publish_run`]), the reports read in order up to the first failure, and the
 /// rest of the run published again, as the relay does. Several aggregates at once, while the
