@@ -173,6 +173,53 @@ impl<T: Transport> Transport for TimedTransport<T> {
         s.latencies_us.lock().unwrap().push(us);
         r
     }
+
+    fn ordered_pipelining(&self) -> bool {
+        self.inner.ordered_pipelining()
+    }
+
+    /// Each message of the run counts as one publish, from the run's start to its result.
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> impl futures::Stream<Item = Result<PublishReceipt, PublishError>> + Send + 'a {
+        use futures::StreamExt as _;
+        let s = &self.stats;
+        let n = run.len() as i64;
+        let now_in = s.in_flight.fetch_add(n, Ordering::Relaxed) + n;
+        s.max_in_flight.fetch_max(now_in, Ordering::Relaxed);
+        s.in_flight_sum
+            .fetch_add((now_in * n) as u64, Ordering::Relaxed);
+        let t = Instant::now();
+        let mut guard = RunInFlight {
+            stats: Arc::clone(s),
+            left: n,
+        };
+        self.inner.publish_run(run).map(move |r| {
+            let us = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
+            guard.left -= 1;
+            let s = &guard.stats;
+            s.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if r.is_err() {
+                s.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            s.latencies_us.lock().unwrap().push(us);
+            r
+        })
+    }
+}
+
+/// The messages of a run without a result yet; no longer in flight once the run's stream is
+/// dropped (the transport may take only part of a run).
+struct RunInFlight {
+    stats: Arc<TransportStats>,
+    left: i64,
+}
+
+impl Drop for RunInFlight {
+    fn drop(&mut self) {
+        self.stats.in_flight.fetch_sub(self.left, Ordering::Relaxed);
+    }
 }
 
 /// A summary of one relay drain, for the "where does the time go" table.

@@ -79,6 +79,30 @@ impl<T: Transport> Transport for StampTransport<T> {
         }
         r
     }
+
+    fn ordered_pipelining(&self) -> bool {
+        self.inner.ordered_pipelining()
+    }
+
+    fn publish_run<'a>(
+        &'a self,
+        run: &'a [OutboxMessage],
+    ) -> impl futures::Stream<Item = Result<PublishReceipt, PublishError>> + Send + 'a {
+        use futures::StreamExt as _;
+        self.inner
+            .publish_run(run)
+            .zip(futures::stream::iter(run))
+            .map(|(r, message)| {
+                if r.is_ok() {
+                    self.at
+                        .lock()
+                        .unwrap()
+                        .entry(message.event_id)
+                        .or_insert_with(Instant::now);
+                }
+                r
+            })
+    }
 }
 
 /// Producer commit-return time of one measured event, on the process clock and the wall
