@@ -309,6 +309,136 @@ impl KafkaBench {
         finish(started, results)
     }
 
+    /// The broker's own latency floor for W3: the raw producer sends a 1 KB record every
+    /// `1/rate` s for `secs` s (after `warmup_secs` unmeasured) to a topic of its own, and a
+    /// raw consumer in a group (the consumer settings `KafkaSource` uses: manual offset
+    /// store and commit) receives each one and commits its offset synchronously, as the
+    /// source's ack does. No database, no relay: what the clients and the broker cost.
+    pub async fn raw_latency(
+        &self,
+        env: &Env,
+        rate: u64,
+        secs: u64,
+        warmup_secs: u64,
+    ) -> Result<RawLatency> {
+        use outbox_kafka::rdkafka::Message as _;
+        use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use outbox_kafka::rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+        use outbox_kafka::rdkafka::producer::FutureRecord;
+        let topic = format!("{}_raw", self.topic);
+        let bootstrap = outbox_kafka::bootstrap_servers(&env.kafka_url)?;
+        let mut client = outbox_kafka::rdkafka::ClientConfig::new();
+        client.set("bootstrap.servers", &bootstrap);
+        let admin: AdminClient<_> = client.create()?;
+        for r in admin
+            .create_topics(
+                [&NewTopic::new(
+                    &topic,
+                    KAFKA_PARTITIONS,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new(),
+            )
+            .await?
+        {
+            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+        }
+        let consumer: StreamConsumer = client
+            .clone()
+            .set("group.id", format!("{topic}-reader"))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()?;
+        consumer.subscribe(&[&topic])?;
+        let total = ((warmup_secs + secs) * rate) as usize;
+        let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let reader = {
+            let sent = Arc::clone(&sent);
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut received = vec![None::<(Instant, Instant)>; total];
+                let mut got = 0;
+                while got < total {
+                    let m = tokio::select! {
+                        m = consumer.recv() => m?,
+                        () = stop.cancelled() => break,
+                    };
+                    let at = Instant::now();
+                    let i: usize = std::str::from_utf8(m.key().unwrap_or_default())?.parse()?;
+                    consumer.commit_message(&m, CommitMode::Sync)?;
+                    if received[i].is_none() {
+                        received[i] = Some((at, Instant::now()));
+                        got += 1;
+                    }
+                }
+                let sent = sent.lock().unwrap().clone();
+                anyhow::Ok((sent, received))
+            })
+        };
+        // Let the consumer join its group before the clock starts.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let payload = vec![b'x'; 1024];
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        let mut reports = tokio::task::JoinSet::new();
+        let mut acked = vec![None::<Instant>; total];
+        for i in 0..total {
+            ticker.tick().await;
+            let key = i.to_string();
+            let record = FutureRecord::to(&topic).key(&key).payload(&payload);
+            sent.lock().unwrap()[i] = Some(Instant::now());
+            let delivery = self
+                .producer
+                .send_result(record)
+                .map_err(|(e, _)| anyhow::anyhow!("queueing: {e}"))?;
+            reports.spawn(async move {
+                let r = delivery.await;
+                (i, Instant::now(), r)
+            });
+            while let Some(done) = reports.try_join_next() {
+                let (i, at, r) = done?;
+                r?.map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+                acked[i] = Some(at);
+            }
+        }
+        while let Some(done) = reports.join_next().await {
+            let (i, at, r) = done?;
+            r?.map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+            acked[i] = Some(at);
+        }
+        let Ok(reader_done) = tokio::time::timeout(Duration::from_secs(30), reader).await else {
+            stop.cancel();
+            bail!("the raw consumer did not receive every record within 30 s");
+        };
+        let (sent, received) = reader_done??;
+        let skip = (warmup_secs * rate) as usize;
+        let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+        let mut out = RawLatency::default();
+        for i in skip..total {
+            let Some(s) = sent[i] else { continue };
+            if let Some(a) = acked[i] {
+                out.acked_ms.push(ms(s, a));
+            }
+            match received[i] {
+                Some((r, c)) => {
+                    out.received_ms.push(ms(s, r));
+                    out.committed_ms.push(ms(s, c));
+                }
+                None => out.missing += 1,
+            }
+        }
+        for v in [
+            &mut out.acked_ms,
+            &mut out.received_ms,
+            &mut out.committed_ms,
+        ] {
+            v.sort_by(f64::total_cmp);
+        }
+        Ok(out)
+    }
+
     /// The topic every event goes to.
     pub fn topic(&self) -> &str {
         &self.topic
@@ -343,6 +473,19 @@ impl KafkaBench {
     pub async fn teardown(self) -> Result<()> {
         Ok(())
     }
+}
+
+/// [`KafkaBench::raw_latency`]'s measurements, in ms from the send, sorted.
+#[derive(Debug, Default)]
+pub struct RawLatency {
+    /// Until the delivery report.
+    pub acked_ms: Vec<f64>,
+    /// Until the consumer received the record.
+    pub received_ms: Vec<f64>,
+    /// Until the consumer's synchronous offset commit returned.
+    pub committed_ms: Vec<f64>,
+    /// Measured records never received.
+    pub missing: usize,
 }
 
 /// A durable topic exchange and a durable queue bound to it with `#` (random names), the

@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{KafkaBench, NatsBench, RabbitBench};
+use crate::brokers::{KafkaBench, NatsBench, RabbitBench, RawLatency};
 use crate::common::{
     BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
     percentile, print_table,
@@ -134,6 +134,9 @@ struct Outcome {
     measured_secs: f64,
     checks: String,
     load: String,
+    /// Kafka only: the raw clients' latency on the same broker, right after (see
+    /// [`KafkaBench::raw_latency`]).
+    floor: Option<RawLatency>,
 }
 
 struct Pools {
@@ -224,7 +227,15 @@ async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> 
                         },
                     )
                     .await?;
-                    run_one("kafka", pools, bench, &pg_store, &b.transport, source, args).await
+                    let mut o =
+                        run_one("kafka", pools, bench, &pg_store, &b.transport, source, args)
+                            .await?;
+                    o.floor = Some(
+                        b.raw_latency(env, args.rate, args.secs, args.warmup_secs)
+                            .await
+                            .context("the raw clients' floor")?,
+                    );
+                    anyhow::Ok(o)
                 }
                 .await;
                 let down = b.teardown().await;
@@ -386,6 +397,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         measured_secs,
         checks: String::new(),
         load,
+        floor: None,
     };
     let d = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
     for (id, c) in &commits {
@@ -564,6 +576,47 @@ fn report(args: &Args, outcomes: &[Outcome]) {
         println!("* {}: {}", o.transport, o.checks);
     }
     println!();
+
+    let floors: Vec<Vec<String>> = outcomes
+        .iter()
+        .filter_map(|o| {
+            let f = o.floor.as_ref()?;
+            let e2e = percentile(&o.e2e_ms, 0.5);
+            let floor = percentile(&f.committed_ms, 0.5);
+            Some(vec![
+                o.transport.to_owned(),
+                format!("{} / {}", pq(&f.acked_ms, 0.5), pq(&f.acked_ms, 0.99)),
+                format!("{} / {}", pq(&f.received_ms, 0.5), pq(&f.received_ms, 0.99)),
+                format!(
+                    "{} / {}",
+                    pq(&f.committed_ms, 0.5),
+                    pq(&f.committed_ms, 0.99)
+                ),
+                format!("{} / {}", pq(&o.e2e_ms, 0.5), pq(&o.e2e_ms, 0.99)),
+                format!("{:.2}", e2e / floor),
+                f.missing.to_string(),
+            ])
+        })
+        .collect();
+    if !floors.is_empty() {
+        println!(
+            "#### W3: the broker's floor (raw rdkafka producer -> raw consumer with a synchronous \
+             offset commit per record, 1 KB, same rate, same broker, right after)\n"
+        );
+        print_table(
+            &[
+                "transport",
+                "send -> report p50/p99 ms",
+                "send -> received p50/p99 ms",
+                "send -> offset committed p50/p99 ms",
+                "relay + inbox e2e p50/p99 ms",
+                "e2e p50 / floor p50",
+                "missing",
+            ],
+            &floors,
+        );
+        println!();
+    }
 
     println!("#### W3: where the latency goes\n");
     let rows: Vec<Vec<String>> = outcomes
