@@ -210,29 +210,35 @@ pub struct KafkaBench {
     base: Mutex<i64>,
 }
 
+/// Creates `topic` with the bench's partitions, replication factor 1.
+async fn create_topic(client: &outbox_kafka::rdkafka::ClientConfig, topic: &str) -> Result<()> {
+    use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<_> = client.create()?;
+    for r in admin
+        .create_topics(
+            [&NewTopic::new(
+                topic,
+                KAFKA_PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
 impl KafkaBench {
     pub async fn setup(env: &Env) -> Result<Self> {
-        use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         let topic = format!("bench_{}", random_suffix());
         let mut client = outbox_kafka::rdkafka::ClientConfig::new();
         client.set(
             "bootstrap.servers",
             outbox_kafka::bootstrap_servers(&env.kafka_url)?,
         );
-        let admin: AdminClient<_> = client.create()?;
-        for r in admin
-            .create_topics(
-                [&NewTopic::new(
-                    &topic,
-                    KAFKA_PARTITIONS,
-                    TopicReplication::Fixed(1),
-                )],
-                &AdminOptions::new(),
-            )
-            .await?
-        {
-            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
-        }
+        create_topic(&client, &topic).await?;
         // Producer properties for both the relay's transport and the raw baseline, e.g.
         // OUTBOX_BENCH_KAFKA_PROPERTIES="linger.ms=1,batch.size=65536".
         let properties: std::collections::BTreeMap<String, String> =
@@ -322,27 +328,13 @@ impl KafkaBench {
         warmup_secs: u64,
     ) -> Result<RawLatency> {
         use outbox_kafka::rdkafka::Message as _;
-        use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         use outbox_kafka::rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
         use outbox_kafka::rdkafka::producer::FutureRecord;
         let topic = format!("{}_raw", self.topic);
         let bootstrap = outbox_kafka::bootstrap_servers(&env.kafka_url)?;
         let mut client = outbox_kafka::rdkafka::ClientConfig::new();
         client.set("bootstrap.servers", &bootstrap);
-        let admin: AdminClient<_> = client.create()?;
-        for r in admin
-            .create_topics(
-                [&NewTopic::new(
-                    &topic,
-                    KAFKA_PARTITIONS,
-                    TopicReplication::Fixed(1),
-                )],
-                &AdminOptions::new(),
-            )
-            .await?
-        {
-            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
-        }
+        create_topic(&client, &topic).await?;
         let consumer: StreamConsumer = client
             .clone()
             .set("group.id", format!("{topic}-reader"))
