@@ -92,6 +92,14 @@ impl ClientContext for LogContext {
             | RDKafkaLogLevel::Error => {
                 tracing::error!(target: "librdkafka", facility, "{message}");
             }
+            // The transport sets `enable.gapless.guarantee` on purpose (ordered pipelining, see
+            // the crate's docs); librdkafka warns on every start that the property is
+            // experimental, which would teach operators to ignore its warnings.
+            RDKafkaLogLevel::Warning
+                if facility == "CONFWARN" && message.contains("enable.gapless.guarantee") =>
+            {
+                tracing::debug!(target: "librdkafka", facility, "{message}");
+            }
             RDKafkaLogLevel::Warning => {
                 tracing::warn!(target: "librdkafka", facility, "{message}");
             }
