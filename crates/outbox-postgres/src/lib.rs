@@ -20,6 +20,8 @@
 //! * **Debezium bridge** ([`debezium`]): producers built for Debezium's outbox table keep
 //!   writing it; a trigger turns each inserted row into an event of this outbox, in their
 //!   transaction.
+//! * **Change data capture** ([`cdc`]): the outbox table's committed inserts streamed from a
+//!   logical replication slot, in commit order, with the confirmed position reported back.
 //! * **Least privilege** ([`roles`]): one role per component with exactly the grants its SQL
 //!   needs, the scripts that create and grant them, and errors that name a missing grant.
 //!
@@ -30,6 +32,7 @@
 //! services in other languages can write intents with plain SQL in their own transactions.
 #![forbid(unsafe_code)]
 
+pub mod cdc;
 mod connect;
 pub mod consumer;
 pub mod debezium;

@@ -1,0 +1,792 @@
+//! Change data capture: the outbox table's committed inserts, streamed from PostgreSQL's log
+//! through a logical replication slot, in commit order.
+//!
+//! This module is the log side of the CDC relay: it sets up the publication and the slot,
+//! streams them, decodes each inserted row into an [`OutboxMessage`] and reports the log
+//! position the relay confirmed. Publishing, ordering and dead letters stay in the relay's
+//! engine; a CDC feed built on [`CdcStream`] confirms a transaction's position only after the
+//! broker acknowledged every event of it (G3).
+//!
+//! # Crates
+//!
+//! * The replication connection (`START_REPLICATION ... LOGICAL`, standby status updates,
+//!   keepalive replies, TLS, SCRAM) is `pgwire-replication`. It answers the server's keepalives
+//!   and sends the confirmed position on its own worker task, so a relay waiting for a broker
+//!   never trips the server's `wal_sender_timeout`.
+//! * The `pgoutput` messages inside the stream (Relation, Insert) are decoded by `pg_walstream`'s
+//!   parser (built without its own connection), and the column values, which are requested in
+//!   binary form, by `postgres-types`, the decoders of the `postgres` crate. Nothing here parses
+//!   the protocol by hand.
+//!
+//! # Set-up (see the README, "CDC relay")
+//!
+//! * The server runs with `wal_level = logical` (a restart), and has a free replication slot
+//!   and WAL sender (`max_replication_slots`, `max_wal_senders`).
+//! * [`ensure_publication`]: a publication of inserts on `<schema>.events`, named after the schema
+//!   (publications live in the database's own namespace). Needs `CREATE` on the database and
+//!   ownership of the table: the migrator's rights.
+//! * [`create_slot`]: a `pgoutput` slot, named after the schema unless configured. Streaming needs
+//!   a role with `REPLICATION` (or a superuser).
+//!
+//! # What the stream guarantees
+//!
+//! * Only committed transactions, whole, in commit order; a rolled-back insert never appears.
+//! * After a restart, streaming resumes at the slot's confirmed position: every transaction that
+//!   ends after it is delivered again, with the same rows (same event ids).
+//! * A dropped or invalidated slot is an error ([`CdcError::SlotMissing`],
+//!   [`CdcError::SlotInvalidated`]), never a silent new start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use outbox_core::{ContentType, Fingerprint, OutboxMessage, Payload};
+use pg_walstream::{ColumnData, ColumnInfo, LogicalReplicationMessage, LogicalReplicationParser};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use postgres_types::{FromSql, Type};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::schema::{Schema, quote_ident};
+
+/// The table whose inserts are streamed.
+const TABLE: &str = "events";
+
+/// The CDC stream's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcConfig {
+    /// The replication slot. Default: the schema's name. Letters, digits and `_` only (the
+    /// server's rule for slot names), at most 63.
+    pub slot: Option<String>,
+    /// The publication. Default: the schema's name.
+    pub publication: Option<String>,
+    /// How often the confirmed position is sent to the server. Default 1 s.
+    pub status_interval: Duration,
+    /// Decoded changes buffered between the connection and the relay. Default 8,192.
+    pub buffer_events: usize,
+}
+
+impl Default for CdcConfig {
+    fn default() -> Self {
+        Self {
+            slot: None,
+            publication: None,
+            status_interval: Duration::from_secs(1),
+            buffer_events: 8192,
+        }
+    }
+}
+
+impl CdcConfig {
+    /// The slot's name for `schema`.
+    pub fn slot_name(&self, schema: &Schema) -> String {
+        self.slot
+            .clone()
+            .unwrap_or_else(|| schema.as_str().to_owned())
+    }
+
+    /// The publication's name for `schema`.
+    pub fn publication_name(&self, schema: &Schema) -> String {
+        self.publication
+            .clone()
+            .unwrap_or_else(|| schema.as_str().to_owned())
+    }
+}
+
+/// Why the CDC stream failed or could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CdcError {
+    /// A setting or the database URL is not usable (the message says which).
+    #[error("CDC configuration: {0}")]
+    Config(String),
+    /// The server does not run with `wal_level = logical`.
+    #[error(
+        "PostgreSQL runs with wal_level = {found}; the CDC relay needs wal_level = logical \
+         (ALTER SYSTEM SET wal_level = logical, then restart the server)"
+    )]
+    WalLevel {
+        /// The server's setting.
+        found: String,
+    },
+    /// The slot does not exist: it was dropped (or never created). Events committed since the
+    /// last confirmed position may exist only in the outbox table now; see the README's
+    /// recovery ("CDC relay").
+    #[error(
+        "replication slot `{slot}` does not exist: it was dropped or never created. Streaming \
+         does not start from scratch on its own: recover as the README says (CDC relay, \
+         \"a lost slot\"), which republishes what the outbox still holds"
+    )]
+    SlotMissing {
+        /// The slot's name.
+        slot: String,
+    },
+    /// The server invalidated the slot (for instance it retained more WAL than
+    /// `max_slot_wal_keep_size`); changes after its position are gone from the log.
+    #[error(
+        "replication slot `{slot}` can no longer be streamed ({reason}); recover as the README \
+         says (CDC relay, \"a lost slot\")"
+    )]
+    SlotInvalidated {
+        /// The slot's name.
+        slot: String,
+        /// The server's words.
+        reason: String,
+    },
+    /// Another connection streams the slot (another relay); this one may wait as a standby.
+    #[error("replication slot `{slot}` is streamed by another connection ({reason})")]
+    SlotBusy {
+        /// The slot's name.
+        slot: String,
+        /// The server's words.
+        reason: String,
+    },
+    /// The outbox table's layout in the log is not the one this release reads (a column
+    /// missing or of another type), or a change could not be decoded.
+    #[error("cannot decode the outbox table's change: {0}")]
+    Decode(String),
+    /// The replication connection failed or closed (a restart resumes from the slot).
+    #[error("replication stream: {0}")]
+    Stream(String),
+    /// A statement of the set-up failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl CdcError {
+    /// Whether starting the stream again later may succeed (connection failures, a slot busy
+    /// with another relay), as opposed to a state an operator must fix.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Stream(_) | Self::SlotBusy { .. })
+    }
+}
+
+/// Creates the publication of inserts on `<schema>.events` named `name` if it does not exist.
+/// Returns whether it was created.
+///
+/// # Errors
+/// [`CdcError::Database`] when the statement fails (for instance the role lacks `CREATE` on the
+/// database), [`CdcError::Config`] when a publication of that name exists but does not publish
+/// the outbox table's inserts.
+pub async fn ensure_publication(
+    pool: &PgPool,
+    schema: &Schema,
+    name: &str,
+) -> Result<bool, CdcError> {
+    let existing: Option<(bool, bool)> = sqlx::query_as(
+        "SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_publication_tables t \
+           WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) \
+         FROM pg_publication p WHERE p.pubname = $1",
+    )
+    .bind(name)
+    .bind(schema.as_str())
+    .bind(TABLE)
+    .fetch_optional(pool)
+    .await?;
+    match existing {
+        Some((true, true)) => Ok(false),
+        Some(_) => Err(CdcError::Config(format!(
+            "publication `{name}` exists but does not publish inserts on {schema}.{TABLE}"
+        ))),
+        None => {
+            let sql = format!(
+                "CREATE PUBLICATION {} FOR TABLE {}.{TABLE} WITH (publish = 'insert')",
+                quote_ident(name),
+                schema.quoted()
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+            Ok(true)
+        }
+    }
+}
+
+/// Drops the publication `name` if it exists.
+///
+/// # Errors
+/// [`CdcError::Database`] when the statement fails.
+pub async fn drop_publication(pool: &PgPool, name: &str) -> Result<(), CdcError> {
+    let sql = format!("DROP PUBLICATION IF EXISTS {}", quote_ident(name));
+    sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+    Ok(())
+}
+
+/// Creates the `pgoutput` slot `slot` if it does not exist. Returns whether it was created: a
+/// new slot starts at the current end of the log, so only events committed after this call
+/// are streamed (the polling relay, or the recovery, publishes older ones).
+///
+/// # Errors
+/// [`CdcError::WalLevel`] when the server does not run with `wal_level = logical`,
+/// [`CdcError::Config`] for an invalid slot name or a slot of another plugin,
+/// [`CdcError::Database`] when the statement fails (no free slot, no `REPLICATION` right).
+pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<bool, CdcError> {
+    check_slot_name(slot)?;
+    let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+        .fetch_one(pool)
+        .await?;
+    if level != "logical" {
+        return Err(CdcError::WalLevel { found: level });
+    }
+    let existing: Option<Option<String>> =
+        sqlx::query_scalar("SELECT plugin::text FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(slot)
+            .fetch_optional(pool)
+            .await?;
+    match existing {
+        Some(Some(plugin)) if plugin == "pgoutput" => Ok(false),
+        Some(other) => Err(CdcError::Config(format!(
+            "replication slot `{slot}` exists with plugin {other:?}, not pgoutput"
+        ))),
+        None => {
+            sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+                .bind(slot)
+                .execute(pool)
+                .await?;
+            Ok(true)
+        }
+    }
+}
+
+/// Drops the slot `slot` if it exists (it must not be streamed at that moment).
+///
+/// # Errors
+/// [`CdcError::Database`] when the statement fails (for instance the slot is active).
+pub async fn drop_slot(pool: &PgPool, slot: &str) -> Result<(), CdcError> {
+    sqlx::query(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+fn check_slot_name(slot: &str) -> Result<(), CdcError> {
+    let ok = !slot.is_empty()
+        && slot.len() <= 63
+        && slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(CdcError::Config(format!(
+            "invalid replication slot name `{slot}`: lower-case letters, digits and `_`, at most \
+             63"
+        )))
+    }
+}
+
+/// One committed transaction's inserts into the outbox table, in the order they were made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcTransaction {
+    /// The transaction id.
+    pub xid: u32,
+    /// The position just past the commit: confirming it ([`CdcStream::confirm`]) means this
+    /// transaction and everything before it in the log are done.
+    pub end_lsn: u64,
+    /// The inserted rows, decoded. `attempts` is always 0.
+    pub messages: Vec<OutboxMessage>,
+}
+
+/// What [`CdcStream::next`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CdcEvent {
+    /// A committed transaction with at least one outbox insert.
+    Transaction(CdcTransaction),
+    /// The log reached `lsn` with no outbox insert since the previous event (a keepalive of an
+    /// idle outbox, or a transaction that inserted nothing into it). Once every earlier
+    /// transaction is confirmed, confirming `lsn` lets the server recycle the WAL before it.
+    Idle {
+        /// The log position reached.
+        lsn: u64,
+    },
+}
+
+/// The outbox table's columns, by position in the log's tuples.
+#[derive(Debug, Clone)]
+struct Columns {
+    id: usize,
+    event_id: usize,
+    aggregate_type: usize,
+    aggregate_id: usize,
+    aggregate_version: usize,
+    event_type: usize,
+    schema_version: usize,
+    content_type: usize,
+    payload: usize,
+    headers: usize,
+    destination: usize,
+    partition_key: usize,
+    created_at: usize,
+}
+
+impl Columns {
+    /// The positions of the columns this release reads, each checked for its type.
+    fn of(columns: &[ColumnInfo]) -> Result<Self, CdcError> {
+        let find = |name: &str, ty: &Type| -> Result<usize, CdcError> {
+            let (i, c) = columns
+                .iter()
+                .enumerate()
+                .find(|(_, c)| &*c.name == name)
+                .ok_or_else(|| {
+                    CdcError::Decode(format!("the log's outbox table has no column `{name}`"))
+                })?;
+            if c.type_id != ty.oid() {
+                return Err(CdcError::Decode(format!(
+                    "column `{name}` has type oid {} in the log, {} ({}) expected",
+                    c.type_id,
+                    ty.oid(),
+                    ty.name()
+                )));
+            }
+            Ok(i)
+        };
+        Ok(Self {
+            id: find("id", &Type::INT8)?,
+            event_id: find("event_id", &Type::UUID)?,
+            aggregate_type: find("aggregate_type", &Type::TEXT)?,
+            aggregate_id: find("aggregate_id", &Type::TEXT)?,
+            aggregate_version: find("aggregate_version", &Type::INT8)?,
+            event_type: find("event_type", &Type::TEXT)?,
+            schema_version: find("schema_version", &Type::INT4)?,
+            content_type: find("content_type", &Type::TEXT)?,
+            payload: find("payload", &Type::BYTEA)?,
+            headers: find("headers", &Type::JSONB)?,
+            destination: find("destination", &Type::TEXT)?,
+            partition_key: find("partition_key", &Type::TEXT)?,
+            created_at: find("created_at", &Type::TIMESTAMPTZ)?,
+        })
+    }
+}
+
+/// A column's value from a tuple: `None` for SQL NULL.
+fn value<'t, T: FromSql<'t>>(
+    tuple: &'t [ColumnData],
+    index: usize,
+    ty: &Type,
+    name: &str,
+) -> Result<Option<T>, CdcError> {
+    let column = tuple
+        .get(index)
+        .ok_or_else(|| CdcError::Decode(format!("the insert has no value for `{name}`")))?;
+    if column.is_null() {
+        return Ok(None);
+    }
+    if column.is_unchanged() || !column.is_binary() {
+        return Err(CdcError::Decode(format!(
+            "the insert's `{name}` is not a binary value"
+        )));
+    }
+    T::from_sql(ty, column.as_bytes())
+        .map(Some)
+        .map_err(|e| CdcError::Decode(format!("`{name}`: {e}")))
+}
+
+/// [`value`] of a NOT NULL column.
+fn required<'t, T: FromSql<'t>>(
+    tuple: &'t [ColumnData],
+    index: usize,
+    ty: &Type,
+    name: &str,
+) -> Result<T, CdcError> {
+    value(tuple, index, ty, name)?
+        .ok_or_else(|| CdcError::Decode(format!("the insert's `{name}` is NULL")))
+}
+
+fn decode_row(c: &Columns, tuple: &[ColumnData]) -> Result<OutboxMessage, CdcError> {
+    let payload: Vec<u8> = required(tuple, c.payload, &Type::BYTEA, "payload")?;
+    // `payload_sha256` is a generated column, which PostgreSQL before 18 leaves out of the log:
+    // the same SHA-256, computed here.
+    let fingerprint = Fingerprint::of(&payload);
+    let headers: serde_json::Value = required(tuple, c.headers, &Type::JSONB, "headers")?;
+    let headers: BTreeMap<String, String> = serde_json::from_value(headers)
+        .map_err(|e| CdcError::Decode(format!("`headers` is not an object of strings: {e}")))?;
+    Ok(OutboxMessage {
+        id: required(tuple, c.id, &Type::INT8, "id")?,
+        event_id: required::<Uuid>(tuple, c.event_id, &Type::UUID, "event_id")?,
+        aggregate_type: required(tuple, c.aggregate_type, &Type::TEXT, "aggregate_type")?,
+        aggregate_id: required(tuple, c.aggregate_id, &Type::TEXT, "aggregate_id")?,
+        aggregate_version: required(tuple, c.aggregate_version, &Type::INT8, "aggregate_version")?,
+        event_type: required(tuple, c.event_type, &Type::TEXT, "event_type")?,
+        schema_version: required(tuple, c.schema_version, &Type::INT4, "schema_version")?,
+        payload: Payload {
+            content_type: ContentType(required(
+                tuple,
+                c.content_type,
+                &Type::TEXT,
+                "content_type",
+            )?),
+            bytes: Bytes::from(payload),
+        },
+        fingerprint,
+        headers,
+        destination: value(tuple, c.destination, &Type::TEXT, "destination")?,
+        partition_key: value(tuple, c.partition_key, &Type::TEXT, "partition_key")?,
+        created_at: required::<DateTime<Utc>>(
+            tuple,
+            c.created_at,
+            &Type::TIMESTAMPTZ,
+            "created_at",
+        )?,
+        attempts: 0,
+    })
+}
+
+/// The replication connection's settings from a `postgres://` URL.
+fn replication_config(
+    url: &str,
+    slot: &str,
+    publication: &str,
+) -> Result<ReplicationConfig, CdcError> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| CdcError::Config(format!("the database URL is not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return Err(CdcError::Config(format!(
+            "the database URL's scheme is `{}`, postgres:// expected",
+            parsed.scheme()
+        )));
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|e| CdcError::Config(format!("the database URL: {e}")))
+    };
+    let host = parsed.host_str().unwrap_or("localhost").to_owned();
+    let user = match parsed.username() {
+        "" => std::env::var("PGUSER").unwrap_or_else(|_| "postgres".to_owned()),
+        u => decode(u)?,
+    };
+    let password = match parsed.password() {
+        Some(p) => decode(p)?,
+        None => std::env::var("PGPASSWORD").unwrap_or_default(),
+    };
+    let database = match parsed.path().trim_start_matches('/') {
+        "" => user.clone(),
+        d => decode(d)?,
+    };
+    let query: HashMap<String, String> = parsed.query_pairs().into_owned().collect();
+    let ca = query.get("sslrootcert").map(std::path::PathBuf::from);
+    let tls = match query.get("sslmode").map(String::as_str) {
+        None | Some("disable" | "allow" | "prefer") => TlsConfig::disabled(),
+        Some("require") => TlsConfig::require(),
+        Some("verify-ca") => TlsConfig::verify_ca(ca),
+        Some("verify-full") => TlsConfig::verify_full(ca),
+        Some(other) => {
+            return Err(CdcError::Config(format!(
+                "the database URL's sslmode `{other}` is not one of disable, prefer, require, \
+                 verify-ca, verify-full"
+            )));
+        }
+    };
+    let tls = match (query.get("sslcert"), query.get("sslkey")) {
+        (Some(cert), Some(key)) => tls.with_client_cert(cert, key),
+        _ => tls,
+    };
+    Ok(
+        ReplicationConfig::new(host, user, password, database, slot, publication)
+            .with_port(parsed.port().unwrap_or(5432))
+            .with_tls(tls)
+            .with_binary(true)
+            .with_application_name("outbox-cdc"),
+    )
+}
+
+/// The outbox table's inserts streamed from a replication slot. See the module's docs.
+pub struct CdcStream {
+    client: ReplicationClient,
+    parser: LogicalReplicationParser,
+    schema: Schema,
+    slot: String,
+    /// Relation ids of the outbox table seen in this session, with its column positions.
+    tables: HashMap<u32, Columns>,
+    /// Relation ids of other tables of the publication (their inserts are skipped).
+    others: HashMap<u32, String>,
+    /// The transaction being received: its xid and the rows so far.
+    open: Option<(u32, Vec<OutboxMessage>)>,
+    /// The highest position passed to [`CdcStream::confirm`].
+    confirmed: std::sync::atomic::AtomicU64,
+    status_interval: Duration,
+}
+
+impl std::fmt::Debug for CdcStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CdcStream")
+            .field("schema", &self.schema)
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CdcStream {
+    /// Starts streaming the slot of `schema` (see [`CdcConfig`]) from its confirmed position,
+    /// over a replication connection to `url` (`sslmode`, `sslrootcert`, `sslcert` and `sslkey`
+    /// are honoured; a missing user or password falls back to `PGUSER` / `PGPASSWORD`).
+    ///
+    /// # Errors
+    /// [`CdcError::Config`] for a bad URL or slot name, [`CdcError::SlotMissing`],
+    /// [`CdcError::SlotInvalidated`] and [`CdcError::SlotBusy`] as the server reports them,
+    /// [`CdcError::Stream`] when the connection or authentication fails.
+    pub async fn start(url: &str, schema: &Schema, config: &CdcConfig) -> Result<Self, CdcError> {
+        let slot = config.slot_name(schema);
+        check_slot_name(&slot)?;
+        let publication = config.publication_name(schema);
+        let replication = replication_config(url, &slot, &publication)?
+            .with_start_lsn(Lsn::ZERO)
+            .with_status_interval(config.status_interval)
+            .with_buffer_size(config.buffer_events);
+        let classify = |e: pgwire_replication::PgWireError| classify(&slot, e);
+        let mut client = ReplicationClient::connect(replication)
+            .await
+            .map_err(classify)?;
+        client.wait_started().await.map_err(classify)?;
+        Ok(Self {
+            client,
+            parser: LogicalReplicationParser::with_protocol_version(1),
+            schema: schema.clone(),
+            slot,
+            tables: HashMap::new(),
+            others: HashMap::new(),
+            open: None,
+            confirmed: std::sync::atomic::AtomicU64::new(0),
+            status_interval: config.status_interval,
+        })
+    }
+
+    /// The slot streamed.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// The next committed transaction with outbox inserts, or the position an idle log
+    /// reached. `None` when the stream ended ([`CdcStream::stop`]).
+    ///
+    /// # Errors
+    /// [`CdcError::Decode`] when a change of the outbox table cannot be read (the stream stops
+    /// there: nothing after it is skipped), [`CdcError::Stream`] and the slot errors as for
+    /// [`CdcStream::start`].
+    pub async fn next(&mut self) -> Result<Option<CdcEvent>, CdcError> {
+        loop {
+            let Some(event) = self
+                .client
+                .recv()
+                .await
+                .map_err(|e| classify(&self.slot, e))?
+            else {
+                return Ok(None);
+            };
+            match event {
+                ReplicationEvent::Begin { xid, .. } => self.open = Some((xid, Vec::new())),
+                ReplicationEvent::XLogData { data, .. } => self.change(&data)?,
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    let (xid, messages) = self
+                        .open
+                        .take()
+                        .ok_or_else(|| CdcError::Stream("a commit without its begin".to_owned()))?;
+                    let end_lsn = end_lsn.as_u64();
+                    return Ok(Some(if messages.is_empty() {
+                        CdcEvent::Idle { lsn: end_lsn }
+                    } else {
+                        CdcEvent::Transaction(CdcTransaction {
+                            xid,
+                            end_lsn,
+                            messages,
+                        })
+                    }));
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } if self.open.is_none() => {
+                    return Ok(Some(CdcEvent::Idle {
+                        lsn: wal_end.as_u64(),
+                    }));
+                }
+                ReplicationEvent::StoppedAt { .. } => return Ok(None),
+                _ => {}
+            }
+        }
+    }
+
+    /// One pgoutput message of the open transaction (or a Relation between transactions).
+    fn change(&mut self, data: &Bytes) -> Result<(), CdcError> {
+        let message = self
+            .parser
+            .parse_wal_message(data)
+            .map_err(|e| CdcError::Decode(e.to_string()))?
+            .message;
+        match message {
+            LogicalReplicationMessage::Relation {
+                relation_id,
+                namespace,
+                relation_name,
+                columns,
+                ..
+            } => {
+                if &*namespace == self.schema.as_str() && &*relation_name == TABLE {
+                    self.tables.insert(relation_id, Columns::of(&columns)?);
+                    self.others.remove(&relation_id);
+                } else {
+                    self.tables.remove(&relation_id);
+                    self.others
+                        .insert(relation_id, format!("{namespace}.{relation_name}"));
+                }
+            }
+            LogicalReplicationMessage::Insert { relation_id, tuple } => {
+                let Some(columns) = self.tables.get(&relation_id) else {
+                    if self.others.contains_key(&relation_id) {
+                        return Ok(());
+                    }
+                    // pgoutput sends a relation's description before its first change in
+                    // every session: an insert of an unknown relation is a broken stream.
+                    return Err(CdcError::Decode(format!(
+                        "an insert into relation {relation_id}, whose description the stream \
+                         did not send"
+                    )));
+                };
+                let message = decode_row(columns, &tuple.columns)?;
+                let (_, rows) = self.open.as_mut().ok_or_else(|| {
+                    CdcError::Stream("an insert outside a transaction".to_owned())
+                })?;
+                rows.push(message);
+            }
+            // Types, origins, truncates, deletes and updates (the publication publishes
+            // inserts only) carry nothing for the relay.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Confirms that everything in the log up to `lsn` is done: the server may recycle it, and
+    /// a restart resumes after it. Monotonic (a lower `lsn` than an earlier call is ignored);
+    /// sent with the next status update (within `status_interval`).
+    pub fn confirm(&self, lsn: u64) {
+        self.confirmed
+            .fetch_max(lsn, std::sync::atomic::Ordering::Relaxed);
+        self.client.update_applied_lsn(Lsn::from_u64(lsn));
+    }
+
+    /// Stops streaming. The position last confirmed is sent to the server first (waiting at
+    /// most two status intervals for the connection's next status update), so a restart does
+    /// not deliver confirmed transactions again.
+    ///
+    /// # Errors
+    /// [`CdcError::Stream`] when the connection failed while closing. The server then keeps the
+    /// position of the last status update it received: transactions confirmed after it are
+    /// delivered again (same rows), never lost.
+    pub async fn stop(mut self) -> Result<(), CdcError> {
+        let confirmed = self.confirmed.load(std::sync::atomic::Ordering::Relaxed);
+        let metrics = self.client.metrics();
+        let deadline = tokio::time::Instant::now() + self.status_interval * 2;
+        while metrics.last_applied_lsn().as_u64() < confirmed
+            && self.client.is_running()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if metrics.last_applied_lsn().as_u64() < confirmed {
+            tracing::warn!(
+                slot = %self.slot,
+                confirmed,
+                sent = metrics.last_applied_lsn().as_u64(),
+                "stopping before the confirmed position reached the server: a restart delivers \
+                 the transactions after the last position sent again"
+            );
+        }
+        self.client
+            .shutdown()
+            .await
+            .map_err(|e| classify(&self.slot, e))
+    }
+}
+
+/// The server's errors about the slot, told apart from connection failures.
+fn classify(slot: &str, e: pgwire_replication::PgWireError) -> CdcError {
+    let text = e.to_string();
+    if text.contains("42704") || text.contains("does not exist") {
+        CdcError::SlotMissing {
+            slot: slot.to_owned(),
+        }
+    } else if text.contains("55006") || text.contains("is active for PID") {
+        CdcError::SlotBusy {
+            slot: slot.to_owned(),
+            reason: text,
+        }
+    } else if text.contains("can no longer get changes")
+        || text.contains("has been invalidated")
+        || text.contains("55000")
+    {
+        CdcError::SlotInvalidated {
+            slot: slot.to_owned(),
+            reason: text,
+        }
+    } else {
+        CdcError::Stream(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_names_follow_the_servers_rule() {
+        assert!(check_slot_name("outbox").is_ok());
+        assert!(check_slot_name("t_0123_abc").is_ok());
+        for bad in ["", "Outbox", "a-b", "a b", &"x".repeat(64)] {
+            assert!(check_slot_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_url_gives_the_replication_connection() {
+        let c = replication_config(
+            "postgres://relay:p%40ss@db.example:6543/shop?sslmode=verify-full&sslrootcert=/ca.pem",
+            "outbox",
+            "outbox",
+        )
+        .unwrap();
+        assert_eq!(c.host, "db.example");
+        assert_eq!(c.port, 6543);
+        assert_eq!(c.user, "relay");
+        assert_eq!(c.password, "p@ss");
+        assert_eq!(c.database, "shop");
+        assert!(c.tls.mode.verifies_hostname());
+        assert_eq!(
+            c.tls.ca_pem_path.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        assert!(c.binary);
+
+        let e = replication_config("mysql://x/y", "s", "p").unwrap_err();
+        assert!(e.to_string().contains("postgres://"), "{e}");
+        let e = replication_config("postgres://x/y?sslmode=sometimes", "s", "p").unwrap_err();
+        assert!(e.to_string().contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn slot_errors_are_told_apart() {
+        let e = |s: &str| pgwire_replication::PgWireError::Server(s.to_owned());
+        assert!(matches!(
+            classify(
+                "s",
+                e("replication slot \"s\" does not exist (SQLSTATE 42704)")
+            ),
+            CdcError::SlotMissing { .. }
+        ));
+        assert!(matches!(
+            classify(
+                "s",
+                e("replication slot \"s\" is active for PID 42 (SQLSTATE 55006)")
+            ),
+            CdcError::SlotBusy { .. }
+        ));
+        assert!(matches!(
+            classify(
+                "s",
+                e("can no longer get changes from replication slot \"s\" (SQLSTATE 55000)")
+            ),
+            CdcError::SlotInvalidated { .. }
+        ));
+        assert!(classify("s", e("connection reset")).is_transient());
+    }
+}

@@ -1,0 +1,265 @@
+//! The CDC stream against the real server with `wal_level = logical` (set by `.ci/services`):
+//! committed inserts of the outbox table, whole transactions in commit order, decoded exactly as
+//! the table holds them; rollbacks never seen; a restart resumes after the confirmed position
+//! with the same rows; slot errors are told apart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, database_url, msg};
+use outbox_core::NewMessage;
+use outbox_postgres::cdc::{
+    CdcConfig, CdcError, CdcEvent, CdcStream, CdcTransaction, create_slot, drop_publication,
+    drop_slot, ensure_publication,
+};
+use sqlx::AssertSqlSafe;
+
+/// A fresh schema with its publication and slot (the slot starts at the current end of the log).
+async fn setup() -> (TestDb, CdcConfig) {
+    let db = TestDb::new().await;
+    let config = CdcConfig::default();
+    assert!(
+        ensure_publication(&db.pool, &db.schema, &config.publication_name(&db.schema))
+            .await
+            .expect("publication")
+    );
+    assert!(
+        !ensure_publication(&db.pool, &db.schema, &config.publication_name(&db.schema))
+            .await
+            .expect("publication again"),
+        "a second call finds the publication"
+    );
+    assert!(
+        create_slot(&db.pool, &config.slot_name(&db.schema))
+            .await
+            .expect("slot (wal_level = logical: .ci/services sets it)")
+    );
+    (db, config)
+}
+
+async fn teardown(db: TestDb, config: &CdcConfig) {
+    // A stopped stream's WAL sender may take a moment to release the slot.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Err(e) = drop_slot(&db.pool, &config.slot_name(&db.schema)).await {
+        assert!(tokio::time::Instant::now() < deadline, "drop slot: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop_publication(&db.pool, &config.publication_name(&db.schema))
+        .await
+        .expect("drop publication");
+    db.drop().await;
+}
+
+/// The next transaction with outbox inserts (idle positions skipped), within 20 s.
+async fn next_tx(stream: &mut CdcStream) -> CdcTransaction {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => panic!("no transaction within 20 s"),
+            Ok(Err(e)) => panic!("stream: {e}"),
+            Ok(Ok(None)) => panic!("the stream ended"),
+            Ok(Ok(Some(CdcEvent::Idle { .. }))) => {}
+            Ok(Ok(Some(CdcEvent::Transaction(tx)))) => return tx,
+        }
+    }
+}
+
+/// `id, event_id, schema_version, headers, payload, payload_sha256, created_at` of a row.
+type Row = (
+    i64,
+    uuid::Uuid,
+    i32,
+    String,
+    Vec<u8>,
+    Vec<u8>,
+    chrono::DateTime<chrono::Utc>,
+);
+
+fn ids(tx: &CdcTransaction) -> Vec<uuid::Uuid> {
+    tx.messages.iter().map(|m| m.event_id).collect()
+}
+
+#[tokio::test]
+async fn committed_inserts_arrive_whole_in_commit_order_and_resume_after_the_confirmed_position() {
+    let (db, config) = setup().await;
+    let a = [
+        msg("a", 1)
+            .with_header("tenant", "acme")
+            .with_schema_version(3),
+        msg("a", 2),
+    ];
+    let mut b = msg("b", 1);
+    b.destination = Some("payments.special".into());
+    b.partition_key = Some("shard-7".into());
+    let c = msg("c", 1);
+    let r = msg("r", 1);
+
+    // C starts first and commits last (a late commit); R rolls back.
+    let mut tx_c = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *tx_c, &c).await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue_batch(&mut *tx, &a).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *tx, &r).await.unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *tx, &b).await.unwrap();
+    tx.commit().await.unwrap();
+    tx_c.commit().await.unwrap();
+
+    let mut stream = CdcStream::start(&database_url(), &db.schema, &config)
+        .await
+        .expect("stream");
+    let first = next_tx(&mut stream).await;
+    let second = next_tx(&mut stream).await;
+    let third = next_tx(&mut stream).await;
+    assert_eq!(ids(&first), vec![a[0].event_id, a[1].event_id]);
+    assert_eq!(ids(&second), vec![b.event_id]);
+    assert_eq!(
+        ids(&third),
+        vec![c.event_id],
+        "commit order, not start order"
+    );
+    assert!(first.end_lsn < second.end_lsn && second.end_lsn < third.end_lsn);
+
+    // Every field as the table holds it (the polling relay's reading is the reference).
+    let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, event_id, schema_version, headers::text, payload, payload_sha256, \
+             created_at FROM {}.events ORDER BY id",
+        db.schema.quoted()
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let streamed: Vec<_> = [&first, &second, &third]
+        .iter()
+        .flat_map(|t| t.messages.iter())
+        .collect();
+    assert_eq!(rows.len(), 4, "the rolled-back row is not in the table");
+    for m in &streamed {
+        let (id, _, schema_version, headers, payload, sha, created_at) = rows
+            .iter()
+            .find(|r| r.1 == m.event_id)
+            .unwrap_or_else(|| panic!("{} streamed but not in the table", m.event_id));
+        assert_eq!(m.id, *id);
+        assert_eq!(m.schema_version, *schema_version);
+        assert_eq!(
+            serde_json::to_value(&m.headers).unwrap(),
+            serde_json::from_str::<serde_json::Value>(headers).unwrap()
+        );
+        assert_eq!(m.payload.bytes.as_ref(), payload.as_slice());
+        assert_eq!(
+            Some(m.fingerprint),
+            outbox_core::Fingerprint::from_slice(sha)
+        );
+        assert_eq!(m.created_at, *created_at);
+        assert_eq!(m.payload.content_type.0, "application/json");
+    }
+    let streamed_b = &second.messages[0];
+    assert_eq!(streamed_b.aggregate_type, "payment");
+    assert_eq!(streamed_b.aggregate_id, "b");
+    assert_eq!(streamed_b.aggregate_version, 1);
+    assert_eq!(streamed_b.event_type, "PaymentCreated");
+    assert_eq!(streamed_b.destination.as_deref(), Some("payments.special"));
+    assert_eq!(streamed_b.partition_key.as_deref(), Some("shard-7"));
+    assert_eq!(
+        first.messages[0].headers.get("tenant").map(String::as_str),
+        Some("acme")
+    );
+    assert!(
+        !streamed.iter().any(|m| m.event_id == r.event_id),
+        "a rolled-back insert was streamed"
+    );
+
+    // Only A is confirmed: a restart gets B and C again, with the same rows.
+    stream.confirm(first.end_lsn);
+    stream.stop().await.expect("stop");
+    let mut stream = CdcStream::start(&database_url(), &db.schema, &config)
+        .await
+        .expect("restart");
+    let again = next_tx(&mut stream).await;
+    assert_eq!(
+        again, second,
+        "the first unconfirmed transaction, identical"
+    );
+    let again = next_tx(&mut stream).await;
+    assert_eq!(again, third);
+    stream.confirm(third.end_lsn);
+    stream.stop().await.expect("stop");
+
+    let confirmed: String = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(config.slot_name(&db.schema))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        lsn(&confirmed),
+        third.end_lsn,
+        "the slot holds the confirmed position"
+    );
+    teardown(db, &config).await;
+}
+
+fn lsn(text: &str) -> u64 {
+    let (hi, lo) = text.split_once('/').expect("an LSN");
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+#[tokio::test]
+async fn a_transaction_of_ten_thousand_events_arrives_whole_and_in_insert_order() {
+    let (db, config) = setup().await;
+    let messages: Vec<NewMessage> = (1..=10_000).map(|v| msg("hot", v)).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    for chunk in messages.chunks(1000) {
+        db.outbox.enqueue_batch(&mut *tx, chunk).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let mut stream = CdcStream::start(&database_url(), &db.schema, &config)
+        .await
+        .expect("stream");
+    let big = next_tx(&mut stream).await;
+    assert_eq!(big.messages.len(), 10_000);
+    assert!(
+        big.messages
+            .iter()
+            .zip(&messages)
+            .all(|(m, n)| m.event_id == n.event_id && m.aggregate_version == n.aggregate_version),
+        "every event, in the order inserted"
+    );
+    stream.stop().await.expect("stop");
+    teardown(db, &config).await;
+}
+
+#[tokio::test]
+async fn a_missing_slot_and_a_busy_slot_are_errors_of_their_own() {
+    let (db, config) = setup().await;
+    let missing = CdcConfig {
+        slot: Some(format!("{}_gone", db.schema.as_str())),
+        ..config.clone()
+    };
+    let e = CdcStream::start(&database_url(), &db.schema, &missing)
+        .await
+        .expect_err("no such slot");
+    assert!(matches!(e, CdcError::SlotMissing { .. }), "{e}");
+    assert!(!e.is_transient());
+    assert!(
+        e.to_string().contains("README"),
+        "says where the recovery is: {e}"
+    );
+
+    let stream = CdcStream::start(&database_url(), &db.schema, &config)
+        .await
+        .expect("first stream");
+    let e = CdcStream::start(&database_url(), &db.schema, &config)
+        .await
+        .expect_err("the slot is streamed already");
+    assert!(matches!(e, CdcError::SlotBusy { .. }), "{e}");
+    assert!(e.is_transient(), "a standby waits and tries again");
+    stream.stop().await.expect("stop");
+    teardown(db, &config).await;
+}
