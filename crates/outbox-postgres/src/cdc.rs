@@ -278,6 +278,80 @@ fn check_slot_name(slot: &str) -> Result<(), CdcError> {
     }
 }
 
+/// The prefix of the logical messages [`heartbeat`] writes.
+pub const HEARTBEAT_PREFIX: &str = "outbox.heartbeat";
+
+/// Writes a heartbeat into the log (a non-transactional logical message, nothing in any table)
+/// and returns its position. A stream that receives it with nothing outstanding reports it as
+/// [`CdcEvent::Idle`], so confirming it lets the server recycle the WAL that other tables'
+/// writes produced while the outbox was idle. PostgreSQL 15 and later also send keepalives
+/// past skipped transactions; the heartbeat makes the bound independent of that, as
+/// Debezium's `heartbeat.action.query` does.
+///
+/// # Errors
+/// [`CdcError::Database`] when the statement fails (it needs `wal_level = logical`).
+pub async fn heartbeat(pool: &PgPool) -> Result<u64, CdcError> {
+    let lsn: String =
+        sqlx::query_scalar("SELECT pg_logical_emit_message(false, $1, ''::text)::text")
+            .bind(HEARTBEAT_PREFIX)
+            .fetch_one(pool)
+            .await?;
+    parse_lsn(&lsn)
+}
+
+/// A `X/Y` position as PostgreSQL prints it.
+fn parse_lsn(text: &str) -> Result<u64, CdcError> {
+    Lsn::parse(text)
+        .map(Lsn::as_u64)
+        .map_err(|e| CdcError::Decode(format!("position `{text}`: {e}")))
+}
+
+/// A replication slot as the server sees it: what it holds back, and whether it can still be
+/// streamed. The numbers behind the `outbox_cdc_slot_*` gauges and `outbox status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotState {
+    /// A connection streams it now.
+    pub active: bool,
+    /// The server's `wal_status`: `reserved`, `extended`, `unreserved` (about to be lost) or
+    /// `lost` (invalidated: it can no longer be streamed).
+    pub wal_status: String,
+    /// WAL the slot keeps from being recycled: the current position minus its `restart_lsn`,
+    /// in bytes.
+    pub retained_bytes: i64,
+    /// The current position minus its confirmed position, in bytes: how far the relay is
+    /// behind the log.
+    pub lag_bytes: i64,
+}
+
+/// The state of slot `slot`, `None` when it does not exist.
+///
+/// # Errors
+/// [`CdcError::Database`] when the query fails.
+pub async fn slot_state(pool: &PgPool, slot: &str) -> Result<Option<SlotState>, CdcError> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        active: bool,
+        wal_status: Option<String>,
+        retained: Option<i64>,
+        lag: Option<i64>,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT active, wal_status, \
+           pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained, \
+           pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag \
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| SlotState {
+        active: r.active,
+        wal_status: r.wal_status.unwrap_or_else(|| "lost".to_owned()),
+        retained_bytes: r.retained.unwrap_or(0),
+        lag_bytes: r.lag.unwrap_or(0),
+    }))
+}
+
 /// One committed transaction's inserts into the outbox table, in the order they were made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CdcTransaction {
@@ -296,7 +370,7 @@ pub enum CdcEvent {
     /// A committed transaction with at least one outbox insert.
     Transaction(CdcTransaction),
     /// The log reached `lsn` with no outbox insert since the previous event (a keepalive of an
-    /// idle outbox, or a transaction that inserted nothing into it). Once every earlier
+    /// idle outbox, a [`heartbeat`], or a transaction that inserted nothing into it). Once every earlier
     /// transaction is confirmed, confirming `lsn` lets the server recycle the WAL before it.
     Idle {
         /// The log position reached.
@@ -600,6 +674,14 @@ impl CdcStream {
                     return Ok(Some(CdcEvent::Idle {
                         lsn: wal_end.as_u64(),
                     }));
+                }
+                ReplicationEvent::Message {
+                    transactional: false,
+                    lsn,
+                    prefix,
+                    ..
+                } if prefix == HEARTBEAT_PREFIX && self.open.is_none() => {
+                    return Ok(Some(CdcEvent::Idle { lsn: lsn.as_u64() }));
                 }
                 ReplicationEvent::StoppedAt { .. } => return Ok(None),
                 _ => {}

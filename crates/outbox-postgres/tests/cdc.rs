@@ -11,44 +11,87 @@ use common::{TestDb, database_url, msg};
 use outbox_core::NewMessage;
 use outbox_postgres::cdc::{
     CdcConfig, CdcError, CdcEvent, CdcStream, CdcTransaction, create_slot, drop_publication,
-    drop_slot, ensure_publication,
+    drop_slot, ensure_publication, heartbeat, slot_state,
 };
 use sqlx::AssertSqlSafe;
 
-/// A fresh schema with its publication and slot (the slot starts at the current end of the log).
-async fn setup() -> (TestDb, CdcConfig) {
+/// A fresh schema with its publication and slot (the slot starts at the current end of the log),
+/// and the guard that removes all three when the test ends, passed or failed: a slot left
+/// behind would pin the server's WAL for good.
+async fn setup() -> (TestDb, CdcConfig, Cleanup) {
     let db = TestDb::new().await;
     let config = CdcConfig::default();
+    let cleanup = Cleanup {
+        schema: db.schema.as_str().to_owned(),
+        slot: config.slot_name(&db.schema),
+        publication: config.publication_name(&db.schema),
+    };
     assert!(
-        ensure_publication(&db.pool, &db.schema, &config.publication_name(&db.schema))
+        ensure_publication(&db.pool, &db.schema, &cleanup.publication)
             .await
             .expect("publication")
     );
     assert!(
-        !ensure_publication(&db.pool, &db.schema, &config.publication_name(&db.schema))
+        !ensure_publication(&db.pool, &db.schema, &cleanup.publication)
             .await
             .expect("publication again"),
         "a second call finds the publication"
     );
     assert!(
-        create_slot(&db.pool, &config.slot_name(&db.schema))
+        create_slot(&db.pool, &cleanup.slot)
             .await
             .expect("slot (wal_level = logical: .ci/services sets it)")
     );
-    (db, config)
+    (db, config, cleanup)
 }
 
-async fn teardown(db: TestDb, config: &CdcConfig) {
-    // A stopped stream's WAL sender may take a moment to release the slot.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while let Err(e) = drop_slot(&db.pool, &config.slot_name(&db.schema)).await {
-        assert!(tokio::time::Instant::now() < deadline, "drop slot: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+/// Drops a test's slot, publication and schema, on a thread of its own (it runs while a failed
+/// test unwinds, inside the test's runtime).
+struct Cleanup {
+    schema: String,
+    slot: String,
+    publication: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (schema, slot, publication) = (
+            self.schema.clone(),
+            self.slot.clone(),
+            self.publication.clone(),
+        );
+        let done = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let pool = sqlx::PgPool::connect(&database_url()).await?;
+                // A stopped stream's WAL sender may take a moment to release the slot.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while let Err(e) = drop_slot(&pool, &slot).await {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(anyhow::anyhow!("drop slot {slot}: {e}"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                drop_publication(&pool, &publication).await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                )))
+                .execute(&pool)
+                .await?;
+                anyhow::Ok(())
+            })
+        })
+        .join();
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if !std::thread::panicking() => panic!("cleanup: {e}"),
+            Ok(Err(e)) => eprintln!("cleanup: {e}"),
+            Err(_) => eprintln!("cleanup thread panicked"),
+        }
     }
-    drop_publication(&db.pool, &config.publication_name(&db.schema))
-        .await
-        .expect("drop publication");
-    db.drop().await;
 }
 
 /// The next transaction with outbox inserts (idle positions skipped), within 20 s.
@@ -82,7 +125,7 @@ fn ids(tx: &CdcTransaction) -> Vec<uuid::Uuid> {
 
 #[tokio::test]
 async fn committed_inserts_arrive_whole_in_commit_order_and_resume_after_the_confirmed_position() {
-    let (db, config) = setup().await;
+    let (db, config, _cleanup) = setup().await;
     let a = [
         msg("a", 1)
             .with_header("tenant", "acme")
@@ -201,7 +244,6 @@ async fn committed_inserts_arrive_whole_in_commit_order_and_resume_after_the_con
         third.end_lsn,
         "the slot holds the confirmed position"
     );
-    teardown(db, &config).await;
 }
 
 fn lsn(text: &str) -> u64 {
@@ -211,7 +253,7 @@ fn lsn(text: &str) -> u64 {
 
 #[tokio::test]
 async fn a_transaction_of_ten_thousand_events_arrives_whole_and_in_insert_order() {
-    let (db, config) = setup().await;
+    let (db, config, _cleanup) = setup().await;
     let messages: Vec<NewMessage> = (1..=10_000).map(|v| msg("hot", v)).collect();
     let mut tx = db.pool.begin().await.unwrap();
     for chunk in messages.chunks(1000) {
@@ -232,12 +274,11 @@ async fn a_transaction_of_ten_thousand_events_arrives_whole_and_in_insert_order(
         "every event, in the order inserted"
     );
     stream.stop().await.expect("stop");
-    teardown(db, &config).await;
 }
 
 #[tokio::test]
 async fn a_missing_slot_and_a_busy_slot_are_errors_of_their_own() {
-    let (db, config) = setup().await;
+    let (db, config, _cleanup) = setup().await;
     let missing = CdcConfig {
         slot: Some(format!("{}_gone", db.schema.as_str())),
         ..config.clone()
@@ -255,11 +296,185 @@ async fn a_missing_slot_and_a_busy_slot_are_errors_of_their_own() {
     let stream = CdcStream::start(&database_url(), &db.schema, &config)
         .await
         .expect("first stream");
+    let state = slot_state(&db.pool, &config.slot_name(&db.schema))
+        .await
+        .unwrap()
+        .expect("the slot");
+    assert!(state.active, "{state:?}");
+    assert_eq!(state.wal_status, "reserved");
+    assert!(
+        slot_state(&db.pool, missing.slot.as_deref().unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
     let e = CdcStream::start(&database_url(), &db.schema, &config)
         .await
         .expect_err("the slot is streamed already");
     assert!(matches!(e, CdcError::SlotBusy { .. }), "{e}");
     assert!(e.is_transient(), "a standby waits and tries again");
     stream.stop().await.expect("stop");
-    teardown(db, &config).await;
+}
+
+/// Acceptance 3 of the CDC issue: an idle outbox on a database busy with other tables for a
+/// minute. A stream that confirms the idle positions it receives (keepalives and heartbeats,
+/// one heartbeat a second as the relay writes them) keeps the WAL its slot retains bounded; a
+/// slot nobody streams, created at the same moment, retains all of it (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_outbox_on_a_busy_database_keeps_the_retained_wal_bounded() {
+    const BUSY: Duration = Duration::from_secs(60);
+    let (db, config, _cleanup) = setup().await;
+    let control = Cleanup {
+        schema: db.schema.as_str().to_owned(),
+        slot: format!("{}_control", config.slot_name(&db.schema)),
+        publication: config.publication_name(&db.schema),
+    };
+    create_slot(&db.pool, &control.slot)
+        .await
+        .expect("control slot");
+    let s = db.schema.quoted();
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {s}.busy (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text)"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let start_lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+
+    let mut stream = CdcStream::start(&database_url(), &db.schema, &config)
+        .await
+        .expect("stream");
+    let writer = {
+        let pool = db.pool.clone();
+        let insert = format!(
+            "INSERT INTO {s}.busy (body) SELECT repeat(md5(random()::text), 32) \
+             FROM generate_series(1, 20)"
+        );
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + BUSY;
+            let mut next_heartbeat = tokio::time::Instant::now();
+            let mut transactions = 0u64;
+            while tokio::time::Instant::now() < until {
+                sqlx::query(AssertSqlSafe(insert.clone()))
+                    .execute(&pool)
+                    .await
+                    .expect("busy insert");
+                transactions += 1;
+                // About 3 MB of WAL a second: busy, without filling the disk.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if tokio::time::Instant::now() >= next_heartbeat {
+                    heartbeat(&pool).await.expect("heartbeat");
+                    next_heartbeat += Duration::from_secs(1);
+                }
+            }
+            transactions
+        })
+    };
+    // The relay's side: nothing of the outbox arrives; every idle position is confirmed. The
+    // retained WAL is sampled every 5 s.
+    let mut idle = 0u64;
+    let mut last = 0u64;
+    let mut samples = Vec::new();
+    let mut next_sample = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !writer.is_finished() {
+        if tokio::time::Instant::now() >= next_sample {
+            let state = slot_state(&db.pool, &config.slot_name(&db.schema))
+                .await
+                .unwrap()
+                .expect("the slot");
+            samples.push(state.retained_bytes / 1_000_000);
+            next_sample += Duration::from_secs(5);
+        }
+        match tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+            Err(_) => {}
+            Ok(Ok(Some(CdcEvent::Idle { lsn }))) => {
+                idle += 1;
+                last = last.max(lsn);
+                stream.confirm(lsn);
+            }
+            Ok(other) => panic!("an idle outbox streamed {other:?}"),
+        }
+    }
+    let transactions = writer.await.unwrap();
+    // A checkpoint logs the running transactions, from which a logical slot's restart position
+    // can move (the server also logs them every 15 s on its own); then a last heartbeat.
+    sqlx::query("CHECKPOINT").execute(&db.pool).await.unwrap();
+    heartbeat(&db.pool).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Ok(Some(CdcEvent::Idle { lsn }))) if lsn > last => {
+                stream.confirm(lsn);
+                last = lsn;
+                break;
+            }
+            Ok(Ok(Some(CdcEvent::Idle { .. }))) => {}
+            other => panic!("the last heartbeat did not arrive: {other:?}"),
+        }
+    }
+    // The server moves the slot's restart position when it processes the confirmation.
+    tokio::time::sleep(config.status_interval * 2).await;
+    heartbeat(&db.pool).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Ok(Some(CdcEvent::Idle { lsn }))) if lsn > last => {
+                stream.confirm(lsn);
+                break;
+            }
+            Ok(Ok(Some(CdcEvent::Idle { lsn }))) => last = last.max(lsn),
+            other => panic!("the last heartbeat did not arrive: {other:?}"),
+        }
+    }
+    stream.stop().await.expect("stop");
+
+    let generated: i64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::int8")
+            .bind(&start_lsn)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let streamed = slot_state(&db.pool, &config.slot_name(&db.schema))
+        .await
+        .unwrap()
+        .expect("the slot");
+    let unstreamed = slot_state(&db.pool, &control.slot)
+        .await
+        .unwrap()
+        .expect("the control slot");
+    eprintln!(
+        "{transactions} busy transactions, {idle} idle positions confirmed, {} MB of WAL \
+         written; retained: streamed slot {} KB at the end, every 5 s (MB) {samples:?}; \
+         control slot {} MB",
+        generated / 1_000_000,
+        streamed.retained_bytes / 1000,
+        unstreamed.retained_bytes / 1_000_000
+    );
+    assert!(
+        generated > 64_000_000,
+        "the busy tables wrote only {generated} bytes of WAL: the test proves nothing"
+    );
+    assert!(
+        unstreamed.retained_bytes >= generated,
+        "the control slot retains what was written ({} of {generated})",
+        unstreamed.retained_bytes
+    );
+    assert!(
+        streamed.retained_bytes < 16_000_000,
+        "the streamed slot retains {} bytes of {generated} written",
+        streamed.retained_bytes
+    );
+    // While the writes went on, the slot held back at most the WAL between two logs of the
+    // running transactions (15 s here), never the whole minute.
+    let max_mb = samples.iter().copied().max().unwrap_or(0);
+    assert!(
+        max_mb * 1_000_000 < generated / 2,
+        "the streamed slot retained up to {max_mb} MB while {generated} bytes were written: \
+         {samples:?}"
+    );
+    assert_eq!(streamed.wal_status, "reserved");
+    drop(control);
 }
