@@ -50,6 +50,9 @@ use uuid::Uuid;
 
 use crate::schema::{Schema, quote_ident};
 
+mod feed;
+pub use feed::{CdcFeed, CdcTicket};
+
 /// The table whose inserts are streamed.
 const TABLE: &str = "events";
 

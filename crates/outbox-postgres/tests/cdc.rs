@@ -67,11 +67,23 @@ impl Drop for Cleanup {
                 .expect("runtime");
             runtime.block_on(async {
                 let pool = sqlx::PgPool::connect(&database_url()).await?;
-                // A stopped stream's WAL sender may take a moment to release the slot.
+                // A stopped stream's WAL sender may take a moment to release the slot; one
+                // still streaming (a failed test's relay task, alive until the test's runtime
+                // ends) is ended by the server.
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                let terminate_at = tokio::time::Instant::now() + Duration::from_secs(2);
                 while let Err(e) = drop_slot(&pool, &slot).await {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(anyhow::anyhow!("drop slot {slot}: {e}"));
+                    }
+                    if tokio::time::Instant::now() >= terminate_at {
+                        sqlx::query(
+                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                             WHERE slot_name = $1 AND active",
+                        )
+                        .bind(&slot)
+                        .execute(&pool)
+                        .await?;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -477,4 +489,276 @@ async fn an_idle_outbox_on_a_busy_database_keeps_the_retained_wal_bounded() {
     );
     assert_eq!(streamed.wal_status, "reserved");
     drop(control);
+}
+
+// The relay's engine over the CDC feed. The broker is the in-memory fake transport, which can
+// script failures (the CDC relay on the real brokers runs in the transports' suites); the
+// database, the slot and the log are real.
+
+mod relay {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use outbox_core::relay::{Relay, RelayConfig};
+    use outbox_core::{OutboxStore as _, PublishErrorKind, RequeueParams};
+    use outbox_postgres::OnPublish;
+    use outbox_postgres::cdc::{CdcEvent, CdcFeed, CdcStream};
+    use outbox_testkit::fakes::FakeTransport;
+    use tokio_util::sync::CancellationToken;
+
+    use super::common::{TestDb, database_url, msg};
+    use super::setup;
+
+    fn config() -> RelayConfig {
+        RelayConfig {
+            workers: 2,
+            poll_interval: Duration::from_millis(50),
+            // Retriable failures are retried, never dead-lettered, within a test's life.
+            max_attempts: 1_000_000,
+            backoff: outbox_core::Backoff {
+                base: Duration::from_millis(50),
+                max: Duration::from_millis(200),
+            },
+            ..RelayConfig::default()
+        }
+    }
+
+    /// Runs a CDC relay until `done` holds (at most 30 s), then stops it.
+    async fn run_until(
+        db: &TestDb,
+        config: &outbox_postgres::cdc::CdcConfig,
+        transport: &Arc<FakeTransport>,
+        done: impl Fn(&FakeTransport) -> bool,
+    ) {
+        let feed = Arc::new(CdcFeed::new(
+            &database_url(),
+            db.pool.clone(),
+            db.schema.clone(),
+            config.clone(),
+            OnPublish::Delete,
+        ));
+        let relay = Arc::new(
+            Relay::with_feed(feed, Arc::clone(transport), super::relay::config()).unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(transport) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not done within 30 s: acked {:?}",
+                transport
+                    .acked()
+                    .iter()
+                    .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Settled batches confirm their positions with the next status update.
+        tokio::time::sleep(config.status_interval * 2).await;
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// No transaction left after the confirmed position: a new stream sees only idle positions.
+    async fn nothing_unconfirmed(db: &TestDb, config: &outbox_postgres::cdc::CdcConfig) {
+        let mut stream = CdcStream::start(&database_url(), &db.schema, config)
+            .await
+            .expect("stream");
+        let until = tokio::time::Instant::now() + Duration::from_secs(2);
+        while let Ok(event) = tokio::time::timeout_at(until, stream.next()).await {
+            match event.expect("stream") {
+                Some(CdcEvent::Idle { .. }) => {}
+                other => panic!("unconfirmed after the relay stopped: {other:?}"),
+            }
+        }
+        stream.stop().await.expect("stop");
+    }
+
+    async fn enqueue_each(db: &TestDb, messages: &[outbox_core::NewMessage]) {
+        for m in messages {
+            let mut tx = db.pool.begin().await.unwrap();
+            db.outbox.enqueue(&mut *tx, m).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn every_committed_event_is_published_in_order_its_row_deleted_and_the_slot_confirmed() {
+        let (db, config, _cleanup) = setup().await;
+        // Three aggregates interleaved, five versions each, one transaction per event; one
+        // rolled-back transaction.
+        let messages: Vec<_> = (1..=5)
+            .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
+            .collect();
+        enqueue_each(&db, &messages).await;
+        let mut tx = db.pool.begin().await.unwrap();
+        db.outbox
+            .enqueue(&mut *tx, &msg("rolled-back", 1))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+
+        let transport = Arc::new(FakeTransport::new());
+        run_until(&db, &config, &transport, |t| t.acked().len() >= 15).await;
+        for agg in ["a", "b", "c"] {
+            assert_eq!(transport.acked_for(agg), vec![1, 2, 3, 4, 5], "{agg}");
+        }
+        assert!(transport.acked_for("rolled-back").is_empty());
+        assert_eq!(db.count("true").await, 0, "published rows are deleted");
+        nothing_unconfirmed(&db, &config).await;
+    }
+
+    #[tokio::test]
+    async fn a_retried_event_keeps_its_aggregate_in_order_and_a_dead_letter_parks_the_rest() {
+        let (db, config, _cleanup) = setup().await;
+        let messages: Vec<_> = (1..=4)
+            .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
+            .collect();
+        enqueue_each(&db, &messages).await;
+        // a v2 fails twice (an outage), b v2 is refused for good.
+        let transport = Arc::new(
+            FakeTransport::new()
+                .fail("a", 2, PublishErrorKind::Unavailable, 2)
+                .fail("b", 2, PublishErrorKind::Invalid, 1),
+        );
+        run_until(&db, &config, &transport, |t| {
+            t.acked_for("a").len() == 4 && t.acked_for("c").len() == 4
+        })
+        .await;
+        assert_eq!(
+            transport.acked_for("a"),
+            vec![1, 2, 3, 4],
+            "retried in place"
+        );
+        assert_eq!(transport.acked_for("c"), vec![1, 2, 3, 4]);
+        assert_eq!(
+            transport.acked_for("b"),
+            vec![1],
+            "b waits behind its dead letter"
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND state = 'dead' AND aggregate_version = 2")
+                .await,
+            1,
+            "the dead letter is in the table, as the polling relay records it"
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND state = 'pending'").await,
+            2,
+            "b v3 and v4 stay pending in the table"
+        );
+        assert_eq!(db.count("aggregate_id <> 'b'").await, 0);
+        nothing_unconfirmed(&db, &config).await;
+
+        // A restarted CDC relay keeps b parked; after a requeue the polling relay delivers b
+        // v2..v4 in order.
+        run_until(&db, &config, &transport, |_| true).await;
+        assert_eq!(transport.acked_for("b"), vec![1]);
+        let store = Arc::new(db.store());
+        store
+            .dead_letter_requeue(RequeueParams { event_ids: None })
+            .await
+            .unwrap();
+        let polling = Arc::new(
+            Relay::new(Arc::clone(&store), Arc::clone(&transport), config_polling()).unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while transport.acked_for("b").len() < 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                transport.acked_for("b")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4]);
+        assert_eq!(db.count("true").await, 0);
+    }
+
+    #[tokio::test]
+    async fn an_event_still_failing_when_the_relay_stops_comes_again_from_the_slot() {
+        let (db, config, _cleanup) = setup().await;
+        let messages: Vec<_> = (1..=3)
+            .flat_map(|v| ["a", "b"].map(|agg| msg(agg, v)))
+            .collect();
+        enqueue_each(&db, &messages).await;
+        // The broker refuses a v1 for the relay's whole first life; b goes through, and its
+        // transactions commit after a's first one.
+        let failing =
+            Arc::new(FakeTransport::new().fail("a", 1, PublishErrorKind::Unavailable, 1_000));
+        run_until(&db, &config, &failing, |t| t.acked_for("b").len() == 3).await;
+        assert!(failing.acked_for("a").is_empty());
+        // Nothing of a was confirmed: the next relay gets a v1..v3 from the slot and the table
+        // rows are still there.
+        assert_eq!(db.count("aggregate_id = 'a'").await, 3);
+        let healthy = Arc::new(FakeTransport::new());
+        run_until(&db, &config, &healthy, |t| t.acked_for("a").len() == 3).await;
+        assert_eq!(healthy.acked_for("a"), vec![1, 2, 3]);
+        assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
+    }
+
+    fn config_polling() -> RelayConfig {
+        RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            ..RelayConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relay_stopped_and_started_again_mid_stream_loses_nothing_and_keeps_order() {
+        let (db, config, _cleanup) = setup().await;
+        let transport = Arc::new(FakeTransport::new());
+        let aggregates: Vec<String> = (0..20).map(|i| format!("agg-{i}")).collect();
+        let producer = {
+            let (pool, outbox) = (db.pool.clone(), db.outbox.clone());
+            let aggregates = aggregates.clone();
+            tokio::spawn(async move {
+                for v in 1..=10 {
+                    for agg in &aggregates {
+                        let mut tx = pool.begin().await.unwrap();
+                        outbox.enqueue(&mut *tx, &msg(agg, v)).await.unwrap();
+                        tx.commit().await.unwrap();
+                    }
+                }
+            })
+        };
+        // Three relay lives while the producer writes 200 events.
+        for round in 1..=3 {
+            let seen = transport.acked().len();
+            run_until(&db, &config, &transport, |t| {
+                t.acked().len() >= (seen + 40).min(200) || round == 3 && t.acked().len() >= 200
+            })
+            .await;
+        }
+        producer.await.unwrap();
+        let transport_done = |t: &FakeTransport| {
+            aggregates
+                .iter()
+                .all(|a| t.acked_for(a).iter().copied().max() == Some(10))
+        };
+        run_until(&db, &config, &transport, transport_done).await;
+        for agg in &aggregates {
+            let acked = transport.acked_for(agg);
+            let mut firsts = Vec::new();
+            for v in acked {
+                if !firsts.contains(&v) {
+                    firsts.push(v);
+                }
+            }
+            assert_eq!(
+                firsts,
+                (1..=10).collect::<Vec<_>>(),
+                "{agg}: first appearances in order"
+            );
+        }
+        assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
+    }
 }

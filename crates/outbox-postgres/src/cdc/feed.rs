@@ -1,0 +1,531 @@
+//! [`CdcFeed`]: the relay's [`Feed`] over a [`CdcStream`].
+//!
+//! The stream finds pending events; the table stays the record of what happened to them:
+//!
+//! * **Batches**: events in commit order, each aggregate's in version order, at most one batch
+//!   holding an aggregate at a time (the aggregate is *busy* until its batch is settled). The
+//!   slot is streamed by one connection only, so no other relay holds them: batches have no
+//!   time limit (`owned_until` is `None`).
+//! * **Published**: the rows are deleted (or marked, [`OnPublish::Mark`]) in one statement per
+//!   batch. A transaction's end position is confirmed to the server once every event of it and
+//!   of every earlier transaction is settled, never before (G3): after a crash the slot hands
+//!   out everything after the confirmed position again, same rows, same event ids (G4). A row
+//!   deleted before the crash is republished from the log.
+//! * **Failed, to retry**: kept in memory at the head of its aggregate with its attempt count
+//!   and due time; the aggregate's later events wait behind it. While it waits, the confirmed
+//!   position cannot pass its transaction, so the server retains the WAL after it (a broker
+//!   outage grows the slot's lag: `slot_state`).
+//! * **Dead-lettered**: the row is marked `dead` in the table, as the polling relay does, with
+//!   its attempts and error, and the aggregate is *parked*: its later events are not published
+//!   by this feed, they stay pending rows in the table. Parking survives restarts (aggregates
+//!   with a dead row are parked at start). `outbox dead-letters requeue` makes the dead row
+//!   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
+//!   after a requeue; the CDC feed does not claim rows).
+//! * **Not attempted**: back at the head of the aggregate, due at once.
+//!
+//! A stream that fails (connection lost, server restart) is started again on the next batch;
+//! everything in memory is dropped and the slot delivers it again. A settle of a batch handed
+//! out before that is ignored (its rows come again).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use outbox_core::relay::{Feed, FeedBatch, SettleReport, Settlement};
+use outbox_core::{OutboxMessage, OutboxStats, OutboxStore as _, StoreError, StoreErrorKind};
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+
+use super::{CdcConfig, CdcError, CdcEvent, CdcStream};
+use crate::error::store_error;
+use crate::schema::Schema;
+use crate::store::{OnPublish, PgStore, PgStoreConfig};
+
+/// An aggregate: `(aggregate_type, aggregate_id)`.
+type Aggregate = (String, String);
+
+/// The handle of a [`CdcFeed`] batch.
+#[derive(Debug)]
+pub struct CdcTicket {
+    /// The stream session the batch came from: a settle of an older session is ignored.
+    session: u64,
+    /// Each row of the batch with its transaction's sequence number.
+    rows: Vec<(i64, u64)>,
+    /// The batch's events (for retries and not-attempted rows).
+    messages: Vec<OutboxMessage>,
+}
+
+/// A streamed transaction not settled yet.
+#[derive(Debug)]
+struct Open {
+    seq: u64,
+    end_lsn: u64,
+    /// Its events not settled yet.
+    left: usize,
+}
+
+/// An event waiting to be handed out, at the head of its aggregate or behind it.
+#[derive(Debug)]
+struct Waiting {
+    message: OutboxMessage,
+    tx: u64,
+    due: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    stream: Option<CdcStream>,
+    session: u64,
+    next_seq: u64,
+    /// Transactions in commit order, settled ones popped from the front.
+    open: VecDeque<Open>,
+    /// Events not handed out, per aggregate in version order.
+    waiting: HashMap<Aggregate, VecDeque<Waiting>>,
+    /// Aggregates in the order their first waiting event arrived (may hold stale entries).
+    order: VecDeque<Aggregate>,
+    /// Aggregates of a batch not settled yet.
+    busy: HashSet<Aggregate>,
+    /// Aggregates with a dead letter: their later events are left to the polling relay.
+    parked: HashSet<Aggregate>,
+    /// The highest idle position seen, confirmed once nothing before it is open.
+    idle_lsn: Option<u64>,
+}
+
+impl State {
+    /// Drops the session: everything after the confirmed position comes again.
+    fn reset(&mut self) {
+        let parked = std::mem::take(&mut self.parked);
+        let session = self.session + 1;
+        *self = State {
+            session,
+            parked,
+            ..State::default()
+        };
+    }
+
+    fn waiting_count(&self) -> usize {
+        self.waiting.values().map(VecDeque::len).sum()
+    }
+
+    /// Marks `n` events of transaction `seq` settled.
+    fn settled(&mut self, seq: u64, n: usize) {
+        if let Some(t) = self.open.iter_mut().find(|t| t.seq == seq) {
+            t.left = t.left.saturating_sub(n);
+        }
+    }
+
+    /// The position that may be confirmed now: the end of the last settled transaction before
+    /// the first open one, or the idle position when nothing is open.
+    fn confirmable(&mut self) -> Option<u64> {
+        let mut lsn = None;
+        while self.open.front().is_some_and(|t| t.left == 0) {
+            lsn = self.open.pop_front().map(|t| t.end_lsn);
+        }
+        if self.open.is_empty()
+            && let Some(idle) = self.idle_lsn.take()
+        {
+            lsn = Some(lsn.map_or(idle, |l: u64| l.max(idle)));
+        }
+        lsn
+    }
+
+    /// Takes a streamed event into the state.
+    fn receive(&mut self, event: CdcEvent) {
+        match event {
+            CdcEvent::Idle { lsn } => {
+                self.idle_lsn = Some(self.idle_lsn.map_or(lsn, |l| l.max(lsn)));
+            }
+            CdcEvent::Transaction(tx) => {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let mut left = 0;
+                for message in tx.messages {
+                    let aggregate = (message.aggregate_type.clone(), message.aggregate_id.clone());
+                    if self.parked.contains(&aggregate) {
+                        // Left pending in the table for the polling relay.
+                        continue;
+                    }
+                    left += 1;
+                    let queue = self.waiting.entry(aggregate.clone()).or_default();
+                    if queue.is_empty() {
+                        self.order.push_back(aggregate);
+                    }
+                    queue.push_back(Waiting {
+                        message,
+                        tx: seq,
+                        due: None,
+                    });
+                }
+                self.open.push_back(Open {
+                    seq,
+                    end_lsn: tx.end_lsn,
+                    left,
+                });
+            }
+        }
+    }
+
+    /// Up to `max_rows` events of aggregates that are not busy and whose head is due, each
+    /// aggregate's in version order; the aggregates taken become busy.
+    fn take(&mut self, max_rows: usize) -> Vec<Waiting> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut keep = VecDeque::with_capacity(self.order.len());
+        while let Some(aggregate) = self.order.pop_front() {
+            let Some(queue) = self.waiting.get_mut(&aggregate) else {
+                continue;
+            };
+            if queue.is_empty() {
+                self.waiting.remove(&aggregate);
+                continue;
+            }
+            let due = queue.front().and_then(|w| w.due).is_none_or(|d| d <= now);
+            if out.len() >= max_rows || self.busy.contains(&aggregate) || !due {
+                keep.push_back(aggregate);
+                continue;
+            }
+            let n = queue.len().min(max_rows - out.len());
+            out.extend(queue.drain(..n));
+            if queue.is_empty() {
+                self.waiting.remove(&aggregate);
+            } else {
+                keep.push_back(aggregate.clone());
+            }
+            self.busy.insert(aggregate);
+        }
+        self.order = keep;
+        out
+    }
+
+    /// Puts `events` of one aggregate back at the head of its queue, in order.
+    fn put_back(&mut self, aggregate: &Aggregate, events: Vec<Waiting>) {
+        if events.is_empty() {
+            return;
+        }
+        let queue = self.waiting.entry(aggregate.clone()).or_default();
+        let was_empty = queue.is_empty();
+        for w in events.into_iter().rev() {
+            queue.push_front(w);
+        }
+        if was_empty {
+            self.order.push_front(aggregate.clone());
+        }
+    }
+
+    /// The earliest due time of a waiting head, if every waiting head is in backoff.
+    fn next_due(&self) -> Option<Instant> {
+        self.waiting
+            .values()
+            .filter_map(|q| q.front().and_then(|w| w.due))
+            .min()
+    }
+}
+
+/// The relay's feed over the outbox table's log. See the [module docs](self).
+#[derive(Debug)]
+pub struct CdcFeed {
+    url: String,
+    schema: Schema,
+    config: CdcConfig,
+    pool: PgPool,
+    store: PgStore,
+    on_publish: OnPublish,
+    state: Mutex<State>,
+}
+
+impl CdcFeed {
+    /// A feed streaming the slot of `schema` (see [`CdcConfig`]) over a replication connection
+    /// to `url`, writing through `pool` (the same database). The stream starts on the first
+    /// batch.
+    pub fn new(
+        url: &str,
+        pool: PgPool,
+        schema: Schema,
+        config: CdcConfig,
+        on_publish: OnPublish,
+    ) -> Self {
+        let store = PgStore::new(
+            pool.clone(),
+            PgStoreConfig {
+                schema: schema.clone(),
+                on_publish,
+            },
+        );
+        Self {
+            url: url.to_owned(),
+            schema,
+            config,
+            pool,
+            store,
+            on_publish,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Starts the stream if it is not running, with the parked aggregates read from the table.
+    async fn ensure_stream(&self, state: &mut State) -> Result<(), StoreError> {
+        if state.stream.is_some() {
+            return Ok(());
+        }
+        let parked: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT aggregate_type, aggregate_id FROM {}.events WHERE state = 'dead'",
+            self.schema.quoted()
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| store_error("reading parked aggregates", e))?;
+        let stream = CdcStream::start(&self.url, &self.schema, &self.config)
+            .await
+            .map_err(cdc_error)?;
+        state.reset();
+        state.parked = parked.into_iter().collect();
+        state.stream = Some(stream);
+        Ok(())
+    }
+
+    /// Reads what the stream has: waits up to `wait` for the first event, then takes what
+    /// follows at once, until `max_rows` events wait.
+    async fn pull(
+        &self,
+        state: &mut State,
+        wait: Duration,
+        max_rows: usize,
+    ) -> Result<(), StoreError> {
+        let mut wait = wait;
+        loop {
+            let Some(stream) = state.stream.as_mut() else {
+                return Ok(());
+            };
+            let next = match tokio::time::timeout(wait, stream.next()).await {
+                Err(_) => return Ok(()),
+                Ok(Ok(Some(event))) => event,
+                Ok(Ok(None)) => {
+                    state.reset();
+                    return Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "the replication stream ended; it is started again",
+                    ));
+                }
+                Ok(Err(e)) => {
+                    state.reset();
+                    return Err(cdc_error(e));
+                }
+            };
+            state.receive(next);
+            if state.waiting_count() >= max_rows {
+                return Ok(());
+            }
+            wait = Duration::from_millis(1);
+        }
+    }
+
+    fn confirm(state: &mut State) {
+        if let Some(lsn) = state.confirmable()
+            && let Some(stream) = &state.stream
+        {
+            stream.confirm(lsn);
+        }
+    }
+}
+
+/// A stream error as the engine sees it: the slot's own states are operator errors that the
+/// relay keeps reporting (it waits and tries again, loudly); the rest are outages.
+fn cdc_error(e: CdcError) -> StoreError {
+    let kind = match &e {
+        CdcError::Database(_) | CdcError::Stream(_) | CdcError::SlotBusy { .. } => {
+            StoreErrorKind::Unavailable
+        }
+        CdcError::WalLevel { .. } | CdcError::Config(_) => StoreErrorKind::Schema,
+        _ => StoreErrorKind::Other,
+    };
+    StoreError::with_source(kind, e.to_string(), e)
+}
+
+impl Feed for CdcFeed {
+    type Ticket = CdcTicket;
+
+    async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<CdcTicket>, StoreError> {
+        let mut state = self.state.lock().await;
+        self.ensure_stream(&mut state).await?;
+        if state.waiting_count() < max_rows {
+            self.pull(&mut state, Duration::ZERO, max_rows).await?;
+        }
+        Self::confirm(&mut state);
+        let taken = state.take(max_rows.max(1));
+        let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
+        let mut rows = Vec::with_capacity(taken.len());
+        for w in taken {
+            rows.push((w.message.id, w.tx));
+            messages.push(w.message);
+        }
+        // The engine's order: by aggregate, then version.
+        let mut order: Vec<usize> = (0..messages.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&messages[a], &messages[b]);
+            (&x.aggregate_type, &x.aggregate_id, x.aggregate_version).cmp(&(
+                &y.aggregate_type,
+                &y.aggregate_id,
+                y.aggregate_version,
+            ))
+        });
+        let messages: Vec<OutboxMessage> = order.iter().map(|&i| messages[i].clone()).collect();
+        let rows: Vec<(i64, u64)> = order.iter().map(|&i| rows[i]).collect();
+        Ok(FeedBatch {
+            ticket: CdcTicket {
+                session: state.session,
+                rows,
+                messages: messages.clone(),
+            },
+            messages,
+            owned_until: None,
+        })
+    }
+
+    async fn settle(
+        &self,
+        ticket: CdcTicket,
+        settlement: &Settlement,
+    ) -> Result<SettleReport, StoreError> {
+        let mut report = SettleReport::default();
+        // The table first: a published row is deleted (or marked) before its position can be
+        // confirmed; a dead letter is recorded before its aggregate's later events are skipped.
+        if !settlement.published.is_empty() {
+            let sql = match self.on_publish {
+                OnPublish::Delete => format!(
+                    "DELETE FROM {}.events WHERE id = ANY($1)",
+                    self.schema.quoted()
+                ),
+                OnPublish::Mark => format!(
+                    "UPDATE {}.events SET state = 'published', published_at = now() \
+                     WHERE id = ANY($1) AND state = 'pending'",
+                    self.schema.quoted()
+                ),
+            };
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&settlement.published)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| store_error("settling published rows", e))?;
+        }
+        let by_id: HashMap<i64, &OutboxMessage> =
+            ticket.messages.iter().map(|m| (m.id, m)).collect();
+        for failed in settlement.failed.iter().filter(|f| f.retry_after.is_none()) {
+            let attempts = by_id.get(&failed.id).map_or(1, |m| m.attempts + 1);
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {}.events SET state = 'dead', attempts = $2, last_error = $3 \
+                 WHERE id = $1 AND state = 'pending'",
+                self.schema.quoted()
+            )))
+            .bind(failed.id)
+            .bind(attempts)
+            .bind(&failed.error)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("recording a dead letter", e))?;
+        }
+
+        let mut state = self.state.lock().await;
+        if state.session != ticket.session {
+            // The stream was started again since: these rows come again from the slot.
+            report.lease_lost = ticket.rows.len();
+            return Ok(report);
+        }
+        let tx_of: HashMap<i64, u64> = ticket.rows.iter().copied().collect();
+        let mut settled_per_tx: HashMap<u64, usize> = HashMap::new();
+        for id in &settlement.published {
+            if let Some(&tx) = tx_of.get(id) {
+                *settled_per_tx.entry(tx).or_default() += 1;
+            }
+        }
+        report.marked = settlement.published.len();
+        // Per aggregate, what goes back to the head of its queue, in version order.
+        let mut back: HashMap<Aggregate, Vec<Waiting>> = HashMap::new();
+        let mut dead: HashSet<Aggregate> = HashSet::new();
+        for failed in &settlement.failed {
+            let (Some(&m), Some(&tx)) = (by_id.get(&failed.id), tx_of.get(&failed.id)) else {
+                continue;
+            };
+            let aggregate = (m.aggregate_type.clone(), m.aggregate_id.clone());
+            match failed.retry_after {
+                Some(delay) => {
+                    report.retried += 1;
+                    let mut message = m.clone();
+                    message.attempts += 1;
+                    back.entry(aggregate).or_default().push(Waiting {
+                        message,
+                        tx,
+                        due: Some(Instant::now() + delay),
+                    });
+                }
+                None => {
+                    report.dead_lettered += 1;
+                    *settled_per_tx.entry(tx).or_default() += 1;
+                    dead.insert(aggregate);
+                }
+            }
+        }
+        for id in &settlement.not_attempted {
+            let (Some(&m), Some(&tx)) = (by_id.get(id), tx_of.get(id)) else {
+                continue;
+            };
+            let aggregate = (m.aggregate_type.clone(), m.aggregate_id.clone());
+            if dead.contains(&aggregate) {
+                // Behind a dead letter: left pending in the table.
+                *settled_per_tx.entry(tx).or_default() += 1;
+                continue;
+            }
+            report.released += 1;
+            back.entry(aggregate).or_default().push(Waiting {
+                message: m.clone(),
+                tx,
+                due: None,
+            });
+        }
+        for (tx, n) in settled_per_tx {
+            state.settled(tx, n);
+        }
+        for aggregate in &dead {
+            // Everything of it still waiting is left to the polling relay too.
+            if let Some(queue) = state.waiting.remove(aggregate) {
+                for w in queue {
+                    state.settled(w.tx, 1);
+                }
+            }
+            state.parked.insert(aggregate.clone());
+        }
+        for (aggregate, mut events) in back {
+            events.sort_by_key(|w| w.message.aggregate_version);
+            state.put_back(&aggregate, events);
+        }
+        for m in &ticket.messages {
+            state
+                .busy
+                .remove(&(m.aggregate_type.clone(), m.aggregate_id.clone()));
+        }
+        Self::confirm(&mut state);
+        Ok(report)
+    }
+
+    async fn wait_for_work(&self, timeout: Duration) {
+        let mut state = self.state.lock().await;
+        if !state.busy.is_empty() {
+            // Another worker's batch is out: its settle needs the state, so wait without it.
+            drop(state);
+            tokio::time::sleep(timeout.min(Duration::from_millis(2))).await;
+            return;
+        }
+        let wait = match state.next_due() {
+            Some(due) => due.saturating_duration_since(Instant::now()).min(timeout),
+            None => timeout,
+        };
+        if state.stream.is_none() || wait.is_zero() {
+            return;
+        }
+        // Errors end the wait; the next batch starts the stream again and reports them.
+        let _ = self.pull(&mut state, wait, 1).await;
+        Self::confirm(&mut state);
+    }
+
+    async fn stats(&self) -> Result<Option<OutboxStats>, StoreError> {
+        self.store.stats().await.map(Some)
+    }
+}
