@@ -15,14 +15,18 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::{FileConfig, redact};
+use crate::config::{FileConfig, RelayMode, redact};
 use crate::{CleanupArgs, ConsumerDeadLetterCmd, DeadLetterCmd};
 
 /// Relay leases that expired this long ago belong to crashed relays: the maintainer deletes them.
 const LEASE_REAP_AFTER: Duration = Duration::from_secs(600);
 
-/// `outbox migrate`.
-pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<ExitCode> {
+/// `outbox migrate`; with `cdc`, also the publication of the CDC relay.
+pub async fn migrate(
+    pool: &PgPool,
+    schema: &Schema,
+    cdc: Option<&outbox_postgres::cdc::CdcConfig>,
+) -> Result<ExitCode> {
     let report = outbox_postgres::migrate(pool, schema).await?;
     if report.applied.is_empty() {
         println!(
@@ -35,18 +39,51 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<ExitCode> {
             report.version, report.applied
         );
     }
+    if let Some(cdc) = cdc {
+        let name = cdc.publication_name(schema);
+        let created = outbox_postgres::cdc::ensure_publication(pool, schema, &name)
+            .await
+            .context("cannot create the CDC relay's publication")?;
+        println!(
+            "publication `{name}` of {schema}.events inserts {}",
+            if created { "created" } else { "exists" }
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `outbox relay` runs with, besides the store.
+pub struct RelayRun<'a> {
+    /// The broker registry.
+    pub brokers: &'a Registry,
+    /// The broker's URL.
+    pub broker_url: &'a str,
+    /// The brokers' settings.
+    pub settings: &'a outbox::broker::BrokerSettings,
+    /// The configuration file.
+    pub file: &'a FileConfig,
+    /// Where to serve metrics.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Polling or CDC.
+    pub mode: RelayMode,
+    /// The database URL (the CDC relay's replication connection).
+    pub database_url: &'a str,
+    /// CDC: create the slot when missing.
+    pub create_slot: bool,
+}
+
 /// `outbox relay`: runs until SIGTERM / Ctrl-C, with one elected lease reaper per schema.
-pub async fn relay(
-    store: PgStore,
-    brokers: &Registry,
-    broker_url: &str,
-    settings: &outbox::broker::BrokerSettings,
-    file: &FileConfig,
-    metrics_addr: Option<std::net::SocketAddr>,
-) -> Result<ExitCode> {
+pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
+    let RelayRun {
+        brokers,
+        broker_url,
+        settings,
+        file,
+        metrics_addr,
+        mode,
+        database_url,
+        create_slot,
+    } = run;
     let relay_config = file.relay.to_relay_config()?;
     store.check().await.context("cannot start the relay")?;
     // Fail now, naming every missing grant, rather than at the first claim or settle.
@@ -64,27 +101,171 @@ pub async fn relay(
         info!(%addr, "serving Prometheus metrics");
     }
     let schema = store.schema().clone();
-    let relay = Arc::new(Relay::new(
-        Arc::new(store),
-        Arc::new(transport),
-        relay_config,
-    )?);
     let shutdown = CancellationToken::new();
     tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
     // Leases of crashed relays are reaped by one elected relay.
+    let store = Arc::new(store);
     let reaper = Maintainer::<PgStore>::new(
-        Arc::clone(relay.store()),
+        Arc::clone(&store),
         MaintenanceConfig {
             lease_reap_after: Some(LEASE_REAP_AFTER),
             ..Default::default()
         },
     )?;
     let reaping = tokio::spawn(reaper.run(shutdown.clone()));
-    info!(schema = %schema, broker = %redact(broker_url), "relay started");
-    relay.run(shutdown).await;
+    let code = match mode {
+        RelayMode::Polling => {
+            let relay = Arc::new(Relay::new(store, Arc::new(transport), relay_config)?);
+            info!(schema = %schema, broker = %redact(broker_url), "relay started");
+            relay.run(shutdown.clone()).await;
+            ExitCode::SUCCESS
+        }
+        RelayMode::Cdc => {
+            let cdc = CdcRelay {
+                store: &store,
+                database_url,
+                file,
+                create_slot,
+            };
+            let r = cdc
+                .run(Arc::new(transport), relay_config, shutdown.clone())
+                .await;
+            shutdown.cancel();
+            r?
+        }
+    };
     let _ = reaping.await;
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
+
+/// The CDC relay: the publish engine over the slot, heartbeats, and a watch on the slot that
+/// stops the relay when it is dropped or invalidated.
+struct CdcRelay<'a> {
+    store: &'a Arc<PgStore>,
+    database_url: &'a str,
+    file: &'a FileConfig,
+    create_slot: bool,
+}
+
+/// How often the CDC relay looks at its slot.
+const SLOT_WATCH: Duration = Duration::from_secs(2);
+
+impl CdcRelay<'_> {
+    async fn run(
+        &self,
+        transport: Arc<outbox::broker::BoxTransport>,
+        relay_config: outbox::relay::RelayConfig,
+        shutdown: CancellationToken,
+    ) -> Result<ExitCode> {
+        use outbox_postgres::cdc;
+        let pool = self.store.pool().clone();
+        let schema = self.store.schema().clone();
+        let config = self.file.relay.cdc_config();
+        let slot = config.slot_name(&schema);
+        let publication = config.publication_name(&schema);
+        let heartbeat_every = self.file.relay.cdc_heartbeat()?;
+        let published: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = 'events')",
+        )
+        .bind(&publication)
+        .bind(schema.as_str())
+        .fetch_one(&pool)
+        .await?;
+        if !published {
+            anyhow::bail!(
+                "cannot start the CDC relay: publication `{publication}` of {schema}.events does \
+                 not exist; run `outbox migrate` with relay.mode = \"cdc\""
+            );
+        }
+        if self.create_slot {
+            if cdc::create_slot(&pool, &slot)
+                .await
+                .context("cannot create the CDC relay's slot")?
+            {
+                info!(%slot, "replication slot created: events committed from now on are streamed");
+            }
+        } else if cdc::slot_state(&pool, &slot).await?.is_none() {
+            anyhow::bail!(
+                "cannot start the CDC relay: replication slot `{slot}` does not exist. On the \
+                 first start, pass --create-slot. If it existed before, it was dropped: recover \
+                 as the README says (CDC relay, \"a lost slot\"): drain with the polling relay, \
+                 then start again with --create-slot"
+            );
+        }
+        let feed = Arc::new(cdc::CdcFeed::new(
+            self.database_url,
+            pool.clone(),
+            schema.clone(),
+            config,
+            self.store.config().on_publish,
+        ));
+        let relay = Arc::new(outbox::relay::Relay::with_feed(
+            feed,
+            transport,
+            relay_config,
+        )?);
+        if let Some(every) = heartbeat_every {
+            let (pool, stop) = (pool.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(every) => {}
+                    }
+                    if let Err(e) = cdc::heartbeat(&pool).await {
+                        tracing::warn!(error = %e, "could not write a CDC heartbeat");
+                    }
+                }
+            });
+        }
+        // A slot dropped or invalidated while the relay runs stops it: never silent continuity.
+        let watch = {
+            let (pool, stop, slot) = (pool.clone(), shutdown.clone(), slot.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return None,
+                        () = tokio::time::sleep(SLOT_WATCH) => {}
+                    }
+                    match cdc::slot_state(&pool, &slot).await {
+                        Ok(None) => {
+                            stop.cancel();
+                            return Some(format!("replication slot `{slot}` was dropped"));
+                        }
+                        Ok(Some(s)) if s.wal_status == "lost" => {
+                            stop.cancel();
+                            return Some(format!(
+                                "replication slot `{slot}` was invalidated (wal_status lost: the \
+                                 server removed WAL it still needed, see max_slot_wal_keep_size)"
+                            ));
+                        }
+                        Ok(Some(s)) => {
+                            metrics::gauge!(CDC_SLOT_RETAINED).set(s.retained_bytes as f64);
+                            metrics::gauge!(CDC_SLOT_LAG).set(s.lag_bytes as f64);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "could not read the slot's state"),
+                    }
+                }
+            })
+        };
+        info!(schema = %schema, %slot, "CDC relay started");
+        relay.run(shutdown.clone()).await;
+        shutdown.cancel();
+        if let Ok(Some(reason)) = watch.await {
+            anyhow::bail!(
+                "the CDC relay stopped: {reason}. Recover as the README says (CDC relay, \
+                 \"a lost slot\")"
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// WAL the CDC relay's slot keeps from being recycled, bytes.
+pub const CDC_SLOT_RETAINED: &str = "outbox_cdc_slot_retained_bytes";
+/// How far the CDC relay's confirmed position is behind the log, bytes.
+pub const CDC_SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
 
 /// `outbox status`.
 pub async fn status(

@@ -54,6 +54,28 @@ pub struct RelayFile {
     pub backoff_max_secs: f64,
     pub stats_interval_secs: f64,
     pub on_publish: OnPublish,
+    /// How the relay finds pending events: `polling` (claims with leases, the default) or
+    /// `cdc` (a logical replication slot; see the README, "CDC relay").
+    pub mode: RelayMode,
+    /// CDC: the replication slot (default: the schema's name).
+    pub cdc_slot: Option<String>,
+    /// CDC: the publication (default: the schema's name).
+    pub cdc_publication: Option<String>,
+    /// CDC: seconds between heartbeats written into the log, so an idle outbox on a busy
+    /// database does not pin WAL. 0 turns them off.
+    pub cdc_heartbeat_secs: f64,
+}
+
+/// `relay.mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayMode {
+    /// Claims rows with leases (any number of relays).
+    #[default]
+    Polling,
+    /// Streams the outbox table's log through a replication slot (one relay streams, others
+    /// wait as standbys).
+    Cdc,
 }
 
 impl Default for RelayFile {
@@ -73,6 +95,10 @@ impl Default for RelayFile {
             backoff_max_secs: d.backoff.max.as_secs_f64(),
             stats_interval_secs: d.stats_interval.as_secs_f64(),
             on_publish: OnPublish::Delete,
+            mode: RelayMode::Polling,
+            cdc_slot: None,
+            cdc_publication: None,
+            cdc_heartbeat_secs: 10.0,
         }
     }
 }
@@ -87,6 +113,21 @@ fn secs(key: &'static str, v: f64) -> Result<Duration> {
 }
 
 impl RelayFile {
+    /// The CDC stream's settings.
+    pub fn cdc_config(&self) -> outbox_postgres::cdc::CdcConfig {
+        outbox_postgres::cdc::CdcConfig {
+            slot: self.cdc_slot.clone(),
+            publication: self.cdc_publication.clone(),
+            ..outbox_postgres::cdc::CdcConfig::default()
+        }
+    }
+
+    /// The heartbeat interval, `None` when off.
+    pub fn cdc_heartbeat(&self) -> Result<Option<Duration>> {
+        let d = secs("cdc_heartbeat_secs", self.cdc_heartbeat_secs)?;
+        Ok((!d.is_zero()).then_some(d))
+    }
+
     /// Converts to the engine's configuration and validates it.
     pub fn to_relay_config(&self) -> Result<RelayConfig> {
         let c = RelayConfig {

@@ -75,7 +75,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create or upgrade the outbox tables (safe to run concurrently and repeatedly).
+    /// Create or upgrade the outbox tables (safe to run concurrently and repeatedly); with
+    /// `relay.mode = "cdc"` also the publication the CDC relay streams.
     Migrate,
     /// Run the relay until SIGTERM / Ctrl-C.
     Relay {
@@ -83,6 +84,15 @@ enum Command {
         /// authentication: keep it on loopback unless a firewall guards the interface.
         #[arg(long, env = "OUTBOX_METRICS_ADDR")]
         metrics_addr: Option<SocketAddr>,
+        /// How pending events are found (overrides `relay.mode`): polling, or cdc (a logical
+        /// replication slot; needs wal_level = logical and a role with REPLICATION).
+        #[arg(long, value_enum)]
+        mode: Option<config::RelayMode>,
+        /// CDC: create the replication slot if it does not exist. Only for the first start
+        /// and the recovery after a lost slot (README, "CDC relay"): without it a missing slot
+        /// stops the relay, so a dropped slot is never silently replaced.
+        #[arg(long)]
+        create_slot: bool,
     },
     /// Print the outbox's numbers.
     Status {
@@ -342,11 +352,28 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
     };
     let schema = &resolved.schema;
     match cli.command {
-        Command::Migrate => commands::migrate(&pool, schema).await,
-        Command::Relay { metrics_addr } => {
+        Command::Migrate => {
+            let cdc = (file.relay.mode == config::RelayMode::Cdc).then(|| file.relay.cdc_config());
+            commands::migrate(&pool, schema, cdc.as_ref()).await
+        }
+        Command::Relay {
+            metrics_addr,
+            mode,
+            create_slot,
+        } => {
             let store = outbox_postgres::PgStore::new(pool, store_config);
             let broker_url = broker_url(&resolved)?;
-            commands::relay(store, &brokers, &broker_url, &settings, &file, metrics_addr).await
+            let run = commands::RelayRun {
+                brokers: &brokers,
+                broker_url: &broker_url,
+                settings: &settings,
+                file: &file,
+                metrics_addr,
+                mode: mode.unwrap_or(file.relay.mode),
+                database_url: &resolved.database_url,
+                create_slot,
+            };
+            commands::relay(store, run).await
         }
         Command::Status {
             json,

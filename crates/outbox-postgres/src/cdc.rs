@@ -265,6 +265,37 @@ pub async fn drop_slot(pool: &PgPool, slot: &str) -> Result<(), CdcError> {
     Ok(())
 }
 
+/// Takes CDC down for a schema: ends the connection streaming slot `slot` if there is one
+/// (the server terminates its WAL sender), drops the slot, then the publication. For
+/// decommissioning CDC and for tests; a relay still running on the slot stops with "slot
+/// dropped". Waits at most `wait` for a WAL sender to let go of the slot.
+///
+/// # Errors
+/// [`CdcError::Database`] when a statement fails or the slot is still held after `wait`.
+pub async fn remove(
+    pool: &PgPool,
+    slot: &str,
+    publication: &str,
+    wait: Duration,
+) -> Result<(), CdcError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active",
+        )
+        .bind(slot)
+        .execute(pool)
+        .await?;
+        match drop_slot(pool, slot).await {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    drop_publication(pool, publication).await
+}
+
 fn check_slot_name(slot: &str) -> Result<(), CdcError> {
     let ok = !slot.is_empty()
         && slot.len() <= 63

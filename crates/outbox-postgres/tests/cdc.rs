@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::{TestDb, database_url, msg};
 use outbox_core::NewMessage;
 use outbox_postgres::cdc::{
-    CdcConfig, CdcError, CdcEvent, CdcStream, CdcTransaction, create_slot, drop_publication,
-    drop_slot, ensure_publication, heartbeat, slot_state,
+    CdcConfig, CdcError, CdcEvent, CdcStream, CdcTransaction, create_slot, ensure_publication,
+    heartbeat, remove, slot_state,
 };
 use sqlx::AssertSqlSafe;
 
@@ -67,27 +67,8 @@ impl Drop for Cleanup {
                 .expect("runtime");
             runtime.block_on(async {
                 let pool = sqlx::PgPool::connect(&database_url()).await?;
-                // A stopped stream's WAL sender may take a moment to release the slot; one
-                // still streaming (a failed test's relay task, alive until the test's runtime
-                // ends) is ended by the server.
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-                let terminate_at = tokio::time::Instant::now() + Duration::from_secs(2);
-                while let Err(e) = drop_slot(&pool, &slot).await {
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(anyhow::anyhow!("drop slot {slot}: {e}"));
-                    }
-                    if tokio::time::Instant::now() >= terminate_at {
-                        sqlx::query(
-                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                             WHERE slot_name = $1 AND active",
-                        )
-                        .bind(&slot)
-                        .execute(&pool)
-                        .await?;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                drop_publication(&pool, &publication).await?;
+                // A failed test's relay task may still stream the slot: `remove` ends it.
+                remove(&pool, &slot, &publication, Duration::from_secs(10)).await?;
                 sqlx::query(AssertSqlSafe(format!(
                     "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
                 )))

@@ -276,6 +276,7 @@ impl CdcFeed {
         let stream = CdcStream::start(&self.url, &self.schema, &self.config)
             .await
             .map_err(cdc_error)?;
+        tracing::info!(slot = stream.slot(), "streaming the replication slot");
         state.reset();
         state.parked = parked.into_iter().collect();
         state.stream = Some(stream);
