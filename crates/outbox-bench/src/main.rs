@@ -23,6 +23,7 @@ mod w1;
 mod w2;
 mod w3;
 mod w4;
+mod w5;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -49,6 +50,8 @@ enum Workload {
     W3(w3::Args),
     /// Consumer throughput: PgConsumer with the inbox vs. the same handler without it.
     W4(w4::Args),
+    /// CDC relay drain vs. the polling relay's drain of the same backlog.
+    W5(w5::Args),
 }
 
 #[tokio::main]
@@ -69,5 +72,6 @@ async fn main() -> Result<()> {
         Workload::Latency(a) => latency::run(&env, a).await,
         Workload::W3(a) => w3::run(&env, a).await,
         Workload::W4(a) => w4::run(&env, a).await,
+        Workload::W5(a) => w5::run(&env, a).await,
     }
 }

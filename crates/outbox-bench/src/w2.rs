@@ -24,41 +24,41 @@ use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
 pub struct Args {
     /// Broker(s) to measure.
     #[arg(long, value_enum, default_value_t = TransportChoice::All)]
-    transport: TransportChoice,
+    pub(crate) transport: TransportChoice,
     /// Messages per measured phase.
     #[arg(long, default_value_t = 100_000)]
-    messages: usize,
+    pub(crate) messages: usize,
     /// Aggregates the backlog is spread over (messages / aggregates versions each).
     #[arg(long, default_value_t = 10_000)]
-    aggregates: usize,
+    pub(crate) aggregates: usize,
     /// Payload bytes per message.
     #[arg(long, default_value_t = 1024)]
-    payload_bytes: usize,
+    pub(crate) payload_bytes: usize,
     /// Interleaved rounds (baseline, then the relay for every `--workers` value).
     #[arg(long, default_value_t = 2)]
-    rounds: usize,
+    pub(crate) rounds: usize,
     /// Relay worker counts to measure, comma separated (default: RelayConfig's default).
     #[arg(long, value_delimiter = ',')]
-    workers: Vec<usize>,
+    pub(crate) workers: Vec<usize>,
     /// Override RelayConfig::batch_size.
     #[arg(long)]
-    batch_size: Option<usize>,
+    pub(crate) batch_size: Option<usize>,
     /// Override RelayConfig::max_in_flight (also the baseline's window).
     #[arg(long)]
-    max_in_flight: Option<usize>,
+    pub(crate) max_in_flight: Option<usize>,
     /// Override RelayConfig::max_per_aggregate.
     #[arg(long)]
-    max_per_aggregate: Option<usize>,
+    pub(crate) max_per_aggregate: Option<usize>,
     /// Baseline: run each publish on its own tokio task (as the transports do) instead of
     /// polling all of them from one task.
     #[arg(long)]
-    baseline_tasks: bool,
+    pub(crate) baseline_tasks: bool,
     /// Give up a drain after this many seconds.
     #[arg(long, default_value_t = 300)]
-    timeout_secs: u64,
+    pub(crate) timeout_secs: u64,
 }
 
-fn relay_config(args: &Args, workers: usize) -> RelayConfig {
+pub(crate) fn relay_config(args: &Args, workers: usize) -> RelayConfig {
     let d = RelayConfig::default();
     RelayConfig {
         workers,
@@ -115,7 +115,11 @@ fn synthetic(args: &Args) -> Vec<OutboxMessage> {
 }
 
 /// Writes the backlog (not timed by the comparison; its duration is reported for information).
-async fn enqueue_backlog(pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<Duration> {
+pub(crate) async fn enqueue_backlog(
+    pool: &PgPool,
+    bench: &BenchSchema,
+    args: &Args,
+) -> Result<Duration> {
     let s = bench.name();
     sqlx::query(AssertSqlSafe(format!("TRUNCATE {s}.events")))
         .execute(pool)
@@ -156,7 +160,7 @@ async fn enqueue_backlog(pool: &PgPool, bench: &BenchSchema, args: &Args) -> Res
 ///
 /// Every drain uses a clone of the same `PgStore`, so they share one wake-up listener (a
 /// `PgStore` starts its LISTEN task on first idle wait and keeps it for the process lifetime).
-async fn drain<T: Transport>(
+pub(crate) async fn drain<T: Transport>(
     pool: &PgPool,
     bench: &BenchSchema,
     pg_store: &PgStore,

@@ -201,7 +201,7 @@ impl CdcRelay<'_> {
             self.store.config().on_publish,
         ));
         let relay = Arc::new(outbox::relay::Relay::with_feed(
-            feed,
+            Arc::clone(&feed),
             transport,
             relay_config,
         )?);
@@ -252,6 +252,10 @@ impl CdcRelay<'_> {
         info!(schema = %schema, %slot, "CDC relay started");
         relay.run(shutdown.clone()).await;
         shutdown.cancel();
+        // The last confirmed position reaches the server before the connection closes.
+        if let Err(e) = feed.shutdown().await {
+            tracing::warn!(error = %e, "closing the replication stream");
+        }
         if let Ok(Some(reason)) = watch.await {
             anyhow::bail!(
                 "the CDC relay stopped: {reason}. Recover as the README says (CDC relay, \

@@ -261,6 +261,22 @@ impl CdcFeed {
         }
     }
 
+    /// Ends the stream after the relay stopped: the position confirmed last is sent to the
+    /// server first ([`CdcStream::stop`]), so a restart does not publish settled transactions
+    /// again. The next batch would start a new stream.
+    ///
+    /// # Errors
+    /// [`CdcError::Stream`] when the connection failed while closing (the server then keeps
+    /// the position of its last status update: copies, never losses).
+    pub async fn shutdown(&self) -> Result<(), CdcError> {
+        let mut state = self.state.lock().await;
+        Self::confirm(&mut state);
+        match state.stream.take() {
+            Some(stream) => stream.stop().await,
+            None => Ok(()),
+        }
+    }
+
     /// Starts the stream if it is not running, with the parked aggregates read from the table.
     async fn ensure_stream(&self, state: &mut State) -> Result<(), StoreError> {
         if state.stream.is_some() {

@@ -1,0 +1,283 @@
+//! W5: the CDC relay's drain of a backlog vs. the polling relay's drain of the same backlog,
+//! interleaved in one run, on one broker (NATS by default). Both relays run the same publish
+//! engine with the same configuration; only the feed differs: claims with leases and fenced
+//! settles, or the replication slot with batched deletes. The CDC slot is created before its
+//! backlog is written (a slot starts at the end of the log) and dropped after the drain.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use outbox_core::Transport;
+use outbox_core::relay::Relay;
+use outbox_postgres::cdc::{self, CdcConfig, CdcFeed};
+use outbox_postgres::{OnPublish, PgStore, PgStoreConfig};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::brokers::{NatsBench, RabbitBench};
+use crate::common::{BenchSchema, Env, TransportChoice, connect_pool, loadavg, print_table};
+use crate::timing::TimedTransport;
+use crate::w2;
+
+/// Options of `w5` (the backlog's shape and the relay's settings as in `w2`).
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    w2: w2::Args,
+}
+
+struct Round {
+    round: usize,
+    polling: f64,
+    cdc: f64,
+    cdc_lag_mb: f64,
+}
+
+pub async fn run(env: &Env, args: Args) -> Result<()> {
+    let pool = connect_pool(env, 16).await?;
+    let bench = BenchSchema::create(&pool).await?;
+    let result = measure(env, &pool, &bench, &args.w2).await;
+    let slot = bench.schema.as_str().to_owned();
+    let removed = cdc::remove(&pool, &slot, &slot, Duration::from_secs(10)).await;
+    bench.drop(&pool).await?;
+    removed.context("removing the bench's slot")?;
+    result
+}
+
+async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args) -> Result<()> {
+    let workers = args
+        .workers
+        .first()
+        .copied()
+        .unwrap_or(outbox_core::relay::RelayConfig::default().workers);
+    let t = match args.transport {
+        TransportChoice::All | TransportChoice::Nats => TransportChoice::Nats,
+        other => other,
+    };
+    println!(
+        "W5: {} x {} B messages over {} aggregates, {} rounds, relay workers {workers}, broker {}, \
+         schema {}, load avg before {}\n",
+        args.messages,
+        args.payload_bytes,
+        args.aggregates,
+        args.rounds,
+        t.label(),
+        bench.name(),
+        loadavg()
+    );
+    let publication = bench.schema.as_str().to_owned();
+    cdc::ensure_publication(pool, &bench.schema, &publication).await?;
+    let rounds = match t {
+        TransportChoice::Nats => {
+            let b = NatsBench::setup(env).await?;
+            let r = rounds(
+                env,
+                pool,
+                bench,
+                args,
+                workers,
+                &b.transport,
+                || b.count(),
+                || b.purge(),
+            )
+            .await;
+            b.teardown().await?;
+            r?
+        }
+        TransportChoice::Rabbitmq => {
+            let b = RabbitBench::setup(env).await?;
+            let r = rounds(
+                env,
+                pool,
+                bench,
+                args,
+                workers,
+                &b.transport,
+                || b.count(),
+                || b.purge(),
+            )
+            .await;
+            b.teardown().await?;
+            r?
+        }
+        _ => bail!("w5 measures nats or rabbitmq"),
+    };
+    report(args, t.label(), &rounds);
+    println!("Load avg after: {}\n", loadavg());
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rounds<T, C, CF, P, PF>(
+    env: &Env,
+    pool: &PgPool,
+    bench: &BenchSchema,
+    args: &w2::Args,
+    workers: usize,
+    transport: &Arc<T>,
+    count: C,
+    purge: P,
+) -> Result<Vec<Round>>
+where
+    T: Transport,
+    C: Fn() -> CF,
+    CF: Future<Output = Result<u64>>,
+    P: Fn() -> PF,
+    PF: Future<Output = Result<()>>,
+{
+    let n = args.messages;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let store = PgStore::new(
+        pool.clone(),
+        PgStoreConfig {
+            schema: bench.schema.clone(),
+            ..PgStoreConfig::default()
+        },
+    );
+    let slot = bench.schema.as_str().to_owned();
+    let mut out = Vec::new();
+    for round in 1..=args.rounds {
+        // Polling.
+        w2::enqueue_backlog(pool, bench, args).await?;
+        let (elapsed, _) = w2::drain(
+            pool,
+            bench,
+            &store,
+            Arc::clone(transport),
+            w2::relay_config(args, workers),
+            n,
+            timeout,
+        )
+        .await?;
+        let held = count().await?;
+        purge().await?;
+        if held != n as u64 {
+            bail!("polling round {round}: the broker holds {held} of {n}");
+        }
+        let polling = n as f64 / elapsed.as_secs_f64();
+        eprintln!(
+            "  round {round} polling: {polling:>8.0} ev/s ({:.2} s)",
+            elapsed.as_secs_f64()
+        );
+
+        // CDC: the slot first, then the same backlog.
+        cdc::create_slot(pool, &slot).await?;
+        w2::enqueue_backlog(pool, bench, args).await?;
+        let lag = cdc::slot_state(pool, &slot)
+            .await?
+            .map_or(0, |s| s.lag_bytes);
+        let feed = Arc::new(CdcFeed::new(
+            &env.database_url,
+            pool.clone(),
+            bench.schema.clone(),
+            CdcConfig::default(),
+            OnPublish::Delete,
+        ));
+        let relay = Arc::new(Relay::with_feed(
+            Arc::clone(&feed),
+            Arc::new(TimedTransport::new(Arc::clone(transport))),
+            w2::relay_config(args, workers),
+        )?);
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let mut held = 0;
+        while held < n as u64 {
+            if started.elapsed() > timeout {
+                stop.cancel();
+                let _ = task.await;
+                bail!("CDC drain timed out after {timeout:?}: {held} of {n} published");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            held = count().await?;
+        }
+        let elapsed = started.elapsed();
+        // Untimed: the last rows deleted, then the relay and its slot gone.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT count(*) FROM {}.events",
+                bench.name()
+            )))
+            .fetch_one(pool)
+            .await?;
+            if left == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("CDC round {round}: {left} rows left after the drain");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        task.await?;
+        feed.shutdown().await?;
+        // The slot goes (the publication stays for the next round).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(e) = cdc::drop_slot(pool, &slot).await {
+            if Instant::now() > deadline {
+                bail!("dropping the slot: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        purge().await?;
+        if held != n as u64 {
+            bail!("CDC round {round}: the broker holds {held} of {n}");
+        }
+        let cdc = n as f64 / elapsed.as_secs_f64();
+        eprintln!(
+            "  round {round} cdc:     {cdc:>8.0} ev/s ({:.2} s, {:.0} MB of log to read)",
+            elapsed.as_secs_f64(),
+            lag as f64 / 1e6
+        );
+        out.push(Round {
+            round,
+            polling,
+            cdc,
+            cdc_lag_mb: lag as f64 / 1e6,
+        });
+    }
+    Ok(out)
+}
+
+fn report(args: &w2::Args, broker: &str, rounds: &[Round]) {
+    println!(
+        "### W5: drain of {} x {} B events ({} aggregates), CDC vs polling, {broker}\n",
+        args.messages, args.payload_bytes, args.aggregates
+    );
+    let mut rows: Vec<Vec<String>> = rounds
+        .iter()
+        .map(|r| {
+            vec![
+                r.round.to_string(),
+                format!("{:.0}", r.polling),
+                format!("{:.0}", r.cdc),
+                format!("{:.2}", r.cdc / r.polling),
+                format!("{:.0}", r.cdc_lag_mb),
+            ]
+        })
+        .collect();
+    let mean = |f: fn(&Round) -> f64| rounds.iter().map(f).sum::<f64>() / rounds.len() as f64;
+    let ratio = mean(|r| r.cdc) / mean(|r| r.polling);
+    rows.push(vec![
+        "mean".into(),
+        format!("{:.0}", mean(|r| r.polling)),
+        format!("{:.0}", mean(|r| r.cdc)),
+        format!(
+            "**{ratio:.2}** (goal ≥ 1.5: {})",
+            if ratio >= 1.5 { "MET" } else { "MISSED" }
+        ),
+        "-".into(),
+    ]);
+    print_table(
+        &[
+            "round",
+            "polling relay ev/s",
+            "CDC relay ev/s",
+            "CDC / polling",
+            "log to read (MB)",
+        ],
+        &rows,
+    );
+}
