@@ -454,6 +454,9 @@ impl KafkaTransport {
         let mut queued = lock(&self.inner.queued);
         if let Some(q) = queued.get(&message.event_id)
             && Arc::ptr_eq(&q.producer, producer)
+            // A report that already came back as a failure is not shared: the record is gone
+            // from the queue, and this publish queues a new one.
+            && !matches!(q.report.clone().now_or_never(), Some(Err(_)))
         {
             return Ok(q.report.clone());
         }

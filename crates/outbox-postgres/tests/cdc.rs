@@ -642,13 +642,27 @@ mod relay {
             .dead_letter_requeue(RequeueParams { event_ids: None })
             .await
             .unwrap();
+        // The requeued b v2 is pending again, no longer dead: a new CDC session must still not
+        // publish b v5 (streamed) before it. c v5, in the same transaction, goes out.
+        let mut tx = db.pool.begin().await.unwrap();
+        db.outbox
+            .enqueue_batch(&mut *tx, &[msg("b", 5), msg("c", 5)])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        run_until(&db, &config, &transport, |t| t.acked_for("c").len() == 5).await;
+        assert_eq!(
+            transport.acked_for("b"),
+            vec![1],
+            "b v5 waits for the requeued v2 (the polling relay's)"
+        );
         let polling = Arc::new(
             Relay::new(Arc::clone(&store), Arc::clone(&transport), config_polling()).unwrap(),
         );
         let stop = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while transport.acked_for("b").len() < 4 {
+        while transport.acked_for("b").len() < 5 {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "{:?}",
@@ -658,7 +672,7 @@ mod relay {
         }
         stop.cancel();
         task.await.unwrap();
-        assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4]);
+        assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4, 5]);
         assert_eq!(db.count("true").await, 0);
     }
 

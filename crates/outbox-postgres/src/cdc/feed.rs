@@ -86,6 +86,8 @@ struct State {
     busy: HashSet<Aggregate>,
     /// Aggregates with a dead letter: their later events are left to the polling relay.
     parked: HashSet<Aggregate>,
+    /// Aggregates checked against the table in this session (no older version pending there).
+    verified: HashSet<Aggregate>,
     /// The highest idle position seen, confirmed once nothing before it is open.
     idle_lsn: Option<u64>,
 }
@@ -211,6 +213,21 @@ impl State {
         }
     }
 
+    /// Leaves `aggregate` to the polling relay: its events taken or waiting count as settled
+    /// (they stay pending rows), and later ones are skipped as they arrive.
+    fn park(&mut self, aggregate: &Aggregate, taken: &[Waiting]) {
+        for w in taken {
+            self.settled(w.tx, 1);
+        }
+        if let Some(queue) = self.waiting.remove(aggregate) {
+            for w in queue {
+                self.settled(w.tx, 1);
+            }
+        }
+        self.busy.remove(aggregate);
+        self.parked.insert(aggregate.clone());
+    }
+
     /// The earliest due time of a waiting head, if every waiting head is in backoff.
     fn next_due(&self) -> Option<Instant> {
         self.waiting
@@ -275,6 +292,78 @@ impl CdcFeed {
             Some(stream) => stream.stop().await,
             None => Ok(()),
         }
+    }
+
+    /// The table's side of a settlement: published rows deleted (or marked), dead letters
+    /// recorded as the polling relay records them.
+    async fn write_settlement(
+        &self,
+        settlement: &Settlement,
+        by_id: &HashMap<i64, &OutboxMessage>,
+    ) -> Result<(), StoreError> {
+        if !settlement.published.is_empty() {
+            let sql = match self.on_publish {
+                OnPublish::Delete => format!(
+                    "DELETE FROM {}.events WHERE id = ANY($1)",
+                    self.schema.quoted()
+                ),
+                OnPublish::Mark => format!(
+                    "UPDATE {}.events SET state = 'published', published_at = now() \
+                     WHERE id = ANY($1) AND state = 'pending'",
+                    self.schema.quoted()
+                ),
+            };
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&settlement.published)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| store_error("settling published rows", e))?;
+        }
+        for failed in settlement.failed.iter().filter(|f| f.retry_after.is_none()) {
+            let attempts = by_id.get(&failed.id).map_or(1, |m| m.attempts + 1);
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {}.events SET state = 'dead', attempts = $2, last_error = $3 \
+                 WHERE id = $1 AND state = 'pending'",
+                self.schema.quoted()
+            )))
+            .bind(failed.id)
+            .bind(attempts)
+            .bind(&failed.error)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("recording a dead letter", e))?;
+        }
+        Ok(())
+    }
+
+    /// Of the aggregates about to be handed out for the first time in this session, those
+    /// with a lower version pending or dead in the table than the head the stream gives
+    /// (rows committed before the slot existed, a requeued dead letter): they are left to the
+    /// polling relay, which delivers that version first.
+    async fn behind_the_table(
+        &self,
+        heads: &[(Aggregate, i64)],
+    ) -> Result<HashSet<Aggregate>, StoreError> {
+        if heads.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let types: Vec<&str> = heads.iter().map(|((t, _), _)| t.as_str()).collect();
+        let ids: Vec<&str> = heads.iter().map(|((_, i), _)| i.as_str()).collect();
+        let versions: Vec<i64> = heads.iter().map(|(_, v)| *v).collect();
+        let rows: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT h.t, h.i FROM unnest($1::text[], $2::text[], $3::int8[]) AS h(t, i, v) \
+             WHERE EXISTS (SELECT 1 FROM {}.events e WHERE e.aggregate_type = h.t \
+               AND e.aggregate_id = h.i AND e.aggregate_version < h.v \
+               AND e.state IN ('pending', 'dead'))",
+            self.schema.quoted()
+        )))
+        .bind(&types)
+        .bind(&ids)
+        .bind(&versions)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| store_error("checking for older pending versions", e))?;
+        Ok(rows.into_iter().collect())
     }
 
     /// Starts the stream if it is not running, with the parked aggregates read from the table.
@@ -367,7 +456,42 @@ impl Feed for CdcFeed {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;
         }
         Self::confirm(&mut state);
-        let taken = state.take(max_rows.max(1));
+        let mut taken = state.take(max_rows.max(1));
+        let mut heads: Vec<(Aggregate, i64)> = Vec::new();
+        for w in &taken {
+            let aggregate = (
+                w.message.aggregate_type.clone(),
+                w.message.aggregate_id.clone(),
+            );
+            if !state.verified.contains(&aggregate) && !heads.iter().any(|(a, _)| *a == aggregate) {
+                heads.push((aggregate, w.message.aggregate_version));
+            }
+        }
+        let behind = match self.behind_the_table(&heads).await {
+            Ok(behind) => behind,
+            Err(e) => {
+                state.reset();
+                return Err(e);
+            }
+        };
+        for (aggregate, _) in heads {
+            if behind.contains(&aggregate) {
+                let (out, kept): (Vec<Waiting>, Vec<Waiting>) = taken.into_iter().partition(|w| {
+                    w.message.aggregate_type == aggregate.0 && w.message.aggregate_id == aggregate.1
+                });
+                taken = kept;
+                tracing::info!(
+                    aggregate_type = %aggregate.0,
+                    aggregate_id = %aggregate.1,
+                    "an older version of this aggregate is pending in the table: left to the \
+                     polling relay"
+                );
+                state.park(&aggregate, &out);
+            } else {
+                state.verified.insert(aggregate);
+            }
+        }
+        Self::confirm(&mut state);
         let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
         let mut rows = Vec::with_capacity(taken.len());
         for w in taken {
@@ -403,41 +527,19 @@ impl Feed for CdcFeed {
         settlement: &Settlement,
     ) -> Result<SettleReport, StoreError> {
         let mut report = SettleReport::default();
-        // The table first: a published row is deleted (or marked) before its position can be
-        // confirmed; a dead letter is recorded before its aggregate's later events are skipped.
-        if !settlement.published.is_empty() {
-            let sql = match self.on_publish {
-                OnPublish::Delete => format!(
-                    "DELETE FROM {}.events WHERE id = ANY($1)",
-                    self.schema.quoted()
-                ),
-                OnPublish::Mark => format!(
-                    "UPDATE {}.events SET state = 'published', published_at = now() \
-                     WHERE id = ANY($1) AND state = 'pending'",
-                    self.schema.quoted()
-                ),
-            };
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(&settlement.published)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| store_error("settling published rows", e))?;
-        }
         let by_id: HashMap<i64, &OutboxMessage> =
             ticket.messages.iter().map(|m| (m.id, m)).collect();
-        for failed in settlement.failed.iter().filter(|f| f.retry_after.is_none()) {
-            let attempts = by_id.get(&failed.id).map_or(1, |m| m.attempts + 1);
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {}.events SET state = 'dead', attempts = $2, last_error = $3 \
-                 WHERE id = $1 AND state = 'pending'",
-                self.schema.quoted()
-            )))
-            .bind(failed.id)
-            .bind(attempts)
-            .bind(&failed.error)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| store_error("recording a dead letter", e))?;
+        // The table first: a published row is deleted (or marked) before its position can be
+        // confirmed; a dead letter is recorded before its aggregate's later events are skipped.
+        if let Err(e) = self.write_settlement(settlement, &by_id).await {
+            // Nothing of this batch is confirmed; its aggregates must not stay busy for the
+            // rest of the session: the session ends, and the slot hands everything after the
+            // confirmed position out again (same event ids).
+            let mut state = self.state.lock().await;
+            if state.session == ticket.session {
+                state.reset();
+            }
+            return Err(e);
         }
 
         let mut state = self.state.lock().await;
