@@ -544,8 +544,9 @@ impl Feed for CdcFeed {
 
         let mut state = self.state.lock().await;
         if state.session != ticket.session {
-            // The stream was started again since: these rows come again from the slot.
-            report.lease_lost = ticket.rows.len();
+            // The stream was started again since: these rows come again from the slot (no
+            // other relay owns them, so not "lease lost").
+            report.released = ticket.rows.len();
             return Ok(report);
         }
         let tx_of: HashMap<i64, u64> = ticket.rows.iter().copied().collect();
