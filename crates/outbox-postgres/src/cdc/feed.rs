@@ -23,6 +23,10 @@
 //!   after a requeue; the CDC feed does not claim rows).
 //! * **Not attempted**: back at the head of the aggregate, due at once.
 //!
+//! Another connection streaming the slot (another relay) makes this feed a standby: it hands
+//! out empty batches and tries to take the slot every second, logging once at info level, and
+//! takes over when the slot is free.
+//!
 //! A stream that fails (connection lost, server restart) is started again on the next batch;
 //! everything in memory is dropped and the slot delivers it again. A settle of a batch handed
 //! out before that is ignored (its rows come again).
@@ -39,6 +43,9 @@ use super::{CdcConfig, CdcError, CdcEvent, CdcStream};
 use crate::error::store_error;
 use crate::schema::Schema;
 use crate::store::{OnPublish, PgStore, PgStoreConfig};
+
+/// How often a standby tries to take the slot over.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
 
 /// An aggregate: `(aggregate_type, aggregate_id)`.
 type Aggregate = (String, String);
@@ -88,6 +95,10 @@ struct State {
     parked: HashSet<Aggregate>,
     /// Aggregates checked against the table in this session (no older version pending there).
     verified: HashSet<Aggregate>,
+    /// Waiting as a standby (another connection streams the slot) since then.
+    standby_since: Option<Instant>,
+    /// A standby's next try to take the slot.
+    retry_at: Option<Instant>,
     /// The highest idle position seen, confirmed once nothing before it is open.
     idle_lsn: Option<u64>,
 }
@@ -367,9 +378,12 @@ impl CdcFeed {
     }
 
     /// Starts the stream if it is not running, with the parked aggregates read from the table.
-    async fn ensure_stream(&self, state: &mut State) -> Result<(), StoreError> {
+    async fn ensure_stream(&self, state: &mut State) -> Result<bool, StoreError> {
         if state.stream.is_some() {
-            return Ok(());
+            return Ok(true);
+        }
+        if state.retry_at.is_some_and(|at| Instant::now() < at) {
+            return Ok(false);
         }
         let parked: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT DISTINCT aggregate_type, aggregate_id FROM {}.events WHERE state = 'dead'",
@@ -378,14 +392,31 @@ impl CdcFeed {
         .fetch_all(&self.pool)
         .await
         .map_err(|e| store_error("reading parked aggregates", e))?;
-        let stream = CdcStream::start(&self.url, &self.schema, &self.config)
-            .await
-            .map_err(cdc_error)?;
-        tracing::info!(slot = stream.slot(), "streaming the replication slot");
+        let stream = match CdcStream::start(&self.url, &self.schema, &self.config).await {
+            Ok(stream) => stream,
+            // Another relay streams the slot: wait as a standby, quietly, and try again.
+            Err(e @ CdcError::SlotBusy { .. }) => {
+                if state.standby_since.is_none() {
+                    tracing::info!(error = %e, "waiting as a standby until the slot is free");
+                    state.standby_since = Some(Instant::now());
+                }
+                state.retry_at = Some(Instant::now() + STANDBY_RETRY);
+                return Ok(false);
+            }
+            Err(e) => return Err(cdc_error(e)),
+        };
+        match state.standby_since {
+            Some(since) => tracing::info!(
+                slot = stream.slot(),
+                waited_secs = since.elapsed().as_secs_f64(),
+                "streaming the replication slot: took over from the relay that held it"
+            ),
+            None => tracing::info!(slot = stream.slot(), "streaming the replication slot"),
+        }
         state.reset();
         state.parked = parked.into_iter().collect();
         state.stream = Some(stream);
-        Ok(())
+        Ok(true)
     }
 
     /// Reads what the stream has: waits up to `wait` for the first event, then takes what
@@ -451,7 +482,17 @@ impl Feed for CdcFeed {
 
     async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<CdcTicket>, StoreError> {
         let mut state = self.state.lock().await;
-        self.ensure_stream(&mut state).await?;
+        if !self.ensure_stream(&mut state).await? {
+            return Ok(FeedBatch {
+                ticket: CdcTicket {
+                    session: state.session,
+                    rows: Vec::new(),
+                    messages: Vec::new(),
+                },
+                messages: Vec::new(),
+                owned_until: None,
+            });
+        }
         if state.waiting_count() < max_rows {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;
         }
@@ -637,7 +678,16 @@ impl Feed for CdcFeed {
             Some(due) => due.saturating_duration_since(Instant::now()).min(timeout),
             None => timeout,
         };
-        if state.stream.is_none() || wait.is_zero() {
+        if state.stream.is_none() {
+            // A standby (or a stream to start again): wait for its next try, without the lock.
+            let until = state.retry_at.map_or(Duration::ZERO, |at| {
+                at.saturating_duration_since(Instant::now())
+            });
+            drop(state);
+            tokio::time::sleep(until.min(timeout)).await;
+            return;
+        }
+        if wait.is_zero() {
             return;
         }
         // Errors end the wait; the next batch starts the stream again and reports them.
