@@ -22,6 +22,11 @@
 //!   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
 //!   after a requeue; the CDC feed does not claim rows).
 //! * **Not attempted**: back at the head of the aggregate, due at once.
+//! * **Behind the table**: an aggregate whose head in the log has an older version pending
+//!   (or dead) in the table, such as a row committed before the slot existed or a requeued dead
+//!   letter, is checked once per stream session before its first batch. It is held, and checked
+//!   again every 250 ms, for up to 30 s (a polling relay running beside this one during a switch
+//!   of modes publishes the older rows meanwhile), then parked like a dead letter's aggregate.
 //!
 //! Another connection streaming the slot (another relay) makes this feed a standby: it hands
 //! out empty batches and tries to take the slot every second, logging once at info level, and
@@ -43,6 +48,14 @@ use super::{CdcConfig, CdcError, CdcEvent, CdcStream};
 use crate::error::store_error;
 use crate::schema::Schema;
 use crate::store::{OnPublish, PgStore, PgStoreConfig};
+
+/// How long an aggregate with an older version pending in the table is held, looked at again
+/// every [`BEHIND_RECHECK`], before it is left to the polling relay: long enough for a polling
+/// relay running beside the CDC relay (a switch of modes) to publish the older rows.
+const BEHIND_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How often a held aggregate is checked against the table again.
+const BEHIND_RECHECK: Duration = Duration::from_millis(250);
 
 /// How often a standby tries to take the slot over.
 const STANDBY_RETRY: Duration = Duration::from_secs(1);
@@ -95,6 +108,8 @@ struct State {
     parked: HashSet<Aggregate>,
     /// Aggregates checked against the table in this session (no older version pending there).
     verified: HashSet<Aggregate>,
+    /// Aggregates found behind the table (an older version pending there), since then.
+    behind: HashMap<Aggregate, Instant>,
     /// Waiting as a standby (another connection streams the slot) since then.
     standby_since: Option<Instant>,
     /// A standby's next try to take the slot.
@@ -516,21 +531,43 @@ impl Feed for CdcFeed {
             }
         };
         for (aggregate, _) in heads {
-            if behind.contains(&aggregate) {
-                let (out, kept): (Vec<Waiting>, Vec<Waiting>) = taken.into_iter().partition(|w| {
-                    w.message.aggregate_type == aggregate.0 && w.message.aggregate_id == aggregate.1
-                });
-                taken = kept;
-                tracing::info!(
-                    aggregate_type = %aggregate.0,
-                    aggregate_id = %aggregate.1,
-                    "an older version of this aggregate is pending in the table: left to the \
-                     polling relay"
-                );
-                state.park(&aggregate, &out);
-            } else {
+            if !behind.contains(&aggregate) {
+                state.behind.remove(&aggregate);
                 state.verified.insert(aggregate);
+                continue;
             }
+            let (out, kept): (Vec<Waiting>, Vec<Waiting>) = taken.into_iter().partition(|w| {
+                w.message.aggregate_type == aggregate.0 && w.message.aggregate_id == aggregate.1
+            });
+            taken = kept;
+            let since = *state
+                .behind
+                .entry(aggregate.clone())
+                .or_insert_with(Instant::now);
+            if since.elapsed() < BEHIND_PATIENCE {
+                // Most likely the polling relay is publishing the older rows right now (a
+                // switch from polling): wait for it, and look at the table again.
+                let due = Instant::now() + BEHIND_RECHECK;
+                let events = out
+                    .into_iter()
+                    .map(|w| Waiting {
+                        due: Some(due),
+                        ..w
+                    })
+                    .collect();
+                state.busy.remove(&aggregate);
+                state.put_back(&aggregate, events);
+                continue;
+            }
+            tracing::info!(
+                aggregate_type = %aggregate.0,
+                aggregate_id = %aggregate.1,
+                "an older version of this aggregate has been pending in the table for {:?}: \
+                 left to the polling relay",
+                BEHIND_PATIENCE
+            );
+            state.behind.remove(&aggregate);
+            state.park(&aggregate, &out);
         }
         Self::confirm(&mut state);
         let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
