@@ -996,7 +996,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
             if let Some(t) = resumed_at
                 && !settled
             {
-                settled = count_in_log(&logs.join("relay-0.log"), "lease lost") > 0
+                settled = stale_marks_blocked(&logs.join("relay-0.log")) > 0
                     || t.elapsed() > TAKEOVER_WAIT;
             }
         }
@@ -1037,7 +1037,7 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
     // The frozen relay is relay-0 (the first relay is the armed one); its log says how many of
     // its marks the database refused after it woke up.
     let stale_marks = if cell.action == Action::Stop {
-        count_in_log(&logs.join("relay-0.log"), "lease lost")
+        stale_marks_blocked(&logs.join("relay-0.log"))
     } else {
         0
     };
@@ -1078,7 +1078,9 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         });
     }
     if cell.action == Action::Stop {
-        observed.push_str(&format!(", stale relay's marks refused: {stale_marks}"));
+        observed.push_str(&format!(
+            ", stale relay's marks refused or failed before the database: {stale_marks}"
+        ));
     }
     if cell.action == Action::SlowProvider {
         observed.push_str(&format!(", unknown backlog peak {unknown_peak} -> 0"));
@@ -1185,6 +1187,15 @@ async fn effects_stats(env: &Env) -> Result<EffStats> {
         open,
         items,
     })
+}
+
+/// The frozen relay's settles after it woke up that changed nothing: marks the database
+/// refused (fenced: "lease lost"), and marks that failed before they reached it ("mark
+/// published: ..." store errors, e.g. its pool's wait for a connection ran out while the process
+/// was stopped). Either way its stale marks did not apply; the cell's end checks (each event
+/// applied once, order kept) hold the rest.
+fn stale_marks_blocked(log: &std::path::Path) -> usize {
+    count_in_log(log, "lease lost") + count_in_log(log, "mark published: ")
 }
 
 /// Everything settled: outbox drained, every committed event applied, every payout resolved,
