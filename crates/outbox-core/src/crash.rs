@@ -13,8 +13,8 @@
 //! * [`CRASH_SKIP_ENV`] (`OUTBOX_CRASH_SKIP=n`): let the point pass `n` times and act on the
 //!   `n+1`-th hit, so a crash lands in the middle of a workload rather than on its first event.
 //! * [`CRASH_ACTION_ENV`] (`OUTBOX_CRASH_ACTION`): `abort` (default) ends the process with
-//!   SIGABRT; `stop` sends the process SIGSTOP to itself, freezing it exactly there (a long GC or
-//!   VM pause) until someone sends SIGCONT. The crash matrix uses `stop` to let a relay's lease
+//!   SIGABRT; `stop` raises SIGSTOP on the thread that hit the point, freezing the process with
+//!   that thread exactly there (a long GC or VM pause) until someone sends SIGCONT. The crash matrix uses `stop` to let a relay's lease
 //!   expire between the broker's ack and its mark.
 //!
 //! Points defined so far:
@@ -131,10 +131,13 @@ pub fn hit(name: &str) {
                 "outbox: crash point {name} reached (hit {}), stopping",
                 n + 1
             );
-            // SIGSTOP cannot be caught: the process freezes right here until SIGCONT.
-            let _ = std::process::Command::new("kill")
-                .args(["-STOP", &std::process::id().to_string()])
-                .status();
+            // SIGSTOP cannot be caught: the process freezes right here until SIGCONT. Raised
+            // on this thread (tgkill), so this thread takes the signal before it returns to
+            // user code. A stop sent to the whole process (once by a spawned `kill`) is taken
+            // by whichever thread the kernel picks; on a loaded machine this thread could get
+            // the CPU first and run on (the lease cell's relay then settled its batch before
+            // freezing, and nothing was left to refuse).
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
         }
         return;
     }
