@@ -287,7 +287,9 @@ fn main() -> ExitCode {
     let default_filter = if quiet {
         "warn,outbox_nats::transport=error,lapin=off"
     } else {
-        "info,sqlx=warn"
+        // pgwire-replication logs every ended replication connection at ERROR, a CDC standby's
+        // retry each second included; the CDC relay reports each of those errors itself.
+        "info,sqlx=warn,pgwire_replication=off"
     };
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -150,3 +150,72 @@ async fn unknown_cell_is_refused() {
         out.stderr
     );
 }
+
+/// The relay's cells in CDC mode: killed after the broker's ack and before the slot's confirm,
+/// the relay republishes from the slot with the same event ids (the inbox absorbs them); killed
+/// after its settle, nothing is repeated; a streaming relay that dies and stays down hands the
+/// slot to its standby. The whole CDC matrix is in docs/guarantees.md.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_cells_hold_in_cdc_mode_on_nats() {
+    let out = crash_matrix(
+        &nats_url(),
+        "cmt_cdc",
+        &[
+            "--relay-mode=cdc",
+            "--cells=relay.after_publish,relay.after_mark,relay.standby_takeover",
+        ],
+        Duration::from_secs(600),
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "CDC crash matrix failed:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("crash matrix on nats, CDC relay: all 3 cells as expected"),
+        "{}",
+        out.stdout
+    );
+    // Republished after the crash: the same event ids seen again on the wire.
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("| relay.after_publish "))
+        .unwrap_or_else(|| panic!("no relay.after_publish row: {}", out.stdout));
+    let dups: usize = row.split(" | ").nth(5).unwrap().trim().parse().unwrap();
+    assert!(dups > 0, "no event republished after the crash: {row}");
+    // The slot is gone after the run: nothing pins WAL.
+    let pool = sqlx::PgPool::connect(&common::database_url())
+        .await
+        .unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cmt_cdc'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, 0, "the crash matrix left its slot behind");
+}
+
+/// A cell of the other relay mode is refused by name, not skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn cell_of_the_other_relay_mode_is_refused() {
+    let out = crash_matrix(
+        &nats_url(),
+        "cmt_bad_mode",
+        &["--cells=relay.standby_takeover"],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", out.stdout);
+    assert!(
+        out.stderr.contains(
+            "invalid option `--cells`: cell `relay.standby_takeover` does not apply to the polling relay"
+        ),
+        "{}",
+        out.stderr
+    );
+}

@@ -110,6 +110,30 @@ pub struct MatrixArgs {
     /// Where the processes' logs go (default: a directory under the system temp dir).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// The relay the cells run: `polling` (leases) or `cdc` (a replication slot, which needs
+    /// `wal_level = logical`). In CDC mode the lease cell gives way to the standby takeover.
+    #[arg(long, value_enum, default_value_t = RelayMode::Polling)]
+    relay_mode: RelayMode,
+}
+
+/// `--relay-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayMode {
+    /// The polling relay: claims with leases, any number of relays.
+    Polling,
+    /// The CDC relay: streams the outbox table's log through a replication slot that the
+    /// harness creates (named after `--prefix`) and drops at the end; one relay streams, a
+    /// second one waits as a standby.
+    Cdc,
+}
+
+impl RelayMode {
+    fn name(self) -> &'static str {
+        match self {
+            RelayMode::Polling => "polling",
+            RelayMode::Cdc => "CDC",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +172,21 @@ enum Action {
     Stop,
     /// No crash point: the provider answers slower than the executor's call timeout.
     SlowProvider,
+    /// CDC only: abort at the point and stay down, so that the second relay, a standby on the
+    /// slot, must take the stream over alone.
+    Takeover,
+}
+
+impl Action {
+    /// Whether a cell with this action means anything for `mode`'s relay: leases exist only
+    /// in polling mode, standbys only in CDC mode.
+    fn applies_to(self, mode: RelayMode) -> bool {
+        match self {
+            Action::Stop => mode == RelayMode::Polling,
+            Action::Takeover => mode == RelayMode::Cdc,
+            Action::Abort | Action::SlowProvider => true,
+        }
+    }
 }
 
 /// One row of the matrix.
@@ -219,6 +258,17 @@ const CELLS: &[Cell] = &[
         provider_idempotent: true,
         expect: Expect::ExactlyOnce,
         expected: "other relay takes over; stale marks refused, order kept (G7)",
+    },
+    Cell {
+        id: "relay.standby_takeover",
+        step: "CDC: streaming relay dies, the standby takes the slot",
+        target: Role::Relay,
+        point: "relay.after_publish",
+        action: Action::Takeover,
+        skip: 20,
+        provider_idempotent: true,
+        expect: Expect::ExactlyOnce,
+        expected: "standby streams from the confirmed position; republished, same event_id",
     },
     Cell {
         id: "consumer.after_inbox",
@@ -302,7 +352,10 @@ const CELLS: &[Cell] = &[
 /// Runs `outbox crash-matrix`.
 pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
     if args.list {
-        for c in CELLS {
+        for c in CELLS
+            .iter()
+            .filter(|c| c.action.applies_to(args.relay_mode))
+        {
             println!("{:<34} {}", c.id, c.step);
         }
         return Ok(ExitCode::SUCCESS);
@@ -332,13 +385,23 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
             args.prefix
         );
     }
+    let mode = args.relay_mode;
     let cells: Vec<Cell> = if args.cells.is_empty() {
-        CELLS.to_vec()
+        CELLS
+            .iter()
+            .filter(|c| c.action.applies_to(mode))
+            .copied()
+            .collect()
     } else {
         let mut v = Vec::new();
         for id in &args.cells {
             match CELLS.iter().find(|c| c.id == id) {
-                Some(c) => v.push(*c),
+                Some(c) if c.action.applies_to(mode) => v.push(*c),
+                Some(_) => bail!(
+                    "invalid option `--cells`: cell `{id}` does not apply to the {} relay \
+                     (see --list with --relay-mode)",
+                    mode.name()
+                ),
                 None => bail!("invalid option `--cells`: unknown cell `{id}` (see --list)"),
             }
         }
@@ -351,10 +414,14 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
             redact(&broker_url)
         ),
     };
+    let key = format!(
+        "{}:{broker}{}",
+        if args.chaos { "chaos" } else { "crash-matrix" },
+        if mode == RelayMode::Cdc { ":cdc" } else { "" }
+    );
     if let Some(path) = &args.markdown_into {
         // Refuse at once rather than after minutes of cells.
-        let key = if args.chaos { "chaos" } else { "crash-matrix" };
-        splice_markdown_check(path, &format!("{key}:{broker}"))?;
+        splice_markdown_check(path, &key)?;
     }
     let log_dir = args.log_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("outbox-crash-matrix-{}", args.prefix))
@@ -376,11 +443,14 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
         settings: ctx.settings.clone(),
         cell: std::sync::atomic::AtomicU64::new(0),
         run: uuid::Uuid::now_v7().simple().to_string(),
+        cdc: mode == RelayMode::Cdc,
     };
     println!(
-        "outbox crash-matrix: broker {} ({}), database {}, {} payments per cell, logs in {}",
+        "outbox crash-matrix: broker {} ({}), {} relay, database {}, {} payments per cell, logs \
+         in {}",
         redact(&env.broker_url),
         broker,
+        env.relay_name(),
         redact(&env.db_url),
         args.payments,
         env.log_dir.display()
@@ -394,7 +464,9 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
                 "invalid option `--broker-restart-cmd`: chaos mode restarts the broker once and needs the command that does it"
             );
         };
-        return chaos(&env, &args, &cmd).await;
+        let code = chaos(&env, &args, &cmd).await;
+        env.remove_slot().await?;
+        return code;
     }
 
     let mut rows = Vec::new();
@@ -417,23 +489,29 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
         );
         rows.push((*cell, row));
     }
-    let table = render(&rows, broker);
+    // A slot left behind would keep WAL on the server for good.
+    env.remove_slot().await?;
+    let label = match mode {
+        RelayMode::Polling => broker.to_owned(),
+        RelayMode::Cdc => format!("{broker}, CDC relay"),
+    };
+    let table = render(&rows, &label);
     println!();
     println!("{table}");
     let failed = rows.iter().filter(|(_, r)| !r.pass).count();
     if let Some(path) = &args.markdown_into {
-        splice_markdown(path, &format!("crash-matrix:{broker}"), &table)?;
+        splice_markdown(path, &key, &table)?;
         println!("table written into {}", path.display());
     }
     if failed == 0 {
         println!(
-            "crash matrix on {broker}: all {} cells as expected",
+            "crash matrix on {label}: all {} cells as expected",
             rows.len()
         );
         Ok(ExitCode::SUCCESS)
     } else {
         println!(
-            "crash matrix on {broker}: {failed} of {} cells NOT as expected (logs in {})",
+            "crash matrix on {label}: {failed} of {} cells NOT as expected (logs in {})",
             rows.len(),
             env.log_dir.display()
         );
@@ -458,9 +536,28 @@ struct Env {
     cell: std::sync::atomic::AtomicU64,
     /// This run's id, in its Kafka topic names: runs with the same prefix never share a topic.
     run: String,
+    /// The relays run in CDC mode, on a slot and publication named after the schema.
+    cdc: bool,
 }
 
 impl Env {
+    fn relay_name(&self) -> &'static str {
+        if self.cdc {
+            RelayMode::Cdc.name()
+        } else {
+            RelayMode::Polling.name()
+        }
+    }
+
+    /// Drops the CDC slot and publication of this prefix, if there are any (ending a relay
+    /// that still streams it).
+    async fn remove_slot(&self) -> Result<()> {
+        let name = self.schema.as_str();
+        outbox_postgres::cdc::remove(&self.pool, name, name, Duration::from_secs(10))
+            .await
+            .with_context(|| format!("cannot drop the replication slot `{name}`"))
+    }
+
     /// The current cell's Kafka topic.
     fn kafka_topic(&self) -> String {
         format!(
@@ -522,7 +619,7 @@ impl Env {
         format!(
             "[relay]\nlease_secs = {RELAY_LEASE_SECS}\npublish_timeout_secs = 1.0\n\
              lease_safety_margin_secs = 0.5\npoll_interval_ms = 100\nbatch_size = 50\n\
-             workers = 1\n\n\
+             workers = 1\nmode = \"{mode}\"\n\n\
              [nats]\nstream = \"{stream}\"\nstream_subjects = [\"{p}.>\"]\n\
              subject_template = \"{p}.{{aggregate_type}}.{{event_type}}\"\n\n\
              [rabbitmq]\nexchange = \"{p}\"\n\n\
@@ -532,16 +629,24 @@ impl Env {
             stream = self.stream(),
             p = self.prefix,
             topic = self.kafka_topic(),
+            mode = if self.cdc { "cdc" } else { "polling" },
         )
     }
 
     /// Drops everything of the previous cell and sets up the schema, stream / exchange.
     async fn reset(&self) -> Result<()> {
         let s = self.schema.as_str();
+        // The previous cell's slot (its relays are gone) or a CDC run's of the same prefix.
+        self.remove_slot().await?;
         sqlx::query(AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {s} CASCADE")))
             .execute(&self.pool)
             .await?;
         outbox_postgres::migrate(&self.pool, &self.schema).await?;
+        if self.cdc {
+            // The slot before any event: everything the producer commits is streamed.
+            outbox_postgres::cdc::ensure_publication(&self.pool, &self.schema, s).await?;
+            outbox_postgres::cdc::create_slot(&self.pool, s).await?;
+        }
         crate::workload::create_payments_table(&self.pool, &self.schema).await?;
         crate::demo::create_report_table(&self.pool, &self.schema).await?;
         self.cell.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -657,6 +762,23 @@ impl Proc {
         }
     }
 
+    /// Waits until the process's log has a line containing `needle`.
+    async fn wait_for_log(&self, needle: &str, limit: Duration) -> Result<()> {
+        let log = self.log_dir.join(format!("{}.log", self.label));
+        let deadline = Instant::now() + limit;
+        while count_in_log(&log, needle) == 0 {
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not log `{needle}` within {limit:?}; the end of its log: {}",
+                    self.label,
+                    log_tail(&log, 5)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(|c| c.id())
     }
@@ -673,7 +795,11 @@ impl Proc {
             .env("OUTBOX_BROKER_URL", &env.broker_url)
             .env("OUTBOX_SCHEMA", env.schema.as_str())
             .env("OUTBOX_CONFIG", env.log_dir.join("outbox.toml"))
-            .env("RUST_LOG", "info,sqlx=warn")
+            // The relay engine's batch lines too: what a relay did when a cell fails.
+            .env(
+                "RUST_LOG",
+                "info,sqlx=warn,pgwire_replication=off,outbox_core::relay=debug",
+            )
             .env_remove("DATABASE_URL")
             .env_remove(outbox_core::crash::CRASH_POINT_ENV)
             .env_remove(outbox_core::crash::CRASH_SKIP_ENV)
@@ -890,8 +1016,18 @@ async fn start_system(env: &Env, spec: SystemSpec<'_>) -> Result<Processes> {
     {
         p.crash = Some((point.to_owned(), skip, action));
     }
+    let mut relays_started = 0;
     for p in procs.iter_mut().skip(1) {
         p.start(env).await?;
+        if p.role == Role::Relay {
+            relays_started += 1;
+        }
+        if env.cdc && p.role == Role::Relay && relays_started < relays {
+            // The first relay takes the slot before the next one starts as its standby: the
+            // armed relay is the one that streams.
+            p.wait_for_log("streaming the replication slot", Duration::from_secs(20))
+                .await?;
+        }
     }
     Ok(Processes {
         procs,
@@ -912,7 +1048,10 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
         Action::SlowProvider => None,
         a => Some((cell.target, cell.point, cell.skip, a)),
     };
-    let relays = if cell.action == Action::Stop { 2 } else { 1 };
+    let relays = match cell.action {
+        Action::Stop | Action::Takeover => 2,
+        _ => 1,
+    };
     let seen =
         crate::observer::spawn_observer(env.broker, &env.broker_url, &env.observed()).await?;
     let mut sys = start_system(
@@ -959,6 +1098,10 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
                 crashed += 1;
                 if cell.point == "producer.before_commit" {
                     in_flight_clean = Some(check_in_flight(env, p).await?);
+                }
+                if cell.action == Action::Takeover {
+                    // Stays down: the standby alone must carry on.
+                    continue;
                 }
             } else {
                 unplanned += 1;
@@ -1061,6 +1204,17 @@ async fn run_cell(env: &Env, cell: &Cell, payments: u64, timeout_secs: u64) -> R
              left when it was resumed: {}; the end of its log: {})",
             takeover_left.unwrap_or(-1),
             log_tail(&logs.join("relay-0.log"), 5)
+        ));
+    }
+    if cell.action == Action::Takeover
+        && count_in_log(
+            &logs.join("relay-1.log"),
+            "took over from the relay that held it",
+        ) == 0
+    {
+        problems.push(format!(
+            "the standby never took the slot over (the end of its log: {})",
+            log_tail(&logs.join("relay-1.log"), 5)
         ));
     }
     if cell.action == Action::SlowProvider && unknown_peak == 0 {
@@ -1464,6 +1618,8 @@ fn render(rows: &[(Cell, Row)], broker: &str) -> String {
             "provider slower than call timeout".to_owned()
         } else if c.action == Action::Stop {
             format!("`{}` (SIGSTOP past the lease)", c.point)
+        } else if c.action == Action::Takeover {
+            format!("`{}` (stays down; standby on the slot)", c.point)
         } else {
             format!("`{}`", c.point)
         };
