@@ -222,12 +222,14 @@ impl CdcRelay<'_> {
         // A slot dropped or invalidated while the relay runs stops it: never silent continuity.
         let watch = {
             let (pool, stop, slot) = (pool.clone(), shutdown.clone(), slot.clone());
+            let feed = Arc::clone(&feed);
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
                         () = stop.cancelled() => return None,
                         () = tokio::time::sleep(SLOT_WATCH) => {}
                     }
+                    metrics::gauge!(CDC_SLOT_LAG_SECONDS).set(feed.lag().as_secs_f64());
                     match cdc::slot_state(&pool, &slot).await {
                         Ok(None) => {
                             stop.cancel();
@@ -270,6 +272,9 @@ impl CdcRelay<'_> {
 pub const CDC_SLOT_RETAINED: &str = "outbox_cdc_slot_retained_bytes";
 /// How far the CDC relay's confirmed position is behind the log, bytes.
 pub const CDC_SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
+/// How far the CDC relay's delivery is behind the log in time: the age of the oldest streamed
+/// transaction not confirmed yet, seconds ([`outbox_postgres::cdc::CdcFeed::lag`]).
+pub const CDC_SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 
 /// `outbox status`.
 pub async fn status(

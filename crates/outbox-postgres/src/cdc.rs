@@ -296,6 +296,13 @@ pub async fn remove(
     drop_publication(pool, publication).await
 }
 
+/// A timestamp of the replication protocol (microseconds since 2000-01-01 UTC).
+fn pg_time(micros: i64) -> DateTime<Utc> {
+    const PG_EPOCH_UNIX_SECS: i64 = 946_684_800;
+    DateTime::from_timestamp_micros(micros.saturating_add(PG_EPOCH_UNIX_SECS * 1_000_000))
+        .unwrap_or_default()
+}
+
 fn check_slot_name(slot: &str) -> Result<(), CdcError> {
     let ok = !slot.is_empty()
         && slot.len() <= 63
@@ -396,6 +403,8 @@ pub struct CdcTransaction {
     pub end_lsn: u64,
     /// The inserted rows, decoded. `attempts` is always 0.
     pub messages: Vec<OutboxMessage>,
+    /// When the transaction committed, by the server's clock.
+    pub committed_at: DateTime<Utc>,
 }
 
 /// What [`CdcStream::next`] returns.
@@ -613,7 +622,7 @@ pub struct CdcStream {
     /// Relation ids of other tables of the publication (their inserts are skipped).
     others: HashMap<u32, String>,
     /// The transaction being received: its xid and the rows so far.
-    open: Option<(u32, Vec<OutboxMessage>)>,
+    open: Option<(u32, DateTime<Utc>, Vec<OutboxMessage>)>,
     /// The highest position passed to [`CdcStream::confirm`].
     confirmed: std::sync::atomic::AtomicU64,
     status_interval: Duration,
@@ -686,10 +695,14 @@ impl CdcStream {
                 return Ok(None);
             };
             match event {
-                ReplicationEvent::Begin { xid, .. } => self.open = Some((xid, Vec::new())),
+                ReplicationEvent::Begin {
+                    xid,
+                    commit_time_micros,
+                    ..
+                } => self.open = Some((xid, pg_time(commit_time_micros), Vec::new())),
                 ReplicationEvent::XLogData { data, .. } => self.change(&data)?,
                 ReplicationEvent::Commit { end_lsn, .. } => {
-                    let (xid, messages) = self
+                    let (xid, committed_at, messages) = self
                         .open
                         .take()
                         .ok_or_else(|| CdcError::Stream("a commit without its begin".to_owned()))?;
@@ -701,6 +714,7 @@ impl CdcStream {
                             xid,
                             end_lsn,
                             messages,
+                            committed_at,
                         })
                     }));
                 }
@@ -760,7 +774,7 @@ impl CdcStream {
                     )));
                 };
                 let message = decode_row(columns, &tuple.columns)?;
-                let (_, rows) = self.open.as_mut().ok_or_else(|| {
+                let (_, _, rows) = self.open.as_mut().ok_or_else(|| {
                     CdcError::Stream("an insert outside a transaction".to_owned())
                 })?;
                 rows.push(message);

@@ -689,6 +689,71 @@ mod relay {
         nothing_unconfirmed(&db, &config).await;
     }
 
+    /// The lag in seconds is the age of the oldest streamed transaction not confirmed: it grows
+    /// while an event keeps failing and is zero once everything streamed is settled.
+    #[tokio::test]
+    async fn the_lag_is_the_age_of_the_oldest_unconfirmed_transaction() {
+        let (db, config, _cleanup) = setup().await;
+        enqueue_each(&db, &[msg("a", 1), msg("b", 1)]).await;
+        let committed = std::time::Instant::now();
+        let feed = Arc::new(CdcFeed::new(
+            &database_url(),
+            db.pool.clone(),
+            db.schema.clone(),
+            config.clone(),
+            OnPublish::Delete,
+        ));
+        assert_eq!(feed.lag(), Duration::ZERO, "nothing streamed yet");
+        let failing =
+            Arc::new(FakeTransport::new().fail("a", 1, PublishErrorKind::Unavailable, 1_000));
+        let relay = Arc::new(
+            Relay::with_feed(Arc::clone(&feed), Arc::clone(&failing), self::config()).unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while failing.acked_for("b").is_empty() || committed.elapsed() < Duration::from_millis(1500)
+        {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let lag = feed.lag();
+        assert!(
+            lag >= Duration::from_secs(1) && lag <= committed.elapsed() + Duration::from_secs(1),
+            "a v1 has been failing since its commit {:?} ago: lag {lag:?}",
+            committed.elapsed()
+        );
+        stop.cancel();
+        task.await.unwrap();
+        feed.shutdown().await.unwrap();
+
+        let feed = Arc::new(CdcFeed::new(
+            &database_url(),
+            db.pool.clone(),
+            db.schema.clone(),
+            config.clone(),
+            OnPublish::Delete,
+        ));
+        let healthy = Arc::new(FakeTransport::new());
+        let relay = Arc::new(
+            Relay::with_feed(Arc::clone(&feed), Arc::clone(&healthy), self::config()).unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while healthy.acked_for("a").is_empty() || feed.lag() > Duration::ZERO {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "lag {:?} after a v1 was published",
+                feed.lag()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        feed.shutdown().await.unwrap();
+    }
+
     fn config_polling() -> RelayConfig {
         RelayConfig {
             poll_interval: Duration::from_millis(50),

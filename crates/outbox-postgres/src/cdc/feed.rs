@@ -37,6 +37,7 @@
 //! out before that is ignored (its rows come again).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_core::relay::{Feed, FeedBatch, SettleReport, Settlement};
@@ -79,6 +80,7 @@ pub struct CdcTicket {
 struct Open {
     seq: u64,
     end_lsn: u64,
+    committed_at: chrono::DateTime<chrono::Utc>,
     /// Its events not settled yet.
     left: usize,
 }
@@ -186,6 +188,7 @@ impl State {
                 self.open.push_back(Open {
                     seq,
                     end_lsn: tx.end_lsn,
+                    committed_at: tx.committed_at,
                     left,
                 });
             }
@@ -273,6 +276,9 @@ pub struct CdcFeed {
     store: PgStore,
     on_publish: OnPublish,
     state: Mutex<State>,
+    /// Commit time (Unix microseconds) of the oldest streamed transaction not confirmed yet;
+    /// 0 when there is none. Read without the state's lock ([`CdcFeed::lag`]).
+    oldest_open_micros: AtomicI64,
 }
 
 impl CdcFeed {
@@ -301,7 +307,22 @@ impl CdcFeed {
             store,
             on_publish,
             state: Mutex::new(State::default()),
+            oldest_open_micros: AtomicI64::new(0),
         }
+    }
+
+    /// How far delivery is behind the log in time: the age of the oldest transaction this
+    /// relay streamed and has not confirmed yet (some event of it not settled, or an earlier
+    /// transaction's), zero when every streamed transaction is confirmed. It does not see
+    /// transactions the stream has not handed over yet; the slot's lag in bytes
+    /// ([`slot_state`](super::slot_state)) does.
+    pub fn lag(&self) -> Duration {
+        let micros = self.oldest_open_micros.load(Ordering::Relaxed);
+        if micros == 0 {
+            return Duration::ZERO;
+        }
+        let now = chrono::Utc::now().timestamp_micros();
+        Duration::from_micros(u64::try_from(now - micros).unwrap_or(0))
     }
 
     /// Ends the stream after the relay stopped: the position confirmed last is sent to the
@@ -313,7 +334,7 @@ impl CdcFeed {
     /// the position of its last status update: copies, never losses).
     pub async fn shutdown(&self) -> Result<(), CdcError> {
         let mut state = self.state.lock().await;
-        Self::confirm(&mut state);
+        self.confirm(&mut state);
         match state.stream.take() {
             Some(stream) => stream.stop().await,
             None => Ok(()),
@@ -470,12 +491,17 @@ impl CdcFeed {
         }
     }
 
-    fn confirm(state: &mut State) {
+    fn confirm(&self, state: &mut State) {
         if let Some(lsn) = state.confirmable()
             && let Some(stream) = &state.stream
         {
             stream.confirm(lsn);
         }
+        let oldest = state
+            .open
+            .front()
+            .map_or(0, |t| t.committed_at.timestamp_micros().max(1));
+        self.oldest_open_micros.store(oldest, Ordering::Relaxed);
     }
 }
 
@@ -511,7 +537,7 @@ impl Feed for CdcFeed {
         if state.waiting_count() < max_rows {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;
         }
-        Self::confirm(&mut state);
+        self.confirm(&mut state);
         let mut taken = state.take(max_rows.max(1));
         let mut heads: Vec<(Aggregate, i64)> = Vec::new();
         for w in &taken {
@@ -569,7 +595,7 @@ impl Feed for CdcFeed {
             state.behind.remove(&aggregate);
             state.park(&aggregate, &out);
         }
-        Self::confirm(&mut state);
+        self.confirm(&mut state);
         let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
         let mut rows = Vec::with_capacity(taken.len());
         for w in taken {
@@ -699,7 +725,7 @@ impl Feed for CdcFeed {
                 .busy
                 .remove(&(m.aggregate_type.clone(), m.aggregate_id.clone()));
         }
-        Self::confirm(&mut state);
+        self.confirm(&mut state);
         Ok(report)
     }
 
@@ -729,7 +755,7 @@ impl Feed for CdcFeed {
         }
         // Errors end the wait; the next batch starts the stream again and reports them.
         let _ = self.pull(&mut state, wait, 1).await;
-        Self::confirm(&mut state);
+        self.confirm(&mut state);
     }
 
     async fn stats(&self) -> Result<Option<OutboxStats>, StoreError> {
