@@ -12,7 +12,8 @@ use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
 use outbox_kafka::{KafkaConsumerConfig, KafkaSource};
 use outbox_nats::{NatsConsumerConfig, NatsSource};
-use outbox_postgres::{PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
+use outbox_postgres::cdc::{self, CdcConfig, CdcFeed};
+use outbox_postgres::{OnPublish, PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Semaphore;
@@ -55,6 +56,20 @@ pub struct Args {
     /// ConsumerConfig::batch_wait in milliseconds.
     #[arg(long, default_value_t = 10)]
     batch_wait_ms: u64,
+    /// The relay's feed: `polling` (claims, woken by `RelayWaker`) or `cdc` (the replication
+    /// slot, created before the producer starts and dropped after the run; needs
+    /// `wal_level = logical`).
+    #[arg(long, value_enum, default_value_t = RelayMode::Polling)]
+    relay_mode: RelayMode,
+}
+
+/// `--relay-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayMode {
+    /// Claims with leases.
+    Polling,
+    /// The replication slot.
+    Cdc,
 }
 
 /// A transport that remembers when each publish was confirmed.
@@ -143,6 +158,8 @@ struct Pools {
     producer: PgPool,
     relay: PgPool,
     consumer: PgPool,
+    /// The CDC feed's replication connection.
+    database_url: String,
 }
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
@@ -150,19 +167,26 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
         producer: connect_pool(env, args.producers).await?,
         relay: connect_pool(env, 6).await?,
         consumer: connect_pool(env, 2).await?,
+        database_url: env.database_url.clone(),
     };
     let bench = BenchSchema::create(&pools.producer).await?;
     let result = measure(env, &pools, &bench, &args).await;
+    // The CDC slot of a run that failed half-way, if any: it would keep WAL for good.
+    let name = bench.schema.as_str().to_owned();
+    let removed = cdc::remove(&pools.relay, &name, &name, Duration::from_secs(10)).await;
     bench.drop(&pools.producer).await?;
+    removed.context("removing the bench's slot")?;
     result
 }
 
 async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> Result<()> {
     create_report_table(&pools.producer, bench.name()).await?;
     println!(
-        "W3: {} events/s, {} s measured after {} s warm-up, RelayWaker min_interval {} ms, \
-         default RelayConfig, PgConsumer batch_size {} batch_wait {} ms, schema {}, load avg before {}\n",
+        "W3: {} events/s, {:?} relay, {} s measured after {} s warm-up, RelayWaker min_interval \
+         {} ms, default RelayConfig, PgConsumer batch_size {} batch_wait {} ms, schema {}, load \
+         avg before {}\n",
         args.rate,
+        args.relay_mode,
         args.secs,
         args.warmup_secs,
         args.waker_ms,
@@ -320,11 +344,22 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         inner: Arc::clone(&timed),
         at: Mutex::default(),
     });
-    let relay = Arc::new(Relay::new(
-        Arc::clone(&store),
-        Arc::clone(&stamps),
-        RelayConfig::default(),
-    )?);
+    // CDC: the slot before the first event, so that everything produced is streamed.
+    let feed = match args.relay_mode {
+        RelayMode::Polling => None,
+        RelayMode::Cdc => {
+            let name = bench.schema.as_str();
+            cdc::ensure_publication(&pools.relay, &bench.schema, name).await?;
+            cdc::create_slot(&pools.relay, name).await?;
+            Some(Arc::new(CdcFeed::new(
+                &pools.database_url,
+                pools.relay.clone(),
+                bench.schema.clone(),
+                CdcConfig::default(),
+                OnPublish::Delete,
+            )))
+        }
+    };
     let source_stats = SourceStats::new(true);
     let handler = ReportHandler::new(bench.name());
     let consumer = PgConsumer::new(
@@ -339,7 +374,24 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     )?;
     let relay_stop = CancellationToken::new();
     let consumer_stop = CancellationToken::new();
-    let relay_task = tokio::spawn(Arc::clone(&relay).run(relay_stop.clone()));
+    let relay_task = match &feed {
+        None => tokio::spawn(
+            Arc::new(Relay::new(
+                Arc::clone(&store),
+                Arc::clone(&stamps),
+                RelayConfig::default(),
+            )?)
+            .run(relay_stop.clone()),
+        ),
+        Some(feed) => tokio::spawn(
+            Arc::new(Relay::with_feed(
+                Arc::clone(feed),
+                Arc::clone(&stamps),
+                RelayConfig::default(),
+            )?)
+            .run(relay_stop.clone()),
+        ),
+    };
     let consumer_task = tokio::spawn(consumer.run(consumer_stop.clone()));
 
     let produced = produce(label, &pools.producer, bench, args).await;
@@ -368,6 +420,16 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     let load = loadavg();
     relay_stop.cancel();
     relay_task.await?;
+    if let Some(feed) = &feed {
+        // Rows deleted by the last settles: wait for them before the count below.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(&pools.producer, bench, "events").await? > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        feed.shutdown().await?;
+        let name = bench.schema.as_str();
+        cdc::remove(&pools.relay, name, name, Duration::from_secs(10)).await?;
+    }
     consumer_stop.cancel();
     consumer_task.await?; // drops the source: unacknowledged deliveries go back to the broker
     let acc = source_stats.finish(Instant::now());
