@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_dead_letter_raw.sql",
         sql: include_str!("../migrations/0004_dead_letter_raw.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_enqueue_deleted.sql",
+        sql: include_str!("../migrations/0005_enqueue_deleted.sql"),
+    },
 ];
 
 /// The schema version this release needs.

@@ -42,11 +42,35 @@ use crate::sql::Sql;
 /// in its docs, set others with [`PgOutbox::with_limits`]). A refused message is an
 /// [`EnqueueError::Invalid`] naming the rule, and nothing is written. Producers that write the
 /// table with plain SQL bypass these checks and must keep their own bounds.
+///
+/// # Rows deleted in the transaction (CDC relay only)
+///
+/// With [`PgOutbox::delete_in_transaction`], every enqueue deletes its rows again in the same
+/// transaction and the same round trip (the schema's `enqueue_deleted` function): the log still
+/// carries the inserts, which the CDC relay streams and publishes, and the table stays empty,
+/// so the relay has nothing to delete afterwards. Debezium's outbox users know the pattern.
+/// What it gives up, and why it is off by default:
+///
+/// * **Only the CDC relay** delivers such events; the polling relay never sees them. Turn the
+///   option off, and let the CDC relay drain its slot, before switching to polling.
+/// * **A lost slot loses them**: the recovery of a dropped or invalidated slot republishes what
+///   the table holds (README, "CDC relay"), and these rows are not there.
+/// * **Duplicates** of an event id or of an aggregate version are refused only within one
+///   transaction ([`EnqueueError::DuplicateEventId`], [`EnqueueError::VersionConflict`]): the
+///   unique constraints see only rows still in the table. Version order is unaffected
+///   ([`PgOutbox::next_aggregate_version`] keeps its own counter).
+/// * **Grants**: the producer's role also needs `DELETE` and `SELECT (event_id)` on `events`;
+///   the roles of `outbox roles` do not have them. Without them the enqueue fails with
+///   [`EnqueueError::PermissionDenied`].
+///
+/// An event the CDC relay cannot publish (a dead letter, or one of an aggregate waiting behind
+/// a dead letter) is written back into the table by the relay, so nothing is lost there.
 #[derive(Debug, Clone)]
 pub struct PgOutbox {
     schema: Schema,
     sql: Arc<Sql>,
     limits: MessageLimits,
+    delete_in_transaction: bool,
 }
 
 /// The outcome of [`PgOutbox::idempotency_begin`].
@@ -67,7 +91,27 @@ impl PgOutbox {
             schema,
             sql,
             limits: MessageLimits::default(),
+            delete_in_transaction: false,
         }
+    }
+
+    /// Deletes every row it writes again in the same transaction, for the CDC relay. See "Rows
+    /// deleted in the transaction" above: the polling relay cannot deliver such events, and a
+    /// lost slot loses them.
+    ///
+    /// ```
+    /// use outbox_postgres::{PgOutbox, Schema};
+    /// let outbox = PgOutbox::new(Schema::new("outbox").unwrap()).delete_in_transaction(true);
+    /// assert!(outbox.deletes_in_transaction());
+    /// ```
+    pub fn delete_in_transaction(mut self, on: bool) -> Self {
+        self.delete_in_transaction = on;
+        self
+    }
+
+    /// Whether enqueues delete their rows in the same transaction.
+    pub fn deletes_in_transaction(&self) -> bool {
+        self.delete_in_transaction
     }
 
     /// Uses `limits` instead of [`MessageLimits::default`] for every enqueue.
@@ -123,6 +167,12 @@ impl PgOutbox {
         message: &NewMessage,
     ) -> Result<(), EnqueueError> {
         self.check(message)?;
+        if self.delete_in_transaction {
+            let sql = &self.sql.enqueue_deleted;
+            return self
+                .insert_rows(executor, std::slice::from_ref(message), sql)
+                .await;
+        }
         let headers = serde_json::to_string(&message.headers).expect("string map serialises");
         sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.insert_event)))
             .bind(message.event_id)
@@ -157,6 +207,23 @@ impl PgOutbox {
         for m in messages {
             self.check(m)?;
         }
+        let sql = if self.delete_in_transaction {
+            &self.sql.enqueue_deleted
+        } else {
+            &self.sql.insert_events
+        };
+        self.insert_rows(executor, messages, sql).await
+    }
+
+    /// Binds `messages` as the eleven column arrays of the multi-row insert (and of the
+    /// schema's `enqueue_deleted` function, which inserts and deletes the rows again: see
+    /// [`PgOutbox::delete_in_transaction`]) and runs `sql`.
+    async fn insert_rows<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        messages: &[NewMessage],
+        sql: &Arc<str>,
+    ) -> Result<(), EnqueueError> {
         let col = |f: fn(&NewMessage) -> String| messages.iter().map(f).collect::<Vec<_>>();
         let ids: Vec<_> = messages.iter().map(|m| m.event_id).collect();
         let versions: Vec<i64> = messages.iter().map(|m| m.aggregate_version).collect();
@@ -165,7 +232,7 @@ impl PgOutbox {
         let destinations: Vec<Option<String>> =
             messages.iter().map(|m| m.destination.clone()).collect();
         let keys: Vec<Option<String>> = messages.iter().map(|m| m.partition_key.clone()).collect();
-        sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.insert_events)))
+        sqlx::query(AssertSqlSafe(Arc::clone(sql)))
             .bind(ids)
             .bind(col(|m| m.aggregate_type.clone()))
             .bind(col(|m| m.aggregate_id.clone()))

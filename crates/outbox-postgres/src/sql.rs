@@ -24,6 +24,11 @@ pub(crate) const INSERT_EVENTS: &str = "INSERT INTO {s}.events (event_id, aggreg
     u(event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, \
     content_type, payload, headers, destination, partition_key, ord) ORDER BY u.ord";
 
+/// The producer's delete-in-transaction write (migration 0005), with `INSERT_EVENTS`'s binds.
+pub(crate) const ENQUEUE_DELETED: &str = "SELECT {s}.enqueue_deleted($1::uuid[], $2::text[], \
+    $3::text[], $4::int8[], $5::text[], $6::int4[], $7::text[], $8::bytea[], $9::text[], \
+    $10::text[], $11::text[])";
+
 pub(crate) const NEXT_VERSION: &str = "INSERT INTO {s}.aggregate_versions AS v (aggregate_type, \
     aggregate_id, last_version) VALUES ($1, $2, 1) ON CONFLICT (aggregate_type, aggregate_id) \
     DO UPDATE SET last_version = v.last_version + 1 RETURNING v.last_version";
@@ -153,6 +158,7 @@ pub(crate) const DEAD_REQUEUE_ALL: &str = "UPDATE {s}.events SET state = 'pendin
 pub(crate) struct Sql {
     pub insert_event: Arc<str>,
     pub insert_events: Arc<str>,
+    pub enqueue_deleted: Arc<str>,
     pub next_version: Arc<str>,
     pub idem_insert: Arc<str>,
     pub idem_select: Arc<str>,
@@ -181,6 +187,7 @@ impl Sql {
         Self {
             insert_event: r(INSERT_EVENT),
             insert_events: r(INSERT_EVENTS),
+            enqueue_deleted: r(ENQUEUE_DELETED),
             next_version: r(NEXT_VERSION),
             idem_insert: r(IDEM_INSERT),
             idem_select: r(IDEM_SELECT),

@@ -689,6 +689,78 @@ mod relay {
         nothing_unconfirmed(&db, &config).await;
     }
 
+    /// With the producer deleting its rows in its own transaction, the table stays empty and
+    /// the CDC relay publishes from the log; what it cannot publish is written back into the
+    /// table: the dead letter as dead, the events behind it as pending, which the polling relay
+    /// delivers in order after a requeue.
+    #[tokio::test]
+    async fn rows_deleted_by_the_producer_are_published_and_a_dead_letter_is_written_back() {
+        let (db, config, _cleanup) = setup().await;
+        let outbox = outbox_postgres::PgOutbox::new(db.schema.clone()).delete_in_transaction(true);
+        for v in 1..=3 {
+            for agg in ["a", "b"] {
+                let mut tx = db.pool.begin().await.unwrap();
+                outbox.enqueue(&mut *tx, &msg(agg, v)).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox
+            .enqueue_batch(&mut *tx, &[msg("c", 1), msg("c", 2)])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(db.count("true").await, 0, "the producer's rows are gone");
+
+        // b v2 is refused for good.
+        let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));
+        run_until(&db, &config, &transport, |t| {
+            t.acked_for("a").len() == 3 && t.acked_for("c").len() == 2
+        })
+        .await;
+        assert_eq!(transport.acked_for("a"), vec![1, 2, 3]);
+        assert_eq!(transport.acked_for("c"), vec![1, 2]);
+        assert_eq!(transport.acked_for("b"), vec![1]);
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND aggregate_version = 2 AND state = 'dead'")
+                .await,
+            1,
+            "the dead letter is written back, as dead"
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND aggregate_version = 3 AND state = 'pending'")
+                .await,
+            1,
+            "the event behind it is written back, pending"
+        );
+        assert_eq!(db.count("true").await, 2);
+        nothing_unconfirmed(&db, &config).await;
+
+        let store = Arc::new(db.store());
+        store
+            .dead_letter_requeue(RequeueParams { event_ids: None })
+            .await
+            .unwrap();
+        let polling = Arc::new(
+            Relay::new(Arc::clone(&store), Arc::clone(&transport), config_polling()).unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while transport.acked_for("b").len() < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                transport.acked_for("b")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(transport.acked_for("b"), vec![1, 2, 3]);
+        assert_eq!(db.count("true").await, 0);
+    }
+
     /// The lag in seconds is the age of the oldest streamed transaction not confirmed: it grows
     /// while an event keeps failing and is zero once everything streamed is settled.
     #[tokio::test]

@@ -514,6 +514,25 @@ async fn the_producer_enqueues_allocates_versions_and_replays_requests() {
         "{e}"
     );
     tx.rollback().await.unwrap();
+
+    // Deleting the rows in the transaction (CDC relay) needs what docs/security.md names on
+    // top of the generated grants: refused without, written (and gone) with.
+    let deleting = PgOutbox::new(env.schema.clone()).delete_in_transaction(true);
+    let mut tx = pool.begin().await.unwrap();
+    let e = deleting
+        .enqueue(&mut *tx, &msg("pay-4", 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EnqueueError::PermissionDenied(_)), "{e}");
+    tx.rollback().await.unwrap();
+    env.exec(&format!(
+        "GRANT DELETE, SELECT (event_id) ON {{s}}.events TO \"{producer}\""
+    ))
+    .await;
+    let mut tx = pool.begin().await.unwrap();
+    deleting.enqueue(&mut *tx, &msg("pay-4", 1)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(env.count("SELECT count(*) FROM {s}.events").await, 3);
     env.cleanup().await;
 }
 

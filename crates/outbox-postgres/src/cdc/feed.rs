@@ -21,6 +21,11 @@
 //!   with a dead row are parked at start). `outbox dead-letters requeue` makes the dead row
 //!   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
 //!   after a requeue; the CDC feed does not claim rows).
+//! * **Left to the table**: every event this feed does not publish (a dead letter, the events
+//!   of a parked aggregate) is written back into the table first if its row is not there (the
+//!   producer deleted it in its transaction: `PgOutbox::delete_in_transaction`), and only then
+//!   counts as settled; so no position is confirmed past an event that exists nowhere but in
+//!   the log. With rows kept, the write finds them and changes nothing.
 //! * **Not attempted**: back at the head of the aggregate, due at once.
 //! * **Behind the table**: an aggregate whose head in the log has an older version pending
 //!   (or dead) in the table, such as a row committed before the slot existed or a requeued dead
@@ -106,8 +111,11 @@ struct State {
     order: VecDeque<Aggregate>,
     /// Aggregates of a batch not settled yet.
     busy: HashSet<Aggregate>,
-    /// Aggregates with a dead letter: their later events are left to the polling relay.
-    parked: HashSet<Aggregate>,
+    /// Aggregates with a dead letter (or behind the table), with the first version left to the
+    /// table: their events from that version on are left to the polling relay.
+    parked: HashMap<Aggregate, i64>,
+    /// Events left to the table that must be written back there before they count as settled.
+    restore: Vec<Waiting>,
     /// Aggregates checked against the table in this session (no older version pending there).
     verified: HashSet<Aggregate>,
     /// Aggregates found behind the table (an older version pending there), since then.
@@ -170,8 +178,18 @@ impl State {
                 let mut left = 0;
                 for message in tx.messages {
                     let aggregate = (message.aggregate_type.clone(), message.aggregate_id.clone());
-                    if self.parked.contains(&aggregate) {
-                        // Left pending in the table for the polling relay.
+                    if let Some(&from) = self.parked.get(&aggregate) {
+                        if message.aggregate_version >= from {
+                            // Left pending in the table for the polling relay, once it is
+                            // there.
+                            left += 1;
+                            self.restore.push(Waiting {
+                                message,
+                                tx: seq,
+                                due: None,
+                            });
+                        }
+                        // Older: published before (streamed again after a restart).
                         continue;
                     }
                     left += 1;
@@ -242,19 +260,17 @@ impl State {
         }
     }
 
-    /// Leaves `aggregate` to the polling relay: its events taken or waiting count as settled
-    /// (they stay pending rows), and later ones are skipped as they arrive.
-    fn park(&mut self, aggregate: &Aggregate, taken: &[Waiting]) {
-        for w in taken {
-            self.settled(w.tx, 1);
-        }
+    /// Leaves `aggregate` to the polling relay from version `from` on: its events taken or
+    /// waiting go back to the table (they count as settled once they are there), and later
+    /// ones follow as they arrive.
+    fn park(&mut self, aggregate: &Aggregate, from: i64, taken: Vec<Waiting>) {
+        self.restore.extend(taken);
         if let Some(queue) = self.waiting.remove(aggregate) {
-            for w in queue {
-                self.settled(w.tx, 1);
-            }
+            self.restore.extend(queue);
         }
         self.busy.remove(aggregate);
-        self.parked.insert(aggregate.clone());
+        let first = self.parked.entry(aggregate.clone()).or_insert(from);
+        *first = (*first).min(from);
     }
 
     /// The earliest due time of a waiting head, if every waiting head is in backoff.
@@ -367,19 +383,106 @@ impl CdcFeed {
                 .map_err(|e| store_error("settling published rows", e))?;
         }
         for failed in settlement.failed.iter().filter(|f| f.retry_after.is_none()) {
-            let attempts = by_id.get(&failed.id).map_or(1, |m| m.attempts + 1);
+            let Some(m) = by_id.get(&failed.id) else {
+                continue;
+            };
+            // Its row first, if the producer deleted it in its transaction; then the state.
+            self.write_back(std::slice::from_ref(m)).await?;
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE {}.events SET state = 'dead', attempts = $2, last_error = $3 \
-                 WHERE id = $1 AND state = 'pending'",
+                 WHERE event_id = $1 AND state = 'pending'",
                 self.schema.quoted()
             )))
-            .bind(failed.id)
-            .bind(attempts)
+            .bind(m.event_id)
+            .bind(m.attempts + 1)
             .bind(&failed.error)
             .execute(&self.pool)
             .await
             .map_err(|e| store_error("recording a dead letter", e))?;
         }
+        Ok(())
+    }
+
+    /// Writes the events left to the table back ([`State::restore`]), then counts them as
+    /// settled. On an error they stay in the list (and their transactions unconfirmed).
+    async fn restore(&self, state: &mut State) -> Result<(), StoreError> {
+        if state.restore.is_empty() {
+            return Ok(());
+        }
+        let messages: Vec<&OutboxMessage> = state.restore.iter().map(|w| &w.message).collect();
+        self.write_back(&messages).await?;
+        for w in std::mem::take(&mut state.restore) {
+            state.settled(w.tx, 1);
+        }
+        Ok(())
+    }
+
+    /// Inserts the rows of `messages` as pending, each unless a row of its event id or of its
+    /// aggregate version is in the table already (kept by the producer, or written back
+    /// before). Every column the producer wrote is restored; the row gets a new `id`.
+    async fn write_back(&self, messages: &[&OutboxMessage]) -> Result<(), StoreError> {
+        let col =
+            |f: fn(&OutboxMessage) -> String| messages.iter().map(|m| f(m)).collect::<Vec<_>>();
+        let headers: Vec<String> = messages
+            .iter()
+            .map(|m| serde_json::to_string(&m.headers).expect("string map serialises"))
+            .collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+               event_type, schema_version, content_type, payload, headers, destination, \
+               partition_key, created_at, attempts) \
+             SELECT u.event_id, u.aggregate_type, u.aggregate_id, u.aggregate_version, \
+               u.event_type, u.schema_version, u.content_type, u.payload, u.headers::jsonb, \
+               u.destination, u.partition_key, u.created_at, u.attempts \
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::text[], \
+               $6::int4[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], \
+               $12::timestamptz[], $13::int4[]) AS u(event_id, aggregate_type, aggregate_id, \
+               aggregate_version, event_type, schema_version, content_type, payload, headers, \
+               destination, partition_key, created_at, attempts) \
+             ON CONFLICT DO NOTHING",
+            self.schema.quoted()
+        )))
+        .bind(messages.iter().map(|m| m.event_id).collect::<Vec<_>>())
+        .bind(col(|m| m.aggregate_type.clone()))
+        .bind(col(|m| m.aggregate_id.clone()))
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.aggregate_version)
+                .collect::<Vec<_>>(),
+        )
+        .bind(col(|m| m.event_type.clone()))
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.schema_version)
+                .collect::<Vec<_>>(),
+        )
+        .bind(col(|m| m.payload.content_type.0.clone()))
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.payload.bytes.as_ref())
+                .collect::<Vec<&[u8]>>(),
+        )
+        .bind(headers)
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.destination.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.partition_key.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(messages.iter().map(|m| m.created_at).collect::<Vec<_>>())
+        .bind(messages.iter().map(|m| m.attempts).collect::<Vec<_>>())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| store_error("writing events left to the table back", e))?;
         Ok(())
     }
 
@@ -421,8 +524,9 @@ impl CdcFeed {
         if state.retry_at.is_some_and(|at| Instant::now() < at) {
             return Ok(false);
         }
-        let parked: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT DISTINCT aggregate_type, aggregate_id FROM {}.events WHERE state = 'dead'",
+        let parked: Vec<(String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT aggregate_type, aggregate_id, min(aggregate_version) FROM {}.events \
+             WHERE state = 'dead' GROUP BY aggregate_type, aggregate_id",
             self.schema.quoted()
         )))
         .fetch_all(&self.pool)
@@ -450,7 +554,7 @@ impl CdcFeed {
             None => tracing::info!(slot = stream.slot(), "streaming the replication slot"),
         }
         state.reset();
-        state.parked = parked.into_iter().collect();
+        state.parked = parked.into_iter().map(|(t, i, v)| ((t, i), v)).collect();
         state.stream = Some(stream);
         Ok(true)
     }
@@ -593,7 +697,16 @@ impl Feed for CdcFeed {
                 BEHIND_PATIENCE
             );
             state.behind.remove(&aggregate);
-            state.park(&aggregate, &out);
+            let from = out
+                .iter()
+                .map(|w| w.message.aggregate_version)
+                .min()
+                .unwrap_or(i64::MAX);
+            state.park(&aggregate, from, out);
+        }
+        if let Err(e) = self.restore(&mut state).await {
+            state.reset();
+            return Err(e);
         }
         self.confirm(&mut state);
         let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
@@ -663,7 +776,9 @@ impl Feed for CdcFeed {
         report.marked = settlement.published.len();
         // Per aggregate, what goes back to the head of its queue, in version order.
         let mut back: HashMap<Aggregate, Vec<Waiting>> = HashMap::new();
-        let mut dead: HashSet<Aggregate> = HashSet::new();
+        // Aggregates with a dead letter in this batch, with its version.
+        let mut dead: HashMap<Aggregate, i64> = HashMap::new();
+        let mut behind_dead: Vec<Waiting> = Vec::new();
         for failed in &settlement.failed {
             let (Some(&m), Some(&tx)) = (by_id.get(&failed.id), tx_of.get(&failed.id)) else {
                 continue;
@@ -681,9 +796,10 @@ impl Feed for CdcFeed {
                     });
                 }
                 None => {
+                    // Recorded in the table by `write_settlement` above.
                     report.dead_lettered += 1;
                     *settled_per_tx.entry(tx).or_default() += 1;
-                    dead.insert(aggregate);
+                    dead.insert(aggregate, m.aggregate_version);
                 }
             }
         }
@@ -692,9 +808,13 @@ impl Feed for CdcFeed {
                 continue;
             };
             let aggregate = (m.aggregate_type.clone(), m.aggregate_id.clone());
-            if dead.contains(&aggregate) {
+            if dead.contains_key(&aggregate) {
                 // Behind a dead letter: left pending in the table.
-                *settled_per_tx.entry(tx).or_default() += 1;
+                behind_dead.push(Waiting {
+                    message: m.clone(),
+                    tx,
+                    due: None,
+                });
                 continue;
             }
             report.released += 1;
@@ -707,14 +827,14 @@ impl Feed for CdcFeed {
         for (tx, n) in settled_per_tx {
             state.settled(tx, n);
         }
-        for aggregate in &dead {
+        for (aggregate, version) in &dead {
             // Everything of it still waiting is left to the polling relay too.
-            if let Some(queue) = state.waiting.remove(aggregate) {
-                for w in queue {
-                    state.settled(w.tx, 1);
-                }
-            }
-            state.parked.insert(aggregate.clone());
+            state.park(aggregate, *version, Vec::new());
+        }
+        state.restore.extend(behind_dead);
+        if let Err(e) = self.restore(&mut state).await {
+            tracing::warn!(error = %e,
+                "could not write events left to the table back yet; tried again with the next batch");
         }
         for (aggregate, mut events) in back {
             events.sort_by_key(|w| w.message.aggregate_version);
