@@ -41,16 +41,25 @@ enum Variant {
     Enqueue,
     /// INSERT payments; next_aggregate_version; enqueue; COMMIT.
     VersionEnqueue,
+    /// INSERT payments; enqueue(version 1) with `delete_in_transaction` (the CDC relay's
+    /// option: the row is deleted again in the transaction); COMMIT.
+    EnqueueDeleted,
 }
 
 impl Variant {
-    const ALL: [Variant; 3] = [Self::Baseline, Self::Enqueue, Self::VersionEnqueue];
+    const ALL: [Variant; 4] = [
+        Self::Baseline,
+        Self::Enqueue,
+        Self::VersionEnqueue,
+        Self::EnqueueDeleted,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Self::Baseline => "A baseline: INSERT payment",
             Self::Enqueue => "B candidate: INSERT payment + enqueue",
             Self::VersionEnqueue => "C info: INSERT + next_aggregate_version + enqueue",
+            Self::EnqueueDeleted => "D info: INSERT + enqueue, row deleted in the tx (CDC)",
         }
     }
 }
@@ -58,6 +67,8 @@ impl Variant {
 struct Ctx {
     pool: PgPool,
     outbox: PgOutbox,
+    /// The same with `delete_in_transaction` (variant D).
+    outbox_deleting: PgOutbox,
     insert_sql: String,
     /// Padding so that the serialised event is about `--payload-bytes` long.
     description: String,
@@ -117,7 +128,12 @@ async fn one_tx(ctx: &Ctx, variant: Variant, id: &str, amount: i64) -> Result<St
             "PaymentCreated",
             Payload::bytes("application/json", body),
         );
-        ctx.outbox.enqueue(&mut *tx, &msg).await?;
+        let outbox = if variant == Variant::EnqueueDeleted {
+            &ctx.outbox_deleting
+        } else {
+            &ctx.outbox
+        };
+        outbox.enqueue(&mut *tx, &msg).await?;
         lap(3, &mut steps);
     }
     tx.commit().await?;
@@ -222,6 +238,7 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
     let ctx = Arc::new(Ctx {
         pool: pool.clone(),
         outbox: PgOutbox::new(bench.schema.clone()),
+        outbox_deleting: PgOutbox::new(bench.schema.clone()).delete_in_transaction(true),
         insert_sql: format!(
             "INSERT INTO {schema}.payments (id, amount, status) VALUES ($1, $2, 'created')"
         ),
@@ -261,12 +278,11 @@ async fn measure(ctx: &Arc<Ctx>, schema: &str, args: &Args) -> Result<()> {
     let mut segs: Vec<Vec<Seg>> = (0..Variant::ALL.len()).map(|_| Vec::new()).collect();
     let mut rows = Vec::new();
     for round in 0..args.rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            vec![0, 1, 2]
-        } else {
-            vec![2, 1, 0]
-        };
-        let mut this_round = [f64::NAN; 3];
+        let mut order: Vec<usize> = (0..Variant::ALL.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut this_round = [f64::NAN; Variant::ALL.len()];
         for i in order {
             reset(ctx, schema).await?;
             let v = Variant::ALL[i];
@@ -283,24 +299,20 @@ async fn measure(ctx: &Arc<Ctx>, schema: &str, args: &Args) -> Result<()> {
             this_round[i] = t;
             tps[i].push(t);
         }
-        rows.push(vec![
-            format!("{}", round + 1),
-            format!("{:.0}", this_round[0]),
-            format!("{:.0}", this_round[1]),
-            format!("{:.0}", this_round[2]),
-            format!("{:.3}", this_round[1] / this_round[0]),
-            format!("{:.3}", this_round[2] / this_round[0]),
-        ]);
+        let mut row = vec![format!("{}", round + 1)];
+        row.extend(this_round.iter().map(|t| format!("{t:.0}")));
+        row.extend(
+            this_round[1..]
+                .iter()
+                .map(|t| format!("{:.3}", t / this_round[0])),
+        );
+        rows.push(row);
     }
     let m: Vec<f64> = tps.iter().map(|v| mean(v)).collect();
-    rows.push(vec![
-        "**mean**".into(),
-        format!("**{:.0}**", m[0]),
-        format!("**{:.0}**", m[1]),
-        format!("**{:.0}**", m[2]),
-        format!("**{:.3}**", m[1] / m[0]),
-        format!("**{:.3}**", m[2] / m[0]),
-    ]);
+    let mut row = vec!["**mean**".to_owned()];
+    row.extend(m.iter().map(|t| format!("**{t:.0}**")));
+    row.extend(m[1..].iter().map(|t| format!("**{:.3}**", t / m[0])));
+    rows.push(row);
     println!(
         "### W1: producer transactions per second ({} clients)\n",
         args.clients
@@ -311,17 +323,21 @@ async fn measure(ctx: &Arc<Ctx>, schema: &str, args: &Args) -> Result<()> {
             "A baseline tx/s",
             "B +enqueue tx/s",
             "C +next_version+enqueue tx/s",
+            "D +enqueue, row deleted in tx, tx/s",
             "B/A",
             "C/A",
+            "D/A",
         ],
         &rows,
     );
     let ratio = m[1] / m[0];
     println!(
-        "Goal B/A >= 0.90: {:.3} -> {} (C/A = {:.3}, informational). Load avg after: {}\n",
+        "Goal B/A >= 0.90: {:.3} -> {} (C/A = {:.3}, D/A = {:.3}, informational). Load avg \
+         after: {}\n",
         ratio,
         verdict(ratio, 0.90),
         m[2] / m[0],
+        m[3] / m[0],
         loadavg()
     );
     println!(
