@@ -75,7 +75,7 @@ pub struct CdcTicket {
     /// The stream session the batch came from: a settle of an older session is ignored.
     session: u64,
     /// Each row of the batch with its transaction's sequence number.
-    rows: Vec<(i64, u64)>,
+    rows: Vec<(i64, u64, u32)>,
     /// The batch's events (for retries and not-attempted rows).
     messages: Vec<OutboxMessage>,
 }
@@ -95,7 +95,18 @@ struct Open {
 struct Waiting {
     message: OutboxMessage,
     tx: u64,
+    /// The inserting transaction's id (32 bits, as the log gives it).
+    xid: u32,
     due: Option<Instant>,
+}
+
+/// A published row whose transaction the settle's snapshot did not see yet (see
+/// [`CdcFeed::settle_rows`]); settled once a later snapshot sees it.
+#[derive(Debug, Clone, Copy)]
+struct Late {
+    id: i64,
+    tx: u64,
+    xid: u32,
 }
 
 #[derive(Debug, Default)]
@@ -116,6 +127,8 @@ struct State {
     parked: HashMap<Aggregate, i64>,
     /// Events left to the table that must be written back there before they count as settled.
     restore: Vec<Waiting>,
+    /// Published rows whose transaction was not visible yet when their settle ran.
+    late: Vec<Late>,
     /// Aggregates checked against the table in this session (no older version pending there).
     verified: HashSet<Aggregate>,
     /// Aggregates found behind the table (an older version pending there), since then.
@@ -186,6 +199,7 @@ impl State {
                             self.restore.push(Waiting {
                                 message,
                                 tx: seq,
+                                xid: tx.xid,
                                 due: None,
                             });
                         }
@@ -200,6 +214,7 @@ impl State {
                     queue.push_back(Waiting {
                         message,
                         tx: seq,
+                        xid: tx.xid,
                         due: None,
                     });
                 }
@@ -359,29 +374,20 @@ impl CdcFeed {
 
     /// The table's side of a settlement: published rows deleted (or marked), dead letters
     /// recorded as the polling relay records them.
+    /// Returns the published rows whose transactions the settle's snapshot did not see yet
+    /// (see [`CdcFeed::settle_rows`]).
     async fn write_settlement(
         &self,
         settlement: &Settlement,
         by_id: &HashMap<i64, &OutboxMessage>,
-    ) -> Result<(), StoreError> {
-        if !settlement.published.is_empty() {
-            let sql = match self.on_publish {
-                OnPublish::Delete => format!(
-                    "DELETE FROM {}.events WHERE id = ANY($1)",
-                    self.schema.quoted()
-                ),
-                OnPublish::Mark => format!(
-                    "UPDATE {}.events SET state = 'published', published_at = now() \
-                     WHERE id = ANY($1) AND state = 'pending'",
-                    self.schema.quoted()
-                ),
-            };
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(&settlement.published)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| store_error("settling published rows", e))?;
-        }
+        xid_of: &HashMap<i64, u32>,
+    ) -> Result<HashSet<i64>, StoreError> {
+        let rows: Vec<(i64, u32)> = settlement
+            .published
+            .iter()
+            .map(|id| (*id, xid_of.get(id).copied().unwrap_or_default()))
+            .collect();
+        let late = self.settle_rows(&rows).await?;
         for failed in settlement.failed.iter().filter(|f| f.retry_after.is_none()) {
             let Some(m) = by_id.get(&failed.id) else {
                 continue;
@@ -399,6 +405,75 @@ impl CdcFeed {
             .execute(&self.pool)
             .await
             .map_err(|e| store_error("recording a dead letter", e))?;
+        }
+        Ok(late)
+    }
+
+    /// Deletes (or marks) published rows, each only if the statement's snapshot sees its
+    /// inserting transaction; returns the ids whose transaction it did not see.
+    ///
+    /// The log hands a transaction out once its commit record is flushed, which is a moment
+    /// before the server makes it visible to other sessions. A relay quick enough to publish
+    /// and settle within that moment would find no row to delete, and the row would stay
+    /// behind, published, for the polling relay to publish again and for the CDC relay's
+    /// "behind the table" check to hold its aggregate. So the statement tells a row that is
+    /// not there (the producer deleted it in its transaction) from a row not visible yet: a
+    /// row of a transaction its snapshot does not see is left for a later settle
+    /// ([`CdcFeed::settle_late`]), and its position is not confirmed before.
+    async fn settle_rows(&self, rows: &[(i64, u32)]) -> Result<HashSet<i64>, StoreError> {
+        if rows.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let write = match self.on_publish {
+            OnPublish::Delete => format!(
+                "DELETE FROM {s}.events e USING r WHERE e.id = r.id AND r.seen",
+                s = self.schema.quoted()
+            ),
+            OnPublish::Mark => format!(
+                "UPDATE {s}.events e SET state = 'published', published_at = now() FROM r \
+                 WHERE e.id = r.id AND r.seen AND e.state = 'pending'",
+                s = self.schema.quoted()
+            ),
+        };
+        // The log's 32-bit xid made a full one with the epoch of the snapshot's xmax (an xid
+        // at or above xmax's low half is of the epoch before).
+        let sql = format!(
+            "WITH snap AS MATERIALIZED ( \
+               SELECT pg_current_snapshot() AS s, \
+                      pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS xmax), \
+             r AS MATERIALIZED ( \
+               SELECT u.id, pg_visible_in_snapshot((((snap.xmax >> 32) \
+                   - CASE WHEN u.x >= (snap.xmax & 4294967295) THEN 1 ELSE 0 END) << 32 \
+                   | u.x)::text::xid8, snap.s) AS seen \
+               FROM unnest($1::int8[], $2::int8[]) AS u(id, x), snap), \
+             w AS ({write}) \
+             SELECT id FROM r WHERE NOT seen"
+        );
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let xids: Vec<i64> = rows.iter().map(|r| i64::from(r.1)).collect();
+        let late: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(&ids)
+            .bind(&xids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| store_error("settling published rows", e))?;
+        Ok(late.into_iter().collect())
+    }
+
+    /// Settles the rows of [`State::late`] whose transactions are visible now.
+    async fn settle_late(&self, state: &mut State) -> Result<(), StoreError> {
+        if state.late.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(i64, u32)> = state.late.iter().map(|l| (l.id, l.xid)).collect();
+        let still = self.settle_rows(&rows).await?;
+        let late = std::mem::take(&mut state.late);
+        for l in late {
+            if still.contains(&l.id) {
+                state.late.push(l);
+            } else {
+                state.settled(l.tx, 1);
+            }
         }
         Ok(())
     }
@@ -591,7 +666,9 @@ impl CdcFeed {
             if state.waiting_count() >= max_rows {
                 return Ok(());
             }
-            wait = Duration::from_millis(1);
+            // The rest: only what the connection has already buffered. Waiting for more here
+            // would add that wait to every event of a steady trickle.
+            wait = Duration::ZERO;
         }
     }
 
@@ -708,11 +785,15 @@ impl Feed for CdcFeed {
             state.reset();
             return Err(e);
         }
+        if let Err(e) = self.settle_late(&mut state).await {
+            state.reset();
+            return Err(e);
+        }
         self.confirm(&mut state);
         let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
         let mut rows = Vec::with_capacity(taken.len());
         for w in taken {
-            rows.push((w.message.id, w.tx));
+            rows.push((w.message.id, w.tx, w.xid));
             messages.push(w.message);
         }
         // The engine's order: by aggregate, then version.
@@ -726,7 +807,7 @@ impl Feed for CdcFeed {
             ))
         });
         let messages: Vec<OutboxMessage> = order.iter().map(|&i| messages[i].clone()).collect();
-        let rows: Vec<(i64, u64)> = order.iter().map(|&i| rows[i]).collect();
+        let rows: Vec<(i64, u64, u32)> = order.iter().map(|&i| rows[i]).collect();
         Ok(FeedBatch {
             ticket: CdcTicket {
                 session: state.session,
@@ -746,18 +827,22 @@ impl Feed for CdcFeed {
         let mut report = SettleReport::default();
         let by_id: HashMap<i64, &OutboxMessage> =
             ticket.messages.iter().map(|m| (m.id, m)).collect();
+        let xid_of: HashMap<i64, u32> = ticket.rows.iter().map(|&(id, _, x)| (id, x)).collect();
         // The table first: a published row is deleted (or marked) before its position can be
         // confirmed; a dead letter is recorded before its aggregate's later events are skipped.
-        if let Err(e) = self.write_settlement(settlement, &by_id).await {
-            // Nothing of this batch is confirmed; its aggregates must not stay busy for the
-            // rest of the session: the session ends, and the slot hands everything after the
-            // confirmed position out again (same event ids).
-            let mut state = self.state.lock().await;
-            if state.session == ticket.session {
-                state.reset();
+        let late = match self.write_settlement(settlement, &by_id, &xid_of).await {
+            Ok(late) => late,
+            Err(e) => {
+                // Nothing of this batch is confirmed; its aggregates must not stay busy for the
+                // rest of the session: the session ends, and the slot hands everything after the
+                // confirmed position out again (same event ids).
+                let mut state = self.state.lock().await;
+                if state.session == ticket.session {
+                    state.reset();
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
 
         let mut state = self.state.lock().await;
         if state.session != ticket.session {
@@ -766,10 +851,16 @@ impl Feed for CdcFeed {
             report.released = ticket.rows.len();
             return Ok(report);
         }
-        let tx_of: HashMap<i64, u64> = ticket.rows.iter().copied().collect();
+        let tx_of: HashMap<i64, u64> = ticket.rows.iter().map(|&(id, t, _)| (id, t)).collect();
         let mut settled_per_tx: HashMap<u64, usize> = HashMap::new();
         for id in &settlement.published {
             if let Some(&tx) = tx_of.get(id) {
+                if late.contains(id) {
+                    // Its row is settled once a snapshot sees its transaction.
+                    let xid = xid_of.get(id).copied().unwrap_or_default();
+                    state.late.push(Late { id: *id, tx, xid });
+                    continue;
+                }
                 *settled_per_tx.entry(tx).or_default() += 1;
             }
         }
@@ -792,6 +883,7 @@ impl Feed for CdcFeed {
                     back.entry(aggregate).or_default().push(Waiting {
                         message,
                         tx,
+                        xid: xid_of.get(&failed.id).copied().unwrap_or_default(),
                         due: Some(Instant::now() + delay),
                     });
                 }
@@ -813,6 +905,7 @@ impl Feed for CdcFeed {
                 behind_dead.push(Waiting {
                     message: m.clone(),
                     tx,
+                    xid: xid_of.get(id).copied().unwrap_or_default(),
                     due: None,
                 });
                 continue;
@@ -821,6 +914,7 @@ impl Feed for CdcFeed {
             back.entry(aggregate).or_default().push(Waiting {
                 message: m.clone(),
                 tx,
+                xid: xid_of.get(id).copied().unwrap_or_default(),
                 due: None,
             });
         }
@@ -835,6 +929,10 @@ impl Feed for CdcFeed {
         if let Err(e) = self.restore(&mut state).await {
             tracing::warn!(error = %e,
                 "could not write events left to the table back yet; tried again with the next batch");
+        }
+        if let Err(e) = self.settle_late(&mut state).await {
+            tracing::warn!(error = %e,
+                "could not settle published rows yet; tried again with the next batch");
         }
         for (aggregate, mut events) in back {
             events.sort_by_key(|w| w.message.aggregate_version);
@@ -852,9 +950,18 @@ impl Feed for CdcFeed {
     async fn wait_for_work(&self, timeout: Duration) {
         let mut state = self.state.lock().await;
         if !state.busy.is_empty() {
-            // Another worker's batch is out: its settle needs the state, so wait without it.
-            drop(state);
-            tokio::time::sleep(timeout.min(Duration::from_millis(2))).await;
+            // Another worker's batch is out and its settle needs the state: read the stream
+            // for at most a millisecond (an event for another aggregate can go out at once),
+            // then let go of the lock.
+            if state.stream.is_some() {
+                let more = state.waiting_count() + 1;
+                let _ = self
+                    .pull(&mut state, timeout.min(Duration::from_millis(1)), more)
+                    .await;
+            } else {
+                drop(state);
+                tokio::time::sleep(timeout.min(Duration::from_millis(2))).await;
+            }
             return;
         }
         let wait = match state.next_due() {
@@ -874,11 +981,111 @@ impl Feed for CdcFeed {
             return;
         }
         // Errors end the wait; the next batch starts the stream again and reports them.
-        let _ = self.pull(&mut state, wait, 1).await;
+        // Until a new event arrives: events already waiting (in backoff) do not end the wait.
+        let more = state.waiting_count() + 1;
+        let _ = self.pull(&mut state, wait, more).await;
         self.confirm(&mut state);
     }
 
     async fn stats(&self) -> Result<Option<OutboxStats>, StoreError> {
         self.store.stats().await.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use outbox_core::{NewMessage, Payload};
+
+    use super::*;
+    use crate::PgOutbox;
+
+    /// The window between a transaction's commit record reaching the log and the commit
+    /// becoming visible is too short to hit on purpose; an open transaction stands for it:
+    /// its row is invisible to the settle's snapshot exactly as a row in that window is.
+    #[tokio::test]
+    async fn a_row_of_a_transaction_the_settle_does_not_see_yet_is_left_for_later() {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPool::connect(&url)
+            .await
+            .expect("PostgreSQL on OUTBOX_TEST_DATABASE_URL");
+        let schema = Schema::new(&format!("cdc_late_{}", uuid::Uuid::now_v7().simple())).unwrap();
+        crate::migrate(&pool, &schema).await.unwrap();
+        let feed = CdcFeed::new(
+            &url,
+            pool.clone(),
+            schema.clone(),
+            CdcConfig::default(),
+            OnPublish::Delete,
+        );
+        let message = |id: &str| {
+            NewMessage::new(
+                "t",
+                id,
+                1,
+                "T",
+                Payload::bytes("application/json", b"{}".to_vec()),
+            )
+        };
+        let count = || async {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {}.events",
+                schema.quoted()
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+
+        let mut tx = pool.begin().await.unwrap();
+        PgOutbox::new(schema.clone())
+            .enqueue(&mut *tx, &message("a"))
+            .await
+            .unwrap();
+        let (id, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, txid_current() FROM {}.events",
+            schema.quoted()
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        let row = (id, (xid & 0xFFFF_FFFF) as u32);
+        assert_eq!(
+            feed.settle_rows(&[row]).await.unwrap(),
+            HashSet::from([id]),
+            "not seen yet: left for later"
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(count().await, 1, "nothing deleted before it was seen");
+        assert!(feed.settle_rows(&[row]).await.unwrap().is_empty());
+        assert_eq!(count().await, 0, "deleted once seen");
+
+        // Deleted by the producer in its transaction: seen, nothing to delete, not late.
+        let mut tx = pool.begin().await.unwrap();
+        PgOutbox::new(schema.clone())
+            .delete_in_transaction(true)
+            .enqueue(&mut *tx, &message("b"))
+            .await
+            .unwrap();
+        let xid: i64 = sqlx::query_scalar("SELECT txid_current()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert!(
+            feed.settle_rows(&[(id + 1, (xid & 0xFFFF_FFFF) as u32)])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            schema.quoted()
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
     }
 }
