@@ -409,34 +409,71 @@ impl CdcFeed {
         Ok(late)
     }
 
-    /// Deletes (or marks) published rows, each only if the statement's snapshot sees its
-    /// inserting transaction; returns the ids whose transaction it did not see.
+    /// Deletes (or marks) published rows; returns the ids of those whose inserting
+    /// transaction was not visible yet, which are left for a later settle.
     ///
     /// The log hands a transaction out once its commit record is flushed, which is a moment
     /// before the server makes it visible to other sessions. A relay quick enough to publish
-    /// and settle within that moment would find no row to delete, and the row would stay
-    /// behind, published, for the polling relay to publish again and for the CDC relay's
-    /// "behind the table" check to hold its aggregate. So the statement tells a row that is
-    /// not there (the producer deleted it in its transaction) from a row not visible yet: a
-    /// row of a transaction its snapshot does not see is left for a later settle
+    /// and settle within that moment finds no row to delete, and the row would stay behind,
+    /// published, for the polling relay to publish again and for the CDC relay's "behind the
+    /// table" check to hold its aggregate (W3 in CDC mode left 4-21 rows per run so). So the
+    /// rows the plain statement did not find are looked at again with their transactions
+    /// ([`CdcFeed::settle_unseen`]): a row the producer deleted in its transaction is gone for
+    /// good, a row of a transaction not visible yet is left for later
     /// ([`CdcFeed::settle_late`]), and its position is not confirmed before.
     async fn settle_rows(&self, rows: &[(i64, u32)]) -> Result<HashSet<i64>, StoreError> {
         if rows.is_empty() {
             return Ok(HashSet::new());
         }
-        let write = match self.on_publish {
+        let sql = match self.on_publish {
             OnPublish::Delete => format!(
-                "DELETE FROM {s}.events e USING r WHERE e.id = r.id AND r.seen",
-                s = self.schema.quoted()
+                "DELETE FROM {}.events WHERE id = ANY($1) RETURNING id",
+                self.schema.quoted()
             ),
             OnPublish::Mark => format!(
-                "UPDATE {s}.events e SET state = 'published', published_at = now() FROM r \
-                 WHERE e.id = r.id AND r.seen AND e.state = 'pending'",
-                s = self.schema.quoted()
+                "UPDATE {}.events SET state = 'published', published_at = now() \
+                 WHERE id = ANY($1) AND state = 'pending' RETURNING id",
+                self.schema.quoted()
+            ),
+        };
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let found: HashSet<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| store_error("settling published rows", e))?
+            .into_iter()
+            .collect();
+        let unseen: Vec<(i64, u32)> = rows
+            .iter()
+            .filter(|r| !found.contains(&r.0))
+            .copied()
+            .collect();
+        self.settle_unseen(&unseen).await
+    }
+
+    /// Rows the settle did not find: each is deleted (or marked) if the statement's snapshot
+    /// sees its inserting transaction (it became visible meanwhile) and counts as settled
+    /// either way then (a row of a visible transaction that is not there was deleted by its
+    /// producer, or marked already); the ids of transactions still not visible are returned.
+    async fn settle_unseen(&self, rows: &[(i64, u32)]) -> Result<HashSet<i64>, StoreError> {
+        if rows.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let write = match self.on_publish {
+            OnPublish::Delete => format!(
+                "DELETE FROM {}.events WHERE id = ANY(ARRAY(SELECT id FROM r WHERE seen))",
+                self.schema.quoted()
+            ),
+            OnPublish::Mark => format!(
+                "UPDATE {}.events SET state = 'published', published_at = now() \
+                 WHERE id = ANY(ARRAY(SELECT id FROM r WHERE seen)) AND state = 'pending'",
+                self.schema.quoted()
             ),
         };
         // The log's 32-bit xid made a full one with the epoch of the snapshot's xmax (an xid
-        // at or above xmax's low half is of the epoch before).
+        // at or above xmax's low half is of the epoch before). One statement, so the write
+        // and the visibility check share the snapshot.
         let sql = format!(
             "WITH snap AS MATERIALIZED ( \
                SELECT pg_current_snapshot() AS s, \
