@@ -418,14 +418,17 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let load = loadavg();
-    relay_stop.cancel();
-    relay_task.await?;
-    if let Some(feed) = &feed {
-        // Rows deleted by the last settles: wait for them before the count below.
+    if feed.is_some() {
+        // The CDC relay settles a row whose transaction was not visible yet with a later
+        // batch: give it the time (at most 10 s) before it stops and the rows are counted.
         let deadline = Instant::now() + Duration::from_secs(10);
         while count(&pools.producer, bench, "events").await? > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+    relay_stop.cancel();
+    relay_task.await?;
+    if let Some(feed) = &feed {
         feed.shutdown().await?;
         let name = bench.schema.as_str();
         cdc::remove(&pools.relay, name, name, Duration::from_secs(10)).await?;

@@ -64,6 +64,11 @@ pub struct RelayFile {
     /// CDC: seconds between heartbeats written into the log, so an idle outbox on a busy
     /// database does not pin WAL. 0 turns them off.
     pub cdc_heartbeat_secs: f64,
+    /// CDC: the producers delete their rows in their own transactions
+    /// (`PgOutbox::delete_in_transaction`); the relay then writes what it leaves to the table
+    /// (dead letters and the events behind them) back into it, which needs `INSERT` on the
+    /// outbox table for its role. Default false.
+    pub cdc_producers_delete_rows: bool,
 }
 
 /// `relay.mode`.
@@ -99,6 +104,7 @@ impl Default for RelayFile {
             cdc_slot: None,
             cdc_publication: None,
             cdc_heartbeat_secs: 10.0,
+            cdc_producers_delete_rows: false,
         }
     }
 }
@@ -118,6 +124,7 @@ impl RelayFile {
         outbox_postgres::cdc::CdcConfig {
             slot: self.cdc_slot.clone(),
             publication: self.cdc_publication.clone(),
+            producers_delete_rows: self.cdc_producers_delete_rows,
             ..outbox_postgres::cdc::CdcConfig::default()
         }
     }

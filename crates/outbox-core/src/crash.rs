@@ -13,8 +13,8 @@
 //! * [`CRASH_SKIP_ENV`] (`OUTBOX_CRASH_SKIP=n`): let the point pass `n` times and act on the
 //!   `n+1`-th hit, so a crash lands in the middle of a workload rather than on its first event.
 //! * [`CRASH_ACTION_ENV`] (`OUTBOX_CRASH_ACTION`): `abort` (default) ends the process with
-//!   SIGABRT; `stop` raises SIGSTOP on the thread that hit the point, freezing the process with
-//!   that thread exactly there (a long GC or VM pause) until someone sends SIGCONT. The crash matrix uses `stop` to let a relay's lease
+//!   SIGABRT; `stop` raises SIGSTOP on the thread that hit the point, freezing the process
+//!   with that thread exactly there (a long GC or VM pause) until someone sends SIGCONT. The crash matrix uses `stop` to let a relay's lease
 //!   expire between the broker's ack and its mark.
 //!
 //! Points defined so far:

@@ -68,6 +68,13 @@ pub struct CdcConfig {
     pub status_interval: Duration,
     /// Decoded changes buffered between the connection and the relay. Default 8,192.
     pub buffer_events: usize,
+    /// The producers delete their rows in their own transactions
+    /// (`PgOutbox::delete_in_transaction`): the feed then writes every event it leaves to the
+    /// table (a dead letter, the events of an aggregate parked behind one) back into it before
+    /// it counts as settled, or it would exist nowhere but in the log. Needs `INSERT` on the
+    /// outbox table for the relay's role (docs/security.md). Default `false`: the rows are in
+    /// the table already, and the relay role inserts nothing.
+    pub producers_delete_rows: bool,
 }
 
 impl Default for CdcConfig {
@@ -77,6 +84,7 @@ impl Default for CdcConfig {
             publication: None,
             status_interval: Duration::from_secs(1),
             buffer_events: 8192,
+            producers_delete_rows: false,
         }
     }
 }

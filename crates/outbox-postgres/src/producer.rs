@@ -56,7 +56,8 @@ use crate::sql::Sql;
 /// * **A lost slot loses them**: the recovery of a dropped or invalidated slot republishes what
 ///   the table holds (README, "CDC relay"), and these rows are not there.
 /// * **Duplicates** of an event id or of an aggregate version are refused only within one
-///   transaction ([`EnqueueError::DuplicateEventId`], [`EnqueueError::VersionConflict`]): the
+///   `enqueue` / `enqueue_batch` call ([`EnqueueError::DuplicateEventId`],
+///   [`EnqueueError::VersionConflict`]): each call deletes its rows before it returns, and the
 ///   unique constraints see only rows still in the table. Version order is unaffected
 ///   ([`PgOutbox::next_aggregate_version`] keeps its own counter).
 /// * **Grants**: the producer's role also needs `DELETE` and `SELECT (event_id)` on `events`;
@@ -64,7 +65,9 @@ use crate::sql::Sql;
 ///   [`EnqueueError::PermissionDenied`].
 ///
 /// An event the CDC relay cannot publish (a dead letter, or one of an aggregate waiting behind
-/// a dead letter) is written back into the table by the relay, so nothing is lost there.
+/// a dead letter) is written back into the table by the relay when it runs with
+/// `CdcConfig::producers_delete_rows` (`relay.cdc_producers_delete_rows`), so nothing is lost
+/// there.
 #[derive(Debug, Clone)]
 pub struct PgOutbox {
     schema: Schema,

@@ -711,6 +711,10 @@ mod relay {
             .unwrap();
         tx.commit().await.unwrap();
         assert_eq!(db.count("true").await, 0, "the producer's rows are gone");
+        let config = outbox_postgres::cdc::CdcConfig {
+            producers_delete_rows: true,
+            ..config
+        };
 
         // b v2 is refused for good.
         let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));

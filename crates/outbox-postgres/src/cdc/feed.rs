@@ -21,11 +21,13 @@
 //!   with a dead row are parked at start). `outbox dead-letters requeue` makes the dead row
 //!   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
 //!   after a requeue; the CDC feed does not claim rows).
-//! * **Left to the table**: every event this feed does not publish (a dead letter, the events
-//!   of a parked aggregate) is written back into the table first if its row is not there (the
-//!   producer deleted it in its transaction: `PgOutbox::delete_in_transaction`), and only then
-//!   counts as settled; so no position is confirmed past an event that exists nowhere but in
-//!   the log. With rows kept, the write finds them and changes nothing.
+//! * **Left to the table** with [`CdcConfig::producers_delete_rows`] (the producers use
+//!   `PgOutbox::delete_in_transaction`): every event this feed does not publish (a dead letter,
+//!   every event of a parked aggregate) is written back into the table first if its row is not
+//!   there, and only then counts as settled; so no position is confirmed past an event that
+//!   exists nowhere but in the log. Without the option the rows are there already and nothing
+//!   is written back (a written-back row that a polling relay had published and deleted during
+//!   a switch of modes would go out again).
 //! * **Not attempted**: back at the head of the aggregate, due at once.
 //! * **Behind the table**: an aggregate whose head in the log has an older version pending
 //!   (or dead) in the table, such as a row committed before the slot existed or a requeued dead
@@ -65,6 +67,18 @@ const BEHIND_RECHECK: Duration = Duration::from_millis(250);
 
 /// How often a standby tries to take the slot over.
 const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// SQL for the full (64-bit) transaction id of the log's 32-bit `xid`, next to the 64-bit
+/// `xmax` of a snapshot: the one nearest to `xmax`, by the signed 32-bit distance between the
+/// low halves. A transaction in the window this feed cares about (commit flushed, not visible
+/// yet) often has an id at or above `xmax`, which is one past the latest *completed*
+/// transaction; ids within 2^31 either side are told apart, across an epoch boundary too.
+fn full_xid(xid: &str, xmax: &str) -> String {
+    format!(
+        "({xmax} + ((((({xid}) - ({xmax} & 4294967295)) + 2147483648) & 4294967295) \
+         - 2147483648))"
+    )
+}
 
 /// An aggregate: `(aggregate_type, aggregate_id)`.
 type Aggregate = (String, String);
@@ -122,9 +136,11 @@ struct State {
     order: VecDeque<Aggregate>,
     /// Aggregates of a batch not settled yet.
     busy: HashSet<Aggregate>,
-    /// Aggregates with a dead letter (or behind the table), with the first version left to the
-    /// table: their events from that version on are left to the polling relay.
-    parked: HashMap<Aggregate, i64>,
+    /// Aggregates with a dead letter (or behind the table): their later events are left to the
+    /// polling relay.
+    parked: HashSet<Aggregate>,
+    /// [`CdcConfig::producers_delete_rows`]: what is left to the table is written back first.
+    write_back: bool,
     /// Events left to the table that must be written back there before they count as settled.
     restore: Vec<Waiting>,
     /// Published rows whose transaction was not visible yet when their settle ran.
@@ -149,6 +165,7 @@ impl State {
         *self = State {
             session,
             parked,
+            write_back: self.write_back,
             ..State::default()
         };
     }
@@ -191,10 +208,11 @@ impl State {
                 let mut left = 0;
                 for message in tx.messages {
                     let aggregate = (message.aggregate_type.clone(), message.aggregate_id.clone());
-                    if let Some(&from) = self.parked.get(&aggregate) {
-                        if message.aggregate_version >= from {
-                            // Left pending in the table for the polling relay, once it is
-                            // there.
+                    if self.parked.contains(&aggregate) {
+                        // Left pending in the table for the polling relay: there already, or
+                        // written back first (every version: one published before a restart
+                        // goes out again, a late-committing older one is not lost).
+                        if self.write_back {
                             left += 1;
                             self.restore.push(Waiting {
                                 message,
@@ -203,7 +221,6 @@ impl State {
                                 due: None,
                             });
                         }
-                        // Older: published before (streamed again after a restart).
                         continue;
                     }
                     left += 1;
@@ -275,17 +292,25 @@ impl State {
         }
     }
 
-    /// Leaves `aggregate` to the polling relay from version `from` on: its events taken or
-    /// waiting go back to the table (they count as settled once they are there), and later
-    /// ones follow as they arrive.
-    fn park(&mut self, aggregate: &Aggregate, from: i64, taken: Vec<Waiting>) {
-        self.restore.extend(taken);
-        if let Some(queue) = self.waiting.remove(aggregate) {
-            self.restore.extend(queue);
-        }
+    /// Leaves `aggregate` to the polling relay: its events taken or waiting, and later ones
+    /// as they arrive, stay (or are written back) as pending rows of the table.
+    fn park(&mut self, aggregate: &Aggregate, taken: Vec<Waiting>) {
+        let queued = self.waiting.remove(aggregate).into_iter().flatten();
+        self.leave_to_table(taken.into_iter().chain(queued));
         self.busy.remove(aggregate);
-        let first = self.parked.entry(aggregate.clone()).or_insert(from);
-        *first = (*first).min(from);
+        self.parked.insert(aggregate.clone());
+    }
+
+    /// Events left to the table: written back first ([`State::restore`]) with
+    /// `write_back`, settled at once without (their rows are there).
+    fn leave_to_table(&mut self, events: impl IntoIterator<Item = Waiting>) {
+        for w in events {
+            if self.write_back {
+                self.restore.push(w);
+            } else {
+                self.settled(w.tx, 1);
+            }
+        }
     }
 
     /// The earliest due time of a waiting head, if every waiting head is in backoff.
@@ -393,7 +418,9 @@ impl CdcFeed {
                 continue;
             };
             // Its row first, if the producer deleted it in its transaction; then the state.
-            self.write_back(std::slice::from_ref(m)).await?;
+            if self.config.producers_delete_rows {
+                self.write_back(std::slice::from_ref(m)).await?;
+            }
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE {}.events SET state = 'dead', attempts = $2, last_error = $3 \
                  WHERE event_id = $1 AND state = 'pending'",
@@ -471,20 +498,17 @@ impl CdcFeed {
                 self.schema.quoted()
             ),
         };
-        // The log's 32-bit xid made a full one with the epoch of the snapshot's xmax (an xid
-        // at or above xmax's low half is of the epoch before). One statement, so the write
-        // and the visibility check share the snapshot.
+        // One statement, so the write and the visibility check share the snapshot.
         let sql = format!(
             "WITH snap AS MATERIALIZED ( \
                SELECT pg_current_snapshot() AS s, \
                       pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS xmax), \
              r AS MATERIALIZED ( \
-               SELECT u.id, pg_visible_in_snapshot((((snap.xmax >> 32) \
-                   - CASE WHEN u.x >= (snap.xmax & 4294967295) THEN 1 ELSE 0 END) << 32 \
-                   | u.x)::text::xid8, snap.s) AS seen \
+               SELECT u.id, pg_visible_in_snapshot({full}::text::xid8, snap.s) AS seen \
                FROM unnest($1::int8[], $2::int8[]) AS u(id, x), snap), \
              w AS ({write}) \
-             SELECT id FROM r WHERE NOT seen"
+             SELECT id FROM r WHERE NOT seen",
+            full = full_xid("u.x", "snap.xmax")
         );
         let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
         let xids: Vec<i64> = rows.iter().map(|r| i64::from(r.1)).collect();
@@ -636,9 +660,8 @@ impl CdcFeed {
         if state.retry_at.is_some_and(|at| Instant::now() < at) {
             return Ok(false);
         }
-        let parked: Vec<(String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT aggregate_type, aggregate_id, min(aggregate_version) FROM {}.events \
-             WHERE state = 'dead' GROUP BY aggregate_type, aggregate_id",
+        let parked: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT aggregate_type, aggregate_id FROM {}.events WHERE state = 'dead'",
             self.schema.quoted()
         )))
         .fetch_all(&self.pool)
@@ -666,7 +689,8 @@ impl CdcFeed {
             None => tracing::info!(slot = stream.slot(), "streaming the replication slot"),
         }
         state.reset();
-        state.parked = parked.into_iter().map(|(t, i, v)| ((t, i), v)).collect();
+        state.parked = parked.into_iter().collect();
+        state.write_back = self.config.producers_delete_rows;
         state.stream = Some(stream);
         Ok(true)
     }
@@ -742,6 +766,8 @@ impl Feed for CdcFeed {
     async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<CdcTicket>, StoreError> {
         let mut state = self.state.lock().await;
         if !self.ensure_stream(&mut state).await? {
+            // A standby: nothing of its own is behind (the streaming relay reports its lag).
+            self.oldest_open_micros.store(0, Ordering::Relaxed);
             return Ok(FeedBatch {
                 ticket: CdcTicket {
                     session: state.session,
@@ -811,12 +837,7 @@ impl Feed for CdcFeed {
                 BEHIND_PATIENCE
             );
             state.behind.remove(&aggregate);
-            let from = out
-                .iter()
-                .map(|w| w.message.aggregate_version)
-                .min()
-                .unwrap_or(i64::MAX);
-            state.park(&aggregate, from, out);
+            state.park(&aggregate, out);
         }
         if let Err(e) = self.restore(&mut state).await {
             state.reset();
@@ -904,8 +925,8 @@ impl Feed for CdcFeed {
         report.marked = settlement.published.len();
         // Per aggregate, what goes back to the head of its queue, in version order.
         let mut back: HashMap<Aggregate, Vec<Waiting>> = HashMap::new();
-        // Aggregates with a dead letter in this batch, with its version.
-        let mut dead: HashMap<Aggregate, i64> = HashMap::new();
+        // Aggregates with a dead letter in this batch.
+        let mut dead: HashSet<Aggregate> = HashSet::new();
         let mut behind_dead: Vec<Waiting> = Vec::new();
         for failed in &settlement.failed {
             let (Some(&m), Some(&tx)) = (by_id.get(&failed.id), tx_of.get(&failed.id)) else {
@@ -928,7 +949,7 @@ impl Feed for CdcFeed {
                     // Recorded in the table by `write_settlement` above.
                     report.dead_lettered += 1;
                     *settled_per_tx.entry(tx).or_default() += 1;
-                    dead.insert(aggregate, m.aggregate_version);
+                    dead.insert(aggregate);
                 }
             }
         }
@@ -937,7 +958,7 @@ impl Feed for CdcFeed {
                 continue;
             };
             let aggregate = (m.aggregate_type.clone(), m.aggregate_id.clone());
-            if dead.contains_key(&aggregate) {
+            if dead.contains(&aggregate) {
                 // Behind a dead letter: left pending in the table.
                 behind_dead.push(Waiting {
                     message: m.clone(),
@@ -958,11 +979,11 @@ impl Feed for CdcFeed {
         for (tx, n) in settled_per_tx {
             state.settled(tx, n);
         }
-        for (aggregate, version) in &dead {
+        for aggregate in &dead {
             // Everything of it still waiting is left to the polling relay too.
-            state.park(aggregate, *version, Vec::new());
+            state.park(aggregate, Vec::new());
         }
-        state.restore.extend(behind_dead);
+        state.leave_to_table(behind_dead);
         if let Err(e) = self.restore(&mut state).await {
             tracing::warn!(error = %e,
                 "could not write events left to the table back yet; tried again with the next batch");
@@ -1038,6 +1059,40 @@ mod tests {
     use super::*;
     use crate::PgOutbox;
 
+    /// The full id of a 32-bit xid next to a snapshot's xmax: before, at and after xmax, and
+    /// across an epoch boundary either way.
+    #[tokio::test]
+    async fn a_32_bit_xid_is_made_full_next_to_the_snapshots_xmax() {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPool::connect(&url)
+            .await
+            .expect("PostgreSQL on OUTBOX_TEST_DATABASE_URL");
+        const E: i64 = 1 << 32;
+        for (xid, xmax, full) in [
+            (700, 1000, 700),
+            (1000, 1000, 1000),
+            (1005, 1000, 1005),
+            (700, 2 * E + 1000, 2 * E + 700),
+            (1005, 2 * E + 1000, 2 * E + 1005),
+            // xmax just past an epoch boundary, the xid just before it.
+            (E - 2, 2 * E + 3, 2 * E - 2),
+            // xmax just before a boundary, the xid just after it.
+            (1, 2 * E - 2, 2 * E + 1),
+        ] {
+            let got: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT {}",
+                full_xid("$1::int8", "$2::int8")
+            )))
+            .bind(xid)
+            .bind(xmax)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(got, full, "xid {xid} next to xmax {xmax}");
+        }
+    }
+
     /// The window between a transaction's commit record reaching the log and the commit
     /// becoming visible is too short to hit on purpose; an open transaction stands for it:
     /// its row is invisible to the settle's snapshot exactly as a row in that window is.
@@ -1106,13 +1161,16 @@ mod tests {
             .enqueue(&mut *tx, &message("b"))
             .await
             .unwrap();
-        let xid: i64 = sqlx::query_scalar("SELECT txid_current()")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let (gone, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT currval(pg_get_serial_sequence('{}.events', 'id')), txid_current()",
+            schema.quoted()
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
         tx.commit().await.unwrap();
         assert!(
-            feed.settle_rows(&[(id + 1, (xid & 0xFFFF_FFFF) as u32)])
+            feed.settle_rows(&[(gone, (xid & 0xFFFF_FFFF) as u32)])
                 .await
                 .unwrap()
                 .is_empty()
