@@ -19,7 +19,10 @@ CREATE FUNCTION {{schema}}.enqueue_deleted(
     destinations       text[],
     partition_keys     text[]
 ) RETURNS void
-LANGUAGE sql VOLATILE SECURITY INVOKER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
+BEGIN
+    -- PL/pgSQL keeps both plans for the session; a LANGUAGE sql function plans them on
+    -- every call.
     INSERT INTO {{schema}}.events (event_id, aggregate_type, aggregate_id, aggregate_version,
         event_type, schema_version, content_type, payload, headers, destination, partition_key)
     SELECT u.event_id, u.aggregate_type, u.aggregate_id, u.aggregate_version, u.event_type,
@@ -32,4 +35,5 @@ LANGUAGE sql VOLATILE SECURITY INVOKER AS $$
         ord)
     ORDER BY u.ord;
     DELETE FROM {{schema}}.events WHERE event_id = ANY(event_ids);
+END
 $$;
