@@ -1,8 +1,9 @@
 //! `outbox relay --mode cdc` end to end, on the real brokers and PostgreSQL with logical
 //! replication: `outbox migrate` creates the publication, the first start needs
 //! `--create-slot`, every committed event arrives in per-aggregate order and its row is
-//! deleted, a relay killed with SIGKILL mid-stream loses nothing after its restart, and a slot
-//! dropped under a running relay stops it with the recovery named.
+//! deleted, a relay killed with SIGKILL mid-stream loses nothing after its restart, a slot
+//! dropped under a running relay stops it with the recovery named, and that recovery (the
+//! polling relay, then a new slot) delivers what was committed while no slot existed.
 #![allow(missing_docs)]
 
 mod common;
@@ -187,6 +188,54 @@ async fn cdc_relay_end_to_end(kind: Kind) {
         log.contains("was dropped") && log.contains("a lost slot"),
         "the relay says what happened and where the recovery is:\n{log}"
     );
+
+    // Events committed while no slot exists stay rows of the table. A CDC relay started
+    // without --create-slot refuses, naming the recovery; the README's recovery (the polling
+    // relay, then CDC again with --create-slot while it runs) delivers every one of them and
+    // what follows, in order per aggregate.
+    let lost = produce(&db, "lost", 4, 1, 3).await;
+    expected.extend(lost.iter().copied());
+    let refused = run(
+        relay_cmd(&db, &broker, &config, false),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        refused.stderr.contains("does not exist") && refused.stderr.contains("a lost slot"),
+        "{refused:?}"
+    );
+    let mut polling = relay_cmd(&db, &broker, &config, false);
+    polling.args(["--mode", "polling"]);
+    let polling = ChildGuard::spawn(polling, "polling-relay");
+    let cdc = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-3");
+    let after = produce(&db, "lost", 4, 4, 6).await;
+    expected.extend(after.iter().copied());
+    let seen = sub
+        .wait_ids(
+            &expected.iter().copied().collect::<Vec<_>>(),
+            Duration::from_secs(60),
+        )
+        .await;
+    let mut firsts = Vec::new();
+    let mut ids = HashSet::new();
+    for r in seen {
+        if ids.insert(r.event_id) {
+            firsts.push(r);
+        }
+    }
+    assert_strictly_increasing(&firsts);
+    assert!(
+        expected.is_subset(&ids),
+        "every event, those committed without a slot included"
+    );
+    wait_until(Duration::from_secs(20), "published rows deleted", || {
+        let db = &db;
+        async move { db.count("true").await == 0 }
+    })
+    .await;
+    drop(polling);
+    drop(cdc);
     db.cleanup().await;
     broker.cleanup().await;
 }
