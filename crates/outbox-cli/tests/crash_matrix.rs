@@ -219,3 +219,21 @@ async fn cell_of_the_other_relay_mode_is_refused() {
         out.stderr
     );
 }
+
+/// `--list` shows the cells of the chosen relay mode: the lease cell for polling, the standby
+/// takeover for CDC, never both.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_list_follows_the_relay_mode() {
+    for (mode, present, absent) in [
+        ("polling", "relay.lease_expired", "relay.standby_takeover"),
+        ("cdc", "relay.standby_takeover", "relay.lease_expired"),
+    ] {
+        let mut cmd = common::outbox(None, Some(&nats_url()), None);
+        cmd.args(["crash-matrix", "--list", "--relay-mode", mode]);
+        let out = common::run(cmd, Duration::from_secs(30)).await;
+        assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+        assert!(out.stdout.contains(present), "{mode}: {}", out.stdout);
+        assert!(!out.stdout.contains(absent), "{mode}: {}", out.stdout);
+        assert_eq!(out.stdout.lines().count(), 12, "{mode}: {}", out.stdout);
+    }
+}
