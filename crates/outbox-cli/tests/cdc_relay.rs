@@ -59,6 +59,18 @@ fn relay_cmd(
     cmd
 }
 
+/// Copies of an event sent again (after a kill, a takeover, a recovery) are fine, same id;
+/// the first appearances must be in version order per aggregate. Returns the ids seen.
+fn assert_first_appearances_in_order(seen: Vec<Received>) -> HashSet<Uuid> {
+    let mut ids = HashSet::new();
+    let firsts: Vec<_> = seen
+        .into_iter()
+        .filter(|r| ids.insert(r.event_id))
+        .collect();
+    assert_strictly_increasing(&firsts);
+    ids
+}
+
 /// One transaction per version round: `aggregates` aggregates, versions `from..=to`.
 async fn produce(db: &TestDb, prefix: &str, aggregates: usize, from: i64, to: i64) -> Vec<Uuid> {
     let mut ids = Vec::new();
@@ -139,16 +151,7 @@ async fn cdc_relay_end_to_end(kind: Kind) {
             Duration::from_secs(60),
         )
         .await;
-    // Copies of an event re-sent after the kill are fine (same id); order within an
-    // aggregate, first appearances, must hold.
-    let mut firsts = Vec::new();
-    let mut ids = HashSet::new();
-    for r in seen {
-        if ids.insert(r.event_id) {
-            firsts.push(r);
-        }
-    }
-    assert_strictly_increasing(&firsts);
+    let ids = assert_first_appearances_in_order(seen);
     assert!(
         ids.is_subset(&expected) && expected.is_subset(&ids),
         "exactly the committed events"
@@ -217,14 +220,7 @@ async fn cdc_relay_end_to_end(kind: Kind) {
             Duration::from_secs(60),
         )
         .await;
-    let mut firsts = Vec::new();
-    let mut ids = HashSet::new();
-    for r in seen {
-        if ids.insert(r.event_id) {
-            firsts.push(r);
-        }
-    }
-    assert_strictly_increasing(&firsts);
+    let ids = assert_first_appearances_in_order(seen);
     assert!(
         expected.is_subset(&ids),
         "every event, those committed without a slot included"
@@ -299,12 +295,7 @@ async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
     first.wait_exit(Duration::from_secs(10)).await;
     expected.extend(produce(&db, "pay", 4, 6, 10).await);
     let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;
-    let mut ids = HashSet::new();
-    let firsts: Vec<_> = seen
-        .into_iter()
-        .filter(|r| ids.insert(r.event_id))
-        .collect();
-    assert_strictly_increasing(&firsts);
+    let ids = assert_first_appearances_in_order(seen);
     assert_eq!(ids.len(), expected.len());
     standby.assert_running();
     let log = standby.log();

@@ -646,22 +646,7 @@ mod relay {
             vec![1],
             "b v5 waits for the requeued v2 (the polling relay's)"
         );
-        let polling = Arc::new(
-            Relay::new(Arc::clone(&store), Arc::clone(&transport), config_polling()).unwrap(),
-        );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while transport.acked_for("b").len() < 5 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{:?}",
-                transport.acked_for("b")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.cancel();
-        task.await.unwrap();
+        run_polling_until(&store, &transport, |t| t.acked_for("b").len() >= 5).await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4, 5]);
         assert_eq!(db.count("true").await, 0);
     }
@@ -745,22 +730,7 @@ mod relay {
             .dead_letter_requeue(RequeueParams { event_ids: None })
             .await
             .unwrap();
-        let polling = Arc::new(
-            Relay::new(Arc::clone(&store), Arc::clone(&transport), config_polling()).unwrap(),
-        );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while transport.acked_for("b").len() < 3 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{:?}",
-                transport.acked_for("b")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.cancel();
-        task.await.unwrap();
+        run_polling_until(&store, &transport, |t| t.acked_for("b").len() >= 3).await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3]);
         assert_eq!(db.count("true").await, 0);
     }
@@ -828,6 +798,30 @@ mod relay {
         stop.cancel();
         task.await.unwrap();
         feed.shutdown().await.unwrap();
+    }
+
+    /// Runs a polling relay on `store` until `done` holds (at most 20 s), then stops it.
+    async fn run_polling_until(
+        store: &Arc<outbox_postgres::PgStore>,
+        transport: &Arc<FakeTransport>,
+        done: impl Fn(&FakeTransport) -> bool,
+    ) {
+        let polling = Arc::new(
+            Relay::new(Arc::clone(store), Arc::clone(transport), config_polling()).unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !done(transport) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not done within 20 s: b acked {:?}",
+                transport.acked_for("b")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
     }
 
     fn config_polling() -> RelayConfig {

@@ -452,17 +452,7 @@ impl CdcFeed {
         if rows.is_empty() {
             return Ok(HashSet::new());
         }
-        let sql = match self.on_publish {
-            OnPublish::Delete => format!(
-                "DELETE FROM {}.events WHERE id = ANY($1) RETURNING id",
-                self.schema.quoted()
-            ),
-            OnPublish::Mark => format!(
-                "UPDATE {}.events SET state = 'published', published_at = now() \
-                 WHERE id = ANY($1) AND state = 'pending' RETURNING id",
-                self.schema.quoted()
-            ),
-        };
+        let sql = format!("{} RETURNING id", self.settle_write("$1"));
         let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
         let found: HashSet<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(&ids)
@@ -479,6 +469,19 @@ impl CdcFeed {
         self.settle_unseen(&unseen).await
     }
 
+    /// The statement that settles published rows whose ids are the array `ids`: deletes
+    /// them, or marks the pending ones published ([`OnPublish`]).
+    fn settle_write(&self, ids: &str) -> String {
+        let s = self.schema.quoted();
+        match self.on_publish {
+            OnPublish::Delete => format!("DELETE FROM {s}.events WHERE id = ANY({ids})"),
+            OnPublish::Mark => format!(
+                "UPDATE {s}.events SET state = 'published', published_at = now() \
+                 WHERE id = ANY({ids}) AND state = 'pending'"
+            ),
+        }
+    }
+
     /// Rows the settle did not find: each is deleted (or marked) if the statement's snapshot
     /// sees its inserting transaction (it became visible meanwhile) and counts as settled
     /// either way then (a row of a visible transaction that is not there was deleted by its
@@ -487,17 +490,7 @@ impl CdcFeed {
         if rows.is_empty() {
             return Ok(HashSet::new());
         }
-        let write = match self.on_publish {
-            OnPublish::Delete => format!(
-                "DELETE FROM {}.events WHERE id = ANY(ARRAY(SELECT id FROM r WHERE seen))",
-                self.schema.quoted()
-            ),
-            OnPublish::Mark => format!(
-                "UPDATE {}.events SET state = 'published', published_at = now() \
-                 WHERE id = ANY(ARRAY(SELECT id FROM r WHERE seen)) AND state = 'pending'",
-                self.schema.quoted()
-            ),
-        };
+        let write = self.settle_write("ARRAY(SELECT id FROM r WHERE seen)");
         // One statement, so the write and the visibility check share the snapshot.
         let sql = format!(
             "WITH snap AS MATERIALIZED ( \
