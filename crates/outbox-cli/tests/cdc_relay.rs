@@ -3,7 +3,9 @@
 //! `--create-slot`, every committed event arrives in per-aggregate order and its row is
 //! deleted, a relay killed with SIGKILL mid-stream loses nothing after its restart, a slot
 //! dropped under a running relay stops it with the recovery named, and that recovery (the
-//! polling relay, then a new slot) delivers what was committed while no slot existed.
+//! polling relay, then a new slot) delivers what was committed while no slot existed. Also:
+//! every shape of commit (late, rolled back, hot aggregate, 10,000 events in one transaction)
+//! on each broker, a standby taking over, and the README's mode switch under load.
 #![allow(missing_docs)]
 
 mod common;
@@ -59,6 +61,23 @@ fn relay_cmd(
     cmd
 }
 
+/// Waits until a relay streams the test's slot (named after its schema).
+async fn wait_slot_streamed(db: &TestDb) {
+    wait_until(
+        Duration::from_secs(20),
+        "the slot streamed",
+        || async move {
+            db.scalar(&format!(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
+                db.name()
+            ))
+            .await
+                == 1
+        },
+    )
+    .await;
+}
+
 /// Copies of an event sent again (after a kill, a takeover, a recovery) are fine, same id;
 /// the first appearances must be in version order per aggregate. Returns the ids seen.
 fn assert_first_appearances_in_order(seen: Vec<Received>) -> HashSet<Uuid> {
@@ -110,18 +129,7 @@ async fn cdc_relay_end_to_end(kind: Kind) {
     assert!(refused.stderr.contains("--create-slot"), "{refused:?}");
 
     let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-1");
-    wait_until(Duration::from_secs(20), "the slot streamed", || {
-        let db = &db;
-        async move {
-            db.scalar(&format!(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
-                db.name()
-            ))
-            .await
-                == 1
-        }
-    })
-    .await;
+    wait_slot_streamed(&db).await;
     let mut expected: HashSet<Uuid> = produce(&db, "pay", 5, 1, 4).await.into_iter().collect();
     sub.wait_ids(
         &expected.iter().copied().collect::<Vec<_>>(),
@@ -263,18 +271,7 @@ async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
     let config = config_file("mode = \"cdc\"", &broker.toml(""));
     assert!(cli(&db, &config, &["migrate"]).await.status.success());
     let mut first = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-first");
-    wait_until(Duration::from_secs(20), "the slot streamed", || {
-        let db = &db;
-        async move {
-            db.scalar(&format!(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
-                db.name()
-            ))
-            .await
-                == 1
-        }
-    })
-    .await;
+    wait_slot_streamed(&db).await;
     let mut standby = ChildGuard::spawn(relay_cmd(&db, &broker, &config, false), "cdc-standby");
     wait_until(
         Duration::from_secs(20),
@@ -308,6 +305,220 @@ async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
         "waiting as a standby is not an error:\n{log}"
     );
     drop(standby);
+    db.cleanup().await;
+    broker.cleanup().await;
+}
+
+/// Acceptance 1 through the binary, on each broker: what the CDC relay delivers is exactly
+/// what was committed, as with the polling relay. A transaction that wrote first and
+/// committed last (a late commit), a rolled-back transaction and a rolled-back savepoint
+/// (nothing of them reaches the broker), a hot aggregate committing a version per transaction
+/// while other writers commit beside it, and 10,000 events in one transaction; every event
+/// once at least, versions of each aggregate in order, every published row deleted.
+async fn cdc_relay_delivers_every_shape_of_commit(kind: Kind) {
+    let db = TestDb::new().await;
+    let broker = BrokerEnv::new(kind).await;
+    let sub = broker.subscriber().await;
+    let _cleanup = SlotCleanup(db.name().to_owned());
+    let config = config_file("mode = \"cdc\"", &broker.toml(""));
+    assert!(cli(&db, &config, &["migrate"]).await.status.success());
+    let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay");
+    wait_slot_streamed(&db).await;
+    let mut expected: HashSet<Uuid> = HashSet::new();
+
+    // Written first, committed after everything below up to the big transaction.
+    let mut late = db.pool.begin().await.unwrap();
+    let late_event = event("late", 1);
+    db.outbox.enqueue(&mut *late, &late_event).await.unwrap();
+    expected.insert(late_event.event_id);
+    expected.extend(produce(&db, "early", 3, 1, 2).await);
+
+    // A whole transaction rolled back, and a savepoint rolled back inside a committed one.
+    let rolled_back: Vec<_> = (1..=3).map(|v| event("rolled", v)).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox
+        .enqueue_batch(&mut *tx, &rolled_back)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let kept = event("kept", 1);
+    let undone = event("undone", 1);
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue(&mut *tx, &kept).await.unwrap();
+    sqlx::query("SAVEPOINT undone")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    db.outbox.enqueue(&mut *tx, &undone).await.unwrap();
+    sqlx::query("ROLLBACK TO SAVEPOINT undone")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    expected.insert(kept.event_id);
+    late.commit().await.unwrap();
+
+    // A hot aggregate (one version per transaction) and other writers beside it, while one
+    // transaction commits 10,000 events (1,000 aggregates x 10 versions).
+    let writer = |prefix: &'static str, aggregates: usize, versions: i64| {
+        let (pool, outbox) = (db.pool.clone(), db.outbox.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for v in 1..=versions {
+                let batch: Vec<_> = (0..aggregates)
+                    .map(|a| event(&format!("{prefix}-{a}"), v))
+                    .collect();
+                let mut tx = pool.begin().await.unwrap();
+                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
+                tx.commit().await.unwrap();
+                ids.extend(batch.iter().map(|m| m.event_id));
+            }
+            ids
+        })
+    };
+    let hot = writer("hot", 1, 500);
+    let beside = writer("beside", 20, 25);
+    let big: Vec<_> = (1..=10)
+        .flat_map(|v| (0..1_000).map(move |a| event(&format!("big-{a}"), v)))
+        .collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue_batch(&mut *tx, &big).await.unwrap();
+    tx.commit().await.unwrap();
+    expected.extend(big.iter().map(|m| m.event_id));
+    expected.extend(hot.await.unwrap());
+    expected.extend(beside.await.unwrap());
+    assert_eq!(expected.len(), 1 + 6 + 1 + 10_000 + 500 + 500);
+
+    let seen = sub
+        .wait_ids(
+            &expected.iter().copied().collect::<Vec<_>>(),
+            Duration::from_secs(120),
+        )
+        .await;
+    wait_until(Duration::from_secs(30), "published rows deleted", || {
+        let db = &db;
+        async move { db.count("true").await == 0 }
+    })
+    .await;
+    // Anything of the rolled-back work would have been in the log before the commits that
+    // followed it, all of which arrived.
+    let seen = [seen, sub.snapshot()].concat();
+    let ids = assert_first_appearances_in_order(seen);
+    for never in rolled_back.iter().chain([&undone]) {
+        assert!(
+            !ids.contains(&never.event_id),
+            "rolled back, yet published: {never:?}"
+        );
+    }
+    assert_eq!(ids, expected, "exactly the committed events");
+    relay.assert_running();
+    drop(relay);
+    db.cleanup().await;
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn nats_cdc_relay_delivers_every_shape_of_commit() {
+    cdc_relay_delivers_every_shape_of_commit(Kind::Nats).await;
+}
+
+#[tokio::test]
+async fn rabbitmq_cdc_relay_delivers_every_shape_of_commit() {
+    cdc_relay_delivers_every_shape_of_commit(Kind::Rabbit).await;
+}
+
+#[tokio::test]
+async fn kafka_cdc_relay_delivers_every_shape_of_commit() {
+    cdc_relay_delivers_every_shape_of_commit(Kind::Kafka).await;
+}
+
+/// Acceptance 6 through the binary, following the README's procedure while a producer
+/// commits all along: polling relay; CDC relay started beside it with `--create-slot`, the
+/// polling relay stopped once no pending row is older than the slot; then the CDC relay
+/// stopped and a polling relay started. Nothing lost, per-aggregate order kept.
+#[tokio::test]
+async fn switching_polling_cdc_polling_under_load_loses_nothing_and_keeps_order() {
+    let db = TestDb::new().await;
+    let broker = BrokerEnv::new(Kind::Nats).await;
+    let sub = broker.subscriber().await;
+    let _cleanup = SlotCleanup(db.name().to_owned());
+    let config = config_file("mode = \"cdc\"", &broker.toml(""));
+    let migrated = cli(&db, &config, &["migrate"]).await;
+    assert!(migrated.status.success(), "{migrated:?}");
+    let relay = |mode: &str, create_slot: bool, name: &str| {
+        let mut cmd = relay_cmd(&db, &broker, &config, create_slot);
+        cmd.args(["--mode", mode]);
+        ChildGuard::spawn(cmd, name)
+    };
+
+    // Ten aggregates, one round of versions per transaction, until told to stop.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let (pool, outbox, stop) = (db.pool.clone(), db.outbox.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let mut v = 0;
+            while !stop.is_cancelled() {
+                v += 1;
+                let batch: Vec<_> = (0..10).map(|a| event(&format!("sw-{a}"), v)).collect();
+                let mut tx = pool.begin().await.unwrap();
+                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
+                tx.commit().await.unwrap();
+                ids.extend(batch.iter().map(|m| m.event_id));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            ids
+        })
+    };
+
+    let mut polling = relay("polling", false, "polling-1");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sub.len() > 0, "the polling relay publishes");
+
+    // Polling -> CDC.
+    let mut cdc = relay("cdc", true, "cdc");
+    wait_slot_streamed(&db).await;
+    let slot_made = db
+        .scalar("SELECT (extract(epoch FROM now()) * 1000)::bigint")
+        .await;
+    wait_until(
+        Duration::from_secs(30),
+        "no pending row older than the slot",
+        || {
+            let db = &db;
+            async move {
+                db.count(&format!("created_at < to_timestamp({slot_made} / 1000.0)"))
+                    .await
+                    == 0
+            }
+        },
+    )
+    .await;
+    polling.assert_running();
+    assert!(polling.terminate().await.success());
+    let before = sub.len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        sub.len() > before,
+        "the CDC relay alone publishes what is committed"
+    );
+
+    // CDC -> polling.
+    cdc.assert_running();
+    assert!(cdc.terminate().await.success());
+    let polling = relay("polling", false, "polling-2");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.cancel();
+    let expected = producer.await.unwrap();
+    let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;
+    wait_until(Duration::from_secs(20), "published rows deleted", || {
+        let db = &db;
+        async move { db.count("true").await == 0 }
+    })
+    .await;
+    let ids = assert_first_appearances_in_order(seen);
+    assert_eq!(ids.len(), expected.len(), "every event, nothing else");
+    drop(polling);
     db.cleanup().await;
     broker.cleanup().await;
 }

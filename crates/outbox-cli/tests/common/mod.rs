@@ -258,10 +258,9 @@ impl Subscriber {
         let deadline = Instant::now() + timeout;
         loop {
             let seen = self.snapshot();
-            let missing: Vec<_> = ids
-                .iter()
-                .filter(|id| !seen.iter().any(|r| r.event_id == **id))
-                .collect();
+            let arrived: std::collections::HashSet<Uuid> =
+                seen.iter().map(|r| r.event_id).collect();
+            let missing: Vec<_> = ids.iter().filter(|id| !arrived.contains(id)).collect();
             if missing.is_empty() {
                 return seen;
             }
