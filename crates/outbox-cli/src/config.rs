@@ -53,6 +53,9 @@ pub struct RelayFile {
     pub backoff_base_ms: u64,
     pub backoff_max_secs: f64,
     pub stats_interval_secs: f64,
+    /// Dead-letter an aggregate's head after this many takeovers in a row without a settle
+    /// (a row that crashes the relay); 0 turns the rule off. See the README, "Poison rows".
+    pub poison_after_takeovers: u32,
     pub on_publish: OnPublish,
     /// How the relay finds pending events: `polling` (claims with leases, the default) or
     /// `cdc` (a logical replication slot; see the README, "CDC relay").
@@ -98,6 +101,7 @@ impl Default for RelayFile {
             max_attempts: d.max_attempts,
             backoff_base_ms: d.backoff.base.as_millis() as u64,
             backoff_max_secs: d.backoff.max.as_secs_f64(),
+            poison_after_takeovers: d.poison_after_takeovers,
             stats_interval_secs: d.stats_interval.as_secs_f64(),
             on_publish: OnPublish::Delete,
             mode: RelayMode::Polling,
@@ -152,6 +156,7 @@ impl RelayFile {
                 max: secs("backoff_max_secs", self.backoff_max_secs)?,
             },
             stats_interval: secs("stats_interval_secs", self.stats_interval_secs)?,
+            poison_after_takeovers: self.poison_after_takeovers,
         };
         c.validate().map_err(|e| {
             let key = match e.key {

@@ -12,6 +12,9 @@
 //!
 //! * [`CRASH_SKIP_ENV`] (`OUTBOX_CRASH_SKIP=n`): let the point pass `n` times and act on the
 //!   `n+1`-th hit, so a crash lands in the middle of a workload rather than on its first event.
+//! * [`CRASH_KEY_ENV`] (`OUTBOX_CRASH_KEY=<event id>`): act only where the point is hit for
+//!   this key (points hit with [`hit_keyed`]; `relay.before_publish` is keyed by event id), so
+//!   one chosen row kills every relay that tries to publish it (a poison row).
 //! * [`CRASH_ACTION_ENV`] (`OUTBOX_CRASH_ACTION`): `abort` (default) ends the process with
 //!   SIGABRT; `stop` raises SIGSTOP on the thread that hit the point, freezing the process
 //!   with that thread exactly there (a long GC or VM pause) until someone sends SIGCONT. The crash matrix uses `stop` to let a relay's lease
@@ -23,6 +26,7 @@
 //! |-------------------------------|----------------------------------------------------------|
 //! | `producer.before_commit`      | demo producer: business row + intent written, no commit  |
 //! | `producer.after_commit`       | demo producer: committed, before reporting success       |
+//! | `relay.before_publish`        | relay: about to send a message (keyed by its event id)   |
 //! | `relay.after_publish`         | relay: broker acknowledged a message, before the mark    |
 //! | `relay.after_mark`            | relay: batch marked sent, before the next claim          |
 //! | `consumer.after_inbox`        | consumer: inbox row written, handler not run (no commit) |
@@ -47,6 +51,8 @@ pub const ENABLED: bool = cfg!(feature = "crash-points");
 /// The environment variable naming the crash point to activate.
 pub const CRASH_POINT_ENV: &str = "OUTBOX_CRASH_POINT";
 
+/// Relay: about to send a message to the broker; keyed by the event id ([`hit_keyed`]).
+pub const RELAY_BEFORE_PUBLISH: &str = "relay.before_publish";
 /// Relay: the broker acknowledged a message and the relay has not marked it yet.
 pub const RELAY_AFTER_PUBLISH: &str = "relay.after_publish";
 /// Relay: a batch was marked sent.
@@ -54,6 +60,8 @@ pub const RELAY_AFTER_MARK: &str = "relay.after_mark";
 
 /// The environment variable holding how many hits of the point to let pass first.
 pub const CRASH_SKIP_ENV: &str = "OUTBOX_CRASH_SKIP";
+/// The environment variable restricting the point to hits with this key (an event id).
+pub const CRASH_KEY_ENV: &str = "OUTBOX_CRASH_KEY";
 /// The environment variable choosing what happens at the point: `abort` or `stop`.
 pub const CRASH_ACTION_ENV: &str = "OUTBOX_CRASH_ACTION";
 
@@ -78,6 +86,7 @@ pub const EFFECTS_AFTER_RECORD: &str = "effects.after_record";
 #[derive(Debug)]
 struct Active {
     name: String,
+    key: Option<String>,
     skip: u64,
     stop: bool,
     hits: AtomicU64,
@@ -98,8 +107,13 @@ fn active() -> Option<&'static Active> {
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(0);
             let stop = std::env::var(CRASH_ACTION_ENV).is_ok_and(|a| a.trim() == "stop");
+            let key = std::env::var(CRASH_KEY_ENV)
+                .ok()
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty());
             Some(Active {
                 name,
+                key,
                 skip,
                 stop,
                 hits: AtomicU64::new(0),
@@ -113,14 +127,41 @@ fn active() -> Option<&'static Active> {
 #[inline(always)]
 pub fn hit(_name: &str) {}
 
+/// Does nothing: this build has no crash points (cargo feature `crash-points` off).
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn hit_keyed(_name: &str, _key: &dyn std::fmt::Display) {}
+
 /// Acts on the process if `name` is the activated crash point and its skip count is used up:
-/// aborts it (default) or stops it with SIGSTOP. Does nothing otherwise.
+/// aborts it (default) or stops it with SIGSTOP. Does nothing otherwise, and nothing when
+/// [`CRASH_KEY_ENV`] is set (that point only acts through [`hit_keyed`]).
 #[cfg(feature = "crash-points")]
 pub fn hit(name: &str) {
+    let Some(a) = active() else { return };
+    if a.name != name || a.key.is_some() {
+        return;
+    }
+    act(a, name);
+}
+
+/// [`hit`] for a point hit per item: when [`CRASH_KEY_ENV`] is set, only hits whose `key`
+/// (an event id) equals it count.
+#[cfg(feature = "crash-points")]
+pub fn hit_keyed(name: &str, key: &dyn std::fmt::Display) {
     let Some(a) = active() else { return };
     if a.name != name {
         return;
     }
+    if let Some(k) = &a.key
+        && *k != key.to_string()
+    {
+        return;
+    }
+    act(a, name);
+}
+
+#[cfg(feature = "crash-points")]
+fn act(a: &Active, name: &str) {
     let n = a.hits.fetch_add(1, Ordering::Relaxed);
     if n < a.skip {
         return;

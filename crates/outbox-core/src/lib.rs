@@ -47,8 +47,8 @@ pub use message::{
     OutboxMessage, Payload, TRACEPARENT_HEADER,
 };
 pub use store::{
-    ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, LeaseToken,
-    MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams,
+    ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams,
+    LeaseToken, MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams, Takeover,
 };
 pub use transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
 pub use wire::{DecodeError, IncomingEvent};

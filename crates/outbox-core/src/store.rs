@@ -26,6 +26,29 @@ pub struct ClaimParams {
     pub max_per_aggregate: usize,
     /// How long the claim owns its rows. After that another relay may take them over.
     pub lease: Duration,
+    /// Which aggregates the claim may take.
+    pub scope: ClaimScope,
+}
+
+/// Which aggregates a claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimScope {
+    /// Free aggregates and those whose lease expired, taken over with the rest: the claim of a
+    /// relay without the poison-row rule.
+    #[default]
+    All,
+    /// Free aggregates, and those whose lease expired unsettled for the first time (taken
+    /// over with the rest, counting 1). An aggregate whose lease was itself a takeover and
+    /// expired unsettled again is left to a [`ClaimScope::TakeOver`] claim.
+    Free,
+    /// One aggregate taken over again after a takeover that was not settled either, its head
+    /// row alone, so that whatever happens to the relay while it publishes that row is that
+    /// row's doing (the poison-row rule,
+    /// [`crate::relay::RelayConfig::poison_after_takeovers`]). `max_rows` and
+    /// `max_per_aggregate` are ignored. Also deletes expired leases with nothing to take over
+    /// (no unpublished row left, a dead head, a head in backoff: a failure its holder
+    /// recorded), so a `Free` claim is not kept off those aggregates.
+    TakeOver,
 }
 
 /// The rows one claim owns, sorted by `(aggregate_type, aggregate_id, aggregate_version)`.
@@ -36,6 +59,26 @@ pub struct ClaimedBatch {
     /// The claimed rows. For each aggregate they are the lowest unpublished versions, in order,
     /// without gaps; the first one is its aggregate's head (nothing lower is unpublished).
     pub messages: Vec<OutboxMessage>,
+    /// Aggregates this claim took over from a lease that expired unsettled (see
+    /// [`Takeover`]); empty in the normal case.
+    pub takeovers: Vec<Takeover>,
+}
+
+/// A claim took an aggregate over from a lease that expired without being settled: the relay
+/// holding it died, froze or lost the database before it could release it.
+///
+/// `count` is how many times in a row the aggregate's lease was taken over while this same
+/// row was its head: 1 the first time, +1 at each takeover with the same head, back to 1
+/// when the head changed (something was published in between). A settled claim ends the
+/// lease, and with it the count. A head that keeps its relays from settling (a row that
+/// crashes the relay process) is how the publish engine recognises a poison row
+/// ([`crate::relay::RelayConfig::poison_after_takeovers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Takeover {
+    /// The aggregate's head row (the `id` of its first message in the batch).
+    pub head: i64,
+    /// Consecutive takeovers with this head, at least 1.
+    pub count: u32,
 }
 
 /// Parameters of [`Store::mark_published`].
@@ -135,6 +178,9 @@ pub struct OutboxStats {
 /// * Rows in backoff (`retry_after` not yet elapsed) are not returned.
 /// * Concurrent claims from several relays never return the same aggregate twice while a lease
 ///   is live.
+/// * A claim that takes an aggregate over from an expired, unsettled lease reports it in
+///   [`ClaimedBatch::takeovers`], counting consecutive takeovers with the same head row; a
+///   release ends the count.
 pub trait OutboxStore: Send + Sync + 'static {
     /// Claims up to `max_rows` rows under a new lease.
     ///

@@ -172,6 +172,7 @@ async fn a_mark_after_takeover_changes_nothing() {
             max_rows: 10,
             max_per_aggregate: 10,
             lease: Duration::from_secs(30),
+            scope: Default::default(),
         })
         .await
         .unwrap();
@@ -181,6 +182,7 @@ async fn a_mark_after_takeover_changes_nothing() {
             max_rows: 10,
             max_per_aggregate: 10,
             lease: Duration::from_secs(9),
+            scope: Default::default(),
         })
         .await
         .unwrap();
@@ -245,6 +247,7 @@ async fn any_feed_plugs_into_the_publish_engine() {
                 ticket: 7,
                 messages: p.drain(..n).collect(),
                 owned_until: None,
+                takeovers: Vec::new(),
             })
         }
         async fn settle(&self, ticket: u32, s: &Settlement) -> Result<SettleReport, StoreError> {
@@ -264,6 +267,7 @@ async fn any_feed_plugs_into_the_publish_engine() {
             max_rows: 10,
             max_per_aggregate: 10,
             lease: Duration::from_secs(30),
+            scope: Default::default(),
         })
         .await
         .unwrap();

@@ -46,6 +46,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_enqueue_deleted.sql",
         sql: include_str!("../migrations/0005_enqueue_deleted.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_lease_takeovers.sql",
+        sql: include_str!("../migrations/0006_lease_takeovers.sql"),
+    },
 ];
 
 /// The schema version this release needs.

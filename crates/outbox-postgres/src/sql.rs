@@ -47,7 +47,9 @@ pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response
 ///   live lease, and not locked by a concurrent claim (SKIP LOCKED), oldest first;
 /// * `acquired`: one lease row per head's aggregate under a fresh token. The upsert only takes
 ///   over an *expired* lease, and it always sees the latest committed lease row, so two claims
-///   racing for one aggregate cannot both acquire it, whatever their snapshots;
+///   racing for one aggregate cannot both acquire it, whatever their snapshots. A takeover
+///   counts itself (`takeovers`: +1 while the head is the one the old lease was taken with,
+///   else 1), which is how the relay recognises a poison row (migration 6);
 /// * the result: each acquired aggregate's pending versions from its head on, stopping before a
 ///   dead letter, capped per aggregate and in total. The nested loop over `heads` stops at the
 ///   total cap, so each aggregate's rows are a prefix of its run; aggregates cut off entirely
@@ -61,7 +63,7 @@ const CLAIM: &str = "WITH heads AS ( \
       WHERE e.state = 'pending' AND e.available_at <= now() \
         AND NOT EXISTS (SELECT 1 FROM {s}.leases l \
             WHERE l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id \
-              AND l.lease_until > now()) \
+              {live_only}) \
         AND NOT EXISTS (SELECT 1 FROM {s}.events p \
             WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
               AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
@@ -70,15 +72,18 @@ const CLAIM: &str = "WITH heads AS ( \
     ), token AS MATERIALIZED ( \
       SELECT nextval('{s}.lease_token_seq') AS t \
     ), acquired AS ( \
-      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until) \
-      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + $3 * interval '1 millisecond' \
+      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id) \
+      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + $3 * interval '1 millisecond', \
+        h.id \
       FROM heads h, token \
       ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
-        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until \
+        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, \
+          takeovers = CASE WHEN l.head_id = EXCLUDED.head_id THEN l.takeovers + 1 ELSE 1 END, \
+          head_id = EXCLUDED.head_id \
         WHERE l.lease_until <= now() \
-      RETURNING l.aggregate_type, l.aggregate_id, l.token \
+      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
     ) \
-    SELECT a.token, {cols} \
+    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, {cols} \
     FROM heads h \
     JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id \
     CROSS JOIN LATERAL ( \
@@ -91,6 +96,57 @@ const CLAIM: &str = "WITH heads AS ( \
       ORDER BY e.aggregate_version LIMIT $2 \
     ) e \
     LIMIT $1";
+
+/// The claim of [`outbox_core::ClaimScope::TakeOver`]: one aggregate whose lease, itself a
+/// takeover, expired unsettled again, its head row alone (the poison-row rule). It looks at
+/// the 32 such leases that expired first (a sort of the small `leases` table, no lateral per
+/// lease beyond those):
+/// * `expired`: each one's aggregate with its lowest unpublished row;
+/// * `cleared`: those with nothing to take over are deleted: no unpublished row left, a dead
+///   head (its aggregate waits for a requeue, not for a lease) or a head in backoff (its
+///   failure was recorded, so it is no crash victim). The `Free` claim, which stays off every
+///   leased aggregate, then gets them back when they are due;
+/// * `heads`: the pending, due head whose lease expired first, locked (SKIP LOCKED);
+/// * `acquired`: the lease taken over as in [`CLAIM`], counting the takeover.
+const CLAIM_TAKEOVER: &str = "WITH expired AS ( \
+      SELECT l.aggregate_type, l.aggregate_id, l.lease_until, h.id, h.state, h.available_at \
+      FROM (SELECT aggregate_type, aggregate_id, lease_until FROM {s}.leases \
+            WHERE lease_until <= now() AND takeovers > 0 ORDER BY lease_until LIMIT 32) l \
+      LEFT JOIN LATERAL ( \
+        SELECT e.id, e.state, e.available_at FROM {s}.events e \
+        WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id \
+          AND e.state <> 'published' \
+        ORDER BY e.aggregate_version LIMIT 1 \
+      ) h ON true \
+    ), cleared AS ( \
+      DELETE FROM {s}.leases o USING expired x \
+      WHERE o.aggregate_type = x.aggregate_type AND o.aggregate_id = x.aggregate_id \
+        AND o.lease_until <= now() \
+        AND (x.id IS NULL OR x.state <> 'pending' OR x.available_at > now()) \
+    ), heads AS ( \
+      SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version \
+      FROM {s}.events e JOIN expired x ON x.id = e.id \
+      WHERE x.state = 'pending' AND x.available_at <= now() AND e.state = 'pending' \
+      ORDER BY x.lease_until, e.id LIMIT 1 \
+      FOR UPDATE OF e SKIP LOCKED \
+    ), token AS MATERIALIZED ( \
+      SELECT nextval('{s}.lease_token_seq') AS t \
+    ), acquired AS ( \
+      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id) \
+      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + $1 * interval '1 millisecond', \
+        h.id \
+      FROM heads h, token \
+      ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, \
+          takeovers = CASE WHEN l.head_id = EXCLUDED.head_id THEN l.takeovers + 1 ELSE 1 END, \
+          head_id = EXCLUDED.head_id \
+        WHERE l.lease_until <= now() \
+      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
+    ) \
+    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, {cols} \
+    FROM heads h \
+    JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id \
+    JOIN {s}.events e ON e.id = h.id";
 
 const MARK_DELETE: &str = "DELETE FROM {s}.events e USING {s}.leases l \
     WHERE e.id = ANY($1) AND l.token = $2 \
@@ -163,7 +219,12 @@ pub(crate) struct Sql {
     pub idem_insert: Arc<str>,
     pub idem_select: Arc<str>,
     pub idem_complete: Arc<str>,
+    /// The claim of `ClaimScope::All` (takes expired leases over with the rest).
     pub claim: Arc<str>,
+    /// The claim of `ClaimScope::Free` (stays off every leased aggregate).
+    pub claim_free: Arc<str>,
+    /// The claim of `ClaimScope::TakeOver`.
+    pub claim_takeover: Arc<str>,
     pub mark_delete: Arc<str>,
     pub mark_update: Arc<str>,
     pub fail: Arc<str>,
@@ -192,7 +253,12 @@ impl Sql {
             idem_insert: r(IDEM_INSERT),
             idem_select: r(IDEM_SELECT),
             idem_complete: r(IDEM_COMPLETE),
-            claim: r(CLAIM),
+            claim: r(&CLAIM.replace("{live_only}", "AND l.lease_until > now()")),
+            claim_free: r(&CLAIM.replace(
+                "{live_only}",
+                "AND (l.lease_until > now() OR l.takeovers > 0)",
+            )),
+            claim_takeover: r(CLAIM_TAKEOVER),
             mark_delete: r(MARK_DELETE),
             mark_update: r(MARK_UPDATE),
             fail: r(FAIL),

@@ -11,9 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimParams, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams, FailureParams,
-    Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, OutboxStore, Payload,
-    ReleaseParams, RequeueParams, StoreError, StoreErrorKind,
+    ClaimParams, ClaimScope, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams,
+    FailureParams, Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, OutboxStore,
+    Payload, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Row};
@@ -236,11 +236,21 @@ impl OutboxStore for PgStore {
         let per_head = (self.rows_per_head_x100.load(Ordering::Relaxed).max(100) as usize)
             .min(params.max_per_aggregate.max(1) * 100);
         let heads = (max_rows * 100).div_ceil(per_head).clamp(1, max_rows);
-        let rows = sqlx::query(self.q(&self.sql.claim))
+        let query = match params.scope {
+            ClaimScope::TakeOver => {
+                sqlx::query(self.q(&self.sql.claim_takeover)).bind(millis(params.lease))
+            }
+            scope => sqlx::query(self.q(if scope == ClaimScope::Free {
+                &self.sql.claim_free
+            } else {
+                &self.sql.claim
+            }))
             .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
             .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
             .bind(millis(params.lease))
-            .bind(i64::try_from(heads).unwrap_or(i64::MAX))
+            .bind(i64::try_from(heads).unwrap_or(i64::MAX)),
+        };
+        let rows = query
             .fetch_all(&self.pool)
             .await
             .map_err(self.err(Component::Relay, "claim"))?;
@@ -253,6 +263,21 @@ impl OutboxStore for PgStore {
             .map(row_to_message)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| store_error("claim: decoding a row", e))?;
+        let mut takeovers = Vec::new();
+        for (row, message) in rows.iter().zip(&messages) {
+            let count: i32 = row
+                .try_get("lease_takeovers")
+                .map_err(|e| store_error("claim: decoding a row", e))?;
+            let head: i64 = row
+                .try_get("lease_head")
+                .map_err(|e| store_error("claim: decoding a row", e))?;
+            if count > 0 && head == message.id {
+                takeovers.push(Takeover {
+                    head,
+                    count: u32::try_from(count).unwrap_or(u32::MAX),
+                });
+            }
+        }
         messages.sort_by(|a, b| {
             (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
                 &b.aggregate_type,
@@ -260,7 +285,7 @@ impl OutboxStore for PgStore {
                 b.aggregate_version,
             ))
         });
-        if !messages.is_empty() {
+        if !messages.is_empty() && params.scope != ClaimScope::TakeOver {
             let aggregates = messages
                 .windows(2)
                 .filter(|w| {
@@ -272,7 +297,11 @@ impl OutboxStore for PgStore {
             let ratio = (messages.len() * 100 / aggregates) as u64;
             self.rows_per_head_x100.store(ratio, Ordering::Relaxed);
         }
-        Ok(ClaimedBatch { token, messages })
+        Ok(ClaimedBatch {
+            token,
+            messages,
+            takeovers,
+        })
     }
 
     async fn mark_published(&self, params: MarkParams<'_>) -> Result<u64, StoreError> {

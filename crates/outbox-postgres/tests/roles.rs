@@ -652,6 +652,7 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
             max_rows: 10,
             max_per_aggregate: 10,
             lease: Duration::from_secs(30),
+            scope: Default::default(),
         })
         .await
         .unwrap_err();

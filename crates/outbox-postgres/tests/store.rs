@@ -19,6 +19,7 @@ fn claim(max_rows: usize, lease_ms: u64) -> ClaimParams {
         max_rows,
         max_per_aggregate: 100,
         lease: Duration::from_millis(lease_ms),
+        scope: Default::default(),
     }
 }
 
@@ -133,6 +134,7 @@ async fn mark_mode_keeps_published_rows_and_still_orders() {
             max_rows: 10,
             max_per_aggregate: 1,
             lease: Duration::from_secs(30),
+            scope: Default::default(),
         })
         .await
         .unwrap();

@@ -29,9 +29,9 @@ use outbox_core::effect::{
 };
 use outbox_core::maintenance::MaintenanceStore;
 use outbox_core::{
-    ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, EventId, FailureParams,
-    Fingerprint, IncomingEvent, LeaseToken, MarkParams, NewMessage, OutboxMessage, OutboxStats,
-    OutboxStore, ReleaseParams, RequeueParams, StoreError, StoreErrorKind,
+    ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, EventId,
+    FailureParams, Fingerprint, IncomingEvent, LeaseToken, MarkParams, NewMessage, OutboxMessage,
+    OutboxStats, OutboxStore, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover,
 };
 use tokio::sync::{Notify, OwnedMutexGuard};
 
@@ -65,8 +65,19 @@ struct OutboxRow {
 #[derive(Debug, Default)]
 struct OutboxState {
     rows: BTreeMap<i64, OutboxRow>,
-    /// Per aggregate: (token, lease until).
-    leases: HashMap<(String, String), (i64, DateTime<Utc>)>,
+    /// Per aggregate: its relay lease.
+    leases: HashMap<(String, String), Lease>,
+}
+
+/// A relay lease on one aggregate.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    token: i64,
+    until: DateTime<Utc>,
+    /// The aggregate's head row when the lease was taken.
+    head: i64,
+    /// Consecutive takeovers with that head (0: acquired free).
+    takeovers: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -384,14 +395,14 @@ impl MemoryStore {
     /// Ends every live relay lease (as if the relay holding it stalled past it).
     pub fn expire_relay_leases(&self) {
         for lease in lock(&self.inner.outbox).leases.values_mut() {
-            lease.1 = Utc::now() - chrono::Duration::milliseconds(1);
+            lease.until = Utc::now() - chrono::Duration::milliseconds(1);
         }
     }
 
     /// Moves every relay lease's end back by `by` (to test reaping).
     pub fn age_relay_leases(&self, by: Duration) {
         for lease in lock(&self.inner.outbox).leases.values_mut() {
-            lease.1 -= chrono(by);
+            lease.until -= chrono(by);
         }
     }
 
@@ -582,20 +593,63 @@ impl OutboxStore for MemoryStore {
                     .push(*id);
             }
         }
+        if p.scope == ClaimScope::TakeOver {
+            // Expired leases with nothing to take over go: no unpublished row left, a dead
+            // head, a head in backoff.
+            let rows = &o.rows;
+            let takeable = |ids: &Vec<i64>| {
+                ids.iter()
+                    .map(|id| &rows[id])
+                    .min_by_key(|r| r.msg.aggregate_version)
+                    .is_some_and(|h| h.state == RowState::Pending && h.available_at <= now)
+            };
+            let keep: HashSet<(String, String)> = by_agg
+                .iter()
+                .filter(|(_, ids)| takeable(ids))
+                .map(|(agg, _)| agg.clone())
+                .collect();
+            o.leases
+                .retain(|agg, l| l.until > now || l.takeovers == 0 || keep.contains(agg));
+        }
         let mut heads: Vec<((String, String), Vec<i64>)> = Vec::new();
         for (agg, mut ids) in by_agg {
             ids.sort_by_key(|id| o.rows[id].msg.aggregate_version);
             let head = &o.rows[&ids[0]];
-            let leased = o.leases.get(&agg).is_some_and(|(_, until)| *until > now);
-            if head.state == RowState::Pending && head.available_at <= now && !leased {
+            let lease = o.leases.get(&agg);
+            let eligible = match p.scope {
+                ClaimScope::All => lease.is_none_or(|l| l.until <= now),
+                ClaimScope::Free => lease.is_none_or(|l| l.until <= now && l.takeovers == 0),
+                ClaimScope::TakeOver => lease.is_some_and(|l| l.until <= now && l.takeovers > 0),
+            };
+            if head.state == RowState::Pending && head.available_at <= now && eligible {
                 heads.push((agg, ids));
             }
         }
-        heads.sort_by_key(|(_, ids)| ids[0]);
+        if p.scope == ClaimScope::TakeOver {
+            // One aggregate, its head alone: the lease that expired first.
+            heads.sort_by_key(|(agg, ids)| (o.leases[agg].until, ids[0]));
+            heads.truncate(1);
+            for (_, ids) in &mut heads {
+                ids.truncate(1);
+            }
+        } else {
+            heads.sort_by_key(|(_, ids)| ids[0]);
+        }
         let mut messages = Vec::new();
+        let mut takeovers = Vec::new();
         for (agg, ids) in heads {
             if messages.len() >= p.max_rows {
                 break;
+            }
+            let head = ids[0];
+            // Only expired leases are left on the aggregates seen here: taking one over.
+            let count = match o.leases.get(&agg) {
+                Some(old) if old.head == head => old.takeovers + 1,
+                Some(_) => 1,
+                None => 0,
+            };
+            if count > 0 {
+                takeovers.push(Takeover { head, count });
             }
             for (taken, id) in ids.into_iter().enumerate() {
                 let r = &o.rows[&id];
@@ -607,7 +661,15 @@ impl OutboxStore for MemoryStore {
                 }
                 messages.push(r.msg.clone());
             }
-            o.leases.insert(agg, (token, now + chrono(p.lease)));
+            o.leases.insert(
+                agg,
+                Lease {
+                    token,
+                    until: now + chrono(p.lease),
+                    head,
+                    takeovers: count,
+                },
+            );
         }
         messages.sort_by(|a, b| {
             (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
@@ -619,6 +681,7 @@ impl OutboxStore for MemoryStore {
         Ok(ClaimedBatch {
             token: LeaseToken(token),
             messages,
+            takeovers,
         })
     }
 
@@ -629,7 +692,7 @@ impl OutboxStore for MemoryStore {
             let owned = o.rows.get(id).is_some_and(|r| {
                 o.leases
                     .get(&(r.msg.aggregate_type.clone(), r.msg.aggregate_id.clone()))
-                    .is_some_and(|(t, _)| *t == p.token.0)
+                    .is_some_and(|l| l.token == p.token.0)
             });
             if owned {
                 o.rows.remove(id);
@@ -648,7 +711,7 @@ impl OutboxStore for MemoryStore {
         else {
             return Ok(false);
         };
-        if o.leases.get(&agg).is_none_or(|(t, _)| *t != p.token.0) {
+        if o.leases.get(&agg).is_none_or(|l| l.token != p.token.0) {
             return Ok(false);
         }
         let r = o.rows.get_mut(&p.id).expect("checked above");
@@ -664,7 +727,7 @@ impl OutboxStore for MemoryStore {
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, StoreError> {
         let mut o = lock(&self.inner.outbox);
         let before = o.leases.len();
-        o.leases.retain(|_, (t, _)| *t != p.token.0);
+        o.leases.retain(|_, l| l.token != p.token.0);
         Ok((before - o.leases.len()) as u64)
     }
 
@@ -682,7 +745,7 @@ impl OutboxStore for MemoryStore {
                     let leased = o
                         .leases
                         .get(&(r.msg.aggregate_type.clone(), r.msg.aggregate_id.clone()))
-                        .is_some_and(|(_, until)| *until > now);
+                        .is_some_and(|l| l.until > now);
                     if leased {
                         s.in_flight += 1;
                     }
@@ -1180,7 +1243,7 @@ impl MaintenanceStore for MemoryStore {
         let old: Vec<(String, String)> = o
             .leases
             .iter()
-            .filter(|(_, (_, until))| *until < cutoff)
+            .filter(|(_, l)| l.until < cutoff)
             .map(|(k, _)| k.clone())
             .take(usize::try_from(limit).unwrap_or(0))
             .collect();

@@ -19,8 +19,8 @@ use outbox_core::effect::{
 };
 use outbox_core::maintenance::MaintenanceStore;
 use outbox_core::{
-    ClaimParams, DeadLetterListParams, FailureParams, IncomingEvent, MarkParams, NewMessage,
-    OutboxStore, Payload, ReleaseParams, RequeueParams,
+    ClaimParams, ClaimScope, DeadLetterListParams, FailureParams, IncomingEvent, MarkParams,
+    NewMessage, OutboxStore, Payload, ReleaseParams, RequeueParams,
 };
 use uuid::Uuid;
 
@@ -44,6 +44,7 @@ pub fn claim(max_rows: usize, lease_ms: u64) -> ClaimParams {
         max_rows,
         max_per_aggregate: 100,
         lease: Duration::from_millis(lease_ms),
+        scope: Default::default(),
     }
 }
 
@@ -91,6 +92,7 @@ pub async fn claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_t
             max_rows: 10,
             max_per_aggregate: 2,
             lease: Duration::from_secs(30),
+            scope: Default::default(),
         })
         .await
         .unwrap();
@@ -150,6 +152,201 @@ pub async fn a_stale_worker_cannot_settle_after_another_took_over<F: StoreFixtur
     assert_eq!(n, 1);
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.dead), (0, 0));
+    f.cleanup().await;
+}
+
+/// A claim that takes an aggregate over from an expired, unsettled lease reports it: 1 the
+/// first time, +1 for each further takeover with the same head, 1 again when the head moved
+/// on; a settled claim (release) ends the count. A free aggregate is not a takeover.
+pub async fn takeovers_are_counted_per_head_and_end_with_a_settled_claim<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    f.enqueue(vec![msg("a", 1), msg("a", 2), msg("b", 1)]).await;
+    let counts = |b: &outbox_core::ClaimedBatch| {
+        let mut t: Vec<(i64, i64, u32)> = b
+            .takeovers
+            .iter()
+            .map(|t| {
+                let head = b.messages.iter().find(|m| m.id == t.head).expect("head");
+                (
+                    head.aggregate_id.as_bytes()[0] as i64,
+                    head.aggregate_version,
+                    t.count,
+                )
+            })
+            .collect();
+        t.sort();
+        t
+    };
+    let first = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert!(
+        first.takeovers.is_empty(),
+        "free aggregates: {:?}",
+        first.takeovers
+    );
+    // The holder dies twice in a row without settling: counted 1, then 2, on both heads.
+    f.expire_relay_leases().await;
+    let second = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(counts(&second), [(b'a' as i64, 1, 1), (b'b' as i64, 1, 1)]);
+    f.expire_relay_leases().await;
+    let third = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(counts(&third), [(b'a' as i64, 1, 2), (b'b' as i64, 1, 2)]);
+    // a's head is published by the holder, who then dies before releasing: the next takeover
+    // of a has a new head (count 1); b's head did not move (count 3).
+    let a1 = third
+        .messages
+        .iter()
+        .find(|m| m.aggregate_id == "a" && m.aggregate_version == 1)
+        .unwrap()
+        .id;
+    let marked = store
+        .mark_published(MarkParams {
+            token: third.token,
+            ids: &[a1],
+        })
+        .await
+        .unwrap();
+    assert_eq!(marked, 1);
+    f.expire_relay_leases().await;
+    let fourth = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(counts(&fourth), [(b'a' as i64, 2, 1), (b'b' as i64, 1, 3)]);
+    // A settled claim ends the lease and its count.
+    let ids: Vec<i64> = fourth.messages.iter().map(|m| m.id).collect();
+    store
+        .release(ReleaseParams {
+            token: fourth.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    let fifth = store.claim_batch(claim(10, 30_000)).await.unwrap();
+    assert_eq!(fifth.messages.len(), 2);
+    assert!(fifth.takeovers.is_empty(), "{:?}", fifth.takeovers);
+    f.cleanup().await;
+}
+
+/// The claim scopes of the poison-row rule. A `Free` claim takes free aggregates and first
+/// takeovers (counting 1), grouped; an aggregate whose takeover expired unsettled again is
+/// left to `TakeOver` claims, which hand it out alone, its head row only, counting on.
+pub async fn solo_takeovers_hand_out_one_expired_head_at_a_time<F: StoreFixture>() {
+    let f = F::new().await;
+    let store = f.store();
+    let scoped = |scope| ClaimParams {
+        max_rows: 10,
+        max_per_aggregate: 10,
+        lease: Duration::from_secs(30),
+        scope,
+    };
+    let counts = |b: &outbox_core::ClaimedBatch| {
+        let mut c: Vec<(String, i64, u32)> = b
+            .takeovers
+            .iter()
+            .map(|t| {
+                let head = b.messages.iter().find(|m| m.id == t.head).expect("head");
+                (head.aggregate_id.clone(), head.aggregate_version, t.count)
+            })
+            .collect();
+        c.sort();
+        c
+    };
+    let release = |b: outbox_core::ClaimedBatch| {
+        let store = store.clone();
+        async move {
+            store
+                .release(ReleaseParams {
+                    token: b.token,
+                    ids: &[],
+                })
+                .await
+                .unwrap();
+        }
+    };
+    f.enqueue(vec![msg("a", 1), msg("a", 2), msg("b", 1), msg("c", 1)])
+        .await;
+    let first = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    assert_eq!(first.messages.len(), 4);
+    assert!(first.takeovers.is_empty());
+    // c is published, then the holder dies without releasing anything.
+    let c1 = first
+        .messages
+        .iter()
+        .find(|m| m.aggregate_id == "c")
+        .unwrap()
+        .id;
+    store
+        .mark_published(MarkParams {
+            token: first.token,
+            ids: &[c1],
+        })
+        .await
+        .unwrap();
+    f.expire_relay_leases().await;
+
+    // First takeovers go with the rest, grouped.
+    f.enqueue(vec![msg("d", 1)]).await;
+    let retake = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    assert_eq!(retake.messages.len(), 4, "{:?}", retake.messages);
+    assert_eq!(
+        counts(&retake),
+        [("a".into(), 1, 1), ("b".into(), 1, 1)],
+        "a and b were taken over once, d was free"
+    );
+    let none = store
+        .claim_batch(scoped(ClaimScope::TakeOver))
+        .await
+        .unwrap();
+    assert!(none.messages.is_empty(), "live leases: {:?}", none.messages);
+
+    // That holder dies too: a and b are left to solo takeovers; d (a first takeover) is not.
+    f.expire_relay_leases().await;
+    let free = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    assert_eq!(counts(&free), [("d".into(), 1, 1)], "{:?}", free.messages);
+    assert_eq!(free.messages.len(), 1);
+    release(free).await;
+    let mut heads = Vec::new();
+    for _ in 0..2 {
+        let solo = store
+            .claim_batch(scoped(ClaimScope::TakeOver))
+            .await
+            .unwrap();
+        assert_eq!(
+            solo.messages.len(),
+            1,
+            "its head alone: {:?}",
+            solo.messages
+        );
+        let c = counts(&solo);
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (c[0].1, c[0].2),
+            (1, 2),
+            "the head, taken over twice: {c:?}"
+        );
+        heads.push(c[0].0.clone());
+    }
+    heads.sort();
+    assert_eq!(heads, ["a", "b"]);
+    let none = store
+        .claim_batch(scoped(ClaimScope::TakeOver))
+        .await
+        .unwrap();
+    assert!(none.messages.is_empty(), "{:?}", none.messages);
+
+    // Their solo holders die as well: the same heads count 3.
+    f.expire_relay_leases().await;
+    for _ in 0..2 {
+        let solo = store
+            .claim_batch(scoped(ClaimScope::TakeOver))
+            .await
+            .unwrap();
+        assert_eq!(solo.takeovers.len(), 1, "{:?}", solo.messages);
+        assert_eq!(solo.takeovers[0].count, 3);
+    }
+
+    // c's expired lease (nothing left to publish) does not keep its new event from a claim.
+    f.enqueue(vec![msg("c", 2)]).await;
+    let c = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    assert_eq!(versions(&c.messages, "c"), [2], "{:?}", c.messages);
     f.cleanup().await;
 }
 
@@ -969,6 +1166,8 @@ macro_rules! store_suite {
         $crate::store_suite!(@cases $fixture;
             claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_time,
             a_stale_worker_cannot_settle_after_another_took_over,
+            takeovers_are_counted_per_head_and_end_with_a_settled_claim,
+            solo_takeovers_hand_out_one_expired_head_at_a_time,
             dead_letters_and_backoff_park_only_their_aggregate,
             a_late_commit_is_claimed_after_later_ones,
             a_claimed_row_is_what_the_producer_wrote,

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use crate::error::StoreError;
 use crate::message::OutboxMessage;
 use crate::store::{
-    ClaimParams, ClaimedBatch, FailureParams, LeaseToken, MarkParams, OutboxStats, OutboxStore,
-    ReleaseParams,
+    ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, MarkParams, OutboxStats,
+    OutboxStore, ReleaseParams, Takeover,
 };
 
 /// A batch of pending events handed to the publish engine.
@@ -44,6 +44,10 @@ pub struct FeedBatch<T> {
     /// the claim, so never later than the database's). The engine starts no publish that could
     /// still run at that moment. `None`: no time limit.
     pub owned_until: Option<Instant>,
+    /// Aggregates taken over from an owner that never settled them (lease feeds; empty for
+    /// feeds without leases). The engine publishes such an aggregate's head alone, and
+    /// dead-letters a head taken over too often ([`super::RelayConfig::poison_after_takeovers`]).
+    pub takeovers: Vec<Takeover>,
 }
 
 /// A failed publish and the engine's decision about it.
@@ -128,11 +132,25 @@ pub trait Feed: Send + Sync + 'static {
 
 /// The polling feed: claims rows from an [`OutboxStore`] under a lease, settles them with writes
 /// fenced by the lease token.
+///
+/// # Solo takeovers
+///
+/// With [`PollingFeed::with_solo_takeovers`] (what the relay does when the poison-row rule is
+/// on), normal claims are [`ClaimScope::Free`]: they take an aggregate over from an expired
+/// lease only the first time (so a crashed relay's aggregates go out again at full speed).
+/// An aggregate whose takeover expired unsettled too is handed out alone, its head row only,
+/// by a [`ClaimScope::TakeOver`] claim, one aggregate per batch. A relay that crashes while it
+/// publishes such a batch held nothing else, so the next count is that row's alone; the
+/// innocent aggregates of a batch that crashed twice go out one by one and count 2 at most.
 #[derive(Debug)]
 pub struct PollingFeed<S> {
     store: std::sync::Arc<S>,
     max_per_aggregate: usize,
     lease: Duration,
+    /// How often to look for expired leases when the last look found none (`None`: normal
+    /// claims take them over with the rest).
+    solo_takeovers: Option<Duration>,
+    next_takeover_check: std::sync::Mutex<Instant>,
 }
 
 impl<S> PollingFeed<S> {
@@ -143,7 +161,27 @@ impl<S> PollingFeed<S> {
             store,
             max_per_aggregate,
             lease,
+            solo_takeovers: None,
+            next_takeover_check: std::sync::Mutex::new(Instant::now()),
         }
+    }
+
+    /// Takes aggregates over from expired leases one at a time (see the type's docs), looking
+    /// for them at most every `check_every` while none are found, and at every batch while
+    /// they are.
+    #[must_use]
+    pub fn with_solo_takeovers(mut self, check_every: Duration) -> Self {
+        self.solo_takeovers = Some(check_every);
+        self
+    }
+
+    fn takeover_due(&self) -> bool {
+        self.solo_takeovers.is_some()
+            && Instant::now()
+                >= *self
+                    .next_takeover_check
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The store.
@@ -158,19 +196,55 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
     async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<LeaseToken>, StoreError> {
         // Measured before the claim is sent: the local deadline is never later than the
         // database's `now() + lease`.
-        let started = Instant::now();
-        let ClaimedBatch { token, messages } = self
+        let mut started = Instant::now();
+        if self.takeover_due() {
+            let batch = self
+                .store
+                .claim_batch(ClaimParams {
+                    max_rows: 1,
+                    max_per_aggregate: 1,
+                    lease: self.lease,
+                    scope: ClaimScope::TakeOver,
+                })
+                .await?;
+            if !batch.messages.is_empty() {
+                return Ok(FeedBatch {
+                    ticket: batch.token,
+                    messages: batch.messages,
+                    owned_until: Some(started + self.lease),
+                    takeovers: batch.takeovers,
+                });
+            }
+            if let Some(every) = self.solo_takeovers {
+                *self
+                    .next_takeover_check
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Instant::now() + every;
+            }
+            started = Instant::now();
+        }
+        let ClaimedBatch {
+            token,
+            messages,
+            takeovers,
+        } = self
             .store
             .claim_batch(ClaimParams {
                 max_rows,
                 max_per_aggregate: self.max_per_aggregate,
                 lease: self.lease,
+                scope: if self.solo_takeovers.is_some() {
+                    ClaimScope::Free
+                } else {
+                    ClaimScope::All
+                },
             })
             .await?;
         Ok(FeedBatch {
             ticket: token,
             messages,
             owned_until: Some(started + self.lease),
+            takeovers,
         })
     }
 

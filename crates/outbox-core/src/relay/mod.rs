@@ -31,14 +31,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, SettleReport, Settlement};
 
 use crate::backoff::Backoff;
 use crate::crash;
 use crate::error::{ConfigError, StoreError};
-use crate::store::OutboxStore;
+use crate::message::OutboxMessage;
+use crate::store::{OutboxStore, Takeover};
 use crate::transport::Transport;
 
 /// Metric names exported by the relay (through the `metrics` facade).
@@ -63,6 +64,9 @@ pub mod metric {
     pub const DEAD_LETTERS: &str = "outbox_dead_letters";
     /// Gauge: pending rows that failed at least once.
     pub const RETRYING: &str = "outbox_retrying";
+    /// Counter: aggregates taken over from a lease that expired unsettled (the relay holding
+    /// it crashed, froze or lost the database). Steady growth means relays die mid-batch.
+    pub const TAKEOVERS: &str = "outbox_lease_takeovers_total";
 }
 
 /// Relay settings. Defaults suit a service publishing up to tens of thousands of events a
@@ -93,6 +97,20 @@ pub struct RelayConfig {
     pub backoff: Backoff,
     /// How often the pending / oldest-age / dead gauges are refreshed.
     pub stats_interval: Duration,
+    /// Poison rows: the takeover at which a head row is dead-lettered instead of published.
+    /// A takeover happens when the relay holding an aggregate ended without settling it
+    /// (crashed, froze, lost the database). The first takeover goes with a normal claim (a
+    /// crashed relay's aggregates are republished at full speed). If that one is not settled
+    /// either, the aggregate is handed out alone, its head row only
+    /// ([`PollingFeed::with_solo_takeovers`]), so a relay that dies again held only that row;
+    /// each takeover with the same head counts one more. At `poison_after_takeovers` the row
+    /// is dead-lettered with the reason and its aggregate waits behind it (requeue it once the
+    /// cause is fixed): a row that crashes the relay process parks itself instead of the
+    /// fleet. An innocent row that shared a batch with it counts at most 2, so the limit must
+    /// be at least 3; with 3, the poison is parked after three crashes. `0` turns the rule off
+    /// (every takeover then goes with a normal claim). Every relay of a fleet should use the
+    /// same value. Polling feed only: the CDC feed has no leases.
+    pub poison_after_takeovers: u32,
 }
 
 impl Default for RelayConfig {
@@ -109,6 +127,7 @@ impl Default for RelayConfig {
             max_attempts: 12,
             backoff: Backoff::default(),
             stats_interval: Duration::from_secs(5),
+            poison_after_takeovers: 5,
         }
     }
 }
@@ -154,6 +173,16 @@ impl RelayConfig {
                 "must be positive (zero would claim in a busy loop)".into(),
             );
         }
+        if matches!(self.poison_after_takeovers, 1 | 2) {
+            return bad(
+                "poison_after_takeovers",
+                format!(
+                    "must be 0 (off) or at least 3, got {}: a row that only shared a batch with \
+                     a poison row is taken over twice",
+                    self.poison_after_takeovers
+                ),
+            );
+        }
         if self.stats_interval.is_zero() {
             return bad(
                 "stats_interval",
@@ -184,6 +213,77 @@ pub struct BatchOutcome {
     pub released: usize,
 }
 
+/// Rows of a batch the engine does not publish because their head is a poison row.
+#[derive(Debug, Default, PartialEq)]
+struct SetAside {
+    /// Poison heads, dead-lettered with the reason.
+    failed: Vec<FailedRow>,
+    /// Rows of their aggregates behind them: given back.
+    not_attempted: Vec<i64>,
+}
+
+/// Applies the poison-row rule ([`RelayConfig::poison_after_takeovers`]) to a batch: a head
+/// taken over `poison_after` times in a row is dead-lettered, with the rest of its aggregate's
+/// run given back. Returns what to publish, in the batch's order, and what was set aside.
+/// With the rule off (`0`) everything is published.
+fn set_aside_takeovers(
+    messages: &[OutboxMessage],
+    takeovers: &[Takeover],
+    poison_after: u32,
+) -> (Vec<OutboxMessage>, SetAside) {
+    metrics::counter!(metric::TAKEOVERS).increment(takeovers.len() as u64);
+    let most = takeovers.iter().map(|t| t.count).max().unwrap_or(0);
+    if takeovers.len() == 1 && most > 1 {
+        let head = messages.iter().find(|m| m.id == takeovers[0].head);
+        warn!(
+            event_id = ?head.map(|m| m.event_id),
+            takeovers = most,
+            limit = poison_after,
+            "taken over alone again: the relays that held this event ended without settling it"
+        );
+    } else {
+        warn!(
+            aggregates = takeovers.len(),
+            "taken over from a relay that ended without settling them (crashed, froze or lost \
+             the database)"
+        );
+    }
+    let mut aside = SetAside::default();
+    let mut publish = Vec::with_capacity(messages.len());
+    for run in publish::split_runs(messages) {
+        let head = &messages[run.start];
+        let takeover = takeovers.iter().find(|t| t.head == head.id);
+        let Some(takeover) = takeover.filter(|t| poison_after > 0 && t.count >= poison_after)
+        else {
+            publish.extend_from_slice(&messages[run]);
+            continue;
+        };
+        error!(
+            event_id = %head.event_id,
+            aggregate_type = %head.aggregate_type,
+            aggregate_id = %head.aggregate_id,
+            version = head.aggregate_version,
+            takeovers = takeover.count,
+            "poison row: every relay that held this event alone ended without settling it; \
+             dead-lettered so that the rest of the outbox moves on"
+        );
+        aside.failed.push(FailedRow {
+            id: head.id,
+            error: format!(
+                "poison row: taken over {} times in a row without being settled (each relay \
+                 holding it crashed, froze or lost the database before it could settle); \
+                 requeue it once the cause is fixed",
+                takeover.count
+            ),
+            retry_after: None,
+        });
+        aside
+            .not_attempted
+            .extend(messages[run.start + 1..run.end].iter().map(|m| m.id));
+    }
+    (publish, aside)
+}
+
 /// The publish engine: a [`Feed`] on one side, a [`Transport`] on the other.
 pub struct Relay<F, T> {
     feed: Arc<F>,
@@ -197,7 +297,10 @@ impl<S: OutboxStore, T: Transport> Relay<PollingFeed<S>, T> {
     /// # Errors
     /// [`ConfigError`] when the configuration is inconsistent.
     pub fn new(store: Arc<S>, transport: Arc<T>, config: RelayConfig) -> Result<Self, ConfigError> {
-        let feed = PollingFeed::new(store, config.max_per_aggregate, config.lease);
+        let mut feed = PollingFeed::new(store, config.max_per_aggregate, config.lease);
+        if config.poison_after_takeovers > 0 {
+            feed = feed.with_solo_takeovers(config.poll_interval);
+        }
         Self::with_feed(Arc::new(feed), transport, config)
     }
 
@@ -261,9 +364,21 @@ impl<F: Feed, T: Transport> Relay<F, T> {
                 .checked_sub(self.config.publish_timeout + self.config.lease_safety_margin)
                 .unwrap_or_else(std::time::Instant::now)
         });
-        let settlement =
+        let settlement = if batch.takeovers.is_empty() {
             publish::publish_batch(&*self.transport, &self.config, &batch.messages, last_start)
-                .await;
+                .await
+        } else {
+            let (publish, aside) = set_aside_takeovers(
+                &batch.messages,
+                &batch.takeovers,
+                self.config.poison_after_takeovers,
+            );
+            let mut settlement =
+                publish::publish_batch(&*self.transport, &self.config, &publish, last_start).await;
+            settlement.failed.extend(aside.failed);
+            settlement.not_attempted.extend(aside.not_attempted);
+            settlement
+        };
         for failed in &settlement.failed {
             match failed.retry_after {
                 None => warn!(row = failed.id, error = %failed.error,
@@ -369,6 +484,70 @@ impl<F: Feed, T: Transport> Relay<F, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::{Fingerprint, Payload};
+
+    fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {
+        let payload = Payload::json(&serde_json::json!({ "v": version })).unwrap();
+        OutboxMessage {
+            id,
+            event_id: uuid::Uuid::from_u128(id as u128),
+            aggregate_type: "payment".into(),
+            aggregate_id: aggregate_id.into(),
+            aggregate_version: version,
+            event_type: "PaymentUpdated".into(),
+            schema_version: 1,
+            fingerprint: Fingerprint::of(&payload.bytes),
+            payload,
+            headers: Default::default(),
+            destination: None,
+            partition_key: None,
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    fn ids(messages: &[OutboxMessage]) -> Vec<i64> {
+        messages.iter().map(|m| m.id).collect()
+    }
+
+    #[test]
+    fn a_head_taken_over_too_often_is_dead_lettered_with_the_rest_of_its_run_given_back() {
+        // a: 1, 2, 3 (taken over twice); b: 4, 5 (not taken over); c: 6, 7 (three times).
+        let batch = vec![
+            row(1, "a", 1),
+            row(2, "a", 2),
+            row(3, "a", 3),
+            row(4, "b", 1),
+            row(5, "b", 2),
+            row(6, "c", 1),
+            row(7, "c", 2),
+        ];
+        let takeovers = [
+            Takeover { head: 1, count: 2 },
+            Takeover { head: 6, count: 3 },
+        ];
+        let (publish, aside) = set_aside_takeovers(&batch, &takeovers, 3);
+        assert_eq!(ids(&publish), [1, 2, 3, 4, 5]);
+        assert_eq!(aside.not_attempted, [7]);
+        assert_eq!(aside.failed.len(), 1);
+        assert_eq!(aside.failed[0].id, 6);
+        assert_eq!(
+            aside.failed[0].retry_after, None,
+            "dead letter, not a retry"
+        );
+        assert!(
+            aside.failed[0].error.contains("poison row") && aside.failed[0].error.contains('3'),
+            "{}",
+            aside.failed[0].error
+        );
+
+        // Below the limit, or with the rule off, everything goes out.
+        for limit in [4, 0] {
+            let (publish, aside) = set_aside_takeovers(&batch, &takeovers, limit);
+            assert_eq!(ids(&publish), ids(&batch));
+            assert_eq!(aside, SetAside::default());
+        }
+    }
 
     #[test]
     fn config_refuses_lease_shorter_than_publish_window() {
@@ -380,5 +559,12 @@ mod tests {
         let e = c.validate().unwrap_err();
         assert_eq!(e.key, "lease");
         assert!(RelayConfig::default().validate().is_ok());
+        for (limit, ok) in [(0, true), (1, false), (2, false), (3, true)] {
+            let c = RelayConfig {
+                poison_after_takeovers: limit,
+                ..RelayConfig::default()
+            };
+            assert_eq!(c.validate().is_ok(), ok, "poison_after_takeovers = {limit}");
+        }
     }
 }

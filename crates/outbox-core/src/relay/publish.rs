@@ -76,6 +76,7 @@ async fn publish_run<T: Transport>(
             out.push((msg.id, Outcome::NotAttempted));
             continue;
         }
+        crash::hit_keyed(crash::RELAY_BEFORE_PUBLISH, &msg.event_id);
         let sent = Instant::now();
         let result =
             match tokio::time::timeout(config.publish_timeout, transport.publish(msg)).await {
@@ -98,6 +99,9 @@ async fn publish_run_pipelined<T: Transport>(
 ) -> Vec<(i64, Outcome)> {
     if last_start.is_some_and(|t| Instant::now() >= t) {
         return run.iter().map(|m| (m.id, Outcome::NotAttempted)).collect();
+    }
+    for msg in run {
+        crash::hit_keyed(crash::RELAY_BEFORE_PUBLISH, &msg.event_id);
     }
     let sent = Instant::now();
     let deadline = tokio::time::Instant::from_std(sent + config.publish_timeout);
@@ -165,7 +169,7 @@ fn account(
 }
 
 /// Splits a batch (sorted by aggregate, then version) into per-aggregate runs, as index ranges.
-fn split_runs(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
+pub(super) fn split_runs(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let mut start = 0;
     for i in 1..=messages.len() {

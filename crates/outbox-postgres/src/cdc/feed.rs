@@ -769,6 +769,7 @@ impl Feed for CdcFeed {
                 },
                 messages: Vec::new(),
                 owned_until: None,
+                takeovers: Vec::new(),
             });
         }
         if state.waiting_count() < max_rows {
@@ -867,6 +868,7 @@ impl Feed for CdcFeed {
             },
             messages,
             owned_until: None,
+            takeovers: Vec::new(),
         })
     }
 
