@@ -79,6 +79,14 @@ async fn a_row_that_crashes_every_relay_is_dead_lettered_and_the_fleet_moves_on(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(crashes >= 3, "dead-lettered after {crashes} crashes only");
+    let dead: Vec<(String, i64, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(db.sql(
+        "SELECT aggregate_id, aggregate_version, last_error FROM {s}.events WHERE state = 'dead'",
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(dead.len(), 1, "the poison row alone is parked: {dead:?}");
+    assert_eq!(db.count("last_error LIKE 'poison row%'").await, 1);
 
     // Everything else arrives, the poisoned aggregate's versions before the poison included;
     // the versions behind it wait.

@@ -45,9 +45,10 @@ pub enum ClaimScope {
     /// row alone, so that whatever happens to the relay while it publishes that row is that
     /// row's doing (the poison-row rule,
     /// [`crate::relay::RelayConfig::poison_after_takeovers`]). `max_rows` and
-    /// `max_per_aggregate` are ignored. Also deletes expired leases with nothing to take over
+    /// `max_per_aggregate` are ignored. Also deletes such leases with nothing to take over
     /// (no unpublished row left, a dead head, a head in backoff: a failure its holder
-    /// recorded), so a `Free` claim is not kept off those aggregates.
+    /// recorded) among the oldest it looks at, so a `Free` claim is not kept off those
+    /// aggregates.
     TakeOver,
 }
 

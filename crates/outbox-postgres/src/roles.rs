@@ -295,7 +295,7 @@ const OBJECTS: &[Decision] = &[
         consumer: NONE,
         executor: NONE,
         // Reaping deletes by ctid.
-        maintainer: &[Select(Only(&["ctid", "lease_until"])), Delete],
+        maintainer: &[Select(Only(&["ctid", "lease_until", "takeovers"])), Delete],
         reader: &[Select(All)],
         operator: NONE,
     },

@@ -169,9 +169,12 @@ pub(crate) const FAIL: &str = "UPDATE {s}.events e SET attempts = e.attempts + 1
 /// ([`LEASE_REAP`]).
 pub(crate) const RELEASE: &str = "DELETE FROM {s}.leases WHERE token = $1";
 
-/// Deletes leases that expired more than `$1` ms ago, at most `$2`.
+/// Deletes leases that expired more than `$1` ms ago, at most `$2`. Not those counting
+/// takeovers (a row suspected of crashing its relays): deleting one would reset its count,
+/// and the solo takeover claim clears them when there is nothing left to take over.
 pub(crate) const LEASE_REAP: &str = "DELETE FROM {s}.leases WHERE ctid = ANY(ARRAY( \
     SELECT ctid FROM {s}.leases WHERE lease_until < now() - $1 * interval '1 millisecond' \
+      AND takeovers = 0 \
     LIMIT $2))";
 
 /// Deletes inbox identities received more than `$1` ms ago, at most `$2`.

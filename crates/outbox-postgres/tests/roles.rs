@@ -1009,7 +1009,7 @@ async fn a_role_without_grants_is_told_so_not_to_migrate() {
                 format!("USAGE ON SCHEMA \"{}\"", env.schema),
                 format!("SELECT ON TABLE \"{}\".\"schema_migrations\"", env.schema),
                 format!(
-                    "SELECT (ctid, lease_until) ON TABLE \"{}\".\"leases\"",
+                    "SELECT (ctid, lease_until, takeovers) ON TABLE \"{}\".\"leases\"",
                     env.schema
                 ),
                 format!("DELETE ON TABLE \"{}\".\"leases\"", env.schema),

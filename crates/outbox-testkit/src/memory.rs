@@ -1243,7 +1243,7 @@ impl MaintenanceStore for MemoryStore {
         let old: Vec<(String, String)> = o
             .leases
             .iter()
-            .filter(|(_, l)| l.until < cutoff)
+            .filter(|(_, l)| l.until < cutoff && l.takeovers == 0)
             .map(|(k, _)| k.clone())
             .take(usize::try_from(limit).unwrap_or(0))
             .collect();

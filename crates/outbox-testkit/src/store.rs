@@ -332,7 +332,8 @@ pub async fn solo_takeovers_hand_out_one_expired_head_at_a_time<F: StoreFixture>
         .unwrap();
     assert!(none.messages.is_empty(), "{:?}", none.messages);
 
-    // Their solo holders die as well: the same heads count 3.
+    // Their solo holders die as well: the same heads count 3. b's holder had published b's
+    // only row before it died.
     f.expire_relay_leases().await;
     for _ in 0..2 {
         let solo = store
@@ -341,7 +342,29 @@ pub async fn solo_takeovers_hand_out_one_expired_head_at_a_time<F: StoreFixture>
             .unwrap();
         assert_eq!(solo.takeovers.len(), 1, "{:?}", solo.messages);
         assert_eq!(solo.takeovers[0].count, 3);
+        if solo.messages[0].aggregate_id == "b" {
+            let marked = store
+                .mark_published(MarkParams {
+                    token: solo.token,
+                    ids: &[solo.messages[0].id],
+                })
+                .await
+                .unwrap();
+            assert_eq!(marked, 1);
+        }
     }
+    // The next solo claim takes a again and clears b's lease, which has nothing left: b's
+    // new event goes to a normal claim.
+    f.expire_relay_leases().await;
+    let solo = store
+        .claim_batch(scoped(ClaimScope::TakeOver))
+        .await
+        .unwrap();
+    assert_eq!(counts(&solo), [("a".into(), 1, 4)]);
+    f.enqueue(vec![msg("b", 2)]).await;
+    let b = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    assert_eq!(versions(&b.messages, "b"), [2], "{:?}", b.messages);
+    release(b).await;
 
     // c's expired lease (nothing left to publish) does not keep its new event from a claim.
     f.enqueue(vec![msg("c", 2)]).await;

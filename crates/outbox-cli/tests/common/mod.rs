@@ -1070,6 +1070,7 @@ pub fn outbox(
         "OUTBOX_CRASH_POINT",
         "OUTBOX_CRASH_SKIP",
         "OUTBOX_CRASH_ACTION",
+        "OUTBOX_CRASH_KEY",
         "OUTBOX_TEST_ACK_BEFORE_COMMIT",
         "OUTBOX_METRICS_ADDR",
     ] {

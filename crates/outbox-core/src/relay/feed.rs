@@ -151,6 +151,26 @@ pub struct PollingFeed<S> {
     /// claims take them over with the rest).
     solo_takeovers: Option<Duration>,
     next_takeover_check: std::sync::Mutex<Instant>,
+    /// Shared by normal batches, exclusive for a solo takeover from before its claim to its
+    /// settle: while a solo batch is out, no other batch of this process is, so a crash then
+    /// is that row's alone.
+    gate: std::sync::Arc<tokio::sync::RwLock<()>>,
+}
+
+/// The ticket of a [`PollingFeed`] batch: its lease token, and with solo takeovers the
+/// process-wide guard the batch holds until it is settled.
+#[derive(Debug)]
+pub struct PollingTicket {
+    /// The claim's lease token.
+    pub token: LeaseToken,
+    _guard: Option<BatchGuard>,
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // held for its drop only
+enum BatchGuard {
+    Shared(tokio::sync::OwnedRwLockReadGuard<()>),
+    Solo(tokio::sync::OwnedRwLockWriteGuard<()>),
 }
 
 impl<S> PollingFeed<S> {
@@ -163,12 +183,15 @@ impl<S> PollingFeed<S> {
             lease,
             solo_takeovers: None,
             next_takeover_check: std::sync::Mutex::new(Instant::now()),
+            gate: Default::default(),
         }
     }
 
-    /// Takes aggregates over from expired leases one at a time (see the type's docs), looking
-    /// for them at most every `check_every` while none are found, and at every batch while
-    /// they are.
+    /// Takes aggregates over from repeatedly expired leases one at a time (see the type's
+    /// docs), looking for them at most every `check_every` while none are found, and at every
+    /// batch while they are. Each look waits until this process's other batches are settled,
+    /// so `check_every` should be long against a batch (the relay uses a quarter of the
+    /// lease).
     #[must_use]
     pub fn with_solo_takeovers(mut self, check_every: Duration) -> Self {
         self.solo_takeovers = Some(check_every);
@@ -191,13 +214,17 @@ impl<S> PollingFeed<S> {
 }
 
 impl<S: OutboxStore> Feed for PollingFeed<S> {
-    type Ticket = LeaseToken;
+    type Ticket = PollingTicket;
 
-    async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<LeaseToken>, StoreError> {
+    async fn next_batch(&self, max_rows: usize) -> Result<FeedBatch<PollingTicket>, StoreError> {
         // Measured before the claim is sent: the local deadline is never later than the
         // database's `now() + lease`.
         let mut started = Instant::now();
+        // A solo takeover, when one is due. Claimed only once this process's other batches
+        // are settled (new ones wait), so that nothing else can be caught in its crash.
         if self.takeover_due() {
+            let exclusive = std::sync::Arc::clone(&self.gate).write_owned().await;
+            started = Instant::now();
             let batch = self
                 .store
                 .claim_batch(ClaimParams {
@@ -209,7 +236,10 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
                 .await?;
             if !batch.messages.is_empty() {
                 return Ok(FeedBatch {
-                    ticket: batch.token,
+                    ticket: PollingTicket {
+                        token: batch.token,
+                        _guard: Some(BatchGuard::Solo(exclusive)),
+                    },
                     messages: batch.messages,
                     owned_until: Some(started + self.lease),
                     takeovers: batch.takeovers,
@@ -221,8 +251,14 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = Instant::now() + every;
             }
-            started = Instant::now();
         }
+        let guard = match self.solo_takeovers {
+            Some(_) => Some(BatchGuard::Shared(
+                std::sync::Arc::clone(&self.gate).read_owned().await,
+            )),
+            None => None,
+        };
+        started = started.max(Instant::now());
         let ClaimedBatch {
             token,
             messages,
@@ -241,7 +277,10 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
             })
             .await?;
         Ok(FeedBatch {
-            ticket: token,
+            ticket: PollingTicket {
+                token,
+                _guard: guard,
+            },
             messages,
             owned_until: Some(started + self.lease),
             takeovers,
@@ -250,9 +289,10 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
 
     async fn settle(
         &self,
-        token: LeaseToken,
+        ticket: PollingTicket,
         settlement: &Settlement,
     ) -> Result<SettleReport, StoreError> {
+        let token = ticket.token;
         let mut report = SettleReport::default();
         if !settlement.published.is_empty() {
             let marked = self

@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, SettleReport, Settlement};
+pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, PollingTicket, SettleReport, Settlement};
 
 use crate::backoff::Backoff;
 use crate::crash;
@@ -299,7 +299,7 @@ impl<S: OutboxStore, T: Transport> Relay<PollingFeed<S>, T> {
     pub fn new(store: Arc<S>, transport: Arc<T>, config: RelayConfig) -> Result<Self, ConfigError> {
         let mut feed = PollingFeed::new(store, config.max_per_aggregate, config.lease);
         if config.poison_after_takeovers > 0 {
-            feed = feed.with_solo_takeovers(config.poll_interval);
+            feed = feed.with_solo_takeovers(config.lease / 4);
         }
         Self::with_feed(Arc::new(feed), transport, config)
     }
