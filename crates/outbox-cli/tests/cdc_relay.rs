@@ -78,18 +78,6 @@ async fn wait_slot_streamed(db: &TestDb) {
     .await;
 }
 
-/// Copies of an event sent again (after a kill, a takeover, a recovery) are fine, same id;
-/// the first appearances must be in version order per aggregate. Returns the ids seen.
-fn assert_first_appearances_in_order(seen: Vec<Received>) -> HashSet<Uuid> {
-    let mut ids = HashSet::new();
-    let firsts: Vec<_> = seen
-        .into_iter()
-        .filter(|r| ids.insert(r.event_id))
-        .collect();
-    assert_strictly_increasing(&firsts);
-    ids
-}
-
 /// One transaction per version round: `aggregates` aggregates, versions `from..=to`.
 async fn produce(db: &TestDb, prefix: &str, aggregates: usize, from: i64, to: i64) -> Vec<Uuid> {
     let mut ids = Vec::new();

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -96,12 +95,7 @@ async fn a_row_that_crashes_every_relay_is_dead_lettered_and_the_fleet_moves_on(
         .map(|m| m.event_id)
         .collect();
     let seen = sub.wait_ids(&expected, Duration::from_secs(30)).await;
-    let mut first = HashSet::new();
-    let firsts: Vec<_> = seen
-        .into_iter()
-        .filter(|r| first.insert(r.event_id))
-        .collect();
-    assert_strictly_increasing(&firsts);
+    let first = assert_first_appearances_in_order(seen);
     for behind in &poisoned[2..] {
         assert!(!first.contains(&behind.event_id), "{behind:?} went out");
     }
@@ -143,12 +137,7 @@ async fn a_row_that_crashes_every_relay_is_dead_lettered_and_the_fleet_moves_on(
         .chain(poisoned[2..].iter().map(|m| m.event_id))
         .collect();
     let seen = sub.wait_ids(&all, Duration::from_secs(30)).await;
-    let mut first = HashSet::new();
-    let firsts: Vec<_> = seen
-        .into_iter()
-        .filter(|r| first.insert(r.event_id))
-        .collect();
-    assert_strictly_increasing(&firsts);
+    assert_first_appearances_in_order(seen);
     wait_until(Duration::from_secs(20), "every row settled", || {
         let db = &db;
         async move { db.count("true").await == 0 }

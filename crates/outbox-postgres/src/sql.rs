@@ -42,6 +42,28 @@ pub(crate) const IDEM_SELECT: &str =
 pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response = $3, \
     completed_at = now() WHERE scope = $1 AND key = $2 AND response IS NULL";
 
+/// The part both claims share, after their `heads` CTE: one fresh token, the lease upsert of
+/// every head (taking over only an expired lease, counting the takeover: +1 while the head is
+/// the one the old lease was taken with, else 1) and the start of the result. `{lease}` is
+/// the lease length parameter in milliseconds.
+const ACQUIRE: &str = "), token AS MATERIALIZED ( \
+      SELECT nextval('{s}.lease_token_seq') AS t \
+    ), acquired AS ( \
+      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id) \
+      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + {lease} * interval '1 millisecond', \
+        h.id \
+      FROM heads h, token \
+      ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, \
+          takeovers = CASE WHEN l.head_id = EXCLUDED.head_id THEN l.takeovers + 1 ELSE 1 END, \
+          head_id = EXCLUDED.head_id \
+        WHERE l.lease_until <= now() \
+      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
+    ) \
+    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, {cols} \
+    FROM heads h \
+    JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id";
+
 /// The claim, in one statement:
 /// * `heads`: the lowest unpublished version of each aggregate that is pending, due, without a
 ///   live lease, and not locked by a concurrent claim (SKIP LOCKED), oldest first;
@@ -69,23 +91,7 @@ const CLAIM: &str = "WITH heads AS ( \
               AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
       ORDER BY e.id LIMIT $4 \
       FOR UPDATE OF e SKIP LOCKED \
-    ), token AS MATERIALIZED ( \
-      SELECT nextval('{s}.lease_token_seq') AS t \
-    ), acquired AS ( \
-      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id) \
-      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + $3 * interval '1 millisecond', \
-        h.id \
-      FROM heads h, token \
-      ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
-        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, \
-          takeovers = CASE WHEN l.head_id = EXCLUDED.head_id THEN l.takeovers + 1 ELSE 1 END, \
-          head_id = EXCLUDED.head_id \
-        WHERE l.lease_until <= now() \
-      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
-    ) \
-    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, {cols} \
-    FROM heads h \
-    JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id \
+    {acquire} \
     CROSS JOIN LATERAL ( \
       SELECT * FROM {s}.events e \
       WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
@@ -129,23 +135,7 @@ const CLAIM_TAKEOVER: &str = "WITH expired AS ( \
       WHERE x.state = 'pending' AND x.available_at <= now() AND e.state = 'pending' \
       ORDER BY x.lease_until, e.id LIMIT 1 \
       FOR UPDATE OF e SKIP LOCKED \
-    ), token AS MATERIALIZED ( \
-      SELECT nextval('{s}.lease_token_seq') AS t \
-    ), acquired AS ( \
-      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id) \
-      SELECT h.aggregate_type, h.aggregate_id, token.t, now() + $1 * interval '1 millisecond', \
-        h.id \
-      FROM heads h, token \
-      ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
-        SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, \
-          takeovers = CASE WHEN l.head_id = EXCLUDED.head_id THEN l.takeovers + 1 ELSE 1 END, \
-          head_id = EXCLUDED.head_id \
-        WHERE l.lease_until <= now() \
-      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
-    ) \
-    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, {cols} \
-    FROM heads h \
-    JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id \
+    {acquire} \
     JOIN {s}.events e ON e.id = h.id";
 
 const MARK_DELETE: &str = "DELETE FROM {s}.events e USING {s}.leases l \
@@ -212,6 +202,13 @@ pub(crate) const DEAD_REQUEUE_SOME: &str = "UPDATE {s}.events SET state = 'pendi
 pub(crate) const DEAD_REQUEUE_ALL: &str = "UPDATE {s}.events SET state = 'pending', \
     attempts = 0, available_at = now() WHERE state = 'dead'";
 
+/// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`.
+fn claim(live_only: &str) -> String {
+    CLAIM
+        .replace("{acquire}", &ACQUIRE.replace("{lease}", "$3"))
+        .replace("{live_only}", live_only)
+}
+
 /// Rendered statements for one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -256,12 +253,11 @@ impl Sql {
             idem_insert: r(IDEM_INSERT),
             idem_select: r(IDEM_SELECT),
             idem_complete: r(IDEM_COMPLETE),
-            claim: r(&CLAIM.replace("{live_only}", "AND l.lease_until > now()")),
-            claim_free: r(&CLAIM.replace(
-                "{live_only}",
-                "AND (l.lease_until > now() OR l.takeovers > 0)",
-            )),
-            claim_takeover: r(CLAIM_TAKEOVER),
+            claim: r(&claim("AND l.lease_until > now()")),
+            claim_free: r(&claim("AND (l.lease_until > now() OR l.takeovers > 0)")),
+            claim_takeover: r(
+                &CLAIM_TAKEOVER.replace("{acquire}", &ACQUIRE.replace("{lease}", "$1"))
+            ),
             mark_delete: r(MARK_DELETE),
             mark_update: r(MARK_UPDATE),
             fail: r(FAIL),

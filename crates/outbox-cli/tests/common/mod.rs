@@ -277,6 +277,18 @@ impl Subscriber {
     }
 }
 
+/// Copies of an event sent again (after a kill, a takeover, a recovery) are fine, same id;
+/// the first appearances must be in version order per aggregate. Returns the ids seen.
+pub fn assert_first_appearances_in_order(seen: Vec<Received>) -> std::collections::HashSet<Uuid> {
+    let mut ids = std::collections::HashSet::new();
+    let firsts: Vec<_> = seen
+        .into_iter()
+        .filter(|r| ids.insert(r.event_id))
+        .collect();
+    assert_strictly_increasing(&firsts);
+    ids
+}
+
 /// Checks per-aggregate order: versions of each aggregate strictly increasing in arrival order.
 pub fn assert_strictly_increasing(seen: &[Received]) {
     let mut last: BTreeMap<&str, i64> = BTreeMap::new();
