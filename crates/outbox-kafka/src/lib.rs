@@ -77,7 +77,14 @@
 //! stored every earlier version before it**:
 //!
 //! * the idempotent producer numbers each partition's records and the broker stores a producer
-//!   session's records only in that sequence, without holes; librdkafka's own retries keep it;
+//!   session's records only in that sequence, without holes; librdkafka's own retries keep it.
+//!   This is the broker's part, and the transport needs it: Apache Kafka (since 0.11) and
+//!   tansu check the sequence and refuse a request that would leave a hole. librdkafka relies
+//!   on it too: when a produce request fails and a later one in flight succeeds, it reports
+//!   the earlier records stored (on such a broker the later one could not have been). A broker
+//!   that stored the later request alone would make a record reported stored that is not;
+//!   librdkafka's mock cluster is one for producers without a `transactional.id`, which is why
+//!   `tests/mock_cluster.rs` keeps one request in flight;
 //! * librdkafka skips a record only when it times out in its queue (`message.timeout.ms`) or
 //!   the broker refuses it for good. The first cannot happen: the local timeout is off (`0`);
 //!   the second stops the producer (`enable.gapless.guarantee`: a fatal error, the transport
