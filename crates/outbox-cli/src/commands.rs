@@ -10,10 +10,10 @@ use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayH
 use outbox::relay::Relay;
 use outbox::{DeadLetterListParams, OutboxStore, RequeueParams};
 use outbox_postgres::roles::{Component, PermissionDenied, check_privileges, pool_role};
-use outbox_postgres::{PgStore, PgStoreConfig, Schema};
+use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::{FileConfig, RelayMode, redact};
 use crate::{CleanupArgs, ConsumerDeadLetterCmd, DeadLetterCmd};
@@ -26,6 +26,7 @@ pub async fn migrate(
     pool: &PgPool,
     schema: &Schema,
     cdc: Option<&outbox_postgres::cdc::CdcConfig>,
+    on_publish: OnPublish,
 ) -> Result<ExitCode> {
     let report = outbox_postgres::migrate(pool, schema).await?;
     if report.applied.is_empty() {
@@ -49,7 +50,33 @@ pub async fn migrate(
             if created { "created" } else { "exists" }
         );
     }
+    if on_publish == OnPublish::Mark {
+        let created = outbox_postgres::migrate_mark_mode(pool, schema)
+            .await
+            .context("cannot create the indexes of relay.on_publish = \"mark\"")?;
+        if created.is_empty() {
+            println!("mark-mode indexes exist");
+        } else {
+            println!("mark-mode indexes created: {}", created.join(", "));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Mark mode keeps published rows: without its indexes every claim reads past them, slower
+/// as they accumulate. Not a refusal (a relay started before `outbox migrate` built them still
+/// delivers), but said at startup, with the command that builds them.
+async fn warn_missing_mark_mode_indexes(store: &PgStore) {
+    match outbox_postgres::missing_mark_mode_indexes(store.pool(), store.schema()).await {
+        Ok(missing) if missing.is_empty() => {}
+        Ok(missing) => warn!(
+            missing = %missing.join(", "),
+            "relay.on_publish = \"mark\" without the mark-mode indexes: claims slow down as \
+             published rows accumulate. Build them with `outbox migrate` (with this \
+             configuration), which creates them concurrently, without stopping the relay"
+        ),
+        Err(e) => warn!(error = %e, "cannot check the mark-mode indexes"),
+    }
 }
 
 /// What `outbox relay` runs with, besides the store.
@@ -90,6 +117,9 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
     check_privileges(store.pool(), store.schema(), Component::Relay)
         .await
         .context("cannot start the relay")?;
+    if store.config().on_publish == OnPublish::Mark {
+        warn_missing_mark_mode_indexes(&store).await;
+    }
     let transport = brokers.connect_transport(broker_url, settings).await?;
     let addr = metrics_addr.or(file
         .metrics_addr
@@ -522,6 +552,10 @@ fn needs_grants(pool: &PgPool, e: sqlx::Error, component: Component) -> anyhow::
 }
 
 /// `outbox cleanup`: one elected round, or rounds until SIGTERM with `--loop`.
+///
+/// Published rows kept by mark mode can be replayed as long as they are kept, so
+/// `--published-keep-secs` counts in the replay horizon: the horizon's outbox retention is the
+/// larger of it and `--outbox-retention-secs`, and the inbox keep must cover it.
 pub async fn cleanup(pool: PgPool, schema: &Schema, a: CleanupArgs) -> Result<ExitCode> {
     check_privileges(&pool, schema, Component::Maintainer)
         .await
@@ -529,16 +563,28 @@ pub async fn cleanup(pool: PgPool, schema: &Schema, a: CleanupArgs) -> Result<Ex
     if a.batch_size < 1 {
         anyhow::bail!("invalid option `--batch-size`: must be at least 1");
     }
-    let config = MaintenanceConfig {
-        inbox: Some(InboxRetention {
-            keep: Duration::from_secs(a.inbox_keep_secs),
+    let published_keep = a.published_keep_secs.map(Duration::from_secs);
+    let inbox = match (a.inbox_keep_secs, a.broker_retention_secs) {
+        (Some(keep), Some(broker)) => Some(InboxRetention {
+            keep: Duration::from_secs(keep),
             horizon: ReplayHorizon {
-                broker_retention: Duration::from_secs(a.broker_retention_secs),
-                outbox_retention: Duration::from_secs(a.outbox_retention_secs),
+                broker_retention: Duration::from_secs(broker),
+                outbox_retention: Duration::from_secs(a.outbox_retention_secs)
+                    .max(published_keep.unwrap_or_default()),
                 dead_letter_requeue_window: Duration::from_secs(a.dead_letter_requeue_window_secs),
             },
         }),
+        (None, None) => None,
+        // clap's `requires` pairs them; kept as a refusal for any other caller.
+        _ => anyhow::bail!(
+            "`--inbox-keep-secs` and `--broker-retention-secs` go together: the inbox keep is \
+             checked against the broker's retention"
+        ),
+    };
+    let config = MaintenanceConfig {
+        inbox,
         work_items_keep: a.work_items_keep_secs.map(Duration::from_secs),
+        published_keep,
         lease_reap_after: Some(LEASE_REAP_AFTER),
         batch_size: a.batch_size,
         interval: Duration::from_secs(a.interval_secs.max(1)),
@@ -553,10 +599,12 @@ pub async fn cleanup(pool: PgPool, schema: &Schema, a: CleanupArgs) -> Result<Ex
     }
     match maintainer.round_once().await? {
         Some(r) => println!(
-            "deleted {} row(s): {} inbox identities, {} work items, {} expired leases",
+            "deleted {} row(s): {} inbox identities, {} work items, {} published events, {} \
+             expired leases",
             r.total(),
             r.inbox,
             r.work_items,
+            r.published,
             r.leases
         ),
         None => println!("another instance is the maintainer right now; nothing deleted"),

@@ -8,7 +8,8 @@
 //! outbox dead-letters requeue ID…|--all
 //! outbox conflicts list               same event id, different payload, per consumer
 //! outbox consumer-dead-letters list|requeue
-//! outbox cleanup                      elected retention round (inbox identities, old work items)
+//! outbox cleanup                      elected retention round (inbox identities, old work items,
+//!                                     old published events in mark mode)
 //! outbox effects run|status|list|resolve   remote-effect executor and work items
 //! outbox debezium apply|sql|remove    bridge a Debezium-layout outbox table into this outbox
 //! ```
@@ -113,7 +114,8 @@ enum Command {
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
     /// Delete inbox identities older than the retention (never inside the replay horizon) and,
-    /// optionally, old succeeded work items. One elected instance deletes; others skip.
+    /// optionally, old succeeded work items and old published events (mark mode). One elected
+    /// instance deletes; others skip.
     Cleanup(CleanupArgs),
     /// Remote effects: run the executor, inspect and resolve work items.
     #[command(subcommand)]
@@ -134,16 +136,22 @@ enum Command {
 /// Options of `outbox cleanup`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct CleanupArgs {
-    /// Keep inbox identities this many seconds after they were received.
-    #[arg(long)]
-    pub(crate) inbox_keep_secs: u64,
+    /// Keep inbox identities this many seconds after they were received (needs
+    /// --broker-retention-secs). Without it, no inbox identity is deleted.
+    #[arg(long, requires = "broker_retention_secs")]
+    pub(crate) inbox_keep_secs: Option<u64>,
     /// How long the broker keeps messages a consumer may re-read (NATS stream max_age, a
     /// replayable queue's retention), seconds. Part of the replay horizon.
-    #[arg(long)]
-    pub(crate) broker_retention_secs: u64,
-    /// How long published outbox rows are kept and may be republished, seconds.
+    #[arg(long, requires = "inbox_keep_secs")]
+    pub(crate) broker_retention_secs: Option<u64>,
+    /// How long published outbox rows are kept and may be republished, seconds. Part of the
+    /// replay horizon (at least --published-keep-secs).
     #[arg(long, default_value_t = 0)]
     pub(crate) outbox_retention_secs: u64,
+    /// Mark mode (`relay.on_publish = "mark"`): delete published events published more than
+    /// this many seconds ago, in batches, never a pending or dead one.
+    #[arg(long)]
+    pub(crate) published_keep_secs: Option<u64>,
     /// How long after failing a dead letter may still be requeued, seconds.
     #[arg(long, default_value_t = 0)]
     pub(crate) dead_letter_requeue_window_secs: u64,
@@ -356,7 +364,7 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
     match cli.command {
         Command::Migrate => {
             let cdc = (file.relay.mode == config::RelayMode::Cdc).then(|| file.relay.cdc_config());
-            commands::migrate(&pool, schema, cdc.as_ref()).await
+            commands::migrate(&pool, schema, cdc.as_ref(), file.relay.on_publish).await
         }
         Command::Relay {
             metrics_addr,

@@ -243,6 +243,10 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
         "INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, resolved_at) VALUES \
          ('payout', 'old', '{}', 'succeeded', now() - interval '30 days')",
         "INSERT INTO {s}.leases VALUES ('payment', 'crashed', 1, now() - interval '1 hour')",
+        "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, payload, state, published_at) VALUES \
+         (gen_random_uuid(), 'payment', 'p', 1, 'T', '\\x7b7d', 'published', now() - interval '30 days'), \
+         (gen_random_uuid(), 'payment', 'p', 2, 'T', '\\x7b7d', 'pending', NULL)",
     ] {
         db.exec(sql).await;
     }
@@ -253,6 +257,8 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
         "--broker-retention-secs",
         "86400",
         "--work-items-keep-secs",
+        "86400",
+        "--published-keep-secs",
         "86400",
     ];
     // The reader may not delete: refused before anything is gone, naming the grants.
@@ -268,7 +274,8 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
         &r,
         &[
             "permission denied: role",
-            "lacks DELETE ON",
+            "lacks SELECT (ctid) ON TABLE",
+            "DELETE ON TABLE",
             "needs the maintainer grants",
         ],
     );
@@ -285,11 +292,17 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
     assert!(r.status.success(), "{r:?}");
     assert!(
         r.stdout
-            .contains("deleted 3 row(s): 1 inbox identities, 1 work items, 1 expired leases"),
+            .contains("deleted 4 row(s): 1 inbox identities, 1 work items, 1 published events, 1 expired leases"),
         "{}",
         r.stdout
     );
     assert_eq!(db.scalar("SELECT count(*) FROM {s}.inbox").await, 1);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {s}.events WHERE state = 'pending'")
+            .await,
+        1
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM {s}.events").await, 1);
     db.cleanup().await;
     roles.cleanup().await;
 }

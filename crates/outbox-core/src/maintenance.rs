@@ -1,5 +1,6 @@
 //! Maintenance jobs, run by one elected instance: inbox retention that cannot delete a dedup
-//! identity inside the replay horizon (G9), deletion of old settled work items, and reaping of
+//! identity inside the replay horizon (G9), deletion of old settled work items, retention of
+//! published outbox rows (stores that keep them, e.g. PostgreSQL's mark mode), and reaping of
 //! relay leases left behind by crashed relays. Written once against [`MaintenanceStore`].
 //!
 //! An inbox row is what makes a redelivery harmless. Deleting it while the same event can still
@@ -104,6 +105,11 @@ pub struct MaintenanceConfig {
     /// Delete `succeeded` work items resolved more than this long ago. Items in any other state
     /// (pending, in progress, unknown, and failed ones an operator may still resend) are kept.
     pub work_items_keep: Option<Duration>,
+    /// Delete published outbox rows kept by the store (PostgreSQL's mark mode) that were
+    /// published more than this long ago. Pending and dead rows are never touched. With
+    /// [`MaintenanceConfig::inbox`] set, it may not exceed the horizon's `outbox_retention`:
+    /// a published row can be replayed while it is kept, so the inbox must remember it as long.
+    pub published_keep: Option<Duration>,
     /// Delete relay leases that expired more than this long ago (left by crashed relays; a live
     /// relay deletes its own when it settles a batch).
     pub lease_reap_after: Option<Duration>,
@@ -119,6 +125,7 @@ impl Default for MaintenanceConfig {
         Self {
             inbox: None,
             work_items_keep: None,
+            published_keep: None,
             lease_reap_after: None,
             batch_size: 1000,
             interval: Duration::from_secs(60),
@@ -131,11 +138,27 @@ impl MaintenanceConfig {
     ///
     /// # Errors
     /// [`ConfigError`]: key `inbox.keep` for a retention inside the replay horizon (the reason
-    /// is the [`RetentionError`] naming both numbers), `batch_size` below 1, `interval` zero.
+    /// is the [`RetentionError`] naming both numbers), `published_keep` longer than the
+    /// horizon's `outbox_retention`, `batch_size` below 1, `interval` zero.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(r) = &self.inbox {
             r.validate()
                 .map_err(|e| ConfigError::new("inbox.keep", e.to_string()))?;
+            if let Some(keep) = self.published_keep
+                && keep > r.horizon.outbox_retention
+            {
+                return Err(ConfigError::new(
+                    "published_keep",
+                    format!(
+                        "published outbox rows are kept {} s, longer than the replay horizon's \
+                         outbox_retention of {} s: a row replayed after the inbox forgot its \
+                         event would apply twice. Set outbox_retention to at least {} s",
+                        keep.as_secs(),
+                        r.horizon.outbox_retention.as_secs(),
+                        keep.as_secs()
+                    ),
+                ));
+            }
         }
         if self.batch_size < 1 {
             return Err(ConfigError::new("batch_size", "must be at least 1"));
@@ -191,6 +214,19 @@ pub trait MaintenanceStore: Send + Sync + 'static {
         limit: i64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
 
+    /// Deletes up to `limit` published outbox rows that were published more than `older_than`
+    /// ago, never a pending or dead row and never waiting on a relay's locks. A store that
+    /// deletes rows when they are published has none and returns 0.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn published_purge<'a>(
+        &'a self,
+        session: &'a mut Self::Session,
+        older_than: Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+
     /// Deletes up to `limit` relay leases that expired more than `expired_for` ago.
     ///
     /// # Errors
@@ -208,6 +244,7 @@ pub trait MaintenanceStore: Send + Sync + 'static {
 enum Job {
     Inbox,
     WorkItems,
+    Published,
     Leases,
 }
 
@@ -232,6 +269,8 @@ pub struct RoundReport {
     pub inbox: u64,
     /// Settled work items.
     pub work_items: u64,
+    /// Published outbox rows.
+    pub published: u64,
     /// Relay leases.
     pub leases: u64,
 }
@@ -239,7 +278,7 @@ pub struct RoundReport {
 impl RoundReport {
     /// Rows deleted in all.
     pub fn total(&self) -> u64 {
-        self.inbox + self.work_items + self.leases
+        self.inbox + self.work_items + self.published + self.leases
     }
 }
 
@@ -275,6 +314,7 @@ impl<S: MaintenanceStore> Maintainer<S> {
         let jobs = [
             (Job::Inbox, self.config.inbox.map(|r| r.keep)),
             (Job::WorkItems, self.config.work_items_keep),
+            (Job::Published, self.config.published_keep),
             (Job::Leases, self.config.lease_reap_after),
         ];
         for (job, age) in jobs {
@@ -285,11 +325,13 @@ impl<S: MaintenanceStore> Maintainer<S> {
                 let n = match job {
                     Job::Inbox => self.store.inbox_purge(session, age, limit).await?,
                     Job::WorkItems => self.store.work_item_purge(session, age, limit).await?,
+                    Job::Published => self.store.published_purge(session, age, limit).await?,
                     Job::Leases => self.store.lease_reap(session, age, limit).await?,
                 };
                 *match job {
                     Job::Inbox => &mut report.inbox,
                     Job::WorkItems => &mut report.work_items,
+                    Job::Published => &mut report.published,
                     Job::Leases => &mut report.leases,
                 } += n;
                 if n < limit as u64 {
@@ -325,6 +367,7 @@ impl<S: MaintenanceStore> Maintainer<S> {
                     Ok(Some(r)) if r.total() > 0 => info!(
                         inbox = r.inbox,
                         work_items = r.work_items,
+                        published = r.published,
                         leases = r.leases,
                         "maintenance: old rows deleted"
                     ),
@@ -386,5 +429,29 @@ mod tests {
         let e = c.validate().unwrap_err();
         assert_eq!(e.key, "inbox.keep");
         assert!(e.to_string().contains("86400"), "{e}");
+    }
+
+    #[test]
+    fn published_rows_kept_beyond_the_horizon_are_refused() {
+        let inbox = InboxRetention {
+            keep: Duration::from_secs(10 * 86_400),
+            horizon: h(86_400, 3 * 86_400, 0),
+        };
+        let config = |published: u64| MaintenanceConfig {
+            inbox: Some(inbox),
+            published_keep: Some(Duration::from_secs(published)),
+            ..MaintenanceConfig::default()
+        };
+        assert!(config(3 * 86_400).validate().is_ok());
+        let e = config(5 * 86_400).validate().unwrap_err();
+        assert_eq!(e.key, "published_keep");
+        let text = e.to_string();
+        assert!(text.contains("432000") && text.contains("259200"), "{text}");
+        // Without an inbox there is nothing to outlive.
+        let alone = MaintenanceConfig {
+            inbox: None,
+            ..config(5 * 86_400)
+        };
+        assert!(alone.validate().is_ok());
     }
 }

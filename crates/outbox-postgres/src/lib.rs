@@ -54,7 +54,9 @@ pub use effects::{
 };
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
-pub use migrate::{MigrateReport, check_schema, migrate};
+pub use migrate::{
+    MigrateReport, check_schema, migrate, migrate_mark_mode, missing_mark_mode_indexes,
+};
 pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
 pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};

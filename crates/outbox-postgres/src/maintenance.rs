@@ -1,6 +1,7 @@
 //! [`PgStore`] as the core's [`MaintenanceStore`]: the elected maintainer's session is a
 //! connection taken out of the pool holding a session advisory lock, and the jobs delete in
-//! small batches (inbox identities, settled work items, leases of crashed relays).
+//! small batches (inbox identities, settled work items, published rows kept by mark mode,
+//! leases of crashed relays).
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -113,6 +114,22 @@ impl MaintenanceStore for PgStore {
             older_than,
             limit,
             "work-item retention",
+        )
+        .await
+    }
+
+    async fn published_purge<'a>(
+        &'a self,
+        session: &'a mut PgConnection,
+        older_than: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.purge(
+            &self.sql().published_purge,
+            session,
+            older_than,
+            limit,
+            "published-row retention",
         )
         .await
     }

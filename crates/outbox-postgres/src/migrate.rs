@@ -7,6 +7,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 use crate::error::MigrateError;
 use crate::roles::{Component, PermissionDenied};
 use crate::schema::Schema;
+use crate::sql::MARK_MODE_INDEXES;
 
 /// One migration file.
 #[derive(Debug, Clone, Copy)]
@@ -165,6 +166,118 @@ async fn migrate_in_tx(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, 
     }
     tx.commit().await?;
     Ok(report)
+}
+
+/// Creates the indexes mark mode needs ([`crate::OnPublish::Mark`]: published rows stay in
+/// the table), those not there yet, and returns the names it created. `outbox migrate` calls
+/// it when `relay.on_publish = "mark"`.
+///
+/// Three partial indexes on `events`: pending rows by id (the claim's scan of heads), unpublished
+/// rows by aggregate and version (the claim's order check and per-aggregate run), published
+/// rows by `published_at` (the retention job, [`outbox_core::maintenance`]). Without them each
+/// claim reads past every published row kept, and slows down as they accumulate. They are not
+/// part of the numbered migrations because delete mode does not need them and would pay for
+/// them on every producer insert.
+///
+/// Each index is built with `CREATE INDEX CONCURRENTLY`, which does not stop producers or
+/// relays on a live table (it waits for the transactions open on the table to end, and takes
+/// longer than a plain build). An index left invalid by an interrupted build is dropped and
+/// built again. Runs under the same advisory lock as [`migrate`], so two callers build each
+/// index once. Idempotent; safe to run while the relay works.
+///
+/// # Errors
+/// [`MigrateError::NotMigrated`] or [`MigrateError::NewerSchema`] when the schema is not at this
+/// release's version (run [`migrate`] first), [`MigrateError::PermissionDenied`] when the role
+/// may not create indexes on `events` (it is not the migrator), [`MigrateError::Database`].
+pub async fn migrate_mark_mode(
+    pool: &PgPool,
+    schema: &Schema,
+) -> Result<Vec<&'static str>, MigrateError> {
+    check_schema(pool, schema).await?;
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended('outbox.migrate.' || $1, 0))")
+        .bind(schema.as_str())
+        .execute(&mut *conn)
+        .await?;
+    let result = build_mark_mode_indexes(&mut conn, schema).await;
+    let unlock =
+        sqlx::query("SELECT pg_advisory_unlock(hashtextextended('outbox.migrate.' || $1, 0))")
+            .bind(schema.as_str())
+            .execute(&mut *conn)
+            .await;
+    if unlock.is_err() {
+        // The lock must not outlive this call on a pooled connection.
+        conn.detach();
+    }
+    match result {
+        Err(MigrateError::Database(e)) => Err(denied(pool, e, Some(Component::Migrator)).await),
+        other => other,
+    }
+}
+
+async fn build_mark_mode_indexes(
+    conn: &mut PgConnection,
+    schema: &Schema,
+) -> Result<Vec<&'static str>, MigrateError> {
+    let q = schema.quoted();
+    let mut created = Vec::new();
+    for (name, definition) in MARK_MODE_INDEXES {
+        match index_validity(conn, schema, name).await? {
+            Some(true) => continue,
+            Some(false) => {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DROP INDEX CONCURRENTLY IF EXISTS {q}.{name}"
+                )))
+                .execute(&mut *conn)
+                .await?;
+            }
+            None => {}
+        }
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {q}.events {definition}"
+        )))
+        .execute(&mut *conn)
+        .await?;
+        created.push(*name);
+    }
+    Ok(created)
+}
+
+/// The mark-mode indexes ([`migrate_mark_mode`]) that `schema` lacks, or has only invalid (an
+/// interrupted build). The relay checks this at startup in mark mode.
+///
+/// # Errors
+/// A database error (the catalog is readable by every role).
+pub async fn missing_mark_mode_indexes(
+    pool: &PgPool,
+    schema: &Schema,
+) -> Result<Vec<&'static str>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let mut missing = Vec::new();
+    for (name, _) in MARK_MODE_INDEXES {
+        if index_validity(&mut conn, schema, name).await? != Some(true) {
+            missing.push(*name);
+        }
+    }
+    Ok(missing)
+}
+
+/// `Some(valid)` for an index named `name` in `schema`, `None` when there is none.
+async fn index_validity(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    name: &str,
+) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT i.indisvalid FROM pg_catalog.pg_index i \
+         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2",
+    )
+    .bind(schema.as_str())
+    .bind(name)
+    .fetch_optional(conn)
+    .await
 }
 
 async fn schema_exists(conn: &mut PgConnection, schema: &Schema) -> Result<bool, sqlx::Error> {

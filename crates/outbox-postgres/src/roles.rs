@@ -8,7 +8,7 @@
 //! | [`Component::Relay`] | `outbox relay`, [`crate::PgStore`] as the relay's store | read `events`, write its delivery columns, delete published rows; leases |
 //! | [`Component::Consumer`] | [`crate::PgConsumer`], [`crate::PgInbox`], [`crate::PgEffects::enqueue`] | inbox tables, consumer dead letters, insert work items |
 //! | [`Component::Executor`] | `outbox effects run`, [`crate::PgExecutor`] | read work items, write their execution columns |
-//! | [`Component::Maintainer`] | `outbox cleanup` | delete old inbox identities, settled work items, expired leases |
+//! | [`Component::Maintainer`] | `outbox cleanup` | delete old inbox identities, settled work items, old published rows (mark mode), expired leases |
 //! | [`Component::Reader`] | `outbox status`, `… list` | read everything the CLI shows; no payloads of events, conflicts or consumer dead letters |
 //! | [`Component::Operator`] | `dead-letters requeue`, `consumer-dead-letters requeue`, `effects resolve` | the reader's reads plus those updates |
 //!
@@ -104,7 +104,7 @@ impl Component {
             }
             Self::Executor => "`outbox effects run`: claim, call, record work items",
             Self::Maintainer => {
-                "`outbox cleanup`: inbox retention, settled work items, expired relay leases"
+                "`outbox cleanup`: inbox retention, settled work items, published rows (mark mode), expired relay leases"
             }
             Self::Reader => {
                 "`outbox status`, `dead-letters list`, `conflicts list`, `consumer-dead-letters list`, `effects status|list`"
@@ -241,7 +241,10 @@ const OBJECTS: &[Decision] = &[
         ],
         consumer: NONE,
         executor: NONE,
-        maintainer: NONE,
+        // Mark mode's retention deletes published rows by ctid, reading only what picks them
+        // (never a payload). DELETE is table-wide in PostgreSQL: the statement, not the grant,
+        // keeps it to published rows.
+        maintainer: &[Select(Only(&["ctid", "state", "published_at"])), Delete],
         // Everything but the payload and the headers.
         reader: &[Select(Only(&[
             "id",

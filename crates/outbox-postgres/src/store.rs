@@ -37,8 +37,10 @@ pub enum OnPublish {
     /// claim scan stays small.
     #[default]
     Delete,
-    /// Keep the row with `state = 'published'` and `published_at`, for audit or replay. Needs a
-    /// retention job; claims get slower as published rows accumulate.
+    /// Keep the row with `state = 'published'` and `published_at`, for audit or replay. Needs
+    /// its indexes ([`crate::migrate_mark_mode`]; without them claims slow down as published
+    /// rows accumulate) and a retention job
+    /// ([`MaintenanceConfig::published_keep`](outbox_core::maintenance::MaintenanceConfig::published_keep)).
     Mark,
 }
 

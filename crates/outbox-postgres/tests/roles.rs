@@ -868,7 +868,12 @@ async fn the_maintainer_purges_without_reading() {
          INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, resolved_at) VALUES \
          ('payout', 'old', '{}', 'succeeded', now() - interval '30 days'), \
          ('payout', 'new', '{}', 'succeeded', now()); \
-         INSERT INTO {s}.leases VALUES ('payment', 'crashed', 1, now() - interval '1 hour')",
+         INSERT INTO {s}.leases VALUES ('payment', 'crashed', 1, now() - interval '1 hour'); \
+         INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+           event_type, payload, state, published_at) VALUES \
+         (gen_random_uuid(), 'payment', 'p', 1, 'T', '\\x7b7d', 'published', now() - interval '30 days'), \
+         (gen_random_uuid(), 'payment', 'p', 2, 'T', '\\x7b7d', 'published', now()), \
+         (gen_random_uuid(), 'payment', 'p', 3, 'T', '\\x7b7d', 'pending', NULL)",
     )
     .await;
     let pool = env.pool(Component::Maintainer).await;
@@ -879,25 +884,36 @@ async fn the_maintainer_purges_without_reading() {
                 keep: Duration::from_secs(7 * 86_400),
                 horizon: outbox_core::maintenance::ReplayHorizon {
                     broker_retention: Duration::from_secs(86_400),
-                    outbox_retention: Duration::ZERO,
+                    outbox_retention: Duration::from_secs(86_400),
                     dead_letter_requeue_window: Duration::ZERO,
                 },
             }),
             work_items_keep: Some(Duration::from_secs(86_400)),
+            published_keep: Some(Duration::from_secs(86_400)),
             lease_reap_after: Some(Duration::from_secs(600)),
             ..MaintenanceConfig::default()
         },
     )
     .unwrap();
     let r = maintainer.round_once().await.unwrap().expect("elected");
-    assert_eq!((r.inbox, r.work_items, r.leases), (1, 1, 1));
+    assert_eq!((r.inbox, r.work_items, r.published, r.leases), (1, 1, 1, 1));
+    assert_eq!(
+        env.count("SELECT count(*) FROM {s}.events WHERE aggregate_version > 1")
+            .await,
+        2,
+        "the young published row and the pending one stay"
+    );
 
+    // Mark mode's retention deletes events by ctid; it reads no event beyond its state and
+    // publication time, and changes none.
     for sql in [
         "SELECT event_id FROM {s}.inbox",
         "SELECT payload FROM {s}.work_items",
         "UPDATE {s}.work_items SET state = 'pending'",
-        "SELECT count(*) FROM {s}.events",
-        "DELETE FROM {s}.events",
+        "SELECT payload FROM {s}.events",
+        "SELECT event_id FROM {s}.events",
+        "UPDATE {s}.events SET state = 'pending'",
+        "INSERT INTO {s}.events (event_id) VALUES (gen_random_uuid())",
         "DELETE FROM {s}.consumer_dead_letters",
     ] {
         env.denied(&pool, sql).await;
@@ -1008,6 +1024,11 @@ async fn a_role_without_grants_is_told_so_not_to_migrate() {
             vec![
                 format!("USAGE ON SCHEMA \"{}\"", env.schema),
                 format!("SELECT ON TABLE \"{}\".\"schema_migrations\"", env.schema),
+                format!(
+                    "SELECT (ctid, state, published_at) ON TABLE \"{}\".\"events\"",
+                    env.schema
+                ),
+                format!("DELETE ON TABLE \"{}\".\"events\"", env.schema),
                 format!(
                     "SELECT (ctid, lease_until, takeovers) ON TABLE \"{}\".\"leases\"",
                     env.schema

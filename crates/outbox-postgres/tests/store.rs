@@ -174,6 +174,156 @@ async fn mark_mode_keeps_published_rows_and_still_orders() {
     db.drop().await;
 }
 
+/// Mark mode's two needs: its indexes (built once, rebuilt when left invalid, reported when
+/// missing) and the retention of published rows (only those published before the keep, in
+/// batches, by the elected maintainer, never a pending or dead row, the claim unaffected).
+#[tokio::test]
+async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
+    use outbox_core::maintenance::{Maintainer, MaintenanceConfig, MaintenanceStore as _};
+    use outbox_postgres::{migrate_mark_mode, missing_mark_mode_indexes};
+    let db = TestDb::new().await;
+    let all = vec![
+        "events_pending_idx",
+        "events_unpublished_idx",
+        "events_published_at_idx",
+    ];
+    assert_eq!(
+        missing_mark_mode_indexes(&db.pool, &db.schema)
+            .await
+            .unwrap(),
+        all
+    );
+    assert_eq!(migrate_mark_mode(&db.pool, &db.schema).await.unwrap(), all);
+    assert!(
+        migrate_mark_mode(&db.pool, &db.schema)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        missing_mark_mode_indexes(&db.pool, &db.schema)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // An interrupted concurrent build leaves an invalid index: reported, and built again.
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE pg_catalog.pg_index SET indisvalid = false \
+         WHERE indexrelid = '\"{}\".events_pending_idx'::regclass",
+        db.schema
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        missing_mark_mode_indexes(&db.pool, &db.schema)
+            .await
+            .unwrap(),
+        vec!["events_pending_idx"]
+    );
+    assert_eq!(
+        migrate_mark_mode(&db.pool, &db.schema).await.unwrap(),
+        vec!["events_pending_idx"]
+    );
+
+    // Twenty published rows (ten aggregates, two versions each) through the relay's own path.
+    let store = db.store_with(OnPublish::Mark);
+    let published: Vec<_> = (0..10)
+        .flat_map(|a| [msg(&format!("m{a}"), 1), msg(&format!("m{a}"), 2)])
+        .collect();
+    db.outbox.enqueue_batch(&db.pool, &published).await.unwrap();
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    let ids: Vec<i64> = b.messages.iter().map(|m| m.id).collect();
+    assert_eq!(ids.len(), 20);
+    let marked = store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &ids,
+        })
+        .await
+        .unwrap();
+    assert_eq!(marked, 20);
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &[],
+        })
+        .await
+        .unwrap();
+    // Pending and dead rows, made old: never the retention's business.
+    db.outbox
+        .enqueue_batch(
+            &db.pool,
+            &[msg("p", 1), msg("p", 2), msg("p", 3), msg("d", 1)],
+        )
+        .await
+        .unwrap();
+    let exec = |sql: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let s = &db.schema;
+    exec(format!(
+        "UPDATE \"{s}\".events SET state = 'dead', last_error = 'refused' \
+         WHERE aggregate_id = 'd'"
+    ))
+    .await;
+    exec(format!(
+        "UPDATE \"{s}\".events SET created_at = now() - interval '3 hours' \
+         WHERE aggregate_id IN ('p', 'd')"
+    ))
+    .await;
+    // Seven aggregates published two hours ago, three just now.
+    exec(format!(
+        "UPDATE \"{s}\".events SET published_at = now() - interval '2 hours' \
+         WHERE state = 'published' AND aggregate_id < 'm7'"
+    ))
+    .await;
+
+    let config = MaintenanceConfig {
+        published_keep: Some(Duration::from_secs(3600)),
+        batch_size: 4,
+        ..MaintenanceConfig::default()
+    };
+    let a = Maintainer::new(store.clone(), config.clone()).unwrap();
+    let b = Maintainer::new(store.clone(), config).unwrap();
+    let mut sa = store.maintenance_session().await.unwrap();
+    let mut sb = store.maintenance_session().await.unwrap();
+    let r = a.round(&mut sa).await.unwrap().expect("elected");
+    assert_eq!(r.published, 14, "{r:?}");
+    assert_eq!(b.round(&mut sb).await.unwrap(), None, "one maintainer");
+    assert_eq!(db.count("state = 'published'").await, 6);
+    assert_eq!(
+        db.count("state = 'published' AND aggregate_id >= 'm7'")
+            .await,
+        6,
+        "the young published rows stay"
+    );
+    assert_eq!(db.count("state = 'pending'").await, 3);
+    assert_eq!(db.count("state = 'dead'").await, 1);
+    assert_eq!(
+        a.round(&mut sa).await.unwrap().map(|r| r.published),
+        Some(0)
+    );
+
+    // The claim goes on from the pending rows, in order.
+    let c = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert_eq!(
+        c.messages
+            .iter()
+            .map(|m| (m.aggregate_id.as_str(), m.aggregate_version))
+            .collect::<Vec<_>>(),
+        vec![("p", 1), ("p", 2), ("p", 3)]
+    );
+    drop((sa, sb));
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn version_allocation_serialises_writers_of_one_aggregate() {
     let db = TestDb::new().await;

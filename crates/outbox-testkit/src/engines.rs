@@ -1209,6 +1209,7 @@ pub async fn the_maintainer_cleans_up_on_one_elected_instance<F: StoreFixture>()
             horizon,
         }),
         work_items_keep: Some(day * 7),
+        published_keep: None,
         lease_reap_after: Some(Duration::from_secs(600)),
         batch_size: 2,
         interval: Duration::from_secs(60),

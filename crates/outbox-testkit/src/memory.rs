@@ -1232,6 +1232,16 @@ impl MaintenanceStore for MemoryStore {
         Ok(old.len() as u64)
     }
 
+    /// Nothing to purge: this fake deletes a row when it is published (delete mode only).
+    async fn published_purge<'a>(
+        &'a self,
+        _session: &'a mut MemorySession,
+        _older_than: Duration,
+        _limit: i64,
+    ) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
     async fn lease_reap<'a>(
         &'a self,
         _session: &'a mut MemorySession,
