@@ -63,17 +63,19 @@ pub async fn migrate(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Mark mode keeps published rows: without its indexes every claim reads past them, slower
-/// as they accumulate. Not a refusal (a relay started before `outbox migrate` built them still
-/// delivers), but said at startup, with the command that builds them.
+/// Mark mode keeps published rows: without its indexes every claim (polling) and every
+/// retention round reads past them, slower as they accumulate. Not a refusal (a relay started
+/// before `outbox migrate` built them still delivers), but said at startup, with the command
+/// that builds them.
 async fn warn_missing_mark_mode_indexes(store: &PgStore) {
     match outbox_postgres::missing_mark_mode_indexes(store.pool(), store.schema()).await {
         Ok(missing) if missing.is_empty() => {}
         Ok(missing) => warn!(
             missing = %missing.join(", "),
-            "relay.on_publish = \"mark\" without the mark-mode indexes: claims slow down as \
-             published rows accumulate. Build them with `outbox migrate` (with this \
-             configuration), which creates them concurrently, without stopping the relay"
+            "relay.on_publish = \"mark\" without the mark-mode indexes: claims and the \
+             retention of published rows slow down as published rows accumulate. Build them \
+             with `outbox migrate` (with this configuration), which creates them concurrently, \
+             without stopping the relay"
         ),
         Err(e) => warn!(error = %e, "cannot check the mark-mode indexes"),
     }
@@ -564,6 +566,16 @@ pub async fn cleanup(pool: PgPool, schema: &Schema, a: CleanupArgs) -> Result<Ex
         anyhow::bail!("invalid option `--batch-size`: must be at least 1");
     }
     let published_keep = a.published_keep_secs.map(Duration::from_secs);
+    if let (Some(inbox), Some(published)) = (a.inbox_keep_secs, a.published_keep_secs)
+        && inbox < published
+    {
+        anyhow::bail!(
+            "refusing to clean up: --inbox-keep-secs {inbox} is shorter than \
+             --published-keep-secs {published}: a published event replayed after its inbox \
+             identity was deleted would apply twice. Keep inbox identities at least as long as \
+             published events"
+        );
+    }
     let inbox = match (a.inbox_keep_secs, a.broker_retention_secs) {
         (Some(keep), Some(broker)) => Some(InboxRetention {
             keep: Duration::from_secs(keep),

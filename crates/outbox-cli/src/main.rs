@@ -145,15 +145,16 @@ pub(crate) struct CleanupArgs {
     #[arg(long, requires = "inbox_keep_secs")]
     pub(crate) broker_retention_secs: Option<u64>,
     /// How long published outbox rows are kept and may be republished, seconds. Part of the
-    /// replay horizon (at least --published-keep-secs).
-    #[arg(long, default_value_t = 0)]
+    /// inbox's replay horizon (at least --published-keep-secs).
+    #[arg(long, default_value_t = 0, requires = "inbox_keep_secs")]
     pub(crate) outbox_retention_secs: u64,
     /// Mark mode (`relay.on_publish = "mark"`): delete published events published more than
     /// this many seconds ago, in batches, never a pending or dead one.
     #[arg(long)]
     pub(crate) published_keep_secs: Option<u64>,
-    /// How long after failing a dead letter may still be requeued, seconds.
-    #[arg(long, default_value_t = 0)]
+    /// How long after failing a dead letter may still be requeued, seconds. Part of the
+    /// inbox's replay horizon.
+    #[arg(long, default_value_t = 0, requires = "inbox_keep_secs")]
     pub(crate) dead_letter_requeue_window_secs: u64,
     /// Also delete succeeded work items resolved more than this many seconds ago.
     #[arg(long)]

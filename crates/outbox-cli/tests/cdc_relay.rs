@@ -119,15 +119,17 @@ async fn cdc_relay_end_to_end(kind: Kind) {
     let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-1");
     wait_slot_streamed(&db).await;
     let mut expected: HashSet<Uuid> = produce(&db, "pay", 5, 1, 4).await.into_iter().collect();
+    // The table first: a failure then says whether the relay published (rows deleted) or the
+    // subscriber did not see what was published.
+    wait_until(Duration::from_secs(30), "published rows deleted", || {
+        let db = &db;
+        async move { db.count("true").await == 0 }
+    })
+    .await;
     sub.wait_ids(
         &expected.iter().copied().collect::<Vec<_>>(),
         Duration::from_secs(30),
     )
-    .await;
-    wait_until(Duration::from_secs(20), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
     .await;
 
     // SIGKILL while the next events stream; the restarted relay (no --create-slot) resumes

@@ -186,9 +186,19 @@ async fn mark_mode_keeps_published_events_until_cleanup_deletes_the_old_ones() {
     .await;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
-        out.stderr.contains("86400") && out.stderr.contains("outbox_retention"),
+        out.stderr.contains("--inbox-keep-secs 3600")
+            && out.stderr.contains("--published-keep-secs 86400"),
         "{out:?}"
     );
+    // Horizon flags without the inbox keep they belong to would be ignored: refused.
+    for lone in [
+        &["--inbox-keep-secs=86400"][..],
+        &["--outbox-retention-secs=86400", "--published-keep-secs=60"][..],
+    ] {
+        let out = cleanup(db.name(), lone).await;
+        assert_eq!(out.status.code(), Some(2), "{lone:?}: {out:?}");
+        assert!(out.stderr.contains("required"), "{lone:?}: {out:?}");
+    }
     assert_eq!(db.count("true").await, 30, "nothing deleted");
 
     // Versions 1 and 2 were published two hours ago: they go, in batches; version 3 stays.

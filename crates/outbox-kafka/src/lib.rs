@@ -78,8 +78,9 @@
 //!
 //! * the idempotent producer numbers each partition's records and the broker stores a producer
 //!   session's records only in that sequence, without holes; librdkafka's own retries keep it.
-//!   This is the broker's part, and the transport needs it: Apache Kafka (since 0.11) and
-//!   tansu check the sequence and refuse a request that would leave a hole. librdkafka relies
+//!   This is the broker's part, and the transport needs it: Apache Kafka (1.0 and later, with
+//!   up to five requests in flight) and tansu check the sequence and refuse a request that
+//!   would leave a hole. librdkafka relies
 //!   on it too: when a produce request fails and a later one in flight succeeds, it reports
 //!   the earlier records stored (on such a broker the later one could not have been). A broker
 //!   that stored the later request alone would make a record reported stored that is not;
@@ -99,9 +100,11 @@
 //! `queue.buffering.max.kbytes`, after which publishes fail as `Unavailable` at once). A
 //! republish of an event whose record is still queued in the current producer does not queue
 //! another copy: it awaits the queued record's report, so an outage of many retries stores each
-//! event once when the cluster is back. `tests/mock_cluster.rs` proves the order under injected
-//! produce errors and an outage with whole runs in flight, and the single copy per retried
-//! event.
+//! event once when the cluster is back. `tests/mock_cluster.rs` checks the transport's part of
+//! this under injected produce errors and an outage with whole runs queued (one produce
+//! request in flight, see there), and the single copy per retried event. The broker's part,
+//! and librdkafka's retries with several requests in flight, are argued above, not tested: the
+//! tests against a real broker inject no produce errors.
 //!
 //! # Error mapping
 //!

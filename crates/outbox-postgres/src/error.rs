@@ -121,6 +121,17 @@ pub enum MigrateError {
     /// missing grant, not a missing migration. The message names the role and what to run.
     #[error("{0}")]
     PermissionDenied(PermissionDenied),
+    /// A mark-mode index ([`crate::migrate_mark_mode`]) is not there, or not valid, after its
+    /// build: another object holds its name, or the build was interrupted. The message names it.
+    #[error(
+        "index `{index}` of schema `{schema}` is missing or invalid after `CREATE INDEX CONCURRENTLY`: another relation may hold the name; drop it, then run `outbox migrate` again"
+    )]
+    IndexNotBuilt {
+        /// Schema name.
+        schema: String,
+        /// Index name.
+        index: String,
+    },
     /// Database error.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

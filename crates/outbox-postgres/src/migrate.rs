@@ -2,7 +2,7 @@
 //! relays or services starting at once migrate exactly once.
 
 use sha2::{Digest, Sha256};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 
 use crate::error::MigrateError;
 use crate::roles::{Component, PermissionDenied};
@@ -180,35 +180,29 @@ async fn migrate_in_tx(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, 
 /// them on every producer insert.
 ///
 /// Each index is built with `CREATE INDEX CONCURRENTLY`, which does not stop producers or
-/// relays on a live table (it waits for the transactions open on the table to end, and takes
-/// longer than a plain build). An index left invalid by an interrupted build is dropped and
-/// built again. Runs under the same advisory lock as [`migrate`], so two callers build each
-/// index once. Idempotent; safe to run while the relay works.
+/// relays on a live table. It takes longer than a plain build and, before it ends, waits for
+/// every transaction of the database that began before it: one left idle in a transaction
+/// holds it up until it ends. An index left invalid by an interrupted build is dropped and
+/// built again. Two callers build each index once: they take turns on an advisory lock of
+/// their own (not [`migrate`]'s), waited for by polling, so that no caller holds a snapshot
+/// the other's build would wait for. Idempotent; safe to run while the relay works.
 ///
 /// # Errors
 /// [`MigrateError::NotMigrated`] or [`MigrateError::NewerSchema`] when the schema is not at this
 /// release's version (run [`migrate`] first), [`MigrateError::PermissionDenied`] when the role
-/// may not create indexes on `events` (it is not the migrator), [`MigrateError::Database`].
+/// may not create indexes on `events` (it is not the migrator),
+/// [`MigrateError::IndexNotBuilt`] when an index is not valid after its build,
+/// [`MigrateError::Database`].
 pub async fn migrate_mark_mode(
     pool: &PgPool,
     schema: &Schema,
 ) -> Result<Vec<&'static str>, MigrateError> {
     check_schema(pool, schema).await?;
-    let mut conn = pool.acquire().await?;
-    sqlx::query("SELECT pg_advisory_lock(hashtextextended('outbox.migrate.' || $1, 0))")
-        .bind(schema.as_str())
-        .execute(&mut *conn)
-        .await?;
+    // A connection of its own, closed at the end: the session lock dies with it, also when
+    // this future is dropped half-way.
+    let mut conn = pool.acquire().await?.detach();
     let result = build_mark_mode_indexes(&mut conn, schema).await;
-    let unlock =
-        sqlx::query("SELECT pg_advisory_unlock(hashtextextended('outbox.migrate.' || $1, 0))")
-            .bind(schema.as_str())
-            .execute(&mut *conn)
-            .await;
-    if unlock.is_err() {
-        // The lock must not outlive this call on a pooled connection.
-        conn.detach();
-    }
+    let _ = conn.close().await;
     match result {
         Err(MigrateError::Database(e)) => Err(denied(pool, e, Some(Component::Migrator)).await),
         other => other,
@@ -219,6 +213,17 @@ async fn build_mark_mode_indexes(
     conn: &mut PgConnection,
     schema: &Schema,
 ) -> Result<Vec<&'static str>, MigrateError> {
+    // Polled, never waited for inside a statement: a caller blocked in a lock wait would keep
+    // a snapshot open, and the holder's concurrent build would wait for it in turn.
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT pg_try_advisory_lock(hashtextextended('outbox.mark_mode_indexes.' || $1, 0))",
+    )
+    .bind(schema.as_str())
+    .fetch_one(&mut *conn)
+    .await?
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     let q = schema.quoted();
     let mut created = Vec::new();
     for (name, definition) in MARK_MODE_INDEXES {
@@ -238,6 +243,12 @@ async fn build_mark_mode_indexes(
         )))
         .execute(&mut *conn)
         .await?;
+        if index_validity(conn, schema, name).await? != Some(true) {
+            return Err(MigrateError::IndexNotBuilt {
+                schema: schema.to_string(),
+                index: (*name).to_owned(),
+            });
+        }
         created.push(*name);
     }
     Ok(created)
@@ -262,7 +273,8 @@ pub async fn missing_mark_mode_indexes(
     Ok(missing)
 }
 
-/// `Some(valid)` for an index named `name` in `schema`, `None` when there is none.
+/// `Some(valid)` for an index named `name` on `schema`'s `events` table, `None` when there is
+/// none (another relation of that name is not it).
 async fn index_validity(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -272,7 +284,8 @@ async fn index_validity(
         "SELECT i.indisvalid FROM pg_catalog.pg_index i \
          JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid \
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = $2",
+         JOIN pg_catalog.pg_class t ON t.oid = i.indrelid \
+         WHERE n.nspname = $1 AND c.relname = $2 AND t.relname = 'events'",
     )
     .bind(schema.as_str())
     .bind(name)
