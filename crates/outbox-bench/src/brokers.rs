@@ -155,6 +155,13 @@ impl NatsBench {
         Ok(())
     }
 
+    /// The stream's last sequence: messages stored since its creation, purged ones included
+    /// (duplicates the stream dropped by message id excluded).
+    pub async fn last_sequence(&self) -> Result<u64> {
+        let mut s = self.js.get_stream(&self.stream).await?;
+        Ok(s.info().await?.state.last_sequence)
+    }
+
     /// `(num_pending, num_ack_pending)` of a durable consumer on the stream.
     pub async fn consumer_pending(&self, durable: &str) -> Result<(u64, u64)> {
         let s = self.js.get_stream(&self.stream).await?;

@@ -8,6 +8,9 @@
 //!   `RelayWaker`.
 //! * `w3`: end-to-end latency, producer commit -> relay -> broker -> `PgConsumer` commit, at a
 //!   steady rate.
+//! * `w6`: a backlog of millions of pending events drained by the `outbox relay` process:
+//!   claim latency as it shrinks, relay memory, first publish after a restart, table sizes,
+//!   in delete and mark mode (with mark mode's retention).
 //! * `w4`: consumer throughput: draining a preloaded stream / queue with `PgConsumer` (inbox)
 //!   vs. the same handler without the inbox, one delivery per transaction and batched.
 //!
@@ -24,6 +27,7 @@ mod w2;
 mod w3;
 mod w4;
 mod w5;
+mod w6;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -52,6 +56,9 @@ enum Workload {
     W4(w4::Args),
     /// CDC relay drain vs. the polling relay's drain of the same backlog.
     W5(w5::Args),
+    /// A backlog of millions of events drained by the relay process: claim latency, memory,
+    /// restart, sizes, in delete and mark mode.
+    W6(w6::Args),
 }
 
 #[tokio::main]
@@ -73,5 +80,6 @@ async fn main() -> Result<()> {
         Workload::W3(a) => w3::run(&env, a).await,
         Workload::W4(a) => w4::run(&env, a).await,
         Workload::W5(a) => w5::run(&env, a).await,
+        Workload::W6(a) => w6::run(&env, a).await,
     }
 }
