@@ -216,6 +216,21 @@ pub(crate) const STATS: &str = "SELECT \
       count(*) FILTER (WHERE state = 'published') \
     FROM {s}.events";
 
+/// [`STATS`] in mark mode: the pending, in-flight and dead numbers from the unpublished rows
+/// only (the mark-mode index on them, [`MARK_MODE_INDEXES`]), and the published rows counted
+/// on their own index. [`STATS`] would read every published row kept on each call, and the
+/// relay calls it every `stats_interval`.
+pub(crate) const STATS_MARK: &str = "SELECT \
+      count(*) FILTER (WHERE state = 'pending'), \
+      EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, \
+      (SELECT count(*) FROM {s}.events f JOIN {s}.leases l \
+         ON l.aggregate_type = f.aggregate_type AND l.aggregate_id = f.aggregate_id \
+       WHERE f.state = 'pending' AND l.lease_until > now()), \
+      count(*) FILTER (WHERE state = 'pending' AND attempts > 0), \
+      count(*) FILTER (WHERE state = 'dead'), \
+      (SELECT count(*) FROM {s}.events p WHERE p.state = 'published') \
+    FROM {s}.events WHERE state <> 'published'";
+
 pub(crate) const DEAD_LIST: &str = "SELECT e.event_id, e.aggregate_type, e.aggregate_id, \
     e.aggregate_version, e.event_type, e.attempts, e.last_error, e.created_at, \
     (SELECT count(*) FROM {s}.events b WHERE b.aggregate_type = e.aggregate_type \
@@ -257,6 +272,7 @@ pub(crate) struct Sql {
     pub fail: Arc<str>,
     pub release: Arc<str>,
     pub stats: Arc<str>,
+    pub stats_mark: Arc<str>,
     pub dead_list: Arc<str>,
     pub dead_requeue_some: Arc<str>,
     pub dead_requeue_all: Arc<str>,
@@ -291,6 +307,7 @@ impl Sql {
             fail: r(FAIL),
             release: r(RELEASE),
             stats: r(STATS),
+            stats_mark: r(STATS_MARK),
             dead_list: r(DEAD_LIST),
             dead_requeue_some: r(DEAD_REQUEUE_SOME),
             dead_requeue_all: r(DEAD_REQUEUE_ALL),

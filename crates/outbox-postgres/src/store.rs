@@ -343,7 +343,11 @@ impl OutboxStore for PgStore {
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        let r = sqlx::query(self.q(&self.sql.stats))
+        let sql = match self.config.on_publish {
+            OnPublish::Delete => &self.sql.stats,
+            OnPublish::Mark => &self.sql.stats_mark,
+        };
+        let r = sqlx::query(self.q(sql))
             .fetch_one(&self.pool)
             .await
             .map_err(self.err(Component::Reader, "stats"))?;

@@ -319,6 +319,13 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
     );
     assert_eq!(db.count("state = 'pending'").await, 3);
     assert_eq!(db.count("state = 'dead'").await, 1);
+    // Mark mode's own stats statement (published rows counted apart) gives the same numbers.
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.dead, stats.published_retained),
+        (3, 1, 6),
+        "{stats:?}"
+    );
     assert_eq!(
         a.round(&mut sa).await.unwrap().map(|r| r.published),
         Some(0)
