@@ -59,8 +59,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["delete", "mark"])]
     pub(crate) modes: Vec<String>,
     /// Claims per latency measurement.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) claims: usize,
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) claims: u64,
     /// The `outbox` binary (`cargo build --release -p outbox-cli`).
     #[arg(long, default_value = "target/release/outbox")]
     pub(crate) outbox_bin: PathBuf,
@@ -111,6 +111,9 @@ struct ModeReport {
 }
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
+    if args.aggregates == 0 || args.aggregates > 9_999_999 {
+        bail!("--aggregates must be 1 to 9,999,999 (aggregate ids have seven digits)");
+    }
     if !args.outbox_bin.exists() {
         bail!(
             "{} does not exist: build it with `cargo build --release -p outbox-cli`, or pass \
@@ -146,11 +149,19 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
     let mut reports = Vec::new();
     for mode in modes {
         let bench = BenchSchema::create(&pool).await?;
-        let nats = NatsBench::setup(env).await?;
+        let nats = match NatsBench::setup(env).await {
+            Ok(nats) => nats,
+            Err(e) => {
+                bench.drop(&pool).await?;
+                return Err(e);
+            }
+        };
+        // The measurement's error first; the clean-up's only when the measurement succeeded.
         let result = measure_mode(env, &pool, &bench, &nats, &args, mode).await;
-        nats.teardown().await?;
+        let teardown = nats.teardown().await;
         bench.drop(&pool).await?;
         reports.push(result?);
+        teardown?;
     }
     let ceiling_after = raw_ceiling(env, &args).await?;
     println!(
@@ -239,14 +250,39 @@ async fn measure_mode(
         .push(claim_latency(pool, &store, s, args, "full backlog").await?);
 
     let config = relay_config_file(bench, nats, mode)?;
+    let result =
+        drain_and_measure(env, pool, bench, nats, args, &store, &config, &mut report).await;
+    let _ = std::fs::remove_file(&config);
+    result?;
+    Ok(report)
+}
+
+/// The drain in segments (claim latency at each checkpoint), then the near-empty claims, the
+/// sizes and, in mark mode, the retention.
+#[allow(clippy::too_many_arguments)]
+async fn drain_and_measure(
+    env: &Env,
+    pool: &PgPool,
+    bench: &BenchSchema,
+    nats: &NatsBench,
+    args: &Args,
+    store: &PgStore,
+    config: &PathBuf,
+    report: &mut ModeReport,
+) -> Result<()> {
+    let s = bench.name();
+    let mode = report.mode;
+    // Descending, each once, inside the backlog; then the end of the drain.
     let mut stops: Vec<u64> = args.checkpoints.clone();
-    stops.retain(|c| *c < args.events);
+    stops.retain(|c| *c > 0 && *c < args.events);
+    stops.sort_unstable_by(|a, b| b.cmp(a));
+    stops.dedup();
     stops.push(0);
     for (i, stop_at) in stops.iter().enumerate() {
         let target = args.events - stop_at;
         let started = Instant::now();
         let before = nats.last_sequence().await?;
-        let mut relay = spawn_relay(env, bench, args, &config)?;
+        let mut relay = spawn_relay(env, bench, args, config)?;
         // The first publish of this start.
         loop {
             if nats.last_sequence().await? > before {
@@ -315,7 +351,7 @@ async fn measure_mode(
             let label = format!("{stop_at} pending");
             report
                 .claims
-                .push(claim_latency(pool, &store, s, args, &label).await?);
+                .push(claim_latency(pool, store, s, args, &label).await?);
         }
     }
     report.drained = nats.last_sequence().await?;
@@ -326,12 +362,12 @@ async fn measure_mode(
     insert_rows(pool, s, args, args.events, args.events + 1000).await?;
     report
         .claims
-        .push(claim_latency(pool, &store, s, args, "1,000 fresh rows, before VACUUM").await?);
+        .push(claim_latency(pool, store, s, args, "1,000 fresh rows, before VACUUM").await?);
     vacuum(pool, s).await?;
     report.sizes.push(sizes(pool, s, "after VACUUM").await?);
     report
         .claims
-        .push(claim_latency(pool, &store, s, args, "1,000 fresh rows, after VACUUM").await?);
+        .push(claim_latency(pool, store, s, args, "1,000 fresh rows, after VACUUM").await?);
 
     if mode == OnPublish::Mark {
         let maintainer = Maintainer::new(
@@ -360,9 +396,9 @@ async fn measure_mode(
             .push(sizes(pool, s, "after the retention and VACUUM").await?);
         report
             .claims
-            .push(claim_latency(pool, &store, s, args, "1,000 rows, after the retention").await?);
+            .push(claim_latency(pool, store, s, args, "1,000 rows, after the retention").await?);
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Writes rows `from..to` of the backlog with plain SQL, in chunks of 500,000.
@@ -446,7 +482,7 @@ async fn claim_latency(
 ) -> Result<ClaimLatency> {
     let d = RelayConfig::default();
     let pending = pending(pool, s).await?;
-    let mut samples = Vec::with_capacity(args.claims);
+    let mut samples = Vec::new();
     for _ in 0..args.claims {
         let started = Instant::now();
         let batch = store
