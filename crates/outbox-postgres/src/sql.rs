@@ -205,7 +205,10 @@ pub(crate) const MARK_MODE_INDEXES: &[(&str, &str)] = &[
     ),
 ];
 
-pub(crate) const STATS: &str = "SELECT \
+/// The outbox's numbers: pending, oldest pending age, in flight, retrying, dead, published.
+/// `{published}` counts the published rows kept and `{scope}` ends the statement; see
+/// [`stats`].
+const STATS: &str = "SELECT \
       count(*) FILTER (WHERE state = 'pending'), \
       EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, \
       (SELECT count(*) FROM {s}.events f JOIN {s}.leases l \
@@ -213,23 +216,27 @@ pub(crate) const STATS: &str = "SELECT \
        WHERE f.state = 'pending' AND l.lease_until > now()), \
       count(*) FILTER (WHERE state = 'pending' AND attempts > 0), \
       count(*) FILTER (WHERE state = 'dead'), \
-      count(*) FILTER (WHERE state = 'published') \
-    FROM {s}.events";
+      {published} \
+    FROM {s}.events{scope}";
 
-/// [`STATS`] in mark mode: the pending, in-flight and dead numbers from the unpublished rows
-/// only (the mark-mode index on them, [`MARK_MODE_INDEXES`]), and the published rows counted
-/// on their own index. [`STATS`] would read every published row kept on each call, and the
-/// relay calls it every `stats_interval`.
-pub(crate) const STATS_MARK: &str = "SELECT \
-      count(*) FILTER (WHERE state = 'pending'), \
-      EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, \
-      (SELECT count(*) FROM {s}.events f JOIN {s}.leases l \
-         ON l.aggregate_type = f.aggregate_type AND l.aggregate_id = f.aggregate_id \
-       WHERE f.state = 'pending' AND l.lease_until > now()), \
-      count(*) FILTER (WHERE state = 'pending' AND attempts > 0), \
-      count(*) FILTER (WHERE state = 'dead'), \
-      (SELECT count(*) FROM {s}.events p WHERE p.state = 'published') \
-    FROM {s}.events WHERE state <> 'published'";
+/// [`STATS`] for delete mode (one pass over the table, which holds no published rows), or
+/// for mark mode (`mark`): the other numbers from the unpublished rows only (the mark-mode
+/// index on them, [`MARK_MODE_INDEXES`]) and the published rows counted on their own index.
+/// One pass would read every published row kept on each call, and the relay calls it every
+/// `stats_interval`.
+fn stats(mark: bool) -> String {
+    let (published, scope) = if mark {
+        (
+            "(SELECT count(*) FROM {s}.events p WHERE p.state = 'published')",
+            " WHERE state <> 'published'",
+        )
+    } else {
+        ("count(*) FILTER (WHERE state = 'published')", "")
+    };
+    STATS
+        .replace("{published}", published)
+        .replace("{scope}", scope)
+}
 
 pub(crate) const DEAD_LIST: &str = "SELECT e.event_id, e.aggregate_type, e.aggregate_id, \
     e.aggregate_version, e.event_type, e.attempts, e.last_error, e.created_at, \
@@ -306,8 +313,8 @@ impl Sql {
             mark_update: r(MARK_UPDATE),
             fail: r(FAIL),
             release: r(RELEASE),
-            stats: r(STATS),
-            stats_mark: r(STATS_MARK),
+            stats: r(&stats(false)),
+            stats_mark: r(&stats(true)),
             dead_list: r(DEAD_LIST),
             dead_requeue_some: r(DEAD_REQUEUE_SOME),
             dead_requeue_all: r(DEAD_REQUEUE_ALL),
