@@ -283,3 +283,30 @@ impl CpuSnap {
         (self.busy - self.pg - self.nats - self.rabbit - self.me).max(0.0)
     }
 }
+
+/// A `payment` / `PaymentCreated` event as the relay would have claimed it (storage id `id`, a
+/// fresh event id, `aggregate_id` at `version`), for the raw clients' baselines.
+pub fn synthetic_message(
+    id: i64,
+    aggregate_id: String,
+    version: i64,
+    payload: outbox_core::Payload,
+    now: chrono::DateTime<chrono::Utc>,
+) -> outbox_core::OutboxMessage {
+    outbox_core::OutboxMessage {
+        id,
+        event_id: uuid::Uuid::now_v7(),
+        aggregate_type: "payment".into(),
+        aggregate_id,
+        aggregate_version: version,
+        event_type: "PaymentCreated".into(),
+        schema_version: 1,
+        fingerprint: outbox_core::Fingerprint::of(&payload.bytes),
+        payload,
+        headers: Default::default(),
+        destination: None,
+        partition_key: None,
+        created_at: now,
+        attempts: 0,
+    }
+}

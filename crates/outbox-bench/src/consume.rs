@@ -12,10 +12,10 @@ use chrono::Utc;
 use futures::StreamExt;
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
 use outbox_core::consumer::{Handler, HandlerError};
-use outbox_core::{DecodeError, Fingerprint, IncomingEvent, OutboxMessage, Payload, Transport};
+use outbox_core::{DecodeError, IncomingEvent, OutboxMessage, Payload, Transport};
 use sqlx::{Acquire, AssertSqlSafe, PgConnection, PgPool};
 
-use crate::common::json_payload;
+use crate::common::{json_payload, synthetic_message};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -357,22 +357,7 @@ pub fn synthetic_events(tag: &str, n: usize) -> Vec<OutboxMessage> {
                     300,
                 ),
             );
-            OutboxMessage {
-                id: i as i64 + 1,
-                event_id: uuid::Uuid::now_v7(),
-                aggregate_type: "payment".into(),
-                aggregate_id: id,
-                aggregate_version: 1,
-                event_type: "PaymentCreated".into(),
-                schema_version: 1,
-                fingerprint: Fingerprint::of(&payload.bytes),
-                payload,
-                headers: Default::default(),
-                destination: None,
-                partition_key: None,
-                created_at: now,
-                attempts: 0,
-            }
+            synthetic_message(i as i64 + 1, id, 1, payload, now)
         })
         .collect()
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::{Fingerprint, NewMessage, OutboxMessage, Payload, Transport};
+use outbox_core::{NewMessage, OutboxMessage, Payload, Transport};
 use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::brokers::{KafkaBench, NatsBench, RabbitBench};
 use crate::common::{
     BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
-    mean, print_table, verdict,
+    mean, print_table, synthetic_message, verdict,
 };
 use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
 
@@ -94,22 +94,13 @@ fn synthetic(args: &Args) -> Vec<OutboxMessage> {
         .map(|i| {
             let (agg, version) = shape(args, i);
             let payload = Payload::bytes("application/json", body(args, agg, version));
-            OutboxMessage {
-                id: i as i64 + 1,
-                event_id: uuid::Uuid::now_v7(),
-                aggregate_type: "payment".into(),
-                aggregate_id: format!("agg-{agg:06}"),
-                aggregate_version: version as i64,
-                event_type: "PaymentCreated".into(),
-                schema_version: 1,
-                fingerprint: Fingerprint::of(&payload.bytes),
+            synthetic_message(
+                i as i64 + 1,
+                format!("agg-{agg:06}"),
+                version as i64,
                 payload,
-                headers: Default::default(),
-                destination: None,
-                partition_key: None,
-                created_at: now,
-                attempts: 0,
-            }
+                now,
+            )
         })
         .collect()
 }

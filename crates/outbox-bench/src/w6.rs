@@ -32,12 +32,14 @@ use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::relay::RelayConfig;
-use outbox_core::{ClaimParams, Fingerprint, OutboxMessage, OutboxStore, Payload, ReleaseParams};
+use outbox_core::{ClaimParams, OutboxMessage, OutboxStore, Payload, ReleaseParams};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::brokers::NatsBench;
-use crate::common::{BenchSchema, Env, connect_pool, loadavg, percentile, print_table};
+use crate::common::{
+    BenchSchema, Env, connect_pool, loadavg, percentile, print_table, synthetic_message,
+};
 
 /// Options of `w6`.
 #[derive(clap::Args, Debug)]
@@ -179,22 +181,13 @@ async fn raw_ceiling(env: &Env, args: &Args) -> Result<f64> {
     let msgs: Vec<OutboxMessage> = (0..args.baseline_messages)
         .map(|i| {
             let payload = Payload::bytes("application/json", payload(args.payload_bytes));
-            OutboxMessage {
-                id: i as i64 + 1,
-                event_id: uuid::Uuid::now_v7(),
-                aggregate_type: "payment".into(),
-                aggregate_id: format!("agg-{:07}", i as u64 % args.aggregates),
-                aggregate_version: (i as u64 / args.aggregates + 1) as i64,
-                event_type: "PaymentCreated".into(),
-                schema_version: 1,
-                fingerprint: Fingerprint::of(&payload.bytes),
+            synthetic_message(
+                i as i64 + 1,
+                format!("agg-{:07}", i as u64 % args.aggregates),
+                (i as u64 / args.aggregates + 1) as i64,
                 payload,
-                headers: Default::default(),
-                destination: None,
-                partition_key: None,
-                created_at: now,
-                attempts: 0,
-            }
+                now,
+            )
         })
         .collect();
     let elapsed = nats.baseline(&msgs, args.window, false).await;
