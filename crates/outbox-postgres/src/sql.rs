@@ -103,6 +103,18 @@ const CLAIM: &str = "WITH heads AS ( \
     ) e \
     LIMIT $1";
 
+/// How a claim's transaction starts: every claim runs with sequential scans off.
+///
+/// The claim walks an index in id order and stops after a batch; how many rows the table holds
+/// says nothing about where the pending ones are. The planner does not know that: once a large
+/// backlog was drained and VACUUM recorded the table as nearly empty but as large as at its peak
+/// (VACUUM does not give pages back), the claim's own estimate made a scan of every page plus a
+/// sort look cheaper than the index, and each claim read the whole table (1.0-1.6 s per claim
+/// after a 10-million-event drain, W6 in BENCHMARKS.md; 50 ms at 1 million). Turning the scan
+/// off for the claim's transaction (`SET LOCAL`, one round trip with the `BEGIN`) leaves the
+/// planner the index paths only; nothing else the connection runs is affected.
+pub(crate) const CLAIM_BEGIN: &str = "BEGIN; SET LOCAL enable_seqscan = off";
+
 /// The claim of [`outbox_core::ClaimScope::TakeOver`]: one aggregate whose lease, itself a
 /// takeover, expired unsettled again, its head row alone (the poison-row rule). It looks at
 /// the 32 such leases that expired first (a sort of the small `leases` table, no lateral per

@@ -252,8 +252,16 @@ impl OutboxStore for PgStore {
             .bind(millis(params.lease))
             .bind(i64::try_from(heads).unwrap_or(i64::MAX)),
         };
+        let mut tx = self
+            .pool
+            .begin_with(crate::sql::CLAIM_BEGIN)
+            .await
+            .map_err(self.err(Component::Relay, "claim"))?;
         let rows = query
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(self.err(Component::Relay, "claim"))?;
+        tx.commit()
             .await
             .map_err(self.err(Component::Relay, "claim"))?;
         let token = match rows.first() {

@@ -344,6 +344,97 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
     db.drop().await;
 }
 
+/// After a large backlog was drained and vacuumed, the table keeps its peak size while its
+/// statistics say it is nearly empty; the planner then prices a scan of every page plus a sort
+/// below the index walk. The claim must still walk the index: W6 measured 1.0-1.6 s per claim
+/// at 10 million drained rows before it did. Counted with the server's own per-table scan
+/// counters, on a one-connection pool whose statistics are flushed on demand.
+#[tokio::test]
+async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner() {
+    let db = TestDb::new().await;
+    let s = db.schema.to_string();
+    let exec = |sql: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    // 100,000 rows (the plain-SQL producer contract), drained to the newest 1,000, vacuumed.
+    exec(format!(
+        "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
+         aggregate_version, event_type, payload) \
+         SELECT gen_random_uuid(), 'payment', 'p' || (g % 10000), g / 10000 + 1, 'T', \
+         convert_to(repeat('x', 64), 'UTF8') FROM generate_series(0, 99999) g"
+    ))
+    .await;
+    exec(format!(
+        "DELETE FROM \"{s}\".events WHERE id <= (SELECT max(id) - 1000 FROM \"{s}\".events)"
+    ))
+    .await;
+    exec(format!("VACUUM \"{s}\".events")).await;
+
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&common::database_url())
+        .await
+        .unwrap();
+    let seq_scans = || {
+        let (pool, s) = (pool.clone(), s.clone());
+        async move {
+            // Flushed when the backend goes idle after this statement, before the read.
+            sqlx::query("SELECT pg_stat_force_next_flush()")
+                .execute(&pool)
+                .await
+                .unwrap();
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+                "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = '\"{s}\".events'::regclass"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // The set-up provokes the bad plan: the claim's scan of heads, planned as usual, reads
+    // every page. Without this the test would prove nothing.
+    let before = seq_scans().await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT id FROM \"{s}\".events WHERE state = 'pending' AND available_at <= now() \
+         ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let control = seq_scans().await;
+    assert_eq!(
+        control - before,
+        1,
+        "the drained, vacuumed table no longer makes the planner scan sequentially here; \
+         the test needs a set-up that does"
+    );
+
+    let store = PgStore::new(
+        pool.clone(),
+        PgStoreConfig {
+            schema: db.schema.clone(),
+            on_publish: OnPublish::Delete,
+        },
+    );
+    let b = store.claim_batch(claim(1000, 30_000)).await.unwrap();
+    assert_eq!(b.messages.len(), 1000);
+    assert_eq!(
+        seq_scans().await,
+        control,
+        "the claim scanned the events table sequentially"
+    );
+    pool.close().await;
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn version_allocation_serialises_writers_of_one_aggregate() {
     let db = TestDb::new().await;
