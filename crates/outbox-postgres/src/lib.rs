@@ -46,6 +46,7 @@ pub mod roles;
 mod schema;
 mod sql;
 mod store;
+mod version;
 
 pub use connect::{ConnectError, connect};
 pub use consumer::{PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue};
@@ -61,6 +62,7 @@ pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
 pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};
+pub use version::{AggregateRow, AggregateRowError, InvalidAggregateRow};
 
 /// The core's remote-effect executor on PostgreSQL.
 pub type PgExecutor<P> = outbox_core::effect::Executor<PgStore, P>;

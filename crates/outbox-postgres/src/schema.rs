@@ -24,14 +24,7 @@ impl Schema {
     /// [`InvalidSchema`] unless `name` matches `^[a-z_][a-z0-9_]{0,62}$` and is not a reserved
     /// `pg_` name.
     pub fn new(name: &str) -> Result<Self, InvalidSchema> {
-        let ok = !name.is_empty()
-            && name.len() <= 63
-            && !name.starts_with("pg_")
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !name.as_bytes()[0].is_ascii_digit();
-        if ok {
+        if plain_identifier(name) && !name.starts_with("pg_") {
             Ok(Self(name.to_owned()))
         } else {
             Err(InvalidSchema(name.to_owned()))
@@ -70,6 +63,17 @@ impl fmt::Display for Schema {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Whether `name` is a plain SQL identifier: `^[a-z_][a-z0-9_]{0,62}$`, which needs no quoting
+/// and reads the same in `psql`.
+pub(crate) fn plain_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit()
 }
 
 /// `name` as a quoted SQL identifier: in double quotes, an embedded `"` doubled. The one

@@ -473,6 +473,63 @@ async fn version_allocation_serialises_writers_of_one_aggregate() {
 }
 
 #[tokio::test]
+async fn versions_from_the_aggregates_own_row_serialise_its_writers() {
+    use outbox_postgres::{AggregateRow, AggregateRowError};
+    let db = TestDb::new().await;
+    let table = format!("{}.accounts", db.schema);
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (id bigint PRIMARY KEY, balance bigint NOT NULL, \
+         version integer NOT NULL); INSERT INTO {table} VALUES (1, 0, 0), (2, 0, 0)"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let accounts = AggregateRow::new(&table, "id", "version").unwrap();
+
+    let mut t1 = db.pool.begin().await.unwrap();
+    let v1 = accounts.next_version(&mut *t1, 1_i64).await.unwrap();
+    assert_eq!(v1, 1);
+    db.outbox.enqueue(&mut *t1, &msg("1", v1)).await.unwrap();
+    let (pool, outbox, rows) = (db.pool.clone(), db.outbox.clone(), accounts.clone());
+    let second = tokio::spawn(async move {
+        let mut t2 = pool.begin().await.unwrap();
+        let v = rows.next_version(&mut *t2, 1_i64).await.unwrap();
+        outbox.enqueue(&mut *t2, &msg("1", v)).await.unwrap();
+        t2.commit().await.unwrap();
+        v
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second.is_finished(),
+        "the second writer of an aggregate must wait for the first"
+    );
+    // Another aggregate does not wait.
+    assert_eq!(accounts.next_version(&db.pool, 2_i64).await.unwrap(), 1);
+    t1.commit().await.unwrap();
+    assert_eq!(second.await.unwrap(), 2);
+
+    // A rolled-back increment gives its version back.
+    let mut t3 = db.pool.begin().await.unwrap();
+    assert_eq!(accounts.next_version(&mut *t3, 1_i64).await.unwrap(), 3);
+    t3.rollback().await.unwrap();
+    assert_eq!(accounts.next_version(&db.pool, 1_i64).await.unwrap(), 3);
+
+    let err = accounts.next_version(&db.pool, 99_i64).await.unwrap_err();
+    assert!(
+        matches!(&err, AggregateRowError::NotFound { table: t } if *t == table),
+        "{err}"
+    );
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    // An id of the wrong type is the database's error, not a missing row.
+    let err = accounts.next_version(&db.pool, "1").await.unwrap_err();
+    assert!(matches!(err, AggregateRowError::Database(_)), "{err}");
+    // A version of the same aggregate twice is still refused by the outbox.
+    let err = db.outbox.enqueue(&db.pool, &msg("1", 2)).await.unwrap_err();
+    assert!(matches!(err, EnqueueError::VersionConflict { .. }), "{err}");
+    db.drop().await;
+}
+
+#[tokio::test]
 async fn request_idempotency_replays_and_detects_conflicts() {
     let db = TestDb::new().await;
     let req = Fingerprint::of(br#"{"amount":100}"#);

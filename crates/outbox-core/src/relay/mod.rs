@@ -95,7 +95,9 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     /// Backoff between attempts of one message.
     pub backoff: Backoff,
-    /// How often the pending / oldest-age / dead gauges are refreshed.
+    /// How often the pending / oldest-age / dead gauges are refreshed, at most: the statement
+    /// behind them counts the backlog, so its cost grows with it, and the next refresh waits at
+    /// least [`STATS_SPACING`] times as long as the last one took.
     pub stats_interval: Duration,
     /// Poison rows: the takeover at which a head row is dead-lettered instead of published.
     /// A takeover happens when the relay holding an aggregate ended without settling it
@@ -439,12 +441,17 @@ impl<F: Feed, T: Transport> Relay<F, T> {
         let stats_shutdown = shutdown.clone();
         tasks.spawn(async move {
             loop {
+                let started = tokio::time::Instant::now();
                 if let Err(e) = relay.refresh_gauges().await {
                     warn!(error = %e, "could not refresh outbox gauges");
                 }
+                let wait = stats_wait(relay.config.stats_interval, started.elapsed());
+                if wait > relay.config.stats_interval {
+                    debug!(took = ?started.elapsed(), ?wait, "outbox gauges are costly; refreshing less often");
+                }
                 tokio::select! {
                     () = stats_shutdown.cancelled() => break,
-                    () = tokio::time::sleep(relay.config.stats_interval) => {}
+                    () = tokio::time::sleep(wait) => {}
                 }
             }
         });
@@ -481,10 +488,35 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     }
 }
 
+/// The gauges' refresh waits at least this many times as long as its last statement took.
+///
+/// The statement counts the whole backlog: a few milliseconds normally, but 1.3-10 s per count
+/// at 1-10 million pending rows (W6 in BENCHMARKS.md), which at the default 5 s interval kept
+/// one database connection counting most of the time, beside the claims, during exactly the
+/// incident the backlog is. Spaced this way the count takes at most one twentieth of one
+/// connection's time; the gauges are then as old as that wait (100-200 s at 10 million rows).
+pub const STATS_SPACING: u32 = 20;
+
+/// The wait after a gauge refresh that took `took`: `interval`, or more for a costly count.
+fn stats_wait(interval: Duration, took: Duration) -> Duration {
+    interval.max(took.saturating_mul(STATS_SPACING))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::message::{Fingerprint, Payload};
+
+    #[test]
+    fn a_costly_gauge_refresh_spaces_the_next_one_out() {
+        let interval = Duration::from_secs(5);
+        assert_eq!(stats_wait(interval, Duration::from_millis(3)), interval);
+        assert_eq!(stats_wait(interval, Duration::from_millis(250)), interval);
+        assert_eq!(
+            stats_wait(interval, Duration::from_secs(2)),
+            Duration::from_secs(40)
+        );
+    }
 
     fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {
         let payload = Payload::json(&serde_json::json!({ "v": version })).unwrap();
