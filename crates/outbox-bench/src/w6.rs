@@ -4,7 +4,8 @@
 //! What it measures, per mode, on NATS:
 //!
 //! * **claim latency** at each checkpoint of the backlog (10M, 5M, 1M pending, then 1,000 fresh
-//!   rows after the drain, before and after a `VACUUM`): the relay is stopped, and the bench
+//!   rows after the drain, shaped as the backlog, before and after a `VACUUM`): the relay is
+//!   stopped, and the bench
 //!   runs `--claims` claims of one relay batch (1,000 rows, the relay's defaults) through
 //!   [`PgStore`], each released untouched, so every claim reads the same backlog;
 //! * the relay's **resident memory** (`VmRSS` of the process, sampled every 250 ms) while it
@@ -352,7 +353,10 @@ async fn drain_and_measure(
 
     // Near empty: 1,000 fresh rows on top of what the drain left (dead tuples, or published
     // rows in mark mode), then the same after a VACUUM.
-    insert_rows(pool, s, args, args.events, args.events + 1000).await?;
+    // Shaped as the backlog (its versions per aggregate, following the drained ones), so that
+    // the claims compare: a claim's cost grows with the aggregates it leases.
+    let versions = (args.events / args.aggregates.max(1)).clamp(1, 1000);
+    insert_rows(pool, s, args, (0, 1000), 1000 / versions, versions).await?;
     report
         .claims
         .push(claim_latency(pool, store, s, args, "1,000 fresh rows, before VACUUM").await?);
@@ -394,8 +398,16 @@ async fn drain_and_measure(
     Ok(())
 }
 
-/// Writes rows `from..to` of the backlog with plain SQL, in chunks of 500,000.
-async fn insert_rows(pool: &PgPool, s: &str, args: &Args, from: u64, to: u64) -> Result<()> {
+/// Writes rows `from..to` with plain SQL, in chunks of 500,000: row `g` is version
+/// `g / aggregates + 1 + version_base` of aggregate `g % aggregates`.
+async fn insert_rows(
+    pool: &PgPool,
+    s: &str,
+    args: &Args,
+    (from, to): (u64, u64),
+    aggregates: u64,
+    version_base: u64,
+) -> Result<()> {
     let pad = "x".repeat(args.payload_bytes.saturating_sub(10));
     let mut at = from;
     while at < to {
@@ -404,13 +416,14 @@ async fn insert_rows(pool: &PgPool, s: &str, args: &Args, from: u64, to: u64) ->
             "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
              event_type, payload) \
              SELECT gen_random_uuid(), 'payment', 'agg-' || lpad((g % $3)::text, 7, '0'), \
-               g / $3 + 1, 'PaymentCreated', convert_to('{{\"pad\":\"' || $4 || '\"}}', 'UTF8') \
+               g / $3 + 1 + $5, 'PaymentCreated', convert_to('{{\"pad\":\"' || $4 || '\"}}', 'UTF8') \
              FROM generate_series($1::int8, $2::int8 - 1) g"
         )))
         .bind(at as i64)
         .bind(end as i64)
-        .bind(args.aggregates as i64)
+        .bind(aggregates.max(1) as i64)
         .bind(&pad)
+        .bind(version_base as i64)
         .execute(pool)
         .await
         .context("writing the backlog")?;
@@ -421,7 +434,7 @@ async fn insert_rows(pool: &PgPool, s: &str, args: &Args, from: u64, to: u64) ->
 
 async fn load_backlog(pool: &PgPool, s: &str, args: &Args) -> Result<Duration> {
     let started = Instant::now();
-    insert_rows(pool, s, args, 0, args.events).await?;
+    insert_rows(pool, s, args, (0, args.events), args.aggregates, 0).await?;
     let took = started.elapsed();
     sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
         .execute(pool)

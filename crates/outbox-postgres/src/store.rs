@@ -252,18 +252,24 @@ impl OutboxStore for PgStore {
             .bind(millis(params.lease))
             .bind(i64::try_from(heads).unwrap_or(i64::MAX)),
         };
-        let mut tx = self
-            .pool
-            .begin_with(crate::sql::CLAIM_BEGIN)
-            .await
-            .map_err(self.err(Component::Relay, "claim"))?;
-        let rows = query
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(self.err(Component::Relay, "claim"))?;
-        tx.commit()
-            .await
-            .map_err(self.err(Component::Relay, "claim"))?;
+        let rows = if params.scope == ClaimScope::TakeOver {
+            // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
+            query.fetch_all(&self.pool).await
+        } else {
+            let mut tx = self
+                .pool
+                .begin_with(crate::sql::CLAIM_BEGIN)
+                .await
+                .map_err(self.err(Component::Relay, "claim"))?;
+            let rows = query.fetch_all(&mut *tx).await;
+            if rows.is_ok() {
+                tx.commit()
+                    .await
+                    .map_err(self.err(Component::Relay, "claim"))?;
+            }
+            rows
+        }
+        .map_err(self.err(Component::Relay, "claim"))?;
         let token = match rows.first() {
             Some(r) => LeaseToken(r.try_get(0).map_err(self.err(Component::Relay, "claim"))?),
             None => LeaseToken(0),
