@@ -50,6 +50,14 @@ impl TestDb {
         )
     }
 
+    /// Runs one statement (a test's own set-up SQL); a failure fails the test.
+    pub async fn exec(&self, sql: String) {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
     pub async fn count(&self, filter: &str) -> i64 {
         sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM \"{}\".events WHERE {filter}",

@@ -271,28 +271,19 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
         )
         .await
         .unwrap();
-    let exec = |sql: String| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query(AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-    };
     let s = &db.schema;
-    exec(format!(
+    db.exec(format!(
         "UPDATE \"{s}\".events SET state = 'dead', last_error = 'refused' \
          WHERE aggregate_id = 'd'"
     ))
     .await;
-    exec(format!(
+    db.exec(format!(
         "UPDATE \"{s}\".events SET created_at = now() - interval '3 hours' \
          WHERE aggregate_id IN ('p', 'd')"
     ))
     .await;
     // Seven aggregates published two hours ago, three just now.
-    exec(format!(
+    db.exec(format!(
         "UPDATE \"{s}\".events SET published_at = now() - interval '2 hours' \
          WHERE state = 'published' AND aggregate_id < 'm7'"
     ))
@@ -353,28 +344,19 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
 async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner() {
     let db = TestDb::new().await;
     let s = db.schema.to_string();
-    let exec = |sql: String| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query(AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-    };
     // 100,000 rows (the plain-SQL producer contract), drained to the newest 1,000, vacuumed.
-    exec(format!(
+    db.exec(format!(
         "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
          aggregate_version, event_type, payload) \
          SELECT gen_random_uuid(), 'payment', 'p' || (g % 10000), g / 10000 + 1, 'T', \
          convert_to(repeat('x', 64), 'UTF8') FROM generate_series(0, 99999) g"
     ))
     .await;
-    exec(format!(
+    db.exec(format!(
         "DELETE FROM \"{s}\".events WHERE id <= (SELECT max(id) - 1000 FROM \"{s}\".events)"
     ))
     .await;
-    exec(format!("VACUUM \"{s}\".events")).await;
+    db.exec(format!("VACUUM \"{s}\".events")).await;
 
     let pool = PgPoolOptions::new()
         .max_connections(1)
