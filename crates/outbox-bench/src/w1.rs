@@ -77,7 +77,7 @@ impl Variant {
         match self {
             Self::Baseline => "A baseline: UPDATE account + INSERT payment",
             Self::OwnRow => "B: A + enqueue, version from the same UPDATE",
-            Self::OwnRowStatement => "B': A + AggregateRow::next_version + enqueue",
+            Self::OwnRowStatement => "B': A + AggregateRow::next_version (the row again) + enqueue",
             Self::Allocator => "C: A + next_aggregate_version + enqueue",
             Self::OneRow => "A1 one-row baseline: INSERT payment",
             Self::OneRowEnqueue => "B1 one-row: INSERT payment + enqueue",

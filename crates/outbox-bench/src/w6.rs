@@ -355,8 +355,10 @@ async fn drain_and_measure(
     // rows in mark mode), then the same after a VACUUM.
     // Shaped as the backlog (its versions per aggregate, following the drained ones), so that
     // the claims compare: a claim's cost grows with the aggregates it leases.
-    let versions = (args.events / args.aggregates.max(1)).clamp(1, 1000);
-    insert_rows(pool, s, args, (0, 1000), 1000 / versions, versions).await?;
+    // Versions above every drained one (mark mode keeps those until the retention).
+    let drained_versions = args.events.div_ceil(args.aggregates.max(1));
+    let shape = drained_versions.clamp(1, 1000);
+    insert_rows(pool, s, args, (0, 1000), 1000 / shape, drained_versions).await?;
     report
         .claims
         .push(claim_latency(pool, store, s, args, "1,000 fresh rows, before VACUUM").await?);

@@ -239,7 +239,8 @@ pub struct NewMessage {
     pub aggregate_type: String,
     /// The aggregate's identity.
     pub aggregate_id: String,
-    /// Monotonic per aggregate, starting at 1. See `next_aggregate_version` in the store crate.
+    /// Monotonic per aggregate, starting at 1, committed in version order. See `AggregateRow`
+    /// and `next_aggregate_version` in the store crate.
     pub aggregate_version: i64,
     /// E.g. `PaymentCreated`; published as the CloudEvents `type`.
     pub event_type: String,

@@ -1,7 +1,8 @@
 //! PostgreSQL store of the outbox toolkit.
 //!
 //! * **Producer API** ([`PgOutbox`]): `enqueue` / `enqueue_batch` on *your* open transaction,
-//!   [`PgOutbox::next_aggregate_version`] for ordered versions, request idempotency
+//!   ordered versions from the aggregate's own row ([`AggregateRow`]) or from
+//!   [`PgOutbox::next_aggregate_version`], request idempotency
 //!   ([`PgOutbox::idempotency_begin`] / [`PgOutbox::idempotency_complete`]) and coalesced relay
 //!   wake-ups ([`RelayWaker`]).
 //! * **The store** ([`PgStore`]): one value implementing every store trait of the core, so the

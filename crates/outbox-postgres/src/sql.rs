@@ -111,8 +111,10 @@ const CLAIM: &str = "WITH heads AS ( \
 /// (VACUUM does not give pages back), the claim's own estimate made a scan of every page plus a
 /// sort look cheaper than the index, and each claim read the whole table (1.0-1.6 s per claim
 /// after a 10-million-event drain, W6 in BENCHMARKS.md; 50 ms at 1 million). Turning the scan
-/// off for the claim's transaction (`SET LOCAL`, one round trip with the `BEGIN`) leaves the
-/// planner the index paths only; nothing else the connection runs is affected.
+/// off for the claim's transaction (`SET LOCAL`, sent with the `BEGIN`; with the `COMMIT` the
+/// claim costs two round trips more than a statement of its own) leaves the planner the index
+/// paths only; nothing else the connection runs is affected. (A transaction per claim also
+/// means a pooler in front of PostgreSQL must pool by transaction, not by statement.)
 ///
 /// JIT compilation is off for the same transaction: on such a table the claim's estimated
 /// cost passes PostgreSQL's JIT thresholds, and each claim then compiled itself for about
@@ -120,8 +122,9 @@ const CLAIM: &str = "WITH heads AS ( \
 /// OLTP statement, never worth compiling.
 ///
 /// Only for statements with an index path to every table they read ([`CLAIM`]'s): where a
-/// table must be scanned anyway, the scan is planned at a penalty cost of 10^10, next to
-/// which the rest of the plan's costs no longer count (PostgreSQL compares costs within 1 %).
+/// table must be scanned anyway, the scan is planned at a penalty cost of 10^10 (PostgreSQL
+/// 17 and earlier), next to which the rest of the plan's costs no longer count (costs are
+/// compared within 1 %).
 /// [`CLAIM_TAKEOVER`] reads the small `leases` table, which has no index on expiry, and runs
 /// without this start. (Under it, with JIT still on, the penalty also passed the JIT
 /// thresholds: a takeover claim took 450 ms on a schema of 40 rows, 0.35 ms without JIT, and

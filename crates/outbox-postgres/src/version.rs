@@ -1,30 +1,4 @@
 //! Versions from the aggregate's own row: [`AggregateRow`].
-//!
-//! The relay publishes an aggregate's events in version order, which is only safe when the
-//! versions also *commit* in that order. Two ways give that guarantee:
-//!
-//! * [`crate::PgOutbox::next_aggregate_version`]: the outbox's allocator table, one counter row
-//!   per aggregate, locked until the caller's transaction ends. Works for any aggregate, costs
-//!   one more statement and one more row write per transaction.
-//! * **The aggregate's own row**, when the aggregate has one (an account, a payment, a bet):
-//!   a `version` column incremented by the same `UPDATE` that changes the aggregate. The
-//!   `UPDATE` takes the row lock the business change needs anyway, so a second transaction on
-//!   the same aggregate waits for the first to commit, and the versions commit in order at no
-//!   extra cost. This is the cheaper path (W1 in BENCHMARKS.md) and the one to prefer.
-//!
-//! The cheapest form is no extra statement at all: add `version = version + 1` and
-//! `RETURNING version` to the business `UPDATE` and pass the returned value to
-//! [`outbox_core::NewMessage::new`]:
-//!
-//! ```sql
-//! UPDATE accounts SET balance = balance - $1, version = version + 1
-//!  WHERE id = $2 RETURNING version
-//! ```
-//!
-//! [`AggregateRow::next_version`] is the same as a statement of its own, for transactions
-//! whose business change does not update the aggregate's row, and its documentation is the
-//! rule both forms follow. A new aggregate's row is inserted with version 1 by the
-//! application (`INSERT ... (version) VALUES (1)`), and its first event carries version 1.
 
 use std::sync::Arc;
 
@@ -63,7 +37,47 @@ pub enum AggregateRowError {
     Database(#[from] sqlx::Error),
 }
 
-/// An aggregate table whose rows carry their own version column.
+/// An aggregate table whose rows carry their own version column: where an aggregate's event
+/// versions come from when the aggregate has a row of its own.
+///
+/// The relay publishes an aggregate's events in version order, which is only safe when the
+/// versions also *commit* in that order. Two ways give that guarantee:
+///
+/// * [`crate::PgOutbox::next_aggregate_version`]: the outbox's allocator table, one counter row
+///   per aggregate, locked until the caller's transaction ends. Works for any aggregate, costs
+///   one more statement and one more row write per transaction.
+/// * **The aggregate's own row** (an account, a payment, a bet): a `version` column incremented
+///   by the same `UPDATE` that changes the aggregate. The `UPDATE` takes the row lock the
+///   business change needs anyway; a second transaction on the same aggregate waits for the
+///   first to end, then increments the committed value (READ COMMITTED re-reads the row), so
+///   the versions commit in order, and a rolled-back increment gives its version back. This is
+///   the cheaper path (W1 in BENCHMARKS.md) and the one to prefer.
+///
+/// The cheapest form is no extra statement at all: add `version = version + 1` and
+/// `RETURNING version` to the business `UPDATE` and pass the returned value to
+/// [`outbox_core::NewMessage::new`]:
+///
+/// ```sql
+/// UPDATE accounts SET balance = balance - $1, version = version + 1
+///  WHERE id = $2 RETURNING version
+/// ```
+///
+/// [`AggregateRow::next_version`] is the same as a statement of its own, for transactions
+/// whose business change does not update the aggregate's row. Both forms follow these rules:
+///
+/// * **One increment, one event**: every increment goes with exactly one event of that version,
+///   enqueued in the same transaction. A column that also changes without an event (an
+///   optimistic-locking counter, say) leaves gaps, and a consumer that waits for the next
+///   version ([`crate::OrderingGuard`]) waits for a version that never comes: give the outbox
+///   a column of its own.
+/// * **The same transaction**: the executor is the transaction that enqueues. A pool compiles,
+///   but then the increment commits alone.
+/// * **A unique id column**: each increment must touch one row.
+/// * A new aggregate's row is inserted with version 1 (`INSERT ... (version) VALUES (1)`) in
+///   the transaction that creates it, and its first event carries version 1.
+/// * Under REPEATABLE READ or SERIALIZABLE, the second of two concurrent writers of one
+///   aggregate fails with a serialization error (SQLSTATE 40001) instead of waiting: retry its
+///   transaction, as for any write conflict at those levels.
 ///
 /// # Example
 /// ```no_run
@@ -93,7 +107,8 @@ impl AggregateRow {
     ///
     /// # Errors
     /// [`InvalidAggregateRow`] when a name is not a plain lower-case identifier (the names are
-    /// placed in SQL text, so only names that need no quoting are accepted).
+    /// placed, quoted, in SQL text; a name with upper-case letters or other characters would
+    /// read differently in `psql`, so it is refused rather than guessed).
     pub fn new(
         table: &str,
         id_column: &str,
@@ -143,7 +158,7 @@ impl AggregateRow {
     /// transaction on the same aggregate waits, then increments past this one's version, so
     /// the aggregate's versions commit in version order (what the relay's ordering relies on).
     /// If the business change updates this row anyway, fold the increment into that `UPDATE`
-    /// instead (see the [module docs](self)): the same guarantee with no extra statement.
+    /// instead (see [`AggregateRow`]): the same guarantee with no extra statement.
     ///
     /// # Errors
     /// [`AggregateRowError::NotFound`] when no row has this id (nothing was changed);

@@ -52,10 +52,7 @@ impl TestDb {
 
     /// Runs one statement (a test's own set-up SQL); a failure fails the test.
     pub async fn exec(&self, sql: String) {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(&self.pool)
-            .await
-            .unwrap();
+        exec(&self.pool, sql).await;
     }
 
     pub async fn count(&self, filter: &str) -> i64 {
@@ -77,6 +74,11 @@ impl TestDb {
         .await
         .unwrap();
     }
+}
+
+/// Runs one statement on `pool` (a test's own set-up SQL); a failure fails the test.
+pub async fn exec(pool: &PgPool, sql: String) {
+    sqlx::query(AssertSqlSafe(sql)).execute(pool).await.unwrap();
 }
 
 pub fn msg(agg: &str, version: i64) -> NewMessage {

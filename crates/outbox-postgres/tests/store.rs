@@ -342,28 +342,38 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
 /// counters, on a one-connection pool whose statistics are flushed on demand.
 #[tokio::test]
 async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner() {
-    let db = TestDb::new().await;
-    let s = db.schema.to_string();
+    // One connection does everything to this schema, and flushes its statistics on demand,
+    // so no other backend's late flush can move the counters between two reads.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&common::database_url())
+        .await
+        .unwrap();
+    let schema = Schema::new(&format!("t_{}", uuid::Uuid::now_v7().simple())).unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    let s = schema.to_string();
+    let exec = |sql: String| common::exec(&pool, sql);
+    // No autovacuum or auto-analyze to change the plans half-way.
+    exec(format!(
+        "ALTER TABLE \"{s}\".events SET (autovacuum_enabled = off)"
+    ))
+    .await;
     // 100,000 rows (the plain-SQL producer contract), drained to the newest 1,000, vacuumed.
-    db.exec(format!(
+    exec(format!(
         "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
          aggregate_version, event_type, payload) \
          SELECT gen_random_uuid(), 'payment', 'p' || (g % 10000), g / 10000 + 1, 'T', \
          convert_to(repeat('x', 64), 'UTF8') FROM generate_series(0, 99999) g"
     ))
     .await;
-    db.exec(format!(
+    exec(format!(
         "DELETE FROM \"{s}\".events WHERE id <= (SELECT max(id) - 1000 FROM \"{s}\".events)"
     ))
     .await;
-    db.exec(format!("VACUUM \"{s}\".events")).await;
+    exec(format!("VACUUM \"{s}\".events")).await;
 
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&common::database_url())
-        .await
-        .unwrap();
-    let seq_scans = || {
+    // (sequential scans, index scans) of the events table.
+    let scans = || {
         let (pool, s) = (pool.clone(), s.clone());
         async move {
             // Flushed when the backend goes idle after this statement, before the read.
@@ -371,8 +381,9 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
                 .execute(&pool)
                 .await
                 .unwrap();
-            sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-                "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = '\"{s}\".events'::regclass"
+            sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(format!(
+                "SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables \
+                 WHERE relid = '\"{s}\".events'::regclass"
             )))
             .fetch_one(&pool)
             .await
@@ -381,7 +392,7 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
     };
     // The set-up provokes the bad plan: the claim's scan of heads, planned as usual, reads
     // every page. Without this the test would prove nothing.
-    let before = seq_scans().await;
+    let before = scans().await;
     let mut tx = pool.begin().await.unwrap();
     sqlx::query(AssertSqlSafe(format!(
         "SELECT id FROM \"{s}\".events WHERE state = 'pending' AND available_at <= now() \
@@ -391,9 +402,9 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
     .await
     .unwrap();
     tx.rollback().await.unwrap();
-    let control = seq_scans().await;
+    let control = scans().await;
     assert_eq!(
-        control - before,
+        control.0 - before.0,
         1,
         "the drained, vacuumed table no longer makes the planner scan sequentially here; \
          the test needs a set-up that does"
@@ -402,19 +413,29 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
     let store = PgStore::new(
         pool.clone(),
         PgStoreConfig {
-            schema: db.schema.clone(),
+            schema: schema.clone(),
             on_publish: OnPublish::Delete,
         },
     );
     let b = store.claim_batch(claim(1000, 30_000)).await.unwrap();
     assert_eq!(b.messages.len(), 1000);
+    let after = scans().await;
     assert_eq!(
-        seq_scans().await,
-        control,
+        after.0, control.0,
         "the claim scanned the events table sequentially"
     );
+    assert!(
+        after.1 > control.1,
+        "the claim read no index of the events table"
+    );
+    // The settings stayed in the claim's transaction.
+    let seqscan: String = sqlx::query_scalar("SHOW enable_seqscan")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(seqscan, "on");
+    exec(format!("DROP SCHEMA \"{s}\" CASCADE")).await;
     pool.close().await;
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -96,8 +96,8 @@ pub struct RelayConfig {
     /// Backoff between attempts of one message.
     pub backoff: Backoff,
     /// How often the pending / oldest-age / dead gauges are refreshed, at most: the statement
-    /// behind them counts the backlog, so its cost grows with it, and the next refresh waits at
-    /// least [`STATS_SPACING`] times as long as the last one took.
+    /// behind them counts the backlog, so its cost grows with it, and after a costly count the
+    /// next one waits [`STATS_SPACING`] times as long as it took, up to [`STATS_MAX_WAIT`].
     pub stats_interval: Duration,
     /// Poison rows: the takeover at which a head row is dead-lettered instead of published.
     /// A takeover happens when the relay holding an aggregate ended without settling it
@@ -442,13 +442,26 @@ impl<F: Feed, T: Transport> Relay<F, T> {
         tasks.spawn(async move {
             loop {
                 let started = tokio::time::Instant::now();
-                if let Err(e) = relay.refresh_gauges().await {
-                    warn!(error = %e, "could not refresh outbox gauges");
-                }
-                let wait = stats_wait(relay.config.stats_interval, started.elapsed());
-                if wait > relay.config.stats_interval {
-                    debug!(took = ?started.elapsed(), ?wait, "outbox gauges are costly; refreshing less often");
-                }
+                // Only a count that ran spaces the next one out: a failure (an outage, a pool
+                // timeout) is retried at the interval.
+                let wait = match relay.refresh_gauges().await {
+                    Ok(()) => {
+                        let took = started.elapsed();
+                        let wait = stats_wait(relay.config.stats_interval, took);
+                        if wait > relay.config.stats_interval {
+                            debug!(
+                                ?took,
+                                ?wait,
+                                "outbox gauges are costly; refreshing less often"
+                            );
+                        }
+                        wait
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "could not refresh outbox gauges");
+                        relay.config.stats_interval
+                    }
+                };
                 tokio::select! {
                     () = stats_shutdown.cancelled() => break,
                     () = tokio::time::sleep(wait) => {}
@@ -488,18 +501,24 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     }
 }
 
-/// The gauges' refresh waits at least this many times as long as its last statement took.
+/// The gauges' refresh waits this many times as long as its last count took, up to
+/// [`STATS_MAX_WAIT`].
 ///
 /// The statement counts the whole backlog: a few milliseconds normally, but 1.3-10 s per count
 /// at 1-10 million pending rows (W6 in BENCHMARKS.md), which at the default 5 s interval kept
 /// one database connection counting most of the time, beside the claims, during exactly the
-/// incident the backlog is. Spaced this way the count takes at most one twentieth of one
-/// connection's time; the gauges are then as old as that wait (100-200 s at 10 million rows).
+/// incident the backlog is. Spaced this way a count takes a twentieth of one connection's
+/// time, or a seventh at worst under the cap.
 pub const STATS_SPACING: u32 = 20;
 
-/// The wait after a gauge refresh that took `took`: `interval`, or more for a costly count.
+/// The longest wait between two gauge refreshes (unless `stats_interval` is longer): how old
+/// the pending and oldest-age gauges may get while a huge backlog makes each count costly.
+pub const STATS_MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The wait after a gauge refresh that took `took`: `interval`, or more for a costly count,
+/// never more than [`STATS_MAX_WAIT`] beyond the interval.
 fn stats_wait(interval: Duration, took: Duration) -> Duration {
-    interval.max(took.saturating_mul(STATS_SPACING))
+    interval.max(took.saturating_mul(STATS_SPACING).min(STATS_MAX_WAIT))
 }
 
 #[cfg(test)]
@@ -516,6 +535,12 @@ mod tests {
             stats_wait(interval, Duration::from_secs(2)),
             Duration::from_secs(40)
         );
+        assert_eq!(
+            stats_wait(interval, Duration::from_secs(10)),
+            STATS_MAX_WAIT
+        );
+        let long = Duration::from_secs(300);
+        assert_eq!(stats_wait(long, Duration::from_secs(10)), long);
     }
 
     fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {

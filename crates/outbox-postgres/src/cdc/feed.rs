@@ -1,47 +1,4 @@
-//! [`CdcFeed`]: the relay's [`Feed`] over a [`CdcStream`].
-//!
-//! The stream finds pending events; the table stays the record of what happened to them:
-//!
-//! * **Batches**: events in commit order, each aggregate's in version order, at most one batch
-//!   holding an aggregate at a time (the aggregate is *busy* until its batch is settled). The
-//!   slot is streamed by one connection only, so no other relay holds them: batches have no
-//!   time limit (`owned_until` is `None`).
-//! * **Published**: the rows are deleted (or marked, [`OnPublish::Mark`]) in one statement per
-//!   batch. A transaction's end position is confirmed to the server once every event of it and
-//!   of every earlier transaction is settled, never before (G3): after a crash the slot hands
-//!   out everything after the confirmed position again, same rows, same event ids (G4). A row
-//!   deleted before the crash is republished from the log.
-//! * **Failed, to retry**: kept in memory at the head of its aggregate with its attempt count
-//!   and due time; the aggregate's later events wait behind it. While it waits, the confirmed
-//!   position cannot pass its transaction, so the server retains the WAL after it (a broker
-//!   outage grows the slot's lag: `slot_state`).
-//! * **Dead-lettered**: the row is marked `dead` in the table, as the polling relay does, with
-//!   its attempts and error, and the aggregate is *parked*: its later events are not published
-//!   by this feed, they stay pending rows in the table. Parking survives restarts (aggregates
-//!   with a dead row are parked at start). `outbox dead-letters requeue` makes the dead row
-//!   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
-//!   after a requeue; the CDC feed does not claim rows).
-//! * **Left to the table** with [`CdcConfig::producers_delete_rows`] (the producers use
-//!   `PgOutbox::delete_in_transaction`): every event this feed does not publish (a dead letter,
-//!   every event of a parked aggregate) is written back into the table first if its row is not
-//!   there, and only then counts as settled; so no position is confirmed past an event that
-//!   exists nowhere but in the log. Without the option the rows are there already and nothing
-//!   is written back (a written-back row that a polling relay had published and deleted during
-//!   a switch of modes would go out again).
-//! * **Not attempted**: back at the head of the aggregate, due at once.
-//! * **Behind the table**: an aggregate whose head in the log has an older version pending
-//!   (or dead) in the table, such as a row committed before the slot existed or a requeued dead
-//!   letter, is checked once per stream session before its first batch. It is held, and checked
-//!   again every 250 ms, for up to 30 s (a polling relay running beside this one during a switch
-//!   of modes publishes the older rows meanwhile), then parked like a dead letter's aggregate.
-//!
-//! Another connection streaming the slot (another relay) makes this feed a standby: it hands
-//! out empty batches and tries to take the slot every second, logging once at info level, and
-//! takes over when the slot is free.
-//!
-//! A stream that fails (connection lost, server restart) is started again on the next batch;
-//! everything in memory is dropped and the slot delivers it again. A settle of a batch handed
-//! out before that is ignored (its rows come again).
+//! [`CdcFeed`]: the relay's [`Feed`] over a [`CdcStream`] (described on the type).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -322,7 +279,50 @@ impl State {
     }
 }
 
-/// The relay's feed over the outbox table's log. See the [module docs](self).
+/// The relay's feed over the outbox table's log, a [`Feed`] over a [`CdcStream`].
+///
+/// The stream finds pending events; the table stays the record of what happened to them:
+///
+/// * **Batches**: events in commit order, each aggregate's in version order, at most one batch
+///   holding an aggregate at a time (the aggregate is *busy* until its batch is settled). The
+///   slot is streamed by one connection only, so no other relay holds them: batches have no
+///   time limit (`owned_until` is `None`).
+/// * **Published**: the rows are deleted (or marked, [`OnPublish::Mark`]) in one statement per
+///   batch. A transaction's end position is confirmed to the server once every event of it and
+///   of every earlier transaction is settled, never before (G3): after a crash the slot hands
+///   out everything after the confirmed position again, same rows, same event ids (G4). A row
+///   deleted before the crash is republished from the log.
+/// * **Failed, to retry**: kept in memory at the head of its aggregate with its attempt count
+///   and due time; the aggregate's later events wait behind it. While it waits, the confirmed
+///   position cannot pass its transaction, so the server retains the WAL after it (a broker
+///   outage grows the slot's lag: `slot_state`).
+/// * **Dead-lettered**: the row is marked `dead` in the table, as the polling relay does, with
+///   its attempts and error, and the aggregate is *parked*: its later events are not published
+///   by this feed, they stay pending rows in the table. Parking survives restarts (aggregates
+///   with a dead row are parked at start). `outbox dead-letters requeue` makes the dead row
+///   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
+///   after a requeue; the CDC feed does not claim rows).
+/// * **Left to the table** with [`CdcConfig::producers_delete_rows`] (the producers use
+///   `PgOutbox::delete_in_transaction`): every event this feed does not publish (a dead letter,
+///   every event of a parked aggregate) is written back into the table first if its row is not
+///   there, and only then counts as settled; so no position is confirmed past an event that
+///   exists nowhere but in the log. Without the option the rows are there already and nothing
+///   is written back (a written-back row that a polling relay had published and deleted during
+///   a switch of modes would go out again).
+/// * **Not attempted**: back at the head of the aggregate, due at once.
+/// * **Behind the table**: an aggregate whose head in the log has an older version pending
+///   (or dead) in the table, such as a row committed before the slot existed or a requeued dead
+///   letter, is checked once per stream session before its first batch. It is held, and checked
+///   again every 250 ms, for up to 30 s (a polling relay running beside this one during a switch
+///   of modes publishes the older rows meanwhile), then parked like a dead letter's aggregate.
+///
+/// Another connection streaming the slot (another relay) makes this feed a standby: it hands
+/// out empty batches and tries to take the slot every second, logging once at info level, and
+/// takes over when the slot is free.
+///
+/// A stream that fails (connection lost, server restart) is started again on the next batch;
+/// everything in memory is dropped and the slot delivers it again. A settle of a batch handed
+/// out before that is ignored (its rows come again).
 #[derive(Debug)]
 pub struct CdcFeed {
     url: String,
