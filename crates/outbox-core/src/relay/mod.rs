@@ -516,7 +516,7 @@ pub const STATS_SPACING: u32 = 20;
 pub const STATS_MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// The wait after a gauge refresh that took `took`: `interval`, or more for a costly count,
-/// never more than [`STATS_MAX_WAIT`] beyond the interval.
+/// never more than the longer of `interval` and [`STATS_MAX_WAIT`].
 fn stats_wait(interval: Duration, took: Duration) -> Duration {
     interval.max(took.saturating_mul(STATS_SPACING).min(STATS_MAX_WAIT))
 }
