@@ -92,7 +92,7 @@ fn shape(args: &Args, i: usize) -> (usize, usize) {
 }
 
 /// The baseline's messages: what the relay would have claimed (fresh event ids).
-fn synthetic(args: &Args) -> Vec<OutboxMessage> {
+pub(crate) fn synthetic(args: &Args) -> Vec<OutboxMessage> {
     let now = Utc::now();
     (0..args.messages)
         .map(|i| {

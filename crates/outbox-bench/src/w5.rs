@@ -3,6 +3,11 @@
 //! engine with the same configuration; only the feed differs: claims with leases and fenced
 //! settles, or the replication slot with batched deletes. The CDC slot is created before its
 //! backlog is written (a slot starts at the end of the log) and dropped after the drain.
+//!
+//! Each round also measures the broker's ceiling as W2 does: the raw client publishing the
+//! same messages at the relay's window and at `--ceiling-window` acks outstanding, the better
+//! of the two. A relay, whatever its feed, cannot publish faster than that, so the CDC / polling
+//! ratio is bounded by ceiling / polling, which the report prints beside it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +34,7 @@ pub struct Args {
 
 struct Round {
     round: usize,
+    ceiling: f64,
     polling: f64,
     cdc: f64,
     cdc_lag_mb: f64,
@@ -78,6 +84,13 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args)
                 args,
                 workers,
                 &b.transport,
+                |window| {
+                    let b = &b;
+                    async move {
+                        b.baseline(&w2::synthetic(args), window, args.baseline_tasks)
+                            .await
+                    }
+                },
                 || b.count(),
                 || b.purge(),
             )
@@ -94,6 +107,13 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args)
                 args,
                 workers,
                 &b.transport,
+                |window| {
+                    let b = &b;
+                    async move {
+                        b.baseline(&w2::synthetic(args), window, args.baseline_tasks)
+                            .await
+                    }
+                },
                 || b.count(),
                 || b.purge(),
             )
@@ -109,18 +129,21 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args)
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn rounds<T, C, CF, P, PF>(
+async fn rounds<T, R, RF, C, CF, P, PF>(
     env: &Env,
     pool: &PgPool,
     bench: &BenchSchema,
     args: &w2::Args,
     workers: usize,
     transport: &Arc<T>,
+    raw: R,
     count: C,
     purge: P,
 ) -> Result<Vec<Round>>
 where
     T: Transport,
+    R: Fn(usize) -> RF,
+    RF: Future<Output = Result<Duration>>,
     C: Fn() -> CF,
     CF: Future<Output = Result<u64>>,
     P: Fn() -> PF,
@@ -137,7 +160,25 @@ where
     );
     let slot = bench.schema.as_str().to_owned();
     let mut out = Vec::new();
+    let windows = [
+        w2::relay_config(args, workers).max_in_flight,
+        args.ceiling_window,
+    ];
     for round in 1..=args.rounds {
+        // The ceiling: the raw client at the relay's window and at the ceiling window.
+        let mut ceiling = 0.0_f64;
+        for window in windows.into_iter().filter(|w| *w > 0) {
+            let elapsed = raw(window).await?;
+            let held = count().await?;
+            purge().await?;
+            if held != n as u64 {
+                bail!("round {round}: the raw client left {held} of {n} in the broker");
+            }
+            let rate = n as f64 / elapsed.as_secs_f64();
+            eprintln!("  round {round} raw client, window {window}: {rate:>8.0} ev/s");
+            ceiling = ceiling.max(rate);
+        }
+
         // Polling.
         w2::enqueue_backlog(pool, bench, args).await?;
         let (elapsed, _) = w2::drain(
@@ -233,6 +274,7 @@ where
         );
         out.push(Round {
             round,
+            ceiling,
             polling,
             cdc,
             cdc_lag_mb: lag as f64 / 1e6,
@@ -251,9 +293,12 @@ fn report(args: &w2::Args, broker: &str, rounds: &[Round]) {
         .map(|r| {
             vec![
                 r.round.to_string(),
+                format!("{:.0}", r.ceiling),
                 format!("{:.0}", r.polling),
                 format!("{:.0}", r.cdc),
                 format!("{:.2}", r.cdc / r.polling),
+                format!("{:.2}", r.ceiling / r.polling),
+                format!("{:.2}", r.cdc / r.ceiling),
                 format!("{:.0}", r.cdc_lag_mb),
             ]
         })
@@ -262,20 +307,26 @@ fn report(args: &w2::Args, broker: &str, rounds: &[Round]) {
     let ratio = mean(|r| r.cdc) / mean(|r| r.polling);
     rows.push(vec![
         "mean".into(),
+        format!("{:.0}", mean(|r| r.ceiling)),
         format!("{:.0}", mean(|r| r.polling)),
         format!("{:.0}", mean(|r| r.cdc)),
         format!(
             "**{ratio:.2}** (goal ≥ 1.5: {})",
             if ratio >= 1.5 { "MET" } else { "MISSED" }
         ),
+        format!("{:.2}", mean(|r| r.ceiling) / mean(|r| r.polling)),
+        format!("{:.2}", mean(|r| r.cdc) / mean(|r| r.ceiling)),
         "-".into(),
     ]);
     print_table(
         &[
             "round",
+            "raw client ceiling ev/s",
             "polling relay ev/s",
             "CDC relay ev/s",
             "CDC / polling",
+            "ceiling / polling (the bound of CDC / polling)",
+            "CDC / ceiling",
             "log to read (MB)",
         ],
         &rows,
