@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
-use outbox::{DeadLetterListParams, OutboxStore, RequeueParams};
+use outbox_postgres::admin::{Admin, Requeue};
 use outbox_postgres::roles::{Component, PermissionDenied, check_privileges, pool_role};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
@@ -308,6 +308,41 @@ pub const CDC_SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
 /// transaction not confirmed yet, seconds ([`outbox_postgres::cdc::CdcFeed::lag`]).
 pub const CDC_SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 
+/// `outbox console`: the web console on `listen`, reading and acting through the same
+/// [`Admin`] as `status` and `dead-letters`. The token is read from `OUTBOX_CONSOLE_TOKEN`
+/// (an empty value counts as none).
+pub async fn console(
+    pool: PgPool,
+    store_config: PgStoreConfig,
+    listen: std::net::SocketAddr,
+    read_only: bool,
+) -> Result<ExitCode> {
+    let config = outbox_console::ConsoleConfig {
+        token: std::env::var("OUTBOX_CONSOLE_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+        read_only,
+    };
+    // Refused before binding: a weak token, a console open to the network without a token.
+    config.validate()?;
+    outbox_console::check_bind(listen, &config)?;
+    let admin = Admin::new(PgStore::new(pool, store_config));
+    admin.ready().await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    info!(%addr, read_only, actions = config.token.is_some() && !read_only, "serving the console");
+    println!("console on http://{addr}/");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
+    outbox_console::serve(listener, admin, config, async move {
+        shutdown.cancelled().await
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `outbox status`.
 pub async fn status(
     pool: PgPool,
@@ -315,26 +350,13 @@ pub async fn status(
     json: bool,
     relay_metrics: Option<String>,
 ) -> Result<ExitCode> {
-    let resolved_schema = store_config.schema.clone();
-    let store = PgStore::new(pool, store_config);
-    store.check().await?;
-    let s = store.stats().await?;
-    let conflicts = outbox_postgres::PgInbox::new(resolved_schema.clone())
-        .conflict_count(store.pool())
-        .await?;
-    let consumer_dead =
-        outbox_postgres::consumer_dead_letter_list(store.pool(), &resolved_schema, None, i64::MAX)
-            .await?
-            .len();
-    let effects = outbox_postgres::effects::PgEffects::new(resolved_schema.clone())
-        .stats(store.pool(), None)
-        .await?;
-    let unknown_age = effects.oldest_unknown_age.map_or(0.0, |d| d.as_secs_f64());
+    let admin = Admin::new(PgStore::new(pool, store_config));
+    admin.ready().await?;
+    let o = admin.overview().await?;
     let relay = match &relay_metrics {
         Some(addr) => Some(crate::scrape::fetch(addr).await?),
         None => None,
     };
-    let age = s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64());
     let total = |name: &str| {
         relay
             .as_ref()
@@ -343,24 +365,7 @@ pub async fn status(
     let q = |p: f64| relay.as_ref().and_then(|r| r.latency_quantile(p));
     use outbox_core::relay::metric as m;
     if json {
-        let mut v = serde_json::json!({
-            "schema": resolved_schema.as_str(),
-            "pending": s.pending,
-            "oldest_pending_age_seconds": age,
-            "in_flight": s.in_flight,
-            "retrying": s.retrying,
-            "dead_letters": s.dead,
-            "published_retained": s.published_retained,
-            "inbox_conflicts": conflicts,
-            "consumer_dead_letters": consumer_dead,
-            "work_items": {
-                "pending": effects.pending,
-                "in_progress": effects.in_progress,
-                "unknown": effects.unknown,
-                "oldest_unknown_age_seconds": unknown_age,
-                "failed": effects.failed,
-            },
-        });
+        let mut v = serde_json::to_value(&o)?;
         if relay.is_some() {
             v["relay"] = serde_json::json!({
                 "published_total": total(m::PUBLISHED),
@@ -374,19 +379,26 @@ pub async fn status(
         }
         println!("{v}");
     } else {
-        println!("schema                      {}", resolved_schema);
-        println!("pending                     {}", s.pending);
-        println!("oldest pending age (s)      {age:.3}");
-        println!("in flight (leased)          {}", s.in_flight);
-        println!("retrying (failed >= once)   {}", s.retrying);
-        println!("dead letters                {}", s.dead);
-        println!("published (kept, mark mode) {}", s.published_retained);
-        println!("inbox conflicts             {conflicts}");
-        println!("consumer dead letters       {consumer_dead}");
-        println!("work items pending          {}", effects.pending);
-        println!("work items unknown          {}", effects.unknown);
-        println!("oldest unknown age (s)      {unknown_age:.3}");
-        println!("work items failed           {}", effects.failed);
+        let w = &o.work_items;
+        println!("schema                      {}", o.schema);
+        println!("pending                     {}", o.pending);
+        println!(
+            "oldest pending age (s)      {:.3}",
+            o.oldest_pending_age_seconds
+        );
+        println!("in flight (leased)          {}", o.in_flight);
+        println!("retrying (failed >= once)   {}", o.retrying);
+        println!("dead letters                {}", o.dead_letters);
+        println!("published (kept, mark mode) {}", o.published_retained);
+        println!("inbox conflicts             {}", o.inbox_conflicts);
+        println!("consumer dead letters       {}", o.consumer_dead_letters);
+        println!("work items pending          {}", w.pending);
+        println!("work items unknown          {}", w.unknown);
+        println!(
+            "oldest unknown age (s)      {:.3}",
+            w.oldest_unknown_age_seconds
+        );
+        println!("work items failed           {}", w.failed);
         if relay.is_some() {
             let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x}"));
             println!("relay at {}:", relay_metrics.as_deref().unwrap_or(""));
@@ -414,13 +426,11 @@ pub async fn dead_letters(
     store_config: PgStoreConfig,
     cmd: DeadLetterCmd,
 ) -> Result<ExitCode> {
-    let store = PgStore::new(pool, store_config);
-    store.check().await?;
+    let admin = Admin::new(PgStore::new(pool, store_config));
+    admin.ready().await?;
     match cmd {
         DeadLetterCmd::List { limit } => {
-            let list = store
-                .dead_letter_list(DeadLetterListParams { limit })
-                .await?;
+            let list = admin.dead_letters(limit).await?;
             if list.is_empty() {
                 println!("no dead letters");
             }
@@ -440,10 +450,12 @@ pub async fn dead_letters(
             }
         }
         DeadLetterCmd::Requeue { event_ids, all } => {
-            let params = RequeueParams {
-                event_ids: (!all).then_some(event_ids.clone()),
+            let which = if all {
+                Requeue::All
+            } else {
+                Requeue::Ids(event_ids.clone())
             };
-            let n = store.dead_letter_requeue(params).await?;
+            let n = admin.requeue_dead_letters(which).await?;
             println!("requeued {n} dead letter(s)");
             if !all && (n as usize) < event_ids.len() {
                 println!(

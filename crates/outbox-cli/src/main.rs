@@ -95,6 +95,17 @@ enum Command {
         #[arg(long)]
         create_slot: bool,
     },
+    /// Serve the web console and its JSON API (`/api/v1`) until SIGTERM / Ctrl-C. Actions
+    /// need the token from OUTBOX_CONSOLE_TOKEN (never from the command line); without it the
+    /// console only reads, and a non-loopback address is refused.
+    Console {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Refuse every action, whatever the token.
+        #[arg(long)]
+        read_only: bool,
+    },
     /// Print the outbox's numbers.
     Status {
         /// Machine-readable output.
@@ -385,6 +396,9 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
                 create_slot,
             };
             commands::relay(store, run).await
+        }
+        Command::Console { listen, read_only } => {
+            commands::console(pool, store_config, listen, read_only).await
         }
         Command::Status {
             json,

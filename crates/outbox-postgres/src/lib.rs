@@ -33,6 +33,7 @@
 //! services in other languages can write intents with plain SQL in their own transactions.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod cdc;
 mod connect;
 pub mod consumer;

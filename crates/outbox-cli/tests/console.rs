@@ -1,0 +1,181 @@
+//! `outbox console` as operators run it: a dead letter requeued through its API reaches the
+//! broker under its own event id, the console and `outbox status` show the same numbers, and
+//! an open address without a token is refused at start.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use outbox_core::relay::{Relay, RelayConfig};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "console-token-of-the-cli-test";
+const QUICK: Duration = Duration::from_secs(30);
+
+/// One request to the console; the status and the body as JSON (a string when not JSON).
+async fn call(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .expect("console request");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
+    let db = TestDb::new().await;
+    let nats = NatsEnv::new().await;
+    let subscriber = nats.stream_subscriber().await;
+    let (v1, v2) = (event("acc-1", 1), event("acc-1", 2));
+    db.enqueue(&[v1.clone(), v2.clone()]).await;
+    db.exec(&db.sql(&format!(
+        "UPDATE {{s}}.events SET state = 'dead', attempts = 5, last_error = 'refused by the broker' \
+         WHERE event_id = '{}'",
+        v1.event_id
+    )))
+    .await;
+
+    let port = free_port();
+    let mut cmd = outbox(Some(db.name()), None, None);
+    cmd.args(["console", "--listen", &format!("127.0.0.1:{port}")])
+        .env("OUTBOX_CONSOLE_TOKEN", TOKEN);
+    let mut console = ChildGuard::spawn(cmd, "console");
+    wait_until(QUICK, "the console is ready", || async {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let uri = format!("http://127.0.0.1:{port}/readyz").parse().unwrap();
+        matches!(client.get(uri).await, Ok(r) if r.status() == 200)
+    })
+    .await;
+    console.assert_running();
+
+    // The relay runs, but v1 is dead and v2 waits behind it: nothing is published.
+    let transport = nats.transport(&nats_url()).await;
+    let relay = Arc::new(
+        Relay::new(
+            Arc::new(db.store()),
+            Arc::new(transport),
+            RelayConfig {
+                poll_interval: Duration::from_millis(50),
+                ..RelayConfig::default()
+            },
+        )
+        .expect("relay config"),
+    );
+    let stop = CancellationToken::new();
+    let relay_task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(subscriber.len(), 0, "nothing passes a dead letter");
+
+    // The console and `outbox status` agree.
+    let (status, overview) = call(port, "GET", "/api/v1/overview", None, "").await;
+    assert_eq!(status, 200, "{overview}");
+    let cli = run(
+        {
+            let mut c = outbox(Some(db.name()), None, None);
+            c.args(["status", "--json"]);
+            c
+        },
+        QUICK,
+    )
+    .await;
+    assert!(cli.status.success(), "{cli:?}");
+    let mut cli: Value = serde_json::from_str(cli.stdout.trim()).expect("status --json");
+    let mut overview = overview;
+    for v in [&mut cli, &mut overview] {
+        v["oldest_pending_age_seconds"] = Value::Null;
+    }
+    assert_eq!(cli, overview);
+    assert_eq!(overview["dead_letters"], 1);
+    assert_eq!(overview["pending"], 1);
+
+    // Without the token: refused. With it: v1 goes out under its own id, then v2.
+    let body = format!(
+        r#"{{"event_ids": ["{}"], "reason": "limit raised"}}"#,
+        v1.event_id
+    );
+    let (status, e) = call(port, "POST", "/api/v1/dead-letters/requeue", None, &body).await;
+    assert_eq!(status, 401, "{e}");
+    let (status, r) = call(
+        port,
+        "POST",
+        "/api/v1/dead-letters/requeue",
+        Some(TOKEN),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["requeued"], 1);
+    let seen = subscriber
+        .wait_ids(&[v1.event_id, v2.event_id], Duration::from_secs(20))
+        .await;
+    let ids: Vec<_> = seen.iter().map(|r| r.event_id).collect();
+    assert_eq!(ids, vec![v1.event_id, v2.event_id]);
+
+    // The action is in the console's audit log, without the token.
+    stop.cancel();
+    relay_task.await.expect("relay task");
+    let exit = console.terminate().await;
+    assert!(
+        exit.success(),
+        "SIGTERM stops the console cleanly: {exit:?}"
+    );
+    let log = console.log();
+    assert!(
+        log.contains("outbox::audit") && log.contains("limit raised"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "the token reached the log:\n{log}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_open_address_without_a_token_or_a_weak_token_is_refused_at_start() {
+    let db = TestDb::new().await;
+    let mut cmd = outbox(Some(db.name()), None, None);
+    cmd.args(["console", "--listen", "0.0.0.0:0"])
+        .env_remove("OUTBOX_CONSOLE_TOKEN");
+    let r = run(cmd, QUICK).await;
+    assert!(!r.status.success(), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("refusing to listen on 0.0.0.0:0 without a token"),
+        "{r:?}"
+    );
+
+    let mut cmd = outbox(Some(db.name()), None, None);
+    cmd.args(["console", "--listen", "127.0.0.1:0"])
+        .env("OUTBOX_CONSOLE_TOKEN", "short");
+    let r = run(cmd, QUICK).await;
+    assert!(!r.status.success(), "{r:?}");
+    assert!(r.stderr.contains("at least 16 characters"), "{r:?}");
+    db.cleanup().await;
+}

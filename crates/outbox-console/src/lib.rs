@@ -1,0 +1,384 @@
+//! The operations console of the outbox toolkit: a JSON API under `/api/v1` and the web page
+//! built on it, as an axum [`Router`] that `outbox console` serves and that a service can mount
+//! in its own axum app under a prefix:
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_console::{ConsoleConfig, router};
+//! use outbox_postgres::admin::Admin;
+//! use outbox_postgres::{PgStore, PgStoreConfig};
+//! let admin = Admin::new(PgStore::new(pool, PgStoreConfig::default()));
+//! let config = ConsoleConfig {
+//!     token: std::env::var("OUTBOX_CONSOLE_TOKEN").ok(),
+//!     ..ConsoleConfig::default()
+//! };
+//! let app = axum::Router::new().nest("/outbox", router(admin, config)?);
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! Everything the console reads and does goes through [`Admin`], the module `outbox status`
+//! and `outbox dead-letters` use too, so the page and the CLI never disagree.
+//!
+//! # API (version 1)
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `GET /api/v1/overview` | [`Overview`](outbox_postgres::admin::Overview) as JSON |
+//! | `GET /api/v1/dead-letters?limit=N` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100) |
+//! | `POST /api/v1/dead-letters/requeue` | body `{"event_ids": ["…"]}` or `{"all": true}`, optional `"reason"`; answers `{"requeued": n}` |
+//! | `GET /healthz` | liveness: the process answers (`200 ok`) |
+//! | `GET /readyz` | readiness: the database answers and the schema is at this release's version (`200`, else `503` with the reason) |
+//! | `GET /` | the page |
+//!
+//! Errors are JSON `{"error": "…"}` with 400 (bad request), 401 (no or wrong token), 403
+//! (read-only mode, no token configured, a cross-site request, or the database role may not
+//! act), 503 (database unreachable, schema missing) or 500.
+//!
+//! # Access
+//!
+//! * **Reading** needs nothing beyond reaching the address: bind the loopback address (the
+//!   default) or put the console behind the network's own access control. For reading, run it
+//!   as the read-only operator role (`outbox roles`), which cannot change a row whatever the
+//!   console is asked.
+//! * **Actions** (every `POST`) need the token: `Authorization: Bearer <token>`. The token comes
+//!   from configuration or the environment (`OUTBOX_CONSOLE_TOKEN` for `outbox console`),
+//!   never from the command line, and must be at least [`MIN_TOKEN_LEN`] characters. It is
+//!   compared in constant time. Without a configured token every action is refused (403): the
+//!   console is then read-only whatever the role could do.
+//! * [`ConsoleConfig::read_only`] refuses every action (403) even with the right token.
+//! * A non-loopback bind without a token is refused at start ([`check_bind`]).
+//! * Cross-site requests cannot act: an action must carry the `Authorization` header and a JSON
+//!   body, which a browser sends cross-site only after a CORS preflight that the console never
+//!   answers; and a request whose `Origin` names another host than its `Host` is refused (403)
+//!   before anything else. The page keeps the token in the tab's `sessionStorage`, not in a
+//!   cookie, so nothing is sent by the browser on its own.
+//! * Every action is logged at `info` under the target `outbox::audit` with the token's
+//!   fingerprint (the first 8 hex digits of its SHA-256, never the token), the action, what it
+//!   selected, the reason given and the outcome.
+
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use outbox_postgres::admin::{Admin, AdminError, AdminErrorKind, Requeue};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use uuid::Uuid;
+
+/// The shortest token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// The most event ids one requeue request may name.
+pub const MAX_REQUEUE_IDS: usize = 10_000;
+
+const PAGE: &str = include_str!("../assets/index.html");
+const SCRIPT: &str = include_str!("../assets/console.js");
+const STYLE: &str = include_str!("../assets/console.css");
+
+/// How the console guards its actions.
+#[derive(Clone, Default)]
+pub struct ConsoleConfig {
+    /// The token every action must present (`Authorization: Bearer`); `None` refuses every
+    /// action.
+    pub token: Option<String>,
+    /// Refuse every action, whatever the token.
+    pub read_only: bool,
+}
+
+impl std::fmt::Debug for ConsoleConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleConfig")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+/// A console that cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// The token is shorter than [`MIN_TOKEN_LEN`] characters.
+    #[error("the console token must be at least {MIN_TOKEN_LEN} characters long")]
+    WeakToken,
+    /// A non-loopback address was to be bound without a token.
+    #[error(
+        "refusing to listen on {0} without a token: set OUTBOX_CONSOLE_TOKEN, or listen on a loopback address"
+    )]
+    OpenWithoutToken(SocketAddr),
+    /// Binding or serving failed.
+    #[error("console server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ConsoleConfig {
+    /// Checks the token's length.
+    ///
+    /// # Errors
+    /// [`ConsoleError::WeakToken`] for a token shorter than [`MIN_TOKEN_LEN`] characters.
+    pub fn validate(&self) -> Result<(), ConsoleError> {
+        match &self.token {
+            Some(t) if t.chars().count() < MIN_TOKEN_LEN => Err(ConsoleError::WeakToken),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Refuses a non-loopback `addr` when `config` has no token (anyone who can reach the address
+/// could then read every payload the outbox holds).
+///
+/// # Errors
+/// [`ConsoleError::OpenWithoutToken`].
+pub fn check_bind(addr: SocketAddr, config: &ConsoleConfig) -> Result<(), ConsoleError> {
+    if config.token.is_none() && !addr.ip().is_loopback() {
+        return Err(ConsoleError::OpenWithoutToken(addr));
+    }
+    Ok(())
+}
+
+struct AppState {
+    admin: Admin,
+    token_sha: Option<[u8; 32]>,
+    read_only: bool,
+}
+
+/// The console's routes (API, health and page), to serve or to `nest` under a prefix.
+///
+/// # Errors
+/// [`ConsoleError::WeakToken`] for a token shorter than [`MIN_TOKEN_LEN`].
+pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleError> {
+    config.validate()?;
+    let state = Arc::new(AppState {
+        admin,
+        token_sha: config.token.as_deref().map(sha),
+        read_only: config.read_only,
+    });
+    Ok(Router::new()
+        .route("/", get(page))
+        .route("/console.js", get(script))
+        .route("/console.css", get(style))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/api/v1/overview", get(overview))
+        .route("/api/v1/dead-letters", get(dead_letters))
+        .route("/api/v1/dead-letters/requeue", post(requeue))
+        .with_state(state))
+}
+
+/// Serves [`router`] on `listener` until `shutdown` completes, after [`check_bind`].
+///
+/// # Errors
+/// [`ConsoleError`]: the bind check, a weak token, or the server failing.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    admin: Admin,
+    config: ConsoleConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ConsoleError> {
+    check_bind(listener.local_addr()?, &config)?;
+    let app = router(admin, config)?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+fn sha(s: &str) -> [u8; 32] {
+    Sha256::digest(s.as_bytes()).into()
+}
+
+/// An API error: a status and a JSON `{"error": …}`.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response();
+        no_store(r.headers_mut());
+        r
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> Self {
+        let status = match e.kind {
+            AdminErrorKind::Unavailable | AdminErrorKind::Schema => StatusCode::SERVICE_UNAVAILABLE,
+            AdminErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            AdminErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            AdminErrorKind::Other => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self(status, e.to_string())
+    }
+}
+
+fn no_store(h: &mut HeaderMap) {
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+}
+
+fn json<T: serde::Serialize>(v: T) -> Response {
+    let mut r = Json(v).into_response();
+    no_store(r.headers_mut());
+    r
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    let h = r.headers_mut();
+    no_store(h);
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; script-src 'self'; style-src 'self'; frame-ancestors 'none'; form-action 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    r
+}
+
+async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE)
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+async fn ready(State(s): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+    s.admin.ready().await?;
+    Ok("ready")
+}
+
+async fn overview(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    Ok(json(s.admin.overview().await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<i64>,
+}
+
+async fn dead_letters(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    Ok(json(s.admin.dead_letters(q.limit.unwrap_or(100)).await?))
+}
+
+/// The body of `POST /api/v1/dead-letters/requeue`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequeueBody {
+    #[serde(default)]
+    event_ids: Vec<Uuid>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// Who may act: checks the origin, the mode and the token, in that order. Returns the token's
+/// fingerprint for the audit line.
+fn authorize(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+        let origin_host = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .map(|(_, rest)| rest);
+        if host.is_none() || origin_host != host {
+            return Err(ApiError(
+                StatusCode::FORBIDDEN,
+                "cross-site request refused: the Origin does not match the Host".into(),
+            ));
+        }
+    }
+    if s.read_only {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "the console is read-only: actions are refused".into(),
+        ));
+    }
+    let Some(expected) = &s.token_sha else {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "actions are disabled: no console token is configured (OUTBOX_CONSOLE_TOKEN)".into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::UNAUTHORIZED,
+                "this action needs the console token (Authorization: Bearer <token>)".into(),
+            )
+        })?;
+    let given = sha(given);
+    if !bool::from(given.ct_eq(expected)) {
+        return Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "wrong console token".into(),
+        ));
+    }
+    Ok(given[..4].iter().map(|b| format!("{b:02x}")).collect())
+}
+
+async fn requeue(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<RequeueBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, ApiError> {
+    let actor = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let which = match (body.all, body.event_ids.is_empty()) {
+        (true, true) => Requeue::All,
+        (false, false) if body.event_ids.len() <= MAX_REQUEUE_IDS => Requeue::Ids(body.event_ids),
+        (false, false) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("at most {MAX_REQUEUE_IDS} event ids per request"),
+            ));
+        }
+        _ => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give either \"event_ids\" (a non-empty list) or \"all\": true".into(),
+            ));
+        }
+    };
+    let what = match &which {
+        Requeue::All => "all".to_owned(),
+        Requeue::Ids(ids) => format!("{} event id(s)", ids.len()),
+    };
+    let reason = body.reason.unwrap_or_default();
+    match s.admin.requeue_dead_letters(which).await {
+        Ok(n) => {
+            tracing::info!(target: "outbox::audit", actor = %actor, action = "requeue dead letters", selection = %what, reason = %reason, requeued = n, "console action");
+            Ok(json(serde_json::json!({ "requeued": n })))
+        }
+        Err(e) => {
+            tracing::warn!(target: "outbox::audit", actor = %actor, action = "requeue dead letters", selection = %what, reason = %reason, error = %e, "console action failed");
+            Err(e.into())
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The console's API over real HTTP against a real PostgreSQL: the numbers it shows are the
+//! database's, actions need the token, and the guards refuse what they must.
+#![allow(missing_docs)]
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use outbox_console::{ConsoleConfig, ConsoleError, check_bind, router};
+use outbox_core::{NewMessage, Payload};
+use outbox_postgres::admin::Admin;
+use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "a-console-token-for-tests";
+
+fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+struct Db {
+    pool: PgPool,
+    schema: Schema,
+}
+
+impl Db {
+    /// A fresh schema with `pending` pending events and `dead` dead letters (each its own
+    /// aggregate, with one event waiting behind the first dead letter).
+    async fn new(pending: usize, dead: usize) -> Db {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&database_url())
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL at {} is required: {e}", database_url()));
+        let schema = Schema::new(&format!("c_{}", uuid::Uuid::now_v7().simple())).unwrap();
+        migrate(&pool, &schema).await.expect("migrate");
+        let outbox = PgOutbox::new(schema.clone());
+        let mut tx = pool.begin().await.unwrap();
+        for i in 0..pending + dead {
+            let m = NewMessage::new(
+                "order",
+                format!("o-{i}"),
+                1,
+                "OrderPlaced",
+                Payload::json(&serde_json::json!({ "i": i })).unwrap(),
+            );
+            outbox.enqueue(&mut *tx, &m).await.unwrap();
+        }
+        // The event behind the first dead letter.
+        let m = NewMessage::new(
+            "order",
+            format!("o-{pending}"),
+            2,
+            "OrderShipped",
+            Payload::json(&serde_json::json!({})).unwrap(),
+        );
+        if dead > 0 {
+            outbox.enqueue(&mut *tx, &m).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let s = schema.as_str();
+        if dead == 0 {
+            return Db { pool, schema };
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {s}.events SET state = 'dead', attempts = 3, \
+             last_error = 'broker refused: message too large <b>x</b>' \
+             WHERE aggregate_version = 1 AND aggregate_id IN ({})",
+            (pending..pending + dead)
+                .map(|i| format!("'o-{i}'"))
+                .collect::<Vec<_>>()
+                .join(",")
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        Db { pool, schema }
+    }
+
+    fn admin(&self) -> Admin {
+        Admin::new(PgStore::new(
+            self.pool.clone(),
+            PgStoreConfig {
+                schema: self.schema.clone(),
+                ..PgStoreConfig::default()
+            },
+        ))
+    }
+
+    async fn count(&self, filter: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}.events WHERE {filter}",
+            self.schema.as_str()
+        )))
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn drop(self) {
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema.as_str()
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// A console served on a free loopback port until the returned token is cancelled.
+async fn serve(admin: Admin, config: ConsoleConfig) -> (SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        outbox_console::serve(listener, admin, config, async move { s.cancelled().await })
+            .await
+            .expect("console server");
+    });
+    (addr, stop)
+}
+
+/// One request; returns the status and the body (JSON when it parses, else a string).
+async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or("").to_owned())))
+        .unwrap();
+    let resp = client.request(req).await.expect("request");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+fn with_token() -> ConsoleConfig {
+    ConsoleConfig {
+        token: Some(TOKEN.to_owned()),
+        read_only: false,
+    }
+}
+
+#[tokio::test]
+async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
+    let db = Db::new(5, 3).await;
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+
+    let (status, o) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+    assert_eq!(status, 200, "{o}");
+    assert_eq!(o["schema"], db.schema.as_str());
+    assert_eq!(o["pending"], db.count("state = 'pending'").await);
+    assert_eq!(o["pending"], 6, "5 pending + 1 behind a dead letter");
+    assert_eq!(o["dead_letters"], db.count("state = 'dead'").await);
+    assert_eq!(o["dead_letters"], 3);
+    assert!(o["oldest_pending_age_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(o["work_items"]["unknown"], 0);
+    // The CLI's JSON is the same object (one admin module), but for the age, which moved on.
+    let mut cli = serde_json::to_value(db.admin().overview().await.unwrap()).unwrap();
+    let mut o = o;
+    o["oldest_pending_age_seconds"] = Value::Null;
+    cli["oldest_pending_age_seconds"] = Value::Null;
+    assert_eq!(o, cli);
+
+    let (status, list) = call(addr, "GET", "/api/v1/dead-letters?limit=10", &[], None).await;
+    assert_eq!(status, 200, "{list}");
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 3);
+    assert_eq!(
+        list[0]["last_error"],
+        "broker refused: message too large <b>x</b>"
+    );
+    assert_eq!(list[0]["aggregate_id"], "o-5");
+    assert_eq!(list[0]["blocked_behind"], 1);
+
+    let (status, e) = call(addr, "GET", "/api/v1/dead-letters?limit=0", &[], None).await;
+    assert_eq!(status, 400, "{e}");
+    let (status, e) = call(addr, "GET", "/api/v1/dead-letters?lmit=5", &[], None).await;
+    assert_eq!(status, 400, "{e}");
+
+    let (status, body) = call(addr, "GET", "/readyz", &[], None).await;
+    assert_eq!((status, body), (200, Value::String("ready".into())));
+    let (status, _) = call(addr, "GET", "/healthz", &[], None).await;
+    assert_eq!(status, 200);
+    let (status, page) = call(addr, "GET", "/", &[], None).await;
+    assert_eq!(status, 200);
+    assert!(page.as_str().unwrap().contains("outbox console"));
+
+    stop.cancel();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_requeue_needs_the_token_and_keeps_the_event_ids() {
+    let db = Db::new(0, 2).await;
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (_, list) = call(addr, "GET", "/api/v1/dead-letters", &[], None).await;
+    let first = list[0]["event_id"].as_str().unwrap().to_owned();
+    let body = format!(r#"{{"event_ids": ["{first}"], "reason": "broker limit raised"}}"#);
+    let path = "/api/v1/dead-letters/requeue";
+
+    // No token, a wrong one, a cross-site origin: refused, nothing changes.
+    let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
+    assert_eq!(status, 401, "{e}");
+    let wrong = [("authorization", "Bearer not-the-console-token")];
+    let (status, e) = call(addr, "POST", path, &wrong, Some(&body)).await;
+    assert_eq!(status, 401, "{e}");
+    let auth = format!("Bearer {TOKEN}");
+    let cross = [
+        ("authorization", auth.as_str()),
+        ("origin", "http://evil.example"),
+    ];
+    let (status, e) = call(addr, "POST", path, &cross, Some(&body)).await;
+    assert_eq!(status, 403, "{e}");
+    assert_eq!(db.count("state = 'dead'").await, 2);
+
+    // Malformed bodies: a clear 400.
+    let ok = [("authorization", auth.as_str())];
+    for bad in [
+        r#"{"all": true, "event_ids": ["00000000-0000-0000-0000-000000000000"]}"#,
+        "{}",
+        r#"{"event_ids": ["nope"]}"#,
+        "not json",
+    ] {
+        let (status, e) = call(addr, "POST", path, &ok, Some(bad)).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+    }
+    assert_eq!(db.count("state = 'dead'").await, 2);
+
+    // The token, from the same origin: the one event is pending again under its own id.
+    let host = format!("http://{addr}");
+    let same = [("authorization", auth.as_str()), ("origin", host.as_str())];
+    let (status, r) = call(addr, "POST", path, &same, Some(&body)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["requeued"], 1);
+    assert_eq!(
+        db.count(&format!("state = 'pending' AND event_id = '{first}'"))
+            .await,
+        1
+    );
+    assert_eq!(db.count("state = 'dead'").await, 1);
+
+    // Everything.
+    let (status, r) = call(addr, "POST", path, &ok, Some(r#"{"all": true}"#)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["requeued"], 1);
+    assert_eq!(db.count("state = 'dead'").await, 0);
+
+    stop.cancel();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn read_only_and_tokenless_consoles_refuse_every_action() {
+    let db = Db::new(0, 1).await;
+    let auth = format!("Bearer {TOKEN}");
+    let ok = [("authorization", auth.as_str())];
+    let path = "/api/v1/dead-letters/requeue";
+    for config in [
+        ConsoleConfig {
+            token: Some(TOKEN.to_owned()),
+            read_only: true,
+        },
+        ConsoleConfig::default(),
+    ] {
+        let (addr, stop) = serve(db.admin(), config).await;
+        let (status, e) = call(addr, "POST", path, &ok, Some(r#"{"all": true}"#)).await;
+        assert_eq!(status, 403, "{e}");
+        // Reading still works.
+        let (status, _) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+        assert_eq!(status, 200);
+        stop.cancel();
+    }
+    assert_eq!(db.count("state = 'dead'").await, 1);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_open_bind_without_a_token_and_a_weak_token_are_refused() {
+    let open: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+    assert!(matches!(
+        check_bind(open, &ConsoleConfig::default()),
+        Err(ConsoleError::OpenWithoutToken(_))
+    ));
+    assert!(check_bind(open, &with_token()).is_ok());
+    assert!(check_bind("127.0.0.1:8080".parse().unwrap(), &ConsoleConfig::default()).is_ok());
+    assert!(check_bind("[::1]:8080".parse().unwrap(), &ConsoleConfig::default()).is_ok());
+
+    let db = Db::new(0, 0).await;
+    let weak = ConsoleConfig {
+        token: Some("short".into()),
+        read_only: false,
+    };
+    assert!(matches!(
+        router(db.admin(), weak),
+        Err(ConsoleError::WeakToken)
+    ));
+    db.drop().await;
+}

@@ -1,0 +1,336 @@
+//! The operator's reads and actions, in one place: `outbox status` and `outbox dead-letters`
+//! read and act through [`Admin`], and so does the web console (`outbox-console`), so the two
+//! never disagree about a number or about what an action does.
+//!
+//! Every read here is one statement through the table's indexes or its partial indexes of
+//! open rows, except where a method says otherwise; nothing here holds a lock beyond its own
+//! statement. Actions are the store's own (a requeue is [`OutboxStore::dead_letter_requeue`], which
+//! also wakes the relays); this module adds no second way of doing them.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_postgres::admin::AdminError> {
+//! use outbox_postgres::admin::{Admin, Requeue};
+//! use outbox_postgres::{PgStore, PgStoreConfig};
+//! let admin = Admin::new(PgStore::new(pool, PgStoreConfig::default()));
+//! let overview = admin.overview().await?;
+//! if overview.dead_letters > 0 {
+//!     let requeued = admin.requeue_dead_letters(Requeue::All).await?;
+//!     println!("requeued {requeued}");
+//! }
+//! # Ok(()) }
+//! ```
+
+use chrono::{DateTime, Utc};
+use outbox_core::{
+    DeadLetterListParams, EventId, OutboxStore, RequeueParams, StoreError, StoreErrorKind,
+};
+use serde::Serialize;
+use sqlx::AssertSqlSafe;
+
+use crate::effects::EffectsError;
+use crate::store::PgStore;
+
+/// Open consumer dead letters (not resolved; requeued ones count until the consumer settles
+/// them), as `outbox status` has always counted them.
+const COUNT_CONSUMER_DEAD: &str =
+    "SELECT count(*) FROM {s}.consumer_dead_letters WHERE state <> 'resolved'";
+
+/// The largest page of dead letters one call returns.
+pub const MAX_LIST: i64 = 10_000;
+
+/// What went wrong in an [`Admin`] call.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation}: {message}")]
+pub struct AdminError {
+    /// What was being done (`overview`, `dead letters`, `requeue`, ...).
+    pub operation: &'static str,
+    /// The class of the failure, for a caller that maps it (the console to an HTTP status).
+    pub kind: AdminErrorKind,
+    /// The database's or the store's message.
+    pub message: String,
+}
+
+/// The class of an [`AdminError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminErrorKind {
+    /// The database could not be reached; retry later.
+    Unavailable,
+    /// The connected role lacks a grant (the message names it); a read-only operator role
+    /// trying an action gets this.
+    PermissionDenied,
+    /// The schema is missing or at another version: run `outbox migrate`.
+    Schema,
+    /// The request itself is invalid (a page size out of range).
+    InvalidRequest,
+    /// Anything else the database reported.
+    Other,
+}
+
+impl AdminError {
+    fn store(operation: &'static str, e: StoreError) -> Self {
+        let kind = match e.kind() {
+            StoreErrorKind::Unavailable => AdminErrorKind::Unavailable,
+            StoreErrorKind::PermissionDenied => AdminErrorKind::PermissionDenied,
+            StoreErrorKind::Schema => AdminErrorKind::Schema,
+            _ => AdminErrorKind::Other,
+        };
+        Self {
+            operation,
+            kind,
+            message: e.to_string(),
+        }
+    }
+
+    fn sqlx(operation: &'static str, e: sqlx::Error) -> Self {
+        let kind = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_) => AdminErrorKind::Unavailable,
+            sqlx::Error::Database(d) if d.code().as_deref() == Some("42501") => {
+                AdminErrorKind::PermissionDenied
+            }
+            sqlx::Error::Database(d) if d.code().as_deref() == Some("42P01") => {
+                AdminErrorKind::Schema
+            }
+            _ => AdminErrorKind::Other,
+        };
+        Self {
+            operation,
+            kind,
+            message: e.to_string(),
+        }
+    }
+
+    fn effects(operation: &'static str, e: EffectsError) -> Self {
+        match e {
+            EffectsError::Database(e) => Self::sqlx(operation, e),
+            EffectsError::NotMigrated { .. } => Self {
+                operation,
+                kind: AdminErrorKind::Schema,
+                message: e.to_string(),
+            },
+            EffectsError::PermissionDenied(_) => Self {
+                operation,
+                kind: AdminErrorKind::PermissionDenied,
+                message: e.to_string(),
+            },
+            other => Self {
+                operation,
+                kind: AdminErrorKind::Other,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// The numbers of `outbox status` and of the console's overview.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overview {
+    /// The schema read.
+    pub schema: String,
+    /// Outbox rows not yet published and not dead (in flight and retrying included).
+    pub pending: i64,
+    /// Age of the oldest pending row by the database clock, seconds (0 when none).
+    pub oldest_pending_age_seconds: f64,
+    /// Pending rows under a live lease.
+    pub in_flight: i64,
+    /// Pending rows that failed at least once.
+    pub retrying: i64,
+    /// Outbox dead letters (each blocks its aggregate until requeued).
+    pub dead_letters: i64,
+    /// Rows kept as published (mark mode; 0 in delete mode).
+    pub published_retained: i64,
+    /// Inbox conflicts recorded (same event id, different payload).
+    pub inbox_conflicts: i64,
+    /// Consumer dead letters not resolved.
+    pub consumer_dead_letters: i64,
+    /// Remote effects by state.
+    pub work_items: WorkItems,
+}
+
+/// Remote effects (work items) by state, in an [`Overview`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkItems {
+    /// Not started, or due for a retry.
+    pub pending: i64,
+    /// Claimed by an executor right now.
+    pub in_progress: i64,
+    /// Sent, outcome unknown: waiting for reconciliation.
+    pub unknown: i64,
+    /// Age of the oldest unknown outcome, seconds (0 when none).
+    pub oldest_unknown_age_seconds: f64,
+    /// Failed for good.
+    pub failed: i64,
+}
+
+/// An outbox dead letter as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterView {
+    /// Event id (the same id a requeue publishes under).
+    pub event_id: EventId,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Aggregate version.
+    pub aggregate_version: i64,
+    /// Event type.
+    pub event_type: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// Why it was dead-lettered (the last error).
+    pub last_error: Option<String>,
+    /// When the producer wrote it.
+    pub created_at: DateTime<Utc>,
+    /// Events of the same aggregate waiting behind it.
+    pub blocked_behind: i64,
+}
+
+/// Which outbox dead letters to requeue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    /// These event ids (ids that are not dead letters are skipped, and not counted).
+    Ids(Vec<EventId>),
+    /// Every dead letter.
+    All,
+}
+
+/// The operator's reads and actions on one outbox schema (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Admin {
+    store: PgStore,
+}
+
+impl Admin {
+    /// Reads and acts through `store` (its pool's role decides what is allowed: the operator
+    /// role acts, the read-only role only reads).
+    pub fn new(store: PgStore) -> Self {
+        Self { store }
+    }
+
+    /// The store read and acted on.
+    pub fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    /// Checks that the database answers and the schema is at this release's version (a
+    /// readiness probe).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `Unavailable`, `Schema` or `PermissionDenied`.
+    pub async fn ready(&self) -> Result<(), AdminError> {
+        self.store
+            .check()
+            .await
+            .map_err(|e| AdminError::store("readiness", e))
+    }
+
+    /// The overview numbers. The outbox counts are [`OutboxStore::stats`] (they count the pending
+    /// rows through the pending index, so they cost more as the backlog grows: about a second
+    /// per few million pending rows); the rest reads partial indexes of open rows.
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database is unreachable, the role cannot read, or the schema is
+    /// missing.
+    pub async fn overview(&self) -> Result<Overview, AdminError> {
+        let pool = self.store.pool();
+        let schema = self.store.schema();
+        let s = self
+            .store
+            .stats()
+            .await
+            .map_err(|e| AdminError::store("overview", e))?;
+        let inbox_conflicts = self
+            .store
+            .inbox()
+            .conflict_count(pool)
+            .await
+            .map_err(|e| AdminError::sqlx("overview: inbox conflicts", e))?;
+        let consumer_dead_letters: i64 =
+            sqlx::query_scalar(AssertSqlSafe(schema.render(COUNT_CONSUMER_DEAD)))
+                .fetch_one(pool)
+                .await
+                .map_err(|e| AdminError::sqlx("overview: consumer dead letters", e))?;
+        let effects = self
+            .store
+            .effects()
+            .stats(pool, None)
+            .await
+            .map_err(|e| AdminError::effects("overview: work items", e))?;
+        Ok(Overview {
+            schema: schema.as_str().to_owned(),
+            pending: s.pending,
+            oldest_pending_age_seconds: s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()),
+            in_flight: s.in_flight,
+            retrying: s.retrying,
+            dead_letters: s.dead,
+            published_retained: s.published_retained,
+            inbox_conflicts,
+            consumer_dead_letters,
+            work_items: WorkItems {
+                pending: effects.pending,
+                in_progress: effects.in_progress,
+                unknown: effects.unknown,
+                oldest_unknown_age_seconds: effects
+                    .oldest_unknown_age
+                    .map_or(0.0, |d| d.as_secs_f64()),
+                failed: effects.failed,
+            },
+        })
+    }
+
+    /// Outbox dead letters, oldest first, at most `limit` (1 to [`MAX_LIST`]).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
+    /// database's failure.
+    pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetterView>, AdminError> {
+        if !(1..=MAX_LIST).contains(&limit) {
+            return Err(AdminError {
+                operation: "dead letters",
+                kind: AdminErrorKind::InvalidRequest,
+                message: format!("limit must be between 1 and {MAX_LIST}, not {limit}"),
+            });
+        }
+        let list = self
+            .store
+            .dead_letter_list(DeadLetterListParams { limit })
+            .await
+            .map_err(|e| AdminError::store("dead letters", e))?;
+        Ok(list
+            .into_iter()
+            .map(|d| DeadLetterView {
+                event_id: d.event_id,
+                aggregate_type: d.aggregate_type,
+                aggregate_id: d.aggregate_id,
+                aggregate_version: d.aggregate_version,
+                event_type: d.event_type,
+                attempts: d.attempts,
+                last_error: d.last_error,
+                created_at: d.created_at,
+                blocked_behind: d.blocked_behind,
+            })
+            .collect())
+    }
+
+    /// Requeues outbox dead letters under their own event ids (the relay publishes them again,
+    /// then the events of their aggregates that waited behind them). Returns how many were
+    /// requeued.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `PermissionDenied` when the role may only read; otherwise the
+    /// database's failure (nothing was requeued).
+    pub async fn requeue_dead_letters(&self, which: Requeue) -> Result<u64, AdminError> {
+        let params = RequeueParams {
+            event_ids: match which {
+                Requeue::Ids(ids) => Some(ids),
+                Requeue::All => None,
+            },
+        };
+        self.store
+            .dead_letter_requeue(params)
+            .await
+            .map_err(|e| AdminError::store("requeue", e))
+    }
+}
