@@ -8,45 +8,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::*;
-use http_body_util::{BodyExt, Full};
 use outbox_core::relay::{Relay, RelayConfig};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "console-token-of-the-cli-test";
 const QUICK: Duration = Duration::from_secs(30);
-
-/// One request to the console; the status and the body as JSON (a string when not JSON).
-async fn call(
-    port: u16,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: &str,
-) -> (u16, Value) {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Full<Bytes>>();
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("http://127.0.0.1:{port}{path}"))
-        .header("content-type", "application/json");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let resp = client
-        .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
-        .await
-        .expect("console request");
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
 
 #[tokio::test]
 async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
@@ -64,18 +32,8 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
 
     let port = free_port();
     let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.args(["console", "--listen", &format!("127.0.0.1:{port}")])
-        .env("OUTBOX_CONSOLE_TOKEN", TOKEN);
-    let mut console = ChildGuard::spawn(cmd, "console");
-    wait_until(QUICK, "the console is ready", || async {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<Full<Bytes>>();
-        let uri = format!("http://127.0.0.1:{port}/readyz").parse().unwrap();
-        matches!(client.get(uri).await, Ok(r) if r.status() == 200)
-    })
-    .await;
-    console.assert_running();
+    cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
+    let mut console = spawn_console(cmd, port).await;
 
     // The relay runs, but v1 is dead and v2 waits behind it: nothing is published.
     let transport = nats.transport(&nats_url()).await;
@@ -96,7 +54,7 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
     assert_eq!(subscriber.len(), 0, "nothing passes a dead letter");
 
     // The console and `outbox status` agree.
-    let (status, overview) = call(port, "GET", "/api/v1/overview", None, "").await;
+    let (status, overview) = console_call(port, "GET", "/api/v1/overview", None, "").await;
     assert_eq!(status, 200, "{overview}");
     let cli = run(
         {
@@ -122,9 +80,9 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
         r#"{{"event_ids": ["{}"], "reason": "limit raised"}}"#,
         v1.event_id
     );
-    let (status, e) = call(port, "POST", "/api/v1/dead-letters/requeue", None, &body).await;
+    let (status, e) = console_call(port, "POST", "/api/v1/dead-letters/requeue", None, &body).await;
     assert_eq!(status, 401, "{e}");
-    let (status, r) = call(
+    let (status, r) = console_call(
         port,
         "POST",
         "/api/v1/dead-letters/requeue",

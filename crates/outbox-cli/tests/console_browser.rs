@@ -116,16 +116,8 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
 
     let port = free_port();
     let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.args(["console", "--listen", &format!("127.0.0.1:{port}")])
-        .env("OUTBOX_CONSOLE_TOKEN", TOKEN);
-    let mut console = ChildGuard::spawn(cmd, "console");
-    wait_until(QUICK, "the console listens", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
-    console.assert_running();
+    cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
+    let mut console = spawn_console(cmd, port).await;
 
     let b = browser().await;
     let c = &b.client;

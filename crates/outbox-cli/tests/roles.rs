@@ -195,6 +195,50 @@ async fn the_reader_reads_and_only_the_operator_requeues_and_resolves() {
         "a refused requeue changed rows"
     );
 
+    // The console as the reader: it reads; its actions are refused by the database even with
+    // the console's token, naming the grants.
+    let token = "console-token-of-the-roles-test";
+    let port = free_port();
+    let mut cmd = outbox_as(reader, Some(db.name()), None, None);
+    cmd.env("OUTBOX_CONSOLE_TOKEN", token);
+    let mut console = spawn_console(cmd, port).await;
+    let (status, o) = console_call(port, "GET", "/api/v1/overview", None, "").await;
+    assert_eq!(status, 200, "{o}");
+    assert_eq!(
+        (
+            &o["dead_letters"],
+            &o["inbox_conflicts"],
+            &o["consumer_dead_letters"]
+        ),
+        (&1.into(), &1.into(), &1.into()),
+        "{o}"
+    );
+    assert_eq!(o["work_items"]["unknown"], 1, "{o}");
+    let (status, list) = console_call(port, "GET", "/api/v1/dead-letters", None, "").await;
+    assert_eq!(
+        (status, &list[0]["last_error"]),
+        (200, &"too large".into()),
+        "{list}"
+    );
+    let (status, e) = console_call(
+        port,
+        "POST",
+        "/api/v1/dead-letters/requeue",
+        Some(token),
+        r#"{"all": true}"#,
+    )
+    .await;
+    assert_eq!(status, 403, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("needs the operator grants"),
+        "{e}"
+    );
+    assert_eq!(db.count("state = 'dead'").await, 1);
+    console.terminate().await;
+
     // The operator's succeed.
     for (args, needle) in [
         (

@@ -1353,3 +1353,81 @@ pub fn outbox_as(
     );
     cmd
 }
+
+// ------------------------------------------------------------------------------------------
+// The console's HTTP API
+// ------------------------------------------------------------------------------------------
+
+/// One request to the console; the status and the body as JSON (a string when not JSON).
+pub async fn console_call(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client
+        .request(
+            req.body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap(),
+        )
+        .await
+        .expect("console request");
+    let status = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// `outbox console --listen 127.0.0.1:<port>` from `cmd` (an `outbox` or `outbox_as` command,
+/// with its environment), once its readiness probe answers 200.
+pub async fn spawn_console(mut cmd: std::process::Command, port: u16) -> ChildGuard {
+    cmd.args(["console", "--listen", &format!("127.0.0.1:{port}")]);
+    let mut console = ChildGuard::spawn(cmd, "console");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Ok(r)) =
+            tokio::time::timeout(Duration::from_secs(2), console_call_quiet(port, "/readyz")).await
+            && r == 200
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console is not ready after 30 s; log:\n{}",
+            console.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    console.assert_running();
+    console
+}
+
+/// A GET's status, or the connection error (the console may not listen yet).
+async fn console_call_quiet(port: u16, path: &str) -> Result<u16, String> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let uri = format!("http://127.0.0.1:{port}{path}").parse().unwrap();
+    client
+        .get(uri)
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|e| e.to_string())
+}
