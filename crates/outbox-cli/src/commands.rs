@@ -9,7 +9,7 @@ use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
 use outbox_postgres::admin::{Admin, Requeue};
-use outbox_postgres::roles::{Component, PermissionDenied, check_privileges, pool_role};
+use outbox_postgres::roles::{Component, check_privileges};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -471,9 +471,9 @@ pub async fn dead_letters(
 
 /// `outbox conflicts list`.
 pub async fn conflicts(pool: PgPool, schema: &Schema, limit: i64) -> Result<ExitCode> {
-    outbox_postgres::check_schema(&pool, schema).await?;
-    let inbox = outbox_postgres::PgInbox::new(schema.clone());
-    let list = inbox.conflicts(&pool, limit).await?;
+    let admin = Admin::new(PgStore::with_schema(pool, schema.clone()));
+    admin.ready().await?;
+    let list = admin.conflicts(limit).await?;
     if list.is_empty() {
         println!("no conflicts");
     }
@@ -489,8 +489,8 @@ pub async fn conflicts(pool: PgPool, schema: &Schema, limit: i64) -> Result<Exit
             c.occurrences,
             c.first_seen.to_rfc3339(),
             c.last_seen.to_rfc3339(),
-            c.stored,
-            c.received
+            c.stored_sha256,
+            c.received_sha256
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -502,16 +502,13 @@ pub async fn consumer_dead_letters(
     schema: &Schema,
     cmd: ConsumerDeadLetterCmd,
 ) -> Result<ExitCode> {
-    outbox_postgres::check_schema(&pool, schema).await?;
+    let admin = Admin::new(PgStore::with_schema(pool, schema.clone()));
+    admin.ready().await?;
     match cmd {
         ConsumerDeadLetterCmd::List { consumer, limit } => {
-            let list = outbox_postgres::consumer_dead_letter_list(
-                &pool,
-                schema,
-                consumer.as_deref(),
-                limit,
-            )
-            .await?;
+            let list = admin
+                .consumer_dead_letters(consumer.as_deref(), limit)
+                .await?;
             if list.is_empty() {
                 println!("no consumer dead letters");
             }
@@ -534,14 +531,12 @@ pub async fn consumer_dead_letters(
             }
         }
         ConsumerDeadLetterCmd::Requeue { ids, all, consumer } => {
-            let n = outbox_postgres::consumer_dead_letter_requeue(
-                &pool,
-                schema,
-                consumer.as_deref(),
-                (!all).then_some(ids.as_slice()),
-            )
-            .await
-            .map_err(|e| needs_grants(&pool, e, Component::Operator))?;
+            let n = admin
+                .requeue_consumer_dead_letters(
+                    consumer.as_deref(),
+                    (!all).then_some(ids.as_slice()),
+                )
+                .await?;
             println!(
                 "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
             );
@@ -555,14 +550,6 @@ pub async fn consumer_dead_letters(
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A refused statement says which component's grants the role needs; other errors pass.
-fn needs_grants(pool: &PgPool, e: sqlx::Error, component: Component) -> anyhow::Error {
-    match PermissionDenied::from_sqlx(&e, Some(&pool_role(pool)), Some(component)) {
-        Some(denied) => anyhow::Error::new(denied),
-        None => e.into(),
-    }
 }
 
 /// `outbox cleanup`: one elected round, or rounds until SIGTERM with `--loop`.

@@ -26,6 +26,9 @@
 //! | `GET /api/v1/overview` | [`Overview`](outbox_postgres::admin::Overview) as JSON |
 //! | `GET /api/v1/dead-letters?limit=N` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100) |
 //! | `POST /api/v1/dead-letters/requeue` | body `{"event_ids": ["…"]}` or `{"all": true}`, optional `"reason"`; answers `{"requeued": n}` |
+//! | `GET /api/v1/conflicts?limit=N` | inbox conflicts, newest first, with both fingerprints |
+//! | `GET /api/v1/consumer-dead-letters?consumer=C&limit=N` | consumer dead letters not resolved, oldest first |
+//! | `POST /api/v1/consumer-dead-letters/requeue` | body `{"ids": [1, 2]}` or `{"all": true}`, optional `"consumer"` and `"reason"`; the consumer applies them again through its inbox |
 //! | `GET /healthz` | liveness: the process answers (`200 ok`) |
 //! | `GET /readyz` | readiness: the database answers and the schema is at this release's version (`200`, else `503` with the reason) |
 //! | `GET /` | the page |
@@ -167,6 +170,12 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         .route("/api/v1/overview", get(overview))
         .route("/api/v1/dead-letters", get(dead_letters))
         .route("/api/v1/dead-letters/requeue", post(requeue))
+        .route("/api/v1/conflicts", get(conflicts))
+        .route("/api/v1/consumer-dead-letters", get(consumer_dead_letters))
+        .route(
+            "/api/v1/consumer-dead-letters/requeue",
+            post(requeue_consumer_dead_letters),
+        )
         .with_state(state))
 }
 
@@ -282,6 +291,105 @@ async fn dead_letters(
     Ok(json(s.admin.dead_letters(q.limit.unwrap_or(100)).await?))
 }
 
+async fn conflicts(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    Ok(json(s.admin.conflicts(q.limit.unwrap_or(100)).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsumerListQuery {
+    consumer: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn consumer_dead_letters(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<ConsumerListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    Ok(json(
+        s.admin
+            .consumer_dead_letters(q.consumer.as_deref(), q.limit.unwrap_or(100))
+            .await?,
+    ))
+}
+
+/// The body of `POST /api/v1/consumer-dead-letters/requeue`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsumerRequeueBody {
+    #[serde(default)]
+    ids: Vec<i64>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    consumer: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn requeue_consumer_dead_letters(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<ConsumerRequeueBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, ApiError> {
+    let actor = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let ids = match (body.all, body.ids.is_empty()) {
+        (true, true) => None,
+        (false, false) if body.ids.len() <= MAX_REQUEUE_IDS => Some(body.ids.as_slice()),
+        (false, false) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("at most {MAX_REQUEUE_IDS} ids per request"),
+            ));
+        }
+        _ => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give either \"ids\" (a non-empty list) or \"all\": true".into(),
+            ));
+        }
+    };
+    let what = match ids {
+        None => "all".to_owned(),
+        Some(ids) => format!("{} id(s)", ids.len()),
+    };
+    let consumer = body.consumer.as_deref();
+    let reason = body.reason.as_deref().unwrap_or_default();
+    let result = s.admin.requeue_consumer_dead_letters(consumer, ids).await;
+    audit(
+        &actor,
+        "requeue consumer dead letters",
+        &what,
+        reason,
+        &result,
+    );
+    Ok(json(serde_json::json!({ "requeued": result? })))
+}
+
+/// The audit line of an action (target `outbox::audit`).
+fn audit(
+    actor: &str,
+    action: &str,
+    selection: &str,
+    reason: &str,
+    result: &Result<u64, AdminError>,
+) {
+    match result {
+        Ok(n) => {
+            tracing::info!(target: "outbox::audit", actor, action, selection, reason, affected = n, "console action");
+        }
+        Err(e) => {
+            tracing::warn!(target: "outbox::audit", actor, action, selection, reason, error = %e, "console action failed");
+        }
+    }
+}
+
 /// The body of `POST /api/v1/dead-letters/requeue`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -371,14 +479,7 @@ async fn requeue(
         Requeue::Ids(ids) => format!("{} event id(s)", ids.len()),
     };
     let reason = body.reason.unwrap_or_default();
-    match s.admin.requeue_dead_letters(which).await {
-        Ok(n) => {
-            tracing::info!(target: "outbox::audit", actor = %actor, action = "requeue dead letters", selection = %what, reason = %reason, requeued = n, "console action");
-            Ok(json(serde_json::json!({ "requeued": n })))
-        }
-        Err(e) => {
-            tracing::warn!(target: "outbox::audit", actor = %actor, action = "requeue dead letters", selection = %what, reason = %reason, error = %e, "console action failed");
-            Err(e.into())
-        }
-    }
+    let result = s.admin.requeue_dead_letters(which).await;
+    audit(&actor, "requeue dead letters", &what, &reason, &result);
+    Ok(json(serde_json::json!({ "requeued": result? })))
 }

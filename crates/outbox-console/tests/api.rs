@@ -321,3 +321,82 @@ async fn an_open_bind_without_a_token_and_a_weak_token_are_refused() {
     ));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_token() {
+    let db = Db::new(0, 0).await;
+    let s = db.schema.as_str();
+    for sql in [
+        format!(
+            "INSERT INTO {s}.inbox_conflicts (consumer_name, event_id, stored_sha256, \
+             received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, payload) \
+             VALUES ('ledger', gen_random_uuid(), sha256('a'), sha256('b'), 'payment', 'p-1', 3, \
+             'PaymentCaptured', '\\x00')"
+        ),
+        format!(
+            "INSERT INTO {s}.consumer_dead_letters (consumer_name, payload, error) \
+             VALUES ('ledger', '\\x00', 'handler refused: unknown currency'), \
+                    ('billing', '\\x00', 'poison')"
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+
+    let (status, list) = call(addr, "GET", "/api/v1/conflicts", &[], None).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["consumer_name"], "ledger");
+    assert_eq!(
+        list[0]["stored_sha256"],
+        "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb",
+        "sha256('a')"
+    );
+    assert_ne!(list[0]["received_sha256"], list[0]["stored_sha256"]);
+
+    let (status, list) = call(
+        addr,
+        "GET",
+        "/api/v1/consumer-dead-letters?consumer=ledger",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{list}");
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["error"], "handler refused: unknown currency");
+    assert_eq!(list[0]["state"], "dead");
+    let id = list[0]["id"].as_i64().unwrap();
+
+    let path = "/api/v1/consumer-dead-letters/requeue";
+    let body = format!(r#"{{"ids": [{id}], "consumer": "ledger"}}"#);
+    let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
+    assert_eq!(status, 401, "{e}");
+    let auth = format!("Bearer {TOKEN}");
+    let ok = [("authorization", auth.as_str())];
+    let (status, e) = call(addr, "POST", path, &ok, Some(r#"{"ids": []}"#)).await;
+    assert_eq!(status, 400, "{e}");
+    let (status, r) = call(addr, "POST", path, &ok, Some(&body)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["requeued"], 1);
+    let states: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT consumer_name, state FROM {s}.consumer_dead_letters ORDER BY consumer_name"
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            ("billing".to_owned(), "dead".to_owned()),
+            ("ledger".to_owned(), "requeued".to_owned())
+        ]
+    );
+
+    stop.cancel();
+    db.drop().await;
+}

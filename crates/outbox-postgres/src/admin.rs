@@ -21,6 +21,7 @@
 //! ```
 
 use chrono::{DateTime, Utc};
+use outbox_core::consumer::ConsumerDeadLetter;
 use outbox_core::{
     DeadLetterListParams, EventId, OutboxStore, RequeueParams, StoreError, StoreErrorKind,
 };
@@ -28,6 +29,7 @@ use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
 use crate::effects::EffectsError;
+use crate::roles::{Component, PermissionDenied, pool_role};
 use crate::store::PgStore;
 
 /// Open consumer dead letters (not resolved; requeued ones count until the consumer settles
@@ -187,6 +189,34 @@ pub struct DeadLetterView {
     pub blocked_behind: i64,
 }
 
+/// An inbox conflict as the operator sees it: the same event id arrived at a consumer with
+/// another payload than the first time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConflictView {
+    /// The consumer that saw it.
+    pub consumer_name: String,
+    /// The event id.
+    pub event_id: EventId,
+    /// SHA-256 of the payload recorded first, hex.
+    pub stored_sha256: String,
+    /// SHA-256 of the conflicting payload, hex.
+    pub received_sha256: String,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Aggregate version.
+    pub aggregate_version: i64,
+    /// Event type.
+    pub event_type: String,
+    /// How often this exact conflicting payload arrived.
+    pub occurrences: i32,
+    /// First seen.
+    pub first_seen: DateTime<Utc>,
+    /// Last seen.
+    pub last_seen: DateTime<Utc>,
+}
+
 /// Which outbox dead letters to requeue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requeue {
@@ -286,13 +316,7 @@ impl Admin {
     /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
     /// database's failure.
     pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetterView>, AdminError> {
-        if !(1..=MAX_LIST).contains(&limit) {
-            return Err(AdminError {
-                operation: "dead letters",
-                kind: AdminErrorKind::InvalidRequest,
-                message: format!("limit must be between 1 and {MAX_LIST}, not {limit}"),
-            });
-        }
+        check_limit("dead letters", limit)?;
         let list = self
             .store
             .dead_letter_list(DeadLetterListParams { limit })
@@ -332,5 +356,102 @@ impl Admin {
             .dead_letter_requeue(params)
             .await
             .map_err(|e| AdminError::store("requeue", e))
+    }
+
+    /// Inbox conflicts, newest first, at most `limit` (1 to [`MAX_LIST`]).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
+    /// database's failure.
+    pub async fn conflicts(&self, limit: i64) -> Result<Vec<ConflictView>, AdminError> {
+        check_limit("conflicts", limit)?;
+        let list = self
+            .store
+            .inbox()
+            .conflicts(self.store.pool(), limit)
+            .await
+            .map_err(|e| AdminError::sqlx("conflicts", e))?;
+        Ok(list
+            .into_iter()
+            .map(|c| ConflictView {
+                consumer_name: c.consumer_name,
+                event_id: c.event_id,
+                stored_sha256: c.stored.to_hex(),
+                received_sha256: c.received.to_hex(),
+                aggregate_type: c.aggregate_type,
+                aggregate_id: c.aggregate_id,
+                aggregate_version: c.aggregate_version,
+                event_type: c.event_type,
+                occurrences: c.occurrences,
+                first_seen: c.first_seen,
+                last_seen: c.last_seen,
+            })
+            .collect())
+    }
+
+    /// Consumer dead letters not resolved, oldest first, of `consumer` or of all consumers,
+    /// at most `limit` (1 to [`MAX_LIST`]).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
+    /// database's failure.
+    pub async fn consumer_dead_letters(
+        &self,
+        consumer: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ConsumerDeadLetter>, AdminError> {
+        check_limit("consumer dead letters", limit)?;
+        crate::consumer::consumer_dead_letter_list(
+            self.store.pool(),
+            self.store.schema(),
+            consumer,
+            limit,
+        )
+        .await
+        .map_err(|e| AdminError::sqlx("consumer dead letters", e))
+    }
+
+    /// Marks consumer dead letters (these ids, or every open one) of `consumer` (or of every
+    /// consumer) for their consumer to apply again through its inbox. Returns how many.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `PermissionDenied` (naming the operator grants) when the role may
+    /// only read; otherwise the database's failure (nothing was requeued).
+    pub async fn requeue_consumer_dead_letters(
+        &self,
+        consumer: Option<&str>,
+        ids: Option<&[i64]>,
+    ) -> Result<u64, AdminError> {
+        crate::consumer::consumer_dead_letter_requeue(
+            self.store.pool(),
+            self.store.schema(),
+            consumer,
+            ids,
+        )
+        .await
+        .map_err(|e| {
+            let pool = self.store.pool();
+            match PermissionDenied::from_sqlx(&e, Some(&pool_role(pool)), Some(Component::Operator))
+            {
+                Some(denied) => AdminError {
+                    operation: "requeue consumer dead letters",
+                    kind: AdminErrorKind::PermissionDenied,
+                    message: denied.to_string(),
+                },
+                None => AdminError::sqlx("requeue consumer dead letters", e),
+            }
+        })
+    }
+}
+
+fn check_limit(operation: &'static str, limit: i64) -> Result<(), AdminError> {
+    if (1..=MAX_LIST).contains(&limit) {
+        Ok(())
+    } else {
+        Err(AdminError {
+            operation,
+            kind: AdminErrorKind::InvalidRequest,
+            message: format!("limit must be between 1 and {MAX_LIST}, not {limit}"),
+        })
     }
 }

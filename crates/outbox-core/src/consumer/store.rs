@@ -158,8 +158,8 @@ pub struct RequeuedDeadLetter {
     pub attempts: i32,
 }
 
-/// A consumer dead letter as operators see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A consumer dead letter as operators see it (serialised as the console's API shows it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConsumerDeadLetter {
     /// Row id (what `requeue` takes).
     pub id: i64,
