@@ -11,7 +11,8 @@ use outbox::effect::{Executor, ExecutorConfig};
 use outbox_http::{HttpPayoutProvider, ProviderTls};
 use outbox_postgres::PgStore;
 use outbox_postgres::Schema;
-use outbox_postgres::effects::{PgEffects, Resolution};
+use outbox_postgres::admin::Admin;
+use outbox_postgres::effects::Resolution;
 use outbox_postgres::roles::Component;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -112,8 +113,8 @@ impl RunArgs {
 
 /// Runs an `outbox effects` subcommand.
 pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
-    outbox_postgres::check_schema(&pool, &schema).await?;
-    let effects = PgEffects::new(schema.clone());
+    let admin = Admin::new(PgStore::with_schema(pool.clone(), schema.clone()));
+    admin.ready().await?;
     match cmd {
         EffectsCmd::Run(a) => {
             // Fail now, naming every missing grant, rather than at the first claim.
@@ -152,7 +153,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             tracing::info!("executor stopped");
         }
         EffectsCmd::Status { kind, json } => {
-            let s = effects.stats(&pool, kind.as_deref()).await?;
+            let s = admin.work_item_stats(kind.as_deref()).await?;
             let unknown_age = s.oldest_unknown_age.map_or(0.0, |d| d.as_secs_f64());
             let pending_age = s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64());
             if json {
@@ -179,7 +180,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             }
         }
         EffectsCmd::List { state, limit } => {
-            let list = effects.list(&pool, state.as_deref(), limit).await?;
+            let list = admin.work_items(state.as_deref(), limit).await?;
             if list.is_empty() {
                 println!("no work items");
             }
@@ -210,7 +211,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
                 (None, None, true) => Resolution::Resend,
                 _ => bail!("give exactly one of --succeeded REF, --failed REASON, --resend"),
             };
-            let row = effects.resolve(&pool, id, resolution).await?;
+            let row = admin.resolve_work_item(id, resolution).await?;
             println!("work item #{} is now {}", row.id, row.state);
         }
     }

@@ -29,13 +29,16 @@
 //! | `GET /api/v1/conflicts?limit=N` | inbox conflicts, newest first, with both fingerprints |
 //! | `GET /api/v1/consumer-dead-letters?consumer=C&limit=N` | consumer dead letters not resolved, oldest first |
 //! | `POST /api/v1/consumer-dead-letters/requeue` | body `{"ids": [1, 2]}` or `{"all": true}`, optional `"consumer"` and `"reason"`; the consumer applies them again through its inbox |
+//! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all |
+//! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
 //! | `GET /healthz` | liveness: the process answers (`200 ok`) |
 //! | `GET /readyz` | readiness: the database answers and the schema is at this release's version (`200`, else `503` with the reason) |
 //! | `GET /` | the page |
 //!
 //! Errors are JSON `{"error": "…"}` with 400 (bad request), 401 (no or wrong token), 403
 //! (read-only mode, no token configured, a cross-site request, or the database role may not
-//! act), 503 (database unreachable, schema missing) or 500.
+//! act), 404 (no such item), 409 (the item's state does not allow the action), 503 (database
+//! unreachable, schema missing) or 500.
 //!
 //! # Access
 //!
@@ -70,6 +73,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use outbox_postgres::admin::{Admin, AdminError, AdminErrorKind, Requeue};
+use outbox_postgres::effects::Resolution;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -176,6 +180,8 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
             "/api/v1/consumer-dead-letters/requeue",
             post(requeue_consumer_dead_letters),
         )
+        .route("/api/v1/work-items", get(work_items))
+        .route("/api/v1/work-items/{id}/resolve", post(resolve_work_item))
         .with_state(state))
 }
 
@@ -218,6 +224,8 @@ impl From<AdminError> for ApiError {
             AdminErrorKind::Unavailable | AdminErrorKind::Schema => StatusCode::SERVICE_UNAVAILABLE,
             AdminErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
             AdminErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            AdminErrorKind::NotFound => StatusCode::NOT_FOUND,
+            AdminErrorKind::Refused => StatusCode::CONFLICT,
             AdminErrorKind::Other => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(status, e.to_string())
@@ -367,9 +375,76 @@ async fn requeue_consumer_dead_letters(
         "requeue consumer dead letters",
         &what,
         reason,
-        &result,
+        result.as_ref().copied(),
     );
     Ok(json(serde_json::json!({ "requeued": result? })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkItemQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn work_items(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<WorkItemQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    Ok(json(
+        s.admin
+            .work_items(q.state.as_deref(), q.limit.unwrap_or(100))
+            .await?,
+    ))
+}
+
+/// The body of `POST /api/v1/work-items/{id}/resolve`: exactly one of the three.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    #[serde(default)]
+    succeeded: Option<String>,
+    #[serde(default)]
+    failed: Option<String>,
+    #[serde(default)]
+    resend: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn resolve_work_item(
+    State(s): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<i64>,
+    headers: HeaderMap,
+    body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, ApiError> {
+    let actor = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let resolution = match (body.succeeded, body.failed, body.resend) {
+        (Some(reference), None, false) if !reference.is_empty() => {
+            Resolution::Succeeded { reference }
+        }
+        (None, Some(reason), false) if !reason.is_empty() => Resolution::Failed { reason },
+        (None, None, true) => Resolution::Resend,
+        _ => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give exactly one of \"succeeded\": \"<provider reference>\", \"failed\": \"<why>\", \"resend\": true".into(),
+            ));
+        }
+    };
+    let what = format!("work item {id}: {resolution:?}");
+    let reason = body.reason.as_deref().unwrap_or_default();
+    let result = s.admin.resolve_work_item(id, resolution).await;
+    audit(
+        &actor,
+        "resolve work item",
+        &what,
+        reason,
+        result.as_ref().map(|_| 1),
+    );
+    Ok(json(result?))
 }
 
 /// The audit line of an action (target `outbox::audit`).
@@ -378,9 +453,9 @@ fn audit(
     action: &str,
     selection: &str,
     reason: &str,
-    result: &Result<u64, AdminError>,
+    outcome: Result<u64, &AdminError>,
 ) {
-    match result {
+    match outcome {
         Ok(n) => {
             tracing::info!(target: "outbox::audit", actor, action, selection, reason, affected = n, "console action");
         }
@@ -480,6 +555,12 @@ async fn requeue(
     };
     let reason = body.reason.unwrap_or_default();
     let result = s.admin.requeue_dead_letters(which).await;
-    audit(&actor, "requeue dead letters", &what, &reason, &result);
+    audit(
+        &actor,
+        "requeue dead letters",
+        &what,
+        &reason,
+        result.as_ref().copied(),
+    );
     Ok(json(serde_json::json!({ "requeued": result? })))
 }

@@ -400,3 +400,62 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     stop.cancel();
     db.drop().await;
 }
+
+#[tokio::test]
+async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
+    let db = Db::new(0, 0).await;
+    let s = db.schema.as_str();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, unknown_since) \
+         VALUES ('payout', 'k-1', '{{\"amount\": 5}}', 'unknown', now())"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+
+    let (status, list) = call(addr, "GET", "/api/v1/work-items?state=unknown", &[], None).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list[0]["idempotency_key"], "k-1");
+    assert_eq!(list[0]["payload"]["amount"], 5);
+    assert_eq!(list[0]["payload_sha256"].as_str().unwrap().len(), 64);
+    let id = list[0]["id"].as_i64().unwrap();
+    let (status, e) = call(addr, "GET", "/api/v1/work-items?state=bogus", &[], None).await;
+    assert_eq!(status, 400, "{e}");
+
+    let path = format!("/api/v1/work-items/{id}/resolve");
+    let body = r#"{"succeeded": "provider-ref-7", "reason": "confirmed by phone"}"#;
+    let (status, e) = call(addr, "POST", &path, &[], Some(body)).await;
+    assert_eq!(status, 401, "{e}");
+    let auth = format!("Bearer {TOKEN}");
+    let ok = [("authorization", auth.as_str())];
+    for bad in [
+        r#"{}"#,
+        r#"{"succeeded": "r", "resend": true}"#,
+        r#"{"failed": ""}"#,
+    ] {
+        let (status, e) = call(addr, "POST", &path, &ok, Some(bad)).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+    }
+    let (status, row) = call(addr, "POST", &path, &ok, Some(body)).await;
+    assert_eq!(status, 200, "{row}");
+    assert_eq!(
+        (&row["state"], &row["reference"]),
+        (&"succeeded".into(), &"provider-ref-7".into())
+    );
+    // Settled: a second settlement is refused, an unknown id is not found.
+    let (status, e) = call(addr, "POST", &path, &ok, Some(body)).await;
+    assert_eq!(status, 409, "{e}");
+    let (status, e) = call(
+        addr,
+        "POST",
+        "/api/v1/work-items/999999/resolve",
+        &ok,
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 404, "{e}");
+
+    stop.cancel();
+    db.drop().await;
+}

@@ -28,7 +28,7 @@ use outbox_core::{
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
-use crate::effects::EffectsError;
+use crate::effects::{EffectsError, EffectsStats, Resolution, WorkItemRow};
 use crate::roles::{Component, PermissionDenied, pool_role};
 use crate::store::PgStore;
 
@@ -62,8 +62,13 @@ pub enum AdminErrorKind {
     PermissionDenied,
     /// The schema is missing or at another version: run `outbox migrate`.
     Schema,
-    /// The request itself is invalid (a page size out of range).
+    /// The request itself is invalid (a page size out of range, an unknown state name).
     InvalidRequest,
+    /// What the request names does not exist (a work item id).
+    NotFound,
+    /// The row's state does not allow the action (a work item that is not `unknown` settled
+    /// by hand); nothing was changed.
+    Refused,
     /// Anything else the database reported.
     Other,
 }
@@ -115,6 +120,21 @@ impl AdminError {
             EffectsError::PermissionDenied(_) => Self {
                 operation,
                 kind: AdminErrorKind::PermissionDenied,
+                message: e.to_string(),
+            },
+            EffectsError::InvalidArgument { .. } => Self {
+                operation,
+                kind: AdminErrorKind::InvalidRequest,
+                message: e.to_string(),
+            },
+            EffectsError::NotFound { .. } => Self {
+                operation,
+                kind: AdminErrorKind::NotFound,
+                message: e.to_string(),
+            },
+            EffectsError::NotResolvable { .. } => Self {
+                operation,
+                kind: AdminErrorKind::Refused,
                 message: e.to_string(),
             },
             other => Self {
@@ -441,6 +461,56 @@ impl Admin {
                 None => AdminError::sqlx("requeue consumer dead letters", e),
             }
         })
+    }
+
+    /// Remote effects by state (all of them, settled ones included: this reads the whole
+    /// work-item table), for `kind` or for every kind.
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database's failure, or the table missing.
+    pub async fn work_item_stats(&self, kind: Option<&str>) -> Result<EffectsStats, AdminError> {
+        self.store
+            .effects()
+            .stats(self.store.pool(), kind)
+            .await
+            .map_err(|e| AdminError::effects("work items", e))
+    }
+
+    /// Work items, in `state` or in every state, at most `limit` (1 to [`MAX_LIST`]).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for an unknown state or a `limit` out of range;
+    /// otherwise the database's failure.
+    pub async fn work_items(
+        &self,
+        state: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<WorkItemRow>, AdminError> {
+        check_limit("work items", limit)?;
+        self.store
+            .effects()
+            .list(self.store.pool(), state, limit)
+            .await
+            .map_err(|e| AdminError::effects("work items", e))
+    }
+
+    /// Settles a work item by hand, or sends it again ([`Resolution`]); returns the row as it
+    /// is now.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `NotFound` (no such item), `Refused` (its state does not allow
+    /// this resolution; nothing changed), `PermissionDenied` (the role may only read), or the
+    /// database's failure.
+    pub async fn resolve_work_item(
+        &self,
+        id: i64,
+        resolution: Resolution,
+    ) -> Result<WorkItemRow, AdminError> {
+        self.store
+            .effects()
+            .resolve(self.store.pool(), id, resolution)
+            .await
+            .map_err(|e| AdminError::effects("resolve work item", e))
     }
 }
 

@@ -153,7 +153,7 @@ pub enum EnqueueOutcome {
 }
 
 /// One work item with every column an operator needs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct WorkItemRow {
     /// Row id.
     pub id: i64,
@@ -163,7 +163,8 @@ pub struct WorkItemRow {
     pub idempotency_key: String,
     /// What to do.
     pub payload: serde_json::Value,
-    /// SHA-256 of the payload's canonical jsonb form.
+    /// SHA-256 of the payload's canonical jsonb form (hex when serialised).
+    #[serde(serialize_with = "hex_bytes")]
     pub payload_sha256: Vec<u8>,
     /// The event that caused the work.
     pub event_id: Option<Uuid>,
@@ -193,6 +194,10 @@ pub struct WorkItemRow {
     pub updated_at: DateTime<Utc>,
     /// When it reached `succeeded` or `failed`.
     pub resolved_at: Option<DateTime<Utc>>,
+}
+
+fn hex_bytes<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&hex::encode(bytes))
 }
 
 /// An operator's decision about a work item ([`PgEffects::resolve`]).
