@@ -54,7 +54,8 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
     assert_eq!(subscriber.len(), 0, "nothing passes a dead letter");
 
     // The console and `outbox status` agree.
-    let (status, overview) = console_call(port, "GET", "/api/v1/overview", None, "").await;
+    let (status, overview) =
+        console_call(port, "GET", "/api/v1/overview?exact=true", None, "").await;
     assert_eq!(status, 200, "{overview}");
     let cli = run(
         {

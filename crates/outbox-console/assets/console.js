@@ -28,11 +28,17 @@ function field(obj, path) {
   return path.split(".").reduce((o, k) => (o == null ? undefined : o[k]), obj);
 }
 
+// Counts the server stopped at `counted_up_to` show as "≥ N".
+const BOUNDED = new Set(["pending", "in_flight", "retrying", "dead_letters", "published_retained"]);
+
 function renderOverview(o) {
   $("schema").textContent = "schema " + o.schema;
   for (const el of document.querySelectorAll("#overview [data-field]")) {
-    const v = field(o, el.dataset.field);
-    el.textContent = typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : String(v);
+    const name = el.dataset.field;
+    const v = field(o, name);
+    let shown = typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : String(v);
+    if (o.counted_up_to != null && BOUNDED.has(name) && v >= o.counted_up_to) shown = "≥ " + shown;
+    el.textContent = shown;
     el.closest(".card").classList.toggle("nonzero", v > 0);
   }
 }

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use outbox_console::{ConsoleConfig, ConsoleError, check_bind, router};
 use outbox_core::{NewMessage, Payload};
-use outbox_postgres::admin::Admin;
+use outbox_postgres::admin::{Admin, Counting};
 use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
@@ -181,10 +181,37 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
     assert_eq!(o["work_items"]["unknown"], 0);
     // The CLI's JSON is the same object (one admin module), but for the age, which moved on.
     let mut cli = serde_json::to_value(db.admin().overview().await.unwrap()).unwrap();
+    assert_eq!(o["counted_up_to"], outbox_console::OVERVIEW_COUNT_BOUND);
+    assert_eq!(cli["counted_up_to"], Value::Null);
+    let (status, mut exact) = call(addr, "GET", "/api/v1/overview?exact=true", &[], None).await;
+    assert_eq!(status, 200, "{exact}");
     let mut o = o;
-    o["oldest_pending_age_seconds"] = Value::Null;
-    cli["oldest_pending_age_seconds"] = Value::Null;
-    assert_eq!(o, cli);
+    for v in [&mut o, &mut cli, &mut exact] {
+        v["oldest_pending_age_seconds"] = Value::Null;
+    }
+    assert_eq!(exact, cli);
+    o["counted_up_to"] = Value::Null;
+    assert_eq!(
+        o, cli,
+        "below the bound, the bounded counts are the exact ones"
+    );
+
+    // A bound below the counts: each stops there.
+    let bounded = db
+        .admin()
+        .overview_counting(Counting::UpTo(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        (bounded.pending, bounded.dead_letters, bounded.counted_up_to),
+        (2, 2, Some(2))
+    );
+    assert!(
+        db.admin()
+            .overview_counting(Counting::UpTo(0))
+            .await
+            .is_err()
+    );
 
     let (status, list) = call(addr, "GET", "/api/v1/dead-letters?limit=10", &[], None).await;
     assert_eq!(status, 200, "{list}");

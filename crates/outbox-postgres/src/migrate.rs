@@ -52,6 +52,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_lease_takeovers.sql",
         sql: include_str!("../migrations/0006_lease_takeovers.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_operator_indexes.sql",
+        sql: include_str!("../migrations/0007_operator_indexes.sql"),
+    },
 ];
 
 /// The schema version this release needs.
