@@ -322,6 +322,8 @@ pub async fn console(
             .ok()
             .filter(|t| !t.is_empty()),
         read_only,
+        // `serve` sets the host and read guards from the address it listens on.
+        ..outbox_console::ConsoleConfig::default()
     };
     // Refused before binding: a weak token, a console open to the network without a token.
     config.validate()?;

@@ -55,7 +55,7 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
 
     // The console and `outbox status` agree.
     let (status, overview) =
-        console_call(port, "GET", "/api/v1/overview?exact=true", None, "").await;
+        console_call(port, "GET", "/api/v1/overview?exact=true", Some(TOKEN), "").await;
     assert_eq!(status, 200, "{overview}");
     let cli = run(
         {

@@ -171,7 +171,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
         .await
         .unwrap();
     wait_text(c, "#action-result", "the refusal", |t| {
-        t.starts_with("refused:")
+        t.starts_with("refused:") && t.contains("needs the console token")
     })
     .await;
     assert_eq!(db.count("state = 'dead'").await, 2);

@@ -1,10 +1,10 @@
-// The outbox console page. It reads the JSON API next to it (relative URLs, so the console
-// works when a service mounts it under a prefix) and never writes server data into the page as
-// HTML: every value goes in as text.
+// The outbox console page. It reads the JSON API next to it (URLs relative to the page's
+// <base>, which the server sets to the path the page was asked under, so the console works
+// when a service mounts it under a prefix) and never writes server data into the page as HTML:
+// every value goes in as text.
 "use strict";
 
-const base = location.pathname.endsWith("/") ? location.pathname : location.pathname + "/";
-const api = (path) => base + "api/v1/" + path;
+const api = (path) => "api/v1/" + path;
 const $ = (id) => document.getElementById(id);
 
 function token() {
@@ -18,7 +18,10 @@ function showError(message) {
 }
 
 async function getJson(path) {
-  const r = await fetch(api(path), { headers: { Accept: "application/json" } });
+  const headers = { Accept: "application/json" };
+  // A console reachable from the network needs the token for reads too.
+  if (token()) headers.Authorization = "Bearer " + token();
+  const r = await fetch(api(path), { headers });
   const body = await r.json().catch(() => ({ error: r.statusText }));
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;

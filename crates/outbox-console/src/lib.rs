@@ -1,10 +1,10 @@
 //! The operations console of the outbox toolkit: a JSON API under `/api/v1` and the web page
 //! built on it, as an axum [`Router`] that `outbox console` serves and that a service can mount
-//! in its own axum app under a prefix:
+//! in its own axum app under a prefix ([`nested`]):
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_console::{ConsoleConfig, router};
+//! use outbox_console::{ConsoleConfig, nested};
 //! use outbox_postgres::admin::Admin;
 //! use outbox_postgres::{PgStore, PgStoreConfig};
 //! let admin = Admin::new(PgStore::new(pool, PgStoreConfig::default()));
@@ -12,7 +12,8 @@
 //!     token: std::env::var("OUTBOX_CONSOLE_TOKEN").ok(),
 //!     ..ConsoleConfig::default()
 //! };
-//! let app = axum::Router::new().nest("/outbox", router(admin, config)?);
+//! // The page at /outbox and /outbox/, its API under /outbox/api/v1.
+//! let app = axum::Router::new().merge(nested("/outbox", admin, config)?);
 //! # let _ = app; Ok(()) }
 //! ```
 //!
@@ -23,7 +24,7 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true` |
+//! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
 //! | `GET /api/v1/dead-letters?limit=N` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100) |
 //! | `POST /api/v1/dead-letters/requeue` | body `{"event_ids": ["…"]}` or `{"all": true}`, optional `"reason"`; answers `{"requeued": n}` |
 //! | `GET /api/v1/conflicts?limit=N` | inbox conflicts, newest first, with both fingerprints |
@@ -93,7 +94,7 @@ const PAGE: &str = include_str!("../assets/index.html");
 const SCRIPT: &str = include_str!("../assets/console.js");
 const STYLE: &str = include_str!("../assets/console.css");
 
-/// How the console guards its actions.
+/// How the console guards its reads and actions.
 #[derive(Clone, Default)]
 pub struct ConsoleConfig {
     /// The token every action must present (`Authorization: Bearer`); `None` refuses every
@@ -101,6 +102,14 @@ pub struct ConsoleConfig {
     pub token: Option<String>,
     /// Refuse every action, whatever the token.
     pub read_only: bool,
+    /// Reads of the API need the token too (only the page's own files, `/healthz` and
+    /// `/readyz` do not). [`serve`] turns this on when it listens on a non-loopback address.
+    pub reads_need_token: bool,
+    /// Answer only requests whose `Host` is a loopback name or address (`localhost`,
+    /// `*.localhost`, `127.0.0.0/8`, `[::1]`, any port): a web page the operator visits cannot
+    /// then read a loopback console by pointing its own domain at 127.0.0.1 (DNS rebinding).
+    /// [`serve`] turns this on when it listens on a loopback address.
+    pub loopback_hosts_only: bool,
 }
 
 impl std::fmt::Debug for ConsoleConfig {
@@ -108,6 +117,8 @@ impl std::fmt::Debug for ConsoleConfig {
         f.debug_struct("ConsoleConfig")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("read_only", &self.read_only)
+            .field("reads_need_token", &self.reads_need_token)
+            .field("loopback_hosts_only", &self.loopback_hosts_only)
             .finish()
     }
 }
@@ -157,6 +168,8 @@ struct AppState {
     admin: Admin,
     token_sha: Option<[u8; 32]>,
     read_only: bool,
+    reads_need_token: bool,
+    loopback_hosts_only: bool,
 }
 
 /// The console's routes (API, health and page), to serve or to `nest` under a prefix.
@@ -169,6 +182,8 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         admin,
         token_sha: config.token.as_deref().map(sha),
         read_only: config.read_only,
+        reads_need_token: config.reads_need_token,
+        loopback_hosts_only: config.loopback_hosts_only,
     });
     Ok(Router::new()
         .route("/", get(page))
@@ -187,10 +202,83 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         )
         .route("/api/v1/work-items", get(work_items))
         .route("/api/v1/work-items/{id}/resolve", post(resolve_work_item))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard,
+        ))
         .with_state(state))
 }
 
-/// Serves [`router`] on `listener` until `shutdown` completes, after [`check_bind`].
+/// [`router`] nested under `prefix` (`/ops/outbox`, no trailing `/`) in a router of its own, to
+/// merge into a service's app: the page answers at `prefix` and at `prefix/` (a plain
+/// `Router::nest` answers only the first), its files and API under `prefix/`.
+///
+/// # Errors
+/// [`ConsoleError::WeakToken`] for a token shorter than [`MIN_TOKEN_LEN`].
+///
+/// # Panics
+/// When `prefix` is empty, `/`, or does not start with `/` or ends with `/` (axum's rule for
+/// a nest path).
+pub fn nested(prefix: &str, admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleError> {
+    Ok(Router::new()
+        .nest(prefix, router(admin, config)?)
+        .route(&format!("{prefix}/"), get(page)))
+}
+
+/// The checks every request passes first: the `Host` (when [`ConsoleConfig::loopback_hosts_only`])
+/// and, for the API when [`ConsoleConfig::reads_need_token`], the token.
+async fn guard(
+    State(s): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if s.loopback_hosts_only {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().authority().map(|a| a.as_str()));
+        if !host.is_some_and(is_loopback_host) {
+            return ApiError(
+                StatusCode::FORBIDDEN,
+                "this console answers loopback host names only (localhost, 127.0.0.1, [::1])"
+                    .into(),
+            )
+            .into_response();
+        }
+    }
+    if s.reads_need_token
+        && req.uri().path().starts_with("/api/")
+        && let Err(e) = check_token(&s, req.headers())
+    {
+        return e.into_response();
+    }
+    next.run(req).await
+}
+
+/// `localhost`, `*.localhost`, an address in 127.0.0.0/8 or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => return v6.split(']').next() == Some("::1"),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        }),
+    };
+    let name = name.to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Serves [`router`] on `listener` until `shutdown` completes, after [`check_bind`]. On a
+/// loopback address it answers loopback host names only; on any other address every API read
+/// needs the token as well ([`ConsoleConfig`]).
 ///
 /// # Errors
 /// [`ConsoleError`]: the bind check, a weak token, or the server failing.
@@ -200,7 +288,14 @@ pub async fn serve(
     config: ConsoleConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ConsoleError> {
-    check_bind(listener.local_addr()?, &config)?;
+    let addr = listener.local_addr()?;
+    check_bind(addr, &config)?;
+    let mut config = config;
+    if addr.ip().is_loopback() {
+        config.loopback_hosts_only = true;
+    } else {
+        config.reads_need_token = true;
+    }
     let app = router(admin, config)?;
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -258,7 +353,7 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
-            "default-src 'self'; script-src 'self'; style-src 'self'; frame-ancestors 'none'; form-action 'none'; base-uri 'none'",
+            "default-src 'self'; script-src 'self'; style-src 'self'; frame-ancestors 'none'; form-action 'none'; base-uri 'self'",
         ),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
@@ -269,8 +364,25 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     r
 }
 
-async fn page() -> Response {
-    asset("text/html; charset=utf-8", PAGE)
+/// The page, with a `<base>` of the path it was asked under (through any prefix a service
+/// nested the console at), so its files and API calls resolve under that prefix whether or not
+/// the address ended with `/`.
+async fn page(axum::extract::OriginalUri(uri): axum::extract::OriginalUri) -> Response {
+    let path = uri.path();
+    let base = if path.ends_with('/') {
+        path.to_owned()
+    } else {
+        format!("{path}/")
+    };
+    let escaped = base
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&#39;");
+    let mut r = asset("text/html; charset=utf-8", "");
+    *r.body_mut() = axum::body::Body::from(PAGE.replace("{{BASE}}", &escaped));
+    r
 }
 
 async fn script() -> Response {
@@ -295,10 +407,13 @@ struct OverviewQuery {
 
 async fn overview(
     State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
     query: Result<Query<OverviewQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let counting = if q.exact {
+        // A full count costs seconds on a large backlog: not for anyone who can reach the port.
+        check_token(&s, &headers)?;
         Counting::Exact
     } else {
         Counting::UpTo(OVERVIEW_COUNT_BOUND)
@@ -436,11 +551,13 @@ struct ResolveBody {
 
 async fn resolve_work_item(
     State(s): State<Arc<AppState>>,
-    axum::extract::Path(id): axum::extract::Path<i64>,
+    id: Result<axum::extract::Path<i64>, axum::extract::rejection::PathRejection>,
     headers: HeaderMap,
     body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let actor = authorize(&s, &headers)?;
+    let axum::extract::Path(id) =
+        id.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let resolution = match (body.succeeded, body.failed, body.resend) {
         (Some(reference), None, false) if !reference.is_empty() => {
@@ -521,6 +638,11 @@ fn authorize(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
             "the console is read-only: actions are refused".into(),
         ));
     }
+    check_token(s, headers)
+}
+
+/// The token's check; returns its fingerprint (the first 8 hex digits of its SHA-256).
+fn check_token(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let Some(expected) = &s.token_sha else {
         return Err(ApiError(
             StatusCode::FORBIDDEN,

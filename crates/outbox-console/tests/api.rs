@@ -161,13 +161,27 @@ async fn call(
 fn with_token() -> ConsoleConfig {
     ConsoleConfig {
         token: Some(TOKEN.to_owned()),
-        read_only: false,
+        ..ConsoleConfig::default()
     }
 }
 
 #[tokio::test]
 async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
     let db = Db::new(5, 3).await;
+    // One pending row failed twice; one pending aggregate under a live lease.
+    let sch = db.schema.as_str();
+    for sql in [
+        format!("UPDATE {sch}.events SET attempts = 2 WHERE aggregate_id = 'o-0'"),
+        format!(
+            "INSERT INTO {sch}.leases (aggregate_type, aggregate_id, token, lease_until) \
+             VALUES ('order', 'o-1', 1, now() + interval '1 hour')"
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
     let (addr, stop) = serve(db.admin(), with_token()).await;
 
     let (status, o) = call(addr, "GET", "/api/v1/overview", &[], None).await;
@@ -179,11 +193,26 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
     assert_eq!(o["dead_letters"], 3);
     assert!(o["oldest_pending_age_seconds"].as_f64().unwrap() >= 0.0);
     assert_eq!(o["work_items"]["unknown"], 0);
+    assert_eq!(
+        (&o["retrying"], &o["in_flight"]),
+        (&1.into(), &1.into()),
+        "{o}"
+    );
     // The CLI's JSON is the same object (one admin module), but for the age, which moved on.
     let mut cli = serde_json::to_value(db.admin().overview().await.unwrap()).unwrap();
     assert_eq!(o["counted_up_to"], outbox_console::OVERVIEW_COUNT_BOUND);
     assert_eq!(cli["counted_up_to"], Value::Null);
-    let (status, mut exact) = call(addr, "GET", "/api/v1/overview?exact=true", &[], None).await;
+    let (status, e) = call(addr, "GET", "/api/v1/overview?exact=true", &[], None).await;
+    assert_eq!(status, 401, "an exact count needs the token: {e}");
+    let auth = format!("Bearer {TOKEN}");
+    let (status, mut exact) = call(
+        addr,
+        "GET",
+        "/api/v1/overview?exact=true",
+        &[("authorization", auth.as_str())],
+        None,
+    )
+    .await;
     assert_eq!(status, 200, "{exact}");
     let mut o = o;
     for v in [&mut o, &mut cli, &mut exact] {
@@ -311,12 +340,19 @@ async fn read_only_and_tokenless_consoles_refuse_every_action() {
         ConsoleConfig {
             token: Some(TOKEN.to_owned()),
             read_only: true,
+            ..ConsoleConfig::default()
         },
         ConsoleConfig::default(),
     ] {
         let (addr, stop) = serve(db.admin(), config).await;
-        let (status, e) = call(addr, "POST", path, &ok, Some(r#"{"all": true}"#)).await;
-        assert_eq!(status, 403, "{e}");
+        for (path, body) in [
+            (path, r#"{"all": true}"#),
+            ("/api/v1/consumer-dead-letters/requeue", r#"{"all": true}"#),
+            ("/api/v1/work-items/1/resolve", r#"{"resend": true}"#),
+        ] {
+            let (status, e) = call(addr, "POST", path, &ok, Some(body)).await;
+            assert_eq!(status, 403, "{path}: {e}");
+        }
         // Reading still works.
         let (status, _) = call(addr, "GET", "/api/v1/overview", &[], None).await;
         assert_eq!(status, 200);
@@ -340,7 +376,7 @@ async fn an_open_bind_without_a_token_and_a_weak_token_are_refused() {
     let db = Db::new(0, 0).await;
     let weak = ConsoleConfig {
         token: Some("short".into()),
-        read_only: false,
+        ..ConsoleConfig::default()
     };
     assert!(matches!(
         router(db.admin(), weak),
@@ -484,5 +520,88 @@ async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
     assert_eq!(status, 404, "{e}");
 
     stop.cancel();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_console_nested_under_a_prefix_serves_its_page_files_and_api_there() {
+    let db = Db::new(1, 0).await;
+    let app = axum::Router::new()
+        .merge(outbox_console::nested("/ops/outbox", db.admin(), with_token()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    for path in ["/ops/outbox", "/ops/outbox/"] {
+        let (status, page) = call(addr, "GET", path, &[], None).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(
+            page.as_str()
+                .unwrap()
+                .contains(r#"<base href="/ops/outbox/">"#),
+            "{path}: {page}"
+        );
+    }
+    for path in ["/ops/outbox/console.js", "/ops/outbox/console.css"] {
+        let (status, _) = call(addr, "GET", path, &[], None).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    let (status, o) = call(addr, "GET", "/ops/outbox/api/v1/overview", &[], None).await;
+    assert_eq!((status, &o["pending"]), (200, &1.into()), "{o}");
+    server.abort();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_loopback_console_answers_loopback_hosts_only_and_an_open_one_needs_the_token_to_read() {
+    let db = Db::new(1, 0).await;
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+    // `serve` on 127.0.0.1: a rebound name is refused, loopback names are not.
+    let (status, e) = call(
+        addr,
+        "GET",
+        "/api/v1/overview",
+        &[("host", "attacker.example:8080")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{e}");
+    for host in [
+        "localhost:8080",
+        "127.0.0.1",
+        "[::1]:9",
+        "console.localhost",
+    ] {
+        let (status, e) = call(addr, "GET", "/api/v1/overview", &[("host", host)], None).await;
+        assert_eq!(status, 200, "{host}: {e}");
+    }
+    stop.cancel();
+
+    // Reads that need the token (what `serve` sets on a non-loopback address).
+    let config = ConsoleConfig {
+        reads_need_token: true,
+        ..with_token()
+    };
+    let app = router(db.admin(), config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (status, e) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+    assert_eq!(status, 401, "{e}");
+    let auth = format!("Bearer {TOKEN}");
+    let (status, o) = call(
+        addr,
+        "GET",
+        "/api/v1/overview",
+        &[("authorization", auth.as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{o}");
+    for open in ["/", "/healthz", "/readyz", "/console.js"] {
+        let (status, _) = call(addr, "GET", open, &[], None).await;
+        assert_eq!(status, 200, "{open} carries no data and needs no token");
+    }
+    server.abort();
     db.drop().await;
 }

@@ -56,6 +56,10 @@ const BOUNDED_STATS: &str = "SELECT \
       (SELECT count(*) FROM (SELECT 1 FROM {s}.events WHERE state = 'dead' LIMIT $1) c), \
       {published}";
 
+/// Failed work items, counted up to `$1`.
+const COUNT_FAILED_ITEMS: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM {s}.work_items WHERE state = 'failed' LIMIT $1) c";
+
 /// The largest page of dead letters one call returns.
 pub const MAX_LIST: i64 = 10_000;
 
@@ -124,6 +128,15 @@ impl AdminError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Tls(_) => AdminErrorKind::Unavailable,
+            // Shutting down, starting up, too many connections, connection failures.
+            sqlx::Error::Database(d)
+                if matches!(
+                    d.code().as_deref(),
+                    Some("57P01" | "57P02" | "57P03" | "53300")
+                ) || d.code().is_some_and(|c| c.starts_with("08")) =>
+            {
+                AdminErrorKind::Unavailable
+            }
             sqlx::Error::Database(d) if d.code().as_deref() == Some("42501") => {
                 AdminErrorKind::PermissionDenied
             }
@@ -356,12 +369,25 @@ impl Admin {
                 .fetch_one(pool)
                 .await
                 .map_err(|e| AdminError::sqlx("overview: consumer dead letters", e))?;
-        let effects = self
-            .store
-            .effects()
-            .stats(pool, None)
-            .await
-            .map_err(|e| AdminError::effects("overview: work items", e))?;
+        let effects = match counting {
+            Counting::Exact => self.store.effects().stats(pool, None).await,
+            // The open states through their partial indexes; the failed ones counted up to
+            // the bound (the settled history is never read whole).
+            Counting::UpTo(bound) => match self.store.effects().backlog(pool, None).await {
+                Ok(mut open) => {
+                    let failed =
+                        sqlx::query_scalar(AssertSqlSafe(schema.render(COUNT_FAILED_ITEMS)))
+                            .bind(bound)
+                            .fetch_one(pool)
+                            .await
+                            .map_err(|e| AdminError::sqlx("overview: work items", e))?;
+                    open.failed = failed;
+                    Ok(open)
+                }
+                Err(e) => Err(e),
+            },
+        }
+        .map_err(|e| AdminError::effects("overview: work items", e))?;
         Ok(Overview {
             schema: schema.as_str().to_owned(),
             counted_up_to,
