@@ -5,13 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use outbox_core::relay::{Relay, RelayConfig};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "console-token-of-the-cli-test";
 const QUICK: Duration = Duration::from_secs(30);
@@ -36,20 +33,7 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
     let mut console = spawn_console(cmd, port).await;
 
     // The relay runs, but v1 is dead and v2 waits behind it: nothing is published.
-    let transport = nats.transport(&nats_url()).await;
-    let relay = Arc::new(
-        Relay::new(
-            Arc::new(db.store()),
-            Arc::new(transport),
-            RelayConfig {
-                poll_interval: Duration::from_millis(50),
-                ..RelayConfig::default()
-            },
-        )
-        .expect("relay config"),
-    );
-    let stop = CancellationToken::new();
-    let relay_task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+    let (stop, relay_task) = nats.start_relay(&db).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(subscriber.len(), 0, "nothing passes a dead letter");
 

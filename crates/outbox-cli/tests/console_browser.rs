@@ -9,13 +9,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
-use outbox_core::relay::{Relay, RelayConfig};
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "console-token-of-the-browser-test";
 const QUICK: Duration = Duration::from_secs(30);
@@ -178,20 +175,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
 
     // The relay runs; with the token, the selected dead letter goes out under its own id,
     // then the event that waited behind it.
-    let transport = nats.transport(&nats_url()).await;
-    let relay = Arc::new(
-        Relay::new(
-            Arc::new(db.store()),
-            Arc::new(transport),
-            RelayConfig {
-                poll_interval: Duration::from_millis(50),
-                ..RelayConfig::default()
-            },
-        )
-        .expect("relay config"),
-    );
-    let stop = CancellationToken::new();
-    let relay_task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+    let (stop, relay_task) = nats.start_relay(&db).await;
     c.find(Locator::Id("token"))
         .await
         .unwrap()

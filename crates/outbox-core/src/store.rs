@@ -128,8 +128,8 @@ pub struct RequeueParams {
 }
 
 /// A row that exhausted its attempts or was refused for good. Its aggregate's later events wait
-/// behind it until it is requeued.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// behind it until it is requeued. (Serialised as the console's API shows it.)
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DeadLetter {
     /// Event id.
     pub event_id: EventId,

@@ -25,7 +25,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_core::consumer::ConsumerDeadLetter;
 use outbox_core::{
-    DeadLetterListParams, EventId, OutboxStats, OutboxStore, RequeueParams, StoreError,
+    DeadLetter, DeadLetterListParams, EventId, OutboxStats, OutboxStore, RequeueParams, StoreError,
     StoreErrorKind,
 };
 use serde::Serialize;
@@ -232,29 +232,6 @@ pub struct WorkItems {
     pub failed: i64,
 }
 
-/// An outbox dead letter as the operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeadLetterView {
-    /// Event id (the same id a requeue publishes under).
-    pub event_id: EventId,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Aggregate version.
-    pub aggregate_version: i64,
-    /// Event type.
-    pub event_type: String,
-    /// Attempts made.
-    pub attempts: i32,
-    /// Why it was dead-lettered (the last error).
-    pub last_error: Option<String>,
-    /// When the producer wrote it.
-    pub created_at: DateTime<Utc>,
-    /// Events of the same aggregate waiting behind it.
-    pub blocked_behind: i64,
-}
-
 /// An inbox conflict as the operator sees it: the same event id arrived at a consumer with
 /// another payload than the first time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -447,27 +424,12 @@ impl Admin {
     /// # Errors
     /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
     /// database's failure.
-    pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetterView>, AdminError> {
+    pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, AdminError> {
         check_limit("dead letters", limit)?;
-        let list = self
-            .store
+        self.store
             .dead_letter_list(DeadLetterListParams { limit })
             .await
-            .map_err(|e| AdminError::store("dead letters", e))?;
-        Ok(list
-            .into_iter()
-            .map(|d| DeadLetterView {
-                event_id: d.event_id,
-                aggregate_type: d.aggregate_type,
-                aggregate_id: d.aggregate_id,
-                aggregate_version: d.aggregate_version,
-                event_type: d.event_type,
-                attempts: d.attempts,
-                last_error: d.last_error,
-                created_at: d.created_at,
-                blocked_behind: d.blocked_behind,
-            })
-            .collect())
+            .map_err(|e| AdminError::store("dead letters", e))
     }
 
     /// Requeues outbox dead letters under their own event ids (the relay publishes them again,

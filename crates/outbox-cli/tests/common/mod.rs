@@ -449,6 +449,32 @@ impl NatsEnv {
             .unwrap_or_else(|e| panic!("NATS transport at {url}: {e}"))
     }
 
+    /// An in-process relay from `db` to this stream (polling every 50 ms), until the token is
+    /// cancelled; await the handle after cancelling.
+    pub async fn start_relay(
+        &self,
+        db: &TestDb,
+    ) -> (
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let transport = self.transport(&nats_url()).await;
+        let relay = Arc::new(
+            outbox_core::relay::Relay::new(
+                Arc::new(db.store()),
+                Arc::new(transport),
+                outbox_core::relay::RelayConfig {
+                    poll_interval: Duration::from_millis(50),
+                    ..outbox_core::relay::RelayConfig::default()
+                },
+            )
+            .expect("relay config"),
+        );
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        (stop, task)
+    }
+
     /// An independent JetStream pull consumer reading the stream from the start: what the
     /// stream stores, in stream order.
     pub async fn stream_subscriber(&self) -> Subscriber {
