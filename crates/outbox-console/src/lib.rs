@@ -12,7 +12,7 @@
 //!     token: std::env::var("OUTBOX_CONSOLE_TOKEN").ok(),
 //!     ..ConsoleConfig::default()
 //! };
-//! // The page at /outbox and /outbox/, its API under /outbox/api/v1.
+//! // The page at /outbox (/outbox/ redirects there), its API under /outbox/api/v1.
 //! let app = axum::Router::new().merge(nested("/outbox", admin, config)?);
 //! # let _ = app; Ok(()) }
 //! ```
@@ -210,8 +210,8 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
 }
 
 /// [`router`] nested under `prefix` (`/ops/outbox`, no trailing `/`) in a router of its own, to
-/// merge into a service's app: the page answers at `prefix` and at `prefix/` (a plain
-/// `Router::nest` answers only the first), its files and API under `prefix/`.
+/// merge into a service's app: the page answers at `prefix` (and `prefix/` redirects there; a
+/// plain `Router::nest` answers only the first), its files and API under `prefix/`.
 ///
 /// # Errors
 /// [`ConsoleError::WeakToken`] for a token shorter than [`MIN_TOKEN_LEN`].
@@ -220,9 +220,12 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
 /// When `prefix` is empty, `/`, or does not start with `/` or ends with `/` (axum's rule for
 /// a nest path).
 pub fn nested(prefix: &str, admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleError> {
-    Ok(Router::new()
-        .nest(prefix, router(admin, config)?)
-        .route(&format!("{prefix}/"), get(page)))
+    // `prefix/` redirects to `prefix`, which passes the console's own guard.
+    let to = prefix.to_owned();
+    Ok(Router::new().nest(prefix, router(admin, config)?).route(
+        &format!("{prefix}/"),
+        get(move || async move { axum::response::Redirect::permanent(&to) }),
+    ))
 }
 
 /// The checks every request passes first: the `Host` (when [`ConsoleConfig::loopback_hosts_only`])
@@ -258,15 +261,16 @@ async fn guard(
 
 /// `localhost`, `*.localhost`, an address in 127.0.0.0/8 or `[::1]`, with or without a port.
 fn is_loopback_host(host: &str) -> bool {
+    let is_port = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
     let name = match host.strip_prefix('[') {
-        Some(v6) => return v6.split(']').next() == Some("::1"),
-        None => host.rsplit_once(':').map_or(host, |(name, port)| {
-            if port.chars().all(|c| c.is_ascii_digit()) {
-                name
-            } else {
-                host
-            }
-        }),
+        Some(v6) => {
+            return v6.split_once(']').is_some_and(|(addr, rest)| {
+                addr == "::1" && (rest.is_empty() || rest.strip_prefix(':').is_some_and(is_port))
+            });
+        }
+        None => host
+            .rsplit_once(':')
+            .map_or(host, |(name, port)| if is_port(port) { name } else { host }),
     };
     let name = name.to_ascii_lowercase();
     name == "localhost"
@@ -706,4 +710,40 @@ async fn requeue(
         result.as_ref().copied(),
     );
     Ok(json(serde_json::json!({ "requeued": result? })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_host;
+
+    #[test]
+    fn loopback_host_names_and_nothing_else() {
+        for ok in [
+            "localhost",
+            "LOCALHOST:80",
+            "127.0.0.1:8080",
+            "127.1.2.3",
+            "[::1]",
+            "[::1]:9",
+            "console.localhost:8080",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for refused in [
+            "",
+            "evil.com",
+            "localhost.evil.com",
+            "127.0.0.1.evil.com",
+            "[::1]evil",
+            "[::1]:",
+            "[::1]:80x",
+            "[::2]",
+            "::1",
+            "10.0.0.1",
+            "localhost:",
+            "0.0.0.0",
+        ] {
+            assert!(!is_loopback_host(refused), "{refused}");
+        }
+    }
 }
