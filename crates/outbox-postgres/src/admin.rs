@@ -20,8 +20,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use outbox_core::consumer::ConsumerDeadLetter;
 use outbox_core::{
@@ -29,11 +27,11 @@ use outbox_core::{
     StoreErrorKind,
 };
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use crate::effects::{EffectsError, EffectsStats, Resolution, WorkItemRow};
 use crate::roles::{Component, PermissionDenied, pool_role};
-use crate::store::{OnPublish, PgStore};
+use crate::store::{OnPublish, PgStore, stats_from_row};
 
 /// Open consumer dead letters (not resolved; requeued ones count until the consumer settles
 /// them), as `outbox status` has always counted them.
@@ -404,19 +402,7 @@ impl Admin {
             .fetch_one(self.store.pool())
             .await
             .map_err(|e| AdminError::sqlx("overview", e))?;
-        let get = |i: usize| -> Result<i64, AdminError> {
-            r.try_get::<i64, _>(i)
-                .map_err(|e| AdminError::sqlx("overview", e))
-        };
-        let age: Option<f64> = r.try_get(1).map_err(|e| AdminError::sqlx("overview", e))?;
-        Ok(OutboxStats {
-            pending: get(0)?,
-            oldest_pending_age: age.map(|a| Duration::from_secs_f64(a.max(0.0))),
-            in_flight: get(2)?,
-            retrying: get(3)?,
-            dead: get(4)?,
-            published_retained: get(5)?,
-        })
+        stats_from_row(&r).map_err(|e| AdminError::sqlx("overview", e))
     }
 
     /// Outbox dead letters, oldest first, at most `limit` (1 to [`MAX_LIST`]).

@@ -365,18 +365,7 @@ impl OutboxStore for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(self.err(Component::Reader, "stats"))?;
-        let get = |i: usize| -> Result<i64, StoreError> {
-            r.try_get::<i64, _>(i).map_err(|e| store_error("stats", e))
-        };
-        let age: Option<f64> = r.try_get(1).map_err(self.err(Component::Reader, "stats"))?;
-        Ok(OutboxStats {
-            pending: get(0)?,
-            oldest_pending_age: age.map(|a| Duration::from_secs_f64(a.max(0.0))),
-            in_flight: get(2)?,
-            retrying: get(3)?,
-            dead: get(4)?,
-            published_retained: get(5)?,
-        })
+        stats_from_row(&r).map_err(|e| store_error("stats", e))
     }
 
     async fn dead_letter_list(
@@ -450,4 +439,19 @@ impl PgStore {
                 other => StoreError::new(StoreErrorKind::Schema, other.to_string()),
             })
     }
+}
+
+/// The outbox numbers from a row of `(pending, oldest pending age in seconds, in flight,
+/// retrying, dead, published kept)`, the columns of the stats statements (`sql::STATS` and the
+/// admin module's bounded count).
+pub(crate) fn stats_from_row(r: &PgRow) -> Result<OutboxStats, sqlx::Error> {
+    let age: Option<f64> = r.try_get(1)?;
+    Ok(OutboxStats {
+        pending: r.try_get(0)?,
+        oldest_pending_age: age.map(|a| Duration::from_secs_f64(a.max(0.0))),
+        in_flight: r.try_get(2)?,
+        retrying: r.try_get(3)?,
+        dead: r.try_get(4)?,
+        published_retained: r.try_get(5)?,
+    })
 }
