@@ -8,15 +8,15 @@ use anyhow::{Context, Result};
 use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
-use outbox_postgres::admin::{Admin, Requeue};
+use outbox_postgres::admin::Admin;
 use outbox_postgres::roles::{Component, check_privileges};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::CleanupArgs;
 use crate::config::{FileConfig, RelayMode, redact};
-use crate::{CleanupArgs, ConsumerDeadLetterCmd, DeadLetterCmd};
 
 /// Relay leases that expired this long ago belong to crashed relays: the maintainer deletes them.
 const LEASE_REAP_AFTER: Duration = Duration::from_secs(600);
@@ -417,138 +417,6 @@ pub async fn status(
             println!("  leases lost               {}", f(total(m::LEASE_LOST)));
             println!("  publish latency p50 <= s  {}", f(q(0.5)));
             println!("  publish latency p99 <= s  {}", f(q(0.99)));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `outbox dead-letters`.
-pub async fn dead_letters(
-    pool: PgPool,
-    store_config: PgStoreConfig,
-    cmd: DeadLetterCmd,
-) -> Result<ExitCode> {
-    let admin = Admin::new(PgStore::new(pool, store_config));
-    admin.ready().await?;
-    match cmd {
-        DeadLetterCmd::List { limit } => {
-            let list = admin.dead_letters(limit).await?;
-            if list.is_empty() {
-                println!("no dead letters");
-            }
-            for d in list {
-                println!(
-                    "{}  {}/{} v{}  {}  attempts={}  waiting_behind={}  created={}\n    last_error: {}",
-                    d.event_id,
-                    d.aggregate_type,
-                    d.aggregate_id,
-                    d.aggregate_version,
-                    d.event_type,
-                    d.attempts,
-                    d.blocked_behind,
-                    d.created_at.to_rfc3339(),
-                    d.last_error.as_deref().unwrap_or("-")
-                );
-            }
-        }
-        DeadLetterCmd::Requeue { event_ids, all } => {
-            let which = if all {
-                Requeue::All
-            } else {
-                Requeue::Ids(event_ids.clone())
-            };
-            let n = admin.requeue_dead_letters(which).await?;
-            println!("requeued {n} dead letter(s)");
-            if !all && (n as usize) < event_ids.len() {
-                println!(
-                    "note: {} of the given ids were not dead letters",
-                    event_ids.len() - n as usize
-                );
-                return Ok(ExitCode::from(1));
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `outbox conflicts list`.
-pub async fn conflicts(pool: PgPool, schema: &Schema, limit: i64) -> Result<ExitCode> {
-    let admin = Admin::new(PgStore::with_schema(pool, schema.clone()));
-    admin.ready().await?;
-    let list = admin.conflicts(limit).await?;
-    if list.is_empty() {
-        println!("no conflicts");
-    }
-    for c in list {
-        println!(
-            "{}  consumer={}  {}/{} v{}  {}  seen {}x (first {}, last {})\n    stored  sha256 {}\n    received sha256 {}",
-            c.event_id,
-            c.consumer_name,
-            c.aggregate_type,
-            c.aggregate_id,
-            c.aggregate_version,
-            c.event_type,
-            c.occurrences,
-            c.first_seen.to_rfc3339(),
-            c.last_seen.to_rfc3339(),
-            c.stored_sha256,
-            c.received_sha256
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `outbox consumer-dead-letters`.
-pub async fn consumer_dead_letters(
-    pool: PgPool,
-    schema: &Schema,
-    cmd: ConsumerDeadLetterCmd,
-) -> Result<ExitCode> {
-    let admin = Admin::new(PgStore::with_schema(pool, schema.clone()));
-    admin.ready().await?;
-    match cmd {
-        ConsumerDeadLetterCmd::List { consumer, limit } => {
-            let list = admin
-                .consumer_dead_letters(consumer.as_deref(), limit)
-                .await?;
-            if list.is_empty() {
-                println!("no consumer dead letters");
-            }
-            for d in list {
-                println!(
-                    "#{}  consumer={}  state={}  event={}  {}/{} v{}  {}  attempts={}  since {}\n    error: {}",
-                    d.id,
-                    d.consumer_name,
-                    d.state,
-                    d.event_id.map_or("-".to_owned(), |e| e.to_string()),
-                    d.aggregate_type.as_deref().unwrap_or("-"),
-                    d.aggregate_id.as_deref().unwrap_or("-"),
-                    d.aggregate_version
-                        .map_or("-".to_owned(), |v| v.to_string()),
-                    d.event_type.as_deref().unwrap_or("-"),
-                    d.attempts,
-                    d.created_at.to_rfc3339(),
-                    d.error
-                );
-            }
-        }
-        ConsumerDeadLetterCmd::Requeue { ids, all, consumer } => {
-            let n = admin
-                .requeue_consumer_dead_letters(
-                    consumer.as_deref(),
-                    (!all).then_some(ids.as_slice()),
-                )
-                .await?;
-            println!(
-                "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
-            );
-            if !all && (n as usize) < ids.len() {
-                println!(
-                    "note: {} of the given ids were not open dead letters",
-                    ids.len() - n as usize
-                );
-                return Ok(ExitCode::from(1));
-            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -56,6 +56,16 @@ pub enum EffectsCmd {
         /// Call the provider again with the same key.
         #[arg(long, group = "decision")]
         resend: bool,
+        #[command(flatten)]
+        action: crate::admin_cmd::ActionArgs,
+    },
+    /// Look up an unknown outcome now: its next lookup by idempotency key is due at once (a
+    /// running `effects run` does it on its next claim).
+    Reconcile {
+        /// Work item id (from `list --state unknown`).
+        id: i64,
+        #[command(flatten)]
+        action: crate::admin_cmd::ActionArgs,
     },
 }
 
@@ -204,6 +214,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             succeeded,
             failed,
             resend,
+            action,
         } => {
             let resolution = match (succeeded, failed, resend) {
                 (Some(reference), None, false) => Resolution::Succeeded { reference },
@@ -211,8 +222,16 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
                 (None, None, true) => Resolution::Resend,
                 _ => bail!("give exactly one of --succeeded REF, --failed REASON, --resend"),
             };
-            let row = admin.resolve_work_item(id, resolution).await?;
+            let row = admin
+                .resolve_work_item(id, resolution, &action.actor()?, action.reason())
+                .await?;
             println!("work item #{} is now {}", row.id, row.state);
+        }
+        EffectsCmd::Reconcile { id, action } => {
+            admin
+                .reconcile_work_item(id, &action.actor()?, action.reason())
+                .await?;
+            println!("work item #{id}: its lookup is due now");
         }
     }
     Ok(())

@@ -21,6 +21,7 @@
 //! default members leave the harness out) has operator commands only, and no crash points.
 #![forbid(unsafe_code)]
 
+mod admin_cmd;
 mod commands;
 mod config;
 mod debezium_cmd;
@@ -40,6 +41,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use outbox::broker::Registry;
 use outbox_postgres::PgStoreConfig;
 
+use crate::admin_cmd::{ConflictsCmd, ConsumerDeadLetterCmd, DeadLetterCmd};
 use crate::config::{FileConfig, Resolved};
 
 #[derive(Parser, Debug)]
@@ -115,7 +117,8 @@ enum Command {
         #[arg(long, env = "OUTBOX_RELAY_METRICS")]
         relay_metrics: Option<String>,
     },
-    /// Inspect and requeue dead letters.
+    /// Outbox dead letters: list, group by reason, show one whole, requeue or discard by ids,
+    /// filter or all (each action recorded in the audit table).
     #[command(subcommand)]
     DeadLetters(DeadLetterCmd),
     /// Events whose id arrived again with a different payload (recorded by consumers).
@@ -124,6 +127,33 @@ enum Command {
     /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
+    /// The operators' recorded actions (requeues, discards, resolutions, from the CLI and the
+    /// console), newest first.
+    Audit {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Only records older than this record id (the next page).
+        #[arg(long)]
+        before: Option<i64>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Everything this database holds of an event (its outbox row, each consumer's inbox
+    /// record, conflicts, consumer dead letters, work items, audit records) or of an
+    /// aggregate's events, as JSON.
+    Trace {
+        /// The event id.
+        #[arg(required_unless_present = "aggregate")]
+        event_id: Option<uuid::Uuid>,
+        /// An aggregate instead, TYPE/ID.
+        #[arg(long, conflicts_with = "event_id")]
+        aggregate: Option<String>,
+        /// With --aggregate: at most this many of its outbox rows, lowest version first.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
     /// Delete inbox identities older than the retention (never inside the replay horizon) and,
     /// optionally, old succeeded work items and old published events (mark mode). One elected
     /// instance deletes; others skip.
@@ -179,60 +209,6 @@ pub(crate) struct CleanupArgs {
     /// Pause between rounds with --loop.
     #[arg(long, default_value_t = 60)]
     pub(crate) interval_secs: u64,
-}
-
-#[derive(Subcommand, Debug)]
-pub(crate) enum ConflictsCmd {
-    /// List conflicts, newest first.
-    List {
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
-    },
-}
-
-#[derive(Subcommand, Debug)]
-pub(crate) enum ConsumerDeadLetterCmd {
-    /// List open consumer dead letters, oldest first.
-    List {
-        /// Only this consumer.
-        #[arg(long)]
-        consumer: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
-    },
-    /// Mark dead letters for their consumer to apply again, through its inbox.
-    Requeue {
-        /// Dead-letter ids (from `list`).
-        #[arg(required_unless_present = "all")]
-        ids: Vec<i64>,
-        /// Requeue every open dead letter (of `--consumer`, when given).
-        #[arg(long, conflicts_with = "ids")]
-        all: bool,
-        /// Only this consumer.
-        #[arg(long)]
-        consumer: Option<String>,
-    },
-}
-
-#[derive(Subcommand, Debug)]
-pub(crate) enum DeadLetterCmd {
-    /// List dead letters, oldest first.
-    List {
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
-    },
-    /// Make dead letters pending again (attempts reset); their aggregates resume in order.
-    Requeue {
-        /// Event ids to requeue.
-        #[arg(required_unless_present = "all")]
-        event_ids: Vec<uuid::Uuid>,
-        /// Requeue every dead letter.
-        #[arg(long, conflicts_with = "event_ids")]
-        all: bool,
-    },
 }
 
 /// The names and descriptions of the test tools, for `outbox --help`.
@@ -404,13 +380,21 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             json,
             relay_metrics,
         } => commands::status(pool, store_config, json, relay_metrics).await,
-        Command::DeadLetters(cmd) => commands::dead_letters(pool, store_config, cmd).await,
-        Command::Conflicts(ConflictsCmd::List { limit }) => {
-            commands::conflicts(pool, schema, limit).await
-        }
+        Command::DeadLetters(cmd) => admin_cmd::dead_letters(admin(pool, store_config), cmd).await,
+        Command::Conflicts(cmd) => admin_cmd::conflicts(admin(pool, store_config), cmd).await,
         Command::ConsumerDeadLetters(cmd) => {
-            commands::consumer_dead_letters(pool, schema, cmd).await
+            admin_cmd::consumer_dead_letters(admin(pool, store_config), cmd).await
         }
+        Command::Audit {
+            limit,
+            before,
+            json,
+        } => admin_cmd::audit(admin(pool, store_config), limit, before, json).await,
+        Command::Trace {
+            event_id,
+            aggregate,
+            limit,
+        } => admin_cmd::trace(admin(pool, store_config), event_id, aggregate, limit).await,
         Command::Cleanup(args) => commands::cleanup(pool, schema, args).await,
         Command::Effects(cmd) => {
             effects_cmd::run(cmd, pool, schema.clone()).await?;
@@ -429,4 +413,10 @@ fn broker_url(resolved: &Resolved) -> Result<String> {
     resolved.broker_url.clone().context(
         "invalid configuration `broker_url`: not set (use --broker-url, OUTBOX_BROKER_URL or the config file)",
     )
+}
+
+/// The admin module over the configured store (the CLI's operator commands read and act
+/// through it, as the console does).
+fn admin(pool: sqlx::PgPool, store_config: PgStoreConfig) -> outbox_postgres::admin::Admin {
+    outbox_postgres::admin::Admin::new(outbox_postgres::PgStore::new(pool, store_config))
 }

@@ -122,3 +122,132 @@ async fn an_open_address_without_a_token_or_a_weak_token_is_refused_at_start() {
     assert!(r.stderr.contains("at least 16 characters"), "{r:?}");
     db.cleanup().await;
 }
+
+/// `outbox …` with these arguments against `db`; its output.
+async fn cli(db: &TestDb, args: &[&str]) -> Run {
+    let mut c = outbox(Some(db.name()), None, None);
+    c.args(args).env("OUTBOX_ACTOR", "carol");
+    run(c, QUICK).await
+}
+
+#[tokio::test]
+async fn cli_actions_are_audited_and_the_console_shows_the_same_records_and_traces() {
+    let db = TestDb::new().await;
+    let (a, b, c) = (event("acc-1", 1), event("acc-2", 1), event("acc-3", 1));
+    db.enqueue(&[a.clone(), b.clone(), c.clone()]).await;
+    db.exec(&db.sql(
+        "UPDATE {s}.events SET state = 'dead', attempts = 5, \
+         last_error = 'schema 7 unknown to the broker'",
+    ))
+    .await;
+    db.exec(&db.sql(&format!(
+        "UPDATE {{s}}.events SET last_error = 'timed out after 30 s' WHERE event_id = '{}'",
+        c.event_id
+    )))
+    .await;
+
+    // Grouped by reason (numbers as #).
+    let out = cli(&db, &["dead-letters", "groups", "--json"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let groups: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        groups["groups"][0]["reason"],
+        "schema # unknown to the broker"
+    );
+    assert_eq!(groups["groups"][0]["count"], 2);
+
+    // A discard without a reason is refused and changes nothing.
+    let out = cli(
+        &db,
+        &["dead-letters", "discard", "--group", "timed out after # s"],
+    )
+    .await;
+    assert!(!out.status.success(), "{out:?}");
+    assert!(out.stderr.contains("a discard needs a reason"), "{out:?}");
+    assert_eq!(db.count("state = 'dead'").await, 3);
+    // By group, with a reason; then a requeue of the rest by filter.
+    let out = cli(
+        &db,
+        &[
+            "dead-letters",
+            "discard",
+            "--group",
+            "timed out after # s",
+            "--reason",
+            "duplicate of acc-2",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(db.count(&format!("event_id = '{}'", c.event_id)).await, 0);
+    let out = cli(
+        &db,
+        &[
+            "dead-letters",
+            "requeue",
+            "--aggregate-type",
+            "payment",
+            "--reason",
+            "broker upgraded",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout.contains("requeued 2"), "{out:?}");
+
+    // The console shows the CLI's records, as `outbox audit --json` does.
+    let port = free_port();
+    let mut console = spawn_console(outbox(Some(db.name()), None, None), port).await;
+    let (status, audit) = console_call(port, "GET", "/api/v1/audit", None, "").await;
+    assert_eq!(status, 200, "{audit}");
+    let out = cli(&db, &["audit", "--json"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let from_cli: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(from_cli, audit);
+    let actions: Vec<(&str, &str, &str, i64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap(),
+                a["actor"].as_str().unwrap(),
+                a["via"].as_str().unwrap(),
+                a["affected"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            ("requeue dead letters", "carol", "cli", 2),
+            ("discard dead letters", "carol", "cli", 1)
+        ]
+    );
+
+    // The discarded event's trace, from both.
+    let (status, t) = console_call(
+        port,
+        "GET",
+        &format!("/api/v1/trace/event/{}", c.event_id),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    let out = cli(&db, &["trace", &c.event_id.to_string()]).await;
+    assert!(out.status.success(), "{out:?}");
+    let from_cli: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(from_cli, t);
+    assert!(t["outbox"].is_null());
+    assert_eq!(t["discarded"]["last_error"], "timed out after 30 s");
+    assert_eq!(t["audit"][0]["reason"], "duplicate of acc-2");
+    let out = cli(&db, &["trace", "--aggregate", "payment/acc-1"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let agg: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(agg["outbox"][0]["state"], "pending");
+
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    db.cleanup().await;
+}

@@ -1,14 +1,19 @@
 // The outbox console page. It reads the JSON API next to it (URLs relative to the page's
 // <base>, which the server sets to the path the page was asked under, so the console works
 // when a service mounts it under a prefix) and never writes server data into the page as HTML:
-// every value goes in as text.
+// every value goes in as text (textContent), payloads included.
 "use strict";
 
 const api = (path) => "api/v1/" + path;
 const $ = (id) => document.getElementById(id);
+let currentTab = "outbox";
 
 function token() {
   return sessionStorage.getItem("outbox-console-token") || "";
+}
+
+function actorName() {
+  return sessionStorage.getItem("outbox-console-actor") || "";
 }
 
 function showError(message) {
@@ -17,9 +22,13 @@ function showError(message) {
   e.hidden = !message;
 }
 
+function say(message) {
+  $("action-result").textContent = message;
+}
+
 async function getJson(path) {
   const headers = { Accept: "application/json" };
-  // A console reachable from the network needs the token for reads too.
+  // A console reachable from the network needs the token for reads too; payloads always do.
   if (token()) headers.Authorization = "Bearer " + token();
   const r = await fetch(api(path), { headers });
   const body = await r.json().catch(() => ({ error: r.statusText }));
@@ -27,48 +36,142 @@ async function getJson(path) {
   return body;
 }
 
+// An action: POST with the token; answers [ok, body].
+async function act(path, body) {
+  body.actor = actorName() || undefined;
+  const r = await fetch(api(path), {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: "Bearer " + token() },
+    body: JSON.stringify(body),
+  });
+  const out = await r.json().catch(() => ({ error: r.statusText }));
+  if (!r.ok) say("refused: " + (out.error || r.status));
+  return [r.ok, out];
+}
+
 function field(obj, path) {
   return path.split(".").reduce((o, k) => (o == null ? undefined : o[k]), obj);
 }
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text != null) e.textContent = text;
+  if (cls) e.className = cls;
+  return e;
+}
+
+const cell = (text, cls) => el("td", text, cls);
+
+function button(label, onClick, cls) {
+  const b = el("button", label, cls);
+  b.type = "button";
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function checkbox(value, label, checked) {
+  const box = document.createElement("input");
+  box.type = "checkbox";
+  box.value = value;
+  box.checked = checked;
+  box.setAttribute("aria-label", label);
+  const td = document.createElement("td");
+  td.append(box);
+  return td;
+}
+
+const checked = (table) =>
+  [...document.querySelectorAll("#" + table + " tbody input:checked")].map((c) => c.value);
+
+// A titled block of pretty JSON (as text).
+function jsonBlock(title, value) {
+  const d = el("div");
+  d.append(el("h4", title), el("pre", JSON.stringify(value, null, 2)));
+  return d;
+}
+
+function payloadBlock(title, p) {
+  const d = el("div", null, "payload");
+  d.append(el("h4", title));
+  if (!p) {
+    d.append(el("p", "not held by this database (the inbox keeps the fingerprint only)", "muted"));
+    return d;
+  }
+  d.append(el("p", "sha256 " + p.sha256 + " · " + p.size + " bytes", "muted mono"));
+  let text = p.text;
+  if (text != null) {
+    try {
+      text = JSON.stringify(JSON.parse(text), null, 2);
+    } catch (_) {
+      /* not JSON: as it is */
+    }
+    d.append(el("pre", text));
+  } else {
+    d.append(el("pre", "hex " + p.hex));
+  }
+  return d;
+}
+
+// ---- overview ---------------------------------------------------------------------------
 
 // Counts the server stopped at `counted_up_to` show as "≥ N".
 const BOUNDED = new Set(["pending", "in_flight", "retrying", "dead_letters", "published_retained"]);
 
 function renderOverview(o) {
   $("schema").textContent = "schema " + o.schema;
-  for (const el of document.querySelectorAll("#overview [data-field]")) {
-    const name = el.dataset.field;
+  for (const e of document.querySelectorAll("#overview [data-field]")) {
+    const name = e.dataset.field;
     const v = field(o, name);
     let shown = typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : String(v);
     if (o.counted_up_to != null && BOUNDED.has(name) && v >= o.counted_up_to) shown = "≥ " + shown;
-    el.textContent = shown;
-    el.closest(".card").classList.toggle("nonzero", v > 0);
+    e.textContent = shown;
+    e.closest(".card").classList.toggle("nonzero", v > 0);
   }
 }
 
-function cell(text, cls) {
-  const td = document.createElement("td");
-  td.textContent = text;
-  if (cls) td.className = cls;
-  return td;
+// ---- outbox dead letters ----------------------------------------------------------------
+
+function deadFilter() {
+  const f = {};
+  for (const [k, v] of new FormData($("dead-filter"))) if (v.trim()) f[k] = v.trim();
+  return f;
+}
+
+function renderDeadGroups(g) {
+  const tbody = document.querySelector("#dead-groups tbody");
+  tbody.replaceChildren();
+  for (const group of g.groups) {
+    const tr = el("tr");
+    const filterBy = button("show these", () => {
+      $("dead-filter-group").value = group.reason;
+      refresh();
+    });
+    tr.append(
+      cell(String(group.count)),
+      cell(group.reason, "reason"),
+      cell(group.aggregate_types.join(", ")),
+      cell(group.event_types.join(", ")),
+      cell(group.first_created_at + " … " + group.last_created_at),
+    );
+    const td = el("td");
+    td.append(filterBy);
+    tr.append(td);
+    tbody.append(tr);
+  }
+  $("dead-groups-partial").hidden = g.complete;
 }
 
 function renderDeadLetters(list) {
-  const selected = new Set([...document.querySelectorAll("#dead-letters tbody input:checked")].map((c) => c.value));
+  const selected = new Set(checked("dead-letters"));
   const tbody = document.querySelector("#dead-letters tbody");
   tbody.replaceChildren();
   for (const d of list) {
-    const tr = document.createElement("tr");
+    const tr = el("tr");
     tr.dataset.eventId = d.event_id;
-    const box = document.createElement("input");
-    box.type = "checkbox";
-    box.value = d.event_id;
-    box.checked = selected.has(d.event_id);
-    box.setAttribute("aria-label", "select " + d.event_id);
-    const first = document.createElement("td");
-    first.append(box);
+    const show = el("td");
+    show.append(button("details", () => showDeadLetter(d.event_id)));
     tr.append(
-      first,
+      checkbox(d.event_id, "select " + d.event_id, selected.has(d.event_id)),
       cell(d.event_id, "id"),
       cell(d.aggregate_type + "/" + d.aggregate_id),
       cell(String(d.aggregate_version)),
@@ -77,17 +180,275 @@ function renderDeadLetters(list) {
       cell(String(d.blocked_behind)),
       cell(d.created_at),
       cell(d.last_error || "", "reason"),
+      show,
     );
     tbody.append(tr);
   }
   $("no-dead").hidden = list.length > 0;
 }
 
+async function showDeadLetter(id) {
+  const box = $("dead-detail");
+  box.hidden = false;
+  box.replaceChildren(el("h3", "Dead letter " + id));
+  try {
+    const d = await getJson("dead-letters/" + encodeURIComponent(id));
+    box.append(
+      payloadBlock("payload (" + d.content_type + ", schema version " + d.schema_version + ")", d.payload),
+      jsonBlock("headers", d.headers),
+      jsonBlock("row", Object.assign({}, d, { payload: undefined, headers: undefined })),
+    );
+  } catch (e) {
+    box.append(el("p", "cannot show it: " + e.message, "error"));
+  }
+}
+
+async function deadAction(kind, body) {
+  body.reason = $("reason").value;
+  const [ok, out] = await act("dead-letters/" + kind, body);
+  if (ok) say(kind === "requeue" ? "requeued " + out.requeued : "discarded " + out.discarded);
+  await refresh();
+}
+
+// ---- consumers --------------------------------------------------------------------------
+
+function renderConsumerGroups(groups) {
+  const tbody = document.querySelector("#consumer-groups tbody");
+  tbody.replaceChildren();
+  for (const g of groups) {
+    const tr = el("tr");
+    const td = el("td");
+    td.append(
+      button("requeue group", () =>
+        consumerAction("requeue", { all: true, consumer: g.consumer_name, reason_group: g.reason }),
+      ),
+    );
+    tr.append(
+      cell(String(g.count)),
+      cell(g.consumer_name),
+      cell(g.reason, "reason"),
+      cell(g.first_at + " … " + g.last_at),
+      td,
+    );
+    tbody.append(tr);
+  }
+}
+
+function renderConsumerDeadLetters(list) {
+  const selected = new Set(checked("consumer-dead-letters"));
+  const tbody = document.querySelector("#consumer-dead-letters tbody");
+  tbody.replaceChildren();
+  for (const d of list) {
+    const tr = el("tr");
+    tr.dataset.id = d.id;
+    const show = el("td");
+    show.append(button("details", () => showConsumerDeadLetter(d.id)));
+    tr.append(
+      checkbox(String(d.id), "select " + d.id, selected.has(String(d.id))),
+      cell(String(d.id)),
+      cell(d.consumer_name),
+      cell(d.state),
+      cell(d.event_id || "-", "id"),
+      cell((d.aggregate_type || "-") + "/" + (d.aggregate_id || "-") + " v" + (d.aggregate_version ?? "-")),
+      cell(d.event_type || "-"),
+      cell(String(d.attempts)),
+      cell(d.created_at),
+      cell(d.error, "reason"),
+      show,
+    );
+    tbody.append(tr);
+  }
+}
+
+async function showConsumerDeadLetter(id) {
+  const box = $("consumer-detail");
+  box.hidden = false;
+  box.replaceChildren(el("h3", "Consumer dead letter " + id));
+  try {
+    const d = await getJson("consumer-dead-letters/" + id);
+    box.append(payloadBlock("payload as received", d.payload), jsonBlock("headers as received", d.headers));
+  } catch (e) {
+    box.append(el("p", "cannot show it: " + e.message, "error"));
+  }
+}
+
+async function consumerAction(kind, body) {
+  body.reason = $("consumer-reason").value;
+  const [ok, out] = await act("consumer-dead-letters/" + kind, body);
+  if (ok) say(kind === "requeue" ? "requeued " + out.requeued : "discarded " + out.discarded);
+  await refresh();
+}
+
+function renderConflicts(list) {
+  const tbody = document.querySelector("#conflicts tbody");
+  tbody.replaceChildren();
+  for (const c of list) {
+    const tr = el("tr");
+    tr.dataset.id = c.id;
+    const td = el("td");
+    td.append(button("compare", () => showConflict(c.id)));
+    tr.append(
+      cell(String(c.id)),
+      cell(c.consumer_name),
+      cell(c.event_id, "id"),
+      cell(c.aggregate_type + "/" + c.aggregate_id + " v" + c.aggregate_version),
+      cell(c.event_type),
+      cell(c.occurrences + "×"),
+      cell(c.first_seen + " / " + c.last_seen),
+      td,
+    );
+    tbody.append(tr);
+  }
+}
+
+async function showConflict(id) {
+  const box = $("conflict-detail");
+  box.hidden = false;
+  box.replaceChildren(el("h3", "Conflict " + id));
+  try {
+    const c = await getJson("conflicts/" + id);
+    const side = el("div", null, "side-by-side");
+    const first = payloadBlock("first payload (applied) · sha256 " + c.stored_sha256, c.first_payload);
+    const received = payloadBlock("conflicting payload (never applied)", c.received_payload);
+    side.append(first, received);
+    box.append(
+      side,
+      el(
+        "p",
+        "To resolve: fix the producer that reused the id; if the conflicting payload should take effect, " +
+          "publish it as a new event with a new id. The consumer keeps the first.",
+        "muted",
+      ),
+    );
+  } catch (e) {
+    box.append(el("p", "cannot show it: " + e.message, "error"));
+  }
+}
+
+// ---- remote effects ---------------------------------------------------------------------
+
+function renderWorkItems(list) {
+  const tbody = document.querySelector("#work-items tbody");
+  tbody.replaceChildren();
+  for (const w of list) {
+    const tr = el("tr");
+    tr.dataset.id = w.id;
+    const actions = el("td");
+    if (w.state === "unknown") {
+      actions.append(
+        button("reconcile now", () => effectAction(w.id, "reconcile", {})),
+        button("succeeded", () => effectAction(w.id, "resolve", { succeeded: $("effects-note").value })),
+        button("failed", () => effectAction(w.id, "resolve", { failed: $("effects-note").value }), "danger"),
+        button("resend", () => effectAction(w.id, "resolve", { resend: true })),
+      );
+    }
+    tr.append(
+      cell(String(w.id)),
+      cell(w.kind),
+      cell(w.state),
+      cell(w.idempotency_key, "id"),
+      cell(String(w.attempts)),
+      cell(String(w.lookups)),
+      cell(w.unknown_since || "-"),
+      cell(w.last_error || "", "reason"),
+      actions,
+    );
+    tbody.append(tr);
+  }
+}
+
+async function effectAction(id, kind, body) {
+  if (kind === "resolve" && !body.resend) body.reason = $("effects-note").value;
+  else body.reason = $("effects-note").value;
+  const [ok, out] = await act("work-items/" + id + "/" + kind, body);
+  if (ok) say(kind === "reconcile" ? "work item " + id + ": lookup due now" : "work item " + id + " is now " + out.state);
+  await refresh();
+}
+
+// ---- trace and audit --------------------------------------------------------------------
+
+async function trace(e) {
+  e.preventDefault();
+  const f = Object.fromEntries(new FormData($("trace-form")));
+  const out = $("trace-result");
+  out.replaceChildren();
+  try {
+    let t;
+    if (f.event_id.trim()) {
+      t = await getJson("trace/event/" + encodeURIComponent(f.event_id.trim()));
+      out.append(
+        el("p", t.outbox ? "outbox row: " + t.outbox.state : t.discarded ? "discarded by an operator" :
+          "the outbox no longer holds it (published and deleted, or never written here)"),
+        jsonBlock("outbox row", t.outbox),
+        jsonBlock("discarded", t.discarded),
+        jsonBlock("inbox records (" + t.inbox.length + " consumers applied it)", t.inbox),
+        jsonBlock("conflicts", t.conflicts),
+        jsonBlock("consumer dead letters", t.consumer_dead_letters),
+        jsonBlock("work items", t.work_items),
+        jsonBlock("audit", t.audit),
+      );
+    } else {
+      const q = new URLSearchParams({ aggregate_type: f.aggregate_type, aggregate_id: f.aggregate_id });
+      t = await getJson("trace/aggregate?" + q);
+      out.append(
+        jsonBlock("outbox rows", t.outbox),
+        jsonBlock("discarded", t.discarded),
+        jsonBlock("consumers' last applied version", t.consumers),
+      );
+    }
+  } catch (err) {
+    out.append(el("p", "cannot trace: " + err.message, "error"));
+  }
+}
+
+function renderAudit(list) {
+  const tbody = document.querySelector("#audit tbody");
+  tbody.replaceChildren();
+  for (const a of list) {
+    const tr = el("tr");
+    tr.append(
+      cell(String(a.id)),
+      cell(a.at),
+      cell(a.actor + (a.credential ? " (" + a.credential + ")" : "")),
+      cell(a.via),
+      cell(a.db_role),
+      cell(a.action),
+      cell(JSON.stringify(a.selection), "reason"),
+      cell(String(a.affected)),
+      cell(a.reason, "reason"),
+    );
+    tbody.append(tr);
+  }
+}
+
+// ---- refresh ----------------------------------------------------------------------------
+
 async function refresh() {
   try {
-    const [o, dead] = await Promise.all([getJson("overview"), getJson("dead-letters?limit=500")]);
+    const o = await getJson("overview");
     renderOverview(o);
-    renderDeadLetters(dead);
+    if (currentTab === "outbox") {
+      const q = new URLSearchParams(deadFilter());
+      const [groups, dead] = await Promise.all([
+        getJson("dead-letters/groups?" + q),
+        getJson("dead-letters?limit=500&" + q),
+      ]);
+      renderDeadGroups(groups);
+      renderDeadLetters(dead);
+    } else if (currentTab === "consumers") {
+      const [groups, dead, conflicts] = await Promise.all([
+        getJson("consumer-dead-letters/groups"),
+        getJson("consumer-dead-letters?limit=500"),
+        getJson("conflicts?limit=500"),
+      ]);
+      renderConsumerGroups(groups);
+      renderConsumerDeadLetters(dead);
+      renderConflicts(conflicts);
+    } else if (currentTab === "effects") {
+      renderWorkItems(await getJson("work-items?limit=500&state=" + encodeURIComponent($("effects-state").value)));
+    } else if (currentTab === "audit") {
+      renderAudit(await getJson("audit?limit=200"));
+    }
     $("refreshed").textContent = "refreshed " + new Date().toLocaleTimeString();
     showError("");
   } catch (e) {
@@ -95,38 +456,68 @@ async function refresh() {
   }
 }
 
-async function requeue(body) {
-  body.reason = $("reason").value;
-  const r = await fetch(api("dead-letters/requeue"), {
-    method: "POST",
-    headers: { "Content-Type": "application/json", Authorization: "Bearer " + token() },
-    body: JSON.stringify(body),
-  });
-  const out = await r.json().catch(() => ({ error: r.statusText }));
-  $("action-result").textContent = r.ok ? "requeued " + out.requeued : "refused: " + (out.error || r.status);
-  await refresh();
+function selectTab(name) {
+  currentTab = name;
+  for (const b of document.querySelectorAll("#tabs button")) b.setAttribute("aria-selected", String(b.dataset.tab === name));
+  for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + name;
+  refresh();
 }
 
 $("token-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  sessionStorage.setItem("outbox-console-token", $("token").value);
+  if ($("token").value) sessionStorage.setItem("outbox-console-token", $("token").value);
+  sessionStorage.setItem("outbox-console-actor", $("actor").value.trim());
   $("token").value = "";
   $("token").placeholder = "token set for this tab";
 });
+$("actor").value = actorName();
+for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => selectTab(b.dataset.tab));
+$("dead-filter").addEventListener("submit", (e) => {
+  e.preventDefault();
+  refresh();
+});
+$("dead-filter-clear").addEventListener("click", () => {
+  $("dead-filter").reset();
+  refresh();
+});
 $("requeue-selected").addEventListener("click", () => {
-  const ids = [...document.querySelectorAll("#dead-letters tbody input:checked")].map((c) => c.value);
-  if (ids.length === 0) {
-    $("action-result").textContent = "select dead letters first";
-    return;
-  }
-  requeue({ event_ids: ids });
+  const ids = checked("dead-letters");
+  if (ids.length === 0) return say("select dead letters first");
+  deadAction("requeue", { event_ids: ids });
+});
+$("requeue-filtered").addEventListener("click", () => {
+  const f = deadFilter();
+  if (Object.keys(f).length === 0) return say("set a filter first (or use Requeue all)");
+  if (confirm("Requeue every dead letter matching the filter?")) deadAction("requeue", { filter: f });
 });
 $("requeue-all").addEventListener("click", () => {
-  if (confirm("Requeue every dead letter?")) requeue({ all: true });
+  if (confirm("Requeue every dead letter?")) deadAction("requeue", { all: true });
+});
+$("discard-selected").addEventListener("click", () => {
+  const ids = checked("dead-letters");
+  if (ids.length === 0) return say("select dead letters first");
+  if (confirm("Discard " + ids.length + " dead letter(s)? They will never be published.")) deadAction("discard", { event_ids: ids });
+});
+$("discard-filtered").addEventListener("click", () => {
+  const f = deadFilter();
+  if (Object.keys(f).length === 0) return say("set a filter first");
+  if (confirm("Discard every dead letter matching the filter? They will never be published.")) deadAction("discard", { filter: f });
 });
 $("select-all").addEventListener("change", (e) => {
   for (const c of document.querySelectorAll("#dead-letters tbody input")) c.checked = e.target.checked;
 });
+$("consumer-requeue-selected").addEventListener("click", () => {
+  const ids = checked("consumer-dead-letters").map(Number);
+  if (ids.length === 0) return say("select consumer dead letters first");
+  consumerAction("requeue", { ids });
+});
+$("consumer-discard-selected").addEventListener("click", () => {
+  const ids = checked("consumer-dead-letters").map(Number);
+  if (ids.length === 0) return say("select consumer dead letters first");
+  if (confirm("Discard " + ids.length + " consumer dead letter(s)? They will never be applied.")) consumerAction("discard", { ids });
+});
+$("effects-state").addEventListener("change", refresh);
+$("trace-form").addEventListener("submit", trace);
 
 refresh();
 setInterval(refresh, 5000);

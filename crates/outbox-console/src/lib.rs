@@ -25,13 +25,24 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
-//! | `GET /api/v1/dead-letters?limit=N` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100) |
-//! | `POST /api/v1/dead-letters/requeue` | body `{"event_ids": ["…"]}` or `{"all": true}`, optional `"reason"`; answers `{"requeued": n}` |
-//! | `GET /api/v1/conflicts?limit=N` | inbox conflicts, newest first, with both fingerprints |
-//! | `GET /api/v1/consumer-dead-letters?consumer=C&limit=N` | consumer dead letters not resolved, oldest first |
-//! | `POST /api/v1/consumer-dead-letters/requeue` | body `{"ids": [1, 2]}` or `{"all": true}`, optional `"consumer"` and `"reason"`; the consumer applies them again through its inbox |
-//! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all |
-//! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
+//! | `GET /api/v1/dead-letters?limit=N&<filter>` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100); the filter fields are those of [`DeadLetterFilter`]: `aggregate_type`, `event_type`, `destination`, `reason_group`, `created_after`, `created_before` (RFC 3339) |
+//! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_postgres::admin::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
+//! | `GET /api/v1/dead-letters/{event_id}` | one dead letter whole, payload and headers included; **needs the token** (and a role that may read payloads: the operator's) |
+//! | `POST /api/v1/dead-letters/requeue` | body: exactly one of `{"event_ids": ["…"]}`, `{"all": true}`, `{"filter": {…}}`; optional `"reason"` and `"actor"`; answers `{"requeued": n}` |
+//! | `POST /api/v1/dead-letters/discard` | the same selection, `"reason"` required: the dead letters are kept whole in `discarded_events` and never published; answers `{"discarded": n, "audit_id": id}` |
+//! | `GET /api/v1/conflicts?limit=N[&event_id=…]` | inbox conflicts, newest first, with both fingerprints |
+//! | `GET /api/v1/conflicts/{id}` | one conflict with the conflicting payload and, where this database still holds it, the first; **needs the token** |
+//! | `GET /api/v1/consumer-dead-letters?consumer=C&reason_group=R&limit=N` | consumer dead letters not resolved, oldest first |
+//! | `GET /api/v1/consumer-dead-letters/groups?consumer=C` | the same grouped by consumer and reason |
+//! | `GET /api/v1/consumer-dead-letters/{id}` | one, with the payload and headers as received; **needs the token** |
+//! | `POST /api/v1/consumer-dead-letters/requeue` | body `{"ids": [1, 2]}` or `{"all": true}`, optional `"consumer"`, `"reason_group"`, `"reason"`, `"actor"`; the consumer applies them again through its inbox |
+//! | `POST /api/v1/consumer-dead-letters/discard` | the same selection, `"reason"` required: they become `resolved`, never applied |
+//! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all, with their calls and reconciliation lookups |
+//! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`, `"actor"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
+//! | `POST /api/v1/work-items/{id}/reconcile` | an unknown outcome's lookup is due now (409 when it is not unknown) |
+//! | `GET /api/v1/audit?limit=N&before=ID` | the recorded actions (CLI's and console's), newest first |
+//! | `GET /api/v1/trace/event/{event_id}` | everything this database holds of an event ([`EventTrace`](outbox_postgres::admin::EventTrace)) |
+//! | `GET /api/v1/trace/aggregate?aggregate_type=T&aggregate_id=I&limit=N` | an aggregate's outbox rows, discarded events and each consumer's last applied version |
 //! | `GET /healthz` | liveness: the process answers (`200 ok`) |
 //! | `GET /readyz` | readiness: the database answers and the schema is at this release's version (`200`, else `503` with the reason) |
 //! | `GET /` | the page |
@@ -59,21 +70,30 @@
 //!   answers; and a request whose `Origin` names another host than its `Host` is refused (403)
 //!   before anything else. The page keeps the token in the tab's `sessionStorage`, not in a
 //!   cookie, so nothing is sent by the browser on its own.
-//! * Every action is logged at `info` under the target `outbox::audit` with the token's
-//!   fingerprint (the first 8 hex digits of its SHA-256, never the token), the action, what it
-//!   selected, the reason given and the outcome.
+//! * Every action is recorded in the database's `audit` table in the action's own transaction
+//!   (who: the name the page sends as `"actor"`, else "console operator", with the token's
+//!   fingerprint, the first 8 hex digits of its SHA-256, as its credential; the database role;
+//!   what it selected; the reason; how many rows), and logged under the target
+//!   `outbox::audit` (failed attempts too, which change nothing and are only logged). The
+//!   name is what the operator typed: one shared token proves only that its holder acted.
+//! * Payloads and headers are shown only to the token's holder, and only when the console's
+//!   database role may read them (the operator role; the read-only role never reads a
+//!   payload).
 
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use outbox_postgres::admin::{Admin, AdminError, AdminErrorKind, Counting, Requeue};
+use outbox_postgres::admin::{
+    Actor, Admin, AdminError, AdminErrorKind, ConsumerSelection, Counting, DeadLetterFilter,
+    DeadLetterSelection,
+};
 use outbox_postgres::effects::Resolution;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -193,14 +213,37 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         .route("/readyz", get(ready))
         .route("/api/v1/overview", get(overview))
         .route("/api/v1/dead-letters", get(dead_letters))
+        .route("/api/v1/dead-letters/groups", get(dead_letter_groups))
         .route("/api/v1/dead-letters/requeue", post(requeue))
+        .route("/api/v1/dead-letters/discard", post(discard))
+        .route("/api/v1/dead-letters/{event_id}", get(dead_letter))
         .route("/api/v1/conflicts", get(conflicts))
+        .route("/api/v1/conflicts/{id}", get(conflict))
         .route("/api/v1/consumer-dead-letters", get(consumer_dead_letters))
+        .route(
+            "/api/v1/consumer-dead-letters/groups",
+            get(consumer_dead_letter_groups),
+        )
         .route(
             "/api/v1/consumer-dead-letters/requeue",
             post(requeue_consumer_dead_letters),
         )
+        .route(
+            "/api/v1/consumer-dead-letters/discard",
+            post(discard_consumer_dead_letters),
+        )
+        .route(
+            "/api/v1/consumer-dead-letters/{id}",
+            get(consumer_dead_letter),
+        )
         .route("/api/v1/work-items", get(work_items))
+        .route(
+            "/api/v1/work-items/{id}/reconcile",
+            post(reconcile_work_item),
+        )
+        .route("/api/v1/audit", get(audit_log))
+        .route("/api/v1/trace/event/{event_id}", get(trace_event))
+        .route("/api/v1/trace/aggregate", get(trace_aggregate))
         .route("/api/v1/work-items/{id}/resolve", post(resolve_work_item))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -412,9 +455,9 @@ struct OverviewQuery {
 async fn overview(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
-    query: Result<Query<OverviewQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<OverviewQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(q) = query.map_err(bad_query)?;
     let counting = if q.exact {
         // A full count costs seconds on a large backlog: not for anyone who can reach the port.
         check_token(&s, &headers)?;
@@ -425,51 +468,241 @@ async fn overview(
     Ok(json(s.admin.overview_counting(counting).await?))
 }
 
+type QueryRejection = axum::extract::rejection::QueryRejection;
+type JsonRejection = axum::extract::rejection::JsonRejection;
+type PathRejection = axum::extract::rejection::PathRejection;
+
+fn bad_query(e: QueryRejection) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, e.body_text())
+}
+
+fn bad_body(e: JsonRejection) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, e.body_text())
+}
+
+fn bad_path(e: PathRejection) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, e.body_text())
+}
+
+/// The query of the outbox dead-letter reads: a [`DeadLetterFilter`] and a page size.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+struct DeadLetterQuery {
     limit: Option<i64>,
+    aggregate_type: Option<String>,
+    event_type: Option<String>,
+    destination: Option<String>,
+    reason_group: Option<String>,
+    created_after: Option<chrono::DateTime<chrono::Utc>>,
+    created_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl DeadLetterQuery {
+    fn filter(self) -> (DeadLetterFilter, i64) {
+        let limit = self.limit.unwrap_or(100);
+        let filter = DeadLetterFilter {
+            aggregate_type: nonempty(self.aggregate_type),
+            event_type: nonempty(self.event_type),
+            destination: nonempty(self.destination),
+            reason_group: nonempty(self.reason_group),
+            created_after: self.created_after,
+            created_before: self.created_before,
+        };
+        (filter, limit)
+    }
+}
+
+/// A form's empty field means "any".
+fn nonempty(s: Option<String>) -> Option<String> {
+    s.filter(|s| !s.is_empty())
 }
 
 async fn dead_letters(
     State(s): State<Arc<AppState>>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<DeadLetterQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    Ok(json(s.admin.dead_letters(q.limit.unwrap_or(100)).await?))
+    let (filter, limit) = query.map_err(bad_query)?.0.filter();
+    Ok(json(s.admin.dead_letters(&filter, limit).await?))
+}
+
+async fn dead_letter_groups(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<DeadLetterQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (filter, _) = query.map_err(bad_query)?.0.filter();
+    Ok(json(s.admin.dead_letter_groups(&filter).await?))
+}
+
+/// Payloads and headers: only for the token's holder (and only under a role that may read
+/// them, the operator's).
+async fn dead_letter(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Response, ApiError> {
+    check_token(&s, &headers)?;
+    let Path(id) = id.map_err(bad_path)?;
+    Ok(json(s.admin.dead_letter(id).await?))
+}
+
+/// The body of the outbox dead-letter actions: exactly one of `event_ids` (non-empty),
+/// `"all": true` or a non-empty `filter`; `reason` (required by a discard) and `actor` go
+/// into the audit record.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeadLetterActionBody {
+    #[serde(default)]
+    event_ids: Vec<Uuid>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    filter: Option<DeadLetterFilter>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+impl DeadLetterActionBody {
+    fn selection(&self) -> Result<DeadLetterSelection, ApiError> {
+        let filter = self
+            .filter
+            .clone()
+            .filter(|f| *f != DeadLetterFilter::default());
+        match (self.event_ids.is_empty(), self.all, filter) {
+            (false, false, None) if self.event_ids.len() <= MAX_REQUEUE_IDS => {
+                Ok(DeadLetterSelection::Ids(self.event_ids.clone()))
+            }
+            (false, false, None) => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("at most {MAX_REQUEUE_IDS} event ids per request"),
+            )),
+            (true, true, None) => Ok(DeadLetterSelection::All),
+            (true, false, Some(f)) => Ok(DeadLetterSelection::Matching(f)),
+            _ => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give exactly one of \"event_ids\" (a non-empty list), \"all\": true, or a non-empty \"filter\"".into(),
+            )),
+        }
+    }
+}
+
+async fn requeue(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<DeadLetterActionBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let credential = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
+    let which = body.selection()?;
+    let reason = body.reason.unwrap_or_default();
+    let n = s
+        .admin
+        .requeue_dead_letters(&which, &actor, &reason)
+        .await?;
+    Ok(json(serde_json::json!({ "requeued": n })))
+}
+
+async fn discard(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<DeadLetterActionBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let credential = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
+    let which = body.selection()?;
+    let reason = body.reason.unwrap_or_default();
+    Ok(json(
+        s.admin
+            .discard_dead_letters(&which, &actor, &reason)
+            .await?,
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConflictQuery {
+    limit: Option<i64>,
+    event_id: Option<Uuid>,
 }
 
 async fn conflicts(
     State(s): State<Arc<AppState>>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<ConflictQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    Ok(json(s.admin.conflicts(q.limit.unwrap_or(100)).await?))
+    let Query(q) = query.map_err(bad_query)?;
+    Ok(json(
+        s.admin
+            .conflicts(q.event_id, q.limit.unwrap_or(100))
+            .await?,
+    ))
+}
+
+async fn conflict(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Response, ApiError> {
+    check_token(&s, &headers)?;
+    let Path(id) = id.map_err(bad_path)?;
+    Ok(json(s.admin.conflict(id).await?))
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConsumerListQuery {
     consumer: Option<String>,
+    reason_group: Option<String>,
     limit: Option<i64>,
+}
+
+impl ConsumerListQuery {
+    fn selection(self) -> (ConsumerSelection, i64) {
+        (
+            ConsumerSelection {
+                consumer: nonempty(self.consumer),
+                ids: None,
+                reason_group: nonempty(self.reason_group),
+            },
+            self.limit.unwrap_or(100),
+        )
+    }
 }
 
 async fn consumer_dead_letters(
     State(s): State<Arc<AppState>>,
-    query: Result<Query<ConsumerListQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<ConsumerListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    Ok(json(
-        s.admin
-            .consumer_dead_letters(q.consumer.as_deref(), q.limit.unwrap_or(100))
-            .await?,
-    ))
+    let (which, limit) = query.map_err(bad_query)?.0.selection();
+    Ok(json(s.admin.consumer_dead_letters(&which, limit).await?))
 }
 
-/// The body of `POST /api/v1/consumer-dead-letters/requeue`.
+async fn consumer_dead_letter_groups(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<ConsumerListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (which, _) = query.map_err(bad_query)?.0.selection();
+    Ok(json(s.admin.consumer_dead_letter_groups(&which).await?))
+}
+
+async fn consumer_dead_letter(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Response, ApiError> {
+    check_token(&s, &headers)?;
+    let Path(id) = id.map_err(bad_path)?;
+    Ok(json(s.admin.consumer_dead_letter(id).await?))
+}
+
+/// The body of the consumer dead-letter actions: `ids` (non-empty) or `"all": true`, either
+/// narrowed by `consumer` and `reason_group`; `reason` (required by a discard) and `actor`
+/// go into the audit record.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ConsumerRequeueBody {
+struct ConsumerActionBody {
     #[serde(default)]
     ids: Vec<i64>,
     #[serde(default)]
@@ -477,47 +710,71 @@ struct ConsumerRequeueBody {
     #[serde(default)]
     consumer: Option<String>,
     #[serde(default)]
+    reason_group: Option<String>,
+    #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+impl ConsumerActionBody {
+    fn selection(&self) -> Result<ConsumerSelection, ApiError> {
+        let ids = match (self.all, self.ids.is_empty()) {
+            (true, true) => None,
+            (false, false) if self.ids.len() <= MAX_REQUEUE_IDS => Some(self.ids.clone()),
+            (false, false) => {
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("at most {MAX_REQUEUE_IDS} ids per request"),
+                ));
+            }
+            _ => {
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    "give either \"ids\" (a non-empty list) or \"all\": true".into(),
+                ));
+            }
+        };
+        Ok(ConsumerSelection {
+            consumer: nonempty(self.consumer.clone()),
+            ids,
+            reason_group: nonempty(self.reason_group.clone()),
+        })
+    }
 }
 
 async fn requeue_consumer_dead_letters(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Json<ConsumerRequeueBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ConsumerActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let actor = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let ids = match (body.all, body.ids.is_empty()) {
-        (true, true) => None,
-        (false, false) if body.ids.len() <= MAX_REQUEUE_IDS => Some(body.ids.as_slice()),
-        (false, false) => {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("at most {MAX_REQUEUE_IDS} ids per request"),
-            ));
-        }
-        _ => {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                "give either \"ids\" (a non-empty list) or \"all\": true".into(),
-            ));
-        }
-    };
-    let what = match ids {
-        None => "all".to_owned(),
-        Some(ids) => format!("{} id(s)", ids.len()),
-    };
-    let consumer = body.consumer.as_deref();
-    let reason = body.reason.as_deref().unwrap_or_default();
-    let result = s.admin.requeue_consumer_dead_letters(consumer, ids).await;
-    audit(
-        &actor,
-        "requeue consumer dead letters",
-        &what,
-        reason,
-        result.as_ref().copied(),
-    );
-    Ok(json(serde_json::json!({ "requeued": result? })))
+    let credential = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
+    let which = body.selection()?;
+    let reason = body.reason.unwrap_or_default();
+    let n = s
+        .admin
+        .requeue_consumer_dead_letters(&which, &actor, &reason)
+        .await?;
+    Ok(json(serde_json::json!({ "requeued": n })))
+}
+
+async fn discard_consumer_dead_letters(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<ConsumerActionBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let credential = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
+    let which = body.selection()?;
+    let reason = body.reason.unwrap_or_default();
+    let n = s
+        .admin
+        .discard_consumer_dead_letters(&which, &actor, &reason)
+        .await?;
+    Ok(json(serde_json::json!({ "discarded": n })))
 }
 
 #[derive(Deserialize)]
@@ -529,12 +786,12 @@ struct WorkItemQuery {
 
 async fn work_items(
     State(s): State<Arc<AppState>>,
-    query: Result<Query<WorkItemQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<WorkItemQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(q) = query.map_err(bad_query)?;
     Ok(json(
         s.admin
-            .work_items(q.state.as_deref(), q.limit.unwrap_or(100))
+            .work_items(nonempty(q.state).as_deref(), q.limit.unwrap_or(100))
             .await?,
     ))
 }
@@ -551,18 +808,20 @@ struct ResolveBody {
     resend: bool,
     #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
 }
 
 async fn resolve_work_item(
     State(s): State<Arc<AppState>>,
-    id: Result<axum::extract::Path<i64>, axum::extract::rejection::PathRejection>,
+    id: Result<Path<i64>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let actor = authorize(&s, &headers)?;
-    let axum::extract::Path(id) =
-        id.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let credential = authorize(&s, &headers)?;
+    let Path(id) = id.map_err(bad_path)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
     let resolution = match (body.succeeded, body.failed, body.resend) {
         (Some(reference), None, false) if !reference.is_empty() => {
             Resolution::Succeeded { reference }
@@ -576,51 +835,94 @@ async fn resolve_work_item(
             ));
         }
     };
-    let what = format!("work item {id}: {resolution:?}");
-    let reason = body.reason.as_deref().unwrap_or_default();
-    let result = s.admin.resolve_work_item(id, resolution).await;
-    audit(
-        &actor,
-        "resolve work item",
-        &what,
-        reason,
-        result.as_ref().map(|_| 1),
-    );
-    Ok(json(result?))
+    let reason = body.reason.unwrap_or_default();
+    Ok(json(
+        s.admin
+            .resolve_work_item(id, resolution, &actor, &reason)
+            .await?,
+    ))
 }
 
-/// The audit line of an action (target `outbox::audit`).
-fn audit(
-    actor: &str,
-    action: &str,
-    selection: &str,
-    reason: &str,
-    outcome: Result<u64, &AdminError>,
-) {
-    match outcome {
-        Ok(n) => {
-            tracing::info!(target: "outbox::audit", actor, action, selection, reason, affected = n, "console action");
-        }
-        Err(e) => {
-            tracing::warn!(target: "outbox::audit", actor, action, selection, reason, error = %e, "console action failed");
-        }
-    }
-}
-
-/// The body of `POST /api/v1/dead-letters/requeue`.
+/// The body of `POST /api/v1/work-items/{id}/reconcile`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RequeueBody {
-    #[serde(default)]
-    event_ids: Vec<Uuid>,
-    #[serde(default)]
-    all: bool,
+struct ReconcileBody {
     #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+async fn reconcile_work_item(
+    State(s): State<Arc<AppState>>,
+    id: Result<Path<i64>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Json<ReconcileBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let credential = authorize(&s, &headers)?;
+    let Path(id) = id.map_err(bad_path)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
+    let reason = body.reason.unwrap_or_default();
+    s.admin.reconcile_work_item(id, &actor, &reason).await?;
+    Ok(json(serde_json::json!({ "reconcile": id })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditQuery {
+    limit: Option<i64>,
+    before: Option<i64>,
+}
+
+async fn audit_log(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(bad_query)?;
+    Ok(json(s.admin.audit(q.before, q.limit.unwrap_or(100)).await?))
+}
+
+async fn trace_event(
+    State(s): State<Arc<AppState>>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = id.map_err(bad_path)?;
+    Ok(json(s.admin.trace_event(id).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AggregateQuery {
+    aggregate_type: String,
+    aggregate_id: String,
+    limit: Option<i64>,
+}
+
+async fn trace_aggregate(
+    State(s): State<Arc<AppState>>,
+    query: Result<Query<AggregateQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(bad_query)?;
+    Ok(json(
+        s.admin
+            .trace_aggregate(&q.aggregate_type, &q.aggregate_id, q.limit.unwrap_or(100))
+            .await?,
+    ))
+}
+
+/// The audit record's actor of a console action: the name the page sent (what the operator
+/// typed; otherwise "console operator") with the token's fingerprint as its credential.
+fn actor(name: Option<&str>, credential: &str) -> Result<Actor, ApiError> {
+    let name = name
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .unwrap_or("console operator");
+    Ok(Actor::new(name, "console")?.with_credential(format!("token {credential}")))
 }
 
 /// Who may act: checks the origin, the mode and the token, in that order. Returns the token's
-/// fingerprint for the audit line.
+/// fingerprint for the audit record.
 fn authorize(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
@@ -671,45 +973,6 @@ fn check_token(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
         ));
     }
     Ok(given[..4].iter().map(|b| format!("{b:02x}")).collect())
-}
-
-async fn requeue(
-    State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Json<RequeueBody>, axum::extract::rejection::JsonRejection>,
-) -> Result<Response, ApiError> {
-    let actor = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let which = match (body.all, body.event_ids.is_empty()) {
-        (true, true) => Requeue::All,
-        (false, false) if body.event_ids.len() <= MAX_REQUEUE_IDS => Requeue::Ids(body.event_ids),
-        (false, false) => {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("at most {MAX_REQUEUE_IDS} event ids per request"),
-            ));
-        }
-        _ => {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                "give either \"event_ids\" (a non-empty list) or \"all\": true".into(),
-            ));
-        }
-    };
-    let what = match &which {
-        Requeue::All => "all".to_owned(),
-        Requeue::Ids(ids) => format!("{} event id(s)", ids.len()),
-    };
-    let reason = body.reason.unwrap_or_default();
-    let result = s.admin.requeue_dead_letters(which).await;
-    audit(
-        &actor,
-        "requeue dead letters",
-        &what,
-        &reason,
-        result.as_ref().copied(),
-    );
-    Ok(json(serde_json::json!({ "requeued": result? })))
 }
 
 #[cfg(test)]

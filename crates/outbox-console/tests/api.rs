@@ -460,6 +460,106 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
         ]
     );
 
+    // Grouped by consumer and reason (requeued ones stay open until their consumer settles).
+    let (status, groups) = call(
+        addr,
+        "GET",
+        "/api/v1/consumer-dead-letters/groups",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{groups}");
+    let mut seen: Vec<(&str, &str)> = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["consumer_name"].as_str().unwrap(),
+                g["reason"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        vec![
+            ("billing", "poison"),
+            ("ledger", "handler refused: unknown currency")
+        ]
+    );
+    // One whole, as received: with the token only.
+    let (status, e) = call(
+        addr,
+        "GET",
+        &format!("/api/v1/consumer-dead-letters/{id}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 401, "{e}");
+    let (status, d) = call(
+        addr,
+        "GET",
+        &format!("/api/v1/consumer-dead-letters/{id}"),
+        &ok,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(
+        (&d["payload"]["hex"], &d["payload"]["size"]),
+        (&"00".into(), &1.into())
+    );
+    // Discard billing's: a reason is required; it is resolved, never applied.
+    let discard = "/api/v1/consumer-dead-letters/discard";
+    let (status, e) = call(
+        addr,
+        "POST",
+        discard,
+        &ok,
+        Some(r#"{"all": true, "consumer": "billing"}"#),
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+    let (status, r) = call(
+        addr,
+        "POST",
+        discard,
+        &ok,
+        Some(r#"{"all": true, "consumer": "billing", "reason": "test message"}"#),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["discarded"], 1);
+    let (_, list) = call(addr, "GET", "/api/v1/consumer-dead-letters", &[], None).await;
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        1,
+        "only ledger's requeued one is open"
+    );
+
+    // A conflict with its payloads: the conflicting one; the first is not held here.
+    let (_, conflicts) = call(addr, "GET", "/api/v1/conflicts", &[], None).await;
+    let cid = conflicts[0]["id"].as_i64().unwrap();
+    let (status, e) = call(addr, "GET", &format!("/api/v1/conflicts/{cid}"), &[], None).await;
+    assert_eq!(status, 401, "{e}");
+    let (status, c) = call(addr, "GET", &format!("/api/v1/conflicts/{cid}"), &ok, None).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["received_payload"]["hex"], "00");
+    assert!(c["first_payload"].is_null(), "{c}");
+    let event_id = c["event_id"].as_str().unwrap();
+    let (_, t) = call(
+        addr,
+        "GET",
+        &format!("/api/v1/trace/event/{event_id}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(t["conflicts"][0]["id"], cid, "{t}");
+
     stop.cancel();
     db.drop().await;
 }
@@ -518,6 +618,52 @@ async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
     )
     .await;
     assert_eq!(status, 404, "{e}");
+
+    // Reconcile now: only an unknown outcome; its lookup is due at once.
+    let (status, e) = call(
+        addr,
+        "POST",
+        &format!("/api/v1/work-items/{id}/reconcile"),
+        &ok,
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(status, 409, "{e}");
+    let other: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, unknown_since, \
+         next_attempt_at) VALUES ('payout', 'k-2', '{{}}', 'unknown', now(), \
+         now() + interval '1 hour') RETURNING id"
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let path = format!("/api/v1/work-items/{other}/reconcile");
+    let (status, e) = call(addr, "POST", &path, &[], Some("{}")).await;
+    assert_eq!(status, 401, "{e}");
+    let (status, r) = call(
+        addr,
+        "POST",
+        &path,
+        &ok,
+        Some(r#"{"reason": "provider says done"}"#),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let due: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT next_attempt_at <= now() FROM {s}.work_items WHERE id = {other}"
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(due);
+    let (_, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, vec!["reconcile work item", "resolve work item"]);
 
     stop.cancel();
     db.drop().await;
@@ -603,5 +749,217 @@ async fn a_loopback_console_answers_loopback_hosts_only_and_an_open_one_needs_th
         assert_eq!(status, 200, "{open} carries no data and needs no token");
     }
     server.abort();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_action_audited() {
+    let db = Db::new(0, 4).await;
+    let s = db.schema.as_str();
+    // Two reasons: "too large" (o-0, o-1) and "timed out after N ms" (o-2, o-3), whose
+    // numbers differ but whose group is one.
+    for (id, ms) in [("o-2", 5000), ("o-3", 7000)] {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {s}.events SET last_error = 'publish timed out after {ms} ms' \
+             WHERE aggregate_id = '{id}' AND aggregate_version = 1"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let auth = format!("Bearer {TOKEN}");
+    let ok = [("authorization", auth.as_str())];
+
+    let (status, g) = call(addr, "GET", "/api/v1/dead-letters/groups", &[], None).await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(g["complete"], true);
+    let groups = g["groups"].as_array().unwrap();
+    let reasons: Vec<(&str, i64)> = groups
+        .iter()
+        .map(|g| (g["reason"].as_str().unwrap(), g["count"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ("broker refused: message too large <b>x</b>", 2),
+            ("publish timed out after # ms", 2)
+        ]
+    );
+
+    // A group's key is a filter; so are the types and the time.
+    let timeout = "/api/v1/dead-letters?reason_group=publish%20timed%20out%20after%20%23%20ms";
+    let (status, list) = call(addr, "GET", timeout, &[], None).await;
+    assert_eq!(status, 200, "{list}");
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["aggregate_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["o-2", "o-3"]);
+    for (query, n) in [
+        ("aggregate_type=order", 4),
+        ("aggregate_type=nope", 0),
+        ("event_type=OrderPlaced", 4),
+        ("destination=elsewhere", 0),
+        ("created_after=2000-01-01T00:00:00Z", 4),
+        ("created_before=2000-01-01T00:00:00Z", 0),
+    ] {
+        let (status, list) = call(
+            addr,
+            "GET",
+            &format!("/api/v1/dead-letters?{query}"),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{query}: {list}");
+        assert_eq!(list.as_array().unwrap().len(), n, "{query}");
+    }
+    let (status, e) = call(
+        addr,
+        "GET",
+        "/api/v1/dead-letters?created_after=yesterday",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+
+    // One whole, payload included: only with the token.
+    let (_, all) = call(addr, "GET", "/api/v1/dead-letters", &[], None).await;
+    let first = all[0]["event_id"].as_str().unwrap().to_owned();
+    let path = format!("/api/v1/dead-letters/{first}");
+    let (status, e) = call(addr, "GET", &path, &[], None).await;
+    assert_eq!(status, 401, "{e}");
+    let (status, d) = call(addr, "GET", &path, &ok, None).await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["payload"]["text"], r#"{"i":0}"#);
+    assert_eq!(d["payload"]["size"], 7);
+    assert_eq!(d["headers"], serde_json::json!({}));
+    assert_eq!(d["blocked_behind"], 1);
+    let (status, e) = call(
+        addr,
+        "GET",
+        "/api/v1/dead-letters/00000000-0000-0000-0000-000000000000",
+        &ok,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{e}");
+
+    // Requeue a group, by filter, on the server.
+    let body = r#"{"filter": {"reason_group": "publish timed out after # ms"}, "reason": "broker back", "actor": "alice"}"#;
+    let (status, r) = call(
+        addr,
+        "POST",
+        "/api/v1/dead-letters/requeue",
+        &ok,
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["requeued"], 2);
+    assert_eq!(
+        db.count("state = 'pending' AND aggregate_id IN ('o-2', 'o-3')")
+            .await,
+        2
+    );
+    // An empty filter is not "all".
+    let (status, e) = call(
+        addr,
+        "POST",
+        "/api/v1/dead-letters/requeue",
+        &ok,
+        Some(r#"{"filter": {}}"#),
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+
+    // Discard: a reason is required; then the row is kept whole beside the outbox.
+    let discard = "/api/v1/dead-letters/discard";
+    let body = format!(r#"{{"event_ids": ["{first}"]}}"#);
+    let (status, e) = call(addr, "POST", discard, &ok, Some(&body)).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("reason"), "{e}");
+    let body =
+        format!(r#"{{"event_ids": ["{first}"], "reason": "order was cancelled", "actor": "bob"}}"#);
+    let (status, r) = call(addr, "POST", discard, &ok, Some(&body)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["discarded"], 1);
+    let audit_id = r["audit_id"].as_i64().unwrap();
+    assert_eq!(db.count(&format!("event_id = '{first}'")).await, 0);
+    let (kept, kept_audit): (Vec<u8>, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT payload, audit_id FROM {s}.discarded_events WHERE event_id = '{first}'"
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (kept.as_slice(), kept_audit),
+        (br#"{"i":0}"#.as_slice(), audit_id)
+    );
+
+    // The audit: newest first, who (as typed, with the token's fingerprint), the database
+    // role, what, why, how many. The refused discard left no record.
+    let (status, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
+    assert_eq!(status, 200, "{audit}");
+    let audit = audit.as_array().unwrap();
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    assert_eq!(audit[0]["id"], audit_id);
+    assert_eq!(audit[0]["action"], "discard dead letters");
+    assert_eq!(audit[0]["actor"], "bob");
+    assert_eq!(audit[0]["via"], "console");
+    assert_eq!(audit[0]["reason"], "order was cancelled");
+    assert_eq!(audit[0]["affected"], 1);
+    assert_eq!(audit[0]["selection"]["event_ids"][0], first.as_str());
+    assert_eq!(audit[0]["db_role"], "postgres");
+    assert_eq!(audit[1]["action"], "requeue dead letters");
+    assert_eq!(audit[1]["actor"], "alice");
+    assert_eq!(
+        audit[1]["selection"]["filter"]["reason_group"],
+        "publish timed out after # ms"
+    );
+    let credential = audit[1]["credential"].as_str().unwrap();
+    assert!(
+        credential.starts_with("token ") && credential.len() == "token ".len() + 8,
+        "{credential}"
+    );
+    assert!(!credential.contains(TOKEN));
+
+    // The trace of the discarded event: no outbox row, its copy, and the record naming it.
+    let (status, t) = call(
+        addr,
+        "GET",
+        &format!("/api/v1/trace/event/{first}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    assert!(t["outbox"].is_null(), "{t}");
+    assert_eq!(t["discarded"]["audit_id"], audit_id);
+    assert_eq!(t["audit"][0]["id"], audit_id);
+    // The aggregate's trace: the event that waited behind it is its only outbox row now.
+    let (status, t) = call(
+        addr,
+        "GET",
+        "/api/v1/trace/aggregate?aggregate_type=order&aggregate_id=o-0",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    let versions: Vec<i64> = t["outbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["aggregate_version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(versions, vec![2]);
+    assert_eq!(t["discarded"][0]["aggregate_version"], 1);
+
+    stop.cancel();
     db.drop().await;
 }

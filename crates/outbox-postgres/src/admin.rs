@@ -20,14 +20,24 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
+mod dead_letters;
+mod trace;
+
 use chrono::{DateTime, Utc};
-use outbox_core::consumer::ConsumerDeadLetter;
-use outbox_core::{
-    DeadLetter, DeadLetterListParams, EventId, OutboxStats, OutboxStore, RequeueParams, StoreError,
-    StoreErrorKind,
-};
+use outbox_core::{EventId, OutboxStats, OutboxStore, StoreError, StoreErrorKind};
 use serde::Serialize;
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
+
+pub use audit::{Actor, AuditEntry};
+pub use dead_letters::{
+    ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterView, ConsumerSelection,
+    DeadLetterDetail, DeadLetterFilter, DeadLetterGroup, DeadLetterGroups, DeadLetterSelection,
+    DeadLetterView, Discarded, GROUP_SCAN, PayloadView,
+};
+pub use trace::{
+    AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TracedEvent,
+};
 
 use crate::effects::{EffectsError, EffectsStats, Resolution, WorkItemRow};
 use crate::roles::{Component, PermissionDenied, pool_role};
@@ -37,6 +47,23 @@ use crate::store::{OnPublish, PgStore, stats_from_row};
 /// them), as `outbox status` has always counted them.
 const COUNT_CONSUMER_DEAD: &str =
     "SELECT count(*) FROM {s}.consumer_dead_letters WHERE state <> 'resolved'";
+
+/// Inbox conflicts, newest first, of one event id (`$1`) or all (`NULL`).
+const LIST_CONFLICTS: &str = "SELECT id, consumer_name, event_id, stored_sha256, \
+    received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, occurrences, \
+    first_seen, last_seen FROM {s}.inbox_conflicts WHERE ($1::uuid IS NULL OR event_id = $1) \
+    ORDER BY id DESC LIMIT $2";
+
+/// One conflict's received payload, and the first payload where this database still holds the
+/// producer's row with the first fingerprint (mark mode, or not yet published).
+const CONFLICT_PAYLOADS: &str = "SELECT c.payload, \
+    (SELECT e.payload FROM {s}.events e WHERE e.event_id = c.event_id \
+       AND e.payload_sha256 = c.stored_sha256) \
+    FROM {s}.inbox_conflicts c WHERE c.id = $1";
+
+/// "Reconcile now": an unknown outcome's next lookup is due at once.
+const RECONCILE_NOW: &str = "UPDATE {s}.work_items SET next_attempt_at = now(), \
+    updated_at = now() WHERE id = $1 AND state = 'unknown'";
 
 /// The outbox numbers of [`Admin::overview_counting`] with [`Counting::UpTo`], each count
 /// stopped at `$1` rows: the pending rows through the table's order, the retrying and dead
@@ -234,6 +261,8 @@ pub struct WorkItems {
 /// another payload than the first time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConflictView {
+    /// The conflict's id.
+    pub id: i64,
     /// The consumer that saw it.
     pub consumer_name: String,
     /// The event id.
@@ -258,13 +287,17 @@ pub struct ConflictView {
     pub last_seen: DateTime<Utc>,
 }
 
-/// Which outbox dead letters to requeue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requeue {
-    /// These event ids (ids that are not dead letters are skipped, and not counted).
-    Ids(Vec<EventId>),
-    /// Every dead letter.
-    All,
+/// A conflict with its payloads, as far as this database holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConflictDetail {
+    /// The conflict.
+    #[serde(flatten)]
+    pub conflict: ConflictView,
+    /// The conflicting payload, as received.
+    pub received_payload: PayloadView,
+    /// The first payload (the one the consumer applied), when this database still holds the
+    /// producer's row with that fingerprint; the inbox keeps only the fingerprint.
+    pub first_payload: Option<PayloadView>,
 }
 
 /// The operator's reads and actions on one outbox schema (see the module docs).
@@ -405,122 +438,421 @@ impl Admin {
         stats_from_row(&r).map_err(|e| AdminError::sqlx("overview", e))
     }
 
-    /// Outbox dead letters, oldest first, at most `limit` (1 to [`MAX_LIST`]).
+    /// Outbox dead letters matching `filter`, oldest first, at most `limit` (1 to
+    /// [`MAX_LIST`]).
     ///
     /// # Errors
     /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
     /// database's failure.
-    pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, AdminError> {
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: i64,
+    ) -> Result<Vec<DeadLetterView>, AdminError> {
         check_limit("dead letters", limit)?;
-        self.store
-            .dead_letter_list(DeadLetterListParams { limit })
+        let selection = DeadLetterSelection::Matching(filter.clone());
+        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_LIST));
+        selection
+            .bind(sqlx::query(AssertSqlSafe(sql)))
+            .bind(limit)
+            .fetch_all(self.store.pool())
             .await
-            .map_err(|e| AdminError::store("dead letters", e))
+            .map_err(|e| AdminError::sqlx("dead letters", e))?
+            .iter()
+            .map(dead_letters::view)
+            .collect::<Result<_, _>>()
+            .map_err(|e| AdminError::sqlx("dead letters", e))
     }
 
-    /// Requeues outbox dead letters under their own event ids (the relay publishes them again,
-    /// then the events of their aggregates that waited behind them). Returns how many were
-    /// requeued.
+    /// The reason groups of the outbox dead letters matching `filter`, largest first (see
+    /// [`dead_letters`](self::dead_letters) for what a reason is). Reads at most
+    /// [`GROUP_SCAN`] dead letters.
     ///
     /// # Errors
-    /// [`AdminError`] of kind `PermissionDenied` when the role may only read; otherwise the
-    /// database's failure (nothing was requeued).
-    pub async fn requeue_dead_letters(&self, which: Requeue) -> Result<u64, AdminError> {
-        let params = RequeueParams {
-            event_ids: match which {
-                Requeue::Ids(ids) => Some(ids),
-                Requeue::All => None,
-            },
-        };
-        self.store
-            .dead_letter_requeue(params)
+    /// [`AdminError`]: the database's failure.
+    pub async fn dead_letter_groups(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<DeadLetterGroups, AdminError> {
+        let selection = DeadLetterSelection::Matching(filter.clone());
+        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_GROUPS));
+        let groups: Vec<DeadLetterGroup> = selection
+            .bind(sqlx::query(AssertSqlSafe(sql)))
+            .bind(GROUP_SCAN + 1)
+            .fetch_all(self.store.pool())
             .await
-            .map_err(|e| AdminError::store("requeue", e))
+            .map_err(|e| AdminError::sqlx("dead letter groups", e))?
+            .iter()
+            .map(dead_letters::group)
+            .collect::<Result<_, _>>()
+            .map_err(|e| AdminError::sqlx("dead letter groups", e))?;
+        let read: i64 = groups.iter().map(|g| g.count).sum();
+        Ok(DeadLetterGroups {
+            groups,
+            complete: read <= GROUP_SCAN,
+        })
     }
 
-    /// Inbox conflicts, newest first, at most `limit` (1 to [`MAX_LIST`]).
+    /// One outbox dead letter whole: its row, payload and headers. Reading a payload needs the
+    /// operator role (the read-only role never reads payloads).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `NotFound` when `event_id` is not a dead letter,
+    /// `PermissionDenied` under a role that may not read payloads, or the database's failure.
+    pub async fn dead_letter(&self, event_id: EventId) -> Result<DeadLetterDetail, AdminError> {
+        const OP: &str = "dead letter";
+        let mut list = self
+            .dead_letter_rows(&DeadLetterSelection::Ids(vec![event_id]))
+            .await?;
+        let Some(dead_letter) = list.pop() else {
+            return Err(not_found(
+                OP,
+                format!("{event_id} is not an outbox dead letter"),
+            ));
+        };
+        let row = sqlx::query(AssertSqlSafe(self.render(dead_letters::OUTBOX_DETAIL)))
+            .bind(event_id)
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(|e| self.action_error(OP, e))?
+            .ok_or_else(|| not_found(OP, format!("{event_id} is not an outbox dead letter")))?;
+        let decode = || -> Result<DeadLetterDetail, sqlx::Error> {
+            Ok(DeadLetterDetail {
+                dead_letter,
+                payload: PayloadView::of(row.try_get(0)?),
+                headers: row.try_get(1)?,
+                partition_key: row.try_get(2)?,
+            })
+        };
+        decode().map_err(|e| AdminError::sqlx(OP, e))
+    }
+
+    async fn dead_letter_rows(
+        &self,
+        selection: &DeadLetterSelection,
+    ) -> Result<Vec<DeadLetterView>, AdminError> {
+        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_LIST));
+        selection
+            .bind(sqlx::query(AssertSqlSafe(sql)))
+            .bind(MAX_LIST)
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(|e| AdminError::sqlx("dead letter", e))?
+            .iter()
+            .map(dead_letters::view)
+            .collect::<Result<_, _>>()
+            .map_err(|e| AdminError::sqlx("dead letter", e))
+    }
+
+    /// Requeues the outbox dead letters `which` selects under their own event ids (the relay
+    /// publishes them again, then the events of their aggregates that waited behind them), in
+    /// one statement with its audit record, and wakes the relays. Returns how many.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `PermissionDenied` when the role may not act; otherwise the
+    /// database's failure. Nothing was requeued or recorded then.
+    pub async fn requeue_dead_letters(
+        &self,
+        which: &DeadLetterSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, AdminError> {
+        const OP: &str = "requeue dead letters";
+        let selection = which.to_json();
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_REQUEUE));
+        let result = match which
+            .bind(sqlx::query(AssertSqlSafe(sql)))
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(r) if r.rows_affected() > 0 => {
+                // Delivered at commit: relays move the requeued events (and the ones parked
+                // behind them) at once.
+                sqlx::query("SELECT pg_notify($1, '')")
+                    .bind(self.store.schema().wakeup_channel())
+                    .execute(&mut *tx)
+                    .await
+                    .map(|_| r.rows_affected())
+            }
+            Ok(r) => Ok(r.rows_affected()),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| self.action_error(OP, e));
+        self.finish(tx, OP, actor, &selection, reason, result).await
+    }
+
+    /// Discards the outbox dead letters `which` selects: they will never be published. Each
+    /// is copied whole into `discarded_events` with the id of the audit record that names
+    /// the actor and `reason`, and removed from the outbox, in one statement; the events of
+    /// their aggregates that waited behind them then move on.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` without a reason, `PermissionDenied` when the
+    /// role may not act; otherwise the database's failure. Nothing was discarded or recorded
+    /// then.
+    pub async fn discard_dead_letters(
+        &self,
+        which: &DeadLetterSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<Discarded, AdminError> {
+        const OP: &str = "discard dead letters";
+        require_reason(OP, reason)?;
+        let selection = which.to_json();
+        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_DISCARD));
+        let mut conn = self
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(|e| AdminError::sqlx(OP, e))?;
+        let result = which
+            .bind(sqlx::query(AssertSqlSafe(sql)))
+            .bind(actor.name())
+            .bind(actor.via())
+            .bind(actor.credential())
+            .bind(&selection)
+            .bind(reason)
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|r| {
+                Ok(Discarded {
+                    discarded: u64::try_from(r.try_get::<i64, _>(0)?).unwrap_or(0),
+                    audit_id: r.try_get(1)?,
+                })
+            })
+            .map_err(|e| self.action_error(OP, e));
+        let result = match result {
+            Ok(d) => conn
+                .commit()
+                .await
+                .map(|()| d)
+                .map_err(|e| AdminError::sqlx(OP, e)),
+            Err(e) => Err(e),
+        };
+        audit::log(
+            actor,
+            OP,
+            &selection,
+            reason,
+            result.as_ref().map(|d| d.discarded),
+        );
+        result
+    }
+
+    /// Inbox conflicts, newest first, of `event_id` or of every event, at most `limit` (1 to
+    /// [`MAX_LIST`]).
     ///
     /// # Errors
     /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
     /// database's failure.
-    pub async fn conflicts(&self, limit: i64) -> Result<Vec<ConflictView>, AdminError> {
+    pub async fn conflicts(
+        &self,
+        event_id: Option<EventId>,
+        limit: i64,
+    ) -> Result<Vec<ConflictView>, AdminError> {
         check_limit("conflicts", limit)?;
-        let list = self
-            .store
-            .inbox()
-            .conflicts(self.store.pool(), limit)
-            .await
-            .map_err(|e| AdminError::sqlx("conflicts", e))?;
-        Ok(list
-            .into_iter()
-            .map(|c| ConflictView {
-                consumer_name: c.consumer_name,
-                event_id: c.event_id,
-                stored_sha256: c.stored.to_hex(),
-                received_sha256: c.received.to_hex(),
-                aggregate_type: c.aggregate_type,
-                aggregate_id: c.aggregate_id,
-                aggregate_version: c.aggregate_version,
-                event_type: c.event_type,
-                occurrences: c.occurrences,
-                first_seen: c.first_seen,
-                last_seen: c.last_seen,
-            })
-            .collect())
+        trace::rows(
+            self.store.pool(),
+            self.store.schema(),
+            LIST_CONFLICTS,
+            |q| q.bind(event_id).bind(limit),
+            conflict_view,
+        )
+        .await
+        .map_err(|e| AdminError::sqlx("conflicts", e))
     }
 
-    /// Consumer dead letters not resolved, oldest first, of `consumer` or of all consumers,
-    /// at most `limit` (1 to [`MAX_LIST`]).
+    /// One conflict with its payloads: the conflicting one, and the first one where this
+    /// database still holds it. Needs the operator role (payloads).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `NotFound` (no such conflict), `PermissionDenied` under a role
+    /// that may not read payloads, or the database's failure.
+    pub async fn conflict(&self, id: i64) -> Result<ConflictDetail, AdminError> {
+        const OP: &str = "conflict";
+        let conflict = trace::rows(
+            self.store.pool(),
+            self.store.schema(),
+            "SELECT id, consumer_name, event_id, stored_sha256, received_sha256, aggregate_type, \
+             aggregate_id, aggregate_version, event_type, occurrences, first_seen, last_seen \
+             FROM {s}.inbox_conflicts WHERE id = $1",
+            |q| q.bind(id),
+            conflict_view,
+        )
+        .await
+        .map_err(|e| AdminError::sqlx(OP, e))?
+        .pop()
+        .ok_or_else(|| not_found(OP, format!("no conflict {id}")))?;
+        let row = sqlx::query(AssertSqlSafe(self.render(CONFLICT_PAYLOADS)))
+            .bind(id)
+            .fetch_one(self.store.pool())
+            .await
+            .map_err(|e| self.action_error(OP, e))?;
+        let decode = || -> Result<ConflictDetail, sqlx::Error> {
+            Ok(ConflictDetail {
+                conflict,
+                received_payload: PayloadView::of(row.try_get(0)?),
+                first_payload: row.try_get::<Option<Vec<u8>>, _>(1)?.map(PayloadView::of),
+            })
+        };
+        decode().map_err(|e| AdminError::sqlx(OP, e))
+    }
+
+    /// Consumer dead letters not resolved that `which` selects, oldest first, at most `limit`
+    /// (1 to [`MAX_LIST`]).
     ///
     /// # Errors
     /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
     /// database's failure.
     pub async fn consumer_dead_letters(
         &self,
-        consumer: Option<&str>,
+        which: &ConsumerSelection,
         limit: i64,
-    ) -> Result<Vec<ConsumerDeadLetter>, AdminError> {
+    ) -> Result<Vec<ConsumerDeadLetterView>, AdminError> {
         check_limit("consumer dead letters", limit)?;
-        crate::consumer::consumer_dead_letter_list(
-            self.store.pool(),
-            self.store.schema(),
-            consumer,
-            limit,
-        )
-        .await
-        .map_err(|e| AdminError::sqlx("consumer dead letters", e))
+        let sql = dead_letters::consumer_sql(dead_letters::CONSUMER_LIST_SQL, OPEN_STATES);
+        which
+            .bind(sqlx::query(AssertSqlSafe(self.render(&sql))))
+            .bind(limit)
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(|e| AdminError::sqlx("consumer dead letters", e))?
+            .iter()
+            .map(dead_letters::consumer_view)
+            .collect::<Result<_, _>>()
+            .map_err(|e| AdminError::sqlx("consumer dead letters", e))
     }
 
-    /// Marks consumer dead letters (these ids, or every open one) of `consumer` (or of every
-    /// consumer) for their consumer to apply again through its inbox. Returns how many.
+    /// The (consumer, reason) groups of the consumer dead letters not resolved that `which`
+    /// selects, largest first; reads at most [`GROUP_SCAN`] of them.
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database's failure.
+    pub async fn consumer_dead_letter_groups(
+        &self,
+        which: &ConsumerSelection,
+    ) -> Result<Vec<ConsumerDeadLetterGroup>, AdminError> {
+        let sql = dead_letters::consumer_sql(dead_letters::CONSUMER_GROUPS_SQL, OPEN_STATES);
+        which
+            .bind(sqlx::query(AssertSqlSafe(self.render(&sql))))
+            .bind(GROUP_SCAN)
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(|e| AdminError::sqlx("consumer dead letter groups", e))?
+            .iter()
+            .map(dead_letters::consumer_group)
+            .collect::<Result<_, _>>()
+            .map_err(|e| AdminError::sqlx("consumer dead letter groups", e))
+    }
+
+    /// One consumer dead letter whole, with the payload and headers as received. Needs the
+    /// operator role (payloads).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `NotFound`, `PermissionDenied`, or the database's failure.
+    pub async fn consumer_dead_letter(
+        &self,
+        id: i64,
+    ) -> Result<ConsumerDeadLetterDetail, AdminError> {
+        const OP: &str = "consumer dead letter";
+        let which = ConsumerSelection {
+            ids: Some(vec![id]),
+            ..ConsumerSelection::default()
+        };
+        let sql = dead_letters::consumer_sql(
+            dead_letters::CONSUMER_LIST_SQL,
+            "'dead', 'requeued', 'resolved'",
+        );
+        let dead_letter = which
+            .bind(sqlx::query(AssertSqlSafe(self.render(&sql))))
+            .bind(1_i64)
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(|e| AdminError::sqlx(OP, e))?
+            .as_ref()
+            .map(dead_letters::consumer_view)
+            .transpose()
+            .map_err(|e| AdminError::sqlx(OP, e))?
+            .ok_or_else(|| not_found(OP, format!("no consumer dead letter {id}")))?;
+        let row = sqlx::query(AssertSqlSafe(
+            self.render(dead_letters::CONSUMER_DETAIL_SQL),
+        ))
+        .bind(id)
+        .fetch_one(self.store.pool())
+        .await
+        .map_err(|e| self.action_error(OP, e))?;
+        let decode = || -> Result<ConsumerDeadLetterDetail, sqlx::Error> {
+            Ok(ConsumerDeadLetterDetail {
+                dead_letter,
+                payload: PayloadView::of(row.try_get(0)?),
+                headers: row.try_get(1)?,
+                content_type: row.try_get(2)?,
+            })
+        };
+        decode().map_err(|e| AdminError::sqlx(OP, e))
+    }
+
+    /// Marks the consumer dead letters `which` selects (in state `dead`) for their consumer to
+    /// apply again through its inbox, with the audit record. Returns how many.
     ///
     /// # Errors
     /// [`AdminError`] of kind `PermissionDenied` (naming the operator grants) when the role may
     /// only read; otherwise the database's failure (nothing was requeued).
     pub async fn requeue_consumer_dead_letters(
         &self,
-        consumer: Option<&str>,
-        ids: Option<&[i64]>,
+        which: &ConsumerSelection,
+        actor: &Actor,
+        reason: &str,
     ) -> Result<u64, AdminError> {
-        crate::consumer::consumer_dead_letter_requeue(
-            self.store.pool(),
-            self.store.schema(),
-            consumer,
-            ids,
+        self.consumer_action(
+            "requeue consumer dead letters",
+            dead_letters::CONSUMER_REQUEUE_SQL,
+            which,
+            actor,
+            reason,
         )
         .await
-        .map_err(|e| {
-            let pool = self.store.pool();
-            match PermissionDenied::from_sqlx(&e, Some(&pool_role(pool)), Some(Component::Operator))
-            {
-                Some(denied) => AdminError {
-                    operation: "requeue consumer dead letters",
-                    kind: AdminErrorKind::PermissionDenied,
-                    message: denied.to_string(),
-                },
-                None => AdminError::sqlx("requeue consumer dead letters", e),
-            }
-        })
+    }
+
+    /// Gives up the consumer dead letters `which` selects (in state `dead`): they become
+    /// `resolved` and are never applied; the audit record keeps the actor and `reason`.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` without a reason, `PermissionDenied` when the
+    /// role may only read; otherwise the database's failure (nothing changed).
+    pub async fn discard_consumer_dead_letters(
+        &self,
+        which: &ConsumerSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, AdminError> {
+        const OP: &str = "discard consumer dead letters";
+        require_reason(OP, reason)?;
+        self.consumer_action(OP, dead_letters::CONSUMER_DISCARD_SQL, which, actor, reason)
+            .await
+    }
+
+    async fn consumer_action(
+        &self,
+        operation: &'static str,
+        template: &str,
+        which: &ConsumerSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, AdminError> {
+        let selection = serde_json::to_value(which).unwrap_or_default();
+        let mut tx = self.begin(operation, actor, &selection, reason).await?;
+        let sql = self.render(&dead_letters::consumer_sql(template, "'dead'"));
+        let result = which
+            .bind(sqlx::query(AssertSqlSafe(sql)))
+            .execute(&mut *tx)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(|e| self.action_error(operation, e));
+        self.finish(tx, operation, actor, &selection, reason, result)
+            .await
     }
 
     /// Remote effects by state (all of them, settled ones included: this reads the whole
@@ -554,8 +886,8 @@ impl Admin {
             .map_err(|e| AdminError::effects("work items", e))
     }
 
-    /// Settles a work item by hand, or sends it again ([`Resolution`]); returns the row as it
-    /// is now.
+    /// Settles a work item by hand, or sends it again ([`Resolution`]), with the audit record;
+    /// returns the row as it is now.
     ///
     /// # Errors
     /// [`AdminError`] of kind `NotFound` (no such item), `Refused` (its state does not allow
@@ -565,12 +897,327 @@ impl Admin {
         &self,
         id: i64,
         resolution: Resolution,
+        actor: &Actor,
+        reason: &str,
     ) -> Result<WorkItemRow, AdminError> {
-        self.store
+        const OP: &str = "resolve work item";
+        let selection = serde_json::json!({ "work_item": id, "resolution": resolution.name() });
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let result = self
+            .store
             .effects()
-            .resolve(self.store.pool(), id, resolution)
+            .resolve_in(&mut tx, &pool_role(self.store.pool()), id, resolution)
             .await
-            .map_err(|e| AdminError::effects("resolve work item", e))
+            .map(|row| (1, row))
+            .map_err(|e| AdminError::effects(OP, e));
+        let result = match result {
+            Ok((n, row)) => Ok((n, Some(row))),
+            Err(e) => Err(e),
+        };
+        self.finish_with(tx, OP, actor, &selection, reason, result)
+            .await
+            .map(|row| row.expect("a resolved work item"))
+    }
+
+    /// "Reconcile now": the next lookup of a work item whose outcome is unknown is due at once
+    /// (a running executor looks it up on its next claim), with the audit record.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `Refused` when the item is not `unknown` (or does not exist),
+    /// `PermissionDenied` (the role may only read), or the database's failure.
+    pub async fn reconcile_work_item(
+        &self,
+        id: i64,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<(), AdminError> {
+        const OP: &str = "reconcile work item";
+        let selection = serde_json::json!({ "work_item": id });
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let result = match sqlx::query(AssertSqlSafe(self.render(RECONCILE_NOW)))
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(r) if r.rows_affected() == 1 => Ok(1),
+            Ok(_) => Err(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::Refused,
+                message: format!("work item {id} does not exist or its outcome is not unknown"),
+            }),
+            Err(e) => Err(self.action_error(OP, e)),
+        };
+        self.finish(tx, OP, actor, &selection, reason, result)
+            .await
+            .map(|_| ())
+    }
+
+    /// The audit records, newest first, older than record `before` when given, at most
+    /// `limit` (1 to [`MAX_LIST`]).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
+    /// database's failure.
+    pub async fn audit(
+        &self,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<AuditEntry>, AdminError> {
+        check_limit("audit", limit)?;
+        audit::list(self.store.pool(), self.store.schema(), before, limit)
+            .await
+            .map_err(|e| AdminError::sqlx("audit", e))
+    }
+
+    /// Everything this database holds of `event_id` ([`EventTrace`]; see the `trace` docs of
+    /// its fields).
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database's failure.
+    pub async fn trace_event(&self, event_id: EventId) -> Result<EventTrace, AdminError> {
+        let (pool, schema) = (self.store.pool(), self.store.schema());
+        let err = |e| AdminError::sqlx("trace", e);
+        let bind = |q: trace::Query| q.bind(event_id);
+        Ok(EventTrace {
+            event_id,
+            outbox: trace::rows(pool, schema, trace::EVENT, bind, trace::traced_event)
+                .await
+                .map_err(err)?
+                .pop(),
+            discarded: trace::rows(pool, schema, trace::DISCARDED, bind, trace::discarded)
+                .await
+                .map_err(err)?
+                .pop(),
+            inbox: trace::rows(
+                pool,
+                schema,
+                &trace::inbox_of_event(),
+                bind,
+                trace::inbox_record,
+            )
+            .await
+            .map_err(err)?,
+            conflicts: self.conflicts(Some(event_id), MAX_LIST).await?,
+            consumer_dead_letters: trace::rows(
+                pool,
+                schema,
+                trace::CONSUMER_DEAD_OF_EVENT,
+                bind,
+                crate::consumer::dead_letter_from_row,
+            )
+            .await
+            .map_err(err)?,
+            work_items: trace::rows(
+                pool,
+                schema,
+                trace::WORK_ITEMS_OF_EVENT,
+                bind,
+                crate::effects::row_to_item,
+            )
+            .await
+            .map_err(err)?,
+            audit: audit::of_event(pool, schema, event_id).await.map_err(err)?,
+        })
+    }
+
+    /// Everything this database holds of one aggregate's events: the outbox's rows (lowest
+    /// version first, at most `limit`, 1 to [`MAX_LIST`]), the discarded ones, and each
+    /// consumer's last applied version.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
+    /// database's failure.
+    pub async fn trace_aggregate(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        limit: i64,
+    ) -> Result<AggregateTrace, AdminError> {
+        check_limit("trace", limit)?;
+        let (pool, schema) = (self.store.pool(), self.store.schema());
+        let err = |e| AdminError::sqlx("trace", e);
+        let (t, i) = (aggregate_type.to_owned(), aggregate_id.to_owned());
+        Ok(AggregateTrace {
+            outbox: trace::rows(
+                pool,
+                schema,
+                trace::AGGREGATE_EVENTS,
+                |q| q.bind(t.clone()).bind(i.clone()).bind(limit),
+                trace::traced_event,
+            )
+            .await
+            .map_err(err)?,
+            discarded: trace::rows(
+                pool,
+                schema,
+                trace::AGGREGATE_DISCARDED,
+                |q| q.bind(t.clone()).bind(i.clone()).bind(limit),
+                trace::discarded,
+            )
+            .await
+            .map_err(err)?,
+            consumers: trace::rows(
+                pool,
+                schema,
+                &trace::inbox_of_aggregate(),
+                |q| q.bind(t.clone()).bind(i.clone()),
+                trace::progress,
+            )
+            .await
+            .map_err(err)?,
+            aggregate_type: t,
+            aggregate_id: i,
+        })
+    }
+
+    fn render(&self, template: &str) -> std::sync::Arc<str> {
+        self.store.schema().render(template)
+    }
+
+    /// An action's error: a missing grant names the operator role's grants.
+    fn action_error(&self, operation: &'static str, e: sqlx::Error) -> AdminError {
+        let pool = self.store.pool();
+        match PermissionDenied::from_sqlx(&e, Some(&pool_role(pool)), Some(Component::Operator)) {
+            Some(denied) => AdminError {
+                operation,
+                kind: AdminErrorKind::PermissionDenied,
+                message: denied.to_string(),
+            },
+            None => AdminError::sqlx(operation, e),
+        }
+    }
+
+    /// The transaction of an action; a failure to begin it is logged as the action's.
+    async fn begin(
+        &self,
+        operation: &'static str,
+        actor: &Actor,
+        selection: &serde_json::Value,
+        reason: &str,
+    ) -> Result<Transaction<'static, Postgres>, AdminError> {
+        self.store.pool().begin().await.map_err(|e| {
+            let e = AdminError::sqlx(operation, e);
+            audit::log(actor, operation, selection, reason, Err(&e));
+            e
+        })
+    }
+
+    /// Ends an action: on success records it and commits, on failure rolls back; logs the
+    /// outcome either way. Returns the rows changed.
+    async fn finish(
+        &self,
+        tx: Transaction<'static, Postgres>,
+        operation: &'static str,
+        actor: &Actor,
+        selection: &serde_json::Value,
+        reason: &str,
+        result: Result<u64, AdminError>,
+    ) -> Result<u64, AdminError> {
+        self.finish_with(
+            tx,
+            operation,
+            actor,
+            selection,
+            reason,
+            result.map(|n| (n, n)),
+        )
+        .await
+    }
+
+    async fn finish_with<T>(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        operation: &'static str,
+        actor: &Actor,
+        selection: &serde_json::Value,
+        reason: &str,
+        result: Result<(u64, T), AdminError>,
+    ) -> Result<T, AdminError> {
+        let result = match result {
+            Ok((n, value)) => {
+                let recorded = record_and_commit(
+                    &mut tx,
+                    self.store.schema(),
+                    actor,
+                    operation,
+                    selection,
+                    reason,
+                    n,
+                )
+                .await;
+                match recorded {
+                    Ok(()) => tx
+                        .commit()
+                        .await
+                        .map(|()| (n, value))
+                        .map_err(|e| AdminError::sqlx(operation, e)),
+                    Err(e) => Err(self.action_error(operation, e)),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        audit::log(
+            actor,
+            operation,
+            selection,
+            reason,
+            result.as_ref().map(|(n, _)| *n),
+        );
+        result.map(|(_, value)| value)
+    }
+}
+
+/// Consumer dead-letter states a list shows: not resolved.
+const OPEN_STATES: &str = "'dead', 'requeued'";
+
+async fn record_and_commit(
+    conn: &mut PgConnection,
+    schema: &crate::schema::Schema,
+    actor: &Actor,
+    operation: &str,
+    selection: &serde_json::Value,
+    reason: &str,
+    affected: u64,
+) -> Result<(), sqlx::Error> {
+    audit::record(conn, schema, actor, operation, selection, reason, affected)
+        .await
+        .map(|_| ())
+}
+
+fn conflict_view(r: &sqlx::postgres::PgRow) -> Result<ConflictView, sqlx::Error> {
+    Ok(ConflictView {
+        id: r.try_get(0)?,
+        consumer_name: r.try_get(1)?,
+        event_id: r.try_get(2)?,
+        stored_sha256: hex::encode(r.try_get::<Vec<u8>, _>(3)?),
+        received_sha256: hex::encode(r.try_get::<Vec<u8>, _>(4)?),
+        aggregate_type: r.try_get(5)?,
+        aggregate_id: r.try_get(6)?,
+        aggregate_version: r.try_get(7)?,
+        event_type: r.try_get(8)?,
+        occurrences: r.try_get(9)?,
+        first_seen: r.try_get(10)?,
+        last_seen: r.try_get(11)?,
+    })
+}
+
+fn not_found(operation: &'static str, message: String) -> AdminError {
+    AdminError {
+        operation,
+        kind: AdminErrorKind::NotFound,
+        message,
+    }
+}
+
+fn require_reason(operation: &'static str, reason: &str) -> Result<(), AdminError> {
+    if reason.trim().is_empty() {
+        Err(AdminError {
+            operation,
+            kind: AdminErrorKind::InvalidRequest,
+            message: "a discard needs a reason (it is kept in the audit record)".into(),
+        })
+    } else {
+        Ok(())
     }
 }
 

@@ -303,23 +303,28 @@ pub async fn consumer_dead_letter_list<'e, E: sqlx::PgExecutor<'e>>(
         .bind(limit)
         .fetch_all(executor)
         .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(ConsumerDeadLetter {
-                id: r.try_get(0)?,
-                consumer_name: r.try_get(1)?,
-                event_id: r.try_get(2)?,
-                aggregate_type: r.try_get(3)?,
-                aggregate_id: r.try_get(4)?,
-                aggregate_version: r.try_get(5)?,
-                event_type: r.try_get(6)?,
-                error: r.try_get(7)?,
-                attempts: r.try_get(8)?,
-                state: r.try_get(9)?,
-                created_at: r.try_get(10)?,
-            })
-        })
-        .collect()
+    rows.iter().map(dead_letter_from_row).collect()
+}
+
+/// A consumer dead letter from the columns `id, consumer_name, event_id, aggregate_type,
+/// aggregate_id, aggregate_version, event_type, error, attempts, state, created_at`, in that
+/// order.
+pub(crate) fn dead_letter_from_row(
+    r: &sqlx::postgres::PgRow,
+) -> Result<ConsumerDeadLetter, sqlx::Error> {
+    Ok(ConsumerDeadLetter {
+        id: r.try_get(0)?,
+        consumer_name: r.try_get(1)?,
+        event_id: r.try_get(2)?,
+        aggregate_type: r.try_get(3)?,
+        aggregate_id: r.try_get(4)?,
+        aggregate_version: r.try_get(5)?,
+        event_type: r.try_get(6)?,
+        error: r.try_get(7)?,
+        attempts: r.try_get(8)?,
+        state: r.try_get(9)?,
+        created_at: r.try_get(10)?,
+    })
 }
 
 /// Marks dead letters for the consumer engine to apply again (through the inbox). `ids: None`

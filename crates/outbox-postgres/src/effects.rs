@@ -219,7 +219,7 @@ pub enum Resolution {
 }
 
 impl Resolution {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::Succeeded { .. } => "succeeded",
             Self::Failed { .. } => "failed",
@@ -372,7 +372,7 @@ impl Statements {
     }
 }
 
-fn row_to_item(r: &PgRow) -> Result<WorkItemRow, sqlx::Error> {
+pub(crate) fn row_to_item(r: &PgRow) -> Result<WorkItemRow, sqlx::Error> {
     Ok(WorkItemRow {
         id: r.try_get("id")?,
         kind: r.try_get("kind")?,
@@ -586,6 +586,20 @@ impl PgEffects {
         id: i64,
         resolution: Resolution,
     ) -> Result<WorkItemRow, EffectsError> {
+        let mut conn = pool.acquire().await?;
+        self.resolve_in(&mut conn, &pool_role(pool), id, resolution)
+            .await
+    }
+
+    /// [`resolve`](Self::resolve) on `conn` (an operator's transaction), `role` being the
+    /// role it acts as, for a missing grant's message.
+    pub(crate) async fn resolve_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        role: &str,
+        id: i64,
+        resolution: Resolution,
+    ) -> Result<WorkItemRow, EffectsError> {
         let query = match &resolution {
             Resolution::Succeeded { reference } => {
                 sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.resolve_succeeded)))
@@ -602,16 +616,16 @@ impl PgEffects {
             }
         };
         let row = query
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await
-            .map_err(|e| EffectsError::denied(e, Some(pool_role(pool)), Component::Operator))?;
+            .map_err(|e| EffectsError::denied(e, Some(role.to_owned()), Component::Operator))?;
         if let Some(row) = row {
             return Ok(row_to_item(&row)?);
         }
         let state: Option<String> =
             sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.sql.select_state)))
                 .bind(id)
-                .fetch_optional(pool)
+                .fetch_optional(&mut *conn)
                 .await?;
         match state {
             None => Err(EffectsError::NotFound { id }),

@@ -57,6 +57,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_operator_indexes.sql",
         sql: include_str!("../migrations/0007_operator_indexes.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_operator_actions.sql",
+        sql: include_str!("../migrations/0008_operator_actions.sql"),
+    },
 ];
 
 /// The schema version this release needs.

@@ -9,8 +9,8 @@
 //! | [`Component::Consumer`] | [`crate::PgConsumer`], [`crate::PgInbox`], [`crate::PgEffects::enqueue`] | inbox tables, consumer dead letters, insert work items |
 //! | [`Component::Executor`] | `outbox effects run`, [`crate::PgExecutor`] | read work items, write their execution columns |
 //! | [`Component::Maintainer`] | `outbox cleanup` | delete old inbox identities, settled work items, old published rows (mark mode), expired leases |
-//! | [`Component::Reader`] | `outbox status`, `… list` | read everything the CLI shows; no payloads of events, conflicts or consumer dead letters |
-//! | [`Component::Operator`] | `dead-letters requeue`, `consumer-dead-letters requeue`, `effects resolve` | the reader's reads plus those updates |
+//! | [`Component::Reader`] | `outbox status`, `… list`, `trace`, `audit`, the console's reads | read everything the CLI shows; no payloads of events, conflicts or consumer dead letters |
+//! | [`Component::Operator`] | `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `effects resolve`, the console's actions | the reader's reads plus those changes, each with its `audit` row; the payloads and headers of dead letters and conflicts, to judge them |
 //!
 //! Every table and sequence the migrations create has one entry in `OBJECTS` below, with an
 //! explicit decision for every component (an empty list is the decision "nothing"). A table a
@@ -265,8 +265,13 @@ const OBJECTS: &[Decision] = &[
             "last_error",
             "published_at",
         ]))],
-        // dead-letters requeue
-        operator: &[Update(Only(&["state", "attempts", "available_at"]))],
+        // dead-letters requeue; discard (a delete of dead rows, copied whole into
+        // discarded_events); the payload and headers of a dead letter, to judge it.
+        operator: &[
+            Select(Only(&["payload", "headers"])),
+            Update(Only(&["state", "attempts", "available_at"])),
+            Delete,
+        ],
     },
     Decision {
         name: "lease_token_seq",
@@ -353,7 +358,8 @@ const OBJECTS: &[Decision] = &[
         executor: NONE,
         // Retention deletes by ctid and age; it never reads the identities.
         maintainer: &[Select(Only(&["ctid", "received_at"])), Delete],
-        reader: NONE,
+        // Tracing an event to each consumer's record of it (ids and fingerprints, no payload).
+        reader: &[Select(All)],
         operator: NONE,
     },
     Decision {
@@ -393,7 +399,8 @@ const OBJECTS: &[Decision] = &[
             "first_seen",
             "last_seen",
         ]))],
-        operator: NONE,
+        // The conflicting payload, to compare it with the first one.
+        operator: &[Select(Only(&["payload"]))],
     },
     Decision {
         name: "inbox_aggregates",
@@ -412,7 +419,8 @@ const OBJECTS: &[Decision] = &[
         ],
         executor: NONE,
         maintainer: NONE,
-        reader: NONE,
+        // Tracing an aggregate: each consumer's last applied version.
+        reader: &[Select(All)],
         operator: NONE,
     },
     Decision {
@@ -459,8 +467,12 @@ const OBJECTS: &[Decision] = &[
             "created_at",
             "updated_at",
         ]))],
-        // consumer-dead-letters requeue
-        operator: &[Update(Only(&["state", "updated_at"]))],
+        // consumer-dead-letters requeue and discard (state 'resolved'); the payload and headers
+        // of a dead letter, to judge it.
+        operator: &[
+            Select(Only(&["payload", "headers"])),
+            Update(Only(&["state", "updated_at"])),
+        ],
     },
     Decision {
         name: "work_items",
@@ -518,6 +530,55 @@ const OBJECTS: &[Decision] = &[
             "resolved_at",
             "updated_at",
         ]))],
+    },
+    Decision {
+        name: "audit",
+        kind: Kind::Table,
+        producer: NONE,
+        relay: NONE,
+        consumer: NONE,
+        executor: NONE,
+        maintainer: NONE,
+        reader: &[Select(All)],
+        // Each action's record, in its transaction. Never `at` or `db_role` (the database
+        // writes them), never an update or a delete.
+        operator: &[Insert(Only(&[
+            "actor",
+            "via",
+            "credential",
+            "action",
+            "selection",
+            "reason",
+            "affected",
+        ]))],
+    },
+    Decision {
+        name: "discarded_events",
+        kind: Kind::Table,
+        producer: NONE,
+        relay: NONE,
+        consumer: NONE,
+        executor: NONE,
+        maintainer: NONE,
+        // Everything but the payload and the headers, as for `events`.
+        reader: &[Select(Only(&[
+            "event_id",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "event_type",
+            "schema_version",
+            "content_type",
+            "destination",
+            "partition_key",
+            "created_at",
+            "attempts",
+            "last_error",
+            "discarded_at",
+            "audit_id",
+        ]))],
+        // discard
+        operator: &[Select(Only(&["payload", "headers"])), Insert(All)],
     },
 ];
 

@@ -23,6 +23,7 @@ use outbox_core::{
     ClaimParams, Fingerprint, IncomingEvent, OutboxStore, PublishErrorKind, RequeueParams,
     StoreErrorKind,
 };
+use outbox_postgres::admin::{Actor, Admin, AdminErrorKind, DeadLetterSelection};
 use outbox_postgres::roles::{Component, RoleName, RolePlan, RolesError, check_privileges};
 use outbox_postgres::{
     EffectsError, EnqueueError, EnqueueOutcome, IdempotencyBegin, MigrateError, NewWorkItem,
@@ -979,6 +980,59 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         .await
         .unwrap();
     assert_eq!(item.state, "pending");
+
+    // Through the admin module (the CLI's and the console's): the reader traces and reads the
+    // audit, but reads no payload and discards nothing; the operator does both, and its
+    // record names the operator's database role.
+    PgOutbox::new(env.schema.clone())
+        .enqueue(&env.admin, &msg("b", 1))
+        .await
+        .unwrap();
+    env.exec("UPDATE {s}.events SET state = 'dead', last_error = 'test' WHERE aggregate_id = 'b'")
+        .await;
+    let dead: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT event_id FROM {}.events WHERE aggregate_id = 'b'",
+        env.schema.as_str()
+    )))
+    .fetch_one(&env.admin)
+    .await
+    .unwrap();
+    let who = Actor::new("tester", "roles test").unwrap();
+    let as_reader = Admin::new(store(&reader, &env.schema));
+    assert_eq!(
+        as_reader
+            .trace_event(dead)
+            .await
+            .unwrap()
+            .outbox
+            .unwrap()
+            .state,
+        "dead"
+    );
+    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 0);
+    let e = as_reader.dead_letter(dead).await.unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    assert!(e.message.contains("needs the operator grants"), "{e}");
+    let e = as_reader
+        .discard_dead_letters(&DeadLetterSelection::All, &who, "test")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    let as_operator = Admin::new(store(&operator, &env.schema));
+    let detail = as_operator.dead_letter(dead).await.unwrap();
+    assert!(detail.payload.text.unwrap().contains(r#""id":"b""#));
+    let d = as_operator
+        .discard_dead_letters(&DeadLetterSelection::Ids(vec![dead]), &who, "test")
+        .await
+        .unwrap();
+    assert_eq!(d.discarded, 1);
+    let audit = as_reader.audit(None, 10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].db_role, env.role(Component::Operator).as_str());
+    assert_eq!(
+        (audit[0].actor.as_str(), audit[0].via.as_str()),
+        ("tester", "roles test")
+    );
     env.cleanup().await;
 }
 

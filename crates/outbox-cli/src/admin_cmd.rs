@@ -1,0 +1,524 @@
+//! The operator's commands: `dead-letters`, `conflicts`, `consumer-dead-letters`, `audit` and
+//! `trace`. Each reads and acts through `outbox_postgres::admin::Admin`, as the console does;
+//! every action is recorded in the audit table under the actor (`--actor`, else
+//! `OUTBOX_ACTOR`, else the OS user) with `via = cli`.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use outbox_postgres::admin::{
+    Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection,
+};
+
+/// Who acts and why: every action's audit record.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ActionArgs {
+    /// Why (kept in the audit record).
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// Who acts, for the audit record [default: $OUTBOX_ACTOR, else the OS user].
+    #[arg(long, env = "OUTBOX_ACTOR")]
+    actor: Option<String>,
+}
+
+impl ActionArgs {
+    pub(crate) fn actor(&self) -> Result<Actor> {
+        let name = self
+            .actor
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .or_else(|| std::env::var("LOGNAME").ok())
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| "unknown OS user".to_owned());
+        Ok(Actor::new(name, "cli")?)
+    }
+
+    pub(crate) fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+/// Which outbox dead letters (every flag optional; all given must hold).
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct FilterArgs {
+    /// Only this aggregate type.
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// Only this event type.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Only rows with this destination override.
+    #[arg(long)]
+    destination: Option<String>,
+    /// Only this reason group (the key `dead-letters groups` prints).
+    #[arg(long)]
+    group: Option<String>,
+    /// Only events written at or after this time (RFC 3339).
+    #[arg(long)]
+    since: Option<DateTime<Utc>>,
+    /// Only events written before this time (RFC 3339).
+    #[arg(long)]
+    until: Option<DateTime<Utc>>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> DeadLetterFilter {
+        DeadLetterFilter {
+            aggregate_type: self.aggregate_type.clone(),
+            event_type: self.event_type.clone(),
+            destination: self.destination.clone(),
+            reason_group: self.group.clone(),
+            created_after: self.since,
+            created_before: self.until,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.filter() == DeadLetterFilter::default()
+    }
+}
+
+/// Ids, `--all`, or a filter: what an action on outbox dead letters takes.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct SelectArgs {
+    /// Event ids.
+    event_ids: Vec<uuid::Uuid>,
+    /// Every dead letter.
+    #[arg(long, conflicts_with = "event_ids")]
+    all: bool,
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+impl SelectArgs {
+    fn selection(&self) -> Result<DeadLetterSelection> {
+        let filtered = !self.filter.is_empty();
+        Ok(match (self.event_ids.is_empty(), self.all, filtered) {
+            (false, false, false) => DeadLetterSelection::Ids(self.event_ids.clone()),
+            (true, true, false) => DeadLetterSelection::All,
+            (true, false, true) => DeadLetterSelection::Matching(self.filter.filter()),
+            _ => bail!("give event ids, --all, or filter flags (one of the three)"),
+        })
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum DeadLetterCmd {
+    /// List dead letters, oldest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dead letters grouped by reason (their error with numbers and ids as `#`), largest first.
+    Groups {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One dead letter whole, payload and headers included, as JSON (needs the operator role).
+    Show {
+        /// Its event id.
+        event_id: uuid::Uuid,
+    },
+    /// Make dead letters pending again (attempts reset), by ids, --all or filter; their
+    /// aggregates resume in order.
+    Requeue {
+        #[command(flatten)]
+        select: SelectArgs,
+        #[command(flatten)]
+        action: ActionArgs,
+    },
+    /// Give dead letters up for good, by ids, --all or filter (needs --reason): each is kept
+    /// whole in `discarded_events` and removed from the outbox; its aggregate moves on.
+    Discard {
+        #[command(flatten)]
+        select: SelectArgs,
+        #[command(flatten)]
+        action: ActionArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum ConflictsCmd {
+    /// List conflicts, newest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Only this event id's.
+        #[arg(long)]
+        event_id: Option<uuid::Uuid>,
+    },
+    /// One conflict with the conflicting payload and, where this database still holds it,
+    /// the first one, as JSON (needs the operator role).
+    Show {
+        /// Its id (from `list`).
+        id: i64,
+    },
+}
+
+/// Which consumer dead letters.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ConsumerSelectArgs {
+    /// Dead-letter ids (from `list`).
+    ids: Vec<i64>,
+    /// Every open dead letter (of --consumer, of --group, when given).
+    #[arg(long, conflicts_with = "ids")]
+    all: bool,
+    /// Only this consumer.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Only this reason group (the key `groups` prints).
+    #[arg(long)]
+    group: Option<String>,
+}
+
+impl ConsumerSelectArgs {
+    fn selection(&self) -> Result<ConsumerSelection> {
+        if self.ids.is_empty() && !self.all {
+            bail!("give dead-letter ids or --all (with --consumer or --group to narrow it)");
+        }
+        Ok(ConsumerSelection {
+            consumer: self.consumer.clone(),
+            ids: (!self.all).then(|| self.ids.clone()),
+            reason_group: self.group.clone(),
+        })
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum ConsumerDeadLetterCmd {
+    /// List open consumer dead letters, oldest first.
+    List {
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Only this reason group.
+        #[arg(long)]
+        group: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Open consumer dead letters grouped by consumer and reason, largest first.
+    Groups {
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+    },
+    /// One consumer dead letter whole, payload and headers as received, as JSON (needs the
+    /// operator role).
+    Show {
+        /// Its id.
+        id: i64,
+    },
+    /// Mark dead letters for their consumer to apply again, through its inbox.
+    Requeue {
+        #[command(flatten)]
+        select: ConsumerSelectArgs,
+        #[command(flatten)]
+        action: ActionArgs,
+    },
+    /// Give dead letters up (state `resolved`, never applied; needs --reason).
+    Discard {
+        #[command(flatten)]
+        select: ConsumerSelectArgs,
+        #[command(flatten)]
+        action: ActionArgs,
+    },
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// `outbox dead-letters`.
+pub(crate) async fn dead_letters(admin: Admin, cmd: DeadLetterCmd) -> Result<ExitCode> {
+    admin.ready().await?;
+    match cmd {
+        DeadLetterCmd::List {
+            limit,
+            filter,
+            json,
+        } => {
+            let list = admin.dead_letters(&filter.filter(), limit).await?;
+            if json {
+                return print_json(&list).map(|()| ExitCode::SUCCESS);
+            }
+            if list.is_empty() {
+                println!("no dead letters");
+            }
+            for d in list {
+                println!(
+                    "{}  {}/{} v{}  {}  attempts={}  waiting_behind={}  created={}\n    last_error: {}",
+                    d.event_id,
+                    d.aggregate_type,
+                    d.aggregate_id,
+                    d.aggregate_version,
+                    d.event_type,
+                    d.attempts,
+                    d.blocked_behind,
+                    d.created_at.to_rfc3339(),
+                    d.last_error.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        DeadLetterCmd::Groups { filter, json } => {
+            let groups = admin.dead_letter_groups(&filter.filter()).await?;
+            if json {
+                return print_json(&groups).map(|()| ExitCode::SUCCESS);
+            }
+            if groups.groups.is_empty() {
+                println!("no dead letters");
+            }
+            for g in &groups.groups {
+                println!(
+                    "{:>7}  {}\n         types {}  events {}  created {} .. {}",
+                    g.count,
+                    g.reason,
+                    g.aggregate_types.join(","),
+                    g.event_types.join(","),
+                    g.first_created_at.to_rfc3339(),
+                    g.last_created_at.to_rfc3339()
+                );
+            }
+            if !groups.complete {
+                println!(
+                    "note: more than {} dead letters match; these groups count the oldest {} only",
+                    outbox_postgres::admin::GROUP_SCAN,
+                    outbox_postgres::admin::GROUP_SCAN
+                );
+            }
+        }
+        DeadLetterCmd::Show { event_id } => print_json(&admin.dead_letter(event_id).await?)?,
+        DeadLetterCmd::Requeue { select, action } => {
+            let which = select.selection()?;
+            let n = admin
+                .requeue_dead_letters(&which, &action.actor()?, action.reason())
+                .await?;
+            println!("requeued {n} dead letter(s)");
+            if let DeadLetterSelection::Ids(ids) = &which
+                && (n as usize) < ids.len()
+            {
+                println!(
+                    "note: {} of the given ids were not dead letters",
+                    ids.len() - n as usize
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
+        DeadLetterCmd::Discard { select, action } => {
+            let which = select.selection()?;
+            let d = admin
+                .discard_dead_letters(&which, &action.actor()?, action.reason())
+                .await?;
+            println!(
+                "discarded {} dead letter(s) (kept in discarded_events; audit record {})",
+                d.discarded, d.audit_id
+            );
+            if let DeadLetterSelection::Ids(ids) = &which
+                && (d.discarded as usize) < ids.len()
+            {
+                println!(
+                    "note: {} of the given ids were not dead letters",
+                    ids.len() - d.discarded as usize
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox conflicts`.
+pub(crate) async fn conflicts(admin: Admin, cmd: ConflictsCmd) -> Result<ExitCode> {
+    admin.ready().await?;
+    match cmd {
+        ConflictsCmd::List { limit, event_id } => {
+            let list = admin.conflicts(event_id, limit).await?;
+            if list.is_empty() {
+                println!("no conflicts");
+            }
+            for c in list {
+                println!(
+                    "#{}  {}  consumer={}  {}/{} v{}  {}  seen {}x (first {}, last {})\n    stored  sha256 {}\n    received sha256 {}",
+                    c.id,
+                    c.event_id,
+                    c.consumer_name,
+                    c.aggregate_type,
+                    c.aggregate_id,
+                    c.aggregate_version,
+                    c.event_type,
+                    c.occurrences,
+                    c.first_seen.to_rfc3339(),
+                    c.last_seen.to_rfc3339(),
+                    c.stored_sha256,
+                    c.received_sha256
+                );
+            }
+        }
+        ConflictsCmd::Show { id } => print_json(&admin.conflict(id).await?)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox consumer-dead-letters`.
+pub(crate) async fn consumer_dead_letters(
+    admin: Admin,
+    cmd: ConsumerDeadLetterCmd,
+) -> Result<ExitCode> {
+    admin.ready().await?;
+    match cmd {
+        ConsumerDeadLetterCmd::List {
+            consumer,
+            group,
+            limit,
+        } => {
+            let which = ConsumerSelection {
+                consumer,
+                ids: None,
+                reason_group: group,
+            };
+            let list = admin.consumer_dead_letters(&which, limit).await?;
+            if list.is_empty() {
+                println!("no consumer dead letters");
+            }
+            for v in list {
+                let d = v.dead_letter;
+                println!(
+                    "#{}  consumer={}  state={}  event={}  {}/{} v{}  {}  attempts={}  since {}\n    error: {}",
+                    d.id,
+                    d.consumer_name,
+                    d.state,
+                    d.event_id.map_or("-".to_owned(), |e| e.to_string()),
+                    d.aggregate_type.as_deref().unwrap_or("-"),
+                    d.aggregate_id.as_deref().unwrap_or("-"),
+                    d.aggregate_version
+                        .map_or("-".to_owned(), |v| v.to_string()),
+                    d.event_type.as_deref().unwrap_or("-"),
+                    d.attempts,
+                    d.created_at.to_rfc3339(),
+                    d.error
+                );
+            }
+        }
+        ConsumerDeadLetterCmd::Groups { consumer } => {
+            let which = ConsumerSelection {
+                consumer,
+                ..ConsumerSelection::default()
+            };
+            let groups = admin.consumer_dead_letter_groups(&which).await?;
+            if groups.is_empty() {
+                println!("no consumer dead letters");
+            }
+            for g in groups {
+                println!(
+                    "{:>7}  consumer={}  {}\n         since {} .. {}",
+                    g.count,
+                    g.consumer_name,
+                    g.reason,
+                    g.first_at.to_rfc3339(),
+                    g.last_at.to_rfc3339()
+                );
+            }
+        }
+        ConsumerDeadLetterCmd::Show { id } => print_json(&admin.consumer_dead_letter(id).await?)?,
+        ConsumerDeadLetterCmd::Requeue { select, action } => {
+            let which = select.selection()?;
+            let n = admin
+                .requeue_consumer_dead_letters(&which, &action.actor()?, action.reason())
+                .await?;
+            println!(
+                "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
+            );
+            if !select.all && (n as usize) < select.ids.len() {
+                println!(
+                    "note: {} of the given ids were not open dead letters",
+                    select.ids.len() - n as usize
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
+        ConsumerDeadLetterCmd::Discard { select, action } => {
+            let which = select.selection()?;
+            let n = admin
+                .discard_consumer_dead_letters(&which, &action.actor()?, action.reason())
+                .await?;
+            println!("discarded {n} consumer dead letter(s) (state resolved, never applied)");
+            if !select.all && (n as usize) < select.ids.len() {
+                println!(
+                    "note: {} of the given ids were not open dead letters",
+                    select.ids.len() - n as usize
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox audit`: the recorded actions, newest first.
+pub(crate) async fn audit(
+    admin: Admin,
+    limit: i64,
+    before: Option<i64>,
+    json: bool,
+) -> Result<ExitCode> {
+    admin.ready().await?;
+    let list = admin.audit(before, limit).await?;
+    if json {
+        return print_json(&list).map(|()| ExitCode::SUCCESS);
+    }
+    if list.is_empty() {
+        println!("no recorded actions");
+    }
+    for a in list {
+        println!(
+            "#{}  {}  {} via {}{} (db role {})  {}  affected={}\n    selection: {}\n    reason: {}",
+            a.id,
+            a.at.to_rfc3339(),
+            a.actor,
+            a.via,
+            a.credential
+                .map_or(String::new(), |c| format!(" [credential {c}]")),
+            a.db_role,
+            a.action,
+            a.affected,
+            a.selection,
+            if a.reason.is_empty() { "-" } else { &a.reason }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox trace`: everything this database holds of an event or an aggregate, as JSON.
+pub(crate) async fn trace(
+    admin: Admin,
+    event_id: Option<uuid::Uuid>,
+    aggregate: Option<String>,
+    limit: i64,
+) -> Result<ExitCode> {
+    admin.ready().await?;
+    match (event_id, aggregate) {
+        (Some(id), None) => print_json(&admin.trace_event(id).await?)?,
+        (None, Some(aggregate)) => {
+            let Some((t, i)) = aggregate.split_once('/') else {
+                bail!("--aggregate takes TYPE/ID, e.g. payment/42");
+            };
+            print_json(&admin.trace_aggregate(t, i, limit).await?)?;
+        }
+        _ => bail!("give an event id or --aggregate TYPE/ID"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
