@@ -237,3 +237,172 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     assert!(console.log().contains("broker limit raised"));
     db.cleanup().await;
 }
+
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("`{css}`: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click `{css}`: {e}"));
+}
+
+async fn type_into(c: &Client, css: &str, text: &str) {
+    let e = c.find(Locator::Css(css)).await.unwrap();
+    e.clear().await.unwrap();
+    e.send_keys(text).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
+    let db = TestDb::new().await;
+    let (big, slow, first) = (event("big-1", 1), event("slow-1", 1), event("paid-1", 1));
+    db.enqueue(&[big.clone(), slow.clone(), first.clone()])
+        .await;
+    let received = r#"{"note":"<img src=x onerror=alert(1)>"}"#;
+    db.exec(&format!(
+        "UPDATE {{s}}.events SET state = 'dead', attempts = 5, last_error = CASE event_id \
+           WHEN '{big}' THEN 'message of 2000000 bytes is too large' \
+           ELSE 'publish timed out after 5000 ms' END \
+         WHERE event_id IN ('{big}', '{slow}')",
+        big = big.event_id,
+        slow = slow.event_id,
+    ))
+    .await;
+    // A conflict on `first`, whose first payload the outbox still holds.
+    db.exec(&format!(
+        "INSERT INTO {{s}}.inbox_conflicts (consumer_name, event_id, stored_sha256, \
+           received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, payload) \
+         SELECT 'ledger', event_id, payload_sha256, sha256(convert_to('{received}', 'UTF8')), \
+           aggregate_type, aggregate_id, aggregate_version, event_type, \
+           convert_to('{received}', 'UTF8') \
+         FROM {{s}}.events WHERE event_id = '{first}'",
+        first = first.event_id,
+    ))
+    .await;
+    db.exec(
+        "INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, unknown_since, \
+           next_attempt_at) VALUES ('payout', 'payout-7', '{\"amount\": 7}', 'unknown', now(), \
+           now() + interval '1 hour')",
+    )
+    .await;
+
+    let port = free_port();
+    let mut cmd = outbox(Some(db.name()), None, None);
+    cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
+    let mut console = spawn_console(cmd, port).await;
+    let b = browser().await;
+    let c = &b.client;
+    c.goto(&format!("http://127.0.0.1:{port}/")).await.unwrap();
+    type_into(c, "#actor", "dana").await;
+    type_into(c, "#token", TOKEN).await;
+    click(c, "#token-save").await;
+
+    // Grouped by reason, numbers as #; a group narrows the list.
+    wait_text(c, "#dead-groups tbody", "two reason groups", |t| {
+        t.contains("message of # bytes is too large") && t.contains("publish timed out after # ms")
+    })
+    .await;
+    screenshot(c, "dead-letter-groups.png").await;
+    let groups = c
+        .find_all(Locator::Css("#dead-groups tbody tr"))
+        .await
+        .unwrap();
+    assert_eq!(groups.len(), 2);
+    let too_large = format!("tr[data-event-id='{}']", big.event_id);
+    for g in groups {
+        if g.text().await.unwrap().contains("too large") {
+            g.find(Locator::Css("button"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+        }
+    }
+    wait_text(c, "#dead-letters tbody", "the group's dead letters", |t| {
+        t.contains("big-1") && !t.contains("slow-1")
+    })
+    .await;
+
+    // Its payload, as text; then discarded with a reason.
+    click(c, &format!("{too_large} button")).await;
+    wait_text(c, "#dead-detail", "the payload", |t| {
+        t.contains(r#""agg": "big-1""#)
+    })
+    .await;
+    click(c, &format!("{too_large} input")).await;
+    type_into(c, "#reason", "the order was cancelled").await;
+    click(c, "#discard-selected").await;
+    c.accept_alert().await.expect("the discard's confirmation");
+    wait_text(c, "#action-result", "the discard", |t| t == "discarded 1").await;
+    assert_eq!(db.count(&format!("event_id = '{}'", big.event_id)).await, 0);
+    let kept = db
+        .scalar(&format!(
+            "SELECT count(*) FROM {{s}}.discarded_events WHERE event_id = '{}'",
+            big.event_id
+        ))
+        .await;
+    assert_eq!(kept, 1);
+
+    // The conflict: both payloads side by side, the received one as text, never as markup.
+    click(c, "#tabs [data-tab='consumers']").await;
+    wait_text(c, "#conflicts tbody", "the conflict", |t| {
+        t.contains("ledger")
+    })
+    .await;
+    click(c, "#conflicts tbody button").await;
+    let side = wait_text(c, "#conflict-detail .side-by-side", "both payloads", |t| {
+        t.contains("paid-1") && t.contains("onerror")
+    })
+    .await;
+    assert!(side.contains("<img src=x onerror=alert(1)>"), "{side}");
+    assert!(
+        c.find_all(Locator::Css("#conflict-detail img"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    screenshot(c, "conflict.png").await;
+
+    // The unknown outcome: reconcile now.
+    click(c, "#tabs [data-tab='effects']").await;
+    wait_text(c, "#work-items tbody", "the work item", |t| {
+        t.contains("payout-7")
+    })
+    .await;
+    screenshot(c, "work-items.png").await;
+    click(c, "#work-items tbody button").await;
+    wait_text(c, "#action-result", "reconcile", |t| {
+        t.ends_with("lookup due now")
+    })
+    .await;
+    let due = db
+        .scalar("SELECT count(*) FROM {s}.work_items WHERE next_attempt_at <= now()")
+        .await;
+    assert_eq!(due, 1);
+
+    // The discarded event's trace.
+    click(c, "#tabs [data-tab='trace']").await;
+    type_into(c, "#trace-event-id", &big.event_id.to_string()).await;
+    click(c, "#trace-form button").await;
+    let trace = wait_text(c, "#trace-result", "the trace", |t| t.contains("discarded")).await;
+    assert!(trace.contains("discarded by an operator"), "{trace}");
+    assert!(trace.contains("the order was cancelled"), "{trace}");
+    screenshot(c, "trace.png").await;
+
+    // The audit: both actions, by the name typed, with the token's fingerprint.
+    click(c, "#tabs [data-tab='audit']").await;
+    let audit = wait_text(c, "#audit tbody", "the audit", |t| {
+        t.contains("reconcile work item") && t.contains("discard dead letters")
+    })
+    .await;
+    assert!(audit.contains("dana (token "), "{audit}");
+    assert!(!audit.contains(TOKEN));
+    screenshot(c, "audit.png").await;
+
+    b.client.close().await.expect("close the browser");
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    db.cleanup().await;
+}

@@ -308,7 +308,8 @@ async function showConflict(id) {
   try {
     const c = await getJson("conflicts/" + id);
     const side = el("div", null, "side-by-side");
-    const first = payloadBlock("first payload (applied) · sha256 " + c.stored_sha256, c.first_payload);
+    const first = payloadBlock("first payload (applied)", c.first_payload);
+    if (!c.first_payload) first.append(el("p", "sha256 " + c.stored_sha256, "muted mono"));
     const received = payloadBlock("conflicting payload (never applied)", c.received_payload);
     side.append(first, received);
     box.append(
