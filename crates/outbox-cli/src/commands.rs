@@ -9,6 +9,7 @@ use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
 use outbox_postgres::admin::Admin;
+use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
 use outbox_postgres::roles::{Component, check_privileges};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
@@ -147,9 +148,15 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
     let reaping = tokio::spawn(reaper.run(shutdown.clone()));
     let code = match mode {
         RelayMode::Polling => {
+            let beat = heartbeat(&store, InstanceKind::Relay, "polling")?;
             let relay = Arc::new(Relay::new(store, Arc::new(transport), relay_config)?);
+            let beat = tokio::spawn(
+                beat.with_publish_activity(relay.activity())
+                    .run(shutdown.clone()),
+            );
             info!(schema = %schema, broker = %redact(broker_url), "relay started");
             relay.run(shutdown.clone()).await;
+            let _ = beat.await;
             ExitCode::SUCCESS
         }
         RelayMode::Cdc => {
@@ -168,6 +175,17 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
     };
     let _ = reaping.await;
     Ok(code)
+}
+
+/// The heartbeat of this process (`outbox_postgres::heartbeat`): the console shows it as up,
+/// late or gone, with what it published per route.
+pub(crate) fn heartbeat(store: &PgStore, kind: InstanceKind, name: &str) -> Result<Heartbeat> {
+    Ok(Heartbeat::new(
+        store.pool().clone(),
+        store.schema().clone(),
+        kind,
+        name,
+    )?)
 }
 
 /// The CDC relay: the publish engine over the slot, heartbeats, and a watch on the slot that
@@ -283,9 +301,15 @@ impl CdcRelay<'_> {
                 }
             })
         };
+        let beat = tokio::spawn(
+            heartbeat(self.store, InstanceKind::Relay, "cdc")?
+                .with_publish_activity(relay.activity())
+                .run(shutdown.clone()),
+        );
         info!(schema = %schema, %slot, "CDC relay started");
         relay.run(shutdown.clone()).await;
         shutdown.cancel();
+        let _ = beat.await;
         // The last confirmed position reaches the server before the connection closes.
         if let Err(e) = feed.shutdown().await {
             tracing::warn!(error = %e, "closing the replication stream");

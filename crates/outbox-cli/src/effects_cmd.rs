@@ -13,6 +13,7 @@ use outbox_postgres::PgStore;
 use outbox_postgres::Schema;
 use outbox_postgres::admin::Admin;
 use outbox_postgres::effects::Resolution;
+use outbox_postgres::heartbeat::InstanceKind;
 use outbox_postgres::roles::Component;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -158,8 +159,14 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             }
             let shutdown = CancellationToken::new();
             tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
+            let beat = tokio::spawn(
+                crate::commands::heartbeat(admin.store(), InstanceKind::Executor, &a.kind)?
+                    .run(shutdown.clone()),
+            );
             tracing::info!(kind = %a.kind, provider = %redact(&a.provider_url), "executor started");
-            executor.run(shutdown).await;
+            executor.run(shutdown.clone()).await;
+            shutdown.cancel();
+            let _ = beat.await;
             tracing::info!("executor stopped");
         }
         EffectsCmd::Status { kind, json } => {

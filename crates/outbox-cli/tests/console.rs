@@ -251,3 +251,82 @@ async fn cli_actions_are_audited_and_the_console_shows_the_same_records_and_trac
     assert!(exit.success(), "{exit:?}");
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published_per_route() {
+    let db = TestDb::new().await;
+    let nats = NatsEnv::new().await;
+    let subscriber = nats.stream_subscriber().await;
+    // One dead letter (from before the relay starts), which the routes count too.
+    let dead = event("acc-9", 1);
+    db.enqueue(std::slice::from_ref(&dead)).await;
+    db.exec(&format!(
+        "UPDATE {{s}}.events SET state = 'dead', last_error = 'refused' WHERE event_id = '{}'",
+        dead.event_id
+    ))
+    .await;
+    let config = config_file("", &nats.toml());
+    let mut relay = ChildGuard::spawn(
+        {
+            let mut c = outbox(Some(db.name()), Some(&nats_url()), Some(config.path()));
+            c.arg("relay");
+            c
+        },
+        "relay",
+    );
+    let events: Vec<_> = (1..=5).map(|i| event(&format!("acc-{i}"), 1)).collect();
+    db.enqueue(&events).await;
+    subscriber.wait_len(5, Duration::from_secs(20)).await;
+    let port = free_port();
+    let mut console = spawn_console(outbox(Some(db.name()), None, None), port).await;
+
+    // The relay is up, and its heartbeat wrote what it published (within a beat, 5 s).
+    let deadline = std::time::Instant::now() + QUICK;
+    let (instance, route) = loop {
+        let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
+        let (_, routes) = console_call(port, "GET", "/api/v1/routes", None, "").await;
+        let route = routes["routes"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["aggregate_type"] == "payment"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let published: i64 = route["published_per_minute"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter_map(Value::as_i64).sum());
+        if published == 5 && list[0]["status"] == "up" {
+            break (list[0].clone(), route);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay's heartbeat and its publishes: {list} {routes}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        (&instance["kind"], &instance["name"]),
+        (&"relay".into(), &"polling".into())
+    );
+    assert_eq!(instance["pid"], relay.id());
+    assert_eq!(instance["stats"]["published"], 5);
+    assert_eq!(route["dead_letters"], 1);
+    assert_eq!(route["pending"], 0);
+
+    // A clean stop reads as stopped; a silent process as late, then gone.
+    let exit = relay.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
+    assert_eq!(list[0]["status"], "stopped", "{list}");
+    for (age, status) in [(20, "late"), (60, "gone")] {
+        db.exec(&format!(
+            "UPDATE {{s}}.instances SET stopped_at = NULL, \
+             heartbeat_at = now() - interval '{age} seconds'"
+        ))
+        .await;
+        let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
+        assert_eq!(list[0]["status"], status, "{age} s: {list}");
+    }
+
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    db.cleanup().await;
+}

@@ -136,6 +136,15 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     );
     assert_eq!(text(c, "[data-field='in_flight']").await, "0");
     assert!(text(c, "#schema").await.contains(db.name()));
+    // Per route: the aggregate type's row, with its pending rows and dead letters.
+    let route = wait_text(c, "#routes tbody", "the route", |t| {
+        t.contains("type payment")
+    })
+    .await;
+    assert!(
+        route.contains("type payment (topic template) 4 "),
+        "{route}"
+    );
 
     // The dead letters, their reasons as text (the markup in one is not markup on the page).
     let rows = c
@@ -155,18 +164,8 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
 
     // Without the token the action is refused, and nothing changes.
     let select_d1 = format!("tr[data-event-id='{}'] input", d1.event_id);
-    c.find(Locator::Css(&select_d1))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.find(Locator::Id("requeue-selected"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, &select_d1).await;
+    click(c, "#requeue-selected").await;
     wait_text(c, "#action-result", "the refusal", |t| {
         t.starts_with("refused:") && t.contains("needs the console token")
     })
@@ -182,24 +181,19 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
         .send_keys(TOKEN)
         .await
         .unwrap();
-    c.find(Locator::Id("token-save"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "#token-save").await;
     let reason_box = c.find(Locator::Id("reason")).await.unwrap();
     reason_box.send_keys("broker limit raised").await.unwrap();
-    let box_d1 = c.find(Locator::Css(&select_d1)).await.unwrap();
-    if !box_d1.is_selected().await.unwrap() {
-        box_d1.click().await.unwrap();
-    }
-    c.find(Locator::Id("requeue-selected"))
-        .await
-        .unwrap()
-        .click()
+    // Still selected from before (the page's refresh keeps a selection).
+    let selected = c
+        .execute(
+            &format!("return document.querySelector(\"{select_d1}\").checked"),
+            vec![],
+        )
         .await
         .unwrap();
+    assert_eq!(selected, serde_json::json!(true));
+    click(c, "#requeue-selected").await;
     wait_text(c, "#action-result", "the requeue", |t| t == "requeued 1").await;
     let seen = subscriber
         .wait_ids(
@@ -227,6 +221,16 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     })
     .await;
     wait_text(c, "[data-field='pending']", "pending", |t| t == "0").await;
+    // The relay's heartbeat, and the publishes it reported for the route: the three pending
+    // events, the requeued one and the one behind it.
+    wait_text(c, "#instances tbody", "the relay", |t| {
+        t.starts_with("up relay polling")
+    })
+    .await;
+    wait_text(c, "#routes tbody", "the route's publishes", |t| {
+        t.ends_with(" 5")
+    })
+    .await;
     screenshot(c, "after-requeue.png").await;
 
     stop.cancel();
@@ -238,13 +242,28 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     db.cleanup().await;
 }
 
+/// Clicks the element; again when the page's refresh (every 5 s) replaced it between the
+/// find and the click.
 async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("`{css}`: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("click `{css}`: {e}"));
+    click_at(c, Locator::Css(css)).await;
+}
+
+async fn click_at(c: &Client, at: Locator<'_>) {
+    let css = format!("{at:?}");
+    for attempt in 0.. {
+        let result = match c.find(at).await {
+            Ok(e) => e.click().await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => return,
+            Err(e) if attempt < 20 => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("click `{css}`: {e}"),
+        }
+    }
 }
 
 async fn type_into(c: &Client, css: &str, text: &str) {
@@ -287,6 +306,20 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     )
     .await;
 
+    // A consumer's heartbeat, as a service embedding one runs it.
+    let beat_stop = tokio_util::sync::CancellationToken::new();
+    let beat = tokio::spawn(
+        outbox_postgres::heartbeat::Heartbeat::new(
+            db.store().pool().clone(),
+            db.store().schema().clone(),
+            outbox_postgres::heartbeat::InstanceKind::Consumer,
+            "ledger",
+        )
+        .unwrap()
+        .with_stats(|| serde_json::json!({ "applied": 42 }))
+        .run(beat_stop.clone()),
+    );
+
     let port = free_port();
     let mut cmd = outbox(Some(db.name()), None, None);
     cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
@@ -294,6 +327,12 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     let b = browser().await;
     let c = &b.client;
     c.goto(&format!("http://127.0.0.1:{port}/")).await.unwrap();
+    let process = wait_text(c, "#instances tbody", "the consumer's heartbeat", |t| {
+        t.contains("ledger")
+    })
+    .await;
+    assert!(process.starts_with("up consumer ledger"), "{process}");
+    assert!(process.contains(r#"{"applied":42}"#), "{process}");
     type_into(c, "#actor", "dana").await;
     type_into(c, "#token", TOKEN).await;
     click(c, "#token-save").await;
@@ -310,16 +349,11 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
         .unwrap();
     assert_eq!(groups.len(), 2);
     let too_large = format!("tr[data-event-id='{}']", big.event_id);
-    for g in groups {
-        if g.text().await.unwrap().contains("too large") {
-            g.find(Locator::Css("button"))
-                .await
-                .unwrap()
-                .click()
-                .await
-                .unwrap();
-        }
-    }
+    click_at(
+        c,
+        Locator::XPath("//table[@id='dead-groups']//tr[contains(., 'too large')]//button"),
+    )
+    .await;
     wait_text(c, "#dead-letters tbody", "the group's dead letters", |t| {
         t.contains("big-1") && !t.contains("slow-1")
     })
@@ -401,6 +435,8 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     assert!(!audit.contains(TOKEN));
     screenshot(c, "audit.png").await;
 
+    beat_stop.cancel();
+    beat.await.unwrap();
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;
     assert!(exit.success(), "{exit:?}");

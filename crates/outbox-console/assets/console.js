@@ -129,6 +129,70 @@ function renderOverview(o) {
   }
 }
 
+// A small bar chart of a series, as SVG built node by node (no markup from data).
+function sparkline(values) {
+  const ns = "http://www.w3.org/2000/svg";
+  const w = 150, h = 28, max = Math.max(1, ...values), bw = w / values.length;
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  svg.setAttribute("class", "spark");
+  values.forEach((v, i) => {
+    const r = document.createElementNS(ns, "rect");
+    const bh = Math.max(v > 0 ? 1 : 0, (v / max) * h);
+    r.setAttribute("x", i * bw + 1);
+    r.setAttribute("y", h - bh);
+    r.setAttribute("width", bw - 2);
+    r.setAttribute("height", bh);
+    const t = document.createElementNS(ns, "title");
+    t.textContent = v + " in minute " + (i - values.length + 1);
+    r.append(t);
+    svg.append(r);
+  });
+  return svg;
+}
+
+function renderRoutes(r) {
+  const tbody = document.querySelector("#routes tbody");
+  tbody.replaceChildren();
+  for (const route of r.routes) {
+    const tr = el("tr");
+    const name = route.destination != null ? route.destination : "type " + route.aggregate_type + " (topic template)";
+    const chart = el("td");
+    chart.append(sparkline(route.published_per_minute));
+    const perMinute = route.published_per_minute;
+    tr.append(
+      cell(name, "id"),
+      cell(String(route.pending) + (r.complete ? "" : "+")),
+      cell(route.oldest_pending_age_seconds.toFixed(1)),
+      cell(String(route.dead_letters)),
+      chart,
+      cell(String(perMinute.reduce((a, b) => a + b, 0))),
+    );
+    tbody.append(tr);
+  }
+  $("routes-partial").hidden = r.complete;
+}
+
+function renderInstances(list) {
+  const tbody = document.querySelector("#instances tbody");
+  tbody.replaceChildren();
+  for (const i of list) {
+    const tr = el("tr");
+    tr.append(
+      cell(i.status, "status " + i.status),
+      cell(i.kind),
+      cell(i.name),
+      cell(i.host + " / " + i.pid),
+      cell(i.heartbeat_age_seconds.toFixed(1) + " s ago"),
+      cell(i.started_at),
+      cell(JSON.stringify(i.stats), "reason"),
+    );
+    tbody.append(tr);
+  }
+  $("no-instances").hidden = list.length > 0;
+}
+
 // ---- outbox dead letters ----------------------------------------------------------------
 
 function deadFilter() {
@@ -430,10 +494,14 @@ async function refresh() {
     renderOverview(o);
     if (currentTab === "outbox") {
       const q = new URLSearchParams(deadFilter());
-      const [groups, dead] = await Promise.all([
+      const [routes, instances, groups, dead] = await Promise.all([
+        getJson("routes"),
+        getJson("instances"),
         getJson("dead-letters/groups?" + q),
         getJson("dead-letters?limit=500&" + q),
       ]);
+      renderRoutes(routes);
+      renderInstances(instances);
       renderDeadGroups(groups);
       renderDeadLetters(dead);
     } else if (currentTab === "consumers") {

@@ -25,6 +25,8 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
+//! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`OVERVIEW_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_postgres::admin::Routes)) |
+//! | `GET /api/v1/instances` | the relays, consumers and executors that run a heartbeat, each `up`, `late`, `gone` or `stopped`, with their own numbers |
 //! | `GET /api/v1/dead-letters?limit=N&<filter>` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100); the filter fields are those of [`DeadLetterFilter`]: `aggregate_type`, `event_type`, `destination`, `reason_group`, `created_after`, `created_before` (RFC 3339) |
 //! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_postgres::admin::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
 //! | `GET /api/v1/dead-letters/{event_id}` | one dead letter whole, payload and headers included; **needs the token** (and a role that may read payloads: the operator's) |
@@ -212,6 +214,8 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/api/v1/overview", get(overview))
+        .route("/api/v1/routes", get(routes))
+        .route("/api/v1/instances", get(instances))
         .route("/api/v1/dead-letters", get(dead_letters))
         .route("/api/v1/dead-letters/groups", get(dead_letter_groups))
         .route("/api/v1/dead-letters/requeue", post(requeue))
@@ -466,6 +470,14 @@ async fn overview(
         Counting::UpTo(OVERVIEW_COUNT_BOUND)
     };
     Ok(json(s.admin.overview_counting(counting).await?))
+}
+
+async fn routes(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    Ok(json(s.admin.routes(OVERVIEW_COUNT_BOUND).await?))
+}
+
+async fn instances(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    Ok(json(s.admin.instances().await?))
 }
 
 type QueryRejection = axum::extract::rejection::QueryRejection;

@@ -1,20 +1,25 @@
-//! The operator's reads and actions, in one place: `outbox status` and `outbox dead-letters`
-//! read and act through [`Admin`], and so does the web console (`outbox-console`), so the two
-//! never disagree about a number or about what an action does.
+//! The operator's reads and actions, in one place: the CLI's `status`, `dead-letters`,
+//! `conflicts`, `consumer-dead-letters`, `effects status|list|resolve|reconcile`, `audit` and
+//! `trace` read and act through [`Admin`], and so does the web console (`outbox-console`), so
+//! the two never disagree about a number or about what an action does.
 //!
 //! Every read here is one statement through the table's indexes or its partial indexes of
 //! open rows, except where a method says otherwise; nothing here holds a lock beyond its own
-//! statement. Actions are the store's own (a requeue is [`OutboxStore::dead_letter_requeue`], which
-//! also wakes the relays); this module adds no second way of doing them.
+//! statement. Every action runs in one transaction with its audit record ([`AuditEntry`],
+//! schema version 8): the change and its record commit together, and a refused action leaves
+//! neither (it is logged under `outbox::audit`).
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_postgres::admin::AdminError> {
-//! use outbox_postgres::admin::{Admin, Requeue};
+//! use outbox_postgres::admin::{Actor, Admin, DeadLetterSelection};
 //! use outbox_postgres::{PgStore, PgStoreConfig};
 //! let admin = Admin::new(PgStore::new(pool, PgStoreConfig::default()));
 //! let overview = admin.overview().await?;
 //! if overview.dead_letters > 0 {
-//!     let requeued = admin.requeue_dead_letters(Requeue::All).await?;
+//!     let me = Actor::new("alice", "runbook")?;
+//!     let requeued = admin
+//!         .requeue_dead_letters(&DeadLetterSelection::All, &me, "broker limit raised")
+//!         .await?;
 //!     println!("requeued {requeued}");
 //! }
 //! # Ok(()) }
@@ -22,6 +27,7 @@
 
 mod audit;
 mod dead_letters;
+mod processes;
 mod trace;
 
 use chrono::{DateTime, Utc};
@@ -35,6 +41,7 @@ pub use dead_letters::{
     DeadLetterDetail, DeadLetterFilter, DeadLetterGroup, DeadLetterGroups, DeadLetterSelection,
     DeadLetterView, Discarded, GROUP_SCAN, PayloadView,
 };
+pub use processes::{Instance, MINUTES, RouteView, Routes};
 pub use trace::{
     AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TracedEvent,
 };
@@ -1068,6 +1075,56 @@ impl Admin {
             aggregate_type: t,
             aggregate_id: i,
         })
+    }
+
+    /// The processes that run a heartbeat (relays, consumers, executors), with their status:
+    /// up, late, gone or stopped (`crate::heartbeat`). At most 1,000, by kind and name.
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database's failure.
+    pub async fn instances(&self) -> Result<Vec<Instance>, AdminError> {
+        trace::rows(
+            self.store.pool(),
+            self.store.schema(),
+            processes::INSTANCES,
+            |q| q,
+            processes::instance,
+        )
+        .await
+        .map_err(|e| AdminError::sqlx("instances", e))
+    }
+
+    /// Per route (the rows' destination, or their aggregate type): pending rows and the oldest
+    /// one's age among the oldest `bound` pending rows, dead letters among the oldest `bound`,
+    /// and the publishes per minute of the last [`MINUTES`] minutes from the relays'
+    /// heartbeats. Two reads through the table's order and the dead rows' index, and one of
+    /// the activity table: milliseconds at any backlog.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` for a bound below 1; otherwise the database's
+    /// failure.
+    pub async fn routes(&self, bound: i64) -> Result<Routes, AdminError> {
+        const OP: &str = "routes";
+        if bound < 1 {
+            return Err(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::InvalidRequest,
+                message: format!("a count bound must be at least 1, not {bound}"),
+            });
+        }
+        let counts = sqlx::query(AssertSqlSafe(
+            self.render(&processes::ROUTES.replace("{key}", processes::ROUTE_KEY)),
+        ))
+        .bind(bound)
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(|e| AdminError::sqlx(OP, e))?;
+        let rates = sqlx::query(AssertSqlSafe(self.render(processes::RATES)))
+            .bind(i32::try_from(MINUTES).unwrap_or(15))
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(|e| AdminError::sqlx(OP, e))?;
+        processes::routes(&counts, &rates, bound).map_err(|e| AdminError::sqlx(OP, e))
     }
 
     fn render(&self, template: &str) -> std::sync::Arc<str> {

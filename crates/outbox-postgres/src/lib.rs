@@ -40,6 +40,7 @@ pub mod consumer;
 pub mod debezium;
 pub mod effects;
 mod error;
+pub mod heartbeat;
 mod inbox;
 pub mod maintenance;
 pub mod migrate;

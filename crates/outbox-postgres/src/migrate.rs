@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0008_operator_actions.sql",
         sql: include_str!("../migrations/0008_operator_actions.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_instances.sql",
+        sql: include_str!("../migrations/0009_instances.sql"),
+    },
 ];
 
 /// The schema version this release needs.

@@ -663,6 +663,28 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
             .contains(&format!("role `{relay_role}` needs the relay grants")),
         "{e}"
     );
+
+    // Its heartbeat writes, under the relay's own grants, and records its stop.
+    let beat = outbox_postgres::heartbeat::Heartbeat::new(
+        pool.clone(),
+        env.schema.clone(),
+        outbox_postgres::heartbeat::InstanceKind::Relay,
+        "polling",
+    )
+    .unwrap()
+    .with_interval(Duration::from_millis(100));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(beat.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM {s}.instances WHERE stopped_at IS NOT NULL AND kind = 'relay'"
+        )
+        .await,
+        1
+    );
     env.cleanup().await;
 }
 

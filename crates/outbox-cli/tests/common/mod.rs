@@ -471,7 +471,22 @@ impl NatsEnv {
             .expect("relay config"),
         );
         let stop = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        // With its heartbeat, as `outbox relay` runs one (the console shows both).
+        let beat = outbox_postgres::heartbeat::Heartbeat::new(
+            db.pool.clone(),
+            db.store().schema().clone(),
+            outbox_postgres::heartbeat::InstanceKind::Relay,
+            "polling",
+        )
+        .expect("heartbeat")
+        .with_interval(Duration::from_secs(1))
+        .with_publish_activity(relay.activity());
+        let beat = tokio::spawn(beat.run(stop.clone()));
+        let run = Arc::clone(&relay).run(stop.clone());
+        let task = tokio::spawn(async move {
+            run.await;
+            let _ = beat.await;
+        });
         (stop, task)
     }
 

@@ -24,6 +24,7 @@
 //! cannot be overtaken by a stale one. Marks are fenced by the lease token in the database; a
 //! stale mark changes nothing.
 
+mod activity;
 mod feed;
 mod publish;
 
@@ -33,6 +34,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+pub use activity::{PublishActivity, Route};
 pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, PollingTicket, SettleReport, Settlement};
 
 use crate::backoff::Backoff;
@@ -291,6 +293,7 @@ pub struct Relay<F, T> {
     feed: Arc<F>,
     transport: Arc<T>,
     config: RelayConfig,
+    activity: Arc<PublishActivity>,
 }
 
 impl<S: OutboxStore, T: Transport> Relay<PollingFeed<S>, T> {
@@ -328,7 +331,13 @@ impl<F: Feed, T: Transport> Relay<F, T> {
             feed,
             transport,
             config,
+            activity: Arc::default(),
         })
+    }
+
+    /// What this relay published per route since it started (for a heartbeat to write down).
+    pub fn activity(&self) -> Arc<PublishActivity> {
+        Arc::clone(&self.activity)
     }
 
     /// The configuration.
@@ -390,6 +399,7 @@ impl<F: Feed, T: Transport> Relay<F, T> {
             }
         }
         let report = self.feed.settle(batch.ticket, &settlement).await?;
+        self.activity.record(&batch.messages, &settlement.published);
         if !settlement.published.is_empty() {
             crash::hit(crash::RELAY_AFTER_MARK);
         }
