@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use outbox_postgres::admin::{
-    Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection,
+    Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, ReplaySelection,
 };
 
 /// Who acts and why: every action's audit record.
@@ -295,7 +295,7 @@ pub(crate) async fn dead_letters(admin: Admin, cmd: DeadLetterCmd) -> Result<Exi
             }
             if !groups.complete {
                 println!(
-                    "note: more than {} dead letters match; these groups count the oldest {} only",
+                    "note: {} or more dead letters match; these groups count the oldest {} only",
                     outbox_postgres::admin::GROUP_SCAN,
                     outbox_postgres::admin::GROUP_SCAN
                 );
@@ -418,11 +418,18 @@ pub(crate) async fn consumer_dead_letters(
                 consumer,
                 ..ConsumerSelection::default()
             };
-            let groups = admin.consumer_dead_letter_groups(&which).await?;
-            if groups.is_empty() {
+            let all = admin.consumer_dead_letter_groups(&which).await?;
+            if all.groups.is_empty() {
                 println!("no consumer dead letters");
             }
-            for g in groups {
+            if !all.complete {
+                println!(
+                    "note: {} or more match; these groups count the oldest {} only",
+                    outbox_postgres::admin::GROUP_SCAN,
+                    outbox_postgres::admin::GROUP_SCAN
+                );
+            }
+            for g in all.groups {
                 println!(
                     "{:>7}  consumer={}  {}\n         since {} .. {}",
                     g.count,
@@ -519,6 +526,72 @@ pub(crate) async fn trace(
             print_json(&admin.trace_aggregate(t, i, limit).await?)?;
         }
         _ => bail!("give an event id or --aggregate TYPE/ID"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `outbox replay` republishes.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ReplayArgs {
+    /// One aggregate's published events, TYPE/ID.
+    #[arg(long, conflicts_with_all = ["published_from", "published_to"])]
+    aggregate: Option<String>,
+    /// With --aggregate: from this version on.
+    #[arg(long, requires = "aggregate")]
+    from_version: Option<i64>,
+    /// The events published at or after this time (RFC 3339)...
+    #[arg(long, requires = "published_to")]
+    published_from: Option<DateTime<Utc>>,
+    /// ...and before this time.
+    #[arg(long, requires = "published_from")]
+    published_to: Option<DateTime<Utc>>,
+    /// With a time range: only this aggregate type.
+    #[arg(long, requires = "published_from")]
+    aggregate_type: Option<String>,
+    /// Only say how many events it would republish and where the replay horizon is.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    action: ActionArgs,
+}
+
+/// `outbox replay`: published events republished with their original ids (mark mode).
+pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
+    admin.ready().await?;
+    let which = match (&a.aggregate, a.published_from, a.published_to) {
+        (Some(agg), None, None) => {
+            let Some((t, i)) = agg.split_once('/') else {
+                bail!("--aggregate takes TYPE/ID, e.g. payment/42");
+            };
+            ReplaySelection::Aggregate {
+                aggregate_type: t.to_owned(),
+                aggregate_id: i.to_owned(),
+                from_version: a.from_version,
+            }
+        }
+        (None, Some(from), Some(to)) => ReplaySelection::Published {
+            from,
+            to,
+            aggregate_type: a.aggregate_type.clone(),
+        },
+        _ => bail!("give --aggregate TYPE/ID, or --published-from and --published-to"),
+    };
+    let plan = admin
+        .replay(&which, a.dry_run, &a.action.actor()?, a.action.reason())
+        .await?;
+    let horizon = plan
+        .horizon
+        .map_or("none held".to_owned(), |h| h.to_rfc3339());
+    if plan.dry_run {
+        println!(
+            "dry run: would republish {} event(s); replay horizon {horizon}",
+            plan.events
+        );
+    } else {
+        println!(
+            "republishing {} event(s) under their original ids; replay horizon {horizon}",
+            plan.events
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -150,12 +150,15 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
         RelayMode::Polling => {
             let beat = heartbeat(&store, InstanceKind::Relay, "polling")?;
             let relay = Arc::new(Relay::new(store, Arc::new(transport), relay_config)?);
+            // Stopped after the relay, so its last beat counts the last batch settled.
+            let beat_stop = CancellationToken::new();
             let beat = tokio::spawn(
                 beat.with_publish_activity(relay.activity())
-                    .run(shutdown.clone()),
+                    .run(beat_stop.clone()),
             );
             info!(schema = %schema, broker = %redact(broker_url), "relay started");
             relay.run(shutdown.clone()).await;
+            beat_stop.cancel();
             let _ = beat.await;
             ExitCode::SUCCESS
         }
@@ -301,14 +304,16 @@ impl CdcRelay<'_> {
                 }
             })
         };
+        let beat_stop = CancellationToken::new();
         let beat = tokio::spawn(
             heartbeat(self.store, InstanceKind::Relay, "cdc")?
                 .with_publish_activity(relay.activity())
-                .run(shutdown.clone()),
+                .run(beat_stop.clone()),
         );
         info!(schema = %schema, %slot, "CDC relay started");
         relay.run(shutdown.clone()).await;
         shutdown.cancel();
+        beat_stop.cancel();
         let _ = beat.await;
         // The last confirmed position reaches the server before the connection closes.
         if let Err(e) = feed.shutdown().await {
@@ -338,13 +343,23 @@ pub const CDC_SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 pub async fn console(
     pool: PgPool,
     store_config: PgStoreConfig,
+    file: &FileConfig,
     listen: std::net::SocketAddr,
     read_only: bool,
 ) -> Result<ExitCode> {
+    // The environment's token, else the config file's `[console] token_file`; never a flag.
+    let token = match std::env::var("OUTBOX_CONSOLE_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+    {
+        Some(t) => Some(t),
+        None => match &file.console {
+            Some(c) => c.token().context("cannot start the console")?,
+            None => None,
+        },
+    };
     let config = outbox_console::ConsoleConfig {
-        token: std::env::var("OUTBOX_CONSOLE_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty()),
+        token,
         read_only,
         // `serve` sets the host and read guards from the address it listens on.
         ..outbox_console::ConsoleConfig::default()

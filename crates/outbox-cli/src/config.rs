@@ -32,9 +32,55 @@ pub struct FileConfig {
     pub relay: RelayFile,
     /// `[debezium]` table: the Debezium-layout outbox table `outbox debezium apply` bridges.
     pub debezium: Option<outbox_postgres::debezium::DebeziumTable>,
+    /// `[console]` table of `outbox console`.
+    pub console: Option<ConsoleFile>,
     /// Every other key: the brokers' settings sections, by name.
     #[serde(flatten)]
     pub brokers: BTreeMap<String, serde_json::Value>,
+}
+
+/// `[console]` settings of `outbox console`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleFile {
+    /// A file whose first line is the console token. It must be readable by its owner only
+    /// (mode 0600 or stricter): a token in a file others can read is refused at start.
+    /// `OUTBOX_CONSOLE_TOKEN`, when set, takes precedence.
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl ConsoleFile {
+    /// The token from `token_file`, if one is configured.
+    ///
+    /// # Errors
+    /// The file cannot be read, is readable by others than its owner, or holds no token.
+    pub fn token(&self) -> Result<Option<String>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("console.token_file {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = meta.permissions().mode();
+            if mode & 0o077 != 0 {
+                anyhow::bail!(
+                    "console.token_file {} can be read by others (mode {:o}): chmod 600 it",
+                    path.display(),
+                    mode & 0o777
+                );
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = meta;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("console.token_file {}", path.display()))?;
+        match text.lines().next().map(str::trim) {
+            Some(t) if !t.is_empty() => Ok(Some(t.to_owned())),
+            _ => anyhow::bail!("console.token_file {} holds no token", path.display()),
+        }
+    }
 }
 
 /// `[relay]` settings; see [`RelayConfig`] for their meaning.

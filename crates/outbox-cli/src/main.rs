@@ -98,8 +98,9 @@ enum Command {
         create_slot: bool,
     },
     /// Serve the web console and its JSON API (`/api/v1`) until SIGTERM / Ctrl-C. Actions
-    /// need the token from OUTBOX_CONSOLE_TOKEN (never from the command line); without it the
-    /// console only reads, and a non-loopback address is refused.
+    /// need the token from OUTBOX_CONSOLE_TOKEN or the config file's `[console] token_file`
+    /// (never from the command line); without it the console only reads, and a non-loopback
+    /// address is refused.
     Console {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -127,6 +128,10 @@ enum Command {
     /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
+    /// Republish published events with their original ids (mark mode only): one aggregate's
+    /// from a version, or those published in a time range; refused beyond the replay horizon
+    /// (what retention still holds). --dry-run first.
+    Replay(admin_cmd::ReplayArgs),
     /// The operators' recorded actions (requeues, discards, resolutions, from the CLI and the
     /// console), newest first.
     Audit {
@@ -374,7 +379,7 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             commands::relay(store, run).await
         }
         Command::Console { listen, read_only } => {
-            commands::console(pool, store_config, listen, read_only).await
+            commands::console(pool, store_config, &file, listen, read_only).await
         }
         Command::Status {
             json,
@@ -390,6 +395,7 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             before,
             json,
         } => admin_cmd::audit(admin(pool, store_config), limit, before, json).await,
+        Command::Replay(args) => admin_cmd::replay(admin(pool, store_config), args).await,
         Command::Trace {
             event_id,
             aggregate,

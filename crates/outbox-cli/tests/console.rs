@@ -330,3 +330,49 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
     assert!(exit.success(), "{exit:?}");
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_token_comes_from_a_private_token_file_in_the_config() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let db = TestDb::new().await;
+    let token_file = TempFile::new(".token", &format!("{TOKEN}\n"));
+    let config = config_file(
+        "",
+        &format!(
+            "[console]\ntoken_file = \"{}\"\n",
+            token_file.path().display()
+        ),
+    );
+
+    // Readable by others: refused at start, saying how to fix it.
+    std::fs::set_permissions(token_file.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut cmd = outbox(Some(db.name()), None, Some(config.path()));
+    cmd.args(["console", "--listen", "127.0.0.1:0"])
+        .env_remove("OUTBOX_CONSOLE_TOKEN");
+    let r = run(cmd, QUICK).await;
+    assert!(!r.status.success(), "{r:?}");
+    assert!(r.stderr.contains("chmod 600"), "{r:?}");
+    assert!(!r.stderr.contains(TOKEN), "{r:?}");
+
+    // Its owner's only: the token acts.
+    std::fs::set_permissions(token_file.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let port = free_port();
+    let mut cmd = outbox(Some(db.name()), None, Some(config.path()));
+    cmd.env_remove("OUTBOX_CONSOLE_TOKEN");
+    let mut console = spawn_console(cmd, port).await;
+    let body = r#"{"all": true, "reason": "token file test"}"#;
+    let (status, e) = console_call(port, "POST", "/api/v1/dead-letters/requeue", None, body).await;
+    assert_eq!(status, 401, "{e}");
+    let (status, r) = console_call(
+        port,
+        "POST",
+        "/api/v1/dead-letters/requeue",
+        Some(TOKEN),
+        body,
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    db.cleanup().await;
+}

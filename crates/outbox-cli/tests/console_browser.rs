@@ -420,7 +420,10 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     click(c, "#tabs [data-tab='trace']").await;
     type_into(c, "#trace-event-id", &big.event_id.to_string()).await;
     click(c, "#trace-form button").await;
-    let trace = wait_text(c, "#trace-result", "the trace", |t| t.contains("discarded")).await;
+    let trace = wait_text(c, "#trace-result", "the trace", |t| {
+        t.contains("discarded by an operator")
+    })
+    .await;
     assert!(trace.contains("discarded by an operator"), "{trace}");
     assert!(trace.contains("the order was cancelled"), "{trace}");
     screenshot(c, "trace.png").await;

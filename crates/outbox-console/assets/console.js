@@ -201,7 +201,14 @@ function deadFilter() {
   return f;
 }
 
+// The matching dead letters as the groups last counted them (with the filter they were read
+// with: the list refreshes on every filter change).
+let lastGroups = { groups: [], complete: true };
+const matchingCount = () =>
+  lastGroups.groups.reduce((n, g) => n + g.count, 0) + (lastGroups.complete ? "" : " or more");
+
 function renderDeadGroups(g) {
+  lastGroups = g;
   const tbody = document.querySelector("#dead-groups tbody");
   tbody.replaceChildren();
   for (const group of g.groups) {
@@ -276,16 +283,17 @@ async function deadAction(kind, body) {
 
 // ---- consumers --------------------------------------------------------------------------
 
-function renderConsumerGroups(groups) {
+function renderConsumerGroups(all) {
   const tbody = document.querySelector("#consumer-groups tbody");
   tbody.replaceChildren();
-  for (const g of groups) {
+  for (const g of all.groups) {
     const tr = el("tr");
     const td = el("td");
     td.append(
-      button("requeue group", () =>
-        consumerAction("requeue", { all: true, consumer: g.consumer_name, reason_group: g.reason }),
-      ),
+      button("requeue group", () => {
+        if (confirm("Requeue the " + g.count + " dead letter(s) of " + g.consumer_name + " in this group?"))
+          consumerAction("requeue", { all: true, consumer: g.consumer_name, reason_group: g.reason });
+      }),
     );
     tr.append(
       cell(String(g.count)),
@@ -466,6 +474,24 @@ async function trace(e) {
   }
 }
 
+async function replay(dryRun) {
+  const f = Object.fromEntries(new FormData($("replay-form")));
+  const body = { dry_run: dryRun, reason: f.reason };
+  if (f.from.trim() || f.to.trim()) {
+    body.published = { from: f.from.trim(), to: f.to.trim() };
+    if (f.aggregate_type.trim()) body.published.aggregate_type = f.aggregate_type.trim();
+  } else {
+    body.aggregate = { aggregate_type: f.aggregate_type.trim(), aggregate_id: f.aggregate_id.trim() };
+    if (f.from_version.trim()) body.aggregate.from_version = Number(f.from_version.trim());
+  }
+  if (!dryRun && !confirm("Republish these events under their original ids?")) return;
+  const [ok, out] = await act("replay", body);
+  const horizon = out.horizon ? " (replay horizon " + out.horizon + ")" : "";
+  $("replay-result").textContent = ok
+    ? (out.dry_run ? "dry run: would republish " : "republishing ") + out.events + " event(s)" + horizon
+    : "refused: " + (out.error || "");
+}
+
 function renderAudit(list) {
   const tbody = document.querySelector("#audit tbody");
   tbody.replaceChildren();
@@ -557,7 +583,7 @@ $("requeue-selected").addEventListener("click", () => {
 $("requeue-filtered").addEventListener("click", () => {
   const f = deadFilter();
   if (Object.keys(f).length === 0) return say("set a filter first (or use Requeue all)");
-  if (confirm("Requeue every dead letter matching the filter?")) deadAction("requeue", { filter: f });
+  if (confirm("Requeue every dead letter matching the filter (" + matchingCount() + ")?")) deadAction("requeue", { filter: f });
 });
 $("requeue-all").addEventListener("click", () => {
   if (confirm("Requeue every dead letter?")) deadAction("requeue", { all: true });
@@ -570,7 +596,8 @@ $("discard-selected").addEventListener("click", () => {
 $("discard-filtered").addEventListener("click", () => {
   const f = deadFilter();
   if (Object.keys(f).length === 0) return say("set a filter first");
-  if (confirm("Discard every dead letter matching the filter? They will never be published.")) deadAction("discard", { filter: f });
+  if (confirm("Discard every dead letter matching the filter (" + matchingCount() + ")? They will never be published."))
+    deadAction("discard", { filter: f });
 });
 $("select-all").addEventListener("change", (e) => {
   for (const c of document.querySelectorAll("#dead-letters tbody input")) c.checked = e.target.checked;
@@ -587,6 +614,8 @@ $("consumer-discard-selected").addEventListener("click", () => {
 });
 $("effects-state").addEventListener("change", refresh);
 $("trace-form").addEventListener("submit", trace);
+$("replay-dry-run").addEventListener("click", () => replay(true));
+$("replay-run").addEventListener("click", () => replay(false));
 
 refresh();
 setInterval(refresh, 5000);

@@ -42,6 +42,7 @@
 //! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all, with their calls and reconciliation lookups |
 //! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`, `"actor"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
 //! | `POST /api/v1/work-items/{id}/reconcile` | an unknown outcome's lookup is due now (409 when it is not unknown) |
+//! | `POST /api/v1/replay` | body `{"aggregate": {"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3}}` or `{"published": {"from": "…", "to": "…", "aggregate_type": "payment"}}`, `"dry_run": true` for the count and the horizon only, optional `"reason"`, `"actor"`; mark mode only (409 in delete mode, and 409 beyond the replay horizon, naming it); answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan) |
 //! | `GET /api/v1/audit?limit=N&before=ID` | the recorded actions (CLI's and console's), newest first |
 //! | `GET /api/v1/trace/event/{event_id}` | everything this database holds of an event ([`EventTrace`](outbox_postgres::admin::EventTrace)) |
 //! | `GET /api/v1/trace/aggregate?aggregate_type=T&aggregate_id=I&limit=N` | an aggregate's outbox rows, discarded events and each consumer's last applied version |
@@ -78,9 +79,11 @@
 //!   what it selected; the reason; how many rows), and logged under the target
 //!   `outbox::audit` (failed attempts too, which change nothing and are only logged). The
 //!   name is what the operator typed: one shared token proves only that its holder acted.
-//! * Payloads and headers are shown only to the token's holder, and only when the console's
-//!   database role may read them (the operator role; the read-only role never reads a
-//!   payload).
+//! * The payloads and headers of outbox dead letters, consumer dead letters and conflicts are
+//!   shown only to the token's holder, and only when the console's database role may read them
+//!   (the operator role; the read-only role never reads them). A work item's payload (what the
+//!   remote effect does) is shown with the work items and in traces, as `outbox effects list`
+//!   prints it to the read-only role.
 
 #![forbid(unsafe_code)]
 
@@ -94,7 +97,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use outbox_postgres::admin::{
     Actor, Admin, AdminError, AdminErrorKind, ConsumerSelection, Counting, DeadLetterFilter,
-    DeadLetterSelection,
+    DeadLetterSelection, ReplaySelection,
 };
 use outbox_postgres::effects::Resolution;
 use serde::Deserialize;
@@ -246,6 +249,7 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
             post(reconcile_work_item),
         )
         .route("/api/v1/audit", get(audit_log))
+        .route("/api/v1/replay", post(replay))
         .route("/api/v1/trace/event/{event_id}", get(trace_event))
         .route("/api/v1/trace/aggregate", get(trace_aggregate))
         .route("/api/v1/work-items/{id}/resolve", post(resolve_work_item))
@@ -747,10 +751,12 @@ impl ConsumerActionBody {
                 ));
             }
         };
+        // As given: an empty reason group is the group of empty errors, not "any" (a form's
+        // empty field means "any" only in reads).
         Ok(ConsumerSelection {
-            consumer: nonempty(self.consumer.clone()),
+            consumer: self.consumer.clone(),
             ids,
-            reason_group: nonempty(self.reason_group.clone()),
+            reason_group: self.reason_group.clone(),
         })
     }
 }
@@ -878,6 +884,50 @@ async fn reconcile_work_item(
     let reason = body.reason.unwrap_or_default();
     s.admin.reconcile_work_item(id, &actor, &reason).await?;
     Ok(json(serde_json::json!({ "reconcile": id })))
+}
+
+/// The body of `POST /api/v1/replay`: `{"aggregate": {...}}` or `{"published": {...}}`
+/// ([`ReplaySelection`]), `dry_run`, `reason`, `actor`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    #[serde(default)]
+    aggregate: Option<serde_json::Value>,
+    #[serde(default)]
+    published: Option<serde_json::Value>,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+async fn replay(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<ReplayBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let credential = authorize(&s, &headers)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor.as_deref(), &credential)?;
+    let which: ReplaySelection = match (body.aggregate, body.published) {
+        (Some(a), None) => serde_json::from_value(serde_json::json!({ "aggregate": a })),
+        (None, Some(p)) => serde_json::from_value(serde_json::json!({ "published": p })),
+        _ => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give exactly one of \"aggregate\" or \"published\"".into(),
+            ));
+        }
+    }
+    .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid replay: {e}")))?;
+    let reason = body.reason.unwrap_or_default();
+    Ok(json(
+        s.admin
+            .replay(&which, body.dry_run, &actor, &reason)
+            .await?,
+    ))
 }
 
 #[derive(Deserialize)]

@@ -470,7 +470,8 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     )
     .await;
     assert_eq!(status, 200, "{groups}");
-    let mut seen: Vec<(&str, &str)> = groups
+    assert_eq!(groups["complete"], true);
+    let mut seen: Vec<(&str, &str)> = groups["groups"]
         .as_array()
         .unwrap()
         .iter()
@@ -767,6 +768,15 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
         .await
         .unwrap();
     }
+    // A pending row that failed with the same kind of error: no dead-letter action may touch it.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, payload, attempts, last_error) VALUES (gen_random_uuid(), 'order', 'o-9', \
+         1, 'OrderPlaced', '\\x00', 2, 'publish timed out after 9000 ms')"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let (addr, stop) = serve(db.admin(), with_token()).await;
     let auth = format!("Bearer {TOKEN}");
     let ok = [("authorization", auth.as_str())];
@@ -866,6 +876,12 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
             .await,
         2
     );
+    assert_eq!(
+        db.count("aggregate_id = 'o-9' AND state = 'pending' AND attempts = 2")
+            .await,
+        1,
+        "the retrying row with the same error is untouched"
+    );
     // An empty filter is not "all".
     let (status, e) = call(
         addr,
@@ -960,6 +976,142 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
     assert_eq!(versions, vec![2]);
     assert_eq!(t["discarded"][0]["aggregate_version"], 1);
 
+    stop.cancel();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
+    let db = Db::new(0, 0).await;
+    let s = db.schema.as_str();
+    // Aggregate p-1 published v1..v3, an hour apart; p-2's v1 published last.
+    let outbox = PgOutbox::new(db.schema.clone());
+    for (agg, v) in [("p-1", 1), ("p-1", 2), ("p-1", 3), ("p-2", 1)] {
+        let m = NewMessage::new(
+            "payment",
+            agg,
+            v,
+            "PaymentUpdated",
+            Payload::json(&serde_json::json!({ "v": v })).unwrap(),
+        );
+        outbox.enqueue(&db.pool, &m).await.unwrap();
+    }
+    for sql in [
+        format!(
+            "UPDATE {s}.events SET state = 'published', \
+             published_at = now() - make_interval(hours => 4 - aggregate_version::int) \
+             WHERE aggregate_id = 'p-1'"
+        ),
+        format!(
+            "UPDATE {s}.events SET state = 'published', published_at = now() \
+             WHERE aggregate_id = 'p-2'"
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let auth = format!("Bearer {TOKEN}");
+    let ok = [("authorization", auth.as_str())];
+    let aggregate =
+        r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1"}, "dry_run": true}"#;
+
+    // Delete mode keeps no published rows: refused.
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (status, e) = call(addr, "POST", "/api/v1/replay", &ok, Some(aggregate)).await;
+    assert_eq!(status, 409, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("keeps no published events"),
+        "{e}"
+    );
+    stop.cancel();
+
+    let mark = Admin::new(PgStore::new(
+        db.pool.clone(),
+        PgStoreConfig {
+            schema: db.schema.clone(),
+            on_publish: outbox_postgres::OnPublish::Mark,
+        },
+    ));
+    let (addr, stop) = serve(mark, with_token()).await;
+    let (status, e) = call(addr, "POST", "/api/v1/replay", &[], Some(aggregate)).await;
+    assert_eq!(status, 401, "{e}");
+    // The dry run counts and changes nothing.
+    let (status, plan) = call(addr, "POST", "/api/v1/replay", &ok, Some(aggregate)).await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(
+        (
+            &plan["events"],
+            &plan["lowest_version_held"],
+            &plan["dry_run"]
+        ),
+        (&3.into(), &1.into(), &true.into())
+    );
+    assert_eq!(db.count("state = 'pending'").await, 0);
+    for bad in [
+        r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 0}}"#,
+        r#"{"published": {"from": "2030-01-01T00:00:00Z", "to": "2020-01-01T00:00:00Z"}}"#,
+        r#"{"aggregate": {"aggregate_type": "payment"}}"#,
+        r#"{}"#,
+    ] {
+        let (status, e) = call(addr, "POST", "/api/v1/replay", &ok, Some(bad)).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+    }
+
+    // Retention deleted v1: a replay from v1 would be partial, so it is refused, naming v2.
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {s}.events WHERE aggregate_id = 'p-1' AND aggregate_version = 1"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let run = r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1"}, "reason": "ledger rebuilt"}"#;
+    let (status, e) = call(addr, "POST", "/api/v1/replay", &ok, Some(run)).await;
+    assert_eq!(status, 409, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("below 2"), "{e}");
+    let run = r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 2}, "reason": "ledger rebuilt"}"#;
+    let (status, plan) = call(addr, "POST", "/api/v1/replay", &ok, Some(run)).await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(plan["events"], 2);
+    assert_eq!(
+        db.count(
+            "state = 'pending' AND published_at IS NULL AND attempts = 0 AND aggregate_id = 'p-1'"
+        )
+        .await,
+        2
+    );
+
+    // A time range that starts before the oldest published row still held is refused.
+    let (status, e) = call(
+        addr,
+        "POST",
+        "/api/v1/replay",
+        &ok,
+        Some(r#"{"published": {"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z"}, "dry_run": true}"#),
+    )
+    .await;
+    assert_eq!(status, 409, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("replay horizon"),
+        "{e}"
+    );
+
+    // One record, the real replay's.
+    let (_, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
+    let audit = audit.as_array().unwrap();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(
+        (
+            &audit[0]["action"],
+            &audit[0]["affected"],
+            &audit[0]["reason"]
+        ),
+        (&"replay".into(), &2.into(), &"ledger rebuilt".into())
+    );
     stop.cancel();
     db.drop().await;
 }

@@ -25,9 +25,10 @@ CREATE TABLE {{schema}}.audit (
 );
 
 -- Outbox dead letters an operator discarded (never to be published), whole, with the audit
--- record of the discard: what was given up stays readable, and can be inserted again by hand.
+-- record of the discard: what was given up stays readable, and can be inserted again by hand
+-- (and, should it die again, be discarded again: one row per discard).
 CREATE TABLE {{schema}}.discarded_events (
-    event_id          uuid        PRIMARY KEY,
+    event_id          uuid        NOT NULL,
     aggregate_type    text        NOT NULL,
     aggregate_id      text        NOT NULL,
     aggregate_version bigint      NOT NULL,
@@ -42,8 +43,14 @@ CREATE TABLE {{schema}}.discarded_events (
     attempts          integer     NOT NULL,
     last_error        text,
     discarded_at      timestamptz NOT NULL DEFAULT now(),
-    audit_id          bigint      NOT NULL REFERENCES {{schema}}.audit (id)
+    audit_id          bigint      NOT NULL REFERENCES {{schema}}.audit (id),
+    PRIMARY KEY (event_id, audit_id)
 );
+-- Tracing an aggregate.
+CREATE INDEX discarded_events_aggregate_idx
+    ON {{schema}}.discarded_events (aggregate_type, aggregate_id, aggregate_version);
+-- Tracing an event to the records that name it (`selection -> 'event_ids' ? id`).
+CREATE INDEX audit_event_ids_idx ON {{schema}}.audit USING gin ((selection -> 'event_ids'));
 
 -- Tracing an event to the remote effects, conflicts and consumer dead letters it caused. Each
 -- of these tables is written once per effect or failure, far less often than events are; the

@@ -28,6 +28,7 @@
 mod audit;
 mod dead_letters;
 mod processes;
+mod replay;
 mod trace;
 
 use chrono::{DateTime, Utc};
@@ -37,11 +38,12 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
 pub use audit::{Actor, AuditEntry};
 pub use dead_letters::{
-    ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterView, ConsumerSelection,
-    DeadLetterDetail, DeadLetterFilter, DeadLetterGroup, DeadLetterGroups, DeadLetterSelection,
-    DeadLetterView, Discarded, GROUP_SCAN, PayloadView,
+    ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
+    DeadLetterGroups, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN, PayloadView,
 };
 pub use processes::{Instance, MINUTES, RouteView, Routes};
+pub use replay::{ReplayPlan, ReplaySelection};
 pub use trace::{
     AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TracedEvent,
 };
@@ -67,6 +69,9 @@ const CONFLICT_PAYLOADS: &str = "SELECT c.payload, \
     (SELECT e.payload FROM {s}.events e WHERE e.event_id = c.event_id \
        AND e.payload_sha256 = c.stored_sha256) \
     FROM {s}.inbox_conflicts c WHERE c.id = $1";
+
+/// A work item's state.
+const WORK_ITEM_STATE: &str = "SELECT state FROM {s}.work_items WHERE id = $1";
 
 /// "Reconcile now": an unknown outcome's next lookup is due at once.
 const RECONCILE_NOW: &str = "UPDATE {s}.work_items SET next_attempt_at = now(), \
@@ -458,7 +463,10 @@ impl Admin {
     ) -> Result<Vec<DeadLetterView>, AdminError> {
         check_limit("dead letters", limit)?;
         let selection = DeadLetterSelection::Matching(filter.clone());
-        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_LIST));
+        let sql = self.render(&dead_letters::outbox_sql(
+            dead_letters::OUTBOX_LIST,
+            &selection,
+        ));
         selection
             .bind(sqlx::query(AssertSqlSafe(sql)))
             .bind(limit)
@@ -482,10 +490,13 @@ impl Admin {
         filter: &DeadLetterFilter,
     ) -> Result<DeadLetterGroups, AdminError> {
         let selection = DeadLetterSelection::Matching(filter.clone());
-        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_GROUPS));
+        let sql = self.render(&dead_letters::outbox_sql(
+            dead_letters::OUTBOX_GROUPS,
+            &selection,
+        ));
         let groups: Vec<DeadLetterGroup> = selection
             .bind(sqlx::query(AssertSqlSafe(sql)))
-            .bind(GROUP_SCAN + 1)
+            .bind(GROUP_SCAN)
             .fetch_all(self.store.pool())
             .await
             .map_err(|e| AdminError::sqlx("dead letter groups", e))?
@@ -496,7 +507,7 @@ impl Admin {
         let read: i64 = groups.iter().map(|g| g.count).sum();
         Ok(DeadLetterGroups {
             groups,
-            complete: read <= GROUP_SCAN,
+            complete: read < GROUP_SCAN,
         })
     }
 
@@ -538,7 +549,10 @@ impl Admin {
         &self,
         selection: &DeadLetterSelection,
     ) -> Result<Vec<DeadLetterView>, AdminError> {
-        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_LIST));
+        let sql = self.render(&dead_letters::outbox_sql(
+            dead_letters::OUTBOX_LIST,
+            selection,
+        ));
         selection
             .bind(sqlx::query(AssertSqlSafe(sql)))
             .bind(MAX_LIST)
@@ -567,7 +581,10 @@ impl Admin {
         const OP: &str = "requeue dead letters";
         let selection = which.to_json();
         let mut tx = self.begin(OP, actor, &selection, reason).await?;
-        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_REQUEUE));
+        let sql = self.render(&dead_letters::outbox_sql(
+            dead_letters::OUTBOX_REQUEUE,
+            which,
+        ));
         let result = match which
             .bind(sqlx::query(AssertSqlSafe(sql)))
             .execute(&mut *tx)
@@ -607,7 +624,10 @@ impl Admin {
         const OP: &str = "discard dead letters";
         require_reason(OP, reason)?;
         let selection = which.to_json();
-        let sql = self.render(&dead_letters::outbox_sql(dead_letters::OUTBOX_DISCARD));
+        let sql = self.render(&dead_letters::outbox_sql(
+            dead_letters::OUTBOX_DISCARD,
+            which,
+        ));
         let mut conn = self
             .store
             .pool()
@@ -719,7 +739,7 @@ impl Admin {
         limit: i64,
     ) -> Result<Vec<ConsumerDeadLetterView>, AdminError> {
         check_limit("consumer dead letters", limit)?;
-        let sql = dead_letters::consumer_sql(dead_letters::CONSUMER_LIST_SQL, OPEN_STATES);
+        let sql = dead_letters::consumer_sql(dead_letters::CONSUMER_LIST_SQL, which, OPEN_STATES);
         which
             .bind(sqlx::query(AssertSqlSafe(self.render(&sql))))
             .bind(limit)
@@ -740,9 +760,9 @@ impl Admin {
     pub async fn consumer_dead_letter_groups(
         &self,
         which: &ConsumerSelection,
-    ) -> Result<Vec<ConsumerDeadLetterGroup>, AdminError> {
-        let sql = dead_letters::consumer_sql(dead_letters::CONSUMER_GROUPS_SQL, OPEN_STATES);
-        which
+    ) -> Result<ConsumerDeadLetterGroups, AdminError> {
+        let sql = dead_letters::consumer_sql(dead_letters::CONSUMER_GROUPS_SQL, which, OPEN_STATES);
+        let groups: Vec<ConsumerDeadLetterGroup> = which
             .bind(sqlx::query(AssertSqlSafe(self.render(&sql))))
             .bind(GROUP_SCAN)
             .fetch_all(self.store.pool())
@@ -751,7 +771,12 @@ impl Admin {
             .iter()
             .map(dead_letters::consumer_group)
             .collect::<Result<_, _>>()
-            .map_err(|e| AdminError::sqlx("consumer dead letter groups", e))
+            .map_err(|e| AdminError::sqlx("consumer dead letter groups", e))?;
+        let read: i64 = groups.iter().map(|g| g.count).sum();
+        Ok(ConsumerDeadLetterGroups {
+            groups,
+            complete: read < GROUP_SCAN,
+        })
     }
 
     /// One consumer dead letter whole, with the payload and headers as received. Needs the
@@ -770,6 +795,7 @@ impl Admin {
         };
         let sql = dead_letters::consumer_sql(
             dead_letters::CONSUMER_LIST_SQL,
+            &which,
             "'dead', 'requeued', 'resolved'",
         );
         let dead_letter = which
@@ -851,7 +877,7 @@ impl Admin {
     ) -> Result<u64, AdminError> {
         let selection = serde_json::to_value(which).unwrap_or_default();
         let mut tx = self.begin(operation, actor, &selection, reason).await?;
-        let sql = self.render(&dead_letters::consumer_sql(template, "'dead'"));
+        let sql = self.render(&dead_letters::consumer_sql(template, which, "'dead'"));
         let result = which
             .bind(sqlx::query(AssertSqlSafe(sql)))
             .execute(&mut *tx)
@@ -930,8 +956,8 @@ impl Admin {
     /// (a running executor looks it up on its next claim), with the audit record.
     ///
     /// # Errors
-    /// [`AdminError`] of kind `Refused` when the item is not `unknown` (or does not exist),
-    /// `PermissionDenied` (the role may only read), or the database's failure.
+    /// [`AdminError`] of kind `NotFound` (no such item), `Refused` when its outcome is not
+    /// `unknown`, `PermissionDenied` (the role may only read), or the database's failure.
     pub async fn reconcile_work_item(
         &self,
         id: i64,
@@ -947,11 +973,24 @@ impl Admin {
             .await
         {
             Ok(r) if r.rows_affected() == 1 => Ok(1),
-            Ok(_) => Err(AdminError {
-                operation: OP,
-                kind: AdminErrorKind::Refused,
-                message: format!("work item {id} does not exist or its outcome is not unknown"),
-            }),
+            Ok(_) => {
+                let state: Result<Option<String>, _> =
+                    sqlx::query_scalar(AssertSqlSafe(self.render(WORK_ITEM_STATE)))
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await;
+                Err(match state {
+                    Ok(None) => not_found(OP, format!("no work item {id}")),
+                    Ok(Some(state)) => AdminError {
+                        operation: OP,
+                        kind: AdminErrorKind::Refused,
+                        message: format!(
+                            "work item {id} is {state}: only an unknown outcome is reconciled"
+                        ),
+                    },
+                    Err(e) => self.action_error(OP, e),
+                })
+            }
             Err(e) => Err(self.action_error(OP, e)),
         };
         self.finish(tx, OP, actor, &selection, reason, result)
@@ -1074,6 +1113,169 @@ impl Admin {
             .map_err(err)?,
             aggregate_type: t,
             aggregate_id: i,
+        })
+    }
+
+    /// Replays published events with their original ids ([`ReplaySelection`]; see the
+    /// [`replay`](self::replay) rules): with `dry_run`, only says how many rows it would take
+    /// and where the replay horizon is; otherwise makes them pending again, with the audit
+    /// record, and wakes the relays.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `Refused` in delete mode (the outbox keeps no published rows) or
+    /// when the request reaches beyond the replay horizon (nothing changed; the message names
+    /// the horizon), `InvalidRequest` for an empty time range or a version below 1,
+    /// `PermissionDenied` when the role may not act; otherwise the database's failure.
+    pub async fn replay(
+        &self,
+        which: &ReplaySelection,
+        dry_run: bool,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<ReplayPlan, AdminError> {
+        const OP: &str = "replay";
+        let selection = serde_json::to_value(which).unwrap_or_default();
+        // A refusal changes nothing and writes no record; it is logged.
+        let refuse = |kind, message: String| {
+            let e = AdminError {
+                operation: OP,
+                kind,
+                message,
+            };
+            audit::log(actor, OP, &selection, reason, Err(&e));
+            e
+        };
+        if self.store.config().on_publish == OnPublish::Delete {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
+                 can be replayed from it; replay from the broker's retention, or run in mark mode"
+                    .into(),
+            ));
+        }
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let planned = match which {
+            ReplaySelection::Aggregate {
+                aggregate_type,
+                aggregate_id,
+                from_version,
+            } => {
+                let from = from_version.unwrap_or(1);
+                if from < 1 {
+                    return Err(refuse(
+                        AdminErrorKind::InvalidRequest,
+                        format!("versions start at 1, not {from}"),
+                    ));
+                }
+                let r = sqlx::query(AssertSqlSafe(self.render(replay::AGGREGATE_PLAN)))
+                    .bind(aggregate_type)
+                    .bind(aggregate_id)
+                    .bind(from)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| AdminError::sqlx(OP, e))?;
+                let plan = (|| -> Result<ReplayPlan, sqlx::Error> {
+                    Ok(ReplayPlan {
+                        events: r.try_get(0)?,
+                        lowest_version_held: r.try_get(1)?,
+                        horizon: r.try_get(2)?,
+                        dry_run,
+                    })
+                })()
+                .map_err(|e| AdminError::sqlx(OP, e))?;
+                if let Some(lowest) = plan.lowest_version_held
+                    && lowest > from
+                {
+                    return Err(refuse(
+                        AdminErrorKind::Refused,
+                        format!(
+                            "beyond the replay horizon: {aggregate_type}/{aggregate_id} versions \
+                             below {lowest} are no longer held (retention deleted them); replay \
+                             from version {lowest}, or from the broker's retention"
+                        ),
+                    ));
+                }
+                (plan, replay::AGGREGATE_REPLAY)
+            }
+            ReplaySelection::Published {
+                from,
+                to,
+                aggregate_type,
+            } => {
+                if from >= to {
+                    return Err(refuse(
+                        AdminErrorKind::InvalidRequest,
+                        format!("an empty time range: {from} is not before {to}"),
+                    ));
+                }
+                let r = sqlx::query(AssertSqlSafe(self.render(replay::RANGE_PLAN)))
+                    .bind(from)
+                    .bind(to)
+                    .bind(aggregate_type)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| AdminError::sqlx(OP, e))?;
+                let plan = (|| -> Result<ReplayPlan, sqlx::Error> {
+                    Ok(ReplayPlan {
+                        events: r.try_get(0)?,
+                        horizon: r.try_get(1)?,
+                        lowest_version_held: None,
+                        dry_run,
+                    })
+                })()
+                .map_err(|e| AdminError::sqlx(OP, e))?;
+                match plan.horizon {
+                    Some(h) if *from < h => {
+                        return Err(refuse(
+                            AdminErrorKind::Refused,
+                            format!(
+                                "beyond the replay horizon: the oldest published event still \
+                                 held was published at {h}; events published before it may have \
+                                 been deleted by retention. Start the range at {h} or later"
+                            ),
+                        ));
+                    }
+                    _ => {}
+                }
+                (plan, replay::RANGE_REPLAY)
+            }
+        };
+        let (plan, statement) = planned;
+        if dry_run {
+            // Nothing changed and nothing to record.
+            return Ok(plan);
+        }
+        let q = sqlx::query(AssertSqlSafe(self.render(statement)));
+        let q = match which {
+            ReplaySelection::Aggregate {
+                aggregate_type,
+                aggregate_id,
+                from_version,
+            } => q
+                .bind(aggregate_type.clone())
+                .bind(aggregate_id.clone())
+                .bind(from_version.unwrap_or(1)),
+            ReplaySelection::Published {
+                from,
+                to,
+                aggregate_type,
+            } => q.bind(*from).bind(*to).bind(aggregate_type.clone()),
+        };
+        let result = match q.execute(&mut *tx).await {
+            Ok(r) => sqlx::query("SELECT pg_notify($1, '')")
+                .bind(self.store.schema().wakeup_channel())
+                .execute(&mut *tx)
+                .await
+                .map(|_| r.rows_affected()),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| self.action_error(OP, e));
+        let n = self
+            .finish(tx, OP, actor, &selection, reason, result)
+            .await?;
+        Ok(ReplayPlan {
+            events: i64::try_from(n).unwrap_or(i64::MAX),
+            ..plan
         })
     }
 

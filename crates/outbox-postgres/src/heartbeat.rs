@@ -18,8 +18,8 @@
 //! Every [`Heartbeat::interval`] (5 s by default) the process upserts its row of
 //! `{schema}.instances` (one statement) and, for a relay, adds what it published since the
 //! last beat to this minute's row of each route in `{schema}.activity` (one statement). About
-//! once a minute it also deletes instance rows whose heartbeat is a day old and activity rows
-//! two hours old. A beat that fails (the database is down, a grant is missing) is logged and
+//! once a minute a relay also deletes instance rows whose heartbeat is a day old and activity
+//! rows two hours old (a consumer's or an executor's grants cover its own row only). A beat that fails (the database is down, a grant is missing) is logged and
 //! retried at the next one: a heartbeat never stops the work it reports on. On shutdown the
 //! row gets `stopped_at`, so a clean stop reads as stopped, not gone.
 //!
@@ -252,7 +252,8 @@ impl Heartbeat {
             // Only once written: a failed beat's publishes go into the next one.
             *reported = now;
         }
-        if n.is_multiple_of(12) {
+        // Only relays sweep (the consumer's and the executor's grants stop at their own row).
+        if self.kind == InstanceKind::Relay && n.is_multiple_of(12) {
             for sweep in [SWEEP_INSTANCES, SWEEP_ACTIVITY] {
                 sqlx::query(AssertSqlSafe(self.schema.render(sweep)))
                     .execute(&self.pool)

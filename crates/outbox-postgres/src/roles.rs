@@ -56,9 +56,11 @@ pub enum Component {
     Executor,
     /// Retention: `outbox cleanup`.
     Maintainer,
-    /// Read-only operator: `outbox status` and every `list`.
+    /// Read-only operator: `outbox status`, every `list` and `groups`, `trace`, `audit`, the
+    /// console's reads (no payloads).
     Reader,
-    /// Operator: the reader's reads plus requeue and resolve.
+    /// Operator: the reader's reads, payloads of dead letters and conflicts, and the actions
+    /// (requeue, discard, replay, resolve, reconcile), each with its audit record.
     Operator,
 }
 
@@ -98,7 +100,9 @@ impl Component {
             Self::Producer => {
                 "PgOutbox::enqueue, next_aggregate_version, request idempotency, plain-SQL producers"
             }
-            Self::Relay => "`outbox relay`: claim, publish, settle, LISTEN wake-ups, lease reaping",
+            Self::Relay => {
+                "`outbox relay`: claim, publish, settle, LISTEN wake-ups, lease reaping, heartbeat"
+            }
             Self::Consumer => {
                 "PgConsumer / PgInbox: inbox, conflicts, ordering guard, consumer dead letters, work-item enqueue"
             }
@@ -107,10 +111,10 @@ impl Component {
                 "`outbox cleanup`: inbox retention, settled work items, published rows (mark mode), expired relay leases"
             }
             Self::Reader => {
-                "`outbox status`, `dead-letters list`, `conflicts list`, `consumer-dead-letters list`, `effects status|list`"
+                "`outbox status`, `dead-letters list|groups`, `conflicts list`, `consumer-dead-letters list|groups`, `effects status|list`, `trace`, `audit`, the console's reads"
             }
             Self::Operator => {
-                "the reader's reads plus `dead-letters requeue`, `consumer-dead-letters requeue`, `effects resolve`"
+                "the reader's reads plus payloads of dead letters and conflicts, `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `effects resolve|reconcile`, each audited"
             }
         }
     }
@@ -265,11 +269,12 @@ const OBJECTS: &[Decision] = &[
             "last_error",
             "published_at",
         ]))],
-        // dead-letters requeue; discard (a delete of dead rows, copied whole into
+        // dead-letters requeue; replay; discard (a delete of dead rows, copied whole into
         // discarded_events); the payload and headers of a dead letter, to judge it.
         operator: &[
             Select(Only(&["payload", "headers"])),
-            Update(Only(&["state", "attempts", "available_at"])),
+            // Replay (mark mode) also clears published_at.
+            Update(Only(&["state", "attempts", "available_at", "published_at"])),
             Delete,
         ],
     },
@@ -577,18 +582,35 @@ const OBJECTS: &[Decision] = &[
             "discarded_at",
             "audit_id",
         ]))],
-        // discard
-        operator: &[Select(Only(&["payload", "headers"])), Insert(All)],
+        // discard: the copy of each row, naming the discard's audit record (the statement that
+        // writes both, in one transaction); never `discarded_at`, which the database writes.
+        operator: &[Insert(Only(&[
+            "event_id",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "event_type",
+            "schema_version",
+            "content_type",
+            "payload",
+            "headers",
+            "destination",
+            "partition_key",
+            "created_at",
+            "attempts",
+            "last_error",
+            "audit_id",
+        ]))],
     },
-    // Heartbeats (`crate::heartbeat`): each running process upserts its own row and its
-    // activity, and deletes rows a day (activity: two hours) old.
+    // Heartbeats (`crate::heartbeat`): each running process upserts its own row; a relay also
+    // its publishes per route, and it alone deletes old rows (a day; activity two hours).
     Decision {
         name: "instances",
         kind: Kind::Table,
         producer: NONE,
-        relay: HEARTBEAT,
-        consumer: HEARTBEAT,
-        executor: HEARTBEAT,
+        relay: &[Select(All), Insert(All), Update(Only(BEAT_COLUMNS)), Delete],
+        consumer: BEAT,
+        executor: BEAT,
         maintainer: NONE,
         reader: &[Select(All)],
         operator: NONE,
@@ -597,17 +619,19 @@ const OBJECTS: &[Decision] = &[
         name: "activity",
         kind: Kind::Table,
         producer: NONE,
-        relay: HEARTBEAT,
-        consumer: HEARTBEAT,
-        executor: HEARTBEAT,
+        relay: &[Select(All), Insert(All), Update(Only(&["count"])), Delete],
+        consumer: NONE,
+        executor: NONE,
         maintainer: NONE,
         reader: &[Select(All)],
         operator: NONE,
     },
 ];
 
-/// A heartbeat's writes on its two tables.
-const HEARTBEAT: &[Privilege] = &[Select(All), Insert(All), Update(All), Delete];
+/// What a heartbeat changes in its own row.
+const BEAT_COLUMNS: &[&str] = &["heartbeat_at", "stats", "stopped_at"];
+/// A consumer's or an executor's heartbeat: its own row, nothing else.
+const BEAT: &[Privilege] = &[Select(All), Insert(All), Update(Only(BEAT_COLUMNS))];
 
 impl Decision {
     fn of(&self, component: Component) -> Vec<Privilege> {
@@ -1630,7 +1654,7 @@ mod tests {
         assert_eq!(grants.len(), 1, "{grants:?}");
         assert!(
             grants[0].starts_with("GRANT SELECT (id, event_id,")
-                && grants[0].contains("UPDATE (state, attempts, available_at)"),
+                && grants[0].contains("UPDATE (state, attempts, available_at, published_at)"),
             "{}",
             grants[0]
         );

@@ -25,7 +25,7 @@ const LIST: &str = "SELECT id, at, actor, via, credential, db_role, action, sele
 /// its discard (which may have selected it by a filter), newest first.
 const OF_EVENT: &str = "SELECT id, at, actor, via, credential, db_role, action, selection, \
     reason, affected FROM {s}.audit WHERE selection -> 'event_ids' ? $1 \
-    OR id = (SELECT audit_id FROM {s}.discarded_events WHERE event_id = $2) \
+    OR id IN (SELECT audit_id FROM {s}.discarded_events WHERE event_id = $2) \
     ORDER BY id DESC LIMIT 100";
 
 /// Who acts, as the audit record names them.

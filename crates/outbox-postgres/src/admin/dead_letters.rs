@@ -2,7 +2,7 @@
 //! reason, read whole, requeued or discarded by ids, by filter or all, each action audited.
 //!
 //! **Reasons** are grouped as ServicePulse groups failures: by the error text with its
-//! numbers and UUIDs replaced by `#` and cut at 200 characters ([`reason_key`]), so that
+//! numbers and UUIDs replaced by `#` and cut at 200 characters, so that
 //! "publish timed out after 5000 ms (event 1f0e…)" of a thousand rows is one group. The key is
 //! computed by the database, so a group's key selects exactly its rows in a filter.
 //!
@@ -11,7 +11,9 @@
 //! by `aggregate_type`. **Time** is the event's `created_at` (when the producer wrote it).
 //!
 //! Every read walks the dead rows through their partial index (migration 7); groups read at
-//! most [`GROUP_SCAN`] of them and say so when there were more.
+//! most [`GROUP_SCAN`] of them and say so (`complete`) when there may be more. A filter by
+//! reason computes the key of each dead row it reads (no index holds it): dead letters are few
+//! next to the outbox, and the read stops at the page's limit.
 
 use chrono::{DateTime, Utc};
 use outbox_core::EventId;
@@ -28,15 +30,18 @@ const REASON_KEY: &str = "left(regexp_replace(coalesce({err}, ''), \
 /// The most dead letters one group read looks at.
 pub const GROUP_SCAN: i64 = 100_000;
 
-/// The outbox's dead rows a [`DeadLetterSelection`] selects, binds `$1` to `$7`.
-const MATCH: &str = "e.state = 'dead' \
-    AND ($1::uuid[] IS NULL OR e.event_id = ANY($1)) \
-    AND ($2::text IS NULL OR e.aggregate_type = $2) \
-    AND ($3::text IS NULL OR e.event_type = $3) \
-    AND ($4::text IS NULL OR e.destination = $4) \
-    AND ($5::text IS NULL OR {reason} = $5) \
-    AND ($6::timestamptz IS NULL OR e.created_at >= $6) \
-    AND ($7::timestamptz IS NULL OR e.created_at < $7)";
+/// The conditions of the outbox's dead rows a [`DeadLetterSelection`] selects (binds `$1` to
+/// `$7`; a condition whose value is not given is left out of the statement, so that each
+/// shape of filter gets its own plan and an id lookup goes through the event-id index).
+const MATCH: [&str; 7] = [
+    "e.event_id = ANY($1)",
+    "e.aggregate_type = $2",
+    "e.event_type = $3",
+    "e.destination = $4",
+    "{reason} = $5",
+    "e.created_at >= $6",
+    "e.created_at < $7",
+];
 
 const LIST: &str = "SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, \
     e.event_type, e.attempts, e.last_error, e.created_at, \
@@ -72,12 +77,9 @@ const DISCARD: &str = "WITH d AS (DELETE FROM {s}.events e WHERE {match} \
       SELECT d.*, a.id FROM d CROSS JOIN a RETURNING 1) \
     SELECT (SELECT count(*) FROM c), (SELECT id FROM a)";
 
-/// The consumer dead letters a [`ConsumerSelection`] selects (`$1` to `$3`), among those
-/// in `{states}`.
-const CONSUMER_MATCH: &str = "c.state IN ({states}) \
-    AND ($1::text IS NULL OR c.consumer_name = $1) \
-    AND ($2::int8[] IS NULL OR c.id = ANY($2)) \
-    AND ($3::text IS NULL OR {reason} = $3)";
+/// The conditions of the consumer dead letters a [`ConsumerSelection`] selects (`$1` to `$3`,
+/// left out when not given), among those in `{states}`.
+const CONSUMER_MATCH: [&str; 3] = ["c.consumer_name = $1", "c.id = ANY($2)", "{reason} = $3"];
 
 const CONSUMER_LIST: &str = "SELECT c.id, c.consumer_name, c.event_id, c.aggregate_type, \
     c.aggregate_id, c.aggregate_version, c.event_type, c.error, c.attempts, c.state, \
@@ -106,17 +108,46 @@ fn sql(template: &str, matcher: &str, err_column: &str) -> String {
         .replace("{reason}", &reason)
 }
 
-pub(super) fn outbox_sql(template: &str) -> String {
-    sql(template, MATCH, "e.last_error")
+/// `template` for the dead letters `which` selects.
+pub(super) fn outbox_sql(template: &str, which: &DeadLetterSelection) -> String {
+    let none = DeadLetterFilter::default();
+    let (ids, f) = match which {
+        DeadLetterSelection::Ids(_) => (true, &none),
+        DeadLetterSelection::Matching(f) => (false, f),
+        DeadLetterSelection::All => (false, &none),
+    };
+    let given = [
+        ids,
+        f.aggregate_type.is_some(),
+        f.event_type.is_some(),
+        f.destination.is_some(),
+        f.reason_group.is_some(),
+        f.created_after.is_some(),
+        f.created_before.is_some(),
+    ];
+    let mut matcher = vec!["e.state = 'dead'"];
+    matcher.extend(MATCH.iter().zip(given).filter(|(_, g)| *g).map(|(c, _)| *c));
+    sql(template, &matcher.join(" AND "), "e.last_error")
 }
 
-/// `states`: the SQL list of states the statement may touch.
-pub(super) fn consumer_sql(template: &str, states: &str) -> String {
-    sql(
-        template,
-        &CONSUMER_MATCH.replace("{states}", states),
-        "c.error",
-    )
+/// `template` for the consumer dead letters `which` selects, among those in `states` (an SQL
+/// list).
+pub(super) fn consumer_sql(template: &str, which: &ConsumerSelection, states: &str) -> String {
+    let given = [
+        which.consumer.is_some(),
+        which.ids.is_some(),
+        which.reason_group.is_some(),
+    ];
+    let in_states = format!("c.state IN ({states})");
+    let mut matcher = vec![in_states.as_str()];
+    matcher.extend(
+        CONSUMER_MATCH
+            .iter()
+            .zip(given)
+            .filter(|(_, g)| *g)
+            .map(|(c, _)| *c),
+    );
+    sql(template, &matcher.join(" AND "), "c.error")
 }
 
 pub(super) const OUTBOX_LIST: &str = LIST;
@@ -297,7 +328,7 @@ pub struct DeadLetterGroup {
 pub struct DeadLetterGroups {
     /// Largest group first.
     pub groups: Vec<DeadLetterGroup>,
-    /// `false` when more than [`GROUP_SCAN`] dead letters matched: the groups then count the
+    /// `false` when [`GROUP_SCAN`] or more dead letters matched: the groups then count the
     /// oldest [`GROUP_SCAN`] only.
     pub complete: bool,
 }
@@ -340,6 +371,16 @@ pub(super) fn consumer_group(r: &PgRow) -> Result<ConsumerDeadLetterGroup, sqlx:
         last_at: r.try_get(4)?,
         example_error: r.try_get(5)?,
     })
+}
+
+/// The (consumer, reason) groups of consumer dead letters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConsumerDeadLetterGroups {
+    /// Largest group first.
+    pub groups: Vec<ConsumerDeadLetterGroup>,
+    /// `false` when [`GROUP_SCAN`] or more matched: the groups then count the oldest
+    /// [`GROUP_SCAN`] only.
+    pub complete: bool,
 }
 
 /// A consumer dead letter with its reason group.
@@ -460,19 +501,42 @@ pub struct Discarded {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn every_placeholder_is_filled() {
-        for t in [super::LIST, super::GROUPS, super::REQUEUE, super::DISCARD] {
-            let s = super::outbox_sql(t);
-            assert!(!s.contains("{match}") && !s.contains("{reason}") && !s.contains("{err}"));
+    fn every_placeholder_is_filled_and_only_given_conditions_are_in_the_statement() {
+        use super::{ConsumerSelection, DeadLetterFilter, DeadLetterSelection};
+        let by_reason = DeadLetterSelection::Matching(DeadLetterFilter {
+            reason_group: Some("x".into()),
+            ..DeadLetterFilter::default()
+        });
+        for which in [
+            DeadLetterSelection::All,
+            DeadLetterSelection::Ids(vec![]),
+            by_reason.clone(),
+        ] {
+            for t in [super::LIST, super::GROUPS, super::REQUEUE, super::DISCARD] {
+                let s = super::outbox_sql(t, &which);
+                assert!(!s.contains("{match}") && !s.contains("{reason}") && !s.contains("{err}"));
+                assert!(s.contains("e.state = 'dead'"));
+                assert_eq!(
+                    s.contains("ANY($1)"),
+                    matches!(which, DeadLetterSelection::Ids(_))
+                );
+                assert_eq!(s.contains("= $5"), which == by_reason);
+            }
         }
+        let one = ConsumerSelection {
+            consumer: Some("ledger".into()),
+            ..ConsumerSelection::default()
+        };
         for t in [
             super::CONSUMER_LIST,
             super::CONSUMER_GROUPS,
             super::CONSUMER_REQUEUE,
             super::CONSUMER_DISCARD,
         ] {
-            let s = super::consumer_sql(t, "'dead'");
-            assert!(!s.contains("{match}") && !s.contains("{states}") && !s.contains("{err}"));
+            let s = super::consumer_sql(t, &one, "'dead'");
+            assert!(!s.contains("{match}") && !s.contains("{reason}") && !s.contains("{err}"));
+            assert!(s.contains("c.state IN ('dead')") && s.contains("c.consumer_name = $1"));
+            assert!(!s.contains("ANY($2)") && !s.contains("= $3"));
         }
     }
 }

@@ -26,7 +26,7 @@ pub(super) const ROUTES: &str = "WITH head AS ( \
             EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest FROM head GROUP BY 1), \
     d AS (SELECT {key} AS key, count(*) AS n FROM dead GROUP BY 1) \
     SELECT coalesce(p.key, d.key), coalesce(p.n, 0), coalesce(p.oldest, 0), coalesce(d.n, 0), \
-      (SELECT count(*) FROM head) < $1 \
+      (SELECT count(*) FROM head) < $1 AND (SELECT count(*) FROM dead) < $1 \
     FROM p FULL JOIN d ON d.key = p.key";
 
 /// The route key of a row, as `crate::heartbeat::route_key` writes it.
@@ -124,7 +124,7 @@ pub struct Routes {
     pub routes: Vec<RouteView>,
     /// The pending and dead counts read at most this many rows each.
     pub counted_up_to: i64,
-    /// Whether every pending row was read (the counts are exact).
+    /// Whether every pending row and every dead letter was read (the counts are exact).
     pub complete: bool,
 }
 

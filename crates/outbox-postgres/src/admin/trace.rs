@@ -34,7 +34,7 @@ pub(super) const AGGREGATE_EVENTS: &str = "SELECT id, event_id, aggregate_type, 
 
 pub(super) const DISCARDED: &str = "SELECT event_id, aggregate_type, aggregate_id, \
     aggregate_version, event_type, created_at, attempts, last_error, discarded_at, audit_id \
-    FROM {s}.discarded_events WHERE event_id = $1";
+    FROM {s}.discarded_events WHERE event_id = $1 ORDER BY audit_id DESC LIMIT 1";
 
 pub(super) const AGGREGATE_DISCARDED: &str = "SELECT event_id, aggregate_type, aggregate_id, \
     aggregate_version, event_type, created_at, attempts, last_error, discarded_at, audit_id \
