@@ -533,64 +533,56 @@ pub(crate) async fn trace(
 /// What `outbox replay` republishes.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ReplayArgs {
-    /// One aggregate's published events, TYPE/ID.
-    #[arg(long, conflicts_with_all = ["published_from", "published_to"])]
-    aggregate: Option<String>,
-    /// With --aggregate: from this version on.
-    #[arg(long, requires = "aggregate")]
+    /// The aggregate, TYPE/ID.
+    #[arg(long)]
+    aggregate: String,
+    /// From this version on [default: 1].
+    #[arg(long)]
     from_version: Option<i64>,
-    /// The events published at or after this time (RFC 3339)...
-    #[arg(long, requires = "published_to")]
-    published_from: Option<DateTime<Utc>>,
-    /// ...and before this time.
-    #[arg(long, requires = "published_from")]
-    published_to: Option<DateTime<Utc>>,
-    /// With a time range: only this aggregate type.
-    #[arg(long, requires = "published_from")]
-    aggregate_type: Option<String>,
-    /// Only say how many events it would republish and where the replay horizon is.
+    /// Only say how many events it would republish.
     #[arg(long)]
     dry_run: bool,
+    /// Refuse unless it takes exactly this many events (the dry run's count).
+    #[arg(long)]
+    expect_events: Option<i64>,
     #[command(flatten)]
     action: ActionArgs,
 }
 
-/// `outbox replay`: published events republished with their original ids (mark mode).
+/// `outbox replay`: an aggregate's published events republished with their original ids (mark
+/// mode).
 pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
     admin.ready().await?;
-    let which = match (&a.aggregate, a.published_from, a.published_to) {
-        (Some(agg), None, None) => {
-            let Some((t, i)) = agg.split_once('/') else {
-                bail!("--aggregate takes TYPE/ID, e.g. payment/42");
-            };
-            ReplaySelection::Aggregate {
-                aggregate_type: t.to_owned(),
-                aggregate_id: i.to_owned(),
-                from_version: a.from_version,
-            }
-        }
-        (None, Some(from), Some(to)) => ReplaySelection::Published {
-            from,
-            to,
-            aggregate_type: a.aggregate_type.clone(),
-        },
-        _ => bail!("give --aggregate TYPE/ID, or --published-from and --published-to"),
+    let Some((t, i)) = a.aggregate.split_once('/') else {
+        bail!("--aggregate takes TYPE/ID, e.g. payment/42");
+    };
+    let which = ReplaySelection {
+        aggregate_type: t.to_owned(),
+        aggregate_id: i.to_owned(),
+        from_version: a.from_version,
     };
     let plan = admin
-        .replay(&which, a.dry_run, &a.action.actor()?, a.action.reason())
+        .replay(
+            &which,
+            a.dry_run,
+            a.expect_events,
+            &a.action.actor()?,
+            a.action.reason(),
+        )
         .await?;
-    let horizon = plan
-        .horizon
-        .map_or("none held".to_owned(), |h| h.to_rfc3339());
+    let held = match (plan.lowest_version_held, plan.newest_version_held) {
+        (Some(l), Some(n)) => format!("versions {l} to {n} held"),
+        _ => "nothing held".to_owned(),
+    };
     if plan.dry_run {
         println!(
-            "dry run: would republish {} event(s); replay horizon {horizon}",
-            plan.events
+            "dry run: would republish {} event(s) of {}; {held}",
+            plan.events, a.aggregate
         );
     } else {
         println!(
-            "republishing {} event(s) under their original ids; replay horizon {horizon}",
-            plan.events
+            "republishing {} event(s) of {} under their original ids; {held}",
+            plan.events, a.aggregate
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -128,9 +128,9 @@ enum Command {
     /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
-    /// Republish published events with their original ids (mark mode only): one aggregate's
-    /// from a version, or those published in a time range; refused beyond the replay horizon
-    /// (what retention still holds). --dry-run first.
+    /// Republish an aggregate's published events with their original ids (mark mode only),
+    /// from a version on; refused beyond the replay horizon (what retention still holds) and
+    /// while a relay holds the aggregate. --dry-run first, then --expect-events N.
     Replay(admin_cmd::ReplayArgs),
     /// The operators' recorded actions (requeues, discards, resolutions, from the CLI and the
     /// console), newest first.

@@ -474,22 +474,30 @@ async function trace(e) {
   }
 }
 
-async function replay(dryRun) {
+// The replay form's request, or an error message.
+function replayRequest() {
   const f = Object.fromEntries(new FormData($("replay-form")));
-  const body = { dry_run: dryRun, reason: f.reason };
-  if (f.from.trim() || f.to.trim()) {
-    body.published = { from: f.from.trim(), to: f.to.trim() };
-    if (f.aggregate_type.trim()) body.published.aggregate_type = f.aggregate_type.trim();
-  } else {
-    body.aggregate = { aggregate_type: f.aggregate_type.trim(), aggregate_id: f.aggregate_id.trim() };
-    if (f.from_version.trim()) body.aggregate.from_version = Number(f.from_version.trim());
+  const body = { aggregate_type: f.aggregate_type.trim(), aggregate_id: f.aggregate_id.trim(), reason: f.reason };
+  if (!body.aggregate_type || !body.aggregate_id) return [null, "give the aggregate's type and id"];
+  const v = f.from_version.trim();
+  if (v) {
+    if (!/^[1-9][0-9]*$/.test(v)) return [null, "the version is a whole number from 1"];
+    body.from_version = Number(v);
   }
-  if (!dryRun && !confirm("Republish these events under their original ids?")) return;
-  const [ok, out] = await act("replay", body);
-  const horizon = out.horizon ? " (replay horizon " + out.horizon + ")" : "";
-  $("replay-result").textContent = ok
-    ? (out.dry_run ? "dry run: would republish " : "republishing ") + out.events + " event(s)" + horizon
-    : "refused: " + (out.error || "");
+  return [body, null];
+}
+
+// A dry run; then, for a replay, a confirmation of its count and the replay expecting it.
+async function replay(run) {
+  const [body, problem] = replayRequest();
+  if (problem) return ($("replay-result").textContent = problem);
+  const [ok, plan] = await act("replay", Object.assign({}, body, { dry_run: true }));
+  if (!ok) return ($("replay-result").textContent = "refused: " + (plan.error || ""));
+  const what = plan.events + " event(s) of " + body.aggregate_type + "/" + body.aggregate_id;
+  if (!run) return ($("replay-result").textContent = "dry run: would republish " + what);
+  if (!confirm("Republish " + what + " under their original ids?")) return;
+  const [done, out] = await act("replay", Object.assign({}, body, { expect_events: plan.events }));
+  $("replay-result").textContent = done ? "republishing " + out.events + " event(s)" : "refused: " + (out.error || "");
 }
 
 function renderAudit(list) {
@@ -614,8 +622,8 @@ $("consumer-discard-selected").addEventListener("click", () => {
 });
 $("effects-state").addEventListener("change", refresh);
 $("trace-form").addEventListener("submit", trace);
-$("replay-dry-run").addEventListener("click", () => replay(true));
-$("replay-run").addEventListener("click", () => replay(false));
+$("replay-dry-run").addEventListener("click", () => replay(false));
+$("replay-run").addEventListener("click", () => replay(true));
 
 refresh();
 setInterval(refresh, 5000);

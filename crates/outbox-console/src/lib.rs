@@ -25,7 +25,7 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
-//! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`OVERVIEW_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_postgres::admin::Routes)) |
+//! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`ROUTES_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_postgres::admin::Routes)) |
 //! | `GET /api/v1/instances` | the relays, consumers and executors that run a heartbeat, each `up`, `late`, `gone` or `stopped`, with their own numbers |
 //! | `GET /api/v1/dead-letters?limit=N&<filter>` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100); the filter fields are those of [`DeadLetterFilter`]: `aggregate_type`, `event_type`, `destination`, `reason_group`, `created_after`, `created_before` (RFC 3339) |
 //! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_postgres::admin::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
@@ -42,7 +42,7 @@
 //! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all, with their calls and reconciliation lookups |
 //! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`, `"actor"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
 //! | `POST /api/v1/work-items/{id}/reconcile` | an unknown outcome's lookup is due now (409 when it is not unknown) |
-//! | `POST /api/v1/replay` | body `{"aggregate": {"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3}}` or `{"published": {"from": "…", "to": "…", "aggregate_type": "payment"}}`, `"dry_run": true` for the count and the horizon only, optional `"reason"`, `"actor"`; mark mode only (409 in delete mode, and 409 beyond the replay horizon, naming it); answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan) |
+//! | `POST /api/v1/replay` | body `{"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3, "dry_run": true}`, then the same with `"expect_events": <the dry run's count>` and a `"reason"`: one aggregate's published events pending again under their original ids (mark mode only); 409 in delete mode, beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or when the count changed; 404 when nothing of it is held; answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan) |
 //! | `GET /api/v1/audit?limit=N&before=ID` | the recorded actions (CLI's and console's), newest first |
 //! | `GET /api/v1/trace/event/{event_id}` | everything this database holds of an event ([`EventTrace`](outbox_postgres::admin::EventTrace)) |
 //! | `GET /api/v1/trace/aggregate?aggregate_type=T&aggregate_id=I&limit=N` | an aggregate's outbox rows, discarded events and each consumer's last applied version |
@@ -109,6 +109,11 @@ use uuid::Uuid;
 /// ([`Counting::UpTo`]): the page refreshes every 5 s, and an exact count of a 10-million-row
 /// backlog takes seconds.
 pub const OVERVIEW_COUNT_BOUND: i64 = 100_000;
+
+/// Where the routes' counts stop ([`Admin::routes`]): each refresh groups that many of the
+/// oldest pending rows and dead letters by route (150 ms for 100,000 on a 10-million-row
+/// outbox here; the page refreshes every 5 s).
+pub const ROUTES_COUNT_BOUND: i64 = 10_000;
 
 /// The shortest token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -477,7 +482,7 @@ async fn overview(
 }
 
 async fn routes(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    Ok(json(s.admin.routes(OVERVIEW_COUNT_BOUND).await?))
+    Ok(json(s.admin.routes(ROUTES_COUNT_BOUND).await?))
 }
 
 async fn instances(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
@@ -886,17 +891,20 @@ async fn reconcile_work_item(
     Ok(json(serde_json::json!({ "reconcile": id })))
 }
 
-/// The body of `POST /api/v1/replay`: `{"aggregate": {...}}` or `{"published": {...}}`
-/// ([`ReplaySelection`]), `dry_run`, `reason`, `actor`.
+/// The body of `POST /api/v1/replay`: the aggregate ([`ReplaySelection`]'s fields),
+/// `dry_run`, `expect_events` (the dry run's count), `reason` (required unless a dry run),
+/// `actor`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReplayBody {
+    aggregate_type: String,
+    aggregate_id: String,
     #[serde(default)]
-    aggregate: Option<serde_json::Value>,
-    #[serde(default)]
-    published: Option<serde_json::Value>,
+    from_version: Option<i64>,
     #[serde(default)]
     dry_run: bool,
+    #[serde(default)]
+    expect_events: Option<i64>,
     #[serde(default)]
     reason: Option<String>,
     #[serde(default)]
@@ -911,21 +919,15 @@ async fn replay(
     let credential = authorize(&s, &headers)?;
     let Json(body) = body.map_err(bad_body)?;
     let actor = actor(body.actor.as_deref(), &credential)?;
-    let which: ReplaySelection = match (body.aggregate, body.published) {
-        (Some(a), None) => serde_json::from_value(serde_json::json!({ "aggregate": a })),
-        (None, Some(p)) => serde_json::from_value(serde_json::json!({ "published": p })),
-        _ => {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                "give exactly one of \"aggregate\" or \"published\"".into(),
-            ));
-        }
-    }
-    .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid replay: {e}")))?;
+    let which = ReplaySelection {
+        aggregate_type: body.aggregate_type,
+        aggregate_id: body.aggregate_id,
+        from_version: body.from_version,
+    };
     let reason = body.reason.unwrap_or_default();
     Ok(json(
         s.admin
-            .replay(&which, body.dry_run, &actor, &reason)
+            .replay(&which, body.dry_run, body.expect_events, &actor, &reason)
             .await?,
     ))
 }

@@ -984,42 +984,40 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
 async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     let db = Db::new(0, 0).await;
     let s = db.schema.as_str();
-    // Aggregate p-1 published v1..v3, an hour apart; p-2's v1 published last.
+    // p-1 published v1..v4 an hour ago; v5 pending (not yet published).
     let outbox = PgOutbox::new(db.schema.clone());
-    for (agg, v) in [("p-1", 1), ("p-1", 2), ("p-1", 3), ("p-2", 1)] {
+    for v in 1..=5 {
         let m = NewMessage::new(
             "payment",
-            agg,
+            "p-1",
             v,
             "PaymentUpdated",
             Payload::json(&serde_json::json!({ "v": v })).unwrap(),
         );
         outbox.enqueue(&db.pool, &m).await.unwrap();
     }
-    for sql in [
-        format!(
-            "UPDATE {s}.events SET state = 'published', \
-             published_at = now() - make_interval(hours => 4 - aggregate_version::int) \
-             WHERE aggregate_id = 'p-1'"
-        ),
-        format!(
-            "UPDATE {s}.events SET state = 'published', published_at = now() \
-             WHERE aggregate_id = 'p-2'"
-        ),
-    ] {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(&db.pool)
-            .await
-            .unwrap();
-    }
+    let exec = |sql: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    exec(format!(
+        "UPDATE {s}.events SET state = 'published', published_at = now() - interval '1 hour' \
+         WHERE aggregate_version <= 4"
+    ))
+    .await;
     let auth = format!("Bearer {TOKEN}");
     let ok = [("authorization", auth.as_str())];
-    let aggregate =
-        r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1"}, "dry_run": true}"#;
+    let path = "/api/v1/replay";
+    let dry = r#"{"aggregate_type": "payment", "aggregate_id": "p-1", "dry_run": true}"#;
 
     // Delete mode keeps no published rows: refused.
     let (addr, stop) = serve(db.admin(), with_token()).await;
-    let (status, e) = call(addr, "POST", "/api/v1/replay", &ok, Some(aggregate)).await;
+    let (status, e) = call(addr, "POST", path, &ok, Some(dry)).await;
     assert_eq!(status, 409, "{e}");
     assert!(
         e["error"]
@@ -1038,66 +1036,97 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         },
     ));
     let (addr, stop) = serve(mark, with_token()).await;
-    let (status, e) = call(addr, "POST", "/api/v1/replay", &[], Some(aggregate)).await;
+    let (status, e) = call(addr, "POST", path, &[], Some(dry)).await;
     assert_eq!(status, 401, "{e}");
     // The dry run counts and changes nothing.
-    let (status, plan) = call(addr, "POST", "/api/v1/replay", &ok, Some(aggregate)).await;
+    let (status, plan) = call(addr, "POST", path, &ok, Some(dry)).await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!(
         (
             &plan["events"],
             &plan["lowest_version_held"],
-            &plan["dry_run"]
+            &plan["newest_version_held"]
         ),
-        (&3.into(), &1.into(), &true.into())
+        (&4.into(), &1.into(), &5.into())
     );
-    assert_eq!(db.count("state = 'pending'").await, 0);
+    assert_eq!(db.count("state = 'pending'").await, 1);
     for bad in [
-        r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 0}}"#,
-        r#"{"published": {"from": "2030-01-01T00:00:00Z", "to": "2020-01-01T00:00:00Z"}}"#,
-        r#"{"aggregate": {"aggregate_type": "payment"}}"#,
-        r#"{}"#,
+        r#"{"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 0, "dry_run": true}"#,
+        r#"{"aggregate_type": "payment", "dry_run": true}"#,
+        r#"{"aggregate_type": "payment", "aggregate_id": "p-1", "reason": ""}"#,
+        r#"{"published": {"from": "2000-01-01T00:00:00Z"}}"#,
     ] {
-        let (status, e) = call(addr, "POST", "/api/v1/replay", &ok, Some(bad)).await;
+        let (status, e) = call(addr, "POST", path, &ok, Some(bad)).await;
         assert_eq!(status, 400, "{bad}: {e}");
     }
+    let (status, e) = call(
+        addr,
+        "POST",
+        path,
+        &ok,
+        Some(r#"{"aggregate_type": "payment", "aggregate_id": "nope", "dry_run": true}"#),
+    )
+    .await;
+    assert_eq!(status, 404, "{e}");
 
-    // Retention deleted v1: a replay from v1 would be partial, so it is refused, naming v2.
-    sqlx::query(AssertSqlSafe(format!(
-        "DELETE FROM {s}.events WHERE aggregate_id = 'p-1' AND aggregate_version = 1"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let run = r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1"}, "reason": "ledger rebuilt"}"#;
-    let (status, e) = call(addr, "POST", "/api/v1/replay", &ok, Some(run)).await;
+    // A relay holds the aggregate (a live lease): refused, retry later.
+    exec(format!(
+        "INSERT INTO {s}.leases (aggregate_type, aggregate_id, token, lease_until) \
+         VALUES ('payment', 'p-1', 1, now() + interval '1 minute')"
+    ))
+    .await;
+    let (status, e) = call(addr, "POST", path, &ok, Some(dry)).await;
     assert_eq!(status, 409, "{e}");
-    assert!(e["error"].as_str().unwrap().contains("below 2"), "{e}");
-    let run = r#"{"aggregate": {"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 2}, "reason": "ledger rebuilt"}"#;
-    let (status, plan) = call(addr, "POST", "/api/v1/replay", &ok, Some(run)).await;
+    assert!(
+        e["error"].as_str().unwrap().contains("a relay holds"),
+        "{e}"
+    );
+    exec(format!("DELETE FROM {s}.leases")).await;
+
+    // Retention deleted v2: from v1 (or from v2) would leave a gap, so it is refused; from v3
+    // it is whole. A changed count is refused too.
+    exec(format!(
+        "DELETE FROM {s}.events WHERE aggregate_version = 2"
+    ))
+    .await;
+    for from in [1, 2] {
+        let body = format!(
+            r#"{{"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": {from}, "dry_run": true}}"#
+        );
+        let (status, e) = call(addr, "POST", path, &ok, Some(&body)).await;
+        assert_eq!(status, 409, "from {from}: {e}");
+        assert!(
+            e["error"].as_str().unwrap().contains("replay horizon"),
+            "{e}"
+        );
+    }
+    let run = |expect: i64| {
+        format!(
+            r#"{{"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 3, "expect_events": {expect}, "reason": "ledger rebuilt", "actor": "erin"}}"#
+        )
+    };
+    let (status, e) = call(addr, "POST", path, &ok, Some(&run(3))).await;
+    assert_eq!(status, 409, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("not the 3 expected"),
+        "{e}"
+    );
+    let (status, plan) = call(addr, "POST", path, &ok, Some(&run(2))).await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!(plan["events"], 2);
+    // v3 and v4 pending again, their first publish time kept; v1 untouched.
     assert_eq!(
         db.count(
-            "state = 'pending' AND published_at IS NULL AND attempts = 0 AND aggregate_id = 'p-1'"
+            "state = 'pending' AND attempts = 0 AND aggregate_version IN (3, 4) \
+             AND published_at < now() - interval '59 minutes'"
         )
         .await,
         2
     );
-
-    // A time range that starts before the oldest published row still held is refused.
-    let (status, e) = call(
-        addr,
-        "POST",
-        "/api/v1/replay",
-        &ok,
-        Some(r#"{"published": {"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z"}, "dry_run": true}"#),
-    )
-    .await;
-    assert_eq!(status, 409, "{e}");
-    assert!(
-        e["error"].as_str().unwrap().contains("replay horizon"),
-        "{e}"
+    assert_eq!(
+        db.count("state = 'published' AND aggregate_version = 1")
+            .await,
+        1
     );
 
     // One record, the real replay's.
@@ -1108,9 +1137,9 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         (
             &audit[0]["action"],
             &audit[0]["affected"],
-            &audit[0]["reason"]
+            &audit[0]["actor"]
         ),
-        (&"replay".into(), &2.into(), &"ledger rebuilt".into())
+        (&"replay".into(), &2.into(), &"erin".into())
     );
     stop.cancel();
     db.drop().await;

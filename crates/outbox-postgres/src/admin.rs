@@ -1116,34 +1116,38 @@ impl Admin {
         })
     }
 
-    /// Replays published events with their original ids ([`ReplaySelection`]; see the
-    /// [`replay`](self::replay) rules): with `dry_run`, only says how many rows it would take
-    /// and where the replay horizon is; otherwise makes them pending again, with the audit
-    /// record, and wakes the relays.
+    /// Replays one aggregate's published events with their original ids ([`ReplaySelection`];
+    /// see the [`replay`](self::replay) rules): with `dry_run`, only says how many rows it would
+    /// take; otherwise makes them pending again, with the audit record, and wakes the relays.
+    /// `expect_events` (the dry run's count) refuses the replay when the count changed.
     ///
     /// # Errors
-    /// [`AdminError`] of kind `Refused` in delete mode (the outbox keeps no published rows) or
-    /// when the request reaches beyond the replay horizon (nothing changed; the message names
-    /// the horizon), `InvalidRequest` for an empty time range or a version below 1,
+    /// [`AdminError`] of kind `Refused` in delete mode (the outbox keeps no published rows),
+    /// beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or
+    /// when the count changed (nothing changed; the message says why), `NotFound` when nothing
+    /// of the aggregate is held, `InvalidRequest` for a version below 1 or no reason,
     /// `PermissionDenied` when the role may not act; otherwise the database's failure.
     pub async fn replay(
         &self,
         which: &ReplaySelection,
         dry_run: bool,
+        expect_events: Option<i64>,
         actor: &Actor,
         reason: &str,
     ) -> Result<ReplayPlan, AdminError> {
         const OP: &str = "replay";
         let selection = serde_json::to_value(which).unwrap_or_default();
         // A refusal changes nothing and writes no record; it is logged.
+        let fail = |e: AdminError| {
+            audit::log(actor, OP, &selection, reason, Err(&e));
+            e
+        };
         let refuse = |kind, message: String| {
-            let e = AdminError {
+            fail(AdminError {
                 operation: OP,
                 kind,
                 message,
-            };
-            audit::log(actor, OP, &selection, reason, Err(&e));
-            e
+            })
         };
         if self.store.config().on_publish == OnPublish::Delete {
             return Err(refuse(
@@ -1153,123 +1157,139 @@ impl Admin {
                     .into(),
             ));
         }
+        if !dry_run && reason.trim().is_empty() {
+            return Err(refuse(
+                AdminErrorKind::InvalidRequest,
+                "a replay needs a reason (it is kept in the audit record)".into(),
+            ));
+        }
+        let (t, i) = (&which.aggregate_type, &which.aggregate_id);
+        let from = which.from_version.unwrap_or(1);
+        if from < 1 {
+            return Err(refuse(
+                AdminErrorKind::InvalidRequest,
+                format!("versions start at 1, not {from}"),
+            ));
+        }
         let mut tx = self.begin(OP, actor, &selection, reason).await?;
-        let planned = match which {
-            ReplaySelection::Aggregate {
-                aggregate_type,
-                aggregate_id,
-                from_version,
-            } => {
-                let from = from_version.unwrap_or(1);
-                if from < 1 {
-                    return Err(refuse(
-                        AdminErrorKind::InvalidRequest,
-                        format!("versions start at 1, not {from}"),
-                    ));
-                }
-                let r = sqlx::query(AssertSqlSafe(self.render(replay::AGGREGATE_PLAN)))
-                    .bind(aggregate_type)
-                    .bind(aggregate_id)
-                    .bind(from)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| AdminError::sqlx(OP, e))?;
-                let plan = (|| -> Result<ReplayPlan, sqlx::Error> {
-                    Ok(ReplayPlan {
-                        events: r.try_get(0)?,
-                        lowest_version_held: r.try_get(1)?,
-                        horizon: r.try_get(2)?,
-                        dry_run,
-                    })
-                })()
-                .map_err(|e| AdminError::sqlx(OP, e))?;
-                if let Some(lowest) = plan.lowest_version_held
-                    && lowest > from
-                {
-                    return Err(refuse(
-                        AdminErrorKind::Refused,
-                        format!(
-                            "beyond the replay horizon: {aggregate_type}/{aggregate_id} versions \
-                             below {lowest} are no longer held (retention deleted them); replay \
-                             from version {lowest}, or from the broker's retention"
-                        ),
-                    ));
-                }
-                (plan, replay::AGGREGATE_REPLAY)
-            }
-            ReplaySelection::Published {
-                from,
-                to,
-                aggregate_type,
-            } => {
-                if from >= to {
-                    return Err(refuse(
-                        AdminErrorKind::InvalidRequest,
-                        format!("an empty time range: {from} is not before {to}"),
-                    ));
-                }
-                let r = sqlx::query(AssertSqlSafe(self.render(replay::RANGE_PLAN)))
-                    .bind(from)
-                    .bind(to)
-                    .bind(aggregate_type)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| AdminError::sqlx(OP, e))?;
-                let plan = (|| -> Result<ReplayPlan, sqlx::Error> {
-                    Ok(ReplayPlan {
-                        events: r.try_get(0)?,
-                        horizon: r.try_get(1)?,
-                        lowest_version_held: None,
-                        dry_run,
-                    })
-                })()
-                .map_err(|e| AdminError::sqlx(OP, e))?;
-                match plan.horizon {
-                    Some(h) if *from < h => {
-                        return Err(refuse(
-                            AdminErrorKind::Refused,
-                            format!(
-                                "beyond the replay horizon: the oldest published event still \
-                                 held was published at {h}; events published before it may have \
-                                 been deleted by retention. Start the range at {h} or later"
-                            ),
-                        ));
-                    }
-                    _ => {}
-                }
-                (plan, replay::RANGE_REPLAY)
-            }
+        let q = |sql: &str| {
+            sqlx::query(AssertSqlSafe(self.render(sql)))
+                .bind(t.clone())
+                .bind(i.clone())
         };
-        let (plan, statement) = planned;
+        let err = |e| fail(self.action_error(OP, e));
+        q(replay::LOCK).execute(&mut *tx).await.map_err(err)?;
+        let leased: bool = q(replay::LEASED)
+            .fetch_one(&mut *tx)
+            .await
+            .and_then(|r| r.try_get(0))
+            .map_err(err)?;
+        if leased {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "a relay holds {t}/{i} right now (it may be publishing a later version): \
+                     retry once it settled, in a few seconds"
+                ),
+            ));
+        }
+        let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(replay::CDC_RUNNING)))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+        if cdc {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                "a CDC relay is running: it streams inserts only, so it would not see the replayed \
+                 rows and could publish a newer version ahead of them. Stop it and run the polling \
+                 relay for the replay (README, \"CDC relay\")"
+                    .into(),
+            ));
+        }
+        let r = q(replay::PLAN)
+            .bind(from)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+        let decode = || -> Result<(ReplayPlan, i64), sqlx::Error> {
+            Ok((
+                ReplayPlan {
+                    events: r.try_get(0)?,
+                    lowest_version_held: r.try_get(1)?,
+                    newest_version_held: r.try_get(2)?,
+                    first_published_at: r.try_get(4)?,
+                    dry_run,
+                },
+                r.try_get(3)?,
+            ))
+        };
+        let (plan, held_from) = decode().map_err(|e| fail(AdminError::sqlx(OP, e)))?;
+        let (Some(lowest), Some(newest)) = (plan.lowest_version_held, plan.newest_version_held)
+        else {
+            return Err(fail(not_found(
+                OP,
+                format!(
+                    "nothing of {t}/{i} is held by the outbox (never written here, or deleted by retention)"
+                ),
+            )));
+        };
+        if lowest > from {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: {t}/{i} versions below {lowest} are no longer held \
+                     (retention or a discard removed them); replay from version {lowest}, or from \
+                     the broker's retention"
+                ),
+            ));
+        }
+        if from <= newest && held_from != newest - from + 1 {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: versions {from} to {newest} of {t}/{i} are not all \
+                     held ({held_from} of {}; retention or a discard removed some)",
+                    newest - from + 1
+                ),
+            ));
+        }
+        if let Some(expected) = expect_events
+            && expected != plan.events
+        {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "the replay would now take {} event(s), not the {expected} expected: dry-run again",
+                    plan.events
+                ),
+            ));
+        }
         if dry_run {
             // Nothing changed and nothing to record.
+            let _ = tx.rollback().await;
             return Ok(plan);
         }
-        let q = sqlx::query(AssertSqlSafe(self.render(statement)));
-        let q = match which {
-            ReplaySelection::Aggregate {
-                aggregate_type,
-                aggregate_id,
-                from_version,
-            } => q
-                .bind(aggregate_type.clone())
-                .bind(aggregate_id.clone())
-                .bind(from_version.unwrap_or(1)),
-            ReplaySelection::Published {
-                from,
-                to,
-                aggregate_type,
-            } => q.bind(*from).bind(*to).bind(aggregate_type.clone()),
+        let result = match q(replay::REPLAY).bind(from).execute(&mut *tx).await {
+            Ok(r) if i64::try_from(r.rows_affected()) == Ok(plan.events) => {
+                sqlx::query("SELECT pg_notify($1, '')")
+                    .bind(self.store.schema().wakeup_channel())
+                    .execute(&mut *tx)
+                    .await
+                    .map(|_| r.rows_affected())
+                    .map_err(|e| self.action_error(OP, e))
+            }
+            Ok(r) => Err(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::Refused,
+                message: format!(
+                    "{} row(s) changed where {} were planned (retention deleted some meanwhile): \
+                     nothing was replayed; dry-run again",
+                    r.rows_affected(),
+                    plan.events
+                ),
+            }),
+            Err(e) => Err(self.action_error(OP, e)),
         };
-        let result = match q.execute(&mut *tx).await {
-            Ok(r) => sqlx::query("SELECT pg_notify($1, '')")
-                .bind(self.store.schema().wakeup_channel())
-                .execute(&mut *tx)
-                .await
-                .map(|_| r.rows_affected()),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| self.action_error(OP, e));
         let n = self
             .finish(tx, OP, actor, &selection, reason, result)
             .await?;

@@ -19,7 +19,8 @@
 //! `{schema}.instances` (one statement) and, for a relay, adds what it published since the
 //! last beat to this minute's row of each route in `{schema}.activity` (one statement). About
 //! once a minute a relay also deletes instance rows whose heartbeat is a day old and activity
-//! rows two hours old (a consumer's or an executor's grants cover its own row only). A beat that fails (the database is down, a grant is missing) is logged and
+//! rows two hours old (a consumer's or an executor's grants allow inserting rows and updating
+//! their beat columns only, no deletes). A beat that fails (the database is down, a grant is missing) is logged and
 //! retried at the next one: a heartbeat never stops the work it reports on. On shutdown the
 //! row gets `stopped_at`, so a clean stop reads as stopped, not gone.
 //!

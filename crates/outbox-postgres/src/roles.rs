@@ -273,8 +273,7 @@ const OBJECTS: &[Decision] = &[
         // discarded_events); the payload and headers of a dead letter, to judge it.
         operator: &[
             Select(Only(&["payload", "headers"])),
-            // Replay (mark mode) also clears published_at.
-            Update(Only(&["state", "attempts", "available_at", "published_at"])),
+            Update(Only(&["state", "attempts", "available_at"])),
             Delete,
         ],
     },
@@ -1654,7 +1653,7 @@ mod tests {
         assert_eq!(grants.len(), 1, "{grants:?}");
         assert!(
             grants[0].starts_with("GRANT SELECT (id, event_id,")
-                && grants[0].contains("UPDATE (state, attempts, available_at, published_at)"),
+                && grants[0].contains("UPDATE (state, attempts, available_at)"),
             "{}",
             grants[0]
         );

@@ -170,7 +170,8 @@ const MARK_DELETE: &str = "DELETE FROM {s}.events e USING {s}.leases l \
     WHERE e.id = ANY($1) AND l.token = $2 \
       AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id";
 
-const MARK_UPDATE: &str = "UPDATE {s}.events e SET state = 'published', published_at = now() \
+const MARK_UPDATE: &str = "UPDATE {s}.events e SET state = 'published', \
+    published_at = coalesce(e.published_at, now()) \
     FROM {s}.leases l \
     WHERE e.id = ANY($1) AND l.token = $2 \
       AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id";

@@ -1055,6 +1055,73 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         (audit[0].actor.as_str(), audit[0].via.as_str()),
         ("tester", "roles test")
     );
+
+    // Every other action under the operator's grants (PostgreSQL checks what each statement
+    // touches even when no row matches), each with its record.
+    let by_reason = DeadLetterSelection::Matching(outbox_postgres::admin::DeadLetterFilter {
+        reason_group: Some("test".into()),
+        ..Default::default()
+    });
+    as_operator
+        .requeue_dead_letters(&by_reason, &who, "t")
+        .await
+        .unwrap();
+    let all_consumers = outbox_postgres::admin::ConsumerSelection::default();
+    as_operator
+        .requeue_consumer_dead_letters(&all_consumers, &who, "t")
+        .await
+        .unwrap();
+    as_operator
+        .discard_consumer_dead_letters(&all_consumers, &who, "t")
+        .await
+        .unwrap();
+    let e = as_operator
+        .reconcile_work_item(id, &who, "t")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    // A replay (mark mode): locks, reads leases and heartbeats, updates the delivery columns.
+    PgOutbox::new(env.schema.clone())
+        .enqueue(&env.admin, &msg("c", 1))
+        .await
+        .unwrap();
+    env.exec(
+        "UPDATE {s}.events SET state = 'published', published_at = now() - interval '1 hour' \
+         WHERE aggregate_id = 'c'",
+    )
+    .await;
+    let mark = Admin::new(PgStore::new(
+        operator.clone(),
+        PgStoreConfig {
+            schema: env.schema.clone(),
+            on_publish: outbox_postgres::OnPublish::Mark,
+        },
+    ));
+    let replayed = mark
+        .replay(
+            &outbox_postgres::admin::ReplaySelection {
+                aggregate_type: "payment".into(),
+                aggregate_id: "c".into(),
+                from_version: None,
+            },
+            false,
+            Some(1),
+            &who,
+            "t",
+        )
+        .await
+        .unwrap();
+    assert_eq!(replayed.events, 1);
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM {s}.events WHERE aggregate_id = 'c' AND state = 'pending' \
+             AND published_at < now() - interval '59 minutes'"
+        )
+        .await,
+        1,
+        "pending again, its first publish time kept"
+    );
+    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 5);
     env.cleanup().await;
 }
 

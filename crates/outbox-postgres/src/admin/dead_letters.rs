@@ -27,8 +27,10 @@ use sqlx::{Postgres, Row};
 const REASON_KEY: &str = "left(regexp_replace(coalesce({err}, ''), \
     '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9]+', '#', 'g'), 200)";
 
-/// The most dead letters one group read looks at.
-pub const GROUP_SCAN: i64 = 100_000;
+/// The most dead letters one group read looks at: computing the reason key costs about 7 µs
+/// a row here (710 ms for 100,000 dead letters on a 10-million-row outbox), and the page reads
+/// the groups every 5 s.
+pub const GROUP_SCAN: i64 = 10_000;
 
 /// The conditions of the outbox's dead rows a [`DeadLetterSelection`] selects (binds `$1` to
 /// `$7`; a condition whose value is not given is left out of the statement, so that each

@@ -476,7 +476,8 @@ impl CdcFeed {
         match self.on_publish {
             OnPublish::Delete => format!("DELETE FROM {s}.events WHERE id = ANY({ids})"),
             OnPublish::Mark => format!(
-                "UPDATE {s}.events SET state = 'published', published_at = now() \
+                "UPDATE {s}.events SET state = 'published', \
+                 published_at = coalesce(published_at, now()) \
                  WHERE id = ANY({ids}) AND state = 'pending'"
             ),
         }
