@@ -613,9 +613,7 @@ async fn requeue(
     headers: HeaderMap,
     body: Result<Json<DeadLetterActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let which = body.selection()?;
     let reason = body.reason.unwrap_or_default();
     let n = s
@@ -630,9 +628,7 @@ async fn discard(
     headers: HeaderMap,
     body: Result<Json<DeadLetterActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let which = body.selection()?;
     let reason = body.reason.unwrap_or_default();
     Ok(json(
@@ -771,9 +767,7 @@ async fn requeue_consumer_dead_letters(
     headers: HeaderMap,
     body: Result<Json<ConsumerActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let which = body.selection()?;
     let reason = body.reason.unwrap_or_default();
     let n = s
@@ -788,9 +782,7 @@ async fn discard_consumer_dead_letters(
     headers: HeaderMap,
     body: Result<Json<ConsumerActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let which = body.selection()?;
     let reason = body.reason.unwrap_or_default();
     let n = s
@@ -841,10 +833,8 @@ async fn resolve_work_item(
     headers: HeaderMap,
     body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let Path(id) = id.map_err(bad_path)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
     let resolution = match (body.succeeded, body.failed, body.resend) {
         (Some(reference), None, false) if !reference.is_empty() => {
             Resolution::Succeeded { reference }
@@ -882,10 +872,8 @@ async fn reconcile_work_item(
     headers: HeaderMap,
     body: Result<Json<ReconcileBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let Path(id) = id.map_err(bad_path)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
     let reason = body.reason.unwrap_or_default();
     s.admin.reconcile_work_item(id, &actor, &reason).await?;
     Ok(json(serde_json::json!({ "reconcile": id })))
@@ -916,9 +904,7 @@ async fn replay(
     headers: HeaderMap,
     body: Result<Json<ReplayBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let credential = authorize(&s, &headers)?;
-    let Json(body) = body.map_err(bad_body)?;
-    let actor = actor(body.actor.as_deref(), &credential)?;
+    let (body, actor) = action(&s, &headers, body)?;
     let which = ReplaySelection {
         aggregate_type: body.aggregate_type,
         aggregate_id: body.aggregate_id,
@@ -973,6 +959,42 @@ async fn trace_aggregate(
             .trace_aggregate(&q.aggregate_type, &q.aggregate_id, q.limit.unwrap_or(100))
             .await?,
     ))
+}
+
+/// A body of an action, which may name its actor.
+trait ActionBody {
+    /// The name the page sent.
+    fn actor(&self) -> Option<&str>;
+}
+
+macro_rules! action_bodies {
+    ($($t:ty),*) => {$(
+        impl ActionBody for $t {
+            fn actor(&self) -> Option<&str> {
+                self.actor.as_deref()
+            }
+        }
+    )*};
+}
+action_bodies!(
+    DeadLetterActionBody,
+    ConsumerActionBody,
+    ResolveBody,
+    ReconcileBody,
+    ReplayBody
+);
+
+/// The start of every action: the origin, mode and token checks (before the body is read),
+/// then the body and the audit record's actor.
+fn action<B: ActionBody>(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Result<Json<B>, JsonRejection>,
+) -> Result<(B, Actor), ApiError> {
+    let credential = authorize(s, headers)?;
+    let Json(body) = body.map_err(bad_body)?;
+    let actor = actor(body.actor(), &credential)?;
+    Ok((body, actor))
 }
 
 /// The audit record's actor of a console action: the name the page sent (what the operator

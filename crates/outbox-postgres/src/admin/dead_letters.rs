@@ -397,19 +397,7 @@ pub struct ConsumerDeadLetterView {
 
 pub(super) fn consumer_view(r: &PgRow) -> Result<ConsumerDeadLetterView, sqlx::Error> {
     Ok(ConsumerDeadLetterView {
-        dead_letter: outbox_core::consumer::ConsumerDeadLetter {
-            id: r.try_get(0)?,
-            consumer_name: r.try_get(1)?,
-            event_id: r.try_get(2)?,
-            aggregate_type: r.try_get(3)?,
-            aggregate_id: r.try_get(4)?,
-            aggregate_version: r.try_get(5)?,
-            event_type: r.try_get(6)?,
-            error: r.try_get(7)?,
-            attempts: r.try_get(8)?,
-            state: r.try_get(9)?,
-            created_at: r.try_get(10)?,
-        },
+        dead_letter: crate::consumer::dead_letter_from_row(r)?,
         reason: r.try_get(11)?,
     })
 }
