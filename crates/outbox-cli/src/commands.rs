@@ -338,8 +338,8 @@ pub const CDC_SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
 pub const CDC_SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 
 /// `outbox console`: the web console on `listen`, reading and acting through the same
-/// [`Admin`] as `status` and `dead-letters`. The token is read from `OUTBOX_CONSOLE_TOKEN`
-/// (an empty value counts as none).
+/// [`Admin`] as `status` and `dead-letters`. The token is read from `OUTBOX_CONSOLE_TOKEN` (an
+/// empty value counts as none), else from the config file's `[console] token_file`.
 pub async fn console(
     pool: PgPool,
     store_config: PgStoreConfig,
@@ -352,7 +352,18 @@ pub async fn console(
         .ok()
         .filter(|t| !t.is_empty())
     {
-        Some(t) => Some(t),
+        Some(t) => {
+            if file
+                .console
+                .as_ref()
+                .is_some_and(|c| c.token_file.is_some())
+            {
+                warn!(
+                    "OUTBOX_CONSOLE_TOKEN is set: the config file's console.token_file is not read"
+                );
+            }
+            Some(t)
+        }
         None => match &file.console {
             Some(c) => c.token().context("cannot start the console")?,
             None => None,
