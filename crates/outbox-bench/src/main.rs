@@ -11,6 +11,7 @@
 //! * `w6`: a backlog of millions of pending events drained by the `outbox relay` process:
 //!   claim latency as it shrinks, relay memory, first publish after a restart, table sizes,
 //!   in delete and mark mode (with mark mode's retention).
+//! * `paused`: what a paused route's backlog costs each claim.
 //! * `w4`: consumer throughput: draining a preloaded stream / queue with `PgConsumer` (inbox)
 //!   vs. the same handler without the inbox, one delivery per transaction and batched.
 //!
@@ -21,6 +22,7 @@ mod brokers;
 mod common;
 mod consume;
 mod latency;
+mod paused;
 mod timing;
 mod w1;
 mod w2;
@@ -59,6 +61,8 @@ enum Workload {
     /// A backlog of millions of events drained by the relay process: claim latency, memory,
     /// restart, sizes, in delete and mark mode.
     W6(w6::Args),
+    /// What a paused route costs each claim, by the size of its backlog.
+    Paused(paused::Args),
 }
 
 #[tokio::main]
@@ -81,5 +85,6 @@ async fn main() -> Result<()> {
         Workload::W4(a) => w4::run(&env, a).await,
         Workload::W5(a) => w5::run(&env, a).await,
         Workload::W6(a) => w6::run(&env, a).await,
+        Workload::Paused(a) => paused::run(&env, a).await,
     }
 }

@@ -1,5 +1,5 @@
-//! The operator's commands: `dead-letters`, `conflicts`, `consumer-dead-letters`, `audit` and
-//! `trace`. Each reads and acts through `outbox_postgres::admin::Admin`, as the console does;
+//! The operator's commands: `dead-letters`, `conflicts`, `consumer-dead-letters`, `pause`,
+//! `resume`, `pauses`, `replay`, `audit` and `trace`. Each reads and acts through `outbox_postgres::admin::Admin`, as the console does;
 //! every action is recorded in the audit table under the actor (`--actor`, else
 //! `OUTBOX_ACTOR`, else the OS user) with `via = cli`.
 
@@ -9,7 +9,8 @@ use anyhow::{Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use outbox_postgres::admin::{
-    Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, ReplaySelection,
+    Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, PauseTarget,
+    ReplaySelection,
 };
 
 /// Who acts and why: every action's audit record.
@@ -583,6 +584,91 @@ pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
         println!(
             "republishing {} event(s) of {} under their original ids; {held}",
             plan.events, a.aggregate
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `outbox pause` or `outbox resume` names: exactly one of the flags.
+#[derive(Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+pub(crate) struct PauseArgs {
+    /// The route of rows sent to this destination (the producer's override).
+    #[arg(long)]
+    destination: Option<String>,
+    /// The route of rows of this aggregate type that name no destination.
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// A route by the key the console shows (`destination:NAME` or `type:NAME`).
+    #[arg(long)]
+    route: Option<String>,
+    /// A consumer, by its name.
+    #[arg(long)]
+    consumer: Option<String>,
+}
+
+impl PauseArgs {
+    fn target(&self) -> PauseTarget {
+        match (
+            &self.destination,
+            &self.aggregate_type,
+            &self.route,
+            &self.consumer,
+        ) {
+            (Some(d), ..) => PauseTarget::destination(d),
+            (_, Some(t), ..) => PauseTarget::aggregate_type(t),
+            (_, _, Some(r), _) => PauseTarget::Route(r.clone()),
+            (.., Some(c)) => PauseTarget::Consumer(c.clone()),
+            // clap requires one of the group.
+            (None, None, None, None) => PauseTarget::Route(String::new()),
+        }
+    }
+}
+
+/// `outbox pause`: a route stops being claimed by the polling relays, or a consumer stops
+/// taking deliveries, until `outbox resume`.
+pub(crate) async fn pause(admin: Admin, which: PauseArgs, action: ActionArgs) -> Result<ExitCode> {
+    admin.ready().await?;
+    let target = which.target();
+    let pause = admin
+        .pause(&target, &action.actor()?, action.reason())
+        .await?;
+    println!(
+        "paused {} {} (audit record {}); `outbox resume` ends it",
+        pause.kind, pause.name, pause.audit_id
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox resume`: ends a pause.
+pub(crate) async fn resume(admin: Admin, which: PauseArgs, action: ActionArgs) -> Result<ExitCode> {
+    admin.ready().await?;
+    let target = which.target();
+    admin
+        .resume(&target, &action.actor()?, action.reason())
+        .await?;
+    println!("resumed {} {}", target.kind(), target.name());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox pauses`: every pause in force.
+pub(crate) async fn pauses(admin: Admin, json: bool) -> Result<ExitCode> {
+    admin.ready().await?;
+    let pauses = admin.pauses().await?;
+    if json {
+        return print_json(&pauses).map(|()| ExitCode::SUCCESS);
+    }
+    if pauses.is_empty() {
+        println!("nothing is paused");
+    }
+    for p in &pauses {
+        println!(
+            "{} {} paused at {} by {}: {}",
+            p.kind,
+            p.name,
+            p.paused_at.to_rfc3339(),
+            p.actor.as_deref().unwrap_or("?"),
+            p.reason.as_deref().unwrap_or("")
         );
     }
     Ok(ExitCode::SUCCESS)

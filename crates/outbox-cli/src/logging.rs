@@ -14,6 +14,19 @@ use std::sync::Arc;
 use outbox_core::secrets::Scrubber;
 use tracing_subscriber::fmt::MakeWriter;
 
+/// The default log filter: the toolkit's own targets at info (`outbox` is the binary's and
+/// the audit log's), every other crate at warn, pgwire-replication off (see `main`).
+pub const DEFAULT_FILTER: &str = "warn,outbox=info,outbox_core=info,outbox_postgres=info,\
+    outbox_nats=info,outbox_rabbitmq=info,outbox_kafka=info,outbox_http=info,\
+    outbox_console=info,outbox_harness=info,pgwire_replication=off";
+
+/// Whether log lines may carry colour codes: only when stderr is a terminal and `NO_COLOR`
+/// (<https://no-color.org>) is not set, so that a pipe or a log file never gets escape codes.
+pub fn colour() -> bool {
+    use std::io::IsTerminal as _;
+    io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// The environment variables whose URLs may reach a client library without passing the CLI's
 /// flags (clap reads the `OUTBOX_*` ones into flags; these are read elsewhere).
 const URL_VARIABLES: &[&str] = &[

@@ -72,8 +72,21 @@ struct Cli {
     /// Schema holding the outbox tables (default `outbox`).
     #[arg(long, global = true, env = "OUTBOX_SCHEMA")]
     schema: Option<String>,
+    /// Log lines on stderr: `text` (coloured only on a terminal, and never with NO_COLOR set)
+    /// or `json` (one object per line, for log collectors).
+    #[arg(long, global = true, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The format of the log lines ([`Cli::log_format`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -128,6 +141,28 @@ enum Command {
     /// Deliveries a consumer could not apply: list them, hand them back to the consumer.
     #[command(subcommand)]
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
+    /// Stop a route (its rows are not claimed by the polling relays; an aggregate whose next
+    /// row goes there waits) or a consumer (it takes no deliveries) until `outbox resume`.
+    /// Needs --reason. Refused for a route while a CDC relay runs.
+    Pause {
+        #[command(flatten)]
+        which: admin_cmd::PauseArgs,
+        #[command(flatten)]
+        action: admin_cmd::ActionArgs,
+    },
+    /// End a pause (`outbox pause`).
+    Resume {
+        #[command(flatten)]
+        which: admin_cmd::PauseArgs,
+        #[command(flatten)]
+        action: admin_cmd::ActionArgs,
+    },
+    /// Every pause in force, with who paused it and why.
+    Pauses {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Republish an aggregate's published events with their original ids (mark mode only),
     /// from a version on; refused beyond the replay horizon (what retention still holds) and
     /// while a relay holds the aggregate. --dry-run first, then --expect-events N.
@@ -286,19 +321,29 @@ fn main() -> ExitCode {
     let quiet = false;
     // The harness prints its own progress; its clients' connection chatter would drown it.
     let default_filter = if quiet {
-        "warn,outbox_nats::transport=error,lapin=off"
+        "warn,outbox_nats::transport=error,lapin=off".to_owned()
     } else {
-        // pgwire-replication logs every ended replication connection at ERROR, a CDC standby's
-        // retry each second included; the CDC relay reports each of those errors itself.
-        "info,sqlx=warn,pgwire_replication=off"
+        // The toolkit's own lines at info, third-party crates' at warn (their connection
+        // chatter is not the operator's business). pgwire-replication logs every ended
+        // replication connection at ERROR, a CDC standby's retry each second included; the CDC
+        // relay reports each of those errors itself.
+        logging::DEFAULT_FILTER.to_owned()
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(logging::ScrubbingStderr::new(Arc::clone(&scrubber)))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    let writer = logging::ScrubbingStderr::new(Arc::clone(&scrubber));
+    match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(logging::colour())
+            .with_writer(writer)
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(writer)
+            .init(),
+    }
     let fail = |e: anyhow::Error| {
         eprintln!("error: {}", scrubber.scrub(&format!("{e:#}")));
         ExitCode::from(2)
@@ -395,6 +440,13 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             before,
             json,
         } => admin_cmd::audit(admin(pool, store_config), limit, before, json).await,
+        Command::Pause { which, action } => {
+            admin_cmd::pause(admin(pool, store_config), which, action).await
+        }
+        Command::Resume { which, action } => {
+            admin_cmd::resume(admin(pool, store_config), which, action).await
+        }
+        Command::Pauses { json } => admin_cmd::pauses(admin(pool, store_config), json).await,
         Command::Replay(args) => admin_cmd::replay(admin(pool, store_config), args).await,
         Command::Trace {
             event_id,

@@ -269,7 +269,8 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
     let mut relay = ChildGuard::spawn(
         {
             let mut c = outbox(Some(db.name()), Some(&nats_url()), Some(config.path()));
-            c.arg("relay");
+            // The default log filter, as an operator gets it.
+            c.arg("relay").env_remove("RUST_LOG");
             c
         },
         "relay",
@@ -314,6 +315,20 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
     // A clean stop reads as stopped; a silent process as late, then gone.
     let exit = relay.terminate().await;
     assert!(exit.success(), "{exit:?}");
+    // Its log went to a pipe: plain text, no colour codes, and no third-party chatter.
+    let log = relay.log();
+    assert!(log.contains("INFO"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a piped log: {log:?}"
+    );
+    for line in log.lines().filter(|l| l.contains(" INFO ")) {
+        let target = line.split(" INFO ").nth(1).unwrap_or_default();
+        assert!(
+            target.starts_with("outbox"),
+            "a third-party info line: {line}"
+        );
+    }
     let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
     assert_eq!(list[0]["status"], "stopped", "{list}");
     for (age, status) in [(20, "late"), (60, "gone")] {
@@ -468,6 +483,85 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
             versions[2].event_id
         ]
     );
+    stop.cancel();
+    task.await.unwrap();
+    rabbit.cleanup().await;
+    db.cleanup().await;
+}
+
+/// `outbox pause` holds a route at a running relay: its events stay pending, nothing reaches
+/// the broker; `outbox pauses` lists it with its reason; `outbox resume` lets them go, in
+/// order, under their ids.
+#[tokio::test]
+async fn a_paused_route_holds_its_events_at_a_running_relay_until_resumed() {
+    use std::sync::Arc;
+    let db = TestDb::new().await;
+    let rabbit = RabbitEnv::new().await;
+    let subscriber = rabbit.subscriber().await;
+    let relay = Arc::new(
+        outbox_core::relay::Relay::new(
+            Arc::new(db.store()),
+            Arc::new(rabbit.transport(&amqp_url()).await),
+            outbox_core::relay::RelayConfig {
+                poll_interval: Duration::from_millis(50),
+                ..outbox_core::relay::RelayConfig::default()
+            },
+        )
+        .expect("relay config"),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(relay.run(stop.clone()));
+    let cli = |args: &[&str]| {
+        let mut c = outbox(Some(db.name()), None, None);
+        c.args(args).env("OUTBOX_ACTOR", "grace");
+        run(c, QUICK)
+    };
+    let out = cli(&["pause", "--aggregate-type", "payment"]).await;
+    assert!(!out.status.success(), "a pause needs a reason: {out:?}");
+    assert!(out.stderr.contains("needs a reason"), "{out:?}");
+    let out = cli(&[
+        "pause",
+        "--aggregate-type",
+        "payment",
+        "--reason",
+        "ledger team asked",
+    ])
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout.contains("paused route type:payment"), "{out:?}");
+
+    let versions: Vec<_> = (1..=2).map(|v| event("acc-1", v)).collect();
+    db.enqueue(&versions).await;
+    // Many poll intervals: a relay that ignored the pause would have published them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(subscriber.len(), 0);
+    assert_eq!(db.count("state = 'pending'").await, 2);
+    let out = cli(&["pauses"]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        out.stdout.contains("route type:payment")
+            && out.stdout.contains("by grace: ledger team asked"),
+        "{out:?}"
+    );
+
+    // With --log-format json every log line (the audit line included) is one JSON object.
+    let out = cli(&["--log-format", "json", "resume", "--route", "type:payment"]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        out.stderr.contains(r#""target":"outbox::audit""#),
+        "{out:?}"
+    );
+    for line in out.stderr.lines() {
+        serde_json::from_str::<Value>(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+    }
+    let seen = subscriber.wait_len(2, Duration::from_secs(20)).await;
+    let ids: Vec<_> = seen.iter().map(|r| r.event_id).collect();
+    assert_eq!(ids, vec![versions[0].event_id, versions[1].event_id]);
+    let out = cli(&["resume", "--route", "type:payment"]).await;
+    assert!(!out.status.success(), "not paused any more: {out:?}");
+    let out = cli(&["pauses"]).await;
+    assert!(out.stdout.contains("nothing is paused"), "{out:?}");
     stop.cancel();
     task.await.unwrap();
     rabbit.cleanup().await;

@@ -172,9 +172,6 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     .await;
     assert_eq!(db.count("state = 'dead'").await, 2);
 
-    // The relay runs; with the token, the selected dead letter goes out under its own id,
-    // then the event that waited behind it.
-    let (stop, relay_task) = nats.start_relay(&db).await;
     c.find(Locator::Id("token"))
         .await
         .unwrap()
@@ -182,6 +179,26 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
         .await
         .unwrap();
     click(c, "#token-save").await;
+    // With the token, the route is paused from its row: the relay, started now, holds it.
+    type_into(c, "#pause-reason", "payment sink maintenance").await;
+    click(c, "#routes tr[data-route='type:payment'] button").await;
+    wait_text(c, "#pauses tbody", "the pause", |t| {
+        t.contains("type:payment") && t.contains("payment sink maintenance")
+    })
+    .await;
+    let (stop, relay_task) = nats.start_relay(&db).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(subscriber.len(), 0, "the relay published a paused route");
+    assert_eq!(db.count("state = 'pending'").await, 4);
+    screenshot(c, "paused.png").await;
+    click(c, "#pauses tbody button").await;
+    wait_text(c, "#action-result", "the resume", |t| {
+        t == "resumed route type:payment"
+    })
+    .await;
+
+    // The relay runs; with the token, the selected dead letter goes out under its own id,
+    // then the event that waited behind it.
     let reason_box = c.find(Locator::Id("reason")).await.unwrap();
     reason_box.send_keys("broker limit raised").await.unwrap();
     // Still selected from before (the page's refresh keeps a selection).
@@ -228,7 +245,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     })
     .await;
     wait_text(c, "#routes tbody", "the route's publishes", |t| {
-        t.ends_with(" 5")
+        t.trim_end_matches("pause").trim_end().ends_with(" 5")
     })
     .await;
     screenshot(c, "after-requeue.png").await;

@@ -28,6 +28,7 @@ on_both_brokers!(
     malformed_and_oversize_messages_are_dead_lettered_and_acked,
     ordering_guard_wait_holds_a_gap_until_the_missing_version,
     ordering_guard_apply_anyway_absorbs_the_late_version_as_stale,
+    a_paused_consumer_waits_and_its_heartbeat_shows_lag_throughput_and_pause,
 );
 
 fn agg() -> String {
@@ -691,5 +692,77 @@ async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order(
         .unwrap();
         assert_eq!(versions, (1..=VERSIONS).collect::<Vec<_>>(), "agg-{n:02}");
     }
+    env.cleanup().await;
+}
+
+/// A running consumer with a heartbeat (`with_consumer`): the console's consumer view shows it
+/// up, its effects per minute and the lag its engine read; paused by an operator, it takes
+/// nothing from the broker (the message waits there) and says so in its stats; resumed, it
+/// applies the waiting message once.
+async fn a_paused_consumer_waits_and_its_heartbeat_shows_lag_throughput_and_pause(kind: Kind) {
+    use outbox_postgres::admin::{Actor, Admin, PauseTarget};
+    use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
+    let env = Env::new(kind).await;
+    let src = env.source(&env.endpoint_name(), MIB).await;
+    let c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Off,
+    );
+    let beat = Heartbeat::new(
+        env.db.pool.clone(),
+        env.db.schema.clone(),
+        InstanceKind::Consumer,
+        "ledger",
+    )
+    .unwrap()
+    .with_interval(Duration::from_millis(200))
+    .with_consumer(c.stats());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let beating = tokio::spawn(beat.run(stop.clone()));
+    let running = tokio::spawn(c.run(stop.clone()));
+    let admin = Admin::new(env.db.store());
+    for v in 1..=3 {
+        env.publish(&message(&agg(), v, "PaymentCreated", json!({"v": v})))
+            .await;
+    }
+    wait_until(T, "three effects and their heartbeat", || async {
+        let view = admin.consumers().await.unwrap();
+        view.iter().any(|c| {
+            c.name == "ledger"
+                && c.instances_up == 1
+                && c.processed_per_minute.iter().sum::<i64>() == 3
+                && c.lag == Some(0)
+        })
+    })
+    .await;
+    assert_eq!(env.effects("ledger").await, 3);
+
+    let me = Actor::new("tester", "test").unwrap();
+    let target = PauseTarget::Consumer("ledger".into());
+    admin.pause(&target, &me, "ledger migration").await.unwrap();
+    wait_until(T, "the engine reporting itself paused", || async {
+        let instances = admin.instances().await.unwrap();
+        instances
+            .iter()
+            .any(|i| i.name == "ledger" && i.stats["paused"] == json!(true))
+    })
+    .await;
+    let late = message(&agg(), 1, "PaymentCreated", json!({"late": true}));
+    env.publish(&late).await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(env.effects("ledger").await, 3, "a paused consumer applied");
+    let view = admin.consumers().await.unwrap();
+    assert!(view.iter().any(|c| c.name == "ledger" && c.paused));
+
+    admin.resume(&target, &me, "done").await.unwrap();
+    wait_until(T, "the waiting message applied", || async {
+        env.effects("ledger").await == 4
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+    beating.await.unwrap();
     env.cleanup().await;
 }

@@ -152,6 +152,43 @@ function sparkline(values) {
   return svg;
 }
 
+// What is paused, as "route:<key>" and "consumer:<name>".
+let paused = new Set();
+
+function pauseButton(kind, name, isPaused) {
+  const td = el("td");
+  if (isPaused === undefined) isPaused = paused.has(kind + ":" + name);
+  if (isPaused) {
+    td.append(el("span", "paused", "paused-badge"), button("resume", () => pauseAction("resume", kind, name)));
+  } else {
+    td.append(button("pause", () => pauseAction("pause", kind, name)));
+  }
+  return td;
+}
+
+async function pauseAction(kind, targetKind, name) {
+  const reason = $(currentTab === "consumers" ? "consumer-pause-reason" : "pause-reason").value;
+  if (kind === "pause" && !reason.trim()) return say("say why first (the field above the paused list)");
+  const [ok] = await act("pauses/" + kind, { [targetKind]: name, reason });
+  if (ok) say((kind === "pause" ? "paused " : "resumed ") + targetKind + " " + name);
+  await refresh();
+}
+
+function renderPauses(list) {
+  paused = new Set(list.map((p) => p.kind + ":" + p.name));
+  const tbody = document.querySelector("#pauses tbody");
+  tbody.replaceChildren();
+  for (const p of list) {
+    const tr = el("tr");
+    tr.dataset.name = p.name;
+    const td = el("td");
+    td.append(button("resume", () => pauseAction("resume", p.kind, p.name)));
+    tr.append(cell(p.kind), cell(p.name, "id"), cell(p.paused_at), cell(p.actor || "?"), cell(p.reason || "", "reason"), td);
+    tbody.append(tr);
+  }
+  $("no-pauses").hidden = list.length > 0;
+}
+
 function renderRoutes(r) {
   const tbody = document.querySelector("#routes tbody");
   tbody.replaceChildren();
@@ -168,7 +205,9 @@ function renderRoutes(r) {
       cell(String(route.dead_letters)),
       chart,
       cell(String(perMinute.reduce((a, b) => a + b, 0))),
+      pauseButton("route", route.destination != null ? "destination:" + route.destination : "type:" + route.aggregate_type),
     );
+    tr.dataset.route = route.destination != null ? "destination:" + route.destination : "type:" + route.aggregate_type;
     tbody.append(tr);
   }
   $("routes-partial").hidden = r.complete;
@@ -187,6 +226,7 @@ function renderInstances(list) {
       cell(i.heartbeat_age_seconds.toFixed(1) + " s ago"),
       cell(i.started_at),
       cell(JSON.stringify(i.stats), "reason"),
+      i.kind === "consumer" ? pauseButton("consumer", i.name) : el("td"),
     );
     tbody.append(tr);
   }
@@ -282,6 +322,29 @@ async function deadAction(kind, body) {
 }
 
 // ---- consumers --------------------------------------------------------------------------
+
+function renderConsumers(list) {
+  const tbody = document.querySelector("#consumers tbody");
+  tbody.replaceChildren();
+  for (const c of list) {
+    const tr = el("tr");
+    tr.dataset.consumer = c.name;
+    const chart = el("td");
+    chart.append(sparkline(c.processed_per_minute));
+    tr.append(
+      cell(c.name, "id"),
+      cell(String(c.instances_up)),
+      cell(c.lag == null ? "-" : String(c.lag)),
+      chart,
+      cell(String(c.processed_per_minute.reduce((a, b) => a + b, 0))),
+      cell(String(c.dead_letters)),
+      cell(String(c.conflicts)),
+      pauseButton("consumer", c.name, c.paused),
+    );
+    tbody.append(tr);
+  }
+  $("no-consumers").hidden = list.length > 0;
+}
 
 function renderConsumerGroups(all) {
   const tbody = document.querySelector("#consumer-groups tbody");
@@ -528,22 +591,26 @@ async function refresh() {
     renderOverview(o);
     if (currentTab === "outbox") {
       const q = new URLSearchParams(deadFilter());
-      const [routes, instances, groups, dead] = await Promise.all([
+      const [pauses, routes, instances, groups, dead] = await Promise.all([
+        getJson("pauses"),
         getJson("routes"),
         getJson("instances"),
         getJson("dead-letters/groups?" + q),
         getJson("dead-letters?limit=500&" + q),
       ]);
+      renderPauses(pauses);
       renderRoutes(routes);
       renderInstances(instances);
       renderDeadGroups(groups);
       renderDeadLetters(dead);
     } else if (currentTab === "consumers") {
-      const [groups, dead, conflicts] = await Promise.all([
+      const [consumers, groups, dead, conflicts] = await Promise.all([
+        getJson("consumers"),
         getJson("consumer-dead-letters/groups"),
         getJson("consumer-dead-letters?limit=500"),
         getJson("conflicts?limit=500"),
       ]);
+      renderConsumers(consumers);
       renderConsumerGroups(groups);
       renderConsumerDeadLetters(dead);
       renderConflicts(conflicts);

@@ -26,6 +26,7 @@
 //! |---|---|
 //! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
 //! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`ROUTES_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_postgres::admin::Routes)) |
+//! | `GET /api/v1/consumers` | per consumer: its processes up, its lag and the effects it committed per minute over the last 15 minutes as its engines report them through their heartbeats, whether it is paused, its open dead letters and its conflicts ([`ConsumerView`](outbox_postgres::admin::ConsumerView)) |
 //! | `GET /api/v1/instances` | the relays, consumers and executors that run a heartbeat, each `up`, `late`, `gone` or `stopped`, with their own numbers |
 //! | `GET /api/v1/dead-letters?limit=N&<filter>` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100); the filter fields are those of [`DeadLetterFilter`]: `aggregate_type`, `event_type`, `destination`, `reason_group`, `created_after`, `created_before` (RFC 3339) |
 //! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_postgres::admin::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
@@ -43,6 +44,9 @@
 //! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`, `"actor"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
 //! | `POST /api/v1/work-items/{id}/reconcile` | an unknown outcome's lookup is due now (409 when it is not unknown) |
 //! | `POST /api/v1/replay` | body `{"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3, "dry_run": true}`, then the same with `"expect_events": <the dry run's count>` and a `"reason"`: one aggregate's published events pending again under their original ids (mark mode only); 409 in delete mode, beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or when the count changed; 404 when nothing of it is held; answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan) |
+//! | `GET /api/v1/pauses` | the routes and consumers paused, with who paused them, when and why ([`Pause`](outbox_postgres::admin::Pause)) |
+//! | `POST /api/v1/pauses/pause` | body `{"route": "destination:payments"}` (a route key as `routes` shows it), or `{"consumer": "ledger"}`, with `"reason"` (required) and optional `"actor"`: the polling relays stop claiming the route (an aggregate whose next row goes there waits), or the consumer stops taking deliveries, until resumed; 409 when paused already, or for a route while a CDC relay runs ([`PauseTarget`](outbox_postgres::admin::PauseTarget)) |
+//! | `POST /api/v1/pauses/resume` | the same body (`"reason"` optional): ends the pause; 404 when it is not paused |
 //! | `GET /api/v1/audit?limit=N&before=ID` | the recorded actions (CLI's and console's), newest first |
 //! | `GET /api/v1/trace/event/{event_id}` | everything this database holds of an event ([`EventTrace`](outbox_postgres::admin::EventTrace)) |
 //! | `GET /api/v1/trace/aggregate?aggregate_type=T&aggregate_id=I&limit=N` | an aggregate's outbox rows, discarded events and each consumer's last applied version |
@@ -97,7 +101,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use outbox_postgres::admin::{
     Actor, Admin, AdminError, AdminErrorKind, ConsumerSelection, Counting, DeadLetterFilter,
-    DeadLetterSelection, ReplaySelection,
+    DeadLetterSelection, PauseTarget, ReplaySelection,
 };
 use outbox_postgres::effects::Resolution;
 use serde::Deserialize;
@@ -224,6 +228,7 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         .route("/api/v1/overview", get(overview))
         .route("/api/v1/routes", get(routes))
         .route("/api/v1/instances", get(instances))
+        .route("/api/v1/consumers", get(consumers))
         .route("/api/v1/dead-letters", get(dead_letters))
         .route("/api/v1/dead-letters/groups", get(dead_letter_groups))
         .route("/api/v1/dead-letters/requeue", post(requeue))
@@ -255,6 +260,9 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         )
         .route("/api/v1/audit", get(audit_log))
         .route("/api/v1/replay", post(replay))
+        .route("/api/v1/pauses", get(pauses))
+        .route("/api/v1/pauses/pause", post(pause))
+        .route("/api/v1/pauses/resume", post(resume))
         .route("/api/v1/trace/event/{event_id}", get(trace_event))
         .route("/api/v1/trace/aggregate", get(trace_aggregate))
         .route("/api/v1/work-items/{id}/resolve", post(resolve_work_item))
@@ -918,6 +926,69 @@ async fn replay(
     ))
 }
 
+/// The body of `POST /api/v1/pauses/pause` and `/resume`: one of `route` or `consumer`, a
+/// `reason`, an `actor`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    #[serde(default)]
+    route: Option<String>,
+    #[serde(default)]
+    consumer: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+impl PauseBody {
+    fn target(&self) -> Result<PauseTarget, ApiError> {
+        match (&self.route, &self.consumer) {
+            (Some(r), None) => Ok(PauseTarget::Route(r.clone())),
+            (None, Some(c)) => Ok(PauseTarget::Consumer(c.clone())),
+            _ => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "name exactly one of \"route\" (a route key such as \"destination:payments\") \
+                 or \"consumer\""
+                    .into(),
+            )),
+        }
+    }
+}
+
+async fn consumers(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    Ok(json(s.admin.consumers().await?))
+}
+
+async fn pauses(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    Ok(json(s.admin.pauses().await?))
+}
+
+async fn pause(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<PauseBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let (body, actor) = action(&s, &headers, body)?;
+    let target = body.target()?;
+    let reason = body.reason.unwrap_or_default();
+    Ok(json(s.admin.pause(&target, &actor, &reason).await?))
+}
+
+async fn resume(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<PauseBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let (body, actor) = action(&s, &headers, body)?;
+    let target = body.target()?;
+    let reason = body.reason.unwrap_or_default();
+    s.admin.resume(&target, &actor, &reason).await?;
+    Ok(json(
+        serde_json::json!({ "resumed": { target.kind(): target.name() } }),
+    ))
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AuditQuery {
@@ -981,7 +1052,8 @@ action_bodies!(
     ConsumerActionBody,
     ResolveBody,
     ReconcileBody,
-    ReplayBody
+    ReplayBody,
+    PauseBody
 );
 
 /// The start of every action: the origin, mode and token checks (before the body is read),

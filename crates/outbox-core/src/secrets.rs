@@ -361,9 +361,26 @@ impl Scrubber {
         if secret.is_empty() {
             return;
         }
-        let debug = format!("{secret:?}");
-        let escaped = debug[1..debug.len() - 1].to_owned();
-        for form in [secret.to_owned(), percent_decode(secret), escaped] {
+        // As given and percent-decoded; each also as Rust's `Debug` escapes it (a `?` field),
+        // as JSON escapes it (a JSON log line), and as JSON escapes its `Debug` form.
+        let debug = |s: &str| {
+            let d = format!("{s:?}");
+            d[1..d.len() - 1].to_owned()
+        };
+        let json = |s: &str| {
+            let j = serde_json::to_string(s).unwrap_or_default();
+            j.get(1..j.len().saturating_sub(1))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let mut forms = Vec::new();
+        for base in [secret.to_owned(), percent_decode(secret)] {
+            forms.push(json(&debug(&base)));
+            forms.push(debug(&base));
+            forms.push(json(&base));
+            forms.push(base);
+        }
+        for form in forms {
             if !form.is_empty() && !self.secrets.contains(&form) {
                 self.secrets.push(form);
             }
@@ -528,6 +545,15 @@ mod tests {
         assert_eq!(s.scrub("a p@ss\"w b"), "a *** b");
         assert_eq!(s.scrub(r#"pass: "p@ss\"w""#), r#"pass: "***""#);
         assert_eq!(s.scrub("x=abc"), "x=***");
+        // In JSON log lines: the decoded secret as a string field, and its Debug form.
+        let field = serde_json::json!({ "error": "p@ss\"w" }).to_string();
+        assert_eq!(s.scrub(&field), r#"{"error":"***"}"#);
+        let debug_field = serde_json::json!({ "error": format!("{:?}", "p@ss\"w") }).to_string();
+        assert!(
+            !s.scrub(&debug_field).contains("ss"),
+            "{}",
+            s.scrub(&debug_field)
+        );
         assert!(matches!(s.scrub("nothing here"), Cow::Borrowed(_)));
         assert!(!format!("{s:?}").contains("abc"));
     }

@@ -27,6 +27,7 @@
 
 mod audit;
 mod dead_letters;
+mod pauses;
 mod processes;
 mod replay;
 mod trace;
@@ -42,7 +43,9 @@ pub use dead_letters::{
     ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
     DeadLetterGroups, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN, PayloadView,
 };
-pub use processes::{Instance, MINUTES, RouteView, Routes};
+pub(crate) use pauses::CONSUMER_PAUSED;
+pub use pauses::{Pause, PauseTarget};
+pub use processes::{ConsumerView, Instance, MINUTES, RouteView, Routes};
 pub use replay::{ReplayPlan, ReplaySelection};
 pub use trace::{
     AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TracedEvent,
@@ -1335,18 +1338,203 @@ impl Admin {
             });
         }
         let counts = sqlx::query(AssertSqlSafe(
-            self.render(&processes::ROUTES.replace("{key}", processes::ROUTE_KEY)),
+            self.render(&processes::ROUTES.replace("{key}", &crate::sql::route_key(""))),
         ))
         .bind(bound)
         .fetch_all(self.store.pool())
         .await
         .map_err(|e| AdminError::sqlx(OP, e))?;
-        let rates = sqlx::query(AssertSqlSafe(self.render(processes::RATES)))
-            .bind(i32::try_from(MINUTES).unwrap_or(15))
-            .fetch_all(self.store.pool())
+        let rates = self
+            .rates("publish")
             .await
             .map_err(|e| AdminError::sqlx(OP, e))?;
         processes::routes(&counts, &rates, bound).map_err(|e| AdminError::sqlx(OP, e))
+    }
+
+    /// Per consumer: its processes up, its lag and the effects it committed per minute over
+    /// the last [`MINUTES`] minutes, as its engines report them through their heartbeats
+    /// (`crate::heartbeat::Heartbeat::with_consumer`), whether it is paused, its open dead
+    /// letters and its conflicts. At most 1,000 consumers, by name.
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database's failure.
+    pub async fn consumers(&self) -> Result<Vec<ConsumerView>, AdminError> {
+        const OP: &str = "consumers";
+        let rows = sqlx::query(AssertSqlSafe(self.render(processes::CONSUMERS)))
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(|e| AdminError::sqlx(OP, e))?;
+        let rates = self
+            .rates("consume")
+            .await
+            .map_err(|e| AdminError::sqlx(OP, e))?;
+        processes::consumers(&rows, &rates).map_err(|e| AdminError::sqlx(OP, e))
+    }
+
+    /// The `kind` activity of the last [`MINUTES`] minutes.
+    async fn rates(&self, kind: &str) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
+        sqlx::query(AssertSqlSafe(self.render(processes::RATES)))
+            .bind(i32::try_from(MINUTES).unwrap_or(15))
+            .bind(kind)
+            .fetch_all(self.store.pool())
+            .await
+    }
+
+    /// Every pause in force (routes, then consumers), with who paused it and why.
+    ///
+    /// # Errors
+    /// [`AdminError`]: the database's failure.
+    pub async fn pauses(&self) -> Result<Vec<Pause>, AdminError> {
+        trace::rows(
+            self.store.pool(),
+            self.store.schema(),
+            pauses::LIST,
+            |q| q,
+            pauses::pause,
+        )
+        .await
+        .map_err(|e| AdminError::sqlx("pauses", e))
+    }
+
+    /// Pauses a route or a consumer ([`PauseTarget`]: what each stops, and when),
+    /// with the audit record, whose id the pause keeps.
+    ///
+    /// A route is refused while a CDC relay runs (a heartbeat of `outbox relay --mode cdc`
+    /// less than six intervals old): that relay streams the log and does not read pauses, so
+    /// the pause would not hold. Stop it, pause, and publish with the polling relay meanwhile.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` (a malformed route key, or no reason), `Refused`
+    /// (paused already, or a CDC relay runs; nothing changed), `PermissionDenied` (the role may
+    /// only read), or the database's failure.
+    pub async fn pause(
+        &self,
+        target: &PauseTarget,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<Pause, AdminError> {
+        const OP: &str = "pause";
+        let selection = serde_json::to_value(target).unwrap_or_default();
+        let fail = |e: AdminError| {
+            audit::log(actor, OP, &selection, reason, Err(&e));
+            e
+        };
+        target.check(OP).map_err(fail)?;
+        if reason.trim().is_empty() {
+            return Err(fail(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::InvalidRequest,
+                message: "a pause needs a reason (it is kept in the audit record and shown with \
+                          the pause)"
+                    .into(),
+            }));
+        }
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let err = |e| fail(self.action_error(OP, e));
+        if matches!(target, PauseTarget::Route(_)) {
+            let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(replay::CDC_RUNNING)))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(err)?;
+            if cdc {
+                return Err(fail(AdminError {
+                    operation: OP,
+                    kind: AdminErrorKind::Refused,
+                    message: "a CDC relay is running: it streams the log and does not read \
+                              pauses, so the route would not stop; stop it first (the polling \
+                              relay honours pauses)"
+                        .into(),
+                }));
+            }
+        }
+        let audit_id = audit::record(
+            &mut tx,
+            self.store.schema(),
+            actor,
+            OP,
+            &selection,
+            reason,
+            1,
+        )
+        .await
+        .map_err(err)?;
+        let inserted = sqlx::query(AssertSqlSafe(self.render(pauses::INSERT)))
+            .bind(target.kind())
+            .bind(target.name())
+            .bind(audit_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+        if inserted == 0 {
+            return Err(fail(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::Refused,
+                message: format!("{} {} is paused already", target.kind(), target.name()),
+            }));
+        }
+        let paused_at = sqlx::query_scalar(AssertSqlSafe(
+            self.render("SELECT paused_at FROM {s}.pauses WHERE kind = $1 AND name = $2"),
+        ))
+        .bind(target.kind())
+        .bind(target.name())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(err)?;
+        tx.commit()
+            .await
+            .map_err(|e| fail(AdminError::sqlx(OP, e)))?;
+        audit::log(actor, OP, &selection, reason, Ok(1));
+        Ok(Pause {
+            kind: target.kind().to_owned(),
+            name: target.name().to_owned(),
+            paused_at,
+            audit_id,
+            actor: Some(actor.name().to_owned()),
+            reason: Some(reason.to_owned()),
+        })
+    }
+
+    /// Resumes a paused route or consumer, with the audit record. A resumed route wakes the
+    /// relays at once (their wake-up channel, at commit).
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` (a malformed route key), `NotFound` (it is not
+    /// paused), `PermissionDenied` (the role may only read), or the database's failure.
+    pub async fn resume(
+        &self,
+        target: &PauseTarget,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<(), AdminError> {
+        const OP: &str = "resume";
+        let selection = serde_json::to_value(target).unwrap_or_default();
+        if let Err(e) = target.check(OP) {
+            audit::log(actor, OP, &selection, reason, Err(&e));
+            return Err(e);
+        }
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let result = match sqlx::query(AssertSqlSafe(self.render(pauses::DELETE)))
+            .bind(target.kind())
+            .bind(target.name())
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(r) if r.rows_affected() == 0 => Err(not_found(
+                OP,
+                format!("{} {} is not paused", target.kind(), target.name()),
+            )),
+            Ok(r) => sqlx::query("SELECT pg_notify($1, '')")
+                .bind(self.store.schema().wakeup_channel())
+                .execute(&mut *tx)
+                .await
+                .map(|_| r.rows_affected())
+                .map_err(|e| self.action_error(OP, e)),
+            Err(e) => Err(self.action_error(OP, e)),
+        };
+        self.finish(tx, OP, actor, &selection, reason, result)
+            .await
+            .map(|_| ())
     }
 
     fn render(&self, template: &str) -> std::sync::Arc<str> {

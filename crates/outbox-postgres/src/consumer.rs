@@ -285,6 +285,14 @@ impl InboxStore for PgStore {
             .await
             .map_err(self.err(Component::Consumer, "count consumer dead letters"))
     }
+
+    async fn consumer_paused<'a>(&'a self, consumer: &'a str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(self.q(&self.sql().consumer_paused))
+            .bind(consumer)
+            .fetch_one(self.pool())
+            .await
+            .map_err(self.err(Component::Consumer, "read whether the consumer is paused"))
+    }
 }
 
 /// Lists consumer dead letters that are not resolved, oldest first, optionally for one

@@ -9,15 +9,19 @@
 //! # async fn run(pool: sqlx::PgPool, shutdown: tokio_util::sync::CancellationToken) {
 //! use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
 //! use outbox_postgres::Schema;
+//! # fn consumer() -> std::sync::Arc<outbox_core::consumer::ConsumerStats> { unimplemented!() }
+//! // `consumer.stats()` of the service's `PgConsumer`: its lag and throughput on the console.
 //! let beat = Heartbeat::new(pool, Schema::default(), InstanceKind::Consumer, "ledger")
-//!     .expect("a valid name");
+//!     .expect("a valid name")
+//!     .with_consumer(consumer());
 //! tokio::spawn(beat.run(shutdown));
 //! # }
 //! ```
 //!
 //! Every [`Heartbeat::interval`] (5 s by default) the process upserts its row of
 //! `{schema}.instances` (one statement) and, for a relay, adds what it published since the
-//! last beat to this minute's row of each route in `{schema}.activity` (one statement). About
+//! last beat to this minute's row of each route in `{schema}.activity` (one statement), and for
+//! a consumer ([`Heartbeat::with_consumer`]) the effects it committed. About
 //! once a minute a relay also deletes instance rows whose heartbeat is a day old and activity
 //! rows two hours old (a consumer's or an executor's grants allow inserting rows and updating
 //! their beat columns only, no deletes). A beat that fails (the database is down, a grant is missing) is logged and
@@ -30,6 +34,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_core::consumer::ConsumerStats;
 use outbox_core::relay::PublishActivity;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -43,7 +48,7 @@ const BEAT: &str = "INSERT INTO {s}.instances (instance_id, kind, name, host, pi
     stopped_at = NULL";
 
 const ACTIVITY: &str = "INSERT INTO {s}.activity AS a (minute, kind, name, count) \
-    SELECT date_trunc('minute', now()), 'publish', n, c FROM UNNEST($1::text[], $2::int8[]) AS u(n, c) \
+    SELECT date_trunc('minute', now()), $3, n, c FROM UNNEST($1::text[], $2::int8[]) AS u(n, c) \
     ON CONFLICT (minute, kind, name) DO UPDATE SET count = a.count + EXCLUDED.count";
 
 const STOPPED: &str = "UPDATE {s}.instances SET stopped_at = now(), heartbeat_at = now(), \
@@ -98,6 +103,7 @@ pub struct Heartbeat {
     instance_id: Uuid,
     interval: Duration,
     activity: Option<Arc<PublishActivity>>,
+    consumer: Option<Arc<ConsumerStats>>,
     stats: Option<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
 
@@ -135,6 +141,7 @@ impl Heartbeat {
             instance_id: Uuid::now_v7(),
             interval: Duration::from_secs(5),
             activity: None,
+            consumer: None,
             stats: None,
         })
     }
@@ -150,6 +157,20 @@ impl Heartbeat {
     #[must_use]
     pub fn with_publish_activity(mut self, activity: Arc<PublishActivity>) -> Self {
         self.activity = Some(activity);
+        self
+    }
+
+    /// Reports a consumer engine's own numbers ([`Consumer::stats`](outbox_core::consumer::Consumer::stats)):
+    /// its counts, the source's lag and whether it is paused go into the instance's stats,
+    /// and what it settled since the last beat (effects committed from deliveries, and
+    /// requeued dead letters settled) into this minute's `activity` row of kind `consume`:
+    /// the console's lag and throughput per consumer. The heartbeat takes the consumer's own
+    /// name ([`ConsumerStats::name`]), the one its pauses and its inbox go by, whatever name
+    /// it was built with.
+    #[must_use]
+    pub fn with_consumer(mut self, stats: Arc<ConsumerStats>) -> Self {
+        self.name = stats.name().to_owned();
+        self.consumer = Some(stats);
         self
     }
 
@@ -181,6 +202,12 @@ impl Heartbeat {
         if let (Some(activity), Some(map)) = (&self.activity, stats.as_object_mut()) {
             map.insert("published".into(), activity.total().into());
         }
+        if let (Some(consumer), Some(map)) = (&self.consumer, stats.as_object_mut())
+            && let Ok(serde_json::Value::Object(numbers)) =
+                serde_json::to_value(consumer.snapshot())
+        {
+            map.extend(numbers);
+        }
         stats
     }
 
@@ -192,9 +219,10 @@ impl Heartbeat {
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| "unknown".to_owned());
         let mut reported = std::collections::HashMap::new();
+        let mut consumed = 0;
         let mut beats: u64 = 0;
         loop {
-            if let Err(e) = self.beat(&host, &mut reported, beats).await {
+            if let Err(e) = self.beat(&host, &mut reported, &mut consumed, beats).await {
                 tracing::warn!(error = %e, kind = self.kind.as_str(), name = %self.name,
                     "heartbeat not written; retrying at the next one");
             }
@@ -204,7 +232,7 @@ impl Heartbeat {
                 () = tokio::time::sleep(self.interval) => {}
             }
         }
-        let _ = self.beat(&host, &mut reported, 1).await;
+        let _ = self.beat(&host, &mut reported, &mut consumed, 1).await;
         if let Err(e) = sqlx::query(AssertSqlSafe(self.schema.render(STOPPED)))
             .bind(self.instance_id)
             .bind(self.stats())
@@ -220,6 +248,7 @@ impl Heartbeat {
         &self,
         host: &str,
         reported: &mut std::collections::HashMap<outbox_core::relay::Route, u64>,
+        consumed: &mut u64,
         n: u64,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(AssertSqlSafe(self.schema.render(BEAT)))
@@ -247,11 +276,26 @@ impl Heartbeat {
                 sqlx::query(AssertSqlSafe(self.schema.render(ACTIVITY)))
                     .bind(names)
                     .bind(counts)
+                    .bind("publish")
                     .execute(&self.pool)
                     .await?;
             }
             // Only once written: a failed beat's publishes go into the next one.
             *reported = now;
+        }
+        if let Some(consumer) = &self.consumer {
+            let n = consumer.snapshot();
+            let total = n.processed + n.requeued_resolved;
+            let delta = total.saturating_sub(*consumed);
+            if delta > 0 {
+                sqlx::query(AssertSqlSafe(self.schema.render(ACTIVITY)))
+                    .bind(vec![self.name.clone()])
+                    .bind(vec![i64::try_from(delta).unwrap_or(i64::MAX)])
+                    .bind("consume")
+                    .execute(&self.pool)
+                    .await?;
+            }
+            *consumed = total;
         }
         // Only relays sweep (the consumer's and the executor's grants stop at their own row).
         if self.kind == InstanceKind::Relay && n.is_multiple_of(12) {

@@ -67,6 +67,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0009_instances.sql",
         sql: include_str!("../migrations/0009_instances.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_pauses.sql",
+        sql: include_str!("../migrations/0010_pauses.sql"),
+    },
 ];
 
 /// The schema version this release needs.

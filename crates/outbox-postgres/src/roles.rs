@@ -6,11 +6,11 @@
 //! | [`Component::Migrator`] | `outbox migrate`, the grants below | owns the schema and every table in it |
 //! | [`Component::Producer`] | [`crate::PgOutbox`] (and plain-SQL producers) | insert producer columns of `events`; versions; request idempotency |
 //! | [`Component::Relay`] | `outbox relay`, [`crate::PgStore`] as the relay's store | read `events`, write its delivery columns, delete published rows; leases |
-//! | [`Component::Consumer`] | [`crate::PgConsumer`], [`crate::PgInbox`], [`crate::PgEffects::enqueue`] | inbox tables, consumer dead letters, insert work items |
+//! | [`Component::Consumer`] | [`crate::PgConsumer`], [`crate::PgInbox`], [`crate::PgEffects::enqueue`] | inbox tables, consumer dead letters, insert work items; read pauses; its heartbeat and effects per minute |
 //! | [`Component::Executor`] | `outbox effects run`, [`crate::PgExecutor`] | read work items, write their execution columns |
 //! | [`Component::Maintainer`] | `outbox cleanup` | delete old inbox identities, settled work items, old published rows (mark mode), expired leases |
 //! | [`Component::Reader`] | `outbox status`, `… list`, `trace`, `audit`, the console's reads | read everything the CLI shows; no payloads of events, conflicts or consumer dead letters |
-//! | [`Component::Operator`] | `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `effects resolve`, the console's actions | the reader's reads plus those changes, each with its `audit` row; the payloads and headers of dead letters and conflicts, to judge them |
+//! | [`Component::Operator`] | `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `effects resolve`, the console's actions | the reader's reads plus those changes, each with its `audit` row; the payloads and headers of dead letters and conflicts, to judge them |
 //!
 //! Every table and sequence the migrations create has one entry in `OBJECTS` below, with an
 //! explicit decision for every component (an empty list is the decision "nothing"). A table a
@@ -101,10 +101,10 @@ impl Component {
                 "PgOutbox::enqueue, next_aggregate_version, request idempotency, plain-SQL producers"
             }
             Self::Relay => {
-                "`outbox relay`: claim, publish, settle, LISTEN wake-ups, lease reaping, heartbeat"
+                "`outbox relay`: claim (skipping paused routes), publish, settle, LISTEN wake-ups, lease reaping, heartbeat"
             }
             Self::Consumer => {
-                "PgConsumer / PgInbox: inbox, conflicts, ordering guard, consumer dead letters, work-item enqueue"
+                "PgConsumer / PgInbox: inbox, conflicts, ordering guard, consumer dead letters, work-item enqueue, pause check, heartbeat"
             }
             Self::Executor => "`outbox effects run`: claim, call, record work items",
             Self::Maintainer => {
@@ -114,7 +114,7 @@ impl Component {
                 "`outbox status`, `dead-letters list|groups`, `conflicts list`, `consumer-dead-letters list|groups`, `effects status|list`, `trace`, `audit`, the console's reads"
             }
             Self::Operator => {
-                "the reader's reads plus payloads of dead letters and conflicts, `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `effects resolve|reconcile`, each audited"
+                "the reader's reads plus payloads of dead letters and conflicts, `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `effects resolve|reconcile`, each audited"
             }
         }
     }
@@ -619,11 +619,25 @@ const OBJECTS: &[Decision] = &[
         kind: Kind::Table,
         producer: NONE,
         relay: &[Select(All), Insert(All), Update(Only(&["count"])), Delete],
-        consumer: NONE,
+        // Its effects per minute (`Heartbeat::with_consumer`), never a delete.
+        consumer: &[Select(All), Insert(All), Update(Only(&["count"]))],
         executor: NONE,
         maintainer: NONE,
         reader: &[Select(All)],
         operator: NONE,
+    },
+    // Pauses (migration 10): the relay's claim reads the paused routes, a consumer asks
+    // whether it is paused; `outbox pause` and `resume` write them with their audit record.
+    Decision {
+        name: "pauses",
+        kind: Kind::Table,
+        producer: NONE,
+        relay: &[Select(All)],
+        consumer: &[Select(All)],
+        executor: NONE,
+        maintainer: NONE,
+        reader: &[Select(All)],
+        operator: &[Insert(Only(&["kind", "name", "audit_id"])), Delete],
     },
 ];
 

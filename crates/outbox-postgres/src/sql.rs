@@ -44,8 +44,9 @@ pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response
 
 /// The part both claims share, after their `heads` CTE: one fresh token, the lease upsert of
 /// every head (taking over only an expired lease, counting the takeover: +1 while the head is
-/// the one the old lease was taken with, else 1) and the start of the result. `{lease}` is
-/// the lease length parameter in milliseconds.
+/// the one the old lease was taken with, else 1) and the start of the result, each row with
+/// whether its route is paused (`route_paused`, [`ROUTE_PAUSED`]). `{lease}` is the lease
+/// length parameter in milliseconds.
 const ACQUIRE: &str = "), token AS MATERIALIZED ( \
       SELECT nextval('{s}.lease_token_seq') AS t \
     ), acquired AS ( \
@@ -60,7 +61,8 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
         WHERE l.lease_until <= now() \
       RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
     ) \
-    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, {cols} \
+    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, \
+      {paused_e} AS route_paused, {cols} \
     FROM heads h \
     JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id";
 
@@ -77,6 +79,10 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
 ///   total cap, so each aggregate's rows are a prefix of its run; aggregates cut off entirely
 ///   stay leased until the claim is settled (release deletes every lease of the token).
 ///
+/// A head whose route an operator paused (migration 10, [`ROUTE_PAUSED`]) is not taken: its
+/// aggregate waits. A later row of a taken run may go to a paused route; the store cuts the run
+/// before it (`route_paused`), so nothing of the aggregate passes it.
+///
 /// Event rows are only read and row-locked here, never rewritten: a claim writes one small
 /// lease row per aggregate, not one fat tuple per event.
 const CLAIM: &str = "WITH heads AS ( \
@@ -89,6 +95,7 @@ const CLAIM: &str = "WITH heads AS ( \
         AND NOT EXISTS (SELECT 1 FROM {s}.events p \
             WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
               AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
+        AND NOT {paused_e} \
       ORDER BY e.id LIMIT $4 \
       FOR UPDATE OF e SKIP LOCKED \
     {acquire} \
@@ -137,17 +144,19 @@ pub(crate) const CLAIM_BEGIN: &str = "BEGIN; SET LOCAL enable_seqscan = off; SET
 /// lease beyond those):
 /// * `expired`: each one's aggregate with its lowest unpublished row;
 /// * `cleared`: those with nothing to take over are deleted: no unpublished row left, a dead
-///   head (its aggregate waits for a requeue, not for a lease) or a head in backoff (its
-///   failure was recorded, so it is no crash victim). The `Free` claim, which stays off every
+///   head (its aggregate waits for a requeue, not for a lease), a head in backoff (its
+///   failure was recorded, so it is no crash victim) or a head whose route is paused (it waits
+///   for a resume; its count starts again after it). The `Free` claim, which stays off every
 ///   leased aggregate, then gets them back when they are due;
 /// * `heads`: the pending, due head whose lease expired first, locked (SKIP LOCKED);
 /// * `acquired`: the lease taken over as in [`CLAIM`], counting the takeover.
 const CLAIM_TAKEOVER: &str = "WITH expired AS ( \
-      SELECT l.aggregate_type, l.aggregate_id, l.lease_until, h.id, h.state, h.available_at \
+      SELECT l.aggregate_type, l.aggregate_id, l.lease_until, h.id, h.state, h.available_at, \
+        h.paused \
       FROM (SELECT aggregate_type, aggregate_id, lease_until FROM {s}.leases \
             WHERE lease_until <= now() AND takeovers > 0 ORDER BY lease_until LIMIT 32) l \
       LEFT JOIN LATERAL ( \
-        SELECT e.id, e.state, e.available_at FROM {s}.events e \
+        SELECT e.id, e.state, e.available_at, {paused_e} AS paused FROM {s}.events e \
         WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id \
           AND e.state <> 'published' \
         ORDER BY e.aggregate_version LIMIT 1 \
@@ -156,11 +165,12 @@ const CLAIM_TAKEOVER: &str = "WITH expired AS ( \
       DELETE FROM {s}.leases o USING expired x \
       WHERE o.aggregate_type = x.aggregate_type AND o.aggregate_id = x.aggregate_id \
         AND o.lease_until <= now() \
-        AND (x.id IS NULL OR x.state <> 'pending' OR x.available_at > now()) \
+        AND (x.id IS NULL OR x.state <> 'pending' OR x.available_at > now() OR x.paused) \
     ), heads AS ( \
       SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version \
       FROM {s}.events e JOIN expired x ON x.id = e.id \
       WHERE x.state = 'pending' AND x.available_at <= now() AND e.state = 'pending' \
+        AND NOT x.paused \
       ORDER BY x.lease_until, e.id LIMIT 1 \
       FOR UPDATE OF e SKIP LOCKED \
     {acquire} \
@@ -280,11 +290,40 @@ pub(crate) const DEAD_REQUEUE_SOME: &str = "UPDATE {s}.events SET state = 'pendi
 pub(crate) const DEAD_REQUEUE_ALL: &str = "UPDATE {s}.events SET state = 'pending', \
     attempts = 0, available_at = now() WHERE state = 'dead'";
 
+/// Whether the route of the events row `e` is paused (migration 10): the route's key as the
+/// `pauses` and `activity` tables write it, looked up by the primary key of `pauses` (one
+/// index probe per row; the table holds a handful of rows).
+const ROUTE_PAUSED: &str =
+    "EXISTS (SELECT 1 FROM {s}.pauses z WHERE z.kind = 'route' AND z.name = {key})";
+
+/// The route key of a row (`destination:` and its destination, or `type:` and its aggregate
+/// type when it has none), as `crate::heartbeat` writes it into `activity` and the admin into
+/// `pauses`; `alias` qualifies the columns (`"e."`, or `""`).
+pub(crate) fn route_key(alias: &str) -> String {
+    format!(
+        "CASE WHEN {alias}destination IS NOT NULL THEN 'destination:' || {alias}destination \
+         ELSE 'type:' || {alias}aggregate_type END"
+    )
+}
+
+/// [`ROUTE_PAUSED`] for the events row `e`.
+fn route_paused() -> String {
+    ROUTE_PAUSED.replace("{key}", &route_key("e."))
+}
+
 /// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`.
 fn claim(live_only: &str) -> String {
     CLAIM
         .replace("{acquire}", &ACQUIRE.replace("{lease}", "$3"))
         .replace("{live_only}", live_only)
+        .replace("{paused_e}", &route_paused())
+}
+
+/// [`CLAIM_TAKEOVER`] with its shared part.
+fn claim_takeover() -> String {
+    CLAIM_TAKEOVER
+        .replace("{acquire}", &ACQUIRE.replace("{lease}", "$1"))
+        .replace("{paused_e}", &route_paused())
 }
 
 /// Rendered statements for one schema.
@@ -320,6 +359,7 @@ pub(crate) struct Sql {
     pub take_requeued: Arc<str>,
     pub settle_requeued: Arc<str>,
     pub count_dead: Arc<str>,
+    pub consumer_paused: Arc<str>,
 }
 
 impl Sql {
@@ -335,9 +375,7 @@ impl Sql {
             idem_complete: r(IDEM_COMPLETE),
             claim: r(&claim("AND l.lease_until > now()")),
             claim_free: r(&claim("AND (l.lease_until > now() OR l.takeovers > 0)")),
-            claim_takeover: r(
-                &CLAIM_TAKEOVER.replace("{acquire}", &ACQUIRE.replace("{lease}", "$1"))
-            ),
+            claim_takeover: r(&claim_takeover()),
             mark_delete: r(MARK_DELETE),
             mark_update: r(MARK_UPDATE),
             fail: r(FAIL),
@@ -355,6 +393,7 @@ impl Sql {
             take_requeued: r(crate::consumer::TAKE_REQUEUED),
             settle_requeued: r(crate::consumer::SETTLE_REQUEUED),
             count_dead: r(crate::consumer::COUNT_DEAD),
+            consumer_paused: r(crate::admin::CONSUMER_PAUSED),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! [`crate::consumer`], [`crate::effects`] and [`crate::maintenance`]), so one value serves the
 //! relay, the consumer engine, the effects executor and the maintainer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -229,6 +229,27 @@ fn row_to_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
     })
 }
 
+/// Drops, from `messages` (sorted by aggregate and version), each aggregate's rows from its
+/// first one in `paused` on (rows whose route an operator paused): nothing of an aggregate
+/// passes its paused row. The aggregate's lease stays with the claim until it is settled, as
+/// for an aggregate the batch cap cut off.
+fn cut_at_paused_routes(messages: &mut Vec<OutboxMessage>, paused: &HashSet<i64>) {
+    let mut stopped: Option<(String, String)> = None;
+    messages.retain(|m| {
+        if let Some((t, i)) = &stopped
+            && *t == m.aggregate_type
+            && *i == m.aggregate_id
+        {
+            return false;
+        }
+        if paused.contains(&m.id) {
+            stopped = Some((m.aggregate_type.clone(), m.aggregate_id.clone()));
+            return false;
+        }
+        true
+    });
+}
+
 impl OutboxStore for PgStore {
     async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
         let max_rows = params.max_rows.max(1);
@@ -280,7 +301,14 @@ impl OutboxStore for PgStore {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| store_error("claim: decoding a row", e))?;
         let mut takeovers = Vec::new();
+        let mut paused = HashSet::new();
         for (row, message) in rows.iter().zip(&messages) {
+            if row
+                .try_get::<bool, _>("route_paused")
+                .map_err(|e| store_error("claim: decoding a row", e))?
+            {
+                paused.insert(message.id);
+            }
             let count: i32 = row
                 .try_get("lease_takeovers")
                 .map_err(|e| store_error("claim: decoding a row", e))?;
@@ -301,6 +329,9 @@ impl OutboxStore for PgStore {
                 b.aggregate_version,
             ))
         });
+        if !paused.is_empty() {
+            cut_at_paused_routes(&mut messages, &paused);
+        }
         if !messages.is_empty() && params.scope != ClaimScope::TakeOver {
             let aggregates = messages
                 .windows(2)

@@ -256,6 +256,20 @@ impl StoreFixture for PgFixture {
         .expect("requeue")
     }
 
+    async fn set_consumer_paused(&self, consumer: &str, paused: bool) {
+        let admin = outbox_postgres::admin::Admin::new(self.db.store());
+        let actor = outbox_postgres::admin::Actor::new("suite", "test").expect("actor");
+        let target = outbox_postgres::admin::PauseTarget::Consumer(consumer.to_owned());
+        if paused {
+            admin
+                .pause(&target, &actor, "engine suite")
+                .await
+                .expect("pause");
+        } else {
+            admin.resume(&target, &actor, "").await.expect("resume");
+        }
+    }
+
     async fn cleanup(&self) {
         self.exec("DROP SCHEMA {s} CASCADE").await;
     }

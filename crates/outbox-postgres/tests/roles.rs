@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{database_url, msg};
 use login_roles::LoginRoles;
-use outbox_core::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
+use outbox_core::consumer::{ConsumerConfig, Handler, HandlerError, InboxStore, OrderingGuard};
 use outbox_core::effect::{Executor, ExecutorConfig, WorkItemStore as _};
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::relay::{Relay, RelayConfig};
@@ -781,6 +781,44 @@ async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
             .await,
         1
     );
+    // Whether it is paused, and its heartbeat with its own numbers, under its own grants.
+    assert!(
+        !store(&pool, &env.schema)
+            .consumer_paused("ledger")
+            .await
+            .unwrap()
+    );
+    let beat = outbox_postgres::heartbeat::Heartbeat::new(
+        pool.clone(),
+        env.schema.clone(),
+        outbox_postgres::heartbeat::InstanceKind::Consumer,
+        "ledger",
+    )
+    .unwrap()
+    .with_interval(Duration::from_millis(100))
+    .with_consumer(consumer.stats());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(beat.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM {s}.activity WHERE kind = 'consume' AND name = 'ledger' \
+             AND count = 2"
+        )
+        .await,
+        1,
+        "its two effects, in this minute's row"
+    );
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM {s}.instances WHERE name = 'ledger' \
+             AND stats ->> 'processed' = '2' AND stopped_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
 
     // The operator requeues the dead letter; the consumer applies it under its own role.
     let operator = env.pool(Component::Operator).await;
@@ -1121,7 +1159,14 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         1,
         "pending again, its first publish time kept"
     );
-    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 5);
+    // Pause and resume: the reader may list pauses but not pause; the operator may.
+    let route = outbox_postgres::admin::PauseTarget::destination("audit");
+    let e = as_reader.pause(&route, &who, "t").await.unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    as_operator.pause(&route, &who, "t").await.unwrap();
+    assert_eq!(as_reader.pauses().await.unwrap().len(), 1);
+    as_operator.resume(&route, &who, "t").await.unwrap();
+    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 7);
     env.cleanup().await;
 }
 

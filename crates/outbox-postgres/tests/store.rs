@@ -679,3 +679,135 @@ async fn wakeup_tasks_stop_when_the_pool_closes() {
     drop(store);
     db.drop().await;
 }
+
+/// A paused route (migration 10) is not claimed, and nothing of an aggregate passes its paused
+/// row: its earlier rows go, its later rows (to any route) wait. The takeover claim of the
+/// poison-row rule leaves a paused head alone too and clears its lease. A resume gives
+/// everything back, in order.
+#[tokio::test]
+async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
+    use outbox_core::ClaimScope;
+    use outbox_postgres::admin::{Actor, Admin, AdminErrorKind, PauseTarget};
+    let db = TestDb::new().await;
+    // a: v1 (topic of its type), v2 to "audit", v3 (its type again); b: v1; c: v1 to "audit".
+    db.outbox
+        .enqueue_batch(
+            &db.pool,
+            &[
+                msg("a", 1),
+                msg("a", 2).with_destination("audit"),
+                msg("a", 3),
+                msg("b", 1),
+                msg("c", 1).with_destination("audit"),
+            ],
+        )
+        .await
+        .unwrap();
+    let store = db.store();
+    let admin = Admin::new(store.clone());
+    let me = Actor::new("tester", "test").unwrap();
+    let audit = PauseTarget::destination("audit");
+
+    // Two claims under leases that expire at once: every head has one takeover counted.
+    for _ in 0..2 {
+        store.claim_batch(claim(100, 1)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pause = admin.pause(&audit, &me, "audit sink down").await.unwrap();
+    assert_eq!(
+        (pause.kind.as_str(), pause.name.as_str()),
+        ("route", "destination:audit")
+    );
+    let again = admin.pause(&audit, &me, "twice").await.unwrap_err();
+    assert_eq!(again.kind, AdminErrorKind::Refused, "{again}");
+    let no_reason = admin
+        .pause(&PauseTarget::aggregate_type("payment"), &me, " ")
+        .await
+        .unwrap_err();
+    assert_eq!(no_reason.kind, AdminErrorKind::InvalidRequest);
+
+    // The takeover claim publishes heads alone, never a paused one, and clears its lease.
+    let mut taken = Vec::new();
+    for _ in 0..5 {
+        let b = store
+            .claim_batch(ClaimParams {
+                scope: ClaimScope::TakeOver,
+                ..claim(100, 30_000)
+            })
+            .await
+            .unwrap();
+        taken.extend(b.messages.iter().map(|m| m.destination.clone()));
+        store
+            .release(ReleaseParams {
+                token: b.token,
+                ids: &[],
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        taken,
+        vec![None, None],
+        "a's and b's heads taken over alone, never the paused route's"
+    );
+    let c_leases: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".leases WHERE aggregate_id = 'c'",
+        db.schema
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(c_leases, 0, "the paused head's takeover lease is cleared");
+
+    // Clear every lease left, then a normal claim: a v1 and b v1 only.
+    db.exec(format!("DELETE FROM \"{}\".leases", db.schema))
+        .await;
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    let got: Vec<(String, i64)> = b
+        .messages
+        .iter()
+        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
+        .collect();
+    assert_eq!(got, vec![("a".into(), 1), ("b".into(), 1)]);
+    store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &b.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        })
+        .await
+        .unwrap();
+    store
+        .release(ReleaseParams {
+            token: b.token,
+            ids: &[],
+        })
+        .await
+        .unwrap();
+    // a's head is now its paused v2: nothing more to claim.
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert!(b.messages.is_empty(), "{:?}", b.messages);
+
+    let listed = admin.pauses().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].reason.as_deref(), Some("audit sink down"));
+    assert_eq!(listed[0].actor.as_deref(), Some("tester"));
+    admin.resume(&audit, &me, "sink back").await.unwrap();
+    let gone = admin.resume(&audit, &me, "").await.unwrap_err();
+    assert_eq!(gone.kind, AdminErrorKind::NotFound);
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    let got: Vec<(String, i64)> = b
+        .messages
+        .iter()
+        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
+        .collect();
+    assert_eq!(got, vec![("a".into(), 2), ("a".into(), 3), ("c".into(), 1)]);
+    let actions: Vec<String> = admin
+        .audit(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.action)
+        .collect();
+    assert_eq!(actions, vec!["resume", "pause"]);
+    db.drop().await;
+}

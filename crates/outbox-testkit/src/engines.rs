@@ -249,6 +249,31 @@ pub async fn redeliveries_have_one_effect<F: StoreFixture>() {
     rig.fixture.cleanup().await;
 }
 
+/// A paused consumer takes nothing from its source (the broker keeps it) and applies no
+/// requeued dead letter; once resumed (seen within the engine's pause check interval) it
+/// applies everything once.
+pub async fn a_paused_consumer_takes_nothing_until_resumed<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let m = event_message(Uuid::now_v7(), "a", 1, r#"{"n":1}"#);
+    rig.source.push_message(&m);
+    rig.fixture.set_consumer_paused("c", true).await;
+    let mut consumer = rig.consumer(fast_config("c"));
+    for _ in 0..3 {
+        let r = consumer.run_batch().await.expect("a paused batch");
+        assert_eq!(r, ConsumerReport::default());
+    }
+    assert_eq!(rig.source.ready(), 1, "the delivery stays with the source");
+    assert_eq!(rig.effects(m.event_id).await, 0);
+    rig.fixture.set_consumer_paused("c", false).await;
+    tokio::time::sleep(outbox_core::consumer::PAUSE_CHECK_INTERVAL + Duration::from_millis(100))
+        .await;
+    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    assert_eq!((r.processed, errors), (1, 0), "{r:?}");
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    assert_eq!(rig.source.acked(), 1);
+    rig.fixture.cleanup().await;
+}
+
 /// Transient handler errors roll back and redeliver; the final success has one effect.
 pub async fn transient_errors_are_retried_without_a_second_effect<F: StoreFixture>() {
     let rig = Rig::<F>::new("c").await;
@@ -1263,6 +1288,7 @@ macro_rules! engine_suite {
     ($fixture:ty) => {
         $crate::engine_suite!(@cases $fixture;
             redeliveries_have_one_effect,
+            a_paused_consumer_takes_nothing_until_resumed,
             transient_errors_are_retried_without_a_second_effect,
             exhausted_retries_dead_letter_and_a_requeue_applies_once,
             a_permanent_error_is_dead_lettered_at_once,

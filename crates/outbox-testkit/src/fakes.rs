@@ -758,6 +758,11 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
             .consumer_dead_letter_settle(conn, id, state, error)
             .await
     }
+    /// Never injected: the engine logs and keeps its last answer on an error here, so a
+    /// fault spent on it would only be lost for the operation a case aims it at.
+    async fn consumer_paused<'a>(&'a self, consumer: &'a str) -> Result<bool, StoreError> {
+        self.inner.consumer_paused(consumer).await
+    }
     async fn consumer_dead_letter_count<'a>(
         &'a self,
         consumer: &'a str,

@@ -122,6 +122,9 @@ pub trait StoreFixture: Send + Sync + Sized + 'static {
     /// An operator's requeue of every open dead letter of `consumer`. Returns how many.
     fn requeue_consumer_dead_letters(&self, consumer: &str) -> impl Future<Output = u64> + Send;
 
+    /// An operator's pause (`true`) or resume (`false`) of `consumer`.
+    fn set_consumer_paused(&self, consumer: &str, paused: bool) -> impl Future<Output = ()> + Send;
+
     /// Removes what the fixture created.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
 }

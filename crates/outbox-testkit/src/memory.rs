@@ -158,6 +158,8 @@ struct Inner {
     tokens: AtomicI64,
     sessions: AtomicU64,
     leader: Mutex<Option<u64>>,
+    /// Consumers an operator paused.
+    paused: Mutex<HashSet<String>>,
 }
 
 /// The in-memory fake store. Cheap to clone; clones share the data.
@@ -225,6 +227,7 @@ impl MemoryStore {
                 tokens: AtomicI64::new(1),
                 sessions: AtomicU64::new(1),
                 leader: Mutex::new(None),
+                paused: Mutex::default(),
             }),
         }
     }
@@ -317,6 +320,16 @@ impl MemoryStore {
     /// Recorded conflicts, oldest first.
     pub fn conflicts(&self) -> Vec<MemoryConflict> {
         lock(&self.inner.consumer).conflicts.clone()
+    }
+
+    /// Pauses (`true`) or resumes `consumer`, as an operator's `outbox pause --consumer` does.
+    pub fn set_consumer_paused(&self, consumer: &str, paused: bool) {
+        let mut set = lock(&self.inner.paused);
+        if paused {
+            set.insert(consumer.to_owned());
+        } else {
+            set.remove(consumer);
+        }
     }
 
     /// Consumer dead letters (all states), oldest first.
@@ -1009,6 +1022,10 @@ impl InboxStore for MemoryStore {
             .filter(|d| d.consumer == consumer && d.state != ConsumerDeadLetterState::Resolved)
             .count() as i64)
     }
+
+    async fn consumer_paused<'a>(&'a self, consumer: &'a str) -> Result<bool, StoreError> {
+        Ok(lock(&self.inner.paused).contains(consumer))
+    }
 }
 
 impl WorkItemStore for MemoryStore {
@@ -1374,6 +1391,10 @@ impl crate::fixture::StoreFixture for MemoryFixture {
         self.store
             .consumer_dead_letter_requeue(Some(consumer), None)
             .await
+    }
+
+    async fn set_consumer_paused(&self, consumer: &str, paused: bool) {
+        self.store.set_consumer_paused(consumer, paused);
     }
 
     async fn cleanup(&self) {}

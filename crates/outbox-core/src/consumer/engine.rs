@@ -54,9 +54,10 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::source::{Delivery, DeliverySource, RawMessage, SourceError};
+use super::stats::ConsumerStats;
 use super::store::{
     ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard,
 };
@@ -72,6 +73,11 @@ pub const MAX_REASON_CHARS: usize = 1024;
 /// Raw messages whose deliveries the engine counts itself, for sources that cannot tell
 /// ([`Delivery::delivery_count`] is `None`).
 pub const LOCAL_COUNT_CAPACITY: usize = 10_000;
+
+/// How often, at most, the engine asks its store whether the consumer is paused
+/// ([`InboxStore::consumer_paused`]): a pause or a resume holds within this time, plus the
+/// batch in progress.
+pub const PAUSE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Metric names of the consumer engine (label `consumer`).
 pub mod metric {
@@ -95,6 +101,8 @@ pub mod metric {
     pub const LAG: &str = "outbox_consumer_lag";
     /// Gauge: open consumer dead letters.
     pub const DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
+    /// Gauge: 1 while an operator paused the consumer, else 0.
+    pub const PAUSED: &str = "outbox_consumer_paused";
 }
 
 /// A handler error, saying whether a retry can help.
@@ -328,6 +336,11 @@ pub struct Consumer<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> {
     /// When requeued dead letters were last looked for, and whether the last batch was empty.
     last_requeue_check: Option<Instant>,
     idle: bool,
+    /// Whether an operator paused the consumer, and when the store was last asked.
+    paused: bool,
+    last_pause_check: Option<Instant>,
+    /// The running numbers, shared with reporters ([`Consumer::stats`]).
+    stats: Arc<ConsumerStats>,
     /// Deliveries seen per raw message, for sources that do not count them.
     local_counts: Mutex<HashMap<[u8; 32], u32>>,
 }
@@ -383,6 +396,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         config: ConsumerConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        let stats = Arc::new(ConsumerStats::new(config.name.clone()));
         Ok(Self {
             store: store.into(),
             source,
@@ -390,6 +404,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             config,
             last_requeue_check: None,
             idle: true,
+            paused: false,
+            last_pause_check: None,
+            stats,
             local_counts: Mutex::default(),
         })
     }
@@ -641,6 +658,30 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     /// [`ConsumerError`]; after a database error the batch's deliveries were negatively
     /// acknowledged (they come back and are absorbed if they had committed).
     pub async fn run_batch(&mut self) -> Result<ConsumerReport, ConsumerError> {
+        let report = self.take_batch().await?;
+        self.stats.add(&report);
+        Ok(report)
+    }
+
+    /// The running numbers of this consumer (received, processed, dead-lettered, the
+    /// source's lag, paused), for a reporter such as a heartbeat; updated after every batch.
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        Arc::clone(&self.stats)
+    }
+
+    async fn take_batch(&mut self) -> Result<ConsumerReport, ConsumerError> {
+        if self.check_paused().await {
+            // Paused by an operator: nothing is taken from the source (the broker keeps it)
+            // and no requeued dead letter is applied; the batch's wait passes idle (never
+            // less than 100 ms, whatever `batch_wait` says).
+            tokio::time::sleep(
+                self.config
+                    .batch_wait
+                    .clamp(Duration::from_millis(100), PAUSE_CHECK_INTERVAL),
+            )
+            .await;
+            return Ok(ConsumerReport::default());
+        }
         // Requeued dead letters: looked for whenever the consumer is idle, and at least every
         // `housekeeping_interval` under load (one indexed query).
         let mut requeued_resolved = 0;
@@ -940,10 +981,51 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         Ok(resolved)
     }
 
+    /// Whether the consumer is paused: the store's answer, asked at most once per
+    /// [`PAUSE_CHECK_INTERVAL`]. On a store error the last answer stands (logged): an outage
+    /// neither pauses nor resumes a consumer.
+    async fn check_paused(&mut self) -> bool {
+        if self
+            .last_pause_check
+            .is_some_and(|t| t.elapsed() < PAUSE_CHECK_INTERVAL)
+        {
+            return self.paused;
+        }
+        let first = self.last_pause_check.is_none();
+        self.last_pause_check = Some(Instant::now());
+        match self.store.consumer_paused(&self.config.name).await {
+            Ok(paused) => {
+                if paused != self.paused || first {
+                    if paused {
+                        info!(consumer = %self.config.name, "paused by an operator: taking no deliveries until resumed");
+                    } else if !first {
+                        info!(consumer = %self.config.name, "resumed by an operator");
+                    }
+                    metrics::gauge!(metric::PAUSED, "consumer" => self.config.name.clone())
+                        .set(if paused { 1.0 } else { 0.0 });
+                }
+                self.paused = paused;
+                self.stats.set_paused(paused);
+            }
+            Err(e) => {
+                warn!(consumer = %self.config.name, error = %e, "could not read whether the consumer is paused")
+            }
+        }
+        self.paused
+    }
+
     async fn housekeeping(&mut self) {
         let name = self.config.name.clone();
-        match self.source.lag().await {
+        // A paused consumer leaves its source alone (a source may reconnect and take
+        // deliveries to read its lag): the last lag reported stands until it is resumed.
+        let lag = if self.paused {
+            Ok(None)
+        } else {
+            self.source.lag().await
+        };
+        match lag {
             Ok(Some(lag)) => {
+                self.stats.set_lag(lag);
                 metrics::gauge!(metric::LAG, "consumer" => name.clone()).set(lag as f64)
             }
             Ok(None) => {}

@@ -5,13 +5,15 @@
 
 mod engine;
 mod source;
+mod stats;
 mod store;
 
 pub use engine::{
     ConflictPolicy, Consumer, ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError,
-    LOCAL_COUNT_CAPACITY, MAX_REASON_CHARS, metric,
+    LOCAL_COUNT_CAPACITY, MAX_REASON_CHARS, PAUSE_CHECK_INTERVAL, metric,
 };
 pub use source::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
+pub use stats::{ConsumerStats, ConsumerStatsSnapshot};
 pub use store::{
     ConsumerDeadLetter, ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter,
     OrderingGuard, RequeuedDeadLetter,

@@ -284,6 +284,17 @@ pub trait InboxStore: Send + Sync + 'static {
         &'a self,
         consumer: &'a str,
     ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a;
+
+    /// Whether an operator paused `consumer` (the engine then takes no deliveries; it asks at
+    /// most once per [`PAUSE_CHECK_INTERVAL`](super::PAUSE_CHECK_INTERVAL)). No
+    /// default: a wrapper of another store must ask it, or a pause would silently not hold.
+    ///
+    /// # Errors
+    /// [`StoreError`]; the engine then keeps the last answer and logs the error.
+    fn consumer_paused<'a>(
+        &'a self,
+        consumer: &'a str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 }
 
 #[cfg(test)]

@@ -29,15 +29,98 @@ pub(super) const ROUTES: &str = "WITH head AS ( \
       (SELECT count(*) FROM head) < $1 AND (SELECT count(*) FROM dead) < $1 \
     FROM p FULL JOIN d ON d.key = p.key";
 
-/// The route key of a row, as `crate::heartbeat::route_key` writes it.
-pub(super) const ROUTE_KEY: &str = "CASE WHEN destination IS NOT NULL \
-    THEN 'destination:' || destination ELSE 'type:' || aggregate_type END";
-
-/// Publishes per route and minute over the last [`MINUTES`] minutes (this one included).
+/// Counts per name and minute of one kind of activity (`$2`: `publish` per route, `consume`
+/// per consumer) over the last `$1` minutes (this one included).
 pub(super) const RATES: &str = "SELECT name, \
       (EXTRACT(EPOCH FROM date_trunc('minute', now()) - minute) / 60)::int4, count \
-    FROM {s}.activity WHERE kind = 'publish' \
+    FROM {s}.activity WHERE kind = $2 \
       AND minute > date_trunc('minute', now()) - make_interval(mins => $1)";
+
+/// Every consumer known to this database (a heartbeat, a pause, an open dead letter, a
+/// conflict, recent activity), at most 1,000 by name, with: its processes up (a heartbeat
+/// within two intervals), the largest lag their engines last reported, whether it is paused,
+/// its open dead letters and its conflicts.
+pub(super) const CONSUMERS: &str = "WITH names AS ( \
+      SELECT name FROM {s}.instances WHERE kind = 'consumer' \
+      UNION SELECT name FROM {s}.pauses WHERE kind = 'consumer' \
+      UNION SELECT consumer_name FROM {s}.consumer_dead_letters WHERE state <> 'resolved' \
+      UNION SELECT consumer_name FROM {s}.inbox_conflicts \
+      UNION SELECT name FROM {s}.activity WHERE kind = 'consume' \
+    ), live AS ( \
+      SELECT name, stats FROM {s}.instances WHERE kind = 'consumer' AND stopped_at IS NULL \
+        AND heartbeat_at > now() - make_interval(secs => interval_ms * 2 / 1000.0) \
+    ) \
+    SELECT n.name, \
+      (SELECT count(*) FROM live l WHERE l.name = n.name), \
+      (SELECT max((l.stats ->> 'lag')::int8) FROM live l WHERE l.name = n.name \
+         AND jsonb_typeof(l.stats -> 'lag') = 'number'), \
+      EXISTS (SELECT 1 FROM {s}.pauses p WHERE p.kind = 'consumer' AND p.name = n.name), \
+      (SELECT count(*) FROM {s}.consumer_dead_letters d \
+         WHERE d.consumer_name = n.name AND d.state <> 'resolved'), \
+      (SELECT count(*) FROM {s}.inbox_conflicts c WHERE c.consumer_name = n.name) \
+    FROM names n ORDER BY n.name LIMIT 1000";
+
+/// One consumer's numbers on the console.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConsumerView {
+    /// The consumer's name (its inbox key).
+    pub name: String,
+    /// Its processes whose heartbeat is up.
+    pub instances_up: i64,
+    /// Messages waiting for it at the broker, the largest its running engines last reported
+    /// (`Heartbeat::with_consumer`); `None` when none reports one.
+    pub lag: Option<i64>,
+    /// Whether an operator paused it.
+    pub paused: bool,
+    /// Its open (not resolved) dead letters.
+    pub dead_letters: i64,
+    /// Its recorded inbox conflicts.
+    pub conflicts: i64,
+    /// Effects committed per minute, oldest first, the last being this minute so far
+    /// ([`MINUTES`] entries), summed over its heartbeats.
+    pub processed_per_minute: Vec<i64>,
+}
+
+/// Builds the consumers from their rows and their `consume` rates.
+pub(super) fn consumers(rows: &[PgRow], rates: &[PgRow]) -> Result<Vec<ConsumerView>, sqlx::Error> {
+    let mut by_name: BTreeMap<String, ConsumerView> = BTreeMap::new();
+    for r in rows {
+        let name: String = r.try_get(0)?;
+        by_name.insert(
+            name.clone(),
+            ConsumerView {
+                name,
+                instances_up: r.try_get(1)?,
+                lag: r.try_get(2)?,
+                paused: r.try_get(3)?,
+                dead_letters: r.try_get(4)?,
+                conflicts: r.try_get(5)?,
+                processed_per_minute: vec![0; MINUTES],
+            },
+        );
+    }
+    for (name, slot, count) in per_minute(rates)? {
+        if let Some(v) = by_name.get_mut(&name) {
+            v.processed_per_minute[slot] += count;
+        }
+    }
+    Ok(by_name.into_values().collect())
+}
+
+/// The rows of [`RATES`] as (name, index in a [`MINUTES`] series, count), dropping rows
+/// outside the window.
+fn per_minute(rates: &[PgRow]) -> Result<Vec<(String, usize, i64)>, sqlx::Error> {
+    let mut out = Vec::with_capacity(rates.len());
+    for r in rates {
+        let ago: i32 = r.try_get(1)?;
+        if let Ok(ago) = usize::try_from(ago)
+            && ago < MINUTES
+        {
+            out.push((r.try_get(0)?, MINUTES - 1 - ago, r.try_get(2)?));
+        }
+    }
+    Ok(out)
+}
 
 /// How many minutes of publish rates a route shows.
 pub const MINUTES: usize = 15;
@@ -155,16 +238,9 @@ pub(super) fn routes(counts: &[PgRow], rates: &[PgRow], bound: i64) -> Result<Ro
         v.dead_letters = r.try_get(3)?;
         complete = r.try_get(4)?;
     }
-    for r in rates {
-        let key: String = r.try_get(0)?;
-        let ago: i32 = r.try_get(1)?;
-        let count: i64 = r.try_get(2)?;
+    for (key, slot, count) in per_minute(rates)? {
         let v = by_key.entry(key.clone()).or_insert_with(|| view(&key));
-        if let Ok(ago) = usize::try_from(ago)
-            && ago < MINUTES
-        {
-            v.published_per_minute[MINUTES - 1 - ago] += count;
-        }
+        v.published_per_minute[slot] += count;
     }
     let mut routes: Vec<RouteView> = by_key.into_values().collect();
     routes.sort_by(|a, b| {

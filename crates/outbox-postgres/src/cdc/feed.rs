@@ -661,6 +661,31 @@ impl CdcFeed {
         .fetch_all(&self.pool)
         .await
         .map_err(|e| store_error("reading parked aggregates", e))?;
+        // Pauses are honoured by the polling relay's claim only; `Admin::pause` refuses a
+        // route while a CDC relay runs, but one may have been paused before this relay
+        // started. Said loudly, not refused: stopping every route for one would be worse.
+        // Only a warning depends on it, so a failed read is one too. Once per start, not at
+        // every retry of a standby.
+        let paused = if state.standby_since.is_some() {
+            Ok(Vec::new())
+        } else {
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+                "SELECT name FROM {}.pauses WHERE kind = 'route' ORDER BY name",
+                self.schema.quoted()
+            )))
+            .fetch_all(&self.pool)
+            .await
+        };
+        match paused {
+            Ok(paused) if !paused.is_empty() => tracing::warn!(
+                routes = ?paused,
+                "routes are paused, but the CDC relay does not honour pauses: their events are \
+                 published; stop this relay and run the polling relay while a route must stay \
+                 paused"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not read the paused routes"),
+        }
         let stream = match CdcStream::start(&self.url, &self.schema, &self.config).await {
             Ok(stream) => stream,
             // Another relay streams the slot: wait as a standby, quietly, and try again.

@@ -1,0 +1,162 @@
+//! A consumer engine's running numbers, shared with whatever reports them: a heartbeat that
+//! writes them beside the process (`outbox_postgres::heartbeat::Heartbeat::with_consumer`),
+//! so that the operator's console shows each consumer's lag and throughput as the engine
+//! itself counts them.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::engine::ConsumerReport;
+
+/// Counters of one [`Consumer`](super::Consumer) since it was built, updated after each batch
+/// (relaxed atomics: a reader sees each number as of some recent batch, never a torn one).
+/// Get it with [`Consumer::stats`](super::Consumer::stats).
+#[derive(Debug)]
+pub struct ConsumerStats {
+    /// The consumer's name ([`ConsumerConfig::name`](super::ConsumerConfig::name)).
+    name: String,
+    received: AtomicU64,
+    processed: AtomicU64,
+    duplicates: AtomicU64,
+    stale: AtomicU64,
+    conflicts: AtomicU64,
+    dead_lettered: AtomicU64,
+    nacked: AtomicU64,
+    requeued_resolved: AtomicU64,
+    /// The source's last lag reading; -1 while unknown.
+    lag: AtomicI64,
+    paused: AtomicBool,
+}
+
+impl ConsumerStats {
+    /// Zero counts of the consumer `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            received: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            nacked: AtomicU64::new(0),
+            requeued_resolved: AtomicU64::new(0),
+            lag: AtomicI64::new(-1),
+            paused: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The numbers of [`ConsumerStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ConsumerStatsSnapshot {
+    /// Deliveries taken from the source.
+    pub received: u64,
+    /// Effects committed from deliveries (requeued dead letters are in `requeued_resolved`).
+    pub processed: u64,
+    /// Redeliveries absorbed by the inbox.
+    pub duplicates: u64,
+    /// Stale versions absorbed (ordering guard).
+    pub stale: u64,
+    /// Conflicts recorded.
+    pub conflicts: u64,
+    /// Dead letters written.
+    pub dead_lettered: u64,
+    /// Deliveries sent back to the broker.
+    pub nacked: u64,
+    /// Requeued dead letters settled: applied, or absorbed as duplicates or stale versions.
+    pub requeued_resolved: u64,
+    /// Messages waiting for this consumer at the broker, as the source last read it
+    /// (`None`: not read yet, or the source cannot tell).
+    pub lag: Option<u64>,
+    /// Whether an operator paused the consumer.
+    pub paused: bool,
+}
+
+impl ConsumerStats {
+    /// The consumer's name: the inbox key its pauses and its heartbeat go by.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The numbers now.
+    pub fn snapshot(&self) -> ConsumerStatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConsumerStatsSnapshot {
+            received: get(&self.received),
+            processed: get(&self.processed),
+            duplicates: get(&self.duplicates),
+            stale: get(&self.stale),
+            conflicts: get(&self.conflicts),
+            dead_lettered: get(&self.dead_lettered),
+            nacked: get(&self.nacked),
+            requeued_resolved: get(&self.requeued_resolved),
+            lag: u64::try_from(self.lag.load(Ordering::Relaxed)).ok(),
+            paused: self.paused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Adds one batch's counts.
+    pub(super) fn add(&self, r: &ConsumerReport) {
+        let ConsumerReport {
+            received,
+            processed,
+            duplicates,
+            stale,
+            conflicts,
+            dead_lettered,
+            nacked,
+            requeued_resolved,
+        } = r;
+        let add = |a: &AtomicU64, n: &usize| {
+            if *n > 0 {
+                a.fetch_add(*n as u64, Ordering::Relaxed);
+            }
+        };
+        add(&self.received, received);
+        add(&self.processed, processed);
+        add(&self.duplicates, duplicates);
+        add(&self.stale, stale);
+        add(&self.conflicts, conflicts);
+        add(&self.dead_lettered, dead_lettered);
+        add(&self.nacked, nacked);
+        add(&self.requeued_resolved, requeued_resolved);
+    }
+
+    pub(super) fn set_lag(&self, lag: u64) {
+        self.lag
+            .store(i64::try_from(lag).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    pub(super) fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_add_up_and_lag_is_unknown_until_read() {
+        let s = ConsumerStats::new("c");
+        assert_eq!(s.name(), "c");
+        assert_eq!(s.snapshot(), ConsumerStatsSnapshot::default());
+        let r = ConsumerReport {
+            received: 3,
+            processed: 2,
+            duplicates: 1,
+            ..ConsumerReport::default()
+        };
+        s.add(&r);
+        s.add(&r);
+        s.set_lag(7);
+        s.set_paused(true);
+        let n = s.snapshot();
+        assert_eq!(
+            (n.received, n.processed, n.duplicates, n.lag, n.paused),
+            (6, 4, 2, Some(7), true)
+        );
+    }
+}
