@@ -134,8 +134,10 @@ async fn insert(
     Ok(())
 }
 
-/// `n` claims of one relay batch, each released untouched; their latencies (ms), sorted.
-async fn claims(store: &PgStore, n: u64) -> Result<Vec<f64>> {
+/// `n` claims of one relay batch with the relay's defaults, each released untouched, so that
+/// every claim reads the same table; their latencies (ms), sorted. A claim that finds nothing
+/// is an error.
+pub(crate) async fn claims(store: &PgStore, n: u64) -> Result<Vec<f64>> {
     let d = RelayConfig::default();
     let mut samples = Vec::new();
     for _ in 0..n {

@@ -33,7 +33,7 @@ use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::relay::RelayConfig;
-use outbox_core::{ClaimParams, OutboxMessage, OutboxStore, Payload, ReleaseParams};
+use outbox_core::{OutboxMessage, Payload};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -488,31 +488,10 @@ async fn claim_latency(
     args: &Args,
     label: &str,
 ) -> Result<ClaimLatency> {
-    let d = RelayConfig::default();
     let pending = pending(pool, s).await?;
-    let mut samples = Vec::new();
-    for _ in 0..args.claims {
-        let started = Instant::now();
-        let batch = store
-            .claim_batch(ClaimParams {
-                max_rows: d.batch_size,
-                max_per_aggregate: d.max_per_aggregate,
-                lease: d.lease,
-                scope: Default::default(),
-            })
-            .await?;
-        samples.push(ms(started.elapsed()));
-        if batch.messages.is_empty() {
-            bail!("{label}: a claim found nothing ({pending} pending)");
-        }
-        store
-            .release(ReleaseParams {
-                token: batch.token,
-                ids: &[],
-            })
-            .await?;
-    }
-    samples.sort_by(f64::total_cmp);
+    let samples = crate::paused::claims(store, args.claims)
+        .await
+        .map_err(|e| e.context(format!("{label} ({pending} pending)")))?;
     let c = ClaimLatency {
         label: label.to_owned(),
         pending,
