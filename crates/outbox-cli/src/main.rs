@@ -208,6 +208,15 @@ enum Command {
     /// here, in their transaction (see the README, "Moving from Debezium").
     #[command(subcommand)]
     Debezium(debezium_cmd::DebeziumCmd),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), generated from
+    /// this binary's own commands: `outbox completions bash > /etc/bash_completion.d/outbox`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), generated from this binary's own commands:
+    /// `outbox man > /usr/local/share/man/man1/outbox.1`.
+    Man,
     /// Test tools (feature `harness`).
     #[cfg(feature = "harness")]
     #[command(flatten)]
@@ -293,6 +302,21 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // Generated from the command definition; they need no configuration, database or broker.
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut command(), "outbox", &mut out);
+            return print_generated(&out);
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            // Rendering into memory cannot fail.
+            let _ = clap_mangen::Man::new(command()).render(&mut out);
+            return print_generated(&out);
+        }
+        _ => {}
+    }
     // Several client libraries build TLS configurations from rustls's process-wide default
     // provider; the binary links both ring and aws-lc-rs, so name one instead of panicking.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -461,9 +485,25 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
         Command::Debezium(cmd) => {
             debezium_cmd::run(cmd, &pool, schema, file.debezium.as_ref()).await
         }
-        Command::Roles(_) => unreachable!("dispatched above"),
+        Command::Roles(_) | Command::Completions { .. } | Command::Man => {
+            unreachable!("dispatched above")
+        }
         #[cfg(feature = "harness")]
         Command::Tool(_) => unreachable!("dispatched above"),
+    }
+}
+
+/// Writes generated text to stdout; a reader that stopped early (`| head`) is no error.
+fn print_generated(text: &[u8]) -> ExitCode {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text).and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

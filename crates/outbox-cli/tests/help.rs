@@ -83,3 +83,29 @@ async fn harness_tools_listed_apart(stdout: &str, commands: &str) {
     assert!(r.status.success(), "{}", r.stderr);
     assert!(r.stdout.contains("relay.after_publish"), "{}", r.stdout);
 }
+
+/// Shell completions and the manual page come from the command definition itself, and need
+/// no database (an unreachable one here) or configuration.
+#[tokio::test]
+async fn completions_and_the_manual_page_are_generated_from_the_commands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let mut cmd = outbox(None, None, None);
+        cmd.args(["completions", shell])
+            .env("OUTBOX_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none");
+        let r = run(cmd, Duration::from_secs(30)).await;
+        assert!(r.status.success(), "{shell}: {}", r.stderr);
+        for command in ["dead-letters", "pause", "resume", "replay", "console"] {
+            assert!(r.stdout.contains(command), "{shell} lacks {command}");
+        }
+    }
+    let mut cmd = outbox(None, None, None);
+    cmd.arg("man")
+        .env("OUTBOX_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none");
+    let r = run(cmd, Duration::from_secs(30)).await;
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(r.stdout.contains(".TH outbox 1"));
+    assert!(
+        r.stdout.contains("dead\\-letters"),
+        "the subcommands are listed"
+    );
+}
