@@ -1,6 +1,7 @@
-//! The operations kit (`ops/prometheus`): its rules are valid Prometheus (`promtool check
-//! rules`), its alerts fire on the series they watch (`promtool test rules`), and every metric
-//! they and the README's metrics table name is one the code exports, and the other way round.
+//! The operations kit (`ops/prometheus`, `ops/grafana`): its rules are valid Prometheus
+//! (`promtool check rules`), its alerts fire on the series they watch (`promtool test rules`),
+//! every metric they, the dashboard's queries and the README's metrics table name is one the
+//! code exports, and the README documents every one the code exports.
 //! `promtool` comes from Debian's prometheus package, which `.ci/services` installs; a missing
 //! promtool fails the test.
 #![allow(missing_docs)]
@@ -132,6 +133,41 @@ fn the_rules_and_the_readme_name_exactly_the_metrics_the_code_exports() {
         undocumented.is_empty() && stale.is_empty(),
         "README's metrics table: missing {undocumented:?}, not exported {stale:?}"
     );
+    // The dashboard: valid JSON, every query on exported metrics, each panel with a query.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("ops/grafana/outbox-dashboard.json")).unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "a panel without a query: {panel}");
+        queries.extend(
+            targets
+                .iter()
+                .map(|t| t["expr"].as_str().unwrap().to_owned()),
+        );
+    }
+    let in_dashboard = named_in(&queries.join("\n"), &exported);
+    let unknown: Vec<_> = in_dashboard.difference(&exported).collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries metrics the code does not export: {unknown:?}"
+    );
+    for shown in [
+        "outbox_pending",
+        "outbox_consumer_lag",
+        "outbox_effects_unknown",
+    ] {
+        assert!(
+            in_dashboard.contains(shown),
+            "the dashboard does not show {shown}"
+        );
+    }
+
     // The failure modes the rules must cover each have an alert on their metric.
     for watched in [
         "outbox_oldest_pending_age_seconds",
