@@ -596,8 +596,9 @@ impl Admin {
             Ok(r) if r.rows_affected() > 0 => {
                 // Delivered at commit: relays move the requeued events (and the ones parked
                 // behind them) at once.
-                sqlx::query("SELECT pg_notify($1, '')")
+                sqlx::query("SELECT pg_notify($1, $2)")
                     .bind(self.store.schema().wakeup_channel())
+                    .bind(crate::store::RESCAN)
                     .execute(&mut *tx)
                     .await
                     .map(|_| r.rows_affected())
@@ -653,6 +654,18 @@ impl Admin {
                 })
             })
             .map_err(|e| self.action_error(OP, e));
+        // The events that waited behind the discarded ones may be claimed now, wherever they
+        // lie: the relays' next claims read from the table's start.
+        let result = match result {
+            Ok(d) if d.discarded > 0 => sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(self.store.schema().wakeup_channel())
+                .bind(crate::store::RESCAN)
+                .execute(&mut *conn)
+                .await
+                .map(|_| d)
+                .map_err(|e| self.action_error(OP, e)),
+            other => other,
+        };
         let result = match result {
             Ok(d) => conn
                 .commit()
@@ -1274,8 +1287,9 @@ impl Admin {
         }
         let result = match q(replay::REPLAY).bind(from).execute(&mut *tx).await {
             Ok(r) if i64::try_from(r.rows_affected()) == Ok(plan.events) => {
-                sqlx::query("SELECT pg_notify($1, '')")
+                sqlx::query("SELECT pg_notify($1, $2)")
                     .bind(self.store.schema().wakeup_channel())
+                    .bind(crate::store::RESCAN)
                     .execute(&mut *tx)
                     .await
                     .map(|_| r.rows_affected())
@@ -1524,8 +1538,9 @@ impl Admin {
                 OP,
                 format!("{} {} is not paused", target.kind(), target.name()),
             )),
-            Ok(r) => sqlx::query("SELECT pg_notify($1, '')")
+            Ok(r) => sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(self.store.schema().wakeup_channel())
+                .bind(crate::store::RESCAN)
                 .execute(&mut *tx)
                 .await
                 .map(|_| r.rows_affected())

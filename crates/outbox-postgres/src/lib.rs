@@ -50,6 +50,7 @@ mod schema;
 mod sql;
 mod store;
 mod version;
+mod window;
 
 pub use connect::{ConnectError, connect};
 pub use consumer::{PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue};
@@ -66,6 +67,7 @@ pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};
 pub use version::{AggregateRow, AggregateRowError, InvalidAggregateRow};
+pub use window::ClaimWindow;
 
 /// The core's remote-effect executor on PostgreSQL.
 pub type PgExecutor<P> = outbox_core::effect::Executor<PgStore, P>;

@@ -83,6 +83,10 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
 /// aggregate waits. A later row of a taken run may go to a paused route; the store cuts the run
 /// before it (`route_paused`), so nothing of the aggregate passes it.
 ///
+/// Heads are looked for from id `$5` on (`crate::window`: 0, unless the front of the table is
+/// blocked); a head still needs every earlier version of its aggregate published, wherever it
+/// lies, so where the walk starts never reorders anything.
+///
 /// Event rows are only read and row-locked here, never rewritten: a claim writes one small
 /// lease row per aggregate, not one fat tuple per event.
 const CLAIM: &str = "WITH heads AS ( \
@@ -95,7 +99,7 @@ const CLAIM: &str = "WITH heads AS ( \
         AND NOT EXISTS (SELECT 1 FROM {s}.events p \
             WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
               AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
-        AND NOT {paused_e} \
+        AND NOT {paused_e} AND e.id >= $5 \
       ORDER BY e.id LIMIT $4 \
       FOR UPDATE OF e SKIP LOCKED \
     {acquire} \
@@ -360,6 +364,8 @@ pub(crate) struct Sql {
     pub settle_requeued: Arc<str>,
     pub count_dead: Arc<str>,
     pub consumer_paused: Arc<str>,
+    /// The id after the table's last row (`crate::window`).
+    pub next_id: Arc<str>,
 }
 
 impl Sql {
@@ -394,6 +400,7 @@ impl Sql {
             settle_requeued: r(crate::consumer::SETTLE_REQUEUED),
             count_dead: r(crate::consumer::COUNT_DEAD),
             consumer_paused: r(crate::admin::CONSUMER_PAUSED),
+            next_id: r("SELECT coalesce(max(id), 0) + 1 FROM {s}.events"),
         }
     }
 }

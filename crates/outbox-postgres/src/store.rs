@@ -28,6 +28,7 @@ use crate::inbox::PgInbox;
 use crate::roles::{Component, pool_role};
 use crate::schema::Schema;
 use crate::sql::Sql;
+use crate::window::{ClaimWindow, Found, Window};
 
 /// What happens to a row once the broker acknowledged it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -58,9 +59,13 @@ pub struct PgStoreConfig {
 /// As the relay's [`OutboxStore`]: claims lock each aggregate's head row with `FOR UPDATE SKIP LOCKED` and take a lease row per
 /// aggregate in `<schema>.leases` (token from a sequence, `lease_until`), so any number of relays
 /// can share one database. Settle writes join on the lease token: a stale relay changes nothing. Only
-/// committed rows are visible to a claim, and there is no read cursor: a row whose transaction
-/// commits late (lower id, later commit) is simply pending when it becomes visible, and the next
-/// claim takes it (G2).
+/// committed rows are visible to a claim (G2). A claim reads from the table's start, so a row
+/// whose transaction commits late (lower id, later commit) is taken by the next claim once it
+/// is visible; except while the table's front is blocked (a claim took over
+/// [`ClaimWindow::slow_claim`] walking past rows it could not take, such as a paused route's):
+/// then claims start past those rows, and a row that becomes claimable before the start waits
+/// for the next walk from the start, within [`ClaimWindow::min_rescan`] or ten times the last
+/// such walk's time ([`PgStore::with_claim_window`]).
 ///
 /// Cheap to clone; clones share the pool and the wake-up listener, which stops when the last
 /// clone is dropped.
@@ -73,6 +78,7 @@ pub struct PgStore {
     effects: PgEffects,
     wakeups: Arc<OnceCell<Wakeups>>,
     rows_per_head_x100: Arc<AtomicU64>,
+    window: Arc<Window>,
 }
 
 /// The wake-up listener: its notifications, and the guard that stops its task when dropped.
@@ -94,7 +100,16 @@ impl PgStore {
             sql,
             wakeups: Arc::new(OnceCell::new()),
             rows_per_head_x100: Arc::new(AtomicU64::new(100)),
+            window: Arc::new(Window::new(ClaimWindow::default())),
         }
+    }
+
+    /// This store with other settings of where a claim starts ([`ClaimWindow`]; the module
+    /// docs of `window` say what they trade).
+    #[must_use]
+    pub fn with_claim_window(mut self, window: ClaimWindow) -> Self {
+        self.window = Arc::new(Window::new(window));
+        self
     }
 
     /// A store over `pool` for `schema`, with the default settings otherwise (delete published
@@ -164,6 +179,7 @@ impl PgStore {
                 let pool = self.pool.clone();
                 let channel = self.config.schema.wakeup_channel();
                 let n = Arc::clone(&notify);
+                let window = Arc::clone(&self.window);
                 let stopped = stop.clone();
                 tokio::spawn(async move {
                     let listen = async {
@@ -173,7 +189,12 @@ impl PgStore {
                                     if let Err(e) = l.listen(&channel).await {
                                         warn!(error = %e, "LISTEN failed; relying on polling");
                                     } else {
-                                        while l.recv().await.is_ok() {
+                                        while let Ok(note) = l.recv().await {
+                                            // An operator made rows claimable wherever they
+                                            // lie (requeue, replay, resume).
+                                            if note.payload() == RESCAN {
+                                                window.rescan_now();
+                                            }
                                             n.notify_waiters();
                                         }
                                     }
@@ -198,6 +219,10 @@ impl PgStore {
         Arc::clone(&wakeups.notify)
     }
 }
+
+/// The wake-up payload of an operator's action that made rows claimable wherever they lie
+/// (a requeue, a replay, a resume): the relays' next claims read from the table's start.
+pub(crate) const RESCAN: &str = "rescan";
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -259,6 +284,8 @@ impl OutboxStore for PgStore {
         let per_head = (self.rows_per_head_x100.load(Ordering::Relaxed).max(100) as usize)
             .min(params.max_per_aggregate.max(1) * 100);
         let heads = (max_rows * 100).div_ceil(per_head).clamp(1, max_rows);
+        let (start, full) = self.window.start();
+        let started = std::time::Instant::now();
         let query = match params.scope {
             ClaimScope::TakeOver => {
                 sqlx::query(self.q(&self.sql.claim_takeover)).bind(millis(params.lease))
@@ -271,7 +298,8 @@ impl OutboxStore for PgStore {
             .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
             .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
             .bind(millis(params.lease))
-            .bind(i64::try_from(heads).unwrap_or(i64::MAX)),
+            .bind(i64::try_from(heads).unwrap_or(i64::MAX))
+            .bind(start),
         };
         let rows = if params.scope == ClaimScope::TakeOver {
             // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
@@ -291,6 +319,26 @@ impl OutboxStore for PgStore {
             rows
         }
         .map_err(self.err(Component::Relay, "claim"))?;
+        if params.scope != ClaimScope::TakeOver {
+            let elapsed = started.elapsed();
+            let first_head = rows
+                .iter()
+                .filter_map(|r| r.try_get::<i64, _>("lease_head").ok())
+                .min();
+            let found = match first_head {
+                Some(h) => Found::Heads(h),
+                // Nothing from `start` on: after a slow walk, the next claims start after the
+                // table's last row (new rows come after it).
+                None if self.window.slow(elapsed) => Found::Nothing(
+                    sqlx::query_scalar::<_, i64>(self.q(&self.sql.next_id))
+                        .fetch_one(&self.pool)
+                        .await
+                        .ok(),
+                ),
+                None => Found::Nothing(None),
+            };
+            self.window.settle(start, full, elapsed, found);
+        }
         let token = match rows.first() {
             Some(r) => LeaseToken(r.try_get(0).map_err(self.err(Component::Relay, "claim"))?),
             None => LeaseToken(0),
@@ -366,6 +414,10 @@ impl OutboxStore for PgStore {
     }
 
     async fn record_failure(&self, params: FailureParams<'_>) -> Result<bool, StoreError> {
+        if let Some(after) = params.retry_after {
+            // The row may lie before where the claims start: a full walk by its due time.
+            self.window.rescan_by(std::time::Instant::now() + after);
+        }
         let n = sqlx::query(self.q(&self.sql.fail))
             .bind(params.id)
             .bind(params.token.0)
@@ -438,8 +490,9 @@ impl OutboxStore for PgStore {
             .rows_affected();
         if n > 0 {
             // Wake relays so requeued events (and the ones parked behind them) move at once.
-            let _ = sqlx::query("SELECT pg_notify($1, '')")
+            let _ = sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(self.config.schema.wakeup_channel())
+                .bind(RESCAN)
                 .execute(&self.pool)
                 .await;
         }

@@ -811,3 +811,121 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
     assert_eq!(actions, vec!["resume", "pause"]);
     db.drop().await;
 }
+
+/// The claim's start (`outbox_postgres::ClaimWindow`): after a slow claim the next ones start at
+/// its first head, or after the table's last row when it found none, and a row that becomes
+/// claimable below the start (a late commit, here a row written with a lower id) is taken by
+/// the next full walk, within `min_rescan`. Every claim counts as slow here.
+#[tokio::test]
+async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
+    use outbox_postgres::ClaimWindow;
+    use outbox_postgres::admin::{Actor, Admin, PauseTarget};
+    let db = TestDb::new().await;
+    let held: Vec<_> = (0..50)
+        .map(|i| msg(&format!("h{i}"), 1).with_destination("held"))
+        .collect();
+    db.outbox.enqueue_batch(&db.pool, &held).await.unwrap();
+    db.outbox
+        .enqueue_batch(&db.pool, &[msg("c1", 1), msg("c2", 1)])
+        .await
+        .unwrap();
+    let store = db.store().with_claim_window(ClaimWindow {
+        slow_claim: Duration::ZERO,
+        min_rescan: Duration::from_millis(400),
+    });
+    let admin = Admin::new(db.store());
+    let me = Actor::new("tester", "test").unwrap();
+    admin
+        .pause(&PauseTarget::destination("held"), &me, "sink down")
+        .await
+        .unwrap();
+    let ids = |b: &outbox_core::ClaimedBatch| -> Vec<String> {
+        b.messages.iter().map(|m| m.aggregate_id.clone()).collect()
+    };
+    let release = |b: outbox_core::ClaimedBatch| {
+        let store = store.clone();
+        async move {
+            store
+                .release(ReleaseParams {
+                    token: b.token,
+                    ids: &[],
+                })
+                .await
+                .unwrap();
+        }
+    };
+    // A late commit: a row whose id lies below every row above (written with its id).
+    let late = |agg: &str, id: i64| {
+        format!(
+            "INSERT INTO \"{}\".events (id, event_id, aggregate_type, aggregate_id, \
+             aggregate_version, event_type, payload) OVERRIDING SYSTEM VALUE \
+             VALUES ({id}, gen_random_uuid(), 'payment', '{agg}', 1, 'PaymentCreated', '\\x7b7d')",
+            db.schema
+        )
+    };
+
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert_eq!(
+        ids(&b),
+        vec!["c1", "c2"],
+        "the full walk, past the paused rows"
+    );
+    release(b).await;
+    db.exec(late("late-1", -1)).await;
+    // Windowed: starts at c1, so the row below it waits.
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert_eq!(ids(&b), vec!["c1", "c2"]);
+    release(b).await;
+    // The next full walk comes within `min_rescan`, or ten times the last full walk's time.
+    let b = until_claimed(&store, "late-1").await;
+    assert_eq!(ids(&b), vec!["c1", "c2", "late-1"], "the rescan takes it");
+    store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &b.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        })
+        .await
+        .unwrap();
+    release(b).await;
+
+    // Nothing claimable: the next claims start after the last row. A new row is taken at
+    // once; another late one waits for the rescan.
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert!(b.messages.is_empty());
+    release(b).await;
+    db.exec(late("late-2", -2)).await;
+    db.outbox
+        .enqueue_batch(&db.pool, &[msg("new", 1)])
+        .await
+        .unwrap();
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    assert_eq!(ids(&b), vec!["new"]);
+    release(b).await;
+    let b = until_claimed(&store, "late-2").await;
+    assert_eq!(ids(&b), vec!["late-2", "new"]);
+    release(b).await;
+    db.drop().await;
+}
+
+/// Claims (releasing each) until a batch holds aggregate `agg`, for at most 5 s.
+async fn until_claimed(store: &outbox_postgres::PgStore, agg: &str) -> outbox_core::ClaimedBatch {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+        if b.messages.iter().any(|m| m.aggregate_id == agg) {
+            return b;
+        }
+        store
+            .release(ReleaseParams {
+                token: b.token,
+                ids: &[],
+            })
+            .await
+            .unwrap();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{agg} was not claimed within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -17,9 +17,10 @@ use super::{AdminError, AdminErrorKind};
 ///   order, G7). The claim statement reads `pauses` itself, so a pause holds from the next
 ///   claim on; a batch already claimed is finished. A CDC relay does not read `pauses`: a pause
 ///   is refused while one runs (see [`super::Admin::pause`]), and one started while a route is
-///   paused logs a warning. Costs: each claim walks past the paused route's pending rows (about
-///   2 µs a row, so a backlog of 1 million paused rows makes every claim take about 2 s;
-///   BENCHMARKS.md, "A paused route's cost"), and a head that was suspected of crashing relays
+///   paused logs a warning. Costs: a claim from the table's start walks past the paused route's
+///   pending rows (about 2 µs a row: 2 s for a million); a slow one moves the next claims'
+///   start past them, so only one claim in a while pays it ([`crate::ClaimWindow`];
+///   BENCHMARKS.md, "A paused route's cost"). A head that was suspected of crashing relays
 ///   (the poison-row rule's takeover count) starts its count again after the pause.
 /// * A paused **consumer** takes no deliveries from its source (`PgConsumer` asks its store at
 ///   most once a second, `outbox_core::consumer`): a batch in progress is finished, then what
