@@ -102,6 +102,12 @@ pub struct RelayFile {
     /// Dead-letter an aggregate's head after this many takeovers in a row without a settle
     /// (a row that crashes the relay); 0 turns the rule off. See the README, "Poison rows".
     pub poison_after_takeovers: u32,
+    /// The claim window (`outbox_postgres::ClaimWindow`, off by default): after a claim slower
+    /// than 100 ms the next claims start past the rows it could not take, and a claim walks
+    /// from the table's start again within 1 to 10 s. For a table whose front stays blocked
+    /// (a paused route's large backlog); a row that becomes claimable below the start then
+    /// waits up to 10 s more. See the README, "Pause and resume".
+    pub claim_window: bool,
     pub on_publish: OnPublish,
     /// How the relay finds pending events: `polling` (claims with leases, the default) or
     /// `cdc` (a logical replication slot; see the README, "CDC relay").
@@ -148,6 +154,7 @@ impl Default for RelayFile {
             backoff_base_ms: d.backoff.base.as_millis() as u64,
             backoff_max_secs: d.backoff.max.as_secs_f64(),
             poison_after_takeovers: d.poison_after_takeovers,
+            claim_window: false,
             stats_interval_secs: d.stats_interval.as_secs_f64(),
             on_publish: OnPublish::Delete,
             mode: RelayMode::Polling,

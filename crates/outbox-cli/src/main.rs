@@ -433,7 +433,10 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             mode,
             create_slot,
         } => {
-            let store = outbox_postgres::PgStore::new(pool, store_config);
+            let mut store = outbox_postgres::PgStore::new(pool, store_config);
+            if file.relay.claim_window {
+                store = store.with_claim_window(outbox_postgres::ClaimWindow::default());
+            }
             let broker_url = broker_url(&resolved)?;
             let run = commands::RelayRun {
                 brokers: &brokers,

@@ -491,16 +491,26 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
 
 /// `outbox pause` holds a route at a running relay: its events stay pending, nothing reaches
 /// the broker; `outbox pauses` lists it with its reason; `outbox resume` lets them go, in
-/// order, under their ids.
+/// order, under their ids. The relay runs with the claim window on, every claim counting as
+/// slow and walks from the start a minute apart: its claims start past the paused rows, and
+/// only the resume's `rescan` wake-up brings them back within the test's 20 s.
 #[tokio::test]
 async fn a_paused_route_holds_its_events_at_a_running_relay_until_resumed() {
     use std::sync::Arc;
     let db = TestDb::new().await;
     let rabbit = RabbitEnv::new().await;
     let subscriber = rabbit.subscriber().await;
+    let minute = Duration::from_secs(60);
+    let store = db
+        .store()
+        .with_claim_window(outbox_postgres::ClaimWindow::new(
+            Duration::ZERO,
+            minute,
+            minute,
+        ));
     let relay = Arc::new(
         outbox_core::relay::Relay::new(
-            Arc::new(db.store()),
+            Arc::new(store),
             Arc::new(rabbit.transport(&amqp_url()).await),
             outbox_core::relay::RelayConfig {
                 poll_interval: Duration::from_millis(50),

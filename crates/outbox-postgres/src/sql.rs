@@ -45,8 +45,9 @@ pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response
 /// The part both claims share, after their `heads` CTE: one fresh token, the lease upsert of
 /// every head (taking over only an expired lease, counting the takeover: +1 while the head is
 /// the one the old lease was taken with, else 1) and the start of the result, each row with
-/// whether its route is paused (`route_paused`, [`ROUTE_PAUSED`]). `{lease}` is the lease
-/// length parameter in milliseconds.
+/// whether its route is paused (`route_paused`, [`ROUTE_PAUSED`]) and the lowest head of the
+/// claim (`first_head`, for `crate::window`). `{lease}` is the lease length parameter in
+/// milliseconds.
 const ACQUIRE: &str = "), token AS MATERIALIZED ( \
       SELECT nextval('{s}.lease_token_seq') AS t \
     ), acquired AS ( \
@@ -62,7 +63,7 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
       RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
     ) \
     SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, \
-      {paused_e} AS route_paused, {cols} \
+      (SELECT min(id) FROM heads) AS first_head, {paused_e} AS route_paused, {cols} \
     FROM heads h \
     JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id";
 
@@ -83,8 +84,8 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
 /// aggregate waits. A later row of a taken run may go to a paused route; the store cuts the run
 /// before it (`route_paused`), so nothing of the aggregate passes it.
 ///
-/// Heads are looked for from id `$5` on (`crate::window`: 0, unless the front of the table is
-/// blocked); a head still needs every earlier version of its aggregate published, wherever it
+/// Heads are looked for from id `$5` on (`crate::window`: the beginning, unless the claim
+/// window is on and the front of the table is blocked); a head still needs every earlier version of its aggregate published, wherever it
 /// lies, so where the walk starts never reorders anything.
 ///
 /// Event rows are only read and row-locked here, never rewritten: a claim writes one small

@@ -28,7 +28,7 @@ use crate::inbox::PgInbox;
 use crate::roles::{Component, pool_role};
 use crate::schema::Schema;
 use crate::sql::Sql;
-use crate::window::{ClaimWindow, Found, Window};
+use crate::window::{BEGINNING, ClaimWindow, Found, Window};
 
 /// What happens to a row once the broker acknowledged it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -100,15 +100,19 @@ impl PgStore {
             sql,
             wakeups: Arc::new(OnceCell::new()),
             rows_per_head_x100: Arc::new(AtomicU64::new(100)),
-            window: Arc::new(Window::new(ClaimWindow::default())),
+            window: Arc::new(Window::new(None)),
         }
     }
 
-    /// This store with other settings of where a claim starts ([`ClaimWindow`]; the module
-    /// docs of `window` say what they trade).
+    /// This store with the claim window on ([`ClaimWindow`]; off by default): after a claim
+    /// slower than [`ClaimWindow::slow_claim`], the next claims start past the rows it could
+    /// not take, and one claim in a while walks from the table's start. For a table whose
+    /// front is blocked for long (a paused route with a large backlog, many events behind dead
+    /// letters); what it trades: a row that becomes claimable below the start waits up to
+    /// [`ClaimWindow::max_rescan`] plus one walk (BENCHMARKS.md, "A paused route's cost").
     #[must_use]
     pub fn with_claim_window(mut self, window: ClaimWindow) -> Self {
-        self.window = Arc::new(Window::new(window));
+        self.window = Arc::new(Window::new(Some(window)));
         self
     }
 
@@ -284,8 +288,25 @@ impl OutboxStore for PgStore {
         let per_head = (self.rows_per_head_x100.load(Ordering::Relaxed).max(100) as usize)
             .min(params.max_per_aggregate.max(1) * 100);
         let heads = (max_rows * 100).div_ceil(per_head).clamp(1, max_rows);
-        let (start, full) = self.window.start();
-        let started = std::time::Instant::now();
+        let windowed = params.scope != ClaimScope::TakeOver && self.window.enabled();
+        let (start, full) = if windowed {
+            // Operators' `rescan` wake-ups reach the window from the first claim on.
+            let _ = self.wakeup_notify().await;
+            self.window.start()
+        } else {
+            (BEGINNING, true)
+        };
+        // The table's next id, read before the claim (so that rows committed while it runs
+        // stay ahead of a start moved past an empty table), after a slow claim only.
+        let next_id = if windowed && self.window.expect_slow() {
+            sqlx::query_scalar::<_, i64>(self.q(&self.sql.next_id))
+                .fetch_one(&self.pool)
+                .await
+                .ok()
+        } else {
+            None
+        };
+        let mut elapsed = Duration::ZERO;
         let query = match params.scope {
             ClaimScope::TakeOver => {
                 sqlx::query(self.q(&self.sql.claim_takeover)).bind(millis(params.lease))
@@ -310,7 +331,9 @@ impl OutboxStore for PgStore {
                 .begin_with(crate::sql::CLAIM_BEGIN)
                 .await
                 .map_err(self.err(Component::Relay, "claim"))?;
+            let started = std::time::Instant::now();
             let rows = query.fetch_all(&mut *tx).await;
+            elapsed = started.elapsed();
             if rows.is_ok() {
                 tx.commit()
                     .await
@@ -318,31 +341,41 @@ impl OutboxStore for PgStore {
             }
             rows
         }
-        .map_err(self.err(Component::Relay, "claim"))?;
-        if params.scope != ClaimScope::TakeOver {
-            let elapsed = started.elapsed();
-            let first_head = rows
-                .iter()
-                .filter_map(|r| r.try_get::<i64, _>("lease_head").ok())
-                .min();
-            let found = match first_head {
-                Some(h) => Found::Heads(h),
-                // Nothing from `start` on: after a slow walk, the next claims start after the
-                // table's last row (new rows come after it).
-                None if self.window.slow(elapsed) => Found::Nothing(
-                    sqlx::query_scalar::<_, i64>(self.q(&self.sql.next_id))
-                        .fetch_one(&self.pool)
-                        .await
-                        .ok(),
-                ),
-                None => Found::Nothing(None),
-            };
-            self.window.settle(start, full, elapsed, found);
-        }
+        .map_err(|e| {
+            if windowed && full {
+                // The walk from the beginning this claim owed did not happen: the next one.
+                self.window.rescan_now();
+            }
+            self.err(Component::Relay, "claim")(e)
+        })?;
         let token = match rows.first() {
             Some(r) => LeaseToken(r.try_get(0).map_err(self.err(Component::Relay, "claim"))?),
             None => LeaseToken(0),
         };
+        if windowed {
+            // The lowest head the claim leased (cut-off aggregates included).
+            let first_head = match rows.first() {
+                Some(r) => Some(
+                    r.try_get::<i64, _>("first_head")
+                        .map_err(|e| store_error("claim: decoding a row", e))?,
+                ),
+                None => None,
+            };
+            let found = match first_head {
+                Some(h) => Found::Heads(h),
+                // Nothing from `start` on: after a slow walk, the next claims start after the
+                // table's last row as it was before the claim (new rows come after it).
+                None if self.window.slow(elapsed) => Found::Nothing(match next_id {
+                    Some(n) => Some(n),
+                    None => sqlx::query_scalar::<_, i64>(self.q(&self.sql.next_id))
+                        .fetch_one(&self.pool)
+                        .await
+                        .ok(),
+                }),
+                None => Found::Nothing(None),
+            };
+            self.window.settle(token.0, start, full, elapsed, found);
+        }
         let mut messages = rows
             .iter()
             .map(row_to_message)
@@ -415,8 +448,10 @@ impl OutboxStore for PgStore {
 
     async fn record_failure(&self, params: FailureParams<'_>) -> Result<bool, StoreError> {
         if let Some(after) = params.retry_after {
-            // The row may lie before where the claims start: a full walk by its due time.
-            self.window.rescan_by(std::time::Instant::now() + after);
+            // The row may lie before where the claims start: a walk from the beginning once
+            // it is due (with a margin for the database's own clock).
+            self.window
+                .rescan_at(std::time::Instant::now() + after + Duration::from_millis(50));
         }
         let n = sqlx::query(self.q(&self.sql.fail))
             .bind(params.id)
@@ -431,6 +466,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn release(&self, params: ReleaseParams<'_>) -> Result<u64, StoreError> {
+        self.window.release(params.token.0);
         Ok(sqlx::query(self.q(&self.sql.release))
             .bind(params.token.0)
             .execute(&self.pool)

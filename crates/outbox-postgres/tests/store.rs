@@ -812,10 +812,10 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
     db.drop().await;
 }
 
-/// The claim's start (`outbox_postgres::ClaimWindow`): after a slow claim the next ones start at
-/// its first head, or after the table's last row when it found none, and a row that becomes
+/// The claim window (`outbox_postgres::ClaimWindow`): after a slow claim the next ones start at
+/// its lowest head, or after the table's last row when it found none, and a row that becomes
 /// claimable below the start (a late commit, here a row written with a lower id) is taken by
-/// the next full walk, within `min_rescan`. Every claim counts as slow here.
+/// the next walk from the beginning, within `max_rescan`. Every claim counts as slow here.
 #[tokio::test]
 async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
     use outbox_postgres::ClaimWindow;
@@ -829,10 +829,11 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
         .enqueue_batch(&db.pool, &[msg("c1", 1), msg("c2", 1)])
         .await
         .unwrap();
-    let store = db.store().with_claim_window(ClaimWindow {
-        slow_claim: Duration::ZERO,
-        min_rescan: Duration::from_millis(400),
-    });
+    let store = db.store().with_claim_window(ClaimWindow::new(
+        Duration::ZERO,
+        Duration::from_secs(2),
+        Duration::from_secs(2),
+    ));
     let admin = Admin::new(db.store());
     let me = Actor::new("tester", "test").unwrap();
     admin
@@ -893,7 +894,8 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert!(b.messages.is_empty());
     release(b).await;
-    db.exec(late("late-2", -2)).await;
+    // Id 0: above the first late row's, below the start an empty claim moves to.
+    db.exec(late("late-2", 0)).await;
     db.outbox
         .enqueue_batch(&db.pool, &[msg("new", 1)])
         .await
@@ -907,7 +909,8 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
     db.drop().await;
 }
 
-/// Claims (releasing each) until a batch holds aggregate `agg`, for at most 5 s.
+/// Claims (releasing each) until a batch holds aggregate `agg`, for at most 5 s (the window's
+/// `max_rescan` is 2 s there).
 async fn until_claimed(store: &outbox_postgres::PgStore, agg: &str) -> outbox_core::ClaimedBatch {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {

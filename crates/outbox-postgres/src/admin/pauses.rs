@@ -18,9 +18,9 @@ use super::{AdminError, AdminErrorKind};
 ///   claim on; a batch already claimed is finished. A CDC relay does not read `pauses`: a pause
 ///   is refused while one runs (see [`super::Admin::pause`]), and one started while a route is
 ///   paused logs a warning. Costs: a claim from the table's start walks past the paused route's
-///   pending rows (about 2 µs a row: 2 s for a million); a slow one moves the next claims'
-///   start past them, so only one claim in a while pays it ([`crate::ClaimWindow`];
-///   BENCHMARKS.md, "A paused route's cost"). A head that was suspected of crashing relays
+///   pending rows (about 2 µs a row: 2 s for a million); with the claim window on
+///   ([`crate::ClaimWindow`], off by default) a slow claim moves the next claims' start past
+///   them, so only one claim in a while pays it (BENCHMARKS.md, "A paused route's cost"). A head that was suspected of crashing relays
 ///   (the poison-row rule's takeover count) starts its count again after the pause.
 /// * A paused **consumer** takes no deliveries from its source (`PgConsumer` asks its store at
 ///   most once a second, `outbox_core::consumer`): a batch in progress is finished, then what
