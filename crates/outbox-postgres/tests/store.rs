@@ -23,6 +23,14 @@ fn claim(max_rows: usize, lease_ms: u64) -> ClaimParams {
     }
 }
 
+/// Settles a claim without marking anything: its aggregates are free again.
+async fn release(store: &PgStore, token: outbox_core::LeaseToken) {
+    store
+        .release(ReleaseParams { token, ids: &[] })
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
     let db = TestDb::new().await;
@@ -737,13 +745,7 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
             .await
             .unwrap();
         taken.extend(b.messages.iter().map(|m| m.destination.clone()));
-        store
-            .release(ReleaseParams {
-                token: b.token,
-                ids: &[],
-            })
-            .await
-            .unwrap();
+        release(&store, b.token).await;
     }
     assert_eq!(
         taken,
@@ -776,13 +778,7 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
         })
         .await
         .unwrap();
-    store
-        .release(ReleaseParams {
-            token: b.token,
-            ids: &[],
-        })
-        .await
-        .unwrap();
+    release(&store, b.token).await;
     // a's head is now its paused v2: nothing more to claim.
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert!(b.messages.is_empty(), "{:?}", b.messages);
@@ -843,18 +839,6 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
     let ids = |b: &outbox_core::ClaimedBatch| -> Vec<String> {
         b.messages.iter().map(|m| m.aggregate_id.clone()).collect()
     };
-    let release = |b: outbox_core::ClaimedBatch| {
-        let store = store.clone();
-        async move {
-            store
-                .release(ReleaseParams {
-                    token: b.token,
-                    ids: &[],
-                })
-                .await
-                .unwrap();
-        }
-    };
     // A late commit: a row whose id lies below every row above (written with its id).
     let late = |agg: &str, id: i64| {
         format!(
@@ -871,12 +855,12 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
         vec!["c1", "c2"],
         "the full walk, past the paused rows"
     );
-    release(b).await;
+    release(&store, b.token).await;
     db.exec(late("late-1", -1)).await;
     // Windowed: starts at c1, so the row below it waits.
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert_eq!(ids(&b), vec!["c1", "c2"]);
-    release(b).await;
+    release(&store, b.token).await;
     // The next full walk comes within `min_rescan`, or ten times the last full walk's time.
     let b = until_claimed(&store, "late-1").await;
     assert_eq!(ids(&b), vec!["c1", "c2", "late-1"], "the rescan takes it");
@@ -887,13 +871,13 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
         })
         .await
         .unwrap();
-    release(b).await;
+    release(&store, b.token).await;
 
     // Nothing claimable: the next claims start after the last row. A new row is taken at
     // once; another late one waits for the rescan.
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert!(b.messages.is_empty());
-    release(b).await;
+    release(&store, b.token).await;
     // Id 0: above the first late row's, below the start an empty claim moves to.
     db.exec(late("late-2", 0)).await;
     db.outbox
@@ -902,10 +886,10 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
         .unwrap();
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert_eq!(ids(&b), vec!["new"]);
-    release(b).await;
+    release(&store, b.token).await;
     let b = until_claimed(&store, "late-2").await;
     assert_eq!(ids(&b), vec!["late-2", "new"]);
-    release(b).await;
+    release(&store, b.token).await;
     db.drop().await;
 }
 
@@ -918,13 +902,7 @@ async fn until_claimed(store: &outbox_postgres::PgStore, agg: &str) -> outbox_co
         if b.messages.iter().any(|m| m.aggregate_id == agg) {
             return b;
         }
-        store
-            .release(ReleaseParams {
-                token: b.token,
-                ids: &[],
-            })
-            .await
-            .unwrap();
+        release(store, b.token).await;
         assert!(
             std::time::Instant::now() < deadline,
             "{agg} was not claimed within 5 s"
