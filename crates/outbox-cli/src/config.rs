@@ -106,7 +106,7 @@ pub struct RelayFile {
     /// than 100 ms the next claims start past the rows it could not take, and a claim walks
     /// from the table's start again within 1 to 10 s. For a table whose front stays blocked
     /// (a paused route's large backlog); a row that becomes claimable below the start then
-    /// waits up to 10 s more. See the README, "Pause and resume".
+    /// waits up to 10 s more, plus one walk from the start. See the README, "Pause and resume".
     pub claim_window: bool,
     pub on_publish: OnPublish,
     /// How the relay finds pending events: `polling` (claims with leases, the default) or

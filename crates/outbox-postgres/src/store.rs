@@ -61,11 +61,12 @@ pub struct PgStoreConfig {
 /// can share one database. Settle writes join on the lease token: a stale relay changes nothing. Only
 /// committed rows are visible to a claim (G2). A claim reads from the table's start, so a row
 /// whose transaction commits late (lower id, later commit) is taken by the next claim once it
-/// is visible; except while the table's front is blocked (a claim took over
-/// [`ClaimWindow::slow_claim`] walking past rows it could not take, such as a paused route's):
-/// then claims start past those rows, and a row that becomes claimable before the start waits
-/// for the next walk from the start, within [`ClaimWindow::min_rescan`] or ten times the last
-/// such walk's time ([`PgStore::with_claim_window`]).
+/// is visible. With the claim window on ([`PgStore::with_claim_window`], off by default) and
+/// the table's front blocked (a claim statement took over [`ClaimWindow::slow_claim`] walking
+/// past rows it could not take, such as a paused route's), claims start past those rows, and
+/// a row that becomes claimable before the start waits for the next walk from the start: ten
+/// times the last such walk's time after it, within [`ClaimWindow::min_rescan`] and
+/// [`ClaimWindow::max_rescan`], plus that walk.
 ///
 /// Cheap to clone; clones share the pool and the wake-up listener, which stops when the last
 /// clone is dropped.
@@ -113,6 +114,8 @@ impl PgStore {
     #[must_use]
     pub fn with_claim_window(mut self, window: ClaimWindow) -> Self {
         self.window = Arc::new(Window::new(Some(window)));
+        // This store's own listener, feeding this window (a clone's would feed the other).
+        self.wakeups = Arc::new(OnceCell::new());
         self
     }
 
@@ -193,6 +196,8 @@ impl PgStore {
                                     if let Err(e) = l.listen(&channel).await {
                                         warn!(error = %e, "LISTEN failed; relying on polling");
                                     } else {
+                                        // A `rescan` sent while no one listened is lost.
+                                        window.rescan_now();
                                         while let Ok(note) = l.recv().await {
                                             // An operator made rows claimable wherever they
                                             // lie (requeue, replay, resume).
@@ -326,20 +331,15 @@ impl OutboxStore for PgStore {
             // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
             query.fetch_all(&self.pool).await
         } else {
-            let mut tx = self
-                .pool
-                .begin_with(crate::sql::CLAIM_BEGIN)
-                .await
-                .map_err(self.err(Component::Relay, "claim"))?;
-            let started = std::time::Instant::now();
-            let rows = query.fetch_all(&mut *tx).await;
-            elapsed = started.elapsed();
-            if rows.is_ok() {
-                tx.commit()
-                    .await
-                    .map_err(self.err(Component::Relay, "claim"))?;
+            async {
+                let mut tx = self.pool.begin_with(crate::sql::CLAIM_BEGIN).await?;
+                let started = std::time::Instant::now();
+                let rows = query.fetch_all(&mut *tx).await?;
+                elapsed = started.elapsed();
+                tx.commit().await?;
+                Ok(rows)
             }
-            rows
+            .await
         }
         .map_err(|e| {
             if windowed && full {
@@ -365,16 +365,18 @@ impl OutboxStore for PgStore {
                 Some(h) => Found::Heads(h),
                 // Nothing from `start` on: after a slow walk, the next claims start after the
                 // table's last row as it was before the claim (new rows come after it).
-                None if self.window.slow(elapsed) => Found::Nothing(match next_id {
-                    Some(n) => Some(n),
-                    None => sqlx::query_scalar::<_, i64>(self.q(&self.sql.next_id))
-                        .fetch_one(&self.pool)
-                        .await
-                        .ok(),
-                }),
-                None => Found::Nothing(None),
+                // (Only when that was read before the claim: a row committed while it ran
+                // may have a lower id than one read after it.)
+                None => Found::Nothing(next_id),
             };
-            self.window.settle(token.0, start, full, elapsed, found);
+            self.window.settle(
+                token.0,
+                start,
+                full,
+                elapsed,
+                found,
+                std::time::Instant::now() + params.lease,
+            );
         }
         let mut messages = rows
             .iter()

@@ -106,12 +106,13 @@ struct State {
     rescan_at: Instant,
     /// When this relay's retries come due (each one asks for a walk from the beginning).
     retries: BTreeSet<Instant>,
-    /// The lowest head of each claim (by lease token) not settled yet.
-    held: BTreeMap<i64, i64>,
+    /// The lowest head of each claim (by lease token) not settled yet, and when its lease
+    /// ends (an entry whose release never came, after a failed settle, goes then).
+    held: BTreeMap<i64, (i64, Instant)>,
 }
 
-/// At most this many retry due times are kept; beyond it the earliest ones are (a walk
-/// before a due time just comes early).
+/// At most this many retry due times are kept; beyond it the earliest ones are dropped (their
+/// rows wait for a later walk, at most `max_rescan` away).
 const MAX_RETRIES_KEPT: usize = 10_000;
 
 impl Window {
@@ -162,13 +163,8 @@ impl Window {
         }
     }
 
-    /// Whether a claim statement that took `elapsed` was slow.
-    pub(crate) fn slow(&self, elapsed: Duration) -> bool {
-        self.config.is_some_and(|c| elapsed >= c.slow_claim)
-    }
-
     /// Records what the claim `token` (0: it took nothing), started at `start`, found in
-    /// `elapsed` (its statement's time).
+    /// `elapsed` (its statement's time); its lease ends at `lease_end`.
     pub(crate) fn settle(
         &self,
         token: i64,
@@ -176,16 +172,16 @@ impl Window {
         full: bool,
         elapsed: Duration,
         found: Found,
+        lease_end: Instant,
     ) {
         let Some(config) = self.config else {
             return;
         };
         let mut st = self.state();
+        let now = Instant::now();
         if full {
             let spacing = (elapsed * 10).clamp(config.min_rescan, config.max_rescan);
-            st.rescan_at = Instant::now()
-                .checked_add(spacing)
-                .unwrap_or_else(Instant::now);
+            st.rescan_at = now.checked_add(spacing).unwrap_or(now);
         }
         let slow = elapsed >= config.slow_claim;
         self.last_slow.store(slow, Ordering::Relaxed);
@@ -194,10 +190,11 @@ impl Window {
             Found::Nothing(Some(next)) if slow => Some(next.max(start)),
             _ => None,
         };
+        st.held.retain(|_, (_, until)| *until > now);
         if let Found::Heads(first) = found
             && token != 0
         {
-            st.held.insert(token, first);
+            st.held.insert(token, (first, lease_end));
         }
         let candidate = match moved {
             Some(at) => at,
@@ -206,14 +203,21 @@ impl Window {
             None => start,
         };
         // Never past an aggregate a claim of this store still holds.
-        let lowest_held = st.held.values().copied().min().unwrap_or(i64::MAX);
+        let lowest_held = st.held.values().map(|(h, _)| *h).min().unwrap_or(i64::MAX);
         st.from = candidate.min(lowest_held);
     }
 
-    /// The claim `token` was settled: its aggregates are free again.
+    /// The claim `token` was settled: its aggregates are free again, and their rows left
+    /// pending lie from its lowest head on, which the start does not pass.
     pub(crate) fn release(&self, token: i64) {
-        if self.config.is_some() {
-            self.state().held.remove(&token);
+        if self.config.is_none() {
+            return;
+        }
+        let mut st = self.state();
+        if let Some((head, _)) = st.held.remove(&token)
+            && st.from != BEGINNING
+        {
+            st.from = st.from.min(head);
         }
     }
 
@@ -249,40 +253,43 @@ mod tests {
     }
 
     const FAST: Duration = Duration::from_millis(5);
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3_600)
+    }
     const SLOW: Duration = Duration::from_millis(500);
 
     #[test]
     fn off_every_claim_walks_from_the_beginning() {
         let w = Window::new(None);
-        w.settle(1, BEGINNING, true, SLOW, Found::Heads(5_000));
+        w.settle(1, BEGINNING, true, SLOW, Found::Heads(5_000), far());
         assert_eq!(w.start(), (BEGINNING, true));
-        assert!(!w.slow(SLOW));
     }
 
     #[test]
     fn fast_claims_always_start_from_the_beginning() {
         let w = window();
         assert_eq!(w.start(), (BEGINNING, true));
-        w.settle(1, BEGINNING, true, FAST, Found::Heads(1_000));
+        w.settle(1, BEGINNING, true, FAST, Found::Heads(1_000), far());
         w.release(1);
         assert_eq!(w.start(), (BEGINNING, true));
-        w.settle(0, BEGINNING, true, FAST, Found::Nothing(None));
+        w.settle(0, BEGINNING, true, FAST, Found::Nothing(None), far());
         assert_eq!(w.start(), (BEGINNING, true));
     }
 
     #[test]
     fn a_slow_claim_moves_the_start_until_a_rescan() {
         let w = window();
-        w.settle(1, BEGINNING, true, SLOW, Found::Heads(5_000));
+        w.settle(1, BEGINNING, true, SLOW, Found::Heads(5_000), far());
         w.release(1);
         assert_eq!(w.start(), (5_000, false));
         // Fast windowed claims keep it; a slow one moves it on.
-        w.settle(2, 5_000, false, FAST, Found::Heads(9_000));
+        w.settle(2, 5_000, false, FAST, Found::Heads(9_000), far());
         w.release(2);
         assert_eq!(w.start(), (5_000, false));
-        w.settle(0, 5_000, false, SLOW, Found::Nothing(Some(12_000)));
+        w.settle(0, 5_000, false, SLOW, Found::Nothing(Some(12_000)), far());
         assert_eq!(w.start(), (12_000, false));
-        w.settle(3, 12_000, false, SLOW, Found::Heads(15_000));
+        w.settle(3, 12_000, false, SLOW, Found::Heads(15_000), far());
         w.release(3);
         assert_eq!(w.start(), (15_000, false));
         // An operator's action: the next claim starts from the beginning, once.
@@ -294,7 +301,14 @@ mod tests {
         w.rescan_at(Instant::now());
         w.rescan_at(Instant::now() + Duration::from_secs(3_600));
         assert_eq!(w.start(), (BEGINNING, true));
-        w.settle(0, BEGINNING, true, SLOW, Found::Nothing(Some(12_000)));
+        w.settle(
+            0,
+            BEGINNING,
+            true,
+            SLOW,
+            Found::Nothing(Some(12_000)),
+            far(),
+        );
         assert_eq!(w.start(), (12_000, false));
         assert_eq!(
             w.state().retries.len(),
@@ -304,7 +318,7 @@ mod tests {
         // A fast full walk: the front is free again.
         w.rescan_now();
         assert_eq!(w.start(), (BEGINNING, true));
-        w.settle(4, BEGINNING, true, FAST, Found::Heads(7));
+        w.settle(4, BEGINNING, true, FAST, Found::Heads(7), far());
         w.release(4);
         assert_eq!(w.start(), (BEGINNING, true));
     }
@@ -314,13 +328,23 @@ mod tests {
         let w = window();
         // Worker A holds an aggregate whose head is at 100; worker B's slow claim finds heads
         // from 5,000 on (A's rows were rejected as leased).
-        w.settle(1, BEGINNING, true, FAST, Found::Heads(100));
-        w.settle(2, BEGINNING, true, SLOW, Found::Heads(5_000));
+        w.settle(1, BEGINNING, true, FAST, Found::Heads(100), far());
+        w.settle(2, BEGINNING, true, SLOW, Found::Heads(5_000), far());
         assert_eq!(w.start(), (100, false));
         w.release(1);
         w.release(2);
-        w.settle(0, 100, false, SLOW, Found::Nothing(Some(9_000)));
+        w.settle(0, 100, false, SLOW, Found::Nothing(Some(9_000)), far());
         assert_eq!(w.start(), (9_000, false));
+    }
+
+    #[test]
+    fn a_claim_whose_release_never_came_stops_holding_the_start_when_its_lease_ends() {
+        let w = window();
+        // A settle failed, so claim 1 is never released; its lease has ended.
+        w.settle(1, BEGINNING, true, FAST, Found::Heads(100), Instant::now());
+        w.settle(2, BEGINNING, true, SLOW, Found::Heads(5_000), far());
+        w.release(2);
+        assert_eq!(w.start(), (5_000, false));
     }
 
     #[test]
@@ -330,7 +354,14 @@ mod tests {
             Duration::ZERO,
             Duration::from_secs(3_600),
         )));
-        w.settle(1, BEGINNING, true, Duration::from_secs(2), Found::Heads(10));
+        w.settle(
+            1,
+            BEGINNING,
+            true,
+            Duration::from_secs(2),
+            Found::Heads(10),
+            far(),
+        );
         w.release(1);
         assert_eq!(w.start(), (10, false), "the next walk is 20 s away");
         let capped = Window::new(Some(ClaimWindow::new(
@@ -338,7 +369,14 @@ mod tests {
             Duration::ZERO,
             Duration::ZERO,
         )));
-        capped.settle(1, BEGINNING, true, Duration::from_secs(2), Found::Heads(10));
+        capped.settle(
+            1,
+            BEGINNING,
+            true,
+            Duration::from_secs(2),
+            Found::Heads(10),
+            far(),
+        );
         assert_eq!(
             capped.start(),
             (BEGINNING, true),

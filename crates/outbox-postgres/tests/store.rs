@@ -849,6 +849,11 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
         )
     };
 
+    // The first claim starts the store's wake-up listener, which asks for a walk from the
+    // start once it listens (a `rescan` may have been missed before): let that settle.
+    let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
+    release(&store, b.token).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert_eq!(
         ids(&b),

@@ -1039,6 +1039,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     /// Runs until `shutdown` is cancelled; a batch in progress is finished (committed and
     /// acknowledged) first. Broker and database errors are logged and waited out.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        // Exported from the start at 0, so that an alert on its increase sees the first one.
+        metrics::counter!(metric::CONFLICTS, "consumer" => self.config.name.clone()).increment(0);
         let mut last_housekeeping = Instant::now() - self.config.housekeeping_interval;
         let mut failures = 0;
         while !shutdown.is_cancelled() {

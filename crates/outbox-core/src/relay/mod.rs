@@ -441,6 +441,8 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     /// batch in progress when `shutdown` fires is finished (published rows are settled), then
     /// the call returns. Feed outages are logged and waited out; they never end the loop.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        // Exported from the start at 0, so that an alert on its increase sees the first one.
+        metrics::counter!(metric::TAKEOVERS).increment(0);
         let mut tasks = tokio::task::JoinSet::new();
         for worker in 0..self.config.workers {
             let relay = Arc::clone(&self);
