@@ -84,8 +84,9 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
 /// aggregate waits. A later row of a taken run may go to a paused route; the store cuts the run
 /// before it (`route_paused`), so nothing of the aggregate passes it.
 ///
-/// Heads are looked for from id `$5` on (`crate::window`: the beginning, unless the claim
-/// window is on and the front of the table is blocked); a head still needs every earlier version of its aggregate published, wherever it
+/// With the claim window on (`crate::window`), heads are looked for from id `$5` on (`{from}`;
+/// empty when the window is off, so the statement is the one without a window); a head still
+/// needs every earlier version of its aggregate published, wherever it
 /// lies, so where the walk starts never reorders anything.
 ///
 /// Event rows are only read and row-locked here, never rewritten: a claim writes one small
@@ -100,7 +101,7 @@ const CLAIM: &str = "WITH heads AS ( \
         AND NOT EXISTS (SELECT 1 FROM {s}.events p \
             WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
               AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
-        AND NOT {paused_e} AND e.id >= $5 \
+        AND NOT {paused_e} {from} \
       ORDER BY e.id LIMIT $4 \
       FOR UPDATE OF e SKIP LOCKED \
     {acquire} \
@@ -316,12 +317,19 @@ fn route_paused() -> String {
     ROUTE_PAUSED.replace("{key}", &route_key("e."))
 }
 
-/// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`.
-fn claim(live_only: &str) -> String {
+/// The leases a `ClaimScope::All` claim stays off: live ones.
+const LIVE: &str = "AND l.lease_until > now()";
+/// The leases a `ClaimScope::Free` claim stays off: live ones, and expired takeovers.
+const LIVE_OR_COUNTED: &str = "AND (l.lease_until > now() OR l.takeovers > 0)";
+
+/// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`;
+/// `windowed`: heads from id `$5` on (`crate::window`).
+fn claim(live_only: &str, windowed: bool) -> String {
     CLAIM
         .replace("{acquire}", &ACQUIRE.replace("{lease}", "$3"))
         .replace("{live_only}", live_only)
         .replace("{paused_e}", &route_paused())
+        .replace("{from}", if windowed { "AND e.id >= $5" } else { "" })
 }
 
 /// [`CLAIM_TAKEOVER`] with its shared part.
@@ -345,6 +353,10 @@ pub(crate) struct Sql {
     pub claim: Arc<str>,
     /// The claim of `ClaimScope::Free` (stays off every leased aggregate).
     pub claim_free: Arc<str>,
+    /// [`Sql::claim`] from id `$5` on (the claim window).
+    pub claim_from: Arc<str>,
+    /// [`Sql::claim_free`] from id `$5` on (the claim window).
+    pub claim_free_from: Arc<str>,
     /// The claim of `ClaimScope::TakeOver`.
     pub claim_takeover: Arc<str>,
     pub mark_delete: Arc<str>,
@@ -380,8 +392,10 @@ impl Sql {
             idem_insert: r(IDEM_INSERT),
             idem_select: r(IDEM_SELECT),
             idem_complete: r(IDEM_COMPLETE),
-            claim: r(&claim("AND l.lease_until > now()")),
-            claim_free: r(&claim("AND (l.lease_until > now() OR l.takeovers > 0)")),
+            claim: r(&claim(LIVE, false)),
+            claim_free: r(&claim(LIVE_OR_COUNTED, false)),
+            claim_from: r(&claim(LIVE, true)),
+            claim_free_from: r(&claim(LIVE_OR_COUNTED, true)),
             claim_takeover: r(&claim_takeover()),
             mark_delete: r(MARK_DELETE),
             mark_update: r(MARK_UPDATE),

@@ -316,16 +316,20 @@ impl OutboxStore for PgStore {
             ClaimScope::TakeOver => {
                 sqlx::query(self.q(&self.sql.claim_takeover)).bind(millis(params.lease))
             }
-            scope => sqlx::query(self.q(if scope == ClaimScope::Free {
-                &self.sql.claim_free
-            } else {
-                &self.sql.claim
-            }))
-            .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
-            .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
-            .bind(millis(params.lease))
-            .bind(i64::try_from(heads).unwrap_or(i64::MAX))
-            .bind(start),
+            scope => {
+                let sql = match (scope == ClaimScope::Free, windowed) {
+                    (true, false) => &self.sql.claim_free,
+                    (false, false) => &self.sql.claim,
+                    (true, true) => &self.sql.claim_free_from,
+                    (false, true) => &self.sql.claim_from,
+                };
+                let q = sqlx::query(self.q(sql))
+                    .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
+                    .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
+                    .bind(millis(params.lease))
+                    .bind(i64::try_from(heads).unwrap_or(i64::MAX));
+                if windowed { q.bind(start) } else { q }
+            }
         };
         let rows = if params.scope == ClaimScope::TakeOver {
             // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
