@@ -159,12 +159,26 @@ pub(crate) enum ConflictsCmd {
         /// Only this event id's.
         #[arg(long)]
         event_id: Option<uuid::Uuid>,
+        /// Only the open ones (not resolved).
+        #[arg(long)]
+        open: bool,
     },
     /// One conflict with the conflicting payload and, where this database still holds it,
     /// the first one, as JSON (needs the operator role).
     Show {
         /// Its id (from `list`).
         id: i64,
+    },
+    /// Mark conflicts resolved after dealing with their cause (needs --reason): they leave
+    /// the open list and the overview's count. Nothing is applied or undone: the consumer's
+    /// effect stays the first payload's. The same conflicting payload arriving again reopens
+    /// a conflict.
+    Resolve {
+        /// Conflict ids (from `list`).
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        #[command(flatten)]
+        action: ActionArgs,
     },
 }
 
@@ -346,14 +360,27 @@ pub(crate) async fn dead_letters(admin: Admin, cmd: DeadLetterCmd) -> Result<Exi
 pub(crate) async fn conflicts(admin: Admin, cmd: ConflictsCmd) -> Result<ExitCode> {
     admin.ready().await?;
     match cmd {
-        ConflictsCmd::List { limit, event_id } => {
-            let list = admin.conflicts(event_id, limit).await?;
+        ConflictsCmd::List {
+            limit,
+            event_id,
+            open,
+        } => {
+            let list = admin.conflicts(event_id, open, limit).await?;
             if list.is_empty() {
                 println!("no conflicts");
             }
             for c in list {
+                let state = match (&c.resolved_at, &c.resolved_by) {
+                    (Some(at), by) => format!(
+                        "resolved {} by {}: {}",
+                        at.to_rfc3339(),
+                        by.as_deref().unwrap_or("?"),
+                        c.resolution_reason.as_deref().unwrap_or("")
+                    ),
+                    (None, _) => "open".to_owned(),
+                };
                 println!(
-                    "#{}  {}  consumer={}  {}/{} v{}  {}  seen {}x (first {}, last {})\n    stored  sha256 {}\n    received sha256 {}",
+                    "#{}  {}  consumer={}  {}/{} v{}  {}  seen {}x (first {}, last {})  {state}\n    stored  sha256 {}\n    received sha256 {}",
                     c.id,
                     c.event_id,
                     c.consumer_name,
@@ -370,6 +397,24 @@ pub(crate) async fn conflicts(admin: Admin, cmd: ConflictsCmd) -> Result<ExitCod
             }
         }
         ConflictsCmd::Show { id } => print_json(&admin.conflict(id).await?)?,
+        ConflictsCmd::Resolve { ids, action } => {
+            let r = admin
+                .resolve_conflicts(&ids, &action.actor()?, action.reason())
+                .await?;
+            match r.audit_id {
+                Some(audit) => {
+                    println!("resolved {} conflict(s) (audit record {audit})", r.resolved)
+                }
+                None => println!("resolved 0 conflicts"),
+            }
+            if (r.resolved as usize) < ids.len() {
+                println!(
+                    "note: {} of the given ids were not open conflicts",
+                    ids.len() - r.resolved as usize
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

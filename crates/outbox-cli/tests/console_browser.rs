@@ -415,6 +415,21 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
             .is_empty()
     );
     screenshot(c, "conflict.png").await;
+    // Resolved with a reason from its row: it leaves the open count, shown as resolved.
+    type_into(c, "#conflict-reason", "producer fixed").await;
+    click(c, "#conflicts tbody td button + button").await;
+    wait_text(c, "#action-result", "resolve", |t| {
+        t == "resolved 1 conflict(s)"
+    })
+    .await;
+    wait_text(c, "#conflicts tbody", "the resolved conflict", |t| {
+        t.contains("resolved") && t.contains("producer fixed")
+    })
+    .await;
+    let open = db
+        .scalar("SELECT count(*) FROM {s}.inbox_conflicts WHERE resolved_at IS NULL")
+        .await;
+    assert_eq!(open, 0);
 
     // The unknown outcome: reconcile now.
     click(c, "#tabs [data-tab='effects']").await;

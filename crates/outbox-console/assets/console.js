@@ -422,6 +422,10 @@ function renderConflicts(list) {
     tr.dataset.id = c.id;
     const td = el("td");
     td.append(button("compare", () => showConflict(c.id)));
+    if (!c.resolved_at) td.append(button("resolve", () => resolveConflict(c.id)));
+    const state = c.resolved_at
+      ? "resolved " + c.resolved_at + " by " + (c.resolved_by || "?") + ": " + (c.resolution_reason || "")
+      : "open";
     tr.append(
       cell(String(c.id)),
       cell(c.consumer_name),
@@ -430,10 +434,19 @@ function renderConflicts(list) {
       cell(c.event_type),
       cell(c.occurrences + "×"),
       cell(c.first_seen + " / " + c.last_seen),
+      cell(state, c.resolved_at ? "reason muted" : "reason"),
       td,
     );
     tbody.append(tr);
   }
+}
+
+async function resolveConflict(id) {
+  const reason = $("conflict-reason").value;
+  if (!reason.trim()) return say("say why first (the field above the conflicts)");
+  const [ok, out] = await act("conflicts/resolve", { ids: [id], reason });
+  if (ok) say("resolved " + out.resolved + " conflict(s)");
+  await refresh();
 }
 
 async function showConflict(id) {
@@ -452,7 +465,7 @@ async function showConflict(id) {
       el(
         "p",
         "To resolve: fix the producer that reused the id; if the conflicting payload should take effect, " +
-          "publish it as a new event with a new id. The consumer keeps the first.",
+          "publish it as a new event with a new id. The consumer keeps the first. Then mark it resolved, with why.",
         "muted",
       ),
     );

@@ -33,8 +33,9 @@
 //! | `GET /api/v1/dead-letters/{event_id}` | one dead letter whole, payload and headers included; **needs the token** (and a role that may read payloads: the operator's) |
 //! | `POST /api/v1/dead-letters/requeue` | body: exactly one of `{"event_ids": ["…"]}`, `{"all": true}`, `{"filter": {…}}`; optional `"reason"` and `"actor"`; answers `{"requeued": n}` |
 //! | `POST /api/v1/dead-letters/discard` | the same selection, `"reason"` required: the dead letters are kept whole in `discarded_events` and never published; answers `{"discarded": n, "audit_id": id}` |
-//! | `GET /api/v1/conflicts?limit=N[&event_id=…]` | inbox conflicts, newest first, with both fingerprints |
+//! | `GET /api/v1/conflicts?limit=N[&event_id=…][&open=true]` | inbox conflicts, newest first (the open ones only with `open=true`), with both fingerprints and, once resolved, when, by whom and why |
 //! | `GET /api/v1/conflicts/{id}` | one conflict with the conflicting payload and, where this database still holds it, the first; **needs the token** |
+//! | `POST /api/v1/conflicts/resolve` | body `{"ids": [1, 2], "reason": "…"}` (`"reason"` required, optional `"actor"`): the conflicts leave the open list, nothing is applied or undone (the consumer's effect stays the first payload's); answers `{"resolved": n, "audit_id": id}`, 404 when no id is a conflict ([`Admin::resolve_conflicts`](outbox_postgres::admin::Admin::resolve_conflicts)) |
 //! | `GET /api/v1/consumer-dead-letters?consumer=C&reason_group=R&limit=N` | consumer dead letters not resolved, oldest first |
 //! | `GET /api/v1/consumer-dead-letters/groups?consumer=C` | the same grouped by consumer and reason |
 //! | `GET /api/v1/consumer-dead-letters/{id}` | one, with the payload and headers as received; **needs the token** |
@@ -235,6 +236,7 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         .route("/api/v1/dead-letters/discard", post(discard))
         .route("/api/v1/dead-letters/{event_id}", get(dead_letter))
         .route("/api/v1/conflicts", get(conflicts))
+        .route("/api/v1/conflicts/resolve", post(resolve_conflicts))
         .route("/api/v1/conflicts/{id}", get(conflict))
         .route("/api/v1/consumer-dead-letters", get(consumer_dead_letters))
         .route(
@@ -651,6 +653,7 @@ async fn discard(
 struct ConflictQuery {
     limit: Option<i64>,
     event_id: Option<Uuid>,
+    open: Option<bool>,
 }
 
 async fn conflicts(
@@ -660,7 +663,32 @@ async fn conflicts(
     let Query(q) = query.map_err(bad_query)?;
     Ok(json(
         s.admin
-            .conflicts(q.event_id, q.limit.unwrap_or(100))
+            .conflicts(q.event_id, q.open.unwrap_or(false), q.limit.unwrap_or(100))
+            .await?,
+    ))
+}
+
+/// The body of `POST /api/v1/conflicts/resolve`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveConflictsBody {
+    ids: Vec<i64>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+async fn resolve_conflicts(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Json<ResolveConflictsBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let (body, actor) = action(&s, &headers, body)?;
+    let reason = body.reason.unwrap_or_default();
+    Ok(json(
+        s.admin
+            .resolve_conflicts(&body.ids, &actor, &reason)
             .await?,
     ))
 }
@@ -1053,7 +1081,8 @@ action_bodies!(
     ResolveBody,
     ReconcileBody,
     ReplayBody,
-    PauseBody
+    PauseBody,
+    ResolveConflictsBody
 );
 
 /// The start of every action: the origin, mode and token checks (before the body is read),

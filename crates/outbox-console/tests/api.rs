@@ -353,6 +353,10 @@ async fn read_only_and_tokenless_consoles_refuse_every_action() {
                 "/api/v1/pauses/pause",
                 r#"{"consumer": "ledger", "reason": "r"}"#,
             ),
+            (
+                "/api/v1/conflicts/resolve",
+                r#"{"ids": [1], "reason": "r"}"#,
+            ),
         ] {
             let (status, e) = call(addr, "POST", path, &ok, Some(body)).await;
             assert_eq!(status, 403, "{path}: {e}");
@@ -423,6 +427,44 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
         "sha256('a')"
     );
     assert_ne!(list[0]["received_sha256"], list[0]["stored_sha256"]);
+    assert_eq!(list[0]["resolved_at"], serde_json::Value::Null);
+
+    // Resolving it: the token and a reason are needed; then it leaves the open list.
+    let cid = list[0]["id"].as_i64().unwrap();
+    let path = "/api/v1/conflicts/resolve";
+    let body = format!(r#"{{"ids": [{cid}], "reason": "producer fixed"}}"#);
+    let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
+    assert_eq!(status, 401, "{e}");
+    let auth = format!("Bearer {TOKEN}");
+    let ok = [("authorization", auth.as_str())];
+    let no_reason = format!(r#"{{"ids": [{cid}]}}"#);
+    let (status, e) = call(addr, "POST", path, &ok, Some(&no_reason)).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("needs a reason"),
+        "{e}"
+    );
+    let (status, e) = call(
+        addr,
+        "POST",
+        path,
+        &ok,
+        Some(r#"{"ids": [-5], "reason": "x"}"#),
+    )
+    .await;
+    assert_eq!(status, 404, "{e}");
+    let (status, r) = call(addr, "POST", path, &ok, Some(&body)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["resolved"], 1, "{r}");
+    let (_, open) = call(addr, "GET", "/api/v1/conflicts?open=true", &[], None).await;
+    assert_eq!(open, serde_json::json!([]));
+    let (_, all) = call(addr, "GET", "/api/v1/conflicts", &[], None).await;
+    assert_eq!(all[0]["resolution_reason"], "producer fixed", "{all}");
+    let (_, overview) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+    assert_eq!(
+        overview["inbox_conflicts"], 0,
+        "the overview counts open conflicts: {overview}"
+    );
 
     let (status, list) = call(
         addr,
@@ -443,8 +485,6 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     let body = format!(r#"{{"ids": [{id}], "consumer": "ledger"}}"#);
     let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
     assert_eq!(status, 401, "{e}");
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
     let (status, e) = call(addr, "POST", path, &ok, Some(r#"{"ids": []}"#)).await;
     assert_eq!(status, 400, "{e}");
     let (status, r) = call(addr, "POST", path, &ok, Some(&body)).await;

@@ -60,11 +60,29 @@ use crate::store::{OnPublish, PgStore, stats_from_row};
 const COUNT_CONSUMER_DEAD: &str =
     "SELECT count(*) FROM {s}.consumer_dead_letters WHERE state <> 'resolved'";
 
-/// Inbox conflicts, newest first, of one event id (`$1`) or all (`NULL`).
-const LIST_CONFLICTS: &str = "SELECT id, consumer_name, event_id, stored_sha256, \
-    received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, occurrences, \
-    first_seen, last_seen FROM {s}.inbox_conflicts WHERE ($1::uuid IS NULL OR event_id = $1) \
-    ORDER BY id DESC LIMIT $2";
+/// A conflict's columns as [`conflict_view`] reads them (`c` the conflict, `a` its
+/// resolution's audit record).
+const CONFLICT_COLUMNS: &str = "c.id, c.consumer_name, c.event_id, c.stored_sha256, \
+    c.received_sha256, c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, \
+    c.occurrences, c.first_seen, c.last_seen, c.resolved_at, a.actor, a.reason";
+
+/// Inbox conflicts, newest first, of one event id (`$1`) or all (`NULL`), the open ones only
+/// when `$3`.
+const LIST_CONFLICTS: &str = "FROM {s}.inbox_conflicts c \
+    LEFT JOIN {s}.audit a ON a.id = c.resolved_audit_id \
+    WHERE ($1::uuid IS NULL OR c.event_id = $1) AND (NOT $3 OR c.resolved_at IS NULL) \
+    ORDER BY c.id DESC LIMIT $2";
+
+/// The open conflicts among the ids `$1`, locked for their resolution.
+const LOCK_OPEN_CONFLICTS: &str = "SELECT id FROM {s}.inbox_conflicts \
+    WHERE id = ANY($1) AND resolved_at IS NULL FOR UPDATE";
+
+/// How many of the ids `$1` are conflicts at all.
+const COUNT_CONFLICTS_OF: &str = "SELECT count(*) FROM {s}.inbox_conflicts WHERE id = ANY($1)";
+
+/// Resolves the open conflicts among the ids `$1` under the audit record `$2`.
+const RESOLVE_CONFLICTS: &str = "UPDATE {s}.inbox_conflicts \
+    SET resolved_at = now(), resolved_audit_id = $2 WHERE id = ANY($1) AND resolved_at IS NULL";
 
 /// One conflict's received payload, and the first payload where this database still holds the
 /// producer's row with the first fingerprint (mark mode, or not yet published).
@@ -300,6 +318,22 @@ pub struct ConflictView {
     pub first_seen: DateTime<Utc>,
     /// Last seen.
     pub last_seen: DateTime<Utc>,
+    /// When an operator resolved it ([`Admin::resolve_conflicts`]); `None` while open. The
+    /// same conflicting payload arriving again reopens it.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// Who resolved it (the audit record's actor).
+    pub resolved_by: Option<String>,
+    /// Why (the audit record's reason).
+    pub resolution_reason: Option<String>,
+}
+
+/// What [`Admin::resolve_conflicts`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ConflictsResolved {
+    /// Conflicts resolved by this call (ids already resolved are not counted).
+    pub resolved: u64,
+    /// The audit record, when any was resolved.
+    pub audit_id: Option<i64>,
 }
 
 /// A conflict with its payloads, as far as this database holds them.
@@ -684,8 +718,8 @@ impl Admin {
         result
     }
 
-    /// Inbox conflicts, newest first, of `event_id` or of every event, at most `limit` (1 to
-    /// [`MAX_LIST`]).
+    /// Inbox conflicts, newest first, of `event_id` or of every event, the open ones only
+    /// when `open_only`, at most `limit` (1 to [`MAX_LIST`]).
     ///
     /// # Errors
     /// [`AdminError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
@@ -693,18 +727,110 @@ impl Admin {
     pub async fn conflicts(
         &self,
         event_id: Option<EventId>,
+        open_only: bool,
         limit: i64,
     ) -> Result<Vec<ConflictView>, AdminError> {
         check_limit("conflicts", limit)?;
         trace::rows(
             self.store.pool(),
             self.store.schema(),
-            LIST_CONFLICTS,
-            |q| q.bind(event_id).bind(limit),
+            &format!("SELECT {CONFLICT_COLUMNS} {LIST_CONFLICTS}"),
+            |q| q.bind(event_id).bind(limit).bind(open_only),
             conflict_view,
         )
         .await
         .map_err(|e| AdminError::sqlx("conflicts", e))
+    }
+
+    /// Resolves the inbox conflicts `ids` (1 to [`MAX_LIST`] of them): an operator looked at
+    /// each and dealt with its cause. Nothing is applied or undone: the consumer's effect stays
+    /// the first payload's, and a conflict only leaves the open list (the overview's count, the
+    /// console's list, `outbox conflicts list --open`), with the audit record naming the actor
+    /// and `reason`. Ids already resolved are left as they are (not counted); the same
+    /// conflicting payload arriving again reopens a conflict.
+    ///
+    /// What "dealt with" means is the service's business: a producer that re-used an event id
+    /// for another payload fixed, or the second payload's change booked by hand. The library
+    /// never applies the conflicting payload: the consumer's inbox holds one effect per event
+    /// id (G5), and a second effect under the same id would be the double effect the inbox
+    /// exists to prevent.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `InvalidRequest` (no ids, too many, or no reason), `NotFound`
+    /// (none of the ids is a conflict), `PermissionDenied` when the role may only read;
+    /// otherwise the database's failure. Nothing changed then.
+    pub async fn resolve_conflicts(
+        &self,
+        ids: &[i64],
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<ConflictsResolved, AdminError> {
+        const OP: &str = "resolve conflicts";
+        let selection = serde_json::json!({ "conflicts": ids });
+        let fail = |e: AdminError| {
+            audit::log(actor, OP, &selection, reason, Err(&e));
+            e
+        };
+        if ids.is_empty() || ids.len() > usize::try_from(MAX_LIST).unwrap_or(usize::MAX) {
+            return Err(fail(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::InvalidRequest,
+                message: format!("give 1 to {MAX_LIST} conflict ids, not {}", ids.len()),
+            }));
+        }
+        require_reason(OP, reason).map_err(fail)?;
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let err = |e| fail(self.action_error(OP, e));
+        let open: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.render(LOCK_OPEN_CONFLICTS)))
+            .bind(ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        if open.is_empty() {
+            let known: i64 = sqlx::query_scalar(AssertSqlSafe(self.render(COUNT_CONFLICTS_OF)))
+                .bind(ids)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(err)?;
+            if known == 0 {
+                return Err(fail(not_found(
+                    OP,
+                    format!("none of the ids {ids:?} is an inbox conflict"),
+                )));
+            }
+            drop(tx);
+            audit::log(actor, OP, &selection, reason, Ok(0));
+            return Ok(ConflictsResolved {
+                resolved: 0,
+                audit_id: None,
+            });
+        }
+        let resolved = u64::try_from(open.len()).unwrap_or(u64::MAX);
+        let audit_id = audit::record(
+            &mut tx,
+            self.store.schema(),
+            actor,
+            OP,
+            &selection,
+            reason,
+            resolved,
+        )
+        .await
+        .map_err(err)?;
+        sqlx::query(AssertSqlSafe(self.render(RESOLVE_CONFLICTS)))
+            .bind(&open)
+            .bind(audit_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit()
+            .await
+            .map_err(|e| fail(AdminError::sqlx(OP, e)))?;
+        audit::log(actor, OP, &selection, reason, Ok(resolved));
+        Ok(ConflictsResolved {
+            resolved,
+            audit_id: Some(audit_id),
+        })
     }
 
     /// One conflict with its payloads: the conflicting one, and the first one where this
@@ -718,9 +844,10 @@ impl Admin {
         let conflict = trace::rows(
             self.store.pool(),
             self.store.schema(),
-            "SELECT id, consumer_name, event_id, stored_sha256, received_sha256, aggregate_type, \
-             aggregate_id, aggregate_version, event_type, occurrences, first_seen, last_seen \
-             FROM {s}.inbox_conflicts WHERE id = $1",
+            &format!(
+                "SELECT {CONFLICT_COLUMNS} FROM {{s}}.inbox_conflicts c \
+                 LEFT JOIN {{s}}.audit a ON a.id = c.resolved_audit_id WHERE c.id = $1"
+            ),
             |q| q.bind(id),
             conflict_view,
         )
@@ -1059,7 +1186,7 @@ impl Admin {
             )
             .await
             .map_err(err)?,
-            conflicts: self.conflicts(Some(event_id), MAX_LIST).await?,
+            conflicts: self.conflicts(Some(event_id), false, MAX_LIST).await?,
             consumer_dead_letters: trace::rows(
                 pool,
                 schema,
@@ -1680,6 +1807,9 @@ fn conflict_view(r: &sqlx::postgres::PgRow) -> Result<ConflictView, sqlx::Error>
         occurrences: r.try_get(9)?,
         first_seen: r.try_get(10)?,
         last_seen: r.try_get(11)?,
+        resolved_at: r.try_get(12)?,
+        resolved_by: r.try_get(13)?,
+        resolution_reason: r.try_get(14)?,
     })
 }
 
@@ -1696,7 +1826,7 @@ fn require_reason(operation: &'static str, reason: &str) -> Result<(), AdminErro
         Err(AdminError {
             operation,
             kind: AdminErrorKind::InvalidRequest,
-            message: "a discard needs a reason (it is kept in the audit record)".into(),
+            message: format!("{operation} needs a reason (it is kept in the audit record)"),
         })
     } else {
         Ok(())

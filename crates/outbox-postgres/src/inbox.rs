@@ -94,7 +94,8 @@ const INSERT_CONFLICT: &str = "INSERT INTO {s}.inbox_conflicts AS c (consumer_na
     stored_sha256, received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, \
     payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
     ON CONFLICT ON CONSTRAINT inbox_conflicts_key \
-    DO UPDATE SET occurrences = c.occurrences + 1, last_seen = now()";
+    DO UPDATE SET occurrences = c.occurrences + 1, last_seen = now(), resolved_at = NULL, \
+    resolved_audit_id = NULL";
 const ENSURE_AGG: &str = "INSERT INTO {s}.inbox_aggregates (consumer_name, aggregate_type, \
     aggregate_id, last_version) VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING";
 const LOCK_AGG: &str = "SELECT last_version FROM {s}.inbox_aggregates WHERE consumer_name = $1 \
@@ -106,7 +107,7 @@ const MARK_STALE: &str =
 const LIST_CONFLICTS: &str = "SELECT consumer_name, event_id, stored_sha256, received_sha256, \
     aggregate_type, aggregate_id, aggregate_version, event_type, occurrences, first_seen, \
     last_seen FROM {s}.inbox_conflicts ORDER BY id DESC LIMIT $1";
-const COUNT_CONFLICTS: &str = "SELECT count(*) FROM {s}.inbox_conflicts";
+const COUNT_CONFLICTS: &str = "SELECT count(*) FROM {s}.inbox_conflicts WHERE resolved_at IS NULL";
 
 #[derive(Debug)]
 struct InboxSql {
@@ -365,7 +366,8 @@ impl PgInbox {
             .collect()
     }
 
-    /// Number of recorded conflicts (for the conflicts gauge).
+    /// Number of open conflicts: recorded and not resolved by an operator (the overview's
+    /// count; `Admin::resolve_conflicts`).
     ///
     /// # Errors
     /// [`sqlx::Error`].

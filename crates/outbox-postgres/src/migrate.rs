@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_pauses.sql",
         sql: include_str!("../migrations/0010_pauses.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_conflict_resolution.sql",
+        sql: include_str!("../migrations/0011_conflict_resolution.sql"),
+    },
 ];
 
 /// The schema version this release needs.

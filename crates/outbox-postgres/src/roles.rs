@@ -384,7 +384,13 @@ const OBJECTS: &[Decision] = &[
                 "event_type",
                 "payload",
             ])),
-            Update(Only(&["occurrences", "last_seen"])),
+            // A new occurrence reopens a resolved conflict (schema 11).
+            Update(Only(&[
+                "occurrences",
+                "last_seen",
+                "resolved_at",
+                "resolved_audit_id",
+            ])),
         ],
         executor: NONE,
         maintainer: NONE,
@@ -402,9 +408,14 @@ const OBJECTS: &[Decision] = &[
             "occurrences",
             "first_seen",
             "last_seen",
+            "resolved_at",
+            "resolved_audit_id",
         ]))],
-        // The conflicting payload, to compare it with the first one.
-        operator: &[Select(Only(&["payload"]))],
+        // The conflicting payload, to compare it with the first one; resolving a conflict.
+        operator: &[
+            Select(Only(&["payload"])),
+            Update(Only(&["resolved_at", "resolved_audit_id"])),
+        ],
     },
     Decision {
         name: "inbox_aggregates",

@@ -156,6 +156,86 @@ async fn concurrent_deliveries_to_two_instances_give_one_effect() {
 
 /// A stored fingerprint that is not 32 bytes (a row damaged by hand) is an error naming the
 /// column, never read as zeros: zeros would make every redelivery of that event a conflict.
+/// An operator resolves a conflict (`Admin::resolve_conflicts`, schema 11): it leaves the open
+/// list and count with who and why, the consumer's effect stays the first payload's; the same
+/// conflicting payload arriving again reopens it, counted.
+#[tokio::test]
+async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
+    use outbox_postgres::admin::{Actor, Admin, AdminErrorKind};
+    let db = TestDb::new().await;
+    let table = effects_table(&db).await;
+    let inbox = PgInbox::new(db.schema.clone());
+    let admin = Admin::new(db.store());
+    let who = Actor::new("oncall", "test").unwrap();
+    let id = Uuid::now_v7();
+    let first = event(id, "p1", 1, "{\"amount\":100}");
+    let changed = event(id, "p1", 1, "{\"amount\":999}");
+    for (e, expected) in [(&first, "New"), (&changed, "Conflict")] {
+        let outcome = deliver(&db.pool, &inbox, &table, "ledger", OrderingGuard::Off, e).await;
+        assert!(format!("{outcome:?}").starts_with(expected), "{outcome:?}");
+    }
+    let open = admin.conflicts(None, true, 10).await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].resolved_at, None);
+    assert_eq!(inbox.conflict_count(&db.pool).await.unwrap(), 1);
+
+    let e = admin
+        .resolve_conflicts(&[open[0].id], &who, " ")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.kind,
+        AdminErrorKind::InvalidRequest,
+        "a reason is required: {e}"
+    );
+    let e = admin
+        .resolve_conflicts(&[-1], &who, "checked")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::NotFound, "{e}");
+    let r = admin
+        .resolve_conflicts(&[open[0].id], &who, "producer fixed in release 42")
+        .await
+        .unwrap();
+    assert_eq!((r.resolved, r.audit_id.is_some()), (1, true));
+    assert!(admin.conflicts(None, true, 10).await.unwrap().is_empty());
+    assert_eq!(inbox.conflict_count(&db.pool).await.unwrap(), 0);
+    let all = admin.conflicts(None, false, 10).await.unwrap();
+    assert!(all[0].resolved_at.is_some());
+    assert_eq!(all[0].resolved_by.as_deref(), Some("oncall"));
+    assert_eq!(
+        all[0].resolution_reason.as_deref(),
+        Some("producer fixed in release 42")
+    );
+    // Resolving it again changes nothing and records nothing.
+    let again = admin
+        .resolve_conflicts(&[open[0].id], &who, "twice")
+        .await
+        .unwrap();
+    assert_eq!((again.resolved, again.audit_id), (0, None));
+    assert_eq!(admin.audit(None, 10).await.unwrap().len(), 1);
+
+    // The same conflicting payload again: open again, counted twice; the effect is still one.
+    deliver(
+        &db.pool,
+        &inbox,
+        &table,
+        "ledger",
+        OrderingGuard::Off,
+        &changed,
+    )
+    .await;
+    let open = admin.conflicts(None, true, 10).await.unwrap();
+    assert_eq!(open.len(), 1, "reopened");
+    assert_eq!(open[0].occurrences, 2);
+    assert_eq!(
+        (open[0].resolved_at, open[0].resolved_by.as_deref()),
+        (None, None)
+    );
+    assert_eq!(effects(&db, &table, "ledger").await, 1);
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn a_corrupt_stored_fingerprint_is_an_error_not_a_conflict() {
     let db = TestDb::new().await;

@@ -1166,7 +1166,33 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     as_operator.pause(&route, &who, "t").await.unwrap();
     assert_eq!(as_reader.pauses().await.unwrap().len(), 1);
     as_operator.resume(&route, &who, "t").await.unwrap();
-    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 7);
+    // Resolving a conflict: the reader may list conflicts but not resolve them.
+    env.exec(
+        "INSERT INTO {s}.inbox_conflicts (consumer_name, event_id, stored_sha256, \
+         received_sha256, aggregate_type, aggregate_id, aggregate_version, event_type, payload) \
+         VALUES ('ledger', gen_random_uuid(), sha256('a'), sha256('b'), 'payment', 'd', 1, \
+         'PaymentCaptured', '\\x00')",
+    )
+    .await;
+    let conflict = as_reader.conflicts(None, true, 10).await.unwrap()[0].id;
+    let e = as_reader
+        .resolve_conflicts(&[conflict], &who, "t")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    let r = as_operator
+        .resolve_conflicts(&[conflict], &who, "t")
+        .await
+        .unwrap();
+    assert_eq!(r.resolved, 1);
+    assert!(
+        as_reader
+            .conflicts(None, true, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 8);
     env.cleanup().await;
 }
 
