@@ -268,10 +268,9 @@ pub async fn expect_nothing<S: DeliverySource>(
     let batch = source.next_batch(10, wait).await.context("next_batch")?;
     if let Some(d) = batch.first() {
         bail!(
-            "{} unexpected deliveries, the first {} (delivery count {:?})",
+            "{} unexpected deliveries, the first {}",
             batch.len(),
-            describe(d),
-            d.delivery_count()
+            describe(d)
         );
     }
     Ok(())
@@ -300,11 +299,22 @@ pub async fn ack_all<D: Delivery>(deliveries: Vec<D>) -> anyhow::Result<()> {
 }
 
 /// A delivery for messages: its event id, or its decode error.
+/// A delivery as a failure message names it: the event (id, aggregate and version) or the
+/// decode error, its delivery count, and where the broker says it was read from (the raw
+/// message's metadata: a Kafka offset, a stream sequence), so a duplicate or a skip shows which.
 fn describe<D: Delivery>(d: &D) -> String {
-    match d.event() {
-        Ok(e) => format!("event {}", e.event_id),
+    let what = match d.event() {
+        Ok(e) => format!(
+            "event {} ({} {} v{})",
+            e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version
+        ),
         Err(e) => format!("malformed message ({e})"),
-    }
+    };
+    format!(
+        "{what}, delivery count {:?}, read at {:?}",
+        d.delivery_count(),
+        d.raw().metadata
+    )
 }
 
 /// Checks that `event` carries exactly the fields of `message` as published with the default

@@ -172,7 +172,16 @@ pub struct Fixture {
 
 impl Fixture {
     /// Creates the topic on the shared broker.
+    ///
+    /// Also installs (once per test binary) a log subscriber for the source's rebalance,
+    /// commit and librdkafka messages (`outbox_kafka` at info, the rest at warn), so a failing
+    /// case shows whether its group rebalanced or its client saw errors.
     pub async fn start() -> anyhow::Result<Self> {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn,outbox_kafka=info"))
+            .try_init();
         let id = Uuid::now_v7().simple().to_string();
         let fixture = Self {
             topic: format!("outboxtest{id}"),
