@@ -1,0 +1,403 @@
+//! `fintech payments`: the payments HTTP API (axum) on the payments database.
+//!
+//! ```text
+//! POST /payments                Idempotency-Key: K   {"account": "acc-1", "amount": 1250}
+//!      201 {"id","account","amount","status":"created","version":1}
+//! POST /payments/{id}/capture   Idempotency-Key: K   (no body, or {})
+//!      200 {"id","account","amount","status":"captured","version":2}
+//!      404 no such payment, 409 not capturable (already captured)
+//! GET  /payments/{id}           200 the payment, 404
+//! GET  /health                  200
+//! ```
+//!
+//! Every command runs in **one** transaction, the service's own: the idempotency record of the
+//! request key, the business row, the outbox intent (`PgOutbox::enqueue` on the same
+//! transaction) and the stored response commit together or not at all.
+//!
+//! * **Request idempotency** (`PgOutbox::idempotency_begin` / `idempotency_complete`): a retry
+//!   with the same key and the same request returns the first answer (with the header
+//!   `Idempotent-Replayed: true`) and writes nothing; the same key with a different request is
+//!   422. A request that failed (4xx, 5xx) stores nothing, so its key can be used again.
+//! * **Versions from the aggregate's own row**: a new payment's row starts at version 1 with
+//!   `PaymentCreated` (version 1); the capture's `UPDATE … SET version = version + 1 …
+//!   RETURNING version` gives `PaymentCaptured` its version. The row lock the capture takes
+//!   orders the commits, so the relay can publish each payment's events in order.
+//! * Bad input is a clear 4xx: a missing or malformed `Idempotency-Key` or body is 400, an
+//!   invalid amount or account 422.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use outbox::postgres::{IdempotencyBegin, PgOutbox, RelayWaker};
+use outbox::{Fingerprint, NewMessage, Payload};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::Common;
+use crate::topology::{AGGREGATE, PAYMENT_CAPTURED, PAYMENT_CREATED};
+
+/// Idempotency scope of `POST /payments`.
+const SCOPE_CREATE: &str = "create-payment";
+/// Idempotency scope of `POST /payments/{id}/capture`.
+const SCOPE_CAPTURE: &str = "capture-payment";
+/// Longest accepted `Idempotency-Key`.
+const MAX_KEY_LEN: usize = 255;
+/// Longest accepted account name.
+const MAX_ACCOUNT_LEN: usize = 64;
+
+/// What every handler shares.
+#[derive(Clone)]
+struct App {
+    pool: PgPool,
+    outbox: PgOutbox,
+    waker: RelayWaker,
+}
+
+/// Serves the API on `listen` until `shutdown`.
+///
+/// # Errors
+/// The database is unreachable or not migrated, or the address cannot be bound.
+pub async fn serve(common: &Common, listen: SocketAddr, shutdown: CancellationToken) -> Result<()> {
+    let pool = crate::db::connect(&common.payments_url, 16).await?;
+    crate::db::check(&pool, "public.payments").await?;
+    let outbox = PgOutbox::new(crate::db::schema());
+    // Wake-ups after commit, coalesced: relays also poll, so a lost one only costs latency.
+    let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(20));
+    let app = App {
+        pool,
+        outbox,
+        waker,
+    };
+    let router = router(app);
+    let listener = bind(listen).await?;
+    info!(addr = %listen, "payments API listening");
+    crate::announce_ready();
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .context("the HTTP server failed")?;
+    info!("payments API stopped");
+    Ok(())
+}
+
+/// Binds `addr`, retrying for a few seconds: after a crash the port can still be held for a
+/// moment.
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    let mut tries = 0;
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) if tries < 50 => {
+                tries += 1;
+                warn!(%addr, error = %e, "cannot bind yet; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot listen on {addr}")),
+        }
+    }
+}
+
+fn router(app: App) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/payments", post(create_payment))
+        .route("/payments/{id}", get(get_payment))
+        .route("/payments/{id}/capture", post(capture_payment))
+        .with_state(app)
+}
+
+/// Body of `POST /payments`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreatePayment {
+    /// The paying account.
+    account: String,
+    /// Minor units (cents), positive.
+    amount: i64,
+}
+
+/// Body of `POST /payments/{id}/capture`: nothing, or an empty object.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapturePayment {}
+
+/// An error answer, `{"error": message}` with its status. Nothing is stored under the
+/// idempotency key of a refused or failed request.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        message: message.into(),
+    }
+}
+
+/// A database failure: 503, so the client retries (with the same key).
+fn unavailable(e: impl std::fmt::Display) -> ApiError {
+    warn!(error = %e, "database error");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("database unavailable, retry with the same Idempotency-Key: {e}"),
+    )
+}
+
+/// The answer stored under an idempotency key: status and body.
+fn stored(status: StatusCode, body: Value) -> Value {
+    json!({ "status": status.as_u16(), "body": body })
+}
+
+/// Turns a stored answer back into a response; `replayed` adds `Idempotent-Replayed: true`.
+fn answer(stored: &Value, replayed: bool) -> Response {
+    let status = stored["status"]
+        .as_u64()
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK);
+    let mut resp = (status, axum::Json(stored["body"].clone())).into_response();
+    if replayed {
+        resp.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+/// The request's `Idempotency-Key`, or the 400 to answer.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "missing Idempotency-Key header: every command needs one (retry with the same key)",
+        ));
+    };
+    match v.to_str() {
+        Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN && !k.contains(' ') => Ok(k.to_owned()),
+        _ => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        )),
+    }
+}
+
+/// A JSON body, or the 4xx to answer. An empty body reads as `{}`.
+fn parse_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    if !body.is_empty()
+        && let Some(ct) = headers.get(header::CONTENT_TYPE)
+        && !ct.to_str().unwrap_or("").starts_with("application/json")
+    {
+        return Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body must be application/json",
+        ));
+    }
+    let body: &[u8] = if body.is_empty() { b"{}" } else { body };
+    serde_json::from_slice(body).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not the expected JSON: {e}"),
+        )
+    })
+}
+
+/// `POST /payments`.
+async fn create_payment(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let req: CreatePayment = parse_body(&headers, &body)?;
+    if req.amount <= 0 {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "amount must be a positive number of minor units, got {}",
+                req.amount
+            ),
+        ));
+    }
+    if req.account.is_empty()
+        || req.account.len() > MAX_ACCOUNT_LEN
+        || req.account.chars().any(char::is_control)
+    {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("account must be 1 to {MAX_ACCOUNT_LEN} printable characters"),
+        ));
+    }
+    // The request as the key remembers it (serde_json sorts object keys: canonical bytes).
+    let request = json!({ "account": req.account, "amount": req.amount });
+    let fingerprint = Fingerprint::of(request.to_string().as_bytes());
+
+    let mut tx = app.pool.begin().await.map_err(unavailable)?;
+    if let Some(first) = begin_idempotent(&app, &mut tx, SCOPE_CREATE, &key, fingerprint).await? {
+        return Ok(answer(&first, true));
+    }
+    let id = format!("pay_{}", uuid::Uuid::now_v7().simple());
+    sqlx::query(
+        "INSERT INTO payments (id, account, amount, status, version) \
+         VALUES ($1, $2, $3, 'created', 1)",
+    )
+    .bind(&id)
+    .bind(&req.account)
+    .bind(req.amount)
+    .execute(&mut *tx)
+    .await
+    .map_err(unavailable)?;
+    // A new aggregate's row starts at version 1, and so does its first event.
+    let event = event(&id, 1, PAYMENT_CREATED, &req.account, req.amount)?;
+    app.outbox
+        .enqueue(&mut *tx, &event)
+        .await
+        .map_err(unavailable)?;
+    let body = json!({
+        "id": id, "account": req.account, "amount": req.amount, "status": "created", "version": 1,
+    });
+    let response = stored(StatusCode::CREATED, body);
+    app.outbox
+        .idempotency_complete(&mut tx, SCOPE_CREATE, &key, &response)
+        .await
+        .map_err(unavailable)?;
+    tx.commit().await.map_err(unavailable)?;
+    app.waker.wake();
+    Ok(answer(&response, false))
+}
+
+/// `POST /payments/{id}/capture`.
+async fn capture_payment(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    parse_body::<CapturePayment>(&headers, &body)?;
+    let fingerprint = Fingerprint::of(json!({ "capture": id }).to_string().as_bytes());
+
+    let mut tx = app.pool.begin().await.map_err(unavailable)?;
+    if let Some(first) = begin_idempotent(&app, &mut tx, SCOPE_CAPTURE, &key, fingerprint).await? {
+        return Ok(answer(&first, true));
+    }
+    // The aggregate's own row gives the version: the UPDATE that captures increments it, under
+    // the row lock that orders this payment's commits.
+    let row: Option<(i64, String, i64)> = sqlx::query_as(
+        "UPDATE payments SET status = 'captured', version = version + 1, captured_at = now() \
+         WHERE id = $1 AND status = 'created' RETURNING version, account, amount",
+    )
+    .bind(&id)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(unavailable)?;
+    let Some((version, account, amount)) = row else {
+        // Rolled back with `tx`: nothing is stored under the key.
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM payments WHERE id = $1")
+                .bind(&id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+        return Err(match status {
+            None => error(StatusCode::NOT_FOUND, format!("no payment `{id}`")),
+            Some(s) => error(
+                StatusCode::CONFLICT,
+                format!("payment `{id}` is {s}: only a created payment can be captured"),
+            ),
+        });
+    };
+    let event = event(&id, version, PAYMENT_CAPTURED, &account, amount)?;
+    app.outbox
+        .enqueue(&mut *tx, &event)
+        .await
+        .map_err(unavailable)?;
+    let body = json!({
+        "id": id, "account": account, "amount": amount, "status": "captured", "version": version,
+    });
+    let response = stored(StatusCode::OK, body);
+    app.outbox
+        .idempotency_complete(&mut tx, SCOPE_CAPTURE, &key, &response)
+        .await
+        .map_err(unavailable)?;
+    tx.commit().await.map_err(unavailable)?;
+    app.waker.wake();
+    Ok(answer(&response, false))
+}
+
+/// Records the key in `tx`. `None`: new, run the command. `Some(first)`: the stored first
+/// answer, to replay. `Err`: the 422 of a key reused with another request, or a database
+/// error.
+async fn begin_idempotent(
+    app: &App,
+    tx: &mut sqlx::PgConnection,
+    scope: &str,
+    key: &str,
+    fingerprint: Fingerprint,
+) -> Result<Option<Value>, ApiError> {
+    use outbox::postgres::IdempotencyError;
+    match app
+        .outbox
+        .idempotency_begin(tx, scope, key, fingerprint)
+        .await
+    {
+        Ok(IdempotencyBegin::New) => Ok(None),
+        Ok(IdempotencyBegin::Replay(first)) => Ok(Some(first)),
+        Err(IdempotencyError::Conflict { .. }) => Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Idempotency-Key `{key}` was already used with a different request"),
+        )),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// The integration event of `payment` at `version`.
+fn event(
+    payment: &str,
+    version: i64,
+    event_type: &str,
+    account: &str,
+    amount: i64,
+) -> Result<NewMessage, ApiError> {
+    let payload = Payload::json(&json!({ "id": payment, "account": account, "amount": amount }))
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(NewMessage::new(
+        AGGREGATE, payment, version, event_type, payload,
+    ))
+}
+
+/// `GET /payments/{id}`.
+async fn get_payment(State(app): State<App>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let row: Option<(String, i64, String, i64)> =
+        sqlx::query_as("SELECT account, amount, status, version FROM payments WHERE id = $1")
+            .bind(&id)
+            .fetch_optional(&app.pool)
+            .await
+            .map_err(unavailable)?;
+    match row {
+        Some((account, amount, status, version)) => Ok(axum::Json(json!({
+            "id": id, "account": account, "amount": amount, "status": status, "version": version,
+        }))
+        .into_response()),
+        None => Err(error(StatusCode::NOT_FOUND, format!("no payment `{id}`"))),
+    }
+}
