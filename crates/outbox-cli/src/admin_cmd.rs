@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use outbox_postgres::admin::{
     Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, PauseTarget,
-    ReplaySelection,
+    RangeSelection, ReplaySelection,
 };
 
 /// Who acts and why: every action's audit record.
@@ -579,12 +579,26 @@ pub(crate) async fn trace(
 /// What `outbox replay` republishes.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ReplayArgs {
-    /// The aggregate, TYPE/ID.
-    #[arg(long)]
-    aggregate: String,
+    /// The aggregate, TYPE/ID (or a time range: --since and --until).
+    #[arg(long, required_unless_present = "since", conflicts_with = "since")]
+    aggregate: Option<String>,
     /// From this version on [default: 1].
-    #[arg(long)]
+    #[arg(long, requires = "aggregate")]
     from_version: Option<i64>,
+    /// A time range instead of an aggregate: the published events written at or after this
+    /// time (RFC 3339), each aggregate extended to its newest version; must be after the
+    /// replay horizon (what retention deleted).
+    #[arg(long, requires = "until")]
+    since: Option<DateTime<Utc>>,
+    /// The time range's end: events written before this time (RFC 3339).
+    #[arg(long, requires = "since")]
+    until: Option<DateTime<Utc>>,
+    /// With a time range: only this aggregate type.
+    #[arg(long, requires = "since")]
+    aggregate_type: Option<String>,
+    /// With a time range: only events with this destination override.
+    #[arg(long, requires = "since")]
+    destination: Option<String>,
     /// Only say how many events it would republish.
     #[arg(long)]
     dry_run: bool,
@@ -599,7 +613,43 @@ pub(crate) struct ReplayArgs {
 /// mode).
 pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
     admin.ready().await?;
-    let Some((t, i)) = a.aggregate.split_once('/') else {
+    if let (Some(since), Some(until)) = (a.since, a.until) {
+        let which = RangeSelection {
+            created_after: since,
+            created_before: until,
+            aggregate_type: a.aggregate_type.clone(),
+            destination: a.destination.clone(),
+        };
+        let plan = admin
+            .replay_range(
+                &which,
+                a.dry_run,
+                a.expect_events,
+                &a.action.actor()?,
+                a.action.reason(),
+            )
+            .await?;
+        let what = format!(
+            "{} event(s) of {} aggregate(s): {} written in the range, {} later ones of the same \
+             aggregates (each to its newest version)",
+            plan.events,
+            plan.aggregates,
+            plan.in_range,
+            plan.events - plan.in_range
+        );
+        let horizon = plan.horizon.map_or_else(
+            || "retention has deleted nothing yet".to_owned(),
+            |h| format!("replay horizon {}", h.to_rfc3339()),
+        );
+        if plan.dry_run {
+            println!("dry run: would republish {what}; {horizon}");
+        } else {
+            println!("republishing {what} under their original ids; {horizon}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let aggregate = a.aggregate.clone().unwrap_or_default();
+    let Some((t, i)) = aggregate.split_once('/') else {
         bail!("--aggregate takes TYPE/ID, e.g. payment/42");
     };
     let which = ReplaySelection {
@@ -622,13 +672,13 @@ pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
     };
     if plan.dry_run {
         println!(
-            "dry run: would republish {} event(s) of {}; {held}",
-            plan.events, a.aggregate
+            "dry run: would republish {} event(s) of {aggregate}; {held}",
+            plan.events
         );
     } else {
         println!(
-            "republishing {} event(s) of {} under their original ids; {held}",
-            plan.events, a.aggregate
+            "republishing {} event(s) of {aggregate} under their original ids; {held}",
+            plan.events
         );
     }
     Ok(ExitCode::SUCCESS)

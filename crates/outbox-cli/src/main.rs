@@ -164,8 +164,9 @@ enum Command {
         json: bool,
     },
     /// Republish an aggregate's published events with their original ids (mark mode only),
-    /// from a version on; refused beyond the replay horizon (what retention still holds) and
-    /// while a relay holds the aggregate. --dry-run first, then --expect-events N.
+    /// from a version on, or those written in a time range (--since, --until), each aggregate
+    /// to its newest version; refused beyond the replay horizon (what retention still holds)
+    /// and while a relay holds an aggregate. --dry-run first, then --expect-events N.
     Replay(admin_cmd::ReplayArgs),
     /// The operators' recorded actions (requeues, discards, resolutions, from the CLI and the
     /// console), newest first.

@@ -553,8 +553,17 @@ async function trace(e) {
 // The replay form's request, or an error message.
 function replayRequest() {
   const f = Object.fromEntries(new FormData($("replay-form")));
+  const [since, until] = [f.created_after.trim(), f.created_before.trim()];
+  if (since || until) {
+    if (f.aggregate_id.trim() || f.from_version.trim()) return [null, "give an aggregate or a time range, not both"];
+    if (!since || !until) return [null, "a time range needs both ends (RFC 3339, e.g. 2026-12-05T10:00:00Z)"];
+    const body = { created_after: since, created_before: until, reason: f.reason };
+    if (f.aggregate_type.trim()) body.aggregate_type = f.aggregate_type.trim();
+    if (f.destination.trim()) body.destination = f.destination.trim();
+    return [body, null];
+  }
   const body = { aggregate_type: f.aggregate_type.trim(), aggregate_id: f.aggregate_id.trim(), reason: f.reason };
-  if (!body.aggregate_type || !body.aggregate_id) return [null, "give the aggregate's type and id"];
+  if (!body.aggregate_type || !body.aggregate_id) return [null, "give the aggregate's type and id, or a time range"];
   const v = f.from_version.trim();
   if (v) {
     if (!/^[1-9][0-9]*$/.test(v)) return [null, "the version is a whole number from 1"];
@@ -569,7 +578,9 @@ async function replay(run) {
   if (problem) return ($("replay-result").textContent = problem);
   const [ok, plan] = await act("replay", Object.assign({}, body, { dry_run: true }));
   if (!ok) return ($("replay-result").textContent = "refused: " + (plan.error || ""));
-  const what = plan.events + " event(s) of " + body.aggregate_type + "/" + body.aggregate_id;
+  const what = body.created_after
+    ? plan.events + " event(s) of " + plan.aggregates + " aggregate(s) (" + plan.in_range + " written in the range)"
+    : plan.events + " event(s) of " + body.aggregate_type + "/" + body.aggregate_id;
   if (!run) return ($("replay-result").textContent = "dry run: would republish " + what);
   if (!confirm("Republish " + what + " under their original ids?")) return;
   const [done, out] = await act("replay", Object.assign({}, body, { expect_events: plan.events }));

@@ -44,7 +44,7 @@
 //! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all, with their calls and reconciliation lookups |
 //! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`, `"actor"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
 //! | `POST /api/v1/work-items/{id}/reconcile` | an unknown outcome's lookup is due now (409 when it is not unknown) |
-//! | `POST /api/v1/replay` | body `{"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3, "dry_run": true}`, then the same with `"expect_events": <the dry run's count>` and a `"reason"`: one aggregate's published events pending again under their original ids (mark mode only); 409 in delete mode, beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or when the count changed; 404 when nothing of it is held; answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan) |
+//! | `POST /api/v1/replay` | body `{"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3, "dry_run": true}`, then the same with `"expect_events": <the dry run's count>` and a `"reason"`: one aggregate's published events pending again under their original ids (mark mode only); 409 in delete mode, beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or when the count changed; 404 when nothing of it is held; answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan). Or a time range: `{"created_after": "…", "created_before": "…"}` (RFC 3339, optional `"aggregate_type"`, `"destination"`): the published events written in it, each aggregate extended to its newest version, refused (409) when the range starts at or before the replay horizon (the newest publish time retention deleted) or is too big; answers [`RangePlan`](outbox_postgres::admin::RangePlan) |
 //! | `GET /api/v1/pauses` | the routes and consumers paused, with who paused them, when and why ([`Pause`](outbox_postgres::admin::Pause)) |
 //! | `POST /api/v1/pauses/pause` | body `{"route": "destination:payments"}` (a route key as `routes` shows it), or `{"consumer": "ledger"}`, with `"reason"` (required) and optional `"actor"`: the polling relays stop claiming the route (an aggregate whose next row goes there waits), or the consumer stops taking deliveries, until resumed; 409 when paused already, or for a route while a CDC relay runs ([`PauseTarget`](outbox_postgres::admin::PauseTarget)) |
 //! | `POST /api/v1/pauses/resume` | the same body (`"reason"` optional): ends the pause; 404 when it is not paused |
@@ -102,7 +102,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use outbox_postgres::admin::{
     Actor, Admin, AdminError, AdminErrorKind, ConsumerSelection, Counting, DeadLetterFilter,
-    DeadLetterSelection, PauseTarget, ReplaySelection,
+    DeadLetterSelection, PauseTarget, RangeSelection, ReplaySelection,
 };
 use outbox_postgres::effects::Resolution;
 use serde::Deserialize;
@@ -921,10 +921,18 @@ async fn reconcile_work_item(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReplayBody {
-    aggregate_type: String,
-    aggregate_id: String,
+    #[serde(default)]
+    aggregate_type: Option<String>,
+    #[serde(default)]
+    aggregate_id: Option<String>,
     #[serde(default)]
     from_version: Option<i64>,
+    #[serde(default)]
+    created_after: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(default)]
+    created_before: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(default)]
+    destination: Option<String>,
     #[serde(default)]
     dry_run: bool,
     #[serde(default)]
@@ -941,17 +949,61 @@ async fn replay(
     body: Result<Json<ReplayBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let (body, actor) = action(&s, &headers, body)?;
-    let which = ReplaySelection {
-        aggregate_type: body.aggregate_type,
-        aggregate_id: body.aggregate_id,
-        from_version: body.from_version,
-    };
-    let reason = body.reason.unwrap_or_default();
-    Ok(json(
-        s.admin
-            .replay(&which, body.dry_run, body.expect_events, &actor, &reason)
-            .await?,
-    ))
+    let reason = body.reason.clone().unwrap_or_default();
+    match body {
+        ReplayBody {
+            created_after: Some(created_after),
+            created_before: Some(created_before),
+            aggregate_id: None,
+            from_version: None,
+            aggregate_type,
+            destination,
+            dry_run,
+            expect_events,
+            ..
+        } => {
+            let which = RangeSelection {
+                created_after,
+                created_before,
+                aggregate_type,
+                destination,
+            };
+            Ok(json(
+                s.admin
+                    .replay_range(&which, dry_run, expect_events, &actor, &reason)
+                    .await?,
+            ))
+        }
+        ReplayBody {
+            aggregate_type: Some(aggregate_type),
+            aggregate_id: Some(aggregate_id),
+            created_after: None,
+            created_before: None,
+            destination: None,
+            from_version,
+            dry_run,
+            expect_events,
+            ..
+        } => {
+            let which = ReplaySelection {
+                aggregate_type,
+                aggregate_id,
+                from_version,
+            };
+            Ok(json(
+                s.admin
+                    .replay(&which, dry_run, expect_events, &actor, &reason)
+                    .await?,
+            ))
+        }
+        _ => Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "name one aggregate (\"aggregate_type\", \"aggregate_id\", optional \
+             \"from_version\") or one time range (\"created_after\", \"created_before\", \
+             optional \"aggregate_type\", \"destination\")"
+                .into(),
+        )),
+    }
 }
 
 /// The body of `POST /api/v1/pauses/pause` and `/resume`: one of `route` or `consumer`, a

@@ -1113,6 +1113,25 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     .await;
     assert_eq!(status, 404, "{e}");
 
+    // A time range: the published events written in it, counted by a dry run; an aggregate
+    // and a range together are a bad request.
+    let since = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let until = (chrono::Utc::now() + chrono::Duration::minutes(1)).to_rfc3339();
+    let range =
+        format!(r#"{{"created_after": "{since}", "created_before": "{until}", "dry_run": true}}"#);
+    let (status, plan) = call(addr, "POST", path, &ok, Some(&range)).await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(
+        (&plan["events"], &plan["in_range"], &plan["aggregates"]),
+        (&4.into(), &4.into(), &1.into()),
+        "{plan}"
+    );
+    let mixed = format!(
+        r#"{{"aggregate_type": "payment", "aggregate_id": "p-1", "created_after": "{since}", "created_before": "{until}", "dry_run": true}}"#
+    );
+    let (status, e) = call(addr, "POST", path, &ok, Some(&mixed)).await;
+    assert_eq!(status, 400, "{e}");
+
     // A relay holds the aggregate (a live lease): refused, retry later.
     exec(format!(
         "INSERT INTO {s}.leases (aggregate_type, aggregate_id, token, lease_until) \

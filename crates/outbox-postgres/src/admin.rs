@@ -46,7 +46,9 @@ pub use dead_letters::{
 pub(crate) use pauses::CONSUMER_PAUSED;
 pub use pauses::{Pause, PauseTarget};
 pub use processes::{ConsumerView, Instance, MINUTES, RouteView, Routes};
-pub use replay::{ReplayPlan, ReplaySelection};
+pub use replay::{
+    MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, RangePlan, RangeSelection, ReplayPlan, ReplaySelection,
+};
 pub use trace::{
     AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TracedEvent,
 };
@@ -1438,6 +1440,234 @@ impl Admin {
             .finish(tx, OP, actor, &selection, reason, result)
             .await?;
         Ok(ReplayPlan {
+            events: i64::try_from(n).unwrap_or(i64::MAX),
+            ..plan
+        })
+    }
+
+    /// Replays the published events written in a time range with their original ids
+    /// ([`RangeSelection`]; see the [`replay`](self::replay) rules: each aggregate is extended
+    /// to its newest version, and the range must start after the replay horizon). With
+    /// `dry_run`, only says what it would take; otherwise makes those rows pending again, with
+    /// the audit record, and wakes the relays. `expect_events` (the dry run's count) refuses the
+    /// replay when the count changed.
+    ///
+    /// # Errors
+    /// [`AdminError`] of kind `Refused` in delete mode, for a range that starts at or before
+    /// the replay horizon, when an aggregate's versions are not all held, while a relay holds
+    /// one of the aggregates or a CDC relay runs, when the range is too big
+    /// ([`MAX_RANGE_AGGREGATES`], [`MAX_RANGE_EVENTS`]) or when the count changed (nothing
+    /// changed; the message says why), `NotFound` when nothing published was written in the
+    /// range, `InvalidRequest` for an empty range or no reason, `PermissionDenied` when the
+    /// role may not act; otherwise the database's failure.
+    pub async fn replay_range(
+        &self,
+        which: &RangeSelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<RangePlan, AdminError> {
+        const OP: &str = "replay range";
+        let selection = serde_json::to_value(which).unwrap_or_default();
+        let fail = |e: AdminError| {
+            audit::log(actor, OP, &selection, reason, Err(&e));
+            e
+        };
+        let refuse = |kind, message: String| {
+            fail(AdminError {
+                operation: OP,
+                kind,
+                message,
+            })
+        };
+        if self.store.config().on_publish == OnPublish::Delete {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
+                 can be replayed from it; replay from the broker's retention, or run in mark mode"
+                    .into(),
+            ));
+        }
+        if !dry_run && reason.trim().is_empty() {
+            return Err(refuse(
+                AdminErrorKind::InvalidRequest,
+                "a replay needs a reason (it is kept in the audit record)".into(),
+            ));
+        }
+        if which.created_after >= which.created_before {
+            return Err(refuse(
+                AdminErrorKind::InvalidRequest,
+                format!(
+                    "an empty range: created_after {} is not before created_before {}",
+                    which.created_after.to_rfc3339(),
+                    which.created_before.to_rfc3339()
+                ),
+            ));
+        }
+        let mut tx = self.begin(OP, actor, &selection, reason).await?;
+        let err = |e| fail(self.action_error(OP, e));
+        let horizon: Option<DateTime<Utc>> =
+            sqlx::query_scalar(AssertSqlSafe(self.render(replay::HORIZON)))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(err)?;
+        if let Some(h) = horizon
+            && which.created_after <= h
+        {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: retention deleted events published up to {}; a \
+                     range must start after it (or replay from the broker's retention)",
+                    h.to_rfc3339()
+                ),
+            ));
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.render(replay::RANGE_AGGREGATES)))
+            .bind(which.created_after)
+            .bind(which.created_before)
+            .bind(which.aggregate_type.as_deref())
+            .bind(which.destination.as_deref())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        if rows.is_empty() {
+            return Err(fail(not_found(
+                OP,
+                "no published event was written in the range (with the filter given)".into(),
+            )));
+        }
+        let mut types = Vec::with_capacity(rows.len());
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut froms = Vec::with_capacity(rows.len());
+        let mut in_range = 0i64;
+        for r in &rows {
+            let decoded = (|| -> Result<(), sqlx::Error> {
+                types.push(r.try_get::<String, _>(0)?);
+                ids.push(r.try_get::<String, _>(1)?);
+                froms.push(r.try_get::<i64, _>(2)?);
+                in_range += r.try_get::<i64, _>(3)?;
+                Ok(())
+            })();
+            decoded.map_err(|e| fail(AdminError::sqlx(OP, e)))?;
+        }
+        let aggregates = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        if aggregates > replay::MAX_RANGE_AGGREGATES || in_range > replay::MAX_RANGE_EVENTS {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "the range holds {in_range} event(s) of {aggregates} aggregate(s): more than \
+                     one replay takes ({} events, {} aggregates); split it into shorter ranges",
+                    replay::MAX_RANGE_EVENTS,
+                    replay::MAX_RANGE_AGGREGATES
+                ),
+            ));
+        }
+        let q = |sql: String| {
+            sqlx::query(AssertSqlSafe(self.render(&sql)))
+                .bind(types.clone())
+                .bind(ids.clone())
+                .bind(froms.clone())
+        };
+        q(replay::range_lock())
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        if let Some(held) = q(replay::range_leased())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?
+        {
+            let (t, i): (String, String) = (
+                held.try_get(0).unwrap_or_default(),
+                held.try_get(1).unwrap_or_default(),
+            );
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "a relay holds {t}/{i} right now (it may be publishing a later version): \
+                     retry once it settled, in a few seconds"
+                ),
+            ));
+        }
+        let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(replay::CDC_RUNNING)))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+        if cdc {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                "a CDC relay is running: it streams inserts only, so it would not see the replayed \
+                 rows and could publish a newer version ahead of them. Stop it and run the polling \
+                 relay for the replay (README, \"CDC relay\")"
+                    .into(),
+            ));
+        }
+        let r = q(replay::range_plan())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+        let (events, gap): (i64, Option<String>) = (|| Ok((r.try_get(0)?, r.try_get(1)?)))()
+            .map_err(|e: sqlx::Error| fail(AdminError::sqlx(OP, e)))?;
+        if let Some(aggregate) = gap {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: the versions of {aggregate} from its first one in \
+                     the range to its newest are not all held (retention or a discard removed \
+                     some); replay it alone from a version still held"
+                ),
+            ));
+        }
+        let plan = RangePlan {
+            events,
+            in_range,
+            aggregates,
+            horizon,
+            dry_run,
+        };
+        if let Some(expected) = expect_events
+            && expected != plan.events
+        {
+            return Err(refuse(
+                AdminErrorKind::Refused,
+                format!(
+                    "the replay would now take {} event(s), not the {expected} expected: dry-run again",
+                    plan.events
+                ),
+            ));
+        }
+        if dry_run {
+            let _ = tx.rollback().await;
+            return Ok(plan);
+        }
+        let result = match q(replay::range_replay()).execute(&mut *tx).await {
+            Ok(r) if i64::try_from(r.rows_affected()) == Ok(plan.events) => {
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(self.store.schema().wakeup_channel())
+                    .bind(crate::store::RESCAN)
+                    .execute(&mut *tx)
+                    .await
+                    .map(|_| r.rows_affected())
+                    .map_err(|e| self.action_error(OP, e))
+            }
+            Ok(r) => Err(AdminError {
+                operation: OP,
+                kind: AdminErrorKind::Refused,
+                message: format!(
+                    "{} row(s) changed where {} were planned (retention deleted some meanwhile): \
+                     nothing was replayed; dry-run again",
+                    r.rows_affected(),
+                    plan.events
+                ),
+            }),
+            Err(e) => Err(self.action_error(OP, e)),
+        };
+        let n = self
+            .finish(tx, OP, actor, &selection, reason, result)
+            .await?;
+        Ok(RangePlan {
             events: i64::try_from(n).unwrap_or(i64::MAX),
             ..plan
         })

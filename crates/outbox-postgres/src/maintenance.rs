@@ -124,14 +124,15 @@ impl MaintenanceStore for PgStore {
         older_than: Duration,
         limit: i64,
     ) -> Result<u64, StoreError> {
-        self.purge(
-            &self.sql().published_purge,
-            session,
-            older_than,
-            limit,
-            "published-row retention",
-        )
-        .await
+        // One statement deletes and raises the retention mark (the replay horizon), so it
+        // answers its count as a row rather than as rows affected.
+        let deleted: i64 = sqlx::query_scalar(self.q(&self.sql().published_purge))
+            .bind(millis(older_than))
+            .bind(limit)
+            .fetch_one(session)
+            .await
+            .map_err(self.err(Component::Maintainer, "published-row retention"))?;
+        Ok(u64::try_from(deleted).unwrap_or(0))
     }
 
     async fn lease_reap<'a>(

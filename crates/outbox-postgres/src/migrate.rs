@@ -74,8 +74,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 11,
-        name: "0011_conflict_resolution.sql",
-        sql: include_str!("../migrations/0011_conflict_resolution.sql"),
+        name: "0011_resolutions_and_horizon.sql",
+        sql: include_str!("../migrations/0011_resolutions_and_horizon.sql"),
     },
 ];
 

@@ -650,6 +650,19 @@ const OBJECTS: &[Decision] = &[
         reader: &[Select(All)],
         operator: &[Insert(Only(&["kind", "name", "audit_id"])), Delete],
     },
+    Decision {
+        name: "retention_marks",
+        kind: Kind::Table,
+        producer: NONE,
+        relay: NONE,
+        consumer: NONE,
+        executor: NONE,
+        // Raised by the published-row purge in its own statement.
+        maintainer: &[Select(All), Insert(All), Update(Only(&["through"]))],
+        // The replay horizon, read by a replay and shown by the console.
+        reader: &[Select(All)],
+        operator: NONE,
+    },
 ];
 
 /// What a heartbeat changes in its own row.

@@ -964,6 +964,15 @@ async fn the_maintainer_purges_without_reading() {
         2,
         "the young published row and the pending one stay"
     );
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM {s}.retention_marks WHERE what = 'published' \
+             AND through < now() - interval '29 days'"
+        )
+        .await,
+        1,
+        "the purge raised the replay horizon to the publish time it deleted"
+    );
 
     // Mark mode's retention deletes events by ctid; it reads no event beyond its state and
     // publication time, and changes none.
@@ -1262,6 +1271,12 @@ async fn a_role_without_grants_is_told_so_not_to_migrate() {
                     env.schema
                 ),
                 format!("DELETE ON TABLE \"{}\".\"work_items\"", env.schema),
+                format!("SELECT ON TABLE \"{}\".\"retention_marks\"", env.schema),
+                format!("INSERT ON TABLE \"{}\".\"retention_marks\"", env.schema),
+                format!(
+                    "UPDATE (through) ON TABLE \"{}\".\"retention_marks\"",
+                    env.schema
+                ),
             ]
         ),
         other => panic!("{other}"),

@@ -1,5 +1,5 @@
-//! Replay: one aggregate's published events republished with their original ids, as far as
-//! the outbox still holds them.
+//! Replay: one aggregate's published events, or those written in a time range, republished
+//! with their original ids, as far as the outbox still holds them.
 //!
 //! Only mark mode keeps published rows (`relay.on_publish = "mark"`, until `outbox cleanup
 //! --published-keep-secs` deletes them); in delete mode the outbox holds nothing to replay and a
@@ -29,10 +29,30 @@
 //! nothing; a replay given `expect_events` (the dry run's count) is refused when the count
 //! changed meanwhile, and any replay is rolled back when fewer rows changed than planned.
 //!
-//! Not built: replay of a time range across aggregates (it needs a retention high-water mark
-//! to know its horizon, and per-aggregate extension to keep order).
+//! **A time range** ([`RangeSelection`], `Admin::replay_range`): the events written in
+//! `[created_after, created_before)` that were published, of one aggregate type or destination
+//! when given, across aggregates. Two rules keep it whole and ordered:
 //!
-//! Cost: the aggregate's rows through the (aggregate, version) unique index.
+//! * *Per-aggregate extension.* For each aggregate with a published event in the range, the
+//!   replay takes that aggregate's published events from its first one in the range through
+//!   its newest, later ones (after the range, whatever their route) included. A consumer that
+//!   rebuilds its state from the replay then ends at each aggregate's newest version, in
+//!   version order, instead of at a version the aggregate has since left behind. The plan
+//!   counts the events in the range and the ones the extension adds.
+//! * *The replay horizon.* Retention (`outbox cleanup --published-keep-secs`) raises a mark to
+//!   the newest publish time it deleted (`retention_marks`, schema 11). Any event written after
+//!   the mark is still held (it was published after it), so a range that starts after the mark
+//!   is complete; one that starts at or before it is refused, naming the mark. The per-aggregate
+//!   gap check above applies to each aggregate too.
+//!
+//! The guards of a single aggregate hold for the whole set (locks, live leases, a CDC relay,
+//! the dry-run count). A range is at most [`MAX_RANGE_AGGREGATES`] aggregates and
+//! [`MAX_RANGE_EVENTS`] events in one transaction; a bigger one is refused, to be split.
+//!
+//! Cost: the aggregate's rows through the (aggregate, version) unique index; a time range reads
+//! the published rows of the range by `created_at` (mark mode's `published_at` index does not
+//! serve it: a sequential read of the table on a large outbox, acceptable for an occasional
+//! operator action; narrow it by aggregate type or destination).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -93,3 +113,95 @@ pub(super) const REPLAY: &str = "UPDATE {s}.events SET state = 'pending', attemp
     available_at = now() \
     WHERE aggregate_type = $1 AND aggregate_id = $2 AND state = 'published' \
       AND aggregate_version >= $3";
+
+/// Most aggregates one time-range replay takes.
+pub const MAX_RANGE_AGGREGATES: i64 = 10_000;
+/// Most events one time-range replay takes.
+pub const MAX_RANGE_EVENTS: i64 = 100_000;
+
+/// What to replay: the published events written in `[created_after, created_before)`, of
+/// `aggregate_type` and/or `destination` when given, each aggregate extended to its newest
+/// version (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeSelection {
+    /// Written at or after this time.
+    pub created_after: DateTime<Utc>,
+    /// Written before this time.
+    pub created_before: DateTime<Utc>,
+    /// Only this aggregate type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate_type: Option<String>,
+    /// Only events with this destination override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+}
+
+/// What a time-range replay takes, or took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RangePlan {
+    /// Rows it republishes (a dry run: would republish), extension included.
+    pub events: i64,
+    /// Of those, the ones written in the range.
+    pub in_range: i64,
+    /// Aggregates it touches.
+    pub aggregates: i64,
+    /// The replay horizon: ranges must start after it (`None`: retention deleted nothing yet).
+    pub horizon: Option<DateTime<Utc>>,
+    /// `true` for a dry run (nothing changed).
+    pub dry_run: bool,
+}
+
+/// The replay horizon of a time range.
+pub(super) const HORIZON: &str = "SELECT through FROM {s}.retention_marks WHERE what = 'published'";
+
+/// The aggregates with a published event in the range `$1`..`$2` (of type `$3`, destination
+/// `$4` when not null), each with its first version there and how many of its events are there.
+pub(super) const RANGE_AGGREGATES: &str = "SELECT aggregate_type, aggregate_id, \
+      min(aggregate_version), count(*) \
+    FROM {s}.events WHERE state = 'published' AND created_at >= $1 AND created_at < $2 \
+      AND ($3::text IS NULL OR aggregate_type = $3) \
+      AND ($4::text IS NULL OR destination = $4) \
+    GROUP BY aggregate_type, aggregate_id";
+
+/// The aggregates `$1`/`$2` (from version `$3`), as a relation `a(t, i, v)`.
+const AGGREGATES: &str = "unnest($1::text[], $2::text[], $3::bigint[]) AS a(t, i, v)";
+
+/// Locks the unpublished rows of the aggregates `$1`/`$2` (as [`LOCK`] does for one).
+pub(super) fn range_lock() -> String {
+    format!(
+        "SELECT 1 FROM {{s}}.events e JOIN {AGGREGATES} ON e.aggregate_type = a.t \
+         AND e.aggregate_id = a.i WHERE e.state <> 'published' FOR UPDATE OF e"
+    )
+}
+
+/// The first of the aggregates `$1`/`$2` a relay holds a live lease on.
+pub(super) fn range_leased() -> String {
+    format!(
+        "SELECT l.aggregate_type, l.aggregate_id FROM {{s}}.leases l JOIN {AGGREGATES} \
+         ON l.aggregate_type = a.t AND l.aggregate_id = a.i WHERE l.lease_until > now() LIMIT 1"
+    )
+}
+
+/// Per aggregate: the published rows from its version `$3` on, and whether the versions from
+/// there to its newest are all held; the first aggregate with a gap, if any.
+pub(super) fn range_plan() -> String {
+    format!(
+        "WITH p AS (SELECT a.t, a.i, \
+           count(*) FILTER (WHERE e.state = 'published') AS published, \
+           count(*) AS held, max(e.aggregate_version) - a.v + 1 AS span \
+         FROM {AGGREGATES} JOIN {{s}}.events e ON e.aggregate_type = a.t \
+           AND e.aggregate_id = a.i AND e.aggregate_version >= a.v GROUP BY a.t, a.i, a.v) \
+         SELECT coalesce(sum(published), 0)::bigint, \
+           (SELECT t || '/' || i FROM p WHERE held <> span LIMIT 1) FROM p"
+    )
+}
+
+/// The time-range replay; `published_at` is kept.
+pub(super) fn range_replay() -> String {
+    format!(
+        "UPDATE {{s}}.events e SET state = 'pending', attempts = 0, available_at = now() \
+         FROM {AGGREGATES} WHERE e.aggregate_type = a.t AND e.aggregate_id = a.i \
+           AND e.state = 'published' AND e.aggregate_version >= a.v"
+    )
+}

@@ -1,4 +1,5 @@
--- outbox schema, version 11: an operator's resolution of an inbox conflict. `{{schema}}` is
+-- outbox schema, version 11: an operator's resolution of an inbox conflict, and the retention
+-- mark that is the replay horizon of a time range. `{{schema}}` is
 -- the configured schema name.
 --
 -- A conflict (the same event id arrived at a consumer with another payload) is never applied:
@@ -15,3 +16,13 @@ ALTER TABLE {{schema}}.inbox_conflicts
 -- The open conflicts, newest first (the console's list and count).
 CREATE INDEX inbox_conflicts_open_idx ON {{schema}}.inbox_conflicts (id)
     WHERE resolved_at IS NULL;
+
+-- How far retention has deleted (the replay horizon of a time range): `published` is the
+-- newest `published_at` among the published rows that `outbox cleanup --published-keep-secs`
+-- deleted (mark mode). A row written after it is still held, so a replay of a time range that
+-- starts after it replays everything published in the range (`Admin::replay_range`); one that
+-- starts at or before it is refused. Raised by the purge's own statement, never lowered.
+CREATE TABLE {{schema}}.retention_marks (
+    what    text        PRIMARY KEY CHECK (what IN ('published')),
+    through timestamptz NOT NULL
+);
