@@ -163,7 +163,10 @@ async fn cli_actions_are_audited_and_the_console_shows_the_same_records_and_trac
     )
     .await;
     assert!(!out.status.success(), "{out:?}");
-    assert!(out.stderr.contains("discard dead letters needs a reason"), "{out:?}");
+    assert!(
+        out.stderr.contains("discard dead letters needs a reason"),
+        "{out:?}"
+    );
     assert_eq!(db.count("state = 'dead'").await, 3);
     // By group, with a reason; then a requeue of the rest by filter.
     let out = cli(
