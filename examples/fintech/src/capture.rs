@@ -21,7 +21,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use outbox::Backoff;
 use outbox::IncomingEvent;
-use outbox::broker::SourceOptions;
 use outbox::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
 use outbox::effect::{Executor, ExecutorConfig};
 use outbox::http::HttpPayoutProvider;
@@ -83,16 +82,9 @@ pub async fn run(common: &Common, provider_url: &str, shutdown: CancellationToke
     let pool = crate::db::connect(&common.payments_url, 12).await?;
     crate::db::check(&pool, "public.payments").await?;
 
-    let source = outbox::brokers()
-        .connect_source(
-            &common.broker_url,
-            &topology.source_settings(CAPTURE_CONSUMER, Some(PAYMENT_CAPTURED)),
-            &SourceOptions {
-                consumer: CAPTURE_CONSUMER.into(),
-            },
-        )
-        .await
-        .context("cannot connect the capture consumer's source")?;
+    let source = topology
+        .connect_source(&common.broker_url, CAPTURE_CONSUMER, Some(PAYMENT_CAPTURED))
+        .await?;
     let consumer = PgConsumer::new(
         PgStore::with_schema(pool.clone(), schema.clone()),
         source,
@@ -132,7 +124,7 @@ pub async fn run(common: &Common, provider_url: &str, shutdown: CancellationToke
     );
 
     info!(provider = %outbox::secrets::redact_url(provider_url), "capture worker started");
-    crate::announce_ready();
+    support::child::announce_ready();
     let executing = tokio::spawn(Arc::clone(&executor).run(shutdown.clone()));
     consumer.run(shutdown).await;
     let _ = executing.await;

@@ -7,26 +7,10 @@
 //! * **reporting** (the reporting service's own database): `payment_report` and the
 //!   toolkit's schema `outbox`, of which it uses the inbox.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
-use outbox::postgres::Schema;
 use sqlx::PgPool;
 
-use crate::topology::OUTBOX_SCHEMA;
-
-/// The toolkit's schema in both databases.
-pub fn schema() -> Schema {
-    Schema::new(OUTBOX_SCHEMA).expect("a plain identifier")
-}
-
-/// A pool of at most `max` connections to `url`, failing early with the cause.
-///
-/// # Errors
-/// The server is unreachable, the database does not exist, authentication failed.
-pub async fn connect(url: &str, max: u32) -> Result<PgPool> {
-    Ok(outbox::postgres::connect(url, max, Duration::from_secs(5)).await?)
-}
+pub use support::database::{connect, schema};
 
 /// The payments database: the toolkit's migrations (library API), then the service's table.
 ///
@@ -84,15 +68,5 @@ pub async fn migrate_reporting(pool: &PgPool) -> Result<()> {
 /// # Errors
 /// The toolkit's schema is missing or from another release, or `table` is missing.
 pub async fn check(pool: &PgPool, table: &str) -> Result<()> {
-    outbox::postgres::check_schema(pool, &schema())
-        .await
-        .context("the database is not migrated: run `fintech migrate`")?;
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(table)
-        .fetch_one(pool)
-        .await?;
-    if !exists {
-        anyhow::bail!("table `{table}` is missing: run `fintech migrate`");
-    }
-    Ok(())
+    support::database::check(pool, table, "fintech migrate").await
 }

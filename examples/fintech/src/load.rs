@@ -14,13 +14,12 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
-
-use crate::http_client::{Answer, HttpClient};
+use support::http_client::{Answer, HttpClient};
 
 /// What to send.
 #[derive(Debug, Clone)]
@@ -161,7 +160,7 @@ pub async fn probe_bad_requests(
     Ok(())
 }
 
-/// Runs the clients to the end.
+/// Runs the clients to the end (`support::load::run_clients`).
 ///
 /// # Errors
 /// A command kept failing for `retry_for`, or an answer broke the API's contract.
@@ -171,32 +170,18 @@ pub async fn drive(
     progress: Arc<Progress>,
     report: Arc<Mutex<LoadReport>>,
 ) -> Result<()> {
-    let started = Instant::now();
-    let mut clients = tokio::task::JoinSet::new();
-    for c in 0..config.clients {
+    let (total, clients, rate) = (config.payments, config.clients, config.rate);
+    let config = Arc::new(config);
+    support::load::run_clients(total, clients, rate, move |i| {
         let (http, config, progress, report) = (
             http.clone(),
-            config.clone(),
+            Arc::clone(&config),
             Arc::clone(&progress),
             Arc::clone(&report),
         );
-        clients.spawn(async move {
-            let mut i = c;
-            while i < config.payments {
-                if config.rate > 0.0 {
-                    let due = started + Duration::from_secs_f64(i as f64 / config.rate);
-                    tokio::time::sleep_until(due.into()).await;
-                }
-                one_payment(&http, &config, &progress, &report, i).await?;
-                i += config.clients;
-            }
-            anyhow::Ok(())
-        });
-    }
-    while let Some(r) = clients.join_next().await {
-        r??;
-    }
-    Ok(())
+        async move { one_payment(&http, &config, &progress, &report, i).await }
+    })
+    .await
 }
 
 async fn one_payment(
@@ -255,7 +240,8 @@ async fn one_payment(
 }
 
 /// Sends one command until it is answered with something other than a 5xx, always with the
-/// same key. Returns the answer and whether it took more than one attempt.
+/// same key (`support::load::post_until_answered`). Returns the answer and whether it took
+/// more than one attempt.
 async fn command(
     http: &HttpClient,
     config: &LoadConfig,
@@ -264,27 +250,6 @@ async fn command(
     key: &str,
     body: Option<&Value>,
 ) -> Result<(Answer, bool)> {
-    let deadline = Instant::now() + config.retry_for;
-    let mut delay = Duration::from_millis(50);
-    let mut attempts = 0u32;
-    loop {
-        attempts += 1;
-        let outcome = http
-            .send(Method::POST, url, &[("idempotency-key", key)], body)
-            .await;
-        let why = match outcome {
-            Ok(a) if !a.status.is_server_error() => return Ok((a, attempts > 1)),
-            Ok(a) => format!("{} {}", a.status, a.body),
-            Err(e) => format!("{e:#}"),
-        };
-        if Instant::now() > deadline {
-            bail!(
-                "POST {url} (key {key}) kept failing for {:?}: {why}",
-                config.retry_for
-            );
-        }
-        progress.retries.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(800));
-    }
+    support::load::post_until_answered(http, url, key, body, config.retry_for, &progress.retries)
+        .await
 }

@@ -19,7 +19,6 @@
 
 mod capture;
 mod db;
-mod http_client;
 mod load;
 mod payments;
 mod relay;
@@ -33,19 +32,13 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
-use crate::topology::Topology;
+use crate::topology::{AGGREGATE, Topology};
 
 /// Default PostgreSQL server (its database is used only to create the run's databases).
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// Default broker.
 pub const DEFAULT_BROKER_URL: &str = "nats://127.0.0.1:4222";
-/// Set by `fintech run` on its children: a child exits when its standard input closes, so no
-/// child outlives its parent, even one that was killed itself.
-pub const PARENT_WATCH_ENV: &str = "FINTECH_PARENT_WATCH";
-/// The line a child prints on stdout once it serves (listening, connected to the broker).
-pub const READY_LINE: &str = "ready";
 
 /// The payments service of the FinTech example, and its one-command story.
 #[derive(Parser, Debug)]
@@ -132,41 +125,21 @@ pub struct Common {
 impl Common {
     /// The broker objects and timings of this deployment.
     pub fn topology(&self) -> Result<Topology> {
-        Topology::new(&self.name, self.fast)
+        Topology::new("fintech", AGGREGATE, &self.name, self.fast)
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("fintech: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(dispatch(cli.command));
-    // Not waiting for blocking tasks: the parent watch's read of stdin never ends on its own.
-    runtime.shutdown_background();
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("fintech: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    support::child::run_main("fintech", dispatch(cli.command))
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode> {
-    let shutdown = CancellationToken::new();
-    if !matches!(command, Command::Run(_)) {
-        tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
-        watch_parent(shutdown.clone());
+    if let Command::Run(args) = command {
+        return run::run(args).await;
     }
+    // A service process: it stops on SIGTERM, and under `fintech run` when the parent is gone.
+    let shutdown = support::child::service_shutdown();
     match command {
         Command::Payments { listen, common } => payments::serve(&common, listen, shutdown).await?,
         Command::Relay { common } => relay::run(&common, shutdown).await?,
@@ -190,51 +163,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             db::migrate_reporting(&db::connect(&common.reporting_url, 2).await?).await?;
             println!("payments and reporting databases migrated");
         }
-        Command::Run(args) => return run::run(args).await,
+        Command::Run(_) => unreachable!("handled above"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Logs to stderr; `RUST_LOG` overrides the default level.
-fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=error,lapin=warn,async_nats=warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
-/// Under `fintech run` ([`PARENT_WATCH_ENV`]): stop when standard input reaches its end, which
-/// happens when the parent exits or dies. A child of a parent that was SIGKILLed is not left
-/// running.
-fn watch_parent(shutdown: CancellationToken) {
-    if std::env::var(PARENT_WATCH_ENV).as_deref() != Ok("1") {
-        return;
-    }
-    tokio::spawn(async move {
-        use tokio::io::AsyncReadExt;
-        let mut stdin = tokio::io::stdin();
-        let mut buf = [0u8; 64];
-        loop {
-            match stdin.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        tracing::warn!("parent gone (stdin closed): stopping");
-        shutdown.cancel();
-        // Give the graceful path a moment, then leave regardless.
-        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-        std::process::exit(1);
-    });
-}
-
-/// Prints [`READY_LINE`] on stdout for the parent.
-pub fn announce_ready() {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{READY_LINE}");
-    let _ = out.flush();
 }

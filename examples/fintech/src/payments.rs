@@ -28,20 +28,20 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use outbox::postgres::{IdempotencyBegin, PgOutbox, RelayWaker};
+use outbox::postgres::{PgOutbox, RelayWaker};
 use outbox::{Fingerprint, NewMessage, Payload};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::PgPool;
+use support::api::{ApiError, answer, error, idempotency_key, parse_body, stored, unavailable};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 use crate::Common;
 use crate::topology::{AGGREGATE, PAYMENT_CAPTURED, PAYMENT_CREATED};
@@ -50,8 +50,6 @@ use crate::topology::{AGGREGATE, PAYMENT_CAPTURED, PAYMENT_CREATED};
 const SCOPE_CREATE: &str = "create-payment";
 /// Idempotency scope of `POST /payments/{id}/capture`.
 const SCOPE_CAPTURE: &str = "capture-payment";
-/// Longest accepted `Idempotency-Key`.
-const MAX_KEY_LEN: usize = 255;
 /// Longest accepted account name.
 const MAX_ACCOUNT_LEN: usize = 64;
 
@@ -78,33 +76,8 @@ pub async fn serve(common: &Common, listen: SocketAddr, shutdown: CancellationTo
         outbox,
         waker,
     };
-    let router = router(app);
-    let listener = bind(listen).await?;
-    info!(addr = %listen, "payments API listening");
-    crate::announce_ready();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .context("the HTTP server failed")?;
-    info!("payments API stopped");
+    support::api::serve(router(app), listen, "payments API", shutdown).await?;
     Ok(())
-}
-
-/// Binds `addr`, retrying for a few seconds: after a crash the port can still be held for a
-/// moment.
-async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
-    let mut tries = 0;
-    loop {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => return Ok(l),
-            Err(e) if tries < 50 => {
-                tries += 1;
-                warn!(%addr, error = %e, "cannot bind yet; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot listen on {addr}")),
-        }
-    }
 }
 
 fn router(app: App) -> Router {
@@ -130,96 +103,6 @@ struct CreatePayment {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CapturePayment {}
-
-/// An error answer, `{"error": message}` with its status. Nothing is stored under the
-/// idempotency key of a refused or failed request.
-#[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, axum::Json(json!({ "error": self.message }))).into_response()
-    }
-}
-
-fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
-    ApiError {
-        status,
-        message: message.into(),
-    }
-}
-
-/// A database failure: 503, so the client retries (with the same key).
-fn unavailable(e: impl std::fmt::Display) -> ApiError {
-    warn!(error = %e, "database error");
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("database unavailable, retry with the same Idempotency-Key: {e}"),
-    )
-}
-
-/// The answer stored under an idempotency key: status and body.
-fn stored(status: StatusCode, body: Value) -> Value {
-    json!({ "status": status.as_u16(), "body": body })
-}
-
-/// Turns a stored answer back into a response; `replayed` adds `Idempotent-Replayed: true`.
-fn answer(stored: &Value, replayed: bool) -> Response {
-    let status = stored["status"]
-        .as_u64()
-        .and_then(|s| u16::try_from(s).ok())
-        .and_then(|s| StatusCode::from_u16(s).ok())
-        .unwrap_or(StatusCode::OK);
-    let mut resp = (status, axum::Json(stored["body"].clone())).into_response();
-    if replayed {
-        resp.headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
-    }
-    resp
-}
-
-/// The request's `Idempotency-Key`, or the 400 to answer.
-fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "missing Idempotency-Key header: every command needs one (retry with the same key)",
-        ));
-    };
-    match v.to_str() {
-        Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN && !k.contains(' ') => Ok(k.to_owned()),
-        _ => Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
-        )),
-    }
-}
-
-/// A JSON body, or the 4xx to answer. An empty body reads as `{}`.
-fn parse_body<T: serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<T, ApiError> {
-    if !body.is_empty()
-        && let Some(ct) = headers.get(header::CONTENT_TYPE)
-        && !ct.to_str().unwrap_or("").starts_with("application/json")
-    {
-        return Err(error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "the body must be application/json",
-        ));
-    }
-    let body: &[u8] = if body.is_empty() { b"{}" } else { body };
-    serde_json::from_slice(body).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not the expected JSON: {e}"),
-        )
-    })
-}
 
 /// `POST /payments`.
 async fn create_payment(
@@ -344,30 +227,17 @@ async fn capture_payment(
     Ok(answer(&response, false))
 }
 
-/// Records the key in `tx`. `None`: new, run the command. `Some(first)`: the stored first
-/// answer, to replay. `Err`: the 422 of a key reused with another request, or a database
-/// error.
+/// Records the key in `tx` (`PgOutbox::idempotency_begin`, through `support::api`): `None`
+/// new, `Some(first)` the first answer to replay, `Err` a 422 (key reused with another request)
+/// or a 503.
 async fn begin_idempotent(
     app: &App,
     tx: &mut sqlx::PgConnection,
     scope: &str,
     key: &str,
     fingerprint: Fingerprint,
-) -> Result<Option<Value>, ApiError> {
-    use outbox::postgres::IdempotencyError;
-    match app
-        .outbox
-        .idempotency_begin(tx, scope, key, fingerprint)
-        .await
-    {
-        Ok(IdempotencyBegin::New) => Ok(None),
-        Ok(IdempotencyBegin::Replay(first)) => Ok(Some(first)),
-        Err(IdempotencyError::Conflict { .. }) => Err(error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("Idempotency-Key `{key}` was already used with a different request"),
-        )),
-        Err(e) => Err(unavailable(e)),
-    }
+) -> Result<Option<serde_json::Value>, ApiError> {
+    support::api::begin_idempotent(&app.outbox, tx, scope, key, fingerprint).await
 }
 
 /// The integration event of `payment` at `version`.

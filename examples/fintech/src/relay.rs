@@ -1,17 +1,12 @@
 //! `fintech relay`: the toolkit's polling relay on the payments database.
 //!
-//! The shape of `outbox relay` (crates/outbox-cli/src/commands.rs) with the facade crate only:
-//! a `PgStore` on the outbox schema, the broker picked by URL from `outbox::brokers()`, and
+//! The shape of `outbox relay` with the facade crate only (`support::relay`): a `PgStore` on the
+//! outbox schema, the broker picked by URL from `outbox::brokers()`, and
 //! `outbox::relay::Relay` until SIGTERM. Any number of relays may run; a killed one loses
 //! nothing (its leases expire and the rows are published again, with the same event ids).
 
-use std::sync::Arc;
-
-use anyhow::{Context, Result};
-use outbox::postgres::{PgStore, PgStoreConfig};
-use outbox::relay::{Relay, RelayConfig};
+use anyhow::Result;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
 
 use crate::Common;
 
@@ -21,35 +16,11 @@ use crate::Common;
 /// The database or the broker is unreachable, or the database is not migrated.
 pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     let topology = common.topology()?;
-    let pool = crate::db::connect(&common.payments_url, 8).await?;
-    let store = PgStore::new(
-        pool,
-        PgStoreConfig {
-            schema: crate::db::schema(),
-            ..Default::default()
-        },
-    );
-    store.check().await.context("cannot start the relay")?;
-    let brokers = outbox::brokers();
-    let transport = brokers
-        .connect_transport(&common.broker_url, &topology.transport_settings())
-        .await
-        .context("cannot connect the relay's transport")?;
-    let publish_timeout = topology.publish_timeout();
-    let config = RelayConfig {
-        lease: topology.relay_lease(),
-        publish_timeout,
-        poll_interval: std::time::Duration::from_millis(100),
-        ..RelayConfig::default()
-    };
-    let relay = Arc::new(Relay::new(Arc::new(store), Arc::new(transport), config)?);
-    info!(
-        broker = %outbox::secrets::redact_url(&common.broker_url),
-        stream_or_exchange = %topology.prefix(),
-        "relay started"
-    );
-    crate::announce_ready();
-    relay.run(shutdown).await;
-    info!("relay stopped");
-    Ok(())
+    support::relay::run(
+        &common.payments_url,
+        &common.broker_url,
+        &topology,
+        shutdown,
+    )
+    .await
 }

@@ -10,14 +10,12 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use outbox::IncomingEvent;
-use outbox::broker::SourceOptions;
 use outbox::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
 use outbox::postgres::{PgConsumer, PgStore};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
 
 use crate::Common;
 use crate::topology::{PAYMENT_CAPTURED, PAYMENT_CREATED, REPORTING_CONSUMER};
@@ -109,16 +107,9 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     let topology = common.topology()?;
     let pool = crate::db::connect(&common.reporting_url, 8).await?;
     crate::db::check(&pool, "public.payment_report").await?;
-    let source = outbox::brokers()
-        .connect_source(
-            &common.broker_url,
-            &topology.source_settings(REPORTING_CONSUMER, None),
-            &SourceOptions {
-                consumer: REPORTING_CONSUMER.into(),
-            },
-        )
-        .await
-        .context("cannot connect the reporting consumer's source")?;
+    let source = topology
+        .connect_source(&common.broker_url, REPORTING_CONSUMER, None)
+        .await?;
     let consumer = PgConsumer::new(
         PgStore::with_schema(pool, crate::db::schema()),
         source,
@@ -131,9 +122,6 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
             ..ConsumerConfig::new(REPORTING_CONSUMER)
         },
     )?;
-    info!("reporting consumer started");
-    crate::announce_ready();
-    consumer.run(shutdown).await;
-    info!("reporting consumer stopped");
+    support::child::serve_until_stopped("reporting consumer", consumer.run(shutdown)).await;
     Ok(())
 }

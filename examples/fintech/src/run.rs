@@ -15,25 +15,23 @@
 //!    the children, prints the verification table and exits non-zero if any check failed.
 //! 5. Drops the databases and deletes the broker objects of the run, unless `--keep`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hyper::Method;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use support::database::FreshDatabases;
+use support::http_client::HttpClient;
+use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
 
-use crate::http_client::HttpClient;
 use crate::load::{LoadConfig, LoadReport, Progress};
-use crate::topology::{CAPTURE_CONSUMER, REPORTING_CONSUMER, Topology};
+use crate::topology::{AGGREGATE, CAPTURE_CONSUMER, REPORTING_CONSUMER, Topology};
 use crate::verify::{RunFacts, Snapshot};
-use crate::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, PARENT_WATCH_ENV, READY_LINE};
+use crate::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL};
 
 /// Options of `fintech run`.
 #[derive(clap::Args, Debug)]
@@ -117,15 +115,13 @@ impl Plan {
         if let Some(s) = args.drain_timeout_secs {
             plan.drain_timeout = Duration::from_secs(s);
         }
-        if plan.payments < 20 {
-            bail!("invalid option `--payments`: at least 20");
-        }
-        if plan.clients == 0 {
-            bail!("invalid option `--clients`: at least 1");
-        }
-        if !(plan.rate >= 0.0 && plan.rate.is_finite()) {
-            bail!("invalid option `--rate`: a number of payments per second, 0 for no limit");
-        }
+        support::load::check_numbers(
+            "payments",
+            "payments",
+            plan.payments,
+            plan.clients,
+            plan.rate,
+        )?;
         Ok(plan)
     }
 }
@@ -143,7 +139,9 @@ enum Kind {
 impl Kind {
     /// The kinds killed in the middle, in the order of a round.
     const KILLED: [Kind; 4] = [Kind::Payments, Kind::Relay, Kind::Reporting, Kind::Capture];
+}
 
+impl ProcessKind for Kind {
     fn subcommand(self) -> &'static str {
         match self {
             Kind::Provider => "provider",
@@ -167,24 +165,12 @@ impl fmt::Display for Kind {
     }
 }
 
-/// One running child.
-struct Proc {
-    child: Child,
-    /// Held open: the child exits when it closes (this process ended, or [`Cluster::stop`]).
-    stdin: Option<ChildStdin>,
-    log: PathBuf,
-}
-
 /// The children of the run and how to start them.
 struct Cluster {
-    exe: PathBuf,
-    dir: PathBuf,
+    sup: Supervisor<Kind>,
     common: Vec<String>,
     provider_addr: SocketAddr,
     api_addr: SocketAddr,
-    procs: HashMap<Kind, Proc>,
-    starts: HashMap<Kind, u32>,
-    started: Instant,
 }
 
 impl Cluster {
@@ -209,128 +195,9 @@ impl Cluster {
 
     /// Starts `kind` and waits for its readiness line, which it returns.
     async fn start(&mut self, kind: Kind) -> Result<String> {
-        let n = self.starts.entry(kind).or_insert(0);
-        *n += 1;
-        let log = self.dir.join(format!("{}-{}.log", kind.subcommand(), n));
-        let file = std::fs::File::create(&log)
-            .with_context(|| format!("cannot create {}", log.display()))?;
-        let mut child = Command::new(&self.exe)
-            .args(self.args(kind))
-            .env(PARENT_WATCH_ENV, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start the {kind}"))?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await? {
-                if line == READY_LINE || line.starts_with("listening on ") {
-                    return anyhow::Ok(Some(line));
-                }
-            }
-            Ok(None)
-        })
-        .await;
-        let line = match ready {
-            Ok(Ok(Some(line))) => line,
-            Ok(Ok(None)) | Ok(Err(_)) => bail!(
-                "the {kind} exited before it was ready; its log: {}\n{}",
-                log.display(),
-                tail(&log)
-            ),
-            Err(_) => bail!(
-                "the {kind} was not ready within 30 s; its log: {}\n{}",
-                log.display(),
-                tail(&log)
-            ),
-        };
-        // Keep reading stdout so the child never blocks on it.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let pid = child.id().unwrap_or(0);
-        self.say(&format!("started {kind} (pid {pid})"));
-        self.procs.insert(kind, Proc { child, stdin, log });
-        Ok(line)
+        let args = self.args(kind);
+        self.sup.start(kind, args).await
     }
-
-    /// SIGKILLs `kind` (no chance to finish anything) and waits for it to be gone.
-    async fn kill(&mut self, kind: Kind) -> Result<()> {
-        let Some(mut p) = self.procs.remove(&kind) else {
-            bail!("the {kind} is not running");
-        };
-        if let Ok(Some(status)) = p.child.try_wait() {
-            bail!(
-                "the {kind} had already exited ({status}); its log: {}\n{}",
-                p.log.display(),
-                tail(&p.log)
-            );
-        }
-        let pid = p.child.id().unwrap_or(0);
-        p.child.start_kill().context("cannot kill")?; // SIGKILL on Unix
-        p.child.wait().await?;
-        self.say(&format!("SIGKILLed {kind} (pid {pid})"));
-        Ok(())
-    }
-
-    /// Fails when a child exited on its own.
-    fn check_alive(&mut self) -> Result<()> {
-        for (kind, p) in &mut self.procs {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                bail!(
-                    "the {kind} exited on its own ({status}); its log: {}\n{}",
-                    p.log.display(),
-                    tail(&p.log)
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Closes every child's stdin (they stop gracefully), then kills what is left after a few
-    /// seconds.
-    async fn stop(&mut self) {
-        for p in self.procs.values_mut() {
-            p.stdin = None;
-        }
-        for (_, mut p) in self.procs.drain() {
-            if tokio::time::timeout(Duration::from_secs(5), p.child.wait())
-                .await
-                .is_err()
-            {
-                let _ = p.child.start_kill();
-                let _ = p.child.wait().await;
-            }
-        }
-    }
-
-    fn say(&self, what: &str) {
-        println!("[{:>5.1}s] {what}", self.started.elapsed().as_secs_f64());
-    }
-}
-
-/// The last lines of a log, for an error message.
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let from = lines.len().saturating_sub(15);
-    lines[from..].join("\n")
-}
-
-/// A free local port for the payments API (bound, then released for the child, which binds it
-/// again after each restart).
-fn free_addr() -> Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
-    Ok(l.local_addr()?)
-}
-
-/// `url` with its database replaced by `name`.
-fn with_database(url: &str, name: &str) -> Result<String> {
-    let mut u = url::Url::parse(url).context("invalid option `--database-url`")?;
-    u.set_path(&format!("/{name}"));
-    Ok(u.to_string())
 }
 
 /// Runs the story; the exit status is 1 when a check failed.
@@ -342,7 +209,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let plan = Plan::from(&args)?;
     let pid = std::process::id();
     let name = format!("r{pid}");
-    let topology = Topology::new(&name, true)?;
+    let topology = Topology::new("fintech", AGGREGATE, &name, true)?;
     let payments_db = format!("fintech_{pid}_payments");
     let reporting_db = format!("fintech_{pid}_reporting");
     let brokers = outbox::brokers();
@@ -365,39 +232,28 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         }
     );
 
-    let admin = crate::db::connect(&args.database_url, 2)
-        .await
-        .context("PostgreSQL is needed (see README, Quick start)")?;
-    for db in [&payments_db, &reporting_db] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-        )))
-        .execute(&admin)
-        .await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
-            .execute(&admin)
-            .await
-            .with_context(|| format!("cannot create database {db}"))?;
-    }
-    let payments_url = with_database(&args.database_url, &payments_db)?;
-    let reporting_url = with_database(&args.database_url, &reporting_db)?;
+    let dbs = FreshDatabases::create(
+        &args.database_url,
+        &[payments_db.clone(), reporting_db.clone()],
+    )
+    .await?;
+    let payments_url = dbs.url(&payments_db)?;
+    let reporting_url = dbs.url(&reporting_db)?;
 
     let result = story(&args, &plan, &topology, &payments_url, &reporting_url).await;
 
     if args.keep {
         println!("kept: databases {payments_db}, {reporting_db}; broker objects of {name}");
     } else {
-        for db in [&payments_db, &reporting_db] {
-            if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-            )))
-            .execute(&admin)
+        dbs.drop_all().await;
+        if let Err(e) = topology
+            .delete_broker_objects(
+                broker,
+                &args.broker_url,
+                &[REPORTING_CONSUMER, CAPTURE_CONSUMER],
+            )
             .await
-            {
-                eprintln!("warning: cannot drop database {db}: {e}");
-            }
-        }
-        if let Err(e) = delete_broker_objects(broker, &args.broker_url, &topology).await {
+        {
             eprintln!("warning: cannot delete the run's broker objects: {e:#}");
         }
     }
@@ -418,11 +274,10 @@ async fn story(
     crate::db::migrate_reporting(&reporting).await?;
 
     let dir = std::env::temp_dir().join(format!("fintech-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    println!("  logs     {}", dir.display());
+    let sup = Supervisor::new(dir)?;
+    println!("  logs     {}", sup.dir().display());
     let mut cluster = Cluster {
-        exe: std::env::current_exe().context("cannot find this binary")?,
-        dir,
+        sup,
         common: vec![
             "--payments-url".into(),
             payments_url.into(),
@@ -431,36 +286,18 @@ async fn story(
             "--broker-url".into(),
             args.broker_url.clone(),
             "--name".into(),
-            topology_name(topology),
+            topology.name().to_owned(),
             "--fast".into(),
         ],
         provider_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         api_addr: free_addr()?,
-        procs: HashMap::new(),
-        starts: HashMap::new(),
-        started: Instant::now(),
     };
     let result = drive(&mut cluster, plan, &payments, &reporting).await;
-    cluster.stop().await;
+    cluster.sup.stop().await;
     payments.close().await;
     reporting.close().await;
     let checks = result?;
-    crate::verify::print(&checks);
-    let failed = checks.iter().filter(|c| !c.ok).count();
-    if failed == 0 {
-        println!("\nall {} checks ok", checks.len());
-        Ok(ExitCode::SUCCESS)
-    } else {
-        println!(
-            "\n{failed} check(s) FAILED; the logs are kept in {}",
-            cluster.dir.display()
-        );
-        Ok(ExitCode::FAILURE)
-    }
-}
-
-fn topology_name(t: &Topology) -> String {
-    t.prefix().trim_start_matches("fintech_").to_owned()
+    Ok(support::table::conclude(&checks, cluster.sup.dir()))
 }
 
 /// Starts the processes, runs the load with the kills, waits for the drain, and returns the
@@ -470,7 +307,7 @@ async fn drive(
     plan: &Plan,
     payments: &sqlx::PgPool,
     reporting: &sqlx::PgPool,
-) -> Result<Vec<crate::verify::Check>> {
+) -> Result<Vec<support::table::Check>> {
     let line = cluster.start(Kind::Provider).await?;
     cluster.provider_addr = line
         .strip_prefix("listening on http://")
@@ -507,15 +344,11 @@ async fn drive(
     ));
 
     // The kill schedule: evenly spread over the load, one kind after the other.
-    let kills_planned = Kind::KILLED.len() as u32 * plan.kill_rounds;
-    let mut schedule: Vec<(u64, Kind)> = (0..kills_planned)
-        .map(|k| {
-            let at = plan.payments * u64::from(k + 1) / u64::from(kills_planned + 2);
-            (at, Kind::KILLED[(k as usize) % Kind::KILLED.len()])
-        })
-        .collect();
-    schedule.reverse();
-    // The slow provider: from 40% of the load until an outcome was unknown (at most 5 s).
+    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.payments);
+    let kills_planned = schedule.planned() as i64;
+    // The slow provider: from 40% of the load until an outcome was unknown, however long that
+    // takes on a loaded machine (the capture worker may be down or slow for a while), at most
+    // SLOW_AT_MOST; the run fails its check if none was.
     let slow_at = plan.payments * 2 / 5;
     let mut slow: Option<Instant> = None;
     let mut slow_done = false;
@@ -526,13 +359,10 @@ async fn drive(
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        cluster.check_alive()?;
+        cluster.sup.check_alive()?;
         let created = progress.created.load(Ordering::Relaxed);
-        if let Some(&(at, kind)) = schedule.last()
-            && created >= at
-        {
-            schedule.pop();
-            cluster.kill(kind).await?;
+        if let Some(kind) = schedule.due(created) {
+            cluster.sup.kill(kind).await?;
             kills += 1;
             // A consumer or worker down for a moment; the API comes back at once (its clients
             // are retrying).
@@ -543,23 +373,23 @@ async fn drive(
         }
         if !slow_done && slow.is_none() && created >= slow_at {
             set_provider_delay(&http, &provider_url, 1500).await?;
-            cluster.say(
+            cluster.sup.say(
                 "provider answers slower than the executor waits (1.5 s > 1 s): unknown outcomes",
             );
             slow = Some(Instant::now());
         }
         if let Some(since) = slow {
             let unknown_seen = unknown_outcomes(payments).await.unwrap_or(0) > 0;
-            if unknown_seen || since.elapsed() > Duration::from_secs(5) {
+            if unknown_seen || since.elapsed() > SLOW_AT_MOST {
                 set_provider_delay(&http, &provider_url, 0).await?;
-                cluster.say("provider answers at once again");
+                cluster.sup.say("provider answers at once again");
                 slow = None;
                 slow_done = true;
             }
         }
         if last_line.elapsed() > Duration::from_secs(2) {
             last_line = Instant::now();
-            cluster.say(&format!(
+            cluster.sup.say(&format!(
                 "load: {} created, {} captured, {} requests retried",
                 progress.created.load(Ordering::Relaxed),
                 progress.captured.load(Ordering::Relaxed),
@@ -568,17 +398,21 @@ async fn drive(
         }
     }
     load.await.context("the load driver panicked")??;
-    if slow.is_some() {
+    if let Some(since) = slow {
+        // The load ended first: the captures it made are still being called.
+        while since.elapsed() < SLOW_AT_MOST && unknown_outcomes(payments).await.unwrap_or(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         set_provider_delay(&http, &provider_url, 0).await?;
-        cluster.say("provider answers at once again");
+        cluster.sup.say("provider answers at once again");
     }
     // Kills not reached (a tiny --payments): do them now, the drain still has to survive them.
-    while let Some((_, kind)) = schedule.pop() {
-        cluster.kill(kind).await?;
+    while let Some(kind) = schedule.next_remaining() {
+        cluster.sup.kill(kind).await?;
         kills += 1;
         cluster.start(kind).await?;
     }
-    cluster.say(&format!(
+    cluster.sup.say(&format!(
         "load done: {} created, {} captured, {} requests retried with the same key",
         progress.created.load(Ordering::Relaxed),
         progress.captured.load(Ordering::Relaxed),
@@ -586,34 +420,18 @@ async fn drive(
     ));
 
     // Drain.
-    let deadline = Instant::now() + plan.drain_timeout;
-    loop {
-        cluster.check_alive()?;
-        let s = Snapshot::take(payments, reporting, &http, &provider_url, false).await?;
-        let pending = s.pending();
-        if pending.is_empty() {
-            cluster.say("drained: nothing pending");
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "not drained within {:?} after the load: {}; the logs are in {}",
-                plan.drain_timeout,
-                pending.join("; "),
-                cluster.dir.display()
-            );
-        }
-        if last_line.elapsed() > Duration::from_secs(2) {
-            last_line = Instant::now();
-            cluster.say(&format!("draining: {}", pending.join("; ")));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    cluster
+        .sup
+        .wait_drained(plan.drain_timeout, &mut last_line, || async {
+            let s = Snapshot::take(payments, reporting, &http, &provider_url, false).await?;
+            Ok(s.pending())
+        })
+        .await?;
     let snapshot = Snapshot::take(payments, reporting, &http, &provider_url, true).await?;
     let report = report.lock().expect("report lock");
     let facts = RunFacts {
         kills,
-        kills_planned: i64::from(kills_planned),
+        kills_planned,
     };
     println!(
         "requests retried with the same key: {}; creates whose retry was answered as a replay: {}",
@@ -622,6 +440,9 @@ async fn drive(
     );
     Ok(crate::verify::checks(&snapshot, &report, &facts))
 }
+
+/// Longest the provider stays slow while waiting for a first unknown outcome.
+const SLOW_AT_MOST: Duration = Duration::from_secs(30);
 
 /// The stand-in provider's response delay (its admin endpoint).
 async fn set_provider_delay(http: &HttpClient, provider_url: &str, ms: u64) -> Result<()> {
@@ -645,37 +466,4 @@ async fn unknown_outcomes(payments: &sqlx::PgPool) -> Result<i64> {
         .stats(payments, Some(crate::topology::CAPTURE_KIND))
         .await?;
     Ok(s.unknown)
-}
-
-/// Deletes the run's NATS stream (and with it its consumers), or its RabbitMQ queues and
-/// exchange.
-async fn delete_broker_objects(broker: &str, url: &str, topology: &Topology) -> Result<()> {
-    match broker {
-        "nats" => {
-            use outbox::nats::async_nats;
-            let client = async_nats::connect(url).await?;
-            let js = async_nats::jetstream::new(client);
-            js.delete_stream(topology.stream()).await?;
-        }
-        "rabbitmq" => {
-            let conn =
-                lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
-            let ch = conn.create_channel().await?;
-            for consumer in [REPORTING_CONSUMER, CAPTURE_CONSUMER] {
-                ch.queue_delete(
-                    topology.queue(consumer).as_str().into(),
-                    lapin::options::QueueDeleteOptions::default(),
-                )
-                .await?;
-            }
-            ch.exchange_delete(
-                topology.prefix().as_str().into(),
-                lapin::options::ExchangeDeleteOptions::default(),
-            )
-            .await?;
-            let _ = conn.close(200, "bye".into()).await;
-        }
-        _ => {}
-    }
-    Ok(())
 }

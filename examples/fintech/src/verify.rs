@@ -7,8 +7,10 @@ use anyhow::{Context, Result};
 use outbox::postgres::admin::{Admin, Overview};
 use outbox::postgres::{PgEffects, PgStore};
 use sqlx::PgPool;
+use support::http_client::HttpClient;
+use support::table::Check;
+use support::table::{at_least, eq};
 
-use crate::http_client::HttpClient;
 use crate::load::LoadReport;
 use crate::topology::CAPTURE_KIND;
 
@@ -182,37 +184,6 @@ impl Snapshot {
     }
 }
 
-/// One row of the verification table.
-#[derive(Debug, Clone)]
-pub struct Check {
-    /// What is checked.
-    pub name: String,
-    /// The expected value, as printed (a number, or `>= 1`).
-    pub expected: String,
-    /// The observed value.
-    pub observed: i64,
-    /// Whether it holds.
-    pub ok: bool,
-}
-
-fn eq(name: &str, expected: i64, observed: i64) -> Check {
-    Check {
-        name: name.to_owned(),
-        expected: expected.to_string(),
-        observed,
-        ok: expected == observed,
-    }
-}
-
-fn at_least(name: &str, min: i64, observed: i64) -> Check {
-    Check {
-        name: name.to_owned(),
-        expected: format!(">= {min}"),
-        observed,
-        ok: observed >= min,
-    }
-}
-
 /// What the run did besides the load, for the table.
 #[derive(Debug, Clone, Default)]
 pub struct RunFacts {
@@ -305,37 +276,4 @@ pub fn checks(s: &Snapshot, load: &LoadReport, facts: &RunFacts) -> Vec<Check> {
             facts.kills,
         ),
     ]
-}
-
-/// Prints the table; the header line is `VERIFICATION`, each row `| check | expected |
-/// observed | ok |` (or `FAIL`).
-pub fn print(checks: &[Check]) {
-    let w = checks
-        .iter()
-        .map(|c| c.name.len())
-        .max()
-        .unwrap_or(5)
-        .max(5);
-    println!();
-    println!("VERIFICATION");
-    println!(
-        "| {:<w$} | {:>8} | {:>8} | {:<6} |",
-        "check", "expected", "observed", "result"
-    );
-    println!(
-        "|{}|{}|{}|{}|",
-        "-".repeat(w + 2),
-        "-".repeat(10),
-        "-".repeat(10),
-        "-".repeat(8)
-    );
-    for c in checks {
-        println!(
-            "| {:<w$} | {:>8} | {:>8} | {:<6} |",
-            c.name,
-            c.expected,
-            c.observed,
-            if c.ok { "ok" } else { "FAIL" }
-        );
-    }
 }

@@ -1,4 +1,4 @@
-//! A minimal JSON-over-HTTP/1.1 client (hyper) for the load driver and the verification.
+//! A minimal JSON-over-HTTP/1.1 client (hyper) for the load drivers and the verification.
 
 use std::time::Duration;
 

@@ -1,0 +1,413 @@
+//! The end state of a run, read from where each service keeps it (the bets database, the
+//! history database, the ledger database), and the checks of the verification table.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use outbox::postgres::PgStore;
+use outbox::postgres::admin::{Admin, Overview};
+use sqlx::PgPool;
+use support::table::{Check, eq};
+
+use crate::bets::payout_of;
+use crate::conflict::Injected;
+use crate::db::HOUSE_ACCOUNT;
+use crate::load::LoadReport;
+use crate::topology::{HISTORY_CONSUMER, PAYOUTS_CONSUMER};
+
+/// The ledger's sums.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    /// Postings.
+    pub postings: i64,
+    /// Distinct bets paid.
+    pub bets_paid: i64,
+    /// Bets with more than one posting.
+    pub bets_paid_twice: i64,
+    /// Postings without exactly one debit and one credit entry.
+    pub unbalanced_postings: i64,
+    /// Sum of debit entries.
+    pub debits: i64,
+    /// Sum of credit entries.
+    pub credits: i64,
+    /// The house account's balance (credits - debits).
+    pub house: i64,
+    /// The sum of the players' balances.
+    pub players: i64,
+}
+
+/// Everything counted at one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Bets rows, all states.
+    pub bets: i64,
+    /// Bets settled won.
+    pub bets_won: i64,
+    /// Bets settled lost.
+    pub bets_lost: i64,
+    /// Sum of the won bets' payouts (bets DB).
+    pub won_payouts: i64,
+    /// Won bets: id → (stake, odds_x100); empty in a quick snapshot.
+    pub won: HashMap<String, (i64, i64)>,
+    /// History rows.
+    pub history_rows: i64,
+    /// History rows settled (won or lost).
+    pub history_settled: i64,
+    /// History rows whose event count is not their state's (1 accepted, 2 settled).
+    pub history_wrong_events: i64,
+    /// Players whose totals differ from their bets' history rows.
+    pub totals_wrong: i64,
+    /// The ledger's sums.
+    pub ledger: Ledger,
+    /// Posted payouts: bet id → amount; empty in a quick snapshot.
+    pub payouts: HashMap<String, i64>,
+    /// The bets database's outbox.
+    pub bets_db: Overview,
+    /// The history database's inbox.
+    pub history_db: Overview,
+    /// The ledger database's inbox.
+    pub ledger_db: Overview,
+    /// Conflicts recorded for the re-sent event at the payout consumer.
+    pub conflict_at_payouts: i64,
+    /// Conflicts recorded for the re-sent event at the history projection.
+    pub conflict_at_history: i64,
+    /// Whether the ledger refused a second posting under a paid bet's business key (tried in
+    /// a transaction that is rolled back; full snapshot only).
+    pub second_posting_refused: bool,
+}
+
+fn overview(pool: &PgPool) -> Admin {
+    Admin::new(PgStore::with_schema(pool.clone(), crate::db::schema()))
+}
+
+/// Conflicts of `event_id` recorded by `consumer` in `db`.
+async fn conflicts_of(db: &PgPool, event_id: outbox::EventId, consumer: &str) -> Result<i64> {
+    let list = overview(db)
+        .conflicts(Some(event_id), false, 100)
+        .await
+        .context("cannot list the inbox conflicts")?;
+    Ok(list.iter().filter(|c| c.consumer_name == consumer).count() as i64)
+}
+
+impl Snapshot {
+    /// Reads the three databases. `full`: also every won bet and posted payout, and the
+    /// business-key probe (for the table); otherwise counts only (for the drain's progress).
+    ///
+    /// # Errors
+    /// A database cannot be read.
+    pub async fn take(
+        bets: &PgPool,
+        history: &PgPool,
+        ledger: &PgPool,
+        injected: Option<&Injected>,
+        full: bool,
+    ) -> Result<Self> {
+        let (n_bets, bets_won, bets_lost, won_payouts): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'won'), \
+             count(*) FILTER (WHERE status = 'lost'), \
+             coalesce(sum(payout) FILTER (WHERE status = 'won'), 0)::bigint FROM bets",
+        )
+        .fetch_one(bets)
+        .await?;
+        let (history_rows, history_settled, history_wrong_events): (i64, i64, i64) =
+            sqlx::query_as(
+                "SELECT count(*), count(*) FILTER (WHERE state <> 'accepted'), \
+                 count(*) FILTER (WHERE events <> CASE state WHEN 'accepted' THEN 1 ELSE 2 END) \
+                 FROM bet_history",
+            )
+            .fetch_one(history)
+            .await?;
+        let totals_wrong: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM player_totals t FULL JOIN ( \
+                 SELECT player, count(*) AS bets, sum(stake) AS staked, \
+                        count(*) FILTER (WHERE state = 'won') AS won, sum(payout) AS paid_out \
+                 FROM bet_history GROUP BY player) h USING (player) \
+             WHERE t.bets IS DISTINCT FROM h.bets OR t.staked IS DISTINCT FROM h.staked \
+                OR t.won IS DISTINCT FROM h.won OR t.paid_out IS DISTINCT FROM h.paid_out",
+        )
+        .fetch_one(history)
+        .await?;
+        let (postings, bets_paid, bets_paid_twice): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(DISTINCT bet_id), \
+             (SELECT count(*) FROM (SELECT bet_id FROM ledger_postings GROUP BY bet_id \
+                                    HAVING count(*) > 1) twice) \
+             FROM ledger_postings",
+        )
+        .fetch_one(ledger)
+        .await?;
+        let unbalanced_postings: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM ledger_postings p WHERE \
+             (SELECT count(*) FILTER (WHERE side = 'debit') || '/' || \
+                     count(*) FILTER (WHERE side = 'credit') \
+              FROM ledger_entries e WHERE e.business_key = p.business_key) <> '1/1'",
+        )
+        .fetch_one(ledger)
+        .await?;
+        let (debits, credits, house, players): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT coalesce(sum(amount) FILTER (WHERE side = 'debit'), 0)::bigint, \
+                    coalesce(sum(amount) FILTER (WHERE side = 'credit'), 0)::bigint, \
+                    coalesce(sum(CASE side WHEN 'credit' THEN amount ELSE -amount END) \
+                             FILTER (WHERE account = $1), 0)::bigint, \
+                    coalesce(sum(CASE side WHEN 'credit' THEN amount ELSE -amount END) \
+                             FILTER (WHERE account <> $1), 0)::bigint \
+             FROM ledger_entries",
+        )
+        .bind(HOUSE_ACCOUNT)
+        .fetch_one(ledger)
+        .await?;
+        let (mut won, mut payouts, mut second_posting_refused) =
+            (HashMap::new(), HashMap::new(), false);
+        if full {
+            let rows: Vec<(String, i64, i32)> =
+                sqlx::query_as("SELECT id, stake, odds_x100 FROM bets WHERE status = 'won'")
+                    .fetch_all(bets)
+                    .await?;
+            won = rows
+                .into_iter()
+                .map(|(id, stake, odds)| (id, (stake, i64::from(odds))))
+                .collect();
+            payouts = sqlx::query_as("SELECT bet_id, amount FROM ledger_postings")
+                .fetch_all(ledger)
+                .await?
+                .into_iter()
+                .collect();
+            second_posting_refused = second_posting_is_refused(ledger).await?;
+        }
+        let (conflict_at_payouts, conflict_at_history) = match injected {
+            Some(i) => (
+                conflicts_of(ledger, i.event_id, PAYOUTS_CONSUMER).await?,
+                conflicts_of(history, i.event_id, HISTORY_CONSUMER).await?,
+            ),
+            None => (0, 0),
+        };
+        Ok(Self {
+            bets: n_bets,
+            bets_won,
+            bets_lost,
+            won_payouts,
+            won,
+            history_rows,
+            history_settled,
+            history_wrong_events,
+            totals_wrong,
+            ledger: Ledger {
+                postings,
+                bets_paid,
+                bets_paid_twice,
+                unbalanced_postings,
+                debits,
+                credits,
+                house,
+                players,
+            },
+            payouts,
+            bets_db: overview(bets).overview().await?,
+            history_db: overview(history).overview().await?,
+            ledger_db: overview(ledger).overview().await?,
+            conflict_at_payouts,
+            conflict_at_history,
+            second_posting_refused,
+        })
+    }
+
+    /// What is still in flight, one phrase each; empty when everything drained.
+    pub fn pending(&self, injected: Option<&Injected>) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.bets_db.pending > 0 {
+            out.push(format!(
+                "{} outbox rows not yet published",
+                self.bets_db.pending
+            ));
+        }
+        if self.history_rows < self.bets {
+            out.push(format!(
+                "history has {} of {} bets",
+                self.history_rows, self.bets
+            ));
+        }
+        let settled = self.bets_won + self.bets_lost;
+        if self.history_settled < settled {
+            out.push(format!(
+                "history has {} of {} settlements",
+                self.history_settled, settled
+            ));
+        }
+        if self.ledger.bets_paid < self.bets_won {
+            out.push(format!(
+                "ledger has {} of {} payouts",
+                self.ledger.bets_paid, self.bets_won
+            ));
+        }
+        if injected.is_some() && self.conflict_at_payouts < 1 {
+            out.push("the re-sent event has not reached the payout consumer".into());
+        }
+        if injected.is_some() && self.conflict_at_history < 1 {
+            out.push("the re-sent event has not reached the history projection".into());
+        }
+        out
+    }
+}
+
+/// Tries, in a transaction rolled back at once, to post again under the business key of a
+/// payout already posted (with a new event id, which the inbox would take for a new event):
+/// `true` when the ledger's own key refuses it.
+async fn second_posting_is_refused(ledger: &PgPool) -> Result<bool> {
+    let mut tx = ledger.begin().await?;
+    let r = sqlx::query(
+        "INSERT INTO ledger_postings (business_key, bet_id, amount, event_id) \
+         SELECT business_key, bet_id, amount, $1 FROM ledger_postings LIMIT 1",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .execute(&mut *tx)
+    .await;
+    tx.rollback().await?;
+    Ok(matches!(r, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505")))
+}
+
+/// What the run did besides the load, for the table.
+#[derive(Debug, Clone, Default)]
+pub struct RunFacts {
+    /// Processes killed with SIGKILL and restarted, and the kills planned.
+    pub kills: (i64, i64),
+}
+
+/// The checks of the table, in order.
+pub fn checks(
+    s: &Snapshot,
+    load: &LoadReport,
+    injected: &Injected,
+    facts: &RunFacts,
+) -> Vec<Check> {
+    let l = &s.ledger;
+    let matching = s
+        .won
+        .iter()
+        .filter(|(id, (stake, odds))| s.payouts.get(*id) == Some(&payout_of(*stake, *odds)))
+        .count() as i64;
+    let resent_payout = s.payouts.get(&injected.bet_id).copied().unwrap_or(0);
+    let conflicts_total = s.ledger_db.inbox_conflicts + s.history_db.inbox_conflicts;
+    vec![
+        eq(
+            "bets accepted (bets DB) = accepted answers",
+            load.placed.len() as i64,
+            s.bets,
+        ),
+        eq(
+            "bets settled won (bets DB) = won answers",
+            load.won.len() as i64,
+            s.bets_won,
+        ),
+        eq(
+            "bets settled lost (bets DB) = lost answers",
+            load.lost.len() as i64,
+            s.bets_lost,
+        ),
+        eq(
+            "history rows (history DB) = bets accepted",
+            s.bets,
+            s.history_rows,
+        ),
+        eq(
+            "history rows settled (history DB) = bets settled",
+            s.bets_won + s.bets_lost,
+            s.history_settled,
+        ),
+        eq(
+            "history rows with an event applied twice or missing",
+            0,
+            s.history_wrong_events,
+        ),
+        eq(
+            "players whose totals disagree with their bets",
+            0,
+            s.totals_wrong,
+        ),
+        eq(
+            "ledger payouts (distinct bet ids) = bets won",
+            s.bets_won,
+            l.bets_paid,
+        ),
+        eq(
+            "ledger postings (one per business key)",
+            s.bets_won,
+            l.postings,
+        ),
+        eq(
+            "bets paid more than once (per business key)",
+            0,
+            l.bets_paid_twice,
+        ),
+        eq(
+            "postings without one debit and one credit",
+            0,
+            l.unbalanced_postings,
+        ),
+        eq(
+            "ledger: sum of debits - sum of credits",
+            0,
+            l.debits - l.credits,
+        ),
+        eq(
+            "ledger: house balance + player balances",
+            0,
+            l.house + l.players,
+        ),
+        eq(
+            "ledger: house balance = -(won payouts, bets DB)",
+            -s.won_payouts,
+            l.house,
+        ),
+        eq(
+            "payouts equal to stake * odds of the accepted bet",
+            s.bets_won,
+            matching,
+        ),
+        eq(
+            "re-sent event: conflict recorded at payouts (ledger DB)",
+            1,
+            s.conflict_at_payouts,
+        ),
+        eq(
+            "re-sent event: conflict recorded at history (history DB)",
+            1,
+            s.conflict_at_history,
+        ),
+        eq(
+            "inbox conflicts of any other event",
+            0,
+            conflicts_total - s.conflict_at_payouts - s.conflict_at_history,
+        ),
+        eq(
+            "re-sent bet's payout in the ledger (original amount)",
+            injected.original_payout,
+            resent_payout,
+        ),
+        eq(
+            "second posting under a paid business key refused",
+            1,
+            i64::from(s.second_posting_refused),
+        ),
+        eq("outbox pending (bets DB)", 0, s.bets_db.pending),
+        eq("outbox dead letters (bets DB)", 0, s.bets_db.dead_letters),
+        eq(
+            "consumer dead letters (history + ledger DB)",
+            0,
+            s.history_db.consumer_dead_letters + s.ledger_db.consumer_dead_letters,
+        ),
+        eq(
+            "replayed requests answered like the first time",
+            load.replay_probes.0 as i64,
+            load.replay_probes.1 as i64,
+        ),
+        eq(
+            "probe requests answered as documented (4xx, 409, 422)",
+            load.bad_requests.0 as i64,
+            load.bad_requests.1 as i64,
+        ),
+        eq(
+            "processes SIGKILLed and restarted",
+            facts.kills.1,
+            facts.kills.0,
+        ),
+    ]
+}
