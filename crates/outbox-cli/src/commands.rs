@@ -242,8 +242,8 @@ impl CdcRelay<'_> {
             anyhow::bail!(
                 "cannot start the CDC relay: replication slot `{slot}` does not exist. On the \
                  first start, pass --create-slot. If it existed before, it was dropped: recover \
-                 as the README says (CDC relay, \"a lost slot\"): drain with the polling relay, \
-                 then start again with --create-slot"
+                 as the guide says (docs/guide/src/relay.md, \"a lost slot\"): drain with the \
+                 polling relay, then start again with --create-slot"
             );
         }
         let feed = Arc::new(cdc::CdcFeed::new(
@@ -321,8 +321,8 @@ impl CdcRelay<'_> {
         }
         if let Ok(Some(reason)) = watch.await {
             anyhow::bail!(
-                "the CDC relay stopped: {reason}. Recover as the README says (CDC relay, \
-                 \"a lost slot\")"
+                "the CDC relay stopped: {reason}. Recover as the guide says \
+                 (docs/guide/src/relay.md, \"a lost slot\")"
             );
         }
         Ok(ExitCode::SUCCESS)

@@ -26,7 +26,7 @@ pub struct FileConfig {
     pub broker_url: Option<String>,
     /// Schema of the outbox tables.
     pub schema: Option<String>,
-    /// Prometheus listen address of `outbox relay`; keep it on loopback (see the README).
+    /// Prometheus listen address of `outbox relay`; keep it on loopback (docs/guide/src/operations.md).
     pub metrics_addr: Option<String>,
     /// `[relay]` table.
     pub relay: RelayFile,
@@ -100,17 +100,18 @@ pub struct RelayFile {
     pub backoff_max_secs: f64,
     pub stats_interval_secs: f64,
     /// Dead-letter an aggregate's head after this many takeovers in a row without a settle
-    /// (a row that crashes the relay); 0 turns the rule off. See the README, "Poison rows".
+    /// (a row that crashes the relay); 0 turns the rule off. See docs/guide/src/relay.md, "Poison rows".
     pub poison_after_takeovers: u32,
     /// The claim window (`outbox_postgres::ClaimWindow`, off by default): after a claim slower
     /// than 100 ms the next claims start past the rows it could not take, and a claim walks
     /// from the table's start again within 1 to 10 s. For a table whose front stays blocked
     /// (a paused route's large backlog); a row that becomes claimable below the start then
-    /// waits up to 10 s more, plus one walk from the start. See the README, "Pause and resume".
+    /// waits up to 10 s more, plus one walk from the start. See docs/guide/src/console.md,
+    /// "Pause and resume".
     pub claim_window: bool,
     pub on_publish: OnPublish,
     /// How the relay finds pending events: `polling` (claims with leases, the default) or
-    /// `cdc` (a logical replication slot; see the README, "CDC relay").
+    /// `cdc` (a logical replication slot; see docs/guide/src/relay.md, "CDC relay").
     pub mode: RelayMode,
     /// CDC: the replication slot (default: the schema's name).
     pub cdc_slot: Option<String>,

@@ -105,8 +105,8 @@ enum Command {
         #[arg(long, value_enum)]
         mode: Option<config::RelayMode>,
         /// CDC: create the replication slot if it does not exist. Only for the first start
-        /// and the recovery after a lost slot (README, "CDC relay"): without it a missing slot
-        /// stops the relay, so a dropped slot is never silently replaced.
+        /// and the recovery after a lost slot (docs/guide/src/relay.md, "A lost slot"): without
+        /// it a missing slot stops the relay, so a dropped slot is never silently replaced.
         #[arg(long)]
         create_slot: bool,
     },
@@ -206,7 +206,7 @@ enum Command {
     #[command(subcommand)]
     Roles(roles_cmd::RolesCmd),
     /// Bridge a Debezium-layout outbox table: each row its producers insert becomes an event
-    /// here, in their transaction (see the README, "Moving from Debezium").
+    /// here, in their transaction (see docs/guide/src/migrating.md, "Moving from Debezium").
     #[command(subcommand)]
     Debezium(debezium_cmd::DebeziumCmd),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell), generated from

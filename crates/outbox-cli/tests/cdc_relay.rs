@@ -5,7 +5,7 @@
 //! dropped under a running relay stops it with the recovery named, and that recovery (the
 //! polling relay, then a new slot) delivers what was committed while no slot existed. Also:
 //! every shape of commit (late, rolled back, hot aggregate, 10,000 events in one transaction)
-//! on each broker, a standby taking over, and the README's mode switch under load.
+//! on each broker, a standby taking over, and the guide's mode switch under load (docs/guide/src/relay.md).
 #![allow(missing_docs)]
 
 mod common;
@@ -191,7 +191,7 @@ async fn cdc_relay_end_to_end(kind: Kind) {
     );
 
     // Events committed while no slot exists stay rows of the table. A CDC relay started
-    // without --create-slot refuses, naming the recovery; the README's recovery (the polling
+    // without --create-slot refuses, naming the recovery; the guide's recovery (the polling
     // relay, then CDC again with --create-slot while it runs) delivers every one of them and
     // what follows, in order per aggregate.
     let lost = produce(&db, "lost", 4, 1, 3).await;
@@ -422,7 +422,7 @@ async fn kafka_cdc_relay_delivers_every_shape_of_commit() {
     cdc_relay_delivers_every_shape_of_commit(Kind::Kafka).await;
 }
 
-/// Acceptance 6 through the binary, following the README's procedure while a producer
+/// Acceptance 6 through the binary, following the guide's procedure while a producer
 /// commits all along: polling relay; CDC relay started beside it with `--create-slot`, the
 /// polling relay stopped once no pending row is older than the slot; then the CDC relay
 /// stopped and a polling relay started. Nothing lost, per-aggregate order kept.

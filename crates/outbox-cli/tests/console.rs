@@ -400,7 +400,7 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
     use std::sync::Arc;
     let db = TestDb::new().await;
     // RabbitMQ: NATS JetStream would drop a replay inside its stream's duplicate window (the
-    // same Nats-Msg-Id), as the README says.
+    // same Nats-Msg-Id), as the guide says (docs/guide/src/retention.md, "Replay").
     let rabbit = RabbitEnv::new().await;
     let subscriber = rabbit.subscriber().await;
     let mark = || {

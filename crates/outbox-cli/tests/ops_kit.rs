@@ -1,7 +1,8 @@
 //! The operations kit (`ops/prometheus`, `ops/grafana`): its rules are valid Prometheus
 //! (`promtool check rules`), its alerts fire on the series they watch (`promtool test rules`),
-//! every metric they, the dashboard's queries and the README's metrics table name is one the
-//! code exports, and the README documents every one the code exports.
+//! every metric they, the dashboard's queries and the guide's metrics table
+//! (docs/guide/src/operations.md, "Metrics") name is one the code exports, and the guide
+//! documents every one the code exports.
 //! `promtool` comes from Debian's prometheus package, which `.ci/services` installs; a missing
 //! promtool fails the test.
 #![allow(missing_docs)]
@@ -96,7 +97,7 @@ fn the_rules_are_valid_and_their_alerts_fire() {
 }
 
 #[test]
-fn the_rules_and_the_readme_name_exactly_the_metrics_the_code_exports() {
+fn the_rules_and_the_guide_name_exactly_the_metrics_the_code_exports() {
     let exported = exported();
     assert!(
         exported.len() >= 30 && exported.contains("outbox_pending"),
@@ -115,12 +116,12 @@ fn the_rules_and_the_readme_name_exactly_the_metrics_the_code_exports() {
         "the rules name metrics the code does not export: {unknown:?}"
     );
 
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let section = readme
+    let chapter = std::fs::read_to_string(root().join("docs/guide/src/operations.md")).unwrap();
+    let section = chapter
         .split_once("\n## Metrics")
         .and_then(|(_, rest)| rest.split_once("\n## "))
         .map(|(section, _)| section)
-        .expect("README has a Metrics section");
+        .expect("docs/guide/src/operations.md has a Metrics section followed by another one");
     let table: String = section
         .lines()
         .filter(|l| l.starts_with("| `outbox_"))
@@ -131,7 +132,8 @@ fn the_rules_and_the_readme_name_exactly_the_metrics_the_code_exports() {
     let stale: Vec<_> = documented.difference(&exported).collect();
     assert!(
         undocumented.is_empty() && stale.is_empty(),
-        "README's metrics table: missing {undocumented:?}, not exported {stale:?}"
+        "the guide's metrics table (docs/guide/src/operations.md): missing {undocumented:?}, \
+         not exported {stale:?}"
     );
     // The dashboard: valid JSON, every query on exported metrics, each panel with a query.
     let dashboard: serde_json::Value = serde_json::from_str(

@@ -11,7 +11,8 @@
 //! * the remote-effect executor in [`effect`];
 //! * the maintenance jobs (retention, lease reaping) in [`maintenance`].
 //!
-//! The relay moves rows to the broker with the guarantees listed in the project README:
+//! The relay moves rows to the broker with the guarantees listed in the guide
+//! (docs/guide/src/guarantees.md):
 //!
 //! * only committed rows leave (the store decides what is claimable);
 //! * a row is marked sent only after [`Transport::publish`] returned, which every transport

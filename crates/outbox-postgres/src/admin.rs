@@ -1347,7 +1347,7 @@ impl Admin {
                 AdminErrorKind::Refused,
                 "a CDC relay is running: it streams inserts only, so it would not see the replayed \
                  rows and could publish a newer version ahead of them. Stop it and run the polling \
-                 relay for the replay (README, \"CDC relay\")"
+                 relay for the replay (docs/guide/src/relay.md, \"CDC relay\")"
                     .into(),
             ));
         }
@@ -1600,7 +1600,7 @@ impl Admin {
                 AdminErrorKind::Refused,
                 "a CDC relay is running: it streams inserts only, so it would not see the replayed \
                  rows and could publish a newer version ahead of them. Stop it and run the polling \
-                 relay for the replay (README, \"CDC relay\")"
+                 relay for the replay (docs/guide/src/relay.md, \"CDC relay\")"
                     .into(),
             ));
         }

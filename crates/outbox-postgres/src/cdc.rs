@@ -18,7 +18,7 @@
 //!   binary form, by `postgres-types`, the decoders of the `postgres` crate. Nothing here parses
 //!   the protocol by hand.
 //!
-//! # Set-up (see the README, "CDC relay")
+//! # Set-up (see the guide, docs/guide/src/relay.md, "CDC relay")
 //!
 //! * The server runs with `wal_level = logical` (a restart), and has a free replication slot
 //!   and WAL sender (`max_replication_slots`, `max_wal_senders`).
@@ -122,12 +122,12 @@ pub enum CdcError {
         found: String,
     },
     /// The slot does not exist: it was dropped (or never created). Events committed since the
-    /// last confirmed position may exist only in the outbox table now; see the README's
-    /// recovery ("CDC relay").
+    /// last confirmed position may exist only in the outbox table now; see the guide's
+    /// recovery (docs/guide/src/relay.md, "A lost slot").
     #[error(
         "replication slot `{slot}` does not exist: it was dropped or never created. Streaming \
-         does not start from scratch on its own: recover as the README says (CDC relay, \
-         \"a lost slot\"), which republishes what the outbox still holds"
+         does not start from scratch on its own: recover as the guide says \
+         (docs/guide/src/relay.md, \"a lost slot\"), which republishes what the outbox still holds"
     )]
     SlotMissing {
         /// The slot's name.
@@ -136,8 +136,8 @@ pub enum CdcError {
     /// The server invalidated the slot (for instance it retained more WAL than
     /// `max_slot_wal_keep_size`); changes after its position are gone from the log.
     #[error(
-        "replication slot `{slot}` can no longer be streamed ({reason}); recover as the README \
-         says (CDC relay, \"a lost slot\")"
+        "replication slot `{slot}` can no longer be streamed ({reason}); recover as the guide \
+         says (docs/guide/src/relay.md, \"a lost slot\")"
     )]
     SlotInvalidated {
         /// The slot's name.

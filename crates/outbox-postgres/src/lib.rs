@@ -29,7 +29,7 @@
 //! The engines themselves (relay, consumer, executor, maintainer) live in `outbox-core`; this
 //! crate holds only SQL, migrations and the producer API.
 //!
-//! The table layout is a public contract (see the repository README, "SQL contract"), so
+//! The table layout is a public contract (see the guide, docs/guide/src/sql-contract.md), so
 //! services in other languages can write intents with plain SQL in their own transactions.
 #![forbid(unsafe_code)]
 

@@ -54,7 +54,7 @@ use crate::sql::Sql;
 /// * **Only the CDC relay** delivers such events; the polling relay never sees them. Turn the
 ///   option off, and let the CDC relay drain its slot, before switching to polling.
 /// * **A lost slot loses them**: the recovery of a dropped or invalidated slot republishes what
-///   the table holds (README, "CDC relay"), and these rows are not there.
+///   the table holds (docs/guide/src/relay.md, "A lost slot"), and these rows are not there.
 /// * **Duplicates** of an event id or of an aggregate version are refused only within one
 ///   `enqueue` / `enqueue_batch` call ([`EnqueueError::DuplicateEventId`],
 ///   [`EnqueueError::VersionConflict`]): each call deletes its rows before it returns, and the

@@ -282,7 +282,8 @@ async fn a_missing_slot_and_a_busy_slot_are_errors_of_their_own() {
     assert!(matches!(e, CdcError::SlotMissing { .. }), "{e}");
     assert!(!e.is_transient());
     assert!(
-        e.to_string().contains("README"),
+        e.to_string()
+            .contains("docs/guide/src/relay.md, \"a lost slot\""),
         "says where the recovery is: {e}"
     );
 
@@ -884,7 +885,7 @@ mod relay {
 }
 
 /// Acceptance 6 of the CDC issue, at the engine level: polling → CDC → polling while a
-/// producer keeps writing, by the README's procedure (the CDC relay starts while the polling
+/// producer keeps writing, by the guide's procedure (docs/guide/src/relay.md, "CDC relay") (the CDC relay starts while the polling
 /// relay still runs; the polling relay stops once no row older than the CDC relay's start is
 /// pending; then CDC stops and polling takes over again). Every event arrives, and each
 /// aggregate's versions first appear in order.
