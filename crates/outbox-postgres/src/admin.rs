@@ -1294,19 +1294,8 @@ impl Admin {
                 message,
             })
         };
-        if self.store.config().on_publish == OnPublish::Delete {
-            return Err(refuse(
-                AdminErrorKind::Refused,
-                "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
-                 can be replayed from it; replay from the broker's retention, or run in mark mode"
-                    .into(),
-            ));
-        }
-        if !dry_run && reason.trim().is_empty() {
-            return Err(refuse(
-                AdminErrorKind::InvalidRequest,
-                "a replay needs a reason (it is kept in the audit record)".into(),
-            ));
+        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
+            return Err(refuse(kind, message));
         }
         let (t, i) = (&which.aggregate_type, &which.aggregate_id);
         let from = which.from_version.unwrap_or(1);
@@ -1338,18 +1327,8 @@ impl Admin {
                 ),
             ));
         }
-        let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(replay::CDC_RUNNING)))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(err)?;
-        if cdc {
-            return Err(refuse(
-                AdminErrorKind::Refused,
-                "a CDC relay is running: it streams inserts only, so it would not see the replayed \
-                 rows and could publish a newer version ahead of them. Stop it and run the polling \
-                 relay for the replay (docs/guide/src/relay.md, \"CDC relay\")"
-                    .into(),
-            ));
+        if let Some(message) = self.replay_cdc_refusal(&mut tx).await.map_err(err)? {
+            return Err(refuse(AdminErrorKind::Refused, message));
         }
         let r = q(replay::PLAN)
             .bind(from)
@@ -1398,44 +1377,16 @@ impl Admin {
                 ),
             ));
         }
-        if let Some(expected) = expect_events
-            && expected != plan.events
-        {
-            return Err(refuse(
-                AdminErrorKind::Refused,
-                format!(
-                    "the replay would now take {} event(s), not the {expected} expected: dry-run again",
-                    plan.events
-                ),
-            ));
+        if let Some(message) = count_changed(expect_events, plan.events) {
+            return Err(refuse(AdminErrorKind::Refused, message));
         }
         if dry_run {
             // Nothing changed and nothing to record.
             let _ = tx.rollback().await;
             return Ok(plan);
         }
-        let result = match q(replay::REPLAY).bind(from).execute(&mut *tx).await {
-            Ok(r) if i64::try_from(r.rows_affected()) == Ok(plan.events) => {
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(self.store.schema().wakeup_channel())
-                    .bind(crate::store::RESCAN)
-                    .execute(&mut *tx)
-                    .await
-                    .map(|_| r.rows_affected())
-                    .map_err(|e| self.action_error(OP, e))
-            }
-            Ok(r) => Err(AdminError {
-                operation: OP,
-                kind: AdminErrorKind::Refused,
-                message: format!(
-                    "{} row(s) changed where {} were planned (retention deleted some meanwhile): \
-                     nothing was replayed; dry-run again",
-                    r.rows_affected(),
-                    plan.events
-                ),
-            }),
-            Err(e) => Err(self.action_error(OP, e)),
-        };
+        let changed = q(replay::REPLAY).bind(from).execute(&mut *tx).await;
+        let result = self.replayed(&mut tx, OP, changed, plan.events).await;
         let n = self
             .finish(tx, OP, actor, &selection, reason, result)
             .await?;
@@ -1481,19 +1432,8 @@ impl Admin {
                 message,
             })
         };
-        if self.store.config().on_publish == OnPublish::Delete {
-            return Err(refuse(
-                AdminErrorKind::Refused,
-                "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
-                 can be replayed from it; replay from the broker's retention, or run in mark mode"
-                    .into(),
-            ));
-        }
-        if !dry_run && reason.trim().is_empty() {
-            return Err(refuse(
-                AdminErrorKind::InvalidRequest,
-                "a replay needs a reason (it is kept in the audit record)".into(),
-            ));
+        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
+            return Err(refuse(kind, message));
         }
         if which.created_after >= which.created_before {
             return Err(refuse(
@@ -1591,18 +1531,8 @@ impl Admin {
                 ),
             ));
         }
-        let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(replay::CDC_RUNNING)))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(err)?;
-        if cdc {
-            return Err(refuse(
-                AdminErrorKind::Refused,
-                "a CDC relay is running: it streams inserts only, so it would not see the replayed \
-                 rows and could publish a newer version ahead of them. Stop it and run the polling \
-                 relay for the replay (docs/guide/src/relay.md, \"CDC relay\")"
-                    .into(),
-            ));
+        if let Some(message) = self.replay_cdc_refusal(&mut tx).await.map_err(err)? {
+            return Err(refuse(AdminErrorKind::Refused, message));
         }
         let r = q(replay::range_plan())
             .fetch_one(&mut *tx)
@@ -1627,43 +1557,15 @@ impl Admin {
             horizon,
             dry_run,
         };
-        if let Some(expected) = expect_events
-            && expected != plan.events
-        {
-            return Err(refuse(
-                AdminErrorKind::Refused,
-                format!(
-                    "the replay would now take {} event(s), not the {expected} expected: dry-run again",
-                    plan.events
-                ),
-            ));
+        if let Some(message) = count_changed(expect_events, plan.events) {
+            return Err(refuse(AdminErrorKind::Refused, message));
         }
         if dry_run {
             let _ = tx.rollback().await;
             return Ok(plan);
         }
-        let result = match q(replay::range_replay()).execute(&mut *tx).await {
-            Ok(r) if i64::try_from(r.rows_affected()) == Ok(plan.events) => {
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(self.store.schema().wakeup_channel())
-                    .bind(crate::store::RESCAN)
-                    .execute(&mut *tx)
-                    .await
-                    .map(|_| r.rows_affected())
-                    .map_err(|e| self.action_error(OP, e))
-            }
-            Ok(r) => Err(AdminError {
-                operation: OP,
-                kind: AdminErrorKind::Refused,
-                message: format!(
-                    "{} row(s) changed where {} were planned (retention deleted some meanwhile): \
-                     nothing was replayed; dry-run again",
-                    r.rows_affected(),
-                    plan.events
-                ),
-            }),
-            Err(e) => Err(self.action_error(OP, e)),
-        };
+        let changed = q(replay::range_replay()).execute(&mut *tx).await;
+        let result = self.replayed(&mut tx, OP, changed, plan.events).await;
         let n = self
             .finish(tx, OP, actor, &selection, reason, result)
             .await?;
@@ -1671,6 +1573,74 @@ impl Admin {
             events: i64::try_from(n).unwrap_or(i64::MAX),
             ..plan
         })
+    }
+
+    /// Whether a replay may run at all: mark mode, and a reason unless it is a dry run. The
+    /// refusal's kind and message otherwise.
+    fn replay_allowed(&self, dry_run: bool, reason: &str) -> Result<(), (AdminErrorKind, String)> {
+        if self.store.config().on_publish == OnPublish::Delete {
+            return Err((
+                AdminErrorKind::Refused,
+                "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
+                 can be replayed from it; replay from the broker's retention, or run in mark mode"
+                    .into(),
+            ));
+        }
+        if !dry_run && reason.trim().is_empty() {
+            return Err((
+                AdminErrorKind::InvalidRequest,
+                "a replay needs a reason (it is kept in the audit record)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The refusal of a replay while a CDC relay runs, if one does.
+    async fn replay_cdc_refusal(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(replay::CDC_RUNNING)))
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(cdc.then(|| {
+            "a CDC relay is running: it streams inserts only, so it would not see the replayed \
+             rows and could publish a newer version ahead of them. Stop it and run the polling \
+             relay for the replay (docs/guide/src/relay.md, \"CDC relay\")"
+                .to_owned()
+        }))
+    }
+
+    /// A replay's update done: exactly the `planned` rows changed wakes the relays (at commit);
+    /// any other count refuses it (the caller rolls back).
+    async fn replayed(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        operation: &'static str,
+        changed: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+        planned: i64,
+    ) -> Result<u64, AdminError> {
+        match changed {
+            Ok(r) if i64::try_from(r.rows_affected()) == Ok(planned) => {
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(self.store.schema().wakeup_channel())
+                    .bind(crate::store::RESCAN)
+                    .execute(&mut **tx)
+                    .await
+                    .map(|_| r.rows_affected())
+                    .map_err(|e| self.action_error(operation, e))
+            }
+            Ok(r) => Err(AdminError {
+                operation,
+                kind: AdminErrorKind::Refused,
+                message: format!(
+                    "{} row(s) changed where {planned} were planned (retention deleted some \
+                     meanwhile): nothing was replayed; dry-run again",
+                    r.rows_affected()
+                ),
+            }),
+            Err(e) => Err(self.action_error(operation, e)),
+        }
     }
 
     /// The processes that run a heartbeat (relays, consumers, executors), with their status:
@@ -2040,6 +2010,13 @@ fn conflict_view(r: &sqlx::postgres::PgRow) -> Result<ConflictView, sqlx::Error>
         resolved_at: r.try_get(12)?,
         resolved_by: r.try_get(13)?,
         resolution_reason: r.try_get(14)?,
+    })
+}
+
+/// The refusal of a replay whose count is no longer the dry run's `expected`.
+fn count_changed(expected: Option<i64>, events: i64) -> Option<String> {
+    expected.filter(|e| *e != events).map(|expected| {
+        format!("the replay would now take {events} event(s), not the {expected} expected: dry-run again")
     })
 }
 
