@@ -397,16 +397,16 @@ pub(crate) async fn conflicts(admin: Admin, cmd: ConflictsCmd) -> Result<ExitCod
             }
         }
         ConflictsCmd::Show { id } => print_json(&admin.conflict(id).await?)?,
-        ConflictsCmd::Resolve { ids, action } => {
+        ConflictsCmd::Resolve { mut ids, action } => {
+            ids.sort_unstable();
+            ids.dedup();
             let r = admin
                 .resolve_conflicts(&ids, &action.actor()?, action.reason())
                 .await?;
-            match r.audit_id {
-                Some(audit) => {
-                    println!("resolved {} conflict(s) (audit record {audit})", r.resolved)
-                }
-                None => println!("resolved 0 conflicts"),
-            }
+            println!(
+                "resolved {} conflict(s) (audit record {})",
+                r.resolved, r.audit_id
+            );
             if (r.resolved as usize) < ids.len() {
                 println!(
                     "note: {} of the given ids were not open conflicts",

@@ -18,11 +18,14 @@ CREATE INDEX inbox_conflicts_open_idx ON {{schema}}.inbox_conflicts (id)
     WHERE resolved_at IS NULL;
 
 -- How far retention has deleted (the replay horizon of a time range): `published` is the
--- newest `published_at` among the published rows that `outbox cleanup --published-keep-secs`
+-- newest `created_at` among the published rows that `outbox cleanup --published-keep-secs`
 -- deleted (mark mode). A row written after it is still held, so a replay of a time range that
 -- starts after it replays everything published in the range (`Admin::replay_range`); one that
 -- starts at or before it is refused. Raised by the purge's own statement, never lowered.
+-- It starts at this migration's time: what was deleted before (an earlier purge, a relay in
+-- delete mode) left no trace, so nothing older is vouched for.
 CREATE TABLE {{schema}}.retention_marks (
     what    text        PRIMARY KEY CHECK (what IN ('published')),
     through timestamptz NOT NULL
 );
+INSERT INTO {{schema}}.retention_marks (what, through) VALUES ('published', now());

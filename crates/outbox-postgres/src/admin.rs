@@ -334,8 +334,8 @@ pub struct ConflictView {
 pub struct ConflictsResolved {
     /// Conflicts resolved by this call (ids already resolved are not counted).
     pub resolved: u64,
-    /// The audit record, when any was resolved.
-    pub audit_id: Option<i64>,
+    /// The audit record (written even when every id was resolved already).
+    pub audit_id: i64,
 }
 
 /// A conflict with its payloads, as far as this database holds them.
@@ -748,8 +748,11 @@ impl Admin {
     /// each and dealt with its cause. Nothing is applied or undone: the consumer's effect stays
     /// the first payload's, and a conflict only leaves the open list (the overview's count, the
     /// console's list, `outbox conflicts list --open`), with the audit record naming the actor
-    /// and `reason`. Ids already resolved are left as they are (not counted); the same
-    /// conflicting payload arriving again reopens a conflict.
+    /// and `reason`. Ids already resolved are left as they are (not counted). The conflicting
+    /// payload arriving again reopens a conflict, whoever sends it: a producer re-sending, the
+    /// broker redelivering a message whose acknowledgement was lost, or, under
+    /// `ConflictPolicy::Hold`, the held message coming back after each hold delay (resolve a
+    /// held conflict after discarding or acknowledging that message, or it reopens at once).
     ///
     /// What "dealt with" means is the service's business: a producer that re-used an event id
     /// for another payload fixed, or the second payload's change booked by hand. The library
@@ -800,13 +803,8 @@ impl Admin {
                     format!("none of the ids {ids:?} is an inbox conflict"),
                 )));
             }
-            drop(tx);
-            audit::log(actor, OP, &selection, reason, Ok(0));
-            return Ok(ConflictsResolved {
-                resolved: 0,
-                audit_id: None,
-            });
         }
+        // Recorded even when every id was resolved already: every action is in the audit.
         let resolved = u64::try_from(open.len()).unwrap_or(u64::MAX);
         let audit_id = audit::record(
             &mut tx,
@@ -829,10 +827,7 @@ impl Admin {
             .await
             .map_err(|e| fail(AdminError::sqlx(OP, e)))?;
         audit::log(actor, OP, &selection, reason, Ok(resolved));
-        Ok(ConflictsResolved {
-            resolved,
-            audit_id: Some(audit_id),
-        })
+        Ok(ConflictsResolved { resolved, audit_id })
     }
 
     /// One conflict with its payloads: the conflicting one, and the first one where this
@@ -1469,6 +1464,7 @@ impl Admin {
             .bind(which.created_before)
             .bind(which.aggregate_type.as_deref())
             .bind(which.destination.as_deref())
+            .bind(replay::MAX_RANGE_AGGREGATES + 1)
             .fetch_all(&mut *tx)
             .await
             .map_err(err)?;
@@ -1493,16 +1489,25 @@ impl Admin {
             decoded.map_err(|e| fail(AdminError::sqlx(OP, e)))?;
         }
         let aggregates = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-        if aggregates > replay::MAX_RANGE_AGGREGATES || in_range > replay::MAX_RANGE_EVENTS {
-            return Err(refuse(
+        let too_big = |events: i64| {
+            refuse(
                 AdminErrorKind::Refused,
                 format!(
-                    "the range holds {in_range} event(s) of {aggregates} aggregate(s): more than \
-                     one replay takes ({} events, {} aggregates); split it into shorter ranges",
+                    "the range takes {events} event(s) of {} aggregate(s), later versions \
+                     included: more than one replay takes ({} events, {} aggregates); split it \
+                     into shorter ranges",
+                    if aggregates > replay::MAX_RANGE_AGGREGATES {
+                        format!("more than {}", replay::MAX_RANGE_AGGREGATES)
+                    } else {
+                        aggregates.to_string()
+                    },
                     replay::MAX_RANGE_EVENTS,
                     replay::MAX_RANGE_AGGREGATES
                 ),
-            ));
+            )
+        };
+        if aggregates > replay::MAX_RANGE_AGGREGATES || in_range > replay::MAX_RANGE_EVENTS {
+            return Err(too_big(in_range));
         }
         let q = |sql: String| {
             sqlx::query(AssertSqlSafe(self.render(&sql)))
@@ -1549,6 +1554,9 @@ impl Admin {
                      some); replay it alone from a version still held"
                 ),
             ));
+        }
+        if events > replay::MAX_RANGE_EVENTS {
+            return Err(too_big(events));
         }
         let plan = RangePlan {
             events,

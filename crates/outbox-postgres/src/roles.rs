@@ -8,9 +8,9 @@
 //! | [`Component::Relay`] | `outbox relay`, [`crate::PgStore`] as the relay's store | read `events`, write its delivery columns, delete published rows; leases |
 //! | [`Component::Consumer`] | [`crate::PgConsumer`], [`crate::PgInbox`], [`crate::PgEffects::enqueue`] | inbox tables, consumer dead letters, insert work items; read pauses; its heartbeat and effects per minute |
 //! | [`Component::Executor`] | `outbox effects run`, [`crate::PgExecutor`] | read work items, write their execution columns |
-//! | [`Component::Maintainer`] | `outbox cleanup` | delete old inbox identities, settled work items, old published rows (mark mode), expired leases |
+//! | [`Component::Maintainer`] | `outbox cleanup` | delete old inbox identities, settled work items, old published rows (mark mode, raising the replay horizon in `retention_marks`), expired leases |
 //! | [`Component::Reader`] | `outbox status`, `… list`, `trace`, `audit`, the console's reads | read everything the CLI shows; no payloads of events, conflicts or consumer dead letters |
-//! | [`Component::Operator`] | `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `effects resolve`, the console's actions | the reader's reads plus those changes, each with its `audit` row; the payloads and headers of dead letters and conflicts, to judge them |
+//! | [`Component::Operator`] | `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `conflicts resolve`, `effects resolve`, the console's actions | the reader's reads plus those changes, each with its `audit` row; the payloads and headers of dead letters and conflicts, to judge them |
 //!
 //! Every table and sequence the migrations create has one entry in `OBJECTS` below, with an
 //! explicit decision for every component (an empty list is the decision "nothing"). A table a
@@ -114,7 +114,7 @@ impl Component {
                 "`outbox status`, `dead-letters list|groups`, `conflicts list`, `consumer-dead-letters list|groups`, `effects status|list`, `trace`, `audit`, the console's reads"
             }
             Self::Operator => {
-                "the reader's reads plus payloads of dead letters and conflicts, `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `effects resolve|reconcile`, each audited"
+                "the reader's reads plus payloads of dead letters and conflicts, `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `conflicts resolve`, `effects resolve|reconcile`, each audited"
             }
         }
     }
@@ -248,7 +248,11 @@ const OBJECTS: &[Decision] = &[
         // Mark mode's retention deletes published rows by ctid, reading only what picks them
         // (never a payload). DELETE is table-wide in PostgreSQL: the statement, not the grant,
         // keeps it to published rows.
-        maintainer: &[Select(Only(&["ctid", "state", "published_at"])), Delete],
+        // `created_at` raises the replay horizon (`retention_marks`).
+        maintainer: &[
+            Select(Only(&["ctid", "state", "published_at", "created_at"])),
+            Delete,
+        ],
         // Everything but the payload and the headers.
         reader: &[Select(Only(&[
             "id",

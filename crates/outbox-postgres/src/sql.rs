@@ -229,14 +229,15 @@ pub(crate) const WORK_ITEM_PURGE: &str = "DELETE FROM {s}.work_items WHERE id IN
 /// `published_at` ([`MARK_MODE_INDEXES`]) the pick reads only old published rows.
 ///
 /// The same statement raises the `published` retention mark (schema 11) to the newest
-/// `published_at` it deleted: the replay horizon of a time range (`Admin::replay_range`). It
-/// answers how many rows it deleted.
+/// `created_at` it deleted: the replay horizon of a time range (`Admin::replay_range`); every
+/// row written after the mark is still held, by construction. It answers how many rows it
+/// deleted.
 pub(crate) const PUBLISHED_PURGE: &str = "WITH d AS (DELETE FROM {s}.events WHERE ctid = ANY(ARRAY( \
     SELECT ctid FROM {s}.events WHERE state = 'published' \
       AND published_at < now() - $1 * interval '1 millisecond' \
-    LIMIT $2)) AND state = 'published' RETURNING published_at), \
+    LIMIT $2)) AND state = 'published' RETURNING created_at), \
   m AS (INSERT INTO {s}.retention_marks AS r (what, through) \
-    SELECT 'published', max(published_at) FROM d HAVING count(*) > 0 \
+    SELECT 'published', max(created_at) FROM d HAVING count(*) > 0 \
     ON CONFLICT (what) DO UPDATE SET through = greatest(r.through, excluded.through)) \
   SELECT count(*) FROM d";
 

@@ -154,8 +154,6 @@ async fn concurrent_deliveries_to_two_instances_give_one_effect() {
     db.drop().await;
 }
 
-/// A stored fingerprint that is not 32 bytes (a row damaged by hand) is an error naming the
-/// column, never read as zeros: zeros would make every redelivery of that event a conflict.
 /// An operator resolves a conflict (`Admin::resolve_conflicts`, schema 11): it leaves the open
 /// list and count with who and why, the consumer's effect stays the first payload's; the same
 /// conflicting payload arriving again reopens it, counted.
@@ -197,7 +195,7 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
         .resolve_conflicts(&[open[0].id], &who, "producer fixed in release 42")
         .await
         .unwrap();
-    assert_eq!((r.resolved, r.audit_id.is_some()), (1, true));
+    assert_eq!(r.resolved, 1);
     assert!(admin.conflicts(None, true, 10).await.unwrap().is_empty());
     assert_eq!(inbox.conflict_count(&db.pool).await.unwrap(), 0);
     let all = admin.conflicts(None, false, 10).await.unwrap();
@@ -207,13 +205,22 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
         all[0].resolution_reason.as_deref(),
         Some("producer fixed in release 42")
     );
-    // Resolving it again changes nothing and records nothing.
+    // Resolving it again changes nothing, and is recorded as an action that changed nothing.
     let again = admin
         .resolve_conflicts(&[open[0].id], &who, "twice")
         .await
         .unwrap();
-    assert_eq!((again.resolved, again.audit_id), (0, None));
-    assert_eq!(admin.audit(None, 10).await.unwrap().len(), 1);
+    assert_eq!(again.resolved, 0);
+    let audit = admin.audit(None, 10).await.unwrap();
+    assert_eq!(audit.len(), 2);
+    assert_eq!((audit[0].id, audit[0].affected), (again.audit_id, 0));
+    assert_eq!(
+        admin.conflicts(None, false, 10).await.unwrap()[0]
+            .resolution_reason
+            .as_deref(),
+        Some("producer fixed in release 42"),
+        "the first resolution stands"
+    );
 
     // The same conflicting payload again: open again, counted twice; the effect is still one.
     deliver(
@@ -236,6 +243,8 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
     db.drop().await;
 }
 
+/// A stored fingerprint that is not 32 bytes (a row damaged by hand) is an error naming the
+/// column, never read as zeros: zeros would make every redelivery of that event a conflict.
 #[tokio::test]
 async fn a_corrupt_stored_fingerprint_is_an_error_not_a_conflict() {
     let db = TestDb::new().await;

@@ -298,7 +298,6 @@ pub async fn ack_all<D: Delivery>(deliveries: Vec<D>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A delivery for messages: its event id, or its decode error.
 /// A delivery as a failure message names it: the event (id, aggregate and version) or the
 /// decode error, its delivery count, and where the broker says it was read from (the raw
 /// message's metadata: a Kafka offset, a stream sequence), so a duplicate or a skip shows which.

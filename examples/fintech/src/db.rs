@@ -21,7 +21,7 @@ pub async fn migrate_payments(pool: &PgPool) -> Result<()> {
         .await
         .context("cannot migrate the outbox schema of the payments database")?;
     // `version` is the aggregate's own version: 1 with PaymentCreated, incremented by the
-    // UPDATE that captures (README, "Producer API", the aggregate's own row).
+    // UPDATE that captures (docs/guide/src/producer.md, "Version modes": the aggregate's own row).
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS payments (
              id          text        PRIMARY KEY,

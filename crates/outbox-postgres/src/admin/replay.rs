@@ -40,10 +40,15 @@
 //!   version order, instead of at a version the aggregate has since left behind. The plan
 //!   counts the events in the range and the ones the extension adds.
 //! * *The replay horizon.* Retention (`outbox cleanup --published-keep-secs`) raises a mark to
-//!   the newest publish time it deleted (`retention_marks`, schema 11). Any event written after
-//!   the mark is still held (it was published after it), so a range that starts after the mark
-//!   is complete; one that starts at or before it is refused, naming the mark. The per-aggregate
-//!   gap check above applies to each aggregate too.
+//!   the newest write time (`created_at`) among the rows it deleted (`retention_marks`, schema
+//!   11), so any event written after the mark is still held: a range that starts after the
+//!   mark is complete; one that starts at or before it is refused, naming the mark. The mark
+//!   starts at the time schema 11 was migrated (earlier deletions left no trace). What it does
+//!   not see: a relay in delete mode, or a producer deleting its own rows
+//!   (`delete_in_transaction`), removes rows without raising it. Run every relay of a schema in
+//!   mark mode, as the console's configuration says, and after switching a schema from delete
+//!   to mark mode raise the mark by hand (`UPDATE <schema>.retention_marks SET through = now()`).
+//!   The per-aggregate gap check above applies to each aggregate too.
 //!
 //! The guards of a single aggregate hold for the whole set (locks, live leases, a CDC relay,
 //! the dry-run count). A range is at most [`MAX_RANGE_AGGREGATES`] aggregates and
@@ -156,13 +161,14 @@ pub struct RangePlan {
 pub(super) const HORIZON: &str = "SELECT through FROM {s}.retention_marks WHERE what = 'published'";
 
 /// The aggregates with a published event in the range `$1`..`$2` (of type `$3`, destination
-/// `$4` when not null), each with its first version there and how many of its events are there.
+/// `$4` when not null), each with its first version there and how many of its events are
+/// there; at most `$5` of them (one more than a replay takes tells it is too big).
 pub(super) const RANGE_AGGREGATES: &str = "SELECT aggregate_type, aggregate_id, \
       min(aggregate_version), count(*) \
     FROM {s}.events WHERE state = 'published' AND created_at >= $1 AND created_at < $2 \
       AND ($3::text IS NULL OR aggregate_type = $3) \
       AND ($4::text IS NULL OR destination = $4) \
-    GROUP BY aggregate_type, aggregate_id";
+    GROUP BY aggregate_type, aggregate_id LIMIT $5";
 
 /// The aggregates `$1`/`$2` (from version `$3`), as a relation `a(t, i, v)`.
 const AGGREGATES: &str = "unnest($1::text[], $2::text[], $3::bigint[]) AS a(t, i, v)";
