@@ -197,6 +197,9 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let mut producers_done = false;
     let mut replayed: Option<Replay> = None;
+    // On a terminal a bar of the payments' events applied by the consumer; elsewhere the line
+    // every half second, as before.
+    let bar = crate::progress::Progress::new(0, "demo");
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         if !producers_done && clients.iter().all(|c| c.is_finished()) {
@@ -209,9 +212,8 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
         let distinct: HashSet<Uuid> = seen.seen().iter().map(|s| s.event_id).collect();
         let pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
         let c = consumed.lock().unwrap().clone();
-        println!(
-            "[{:>5.1}s] produced {:>5} | committed {:>5} | rolled back {:>4} | on the broker {:>5} | outbox pending {:>5} | consumed {:>5} | duplicates absorbed {:>3}",
-            started.elapsed().as_secs_f64(),
+        let line = format!(
+            "produced {:>5} | committed {:>5} | rolled back {:>4} | on the broker {:>5} | outbox pending {:>5} | consumed {:>5} | duplicates absorbed {:>3}",
             ledger.produced.load(Ordering::Relaxed),
             committed,
             ledger.rolled_back.lock().unwrap().len(),
@@ -220,6 +222,12 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             c.processed,
             c.duplicates
         );
+        if bar.is_shown() {
+            bar.set_length(committed as u64);
+            bar.set(c.processed as u64, line);
+        } else {
+            println!("[{:>5.1}s] {line}", started.elapsed().as_secs_f64());
+        }
         let drained = producers_done
             && pending == 0
             && distinct.len() >= committed
@@ -228,10 +236,10 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             // What a relay that crashed between the broker's ack and its mark does: publish
             // again, same event ids. The inbox must absorb every copy that reaches it.
             let r = replay(&transport, nats.as_ref(), &ledger).await?;
-            println!(
+            bar.println(&format!(
                 "replaying {} delivered events as a crashed relay would ({} dropped by the broker's dedup window, {} delivered again)",
                 r.sent, r.broker_deduplicated, r.expected_at_consumer
-            );
+            ));
             replayed = Some(r);
             continue;
         }
@@ -242,10 +250,11 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             break;
         }
         if Instant::now() > deadline {
-            println!("timed out after {}s", args.timeout_secs);
+            bar.println(&format!("timed out after {}s", args.timeout_secs));
             break;
         }
     }
+    bar.finish();
     tokio::time::sleep(Duration::from_millis(300)).await; // let stray duplicates arrive
     shutdown.cancel();
     relay_task.await?;

@@ -19,6 +19,7 @@ pub mod ack_first;
 pub mod demo;
 pub mod matrix;
 mod observer;
+mod progress;
 pub mod provider;
 pub mod workload;
 

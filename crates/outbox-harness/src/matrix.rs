@@ -484,8 +484,10 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
     }
 
     let mut rows = Vec::new();
+    let bar = crate::progress::Progress::new(cells.len() as u64, "crash matrix");
     for cell in &cells {
         let started = Instant::now();
+        bar.message(cell.id.to_owned());
         let row = match run_cell(&env, cell, args.payments, args.cell_timeout_secs).await {
             Ok(r) => r,
             Err(e) => Row {
@@ -494,15 +496,17 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
                 pass: false,
             },
         };
-        println!(
+        bar.println(&format!(
             "  {:<34} {:>5.1}s  {}  {}",
             cell.id,
             started.elapsed().as_secs_f64(),
             if row.pass { "PASS" } else { "FAIL" },
             row.observed
-        );
+        ));
+        bar.inc();
         rows.push((*cell, row));
     }
+    bar.finish();
     // A slot left behind would keep WAL on the server for good.
     env.remove_slot().await?;
     let label = match mode {
