@@ -638,7 +638,7 @@ pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
             plan.events - plan.in_range
         );
         let horizon = plan.horizon.map_or_else(
-            || "retention has deleted nothing yet".to_owned(),
+            || "no replay horizon recorded (retention_marks has no row)".to_owned(),
             |h| format!("replay horizon {}", h.to_rfc3339()),
         );
         if plan.dry_run {

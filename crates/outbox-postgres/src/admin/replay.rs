@@ -151,7 +151,7 @@ pub struct RangePlan {
     pub in_range: i64,
     /// Aggregates it touches.
     pub aggregates: i64,
-    /// The replay horizon: ranges must start after it (`None`: retention deleted nothing yet).
+    /// The replay horizon: ranges must start after it (`None` only when its `retention_marks` row was removed by hand: schema 11 seeds it at the migration).
     pub horizon: Option<DateTime<Utc>>,
     /// `true` for a dry run (nothing changed).
     pub dry_run: bool,
