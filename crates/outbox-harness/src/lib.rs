@@ -20,7 +20,9 @@ pub mod demo;
 pub mod matrix;
 mod observer;
 mod progress;
-pub mod provider;
+/// The stand-in payment provider (`outbox demo-provider`), kept in its own crate so that the
+/// examples can run it without the harness's crash points.
+pub use outbox_stand_in as provider;
 pub mod workload;
 
 use std::process::ExitCode;

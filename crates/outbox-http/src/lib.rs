@@ -536,7 +536,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use outbox_harness::provider::{ProviderArgs, ProviderServer};
+    use outbox_stand_in::{ProviderArgs, ProviderServer};
 
     /// A provider serving in this process on a free port.
     struct Running {
@@ -863,7 +863,7 @@ mod tests {
         assert_eq!(s, StatusCode::BAD_REQUEST);
         assert!(v["error"].as_str().unwrap().contains("JSON"), "{v}");
 
-        let big = vec![b' '; outbox_harness::provider::MAX_BODY_BYTES + 1];
+        let big = vec![b' '; outbox_stand_in::MAX_BODY_BYTES + 1];
         let (s, _) = p.raw(Method::POST, "/payouts", Some("k-z"), big).await;
         assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
 

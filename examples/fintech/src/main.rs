@@ -77,7 +77,7 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// The stand-in payment provider (`outbox_harness::provider`). It stands in for the real
+    /// The stand-in payment provider (`outbox_stand_in`). It stands in for the real
     /// external provider; it is not part of the service.
     Provider {
         /// Address to listen on.
@@ -151,12 +151,12 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Provider { listen } => {
             // The stand-in prints `listening on http://ADDR` on stdout once bound: the parent's
             // readiness line for this child.
-            let args = outbox_harness::provider::ProviderArgs {
+            let args = outbox_stand_in::ProviderArgs {
                 listen,
                 no_idempotency: false,
                 delay_ms: 0,
             };
-            outbox_harness::provider::run_provider(args, shutdown).await?;
+            outbox_stand_in::run_provider(args, shutdown).await?;
         }
         Command::Migrate { common } => {
             db::migrate_payments(&db::connect(&common.payments_url, 2).await?).await?;
