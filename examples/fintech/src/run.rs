@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use hyper::Method;
 use support::database::FreshDatabases;
 use support::http_client::HttpClient;
+use support::run::{ModeArgs, Plan};
 use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
 
 use crate::load::{LoadConfig, LoadReport, Progress};
@@ -36,12 +37,9 @@ use crate::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL};
 /// Options of `fintech run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The CI mode: 200 payments, one kill of each kind, well under a minute (the default).
-    #[arg(long, conflicts_with = "long")]
-    short: bool,
-    /// The long mode: 20,000 payments as fast as the API answers, three kills of each kind.
-    #[arg(long)]
-    long: bool,
+    /// `--short` / `--long` and the overrides of their numbers.
+    #[command(flatten)]
+    mode: ModeArgs,
     /// The broker, chosen by scheme (nats://, amqp://).
     #[arg(long, env = "FINTECH_BROKER_URL", default_value = DEFAULT_BROKER_URL)]
     broker_url: String,
@@ -54,76 +52,6 @@ pub struct RunArgs {
     /// Payments to create (overrides the mode's).
     #[arg(long)]
     payments: Option<u64>,
-    /// Concurrent clients (overrides the mode's).
-    #[arg(long)]
-    clients: Option<u64>,
-    /// Payments started per second, 0 for no limit (overrides the mode's).
-    #[arg(long)]
-    rate: Option<f64>,
-    /// Rounds of kills: each round kills one process of each kind (overrides the mode's).
-    #[arg(long)]
-    kill_rounds: Option<u32>,
-    /// Seconds to wait for everything to drain after the load (overrides the mode's).
-    #[arg(long)]
-    drain_timeout_secs: Option<u64>,
-}
-
-/// The numbers of a mode.
-#[derive(Debug, Clone)]
-struct Plan {
-    mode: &'static str,
-    payments: u64,
-    clients: u64,
-    rate: f64,
-    kill_rounds: u32,
-    drain_timeout: Duration,
-}
-
-impl Plan {
-    fn from(args: &RunArgs) -> Result<Self> {
-        let mut plan = if args.long {
-            Plan {
-                mode: "long",
-                payments: 20_000,
-                clients: 16,
-                rate: 0.0,
-                kill_rounds: 3,
-                drain_timeout: Duration::from_secs(600),
-            }
-        } else {
-            Plan {
-                mode: "short",
-                payments: 200,
-                clients: 8,
-                rate: 40.0,
-                kill_rounds: 1,
-                drain_timeout: Duration::from_secs(40),
-            }
-        };
-        if let Some(n) = args.payments {
-            plan.payments = n;
-        }
-        if let Some(n) = args.clients {
-            plan.clients = n;
-        }
-        if let Some(r) = args.rate {
-            plan.rate = r;
-        }
-        if let Some(k) = args.kill_rounds {
-            plan.kill_rounds = k;
-        }
-        if let Some(s) = args.drain_timeout_secs {
-            plan.drain_timeout = Duration::from_secs(s);
-        }
-        support::load::check_numbers(
-            "payments",
-            "payments",
-            plan.payments,
-            plan.clients,
-            plan.rate,
-        )?;
-        Ok(plan)
-    }
 }
 
 /// The processes of the story.
@@ -206,7 +134,12 @@ impl Cluster {
 /// A service is unreachable, a process failed, the load could not complete, or the run did not
 /// drain within its deadline.
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
-    let plan = Plan::from(&args)?;
+    let plan = args.mode.plan(
+        Plan::short(200, 40.0),
+        args.payments,
+        "payments",
+        "payments",
+    )?;
     let pid = std::process::id();
     let name = format!("r{pid}");
     let topology = Topology::new("fintech", AGGREGATE, &name, true)?;
@@ -216,7 +149,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let broker = brokers.find(&args.broker_url)?.name;
     println!(
         "fintech run ({} mode): {} payments from {} clients, {} round(s) of kills",
-        plan.mode, plan.payments, plan.clients, plan.kill_rounds
+        plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
     println!(
         "  postgres {} (databases {payments_db}, {reporting_db})",
@@ -322,7 +255,7 @@ async fn drive(
     let http = HttpClient::new(Duration::from_secs(3));
     let config = LoadConfig {
         api: api.clone(),
-        payments: plan.payments,
+        payments: plan.commands,
         clients: plan.clients,
         rate: plan.rate,
         tag: format!("run{}", std::process::id()),
@@ -344,12 +277,12 @@ async fn drive(
     ));
 
     // The kill schedule: evenly spread over the load, one kind after the other.
-    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.payments);
+    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.commands);
     let kills_planned = schedule.planned() as i64;
     // The slow provider: from 40% of the load until an outcome was unknown, however long that
     // takes on a loaded machine (the capture worker may be down or slow for a while), at most
     // SLOW_AT_MOST; the run fails its check if none was.
-    let slow_at = plan.payments * 2 / 5;
+    let slow_at = plan.commands * 2 / 5;
     let mut slow: Option<Instant> = None;
     let mut slow_done = false;
     let mut kills = 0i64;

@@ -24,6 +24,7 @@ use anyhow::{Context, Result, bail};
 use sqlx::PgPool;
 use support::database::FreshDatabases;
 use support::http_client::HttpClient;
+use support::run::{ModeArgs, Plan};
 use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
 use support::table::Check;
 
@@ -36,12 +37,9 @@ use crate::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL};
 /// Options of `igaming run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The CI mode: 300 bets, one kill of each kind, well under a minute (the default).
-    #[arg(long, conflicts_with = "long")]
-    short: bool,
-    /// The long mode: 20,000 bets as fast as the API answers, three kills of each kind.
-    #[arg(long)]
-    long: bool,
+    /// `--short` / `--long` and the overrides of their numbers.
+    #[command(flatten)]
+    mode: ModeArgs,
     /// The broker, chosen by scheme (nats://, amqp://).
     #[arg(long, env = "IGAMING_BROKER_URL", default_value = DEFAULT_BROKER_URL)]
     broker_url: String,
@@ -54,49 +52,6 @@ pub struct RunArgs {
     /// Bets to place (overrides the mode's).
     #[arg(long)]
     bets: Option<u64>,
-    /// Concurrent clients (overrides the mode's).
-    #[arg(long)]
-    clients: Option<u64>,
-    /// Bets started per second, 0 for no limit (overrides the mode's).
-    #[arg(long)]
-    rate: Option<f64>,
-    /// Rounds of kills: each round kills one process of each kind (overrides the mode's).
-    #[arg(long)]
-    kill_rounds: Option<u32>,
-    /// Seconds to wait for everything to drain after the load (overrides the mode's).
-    #[arg(long)]
-    drain_timeout_secs: Option<u64>,
-}
-
-/// The numbers of a mode, after the overrides.
-#[derive(Debug, Clone)]
-struct Plan {
-    mode: &'static str,
-    bets: u64,
-    clients: u64,
-    rate: f64,
-    kill_rounds: u32,
-    drain_timeout: Duration,
-}
-
-impl Plan {
-    fn from(args: &RunArgs) -> Result<Self> {
-        let (mode, bets, clients, rate, kill_rounds, drain) = if args.long {
-            ("long", 20_000, 16, 0.0, 3, 600)
-        } else {
-            ("short", 300, 8, 60.0, 1, 40)
-        };
-        let plan = Plan {
-            mode,
-            bets: args.bets.unwrap_or(bets),
-            clients: args.clients.unwrap_or(clients),
-            rate: args.rate.unwrap_or(rate),
-            kill_rounds: args.kill_rounds.unwrap_or(kill_rounds),
-            drain_timeout: Duration::from_secs(args.drain_timeout_secs.unwrap_or(drain)),
-        };
-        support::load::check_numbers("bets", "bets", plan.bets, plan.clients, plan.rate)?;
-        Ok(plan)
-    }
 }
 
 /// The processes of the story.
@@ -178,14 +133,16 @@ struct Pools {
 /// A service is unreachable, a process failed, the load could not complete, or the run did not
 /// drain within its deadline.
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
-    let plan = Plan::from(&args)?;
+    let plan = args
+        .mode
+        .plan(Plan::short(300, 60.0), args.bets, "bets", "bets")?;
     let pid = std::process::id();
     let topology = crate::topology::topology(&format!("r{pid}"), true)?;
     let names = ["bets", "history", "ledger"].map(|db| format!("igaming_{pid}_{db}"));
     let broker = outbox::brokers().find(&args.broker_url)?.name;
     println!(
         "igaming run ({} mode): {} bets from {} clients, {} round(s) of kills, one re-sent event",
-        plan.mode, plan.bets, plan.clients, plan.kill_rounds
+        plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
     println!(
         "  postgres {} (databases {})",
@@ -288,7 +245,7 @@ async fn drive(
     let http = HttpClient::new(Duration::from_secs(3));
     let config = LoadConfig {
         api: format!("http://{}", cluster.api),
-        bets: plan.bets,
+        bets: plan.commands,
         clients: plan.clients,
         rate: plan.rate,
         tag: format!("run{}", std::process::id()),
@@ -305,11 +262,11 @@ async fn drive(
         Arc::clone(&report),
     ));
 
-    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.bets);
+    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.commands);
     let kills_planned = schedule.planned() as i64;
     let mut kills = 0i64;
     // The re-send: from 60% of the load, as soon as a payout is in the ledger.
-    let inject_at = plan.bets * 3 / 5;
+    let inject_at = plan.commands * 3 / 5;
     let mut injected: Option<Injected> = None;
     let mut last_line = Instant::now();
     while !load.is_finished() {

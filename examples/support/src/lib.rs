@@ -11,6 +11,7 @@
 //! | [`database`] | connections, the schema check, fresh per-run databases and their removal |
 //! | [`topology`] | a deployment's broker objects (NATS stream / RabbitMQ exchange and queues) and demo timings, and their removal |
 //! | [`relay`] | the toolkit's polling relay as both examples run it (the shape of `outbox relay`) |
+//! | [`run`] | the one-command run's mode (`--short`, `--long`) and its overrides |
 //! | [`api`] | HTTP plumbing of an axum API with `Idempotency-Key`: error answers, header and body parsing, stored answers |
 //! | [`http_client`] | a small JSON-over-HTTP client for the load drivers and the verification |
 //! | [`load`] | concurrent clients at a rate, and the retry-with-the-same-key loop |
@@ -25,6 +26,7 @@ pub mod database;
 pub mod http_client;
 pub mod load;
 pub mod relay;
+pub mod run;
 pub mod supervise;
 pub mod table;
 pub mod topology;
