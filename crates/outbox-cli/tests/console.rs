@@ -312,6 +312,8 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
     );
     assert_eq!(instance["pid"], relay.id());
     assert_eq!(instance["stats"]["published"], 5);
+    // Idle, it holds nothing (no lease, no batch in flight).
+    assert_eq!(instance["stats"]["in_flight"]["batches"], 0, "{instance}");
     assert_eq!(route["dead_letters"], 1);
     assert_eq!(route["pending"], 0);
 

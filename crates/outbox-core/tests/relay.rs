@@ -378,3 +378,30 @@ async fn a_pipelined_run_is_cut_at_one_publish_timeout_from_its_start() {
     // The first version timed out (retried), the rest were not attempted: nothing is marked.
     assert_eq!((o.published, o.retried, o.released), (0, 1, 4), "{o:?}");
 }
+
+#[tokio::test]
+async fn a_batch_counts_as_in_flight_until_it_is_settled() {
+    let r = Arc::new(relay(
+        store_with(&[("a", 1), ("a", 2), ("b", 1)]),
+        FakeTransport::with_delay(Duration::from_millis(300)),
+        fast_config(),
+    ));
+    let activity = r.activity();
+    assert_eq!(activity.in_flight().batches, 0);
+    let batch = tokio::spawn({
+        let r = Arc::clone(&r);
+        async move { r.run_batch().await }
+    });
+    // While the broker is slow, the relay holds the batch: two aggregates, three rows.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while activity.in_flight().batches == 0 {
+        assert!(Instant::now() < deadline, "the batch never showed as held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let held = activity.in_flight();
+    assert_eq!((held.aggregates, held.rows), (2, 3));
+    assert!(held.oldest_ms.is_some());
+    let outcome = batch.await.unwrap().unwrap();
+    assert_eq!(outcome.published, 3);
+    assert_eq!(activity.in_flight(), Default::default());
+}

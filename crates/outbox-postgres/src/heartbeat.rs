@@ -153,7 +153,9 @@ impl Heartbeat {
         self
     }
 
-    /// Writes what a relay published per route (its [`Relay::activity`](outbox_core::relay::Relay::activity)).
+    /// Writes what a relay published per route (its [`Relay::activity`](outbox_core::relay::Relay::activity)),
+    /// and what it holds now (`in_flight`: batches, aggregates, rows and the oldest one's age
+    /// in ms; for the polling relay, its leases).
     #[must_use]
     pub fn with_publish_activity(mut self, activity: Arc<PublishActivity>) -> Self {
         self.activity = Some(activity);
@@ -201,6 +203,9 @@ impl Heartbeat {
             .map_or_else(|| serde_json::json!({}), |f| f());
         if let (Some(activity), Some(map)) = (&self.activity, stats.as_object_mut()) {
             map.insert("published".into(), activity.total().into());
+            if let Ok(in_flight) = serde_json::to_value(activity.in_flight()) {
+                map.insert("in_flight".into(), in_flight);
+            }
         }
         if let (Some(consumer), Some(map)) = (&self.consumer, stats.as_object_mut())
             && let Ok(serde_json::Value::Object(numbers)) =

@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-pub use activity::{PublishActivity, Route};
+pub use activity::{InFlight, PublishActivity, Route};
 pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, PollingTicket, SettleReport, Settlement};
 
 use crate::backoff::Backoff;
@@ -369,6 +369,8 @@ impl<F: Feed, T: Transport> Relay<F, T> {
         if batch.messages.is_empty() {
             return Ok(outcome);
         }
+        // Counted as held (the console's "in flight" per relay) until settled or given up.
+        let _holding = self.activity.hold(&batch.messages);
         // The last moment a publish may start and still end before the ownership can end.
         let last_start = batch.owned_until.map(|until| {
             until
@@ -555,7 +557,8 @@ mod tests {
         assert_eq!(stats_wait(long, Duration::from_secs(10)), long);
     }
 
-    fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {
+    /// A row of aggregate type `payment` (also the activity's tests').
+    pub(super) fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {
         let payload = Payload::json(&serde_json::json!({ "v": version })).unwrap();
         OutboxMessage {
             id,
