@@ -97,7 +97,13 @@ impl SelectArgs {
     fn selection(&self) -> Result<DeadLetterSelection> {
         let filtered = !self.filter.is_empty();
         Ok(match (self.event_ids.is_empty(), self.all, filtered) {
-            (false, false, false) => DeadLetterSelection::Ids(self.event_ids.clone()),
+            (false, false, false) => {
+                // Each id once: the note compares the count changed with the ids given.
+                let mut ids = self.event_ids.clone();
+                ids.sort_unstable();
+                ids.dedup();
+                DeadLetterSelection::Ids(ids)
+            }
             (true, true, false) => DeadLetterSelection::All,
             (true, false, true) => DeadLetterSelection::Matching(self.filter.filter()),
             _ => bail!("give event ids, --all, or filter flags (one of the three)"),
@@ -205,7 +211,13 @@ impl ConsumerSelectArgs {
         }
         Ok(ConsumerSelection {
             consumer: self.consumer.clone(),
-            ids: (!self.all).then(|| self.ids.clone()),
+            // Each id once: the note compares the count changed with the ids given.
+            ids: (!self.all).then(|| {
+                let mut ids = self.ids.clone();
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            }),
             reason_group: self.group.clone(),
         })
     }
@@ -495,10 +507,12 @@ pub(crate) async fn consumer_dead_letters(
             println!(
                 "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
             );
-            if !select.all && (n as usize) < select.ids.len() {
+            if let Some(ids) = &which.ids
+                && (n as usize) < ids.len()
+            {
                 println!(
                     "note: {} of the given ids were not open dead letters",
-                    select.ids.len() - n as usize
+                    ids.len() - n as usize
                 );
                 return Ok(ExitCode::from(1));
             }
@@ -509,10 +523,12 @@ pub(crate) async fn consumer_dead_letters(
                 .discard_consumer_dead_letters(&which, &action.actor()?, action.reason())
                 .await?;
             println!("discarded {n} consumer dead letter(s) (state resolved, never applied)");
-            if !select.all && (n as usize) < select.ids.len() {
+            if let Some(ids) = &which.ids
+                && (n as usize) < ids.len()
+            {
                 println!(
                     "note: {} of the given ids were not open dead letters",
-                    select.ids.len() - n as usize
+                    ids.len() - n as usize
                 );
                 return Ok(ExitCode::from(1));
             }

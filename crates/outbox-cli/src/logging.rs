@@ -9,7 +9,7 @@
 //! in every log line and in the final error message, at every level.
 
 use std::io::{self, Write};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use outbox_core::secrets::Scrubber;
 use tracing_subscriber::fmt::MakeWriter;
@@ -19,6 +19,17 @@ use tracing_subscriber::fmt::MakeWriter;
 pub const DEFAULT_FILTER: &str = "warn,outbox=info,outbox_core=info,outbox_postgres=info,\
     outbox_nats=info,outbox_rabbitmq=info,outbox_kafka=info,outbox_http=info,\
     outbox_console=info,outbox_harness=info,pgwire_replication=off";
+
+/// What every log line's write to stderr runs inside, when set: the test tools' progress bar
+/// clears itself around it (`outbox_harness::suspend_progress`), so a log line never lands in
+/// the middle of a bar. Unset in a production build.
+static AROUND_WRITES: OnceLock<fn(&mut dyn FnMut())> = OnceLock::new();
+
+/// Makes every later log line's write run inside `around` (once; a later call is ignored).
+#[cfg_attr(not(feature = "harness"), allow(dead_code))]
+pub fn around_writes(around: fn(&mut dyn FnMut())) {
+    let _ = AROUND_WRITES.set(around);
+}
 
 /// Whether log lines may carry colour codes: only when stderr is a terminal and `NO_COLOR`
 /// (<https://no-color.org>) is not set, so that a pipe or a log file never gets escape codes.
@@ -92,9 +103,15 @@ impl Drop for EventBuffer {
         }
         let text = String::from_utf8_lossy(&self.buf);
         let clean = self.scrubber.scrub(&text);
-        let mut err = io::stderr().lock();
-        let _ = err.write_all(clean.as_bytes());
-        let _ = err.flush();
+        let mut write = || {
+            let mut err = io::stderr().lock();
+            let _ = err.write_all(clean.as_bytes());
+            let _ = err.flush();
+        };
+        match AROUND_WRITES.get() {
+            Some(around) => around(&mut write),
+            None => write(),
+        }
     }
 }
 

@@ -299,6 +299,7 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    exit_quietly_on_closed_stdout();
     let cli = match Cli::from_arg_matches(&command().get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -340,6 +341,9 @@ fn main() -> ExitCode {
         urls.push(args.provider_url());
     }
     let scrubber = Arc::new(logging::scrubber(urls));
+    // A log line of a test tool clears its progress bar, is written, and the bar comes back.
+    #[cfg(feature = "harness")]
+    logging::around_writes(outbox_harness::suspend_progress);
     #[cfg(feature = "harness")]
     let quiet = matches!(&cli.command, Command::Tool(t) if t.prints_progress());
     #[cfg(not(feature = "harness"))]
@@ -498,6 +502,22 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
 }
 
 /// Writes generated text to stdout; a reader that stopped early (`| head`) is no error.
+/// A closed stdout (`outbox dead-letters list | head`) ends the command quietly with exit code
+/// 0, as [`print_generated`] does for completions. Rust ignores SIGPIPE (a relay's broken
+/// socket must be an error, not a death), so its print macros panic on a broken pipe instead;
+/// this hook turns exactly that panic into a clean exit. Every other panic keeps the default
+/// report.
+fn exit_quietly_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 fn print_generated(text: &[u8]) -> ExitCode {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();

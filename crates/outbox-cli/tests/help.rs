@@ -109,3 +109,22 @@ async fn completions_and_the_manual_page_are_generated_from_the_commands() {
         "the subcommands are listed"
     );
 }
+
+/// Output into a pipe that is already closed (`outbox roles print | head -0`): the command ends
+/// quietly with 0, not with a panic's report and 101.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let mut cmd = outbox(None, None, None);
+    cmd.args(["roles", "print"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped());
+    let out = cmd.output().expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("panicked"),
+        "{:?}: {stderr}",
+        out.status
+    );
+}

@@ -223,8 +223,17 @@ pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode
             c.duplicates
         );
         if bar.is_shown() {
+            // The bar counts the consumer's events against the committed ones; the message
+            // keeps what else matters short enough for an 80-column terminal.
             bar.set_length(committed as u64);
-            bar.set(c.processed as u64, line);
+            bar.set(
+                c.processed as u64,
+                format!(
+                    "dups absorbed {} · broker {} · pending {pending}",
+                    c.duplicates,
+                    distinct.len()
+                ),
+            );
         } else {
             println!("[{:>5.1}s] {line}", started.elapsed().as_secs_f64());
         }

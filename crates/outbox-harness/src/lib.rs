@@ -23,6 +23,7 @@ mod progress;
 /// The stand-in payment provider (`outbox demo-provider`), kept in its own crate so that the
 /// examples can run it without the harness's crash points.
 pub use outbox_stand_in as provider;
+pub use progress::suspend as suspend_progress;
 pub mod workload;
 
 use std::process::ExitCode;
@@ -93,7 +94,7 @@ impl Tool {
     /// True for the tools that print their own progress, whose clients' connection chatter
     /// would drown it (the default log filter is quieter for them).
     pub fn prints_progress(&self) -> bool {
-        matches!(self, Self::CrashMatrix(_))
+        matches!(self, Self::CrashMatrix(_) | Self::Demo(_))
     }
 }
 
