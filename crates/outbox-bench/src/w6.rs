@@ -19,7 +19,17 @@
 //!   constraint), and the overall rate, restarts and the crashed relay's lease expiry included;
 //! * **table and index sizes** after the drain, and after a plain `VACUUM`;
 //! * in mark mode, after the drain: the retention job deleting every published row
-//!   ([`Maintainer`] with `published_keep` zero), its rate, and the sizes after it.
+//!   ([`Maintainer`] with `published_keep` zero), its rate, and the sizes after it;
+//! * with `--second-backlog`, whether the space is reused ("no unbounded bloat"): the same
+//!   backlog written again on top of what the first left, drained by one relay start (and, in
+//!   mark mode, the retention again), then the sizes after a plain `VACUUM` beside the first
+//!   cycle's. A file that grows by the backlog's size again is bloat; one that stays near its
+//!   peak reuses the space the first drain freed.
+//!
+//! With `OUTBOX_BENCH_EXPLAIN_MS=N` the claims the bench times run on connections with
+//! PostgreSQL's `auto_explain` loaded (a superuser's connection): every claim statement slower
+//! than N ms writes its plan, with `ANALYZE` and `BUFFERS`, into the server's log, which says
+//! where a slow claim's time goes.
 //!
 //! The backlog is written with plain SQL (`INSERT … SELECT generate_series`, the SQL contract
 //! of plain-SQL producers) in chunks, then analysed and checkpointed. Published messages are
@@ -79,6 +89,10 @@ pub struct Args {
     /// Give up a drain segment after this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub(crate) timeout_secs: u64,
+    /// After the first cycle, write the backlog again, drain it, vacuum, and compare the sizes
+    /// (whether the first drain's space is reused).
+    #[arg(long)]
+    pub(crate) second_backlog: bool,
 }
 
 /// One claim-latency measurement.
@@ -215,7 +229,7 @@ async fn measure_mode(
         outbox_postgres::migrate_mark_mode(pool, &bench.schema).await?;
     }
     let store = PgStore::new(
-        pool.clone(),
+        claim_pool(env, pool).await?,
         PgStoreConfig {
             schema: bench.schema.clone(),
             on_publish: mode,
@@ -249,6 +263,39 @@ async fn measure_mode(
     let _ = std::fs::remove_file(&config);
     result?;
     Ok(report)
+}
+
+/// The pool the timed claims run on: `pool`, or with `OUTBOX_BENCH_EXPLAIN_MS` set, a pool of
+/// its own whose connections load `auto_explain` and log the plan of every statement slower
+/// than that many milliseconds (with `ANALYZE` and `BUFFERS`) into the server's log.
+async fn claim_pool(env: &Env, pool: &PgPool) -> Result<PgPool> {
+    let Ok(ms) = std::env::var("OUTBOX_BENCH_EXPLAIN_MS") else {
+        return Ok(pool.clone());
+    };
+    let ms: u32 = ms
+        .parse()
+        .context("OUTBOX_BENCH_EXPLAIN_MS: a number of milliseconds")?;
+    println!("auto_explain: plans of claims slower than {ms} ms go to the server's log");
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                for statement in [
+                    "LOAD 'auto_explain'".to_owned(),
+                    format!("SET auto_explain.log_min_duration = {ms}"),
+                    "SET auto_explain.log_analyze = on".to_owned(),
+                    "SET auto_explain.log_buffers = on".to_owned(),
+                ] {
+                    sqlx::query(AssertSqlSafe(statement))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(&env.database_url)
+        .await
+        .context("connecting the claims' pool with auto_explain")
 }
 
 /// The drain in segments (claim latency at each checkpoint), then the near-empty claims, the
@@ -397,6 +444,108 @@ async fn drain_and_measure(
             .claims
             .push(claim_latency(pool, store, s, args, "1,000 rows, after the retention").await?);
     }
+    if args.second_backlog {
+        second_backlog(env, pool, bench, nats, args, store, config, report).await?;
+    }
+    Ok(())
+}
+
+/// The same backlog again on top of what the first cycle left, drained by one relay start
+/// (and retained again in mark mode), then the sizes after a `VACUUM`.
+#[allow(clippy::too_many_arguments)]
+async fn second_backlog(
+    env: &Env,
+    pool: &PgPool,
+    bench: &BenchSchema,
+    nats: &NatsBench,
+    args: &Args,
+    store: &PgStore,
+    config: &PathBuf,
+    report: &mut ModeReport,
+) -> Result<()> {
+    let s = bench.name();
+    // Versions above the first backlog's and the fresh rows' (at most `shape` each).
+    let drained_versions = args.events.div_ceil(args.aggregates.max(1));
+    let base = drained_versions + drained_versions.clamp(1, 1000);
+    let started = Instant::now();
+    insert_rows(pool, s, args, (0, args.events), args.aggregates, base).await?;
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
+        .execute(pool)
+        .await?;
+    println!(
+        "second backlog: {} events written in {:.1} s",
+        args.events,
+        started.elapsed().as_secs_f64()
+    );
+    report
+        .sizes
+        .push(sizes(pool, s, "second backlog written").await?);
+    let target = nats.last_sequence().await? + pending(pool, s).await? as u64;
+    let started = Instant::now();
+    let mut relay = spawn_relay(env, bench, args, config)?;
+    loop {
+        let published = nats.last_sequence().await?;
+        if published >= target {
+            break;
+        }
+        if let Some(status) = relay.try_wait()? {
+            bail!("the relay ended at {published} of {target} published: {status}");
+        }
+        if started.elapsed() > Duration::from_secs(args.timeout_secs) {
+            bail!("the second drain timed out at {published} of {target}");
+        }
+        if let Some(rss) = rss_mb(relay.id()) {
+            report.max_rss_mb = report.max_rss_mb.max(rss);
+        }
+        if nats.count().await? > 1_000_000 {
+            nats.purge().await?;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pending(pool, s).await? > 0 {
+        if Instant::now() > deadline {
+            bail!("rows still pending 60 s after the second drain's last publish");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    stop(&mut relay, "TERM").await?;
+    println!(
+        "second backlog drained in {:.1} s ({:.0} ev/s)",
+        took.as_secs_f64(),
+        args.events as f64 / took.as_secs_f64()
+    );
+    report
+        .sizes
+        .push(sizes(pool, s, "second backlog drained").await?);
+    if report.mode == OnPublish::Mark {
+        let maintainer = Maintainer::new(
+            store.clone(),
+            MaintenanceConfig {
+                published_keep: Some(Duration::ZERO),
+                batch_size: args.retention_batch,
+                ..MaintenanceConfig::default()
+            },
+        )?;
+        maintainer
+            .round_once()
+            .await?
+            .context("another maintainer holds the bench schema's election")?;
+    }
+    vacuum(pool, s).await?;
+    report.sizes.push(
+        sizes(
+            pool,
+            s,
+            if report.mode == OnPublish::Mark {
+                "second backlog drained, retention, VACUUM"
+            } else {
+                "second backlog drained, VACUUM"
+            },
+        )
+        .await?,
+    );
     Ok(())
 }
 
