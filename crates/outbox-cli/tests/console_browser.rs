@@ -4,7 +4,7 @@
 //! refused, and a dead letter requeued through the page reaches the broker.
 //!
 //! With `OUTBOX_CONSOLE_SCREENSHOTS=<dir>` the test also saves the page's screenshots there
-//! (the ones in docs/console/ come from this test).
+//! (the ones in docs/guide/src/console/ come from this test).
 #![allow(missing_docs)]
 
 mod common;

@@ -231,6 +231,18 @@ fn no_relative_link_of_the_guide_or_the_readme_is_broken() {
                 broken.push(format!("{}: {target} (no such file)", file.display()));
                 continue;
             }
+            // mdBook publishes only what is under src: a chapter's link out of it is dead in
+            // the built book (name such files as code instead).
+            if file.starts_with(&src)
+                && !resolved
+                    .canonicalize()
+                    .is_ok_and(|r| r.starts_with(src.canonicalize().unwrap()))
+            {
+                broken.push(format!(
+                    "{}: {target} (outside the book's src: dead in the built guide)",
+                    file.display()
+                ));
+            }
             if let Some(anchor) = anchor
                 && resolved.extension().is_some_and(|e| e == "md")
                 && !anchors(&expanded(&resolved)).contains(anchor)

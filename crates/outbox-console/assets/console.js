@@ -213,6 +213,18 @@ function renderRoutes(r) {
   $("routes-partial").hidden = r.complete;
 }
 
+// A process's own numbers; a relay's in-flight batches (its leases, for the polling relay)
+// first, in words.
+function numbers(i) {
+  const f = i.stats && i.stats.in_flight;
+  if (i.kind !== "relay" || !f) return JSON.stringify(i.stats);
+  const { in_flight, ...rest } = i.stats;
+  const held = f.batches === 0
+    ? "holds nothing"
+    : `holds ${f.aggregates} aggregate(s), ${f.rows} row(s) in ${f.batches} batch(es), oldest ${(f.oldest_ms / 1000).toFixed(1)} s`;
+  return held + " · " + JSON.stringify(rest);
+}
+
 function renderInstances(list) {
   const tbody = document.querySelector("#instances tbody");
   tbody.replaceChildren();
@@ -225,7 +237,7 @@ function renderInstances(list) {
       cell(i.host + " / " + i.pid),
       cell(i.heartbeat_age_seconds.toFixed(1) + " s ago"),
       cell(i.started_at),
-      cell(JSON.stringify(i.stats), "reason"),
+      cell(numbers(i), "reason"),
       i.kind === "consumer" ? pauseButton("consumer", i.name) : el("td"),
     );
     tbody.append(tr);

@@ -1197,7 +1197,12 @@ fn check_token(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|scheme| scheme.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
         .ok_or_else(|| {
             ApiError(
                 StatusCode::UNAUTHORIZED,

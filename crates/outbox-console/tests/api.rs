@@ -429,6 +429,15 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     assert_ne!(list[0]["received_sha256"], list[0]["stored_sha256"]);
     assert_eq!(list[0]["resolved_at"], serde_json::Value::Null);
 
+    let ledger = |consumers: &serde_json::Value| {
+        consumers
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "ledger"))
+            .map(|c| c["conflicts"].clone())
+    };
+    let (_, consumers) = call(addr, "GET", "/api/v1/consumers", &[], None).await;
+    assert_eq!(ledger(&consumers), Some(1.into()), "{consumers}");
+
     // Resolving it: the token and a reason are needed; then it leaves the open list.
     let cid = list[0]["id"].as_i64().unwrap();
     let path = "/api/v1/conflicts/resolve";
@@ -465,6 +474,9 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
         overview["inbox_conflicts"], 0,
         "the overview counts open conflicts: {overview}"
     );
+    // The consumers' table agrees with the overview (its open dead letter keeps it listed).
+    let (_, consumers) = call(addr, "GET", "/api/v1/consumers", &[], None).await;
+    assert_eq!(ledger(&consumers), Some(0.into()), "{consumers}");
 
     let (status, list) = call(
         addr,

@@ -39,12 +39,12 @@ pub(super) const RATES: &str = "SELECT name, \
 /// Every consumer known to this database (a heartbeat, a pause, an open dead letter, a
 /// conflict, recent activity), at most 1,000 by name, with: its processes up (a heartbeat
 /// within two intervals), the largest lag their engines last reported, whether it is paused,
-/// its open dead letters and its conflicts.
+/// its open dead letters and its open (not resolved) conflicts.
 pub(super) const CONSUMERS: &str = "WITH names AS ( \
       SELECT name FROM {s}.instances WHERE kind = 'consumer' \
       UNION SELECT name FROM {s}.pauses WHERE kind = 'consumer' \
       UNION SELECT consumer_name FROM {s}.consumer_dead_letters WHERE state <> 'resolved' \
-      UNION SELECT consumer_name FROM {s}.inbox_conflicts \
+      UNION SELECT consumer_name FROM {s}.inbox_conflicts WHERE resolved_at IS NULL \
       UNION SELECT name FROM {s}.activity WHERE kind = 'consume' \
     ), live AS ( \
       SELECT name, stats FROM {s}.instances WHERE kind = 'consumer' AND stopped_at IS NULL \
@@ -57,7 +57,8 @@ pub(super) const CONSUMERS: &str = "WITH names AS ( \
       EXISTS (SELECT 1 FROM {s}.pauses p WHERE p.kind = 'consumer' AND p.name = n.name), \
       (SELECT count(*) FROM {s}.consumer_dead_letters d \
          WHERE d.consumer_name = n.name AND d.state <> 'resolved'), \
-      (SELECT count(*) FROM {s}.inbox_conflicts c WHERE c.consumer_name = n.name) \
+      (SELECT count(*) FROM {s}.inbox_conflicts c \
+         WHERE c.consumer_name = n.name AND c.resolved_at IS NULL) \
     FROM names n ORDER BY n.name LIMIT 1000";
 
 /// One consumer's numbers on the console.
@@ -74,7 +75,7 @@ pub struct ConsumerView {
     pub paused: bool,
     /// Its open (not resolved) dead letters.
     pub dead_letters: i64,
-    /// Its recorded inbox conflicts.
+    /// Its open (not resolved) inbox conflicts, as the overview counts them.
     pub conflicts: i64,
     /// Effects committed per minute, oldest first, the last being this minute so far
     /// ([`MINUTES`] entries), summed over its heartbeats.
