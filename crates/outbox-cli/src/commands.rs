@@ -405,6 +405,8 @@ pub async fn status(
     let admin = Admin::new(PgStore::new(pool, store_config));
     admin.ready().await?;
     let o = admin.overview().await?;
+    let routes = admin.routes(outbox_console::ROUTES_COUNT_BOUND).await?;
+    let processes = admin.instances().await?;
     let relay = match &relay_metrics {
         Some(addr) => Some(crate::scrape::fetch(addr).await?),
         None => None,
@@ -418,6 +420,8 @@ pub async fn status(
     use outbox_core::relay::metric as m;
     if json {
         let mut v = serde_json::to_value(&o)?;
+        v["routes"] = serde_json::to_value(&routes)?;
+        v["processes"] = serde_json::to_value(&processes)?;
         if relay.is_some() {
             v["relay"] = serde_json::json!({
                 "published_total": total(m::PUBLISHED),
@@ -468,8 +472,122 @@ pub async fn status(
             println!("  publish latency p50 <= s  {}", f(q(0.5)));
             println!("  publish latency p99 <= s  {}", f(q(0.99)));
         }
+        print_routes(&routes);
+        print_processes(&processes);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints `rows` under `headers`, each column as wide as its widest cell, numbers (a cell
+/// starting with a digit) aligned right.
+fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let cells: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| {
+                if c.starts_with(|ch: char| ch.is_ascii_digit()) {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        println!("{}", cells.join("  ").trim_end());
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// The routes of `outbox status`: pending, oldest, dead letters and publishes of the last 15
+/// minutes per route.
+fn print_routes(r: &outbox_postgres::admin::Routes) {
+    println!();
+    if r.routes.is_empty() {
+        println!(
+            "routes: none pending or dead (among the oldest {} rows)",
+            r.counted_up_to
+        );
+        return;
+    }
+    let rows: Vec<Vec<String>> = r
+        .routes
+        .iter()
+        .map(|route| {
+            vec![
+                match (&route.destination, &route.aggregate_type) {
+                    (Some(d), _) => format!("destination:{d}"),
+                    (None, Some(t)) => format!("type:{t}"),
+                    (None, None) => "-".to_owned(),
+                },
+                route.pending.to_string(),
+                format!("{:.1}", route.oldest_pending_age_seconds),
+                route.dead_letters.to_string(),
+                route.published_per_minute.iter().sum::<i64>().to_string(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ROUTE",
+            "PENDING",
+            "OLDEST (s)",
+            "DEAD",
+            "PUBLISHED (15 min)",
+        ],
+        &rows,
+    );
+    if !r.complete {
+        println!(
+            "(counted among the oldest {} rows; there are more)",
+            r.counted_up_to
+        );
+    }
+}
+
+/// The processes of `outbox status`: those that run a heartbeat, with what a relay holds.
+fn print_processes(list: &[outbox_postgres::admin::Instance]) {
+    println!();
+    if list.is_empty() {
+        println!("processes: none has reported a heartbeat");
+        return;
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|i| {
+            let held = &i.stats["in_flight"];
+            vec![
+                i.kind.clone(),
+                i.name.clone(),
+                i.status.to_owned(),
+                format!("{}/{}", i.host, i.pid),
+                format!("{:.1} s ago", i.heartbeat_age_seconds),
+                match held["aggregates"].as_u64() {
+                    Some(n) => format!("{n} aggregate(s)"),
+                    None => "-".to_owned(),
+                },
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "KIND",
+            "NAME",
+            "STATUS",
+            "HOST/PID",
+            "HEARTBEAT",
+            "IN FLIGHT",
+        ],
+        &rows,
+    );
 }
 
 /// `outbox cleanup`: one elected round, or rounds until SIGTERM with `--loop`.

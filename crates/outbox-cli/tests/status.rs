@@ -95,6 +95,22 @@ async fn migrate_twice_is_fine_and_status_matches_the_table() {
     };
     assert_eq!(line("pending"), "5");
     assert_eq!(line("dead letters"), "2");
+    // Per route (one here), as the console shows them: in the JSON and as a table.
+    let routes = v["routes"]["routes"].as_array().expect("routes");
+    assert_eq!(routes.len(), 1, "{v}");
+    assert_eq!(
+        (&routes[0]["pending"], &routes[0]["dead_letters"]),
+        (&5.into(), &2.into())
+    );
+    assert!(r.stdout.contains("ROUTE"), "{}", r.stdout);
+    let route = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("type:"))
+        .unwrap_or_else(|| panic!("no route row: {}", r.stdout));
+    let cells: Vec<&str> = route.split_whitespace().collect();
+    assert_eq!((cells[1], cells[3]), ("5", "2"), "{route}");
+    assert!(v["processes"].is_array(), "{v}");
 
     // Status on the migrated-again schema stays consistent after a third migrate.
     let third = run(
