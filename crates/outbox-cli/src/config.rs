@@ -352,6 +352,26 @@ mod tests {
         FileConfig::parse(text, &outbox::brokers())
     }
 
+    /// The guide's example of every setting (docs/guide/src/configuration.md) is a file this
+    /// binary loads, and its relay settings make a valid relay configuration.
+    #[test]
+    fn the_guides_example_of_every_setting_loads() {
+        let guide = include_str!("../../../docs/guide/src/configuration.md");
+        let example = guide
+            .split_once("```toml\n")
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(toml, _)| toml)
+            .expect("the guide's TOML example");
+        let f = parse(example).unwrap_or_else(|e| panic!("the guide's example: {e:#}"));
+        f.relay
+            .to_relay_config()
+            .expect("the example's relay settings");
+        assert!(
+            f.console.and_then(|c| c.token_file).is_some(),
+            "the example's [console]"
+        );
+    }
+
     #[test]
     fn unknown_and_bad_keys_are_named() {
         for (text, key) in [

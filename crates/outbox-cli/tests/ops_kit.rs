@@ -182,3 +182,32 @@ fn the_rules_and_the_guide_name_exactly_the_metrics_the_code_exports() {
         assert!(in_rules.contains(watched), "no rule watches {watched}");
     }
 }
+
+/// The guide's alert table (docs/guide/src/operations.md, "Alerts") lists exactly the alerts of
+/// the rules file, so that each one an operator is paged for has its meaning and its action.
+#[test]
+fn the_guide_explains_every_alert_of_the_rules() {
+    let rules = std::fs::read_to_string(root().join("ops/prometheus/outbox-rules.yml")).unwrap();
+    let in_rules: BTreeSet<String> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(|a| a.trim().to_owned())
+        .collect();
+    assert!(in_rules.len() >= 10, "too few alerts read: {in_rules:?}");
+    let guide = std::fs::read_to_string(root().join("docs/guide/src/operations.md")).unwrap();
+    let table = guide
+        .split_once("### Alerts")
+        .map(|(_, rest)| rest)
+        .expect("the guide's Alerts section");
+    let in_guide: BTreeSet<String> = table
+        .lines()
+        .take_while(|l| !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`'))
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    assert_eq!(
+        in_guide, in_rules,
+        "the guide's alert table and the rules differ"
+    );
+}
