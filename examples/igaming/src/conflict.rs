@@ -3,6 +3,12 @@
 //! producer would (a producer that rebuilt the event from changed data and re-published it
 //! under the id it had used before).
 //!
+//! Then the other mistake a producer can make: the same settlement re-emitted under a **new
+//! event id** (a producer that lost track of what it sent and emitted the event again). The
+//! inboxes take it for a new event; the history projection's ordering guard absorbs it as an
+//! old version of the bet, and the ledger's business key `payout:<bet id>` refuses a second
+//! posting: the payout consumer dead-letters it with that reason, and nothing is paid twice.
+//!
 //! The message is published with the broker's transport from `outbox::brokers()`
 //! (`Transport::publish` of an `OutboxMessage`), as the relay would. On NATS, JetStream's
 //! duplicate window drops a message whose `Nats-Msg-Id` (the event id) it saw within the
@@ -32,6 +38,8 @@ pub struct Injected {
     pub changed_payout: i64,
     /// Re-sends the broker dropped as duplicates (NATS duplicate window) before one got through.
     pub dropped_by_broker: u32,
+    /// The new event id the same settlement (the original payout) was re-emitted under.
+    pub reemitted_event_id: outbox::EventId,
 }
 
 /// Picks a payout already posted in the ledger, rebuilds its `BetSettled` from the bets database
@@ -62,16 +70,16 @@ pub async fn inject(
             .await
             .context("the paid bet is not in the bets database")?;
     let changed_payout = original_payout * 10;
-    let changed = BetEvent {
+    let settled = |payout| BetEvent {
         id: bet_id.clone(),
-        player,
-        market,
+        player: player.clone(),
+        market: market.clone(),
         stake,
         odds_x100: i64::from(odds_x100),
         outcome: Some("won".into()),
-        payout: Some(changed_payout),
+        payout: Some(payout),
     };
-    let payload = Payload::json(&changed)?;
+    let payload = Payload::json(&settled(changed_payout))?;
     let message = OutboxMessage {
         id: 0,
         event_id,
@@ -112,11 +120,27 @@ pub async fn inject(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // The same settlement under a new event id: a new message to the broker and the inboxes.
+    let payload = Payload::json(&settled(original_payout))?;
+    let reemitted = OutboxMessage {
+        event_id: uuid::Uuid::now_v7(),
+        fingerprint: Fingerprint::of(&payload.bytes),
+        payload,
+        ..message
+    };
+    let receipt = transport
+        .publish(&reemitted)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot re-emit the event: {e}"))?;
+    if receipt.duplicate {
+        bail!("the broker took a new event id for a duplicate");
+    }
     Ok(Some(Injected {
         bet_id,
         event_id,
         original_payout,
         changed_payout,
         dropped_by_broker,
+        reemitted_event_id: reemitted.event_id,
     }))
 }

@@ -8,7 +8,8 @@
 //! 3. Drives load through the HTTP API ([`crate::load`]); in the middle, SIGKILLs one process
 //!    of each kind (bets API, relay, history, payouts; three rounds in the long mode) and
 //!    restarts it, and re-sends one delivered `BetSettled` with the same event id and a changed
-//!    payout straight to the broker ([`crate::conflict`]).
+//!    payout straight to the broker, then the same settlement under a new event id
+//!    ([`crate::conflict`]).
 //! 4. Waits until everything drained (deadline: an error naming what is still pending), stops
 //!    the children, prints the verification table and exits non-zero if any check failed.
 //! 5. Drops the databases and deletes the broker objects of the run, unless `--keep`.
@@ -141,7 +142,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let names = ["bets", "history", "ledger"].map(|db| format!("igaming_{pid}_{db}"));
     let broker = outbox::brokers().find(&args.broker_url)?.name;
     println!(
-        "igaming run ({} mode): {} bets from {} clients, {} round(s) of kills, one re-sent event",
+        "igaming run ({} mode): {} bets from {} clients, {} round(s) of kills, one re-sent and one re-emitted event",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
     println!(
@@ -378,6 +379,10 @@ async fn try_inject(
                 0 => String::new(),
                 n => format!(" (the broker dropped {n} earlier attempt(s) as duplicates)"),
             }
+        ));
+        cluster.sup.say(&format!(
+            "re-emitted the same settlement of bet {} under a new event id {}",
+            i.bet_id, i.reemitted_event_id
         ));
     }
     Ok(injected)

@@ -54,14 +54,20 @@ pub fn service_shutdown() -> CancellationToken {
     shutdown
 }
 
-/// Logs to stderr; `RUST_LOG` overrides the default level.
+/// Logs to stderr; `RUST_LOG` overrides the default level. Colour only when stderr is a
+/// terminal and `NO_COLOR` is not set: a child's log goes to a file of the run directory,
+/// which must stay plain text.
 pub fn init_logging() {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=error,lapin=warn,async_nats=warn"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .try_init();
 }
 

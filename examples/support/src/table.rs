@@ -168,6 +168,24 @@ pub fn run_short(exe: &str, what_it_needs: &str) -> Vec<Row> {
     for r in &rows {
         assert_eq!(r.result, "ok", "check failed: {r:?}");
     }
+    // The children's logs are files: plain text, no colour codes.
+    let logs = stdout
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("logs "))
+        .map(str::trim)
+        .expect("the run names its log directory");
+    let mut read = 0;
+    for entry in std::fs::read_dir(logs).unwrap_or_else(|e| panic!("{logs}: {e}")) {
+        let path = entry.expect("a log file").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            !text.contains('\u{1b}'),
+            "escape codes in {}",
+            path.display()
+        );
+        read += 1;
+    }
+    assert!(read > 0, "no child log in {logs}");
     rows
 }
 
