@@ -20,11 +20,11 @@
 //! * **table and index sizes** after the drain, and after a plain `VACUUM`;
 //! * in mark mode, after the drain: the retention job deleting every published row
 //!   ([`Maintainer`] with `published_keep` zero), its rate, and the sizes after it;
-//! * with `--second-backlog`, whether the space is reused ("no unbounded bloat"): the same
-//!   backlog written again on top of what the first left, drained by one relay start (and, in
-//!   mark mode, the retention again), then the sizes after a plain `VACUUM` beside the first
-//!   cycle's. A file that grows by the backlog's size again is bloat; one that stays near its
-//!   peak reuses the space the first drain freed.
+//! * with `--cycles N` (N > 1), whether the space is reused ("no unbounded bloat"): the same
+//!   backlog written again N - 1 times on top of what the previous cycle left, each drained by
+//!   one relay start (and, in mark mode, retained again), with the sizes after the write, the
+//!   drain and a plain `VACUUM`. A file that grows by the backlog's size every cycle is bloat;
+//!   one that stops growing reuses the space the earlier drains freed.
 //!
 //! With `OUTBOX_BENCH_EXPLAIN_MS=N` the claims the bench times run on connections with
 //! PostgreSQL's `auto_explain` loaded (a superuser's connection): every claim statement slower
@@ -89,10 +89,11 @@ pub struct Args {
     /// Give up a drain segment after this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub(crate) timeout_secs: u64,
-    /// After the first cycle, write the backlog again, drain it, vacuum, and compare the sizes
-    /// (whether the first drain's space is reused).
-    #[arg(long)]
-    pub(crate) second_backlog: bool,
+    /// Backlogs written and drained one after the other on the same table: after the first
+    /// (measured in full), each later one is written, drained, vacuumed and its sizes taken
+    /// (whether the earlier drains' space is reused).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub(crate) cycles: u32,
 }
 
 /// One claim-latency measurement.
@@ -444,16 +445,17 @@ async fn drain_and_measure(
             .claims
             .push(claim_latency(pool, store, s, args, "1,000 rows, after the retention").await?);
     }
-    if args.second_backlog {
-        second_backlog(env, pool, bench, nats, args, store, config, report).await?;
+    for cycle in 2..=args.cycles {
+        next_backlog(env, pool, bench, nats, args, store, config, report, cycle).await?;
     }
     Ok(())
 }
 
-/// The same backlog again on top of what the first cycle left, drained by one relay start
-/// (and retained again in mark mode), then the sizes after a `VACUUM`.
+/// Backlog number `cycle` on top of what the earlier ones left, drained by one relay start
+/// (and retained again in mark mode), with the sizes after the write, the drain and a
+/// `VACUUM`.
 #[allow(clippy::too_many_arguments)]
-async fn second_backlog(
+async fn next_backlog(
     env: &Env,
     pool: &PgPool,
     bench: &BenchSchema,
@@ -462,24 +464,25 @@ async fn second_backlog(
     store: &PgStore,
     config: &PathBuf,
     report: &mut ModeReport,
+    cycle: u32,
 ) -> Result<()> {
     let s = bench.name();
-    // Versions above the first backlog's and the fresh rows' (at most `shape` each).
+    // Versions above every earlier backlog's and the fresh rows' (at most `shape` each).
     let drained_versions = args.events.div_ceil(args.aggregates.max(1));
-    let base = drained_versions + drained_versions.clamp(1, 1000);
+    let base = u64::from(cycle - 1) * (drained_versions + drained_versions.clamp(1, 1000));
     let started = Instant::now();
     insert_rows(pool, s, args, (0, args.events), args.aggregates, base).await?;
     sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
         .execute(pool)
         .await?;
     println!(
-        "second backlog: {} events written in {:.1} s",
+        "backlog {cycle}: {} events written in {:.1} s",
         args.events,
         started.elapsed().as_secs_f64()
     );
     report
         .sizes
-        .push(sizes(pool, s, "second backlog written").await?);
+        .push(sizes(pool, s, &format!("backlog {cycle} written")).await?);
     let target = nats.last_sequence().await? + pending(pool, s).await? as u64;
     let started = Instant::now();
     let mut relay = spawn_relay(env, bench, args, config)?;
@@ -492,7 +495,7 @@ async fn second_backlog(
             bail!("the relay ended at {published} of {target} published: {status}");
         }
         if started.elapsed() > Duration::from_secs(args.timeout_secs) {
-            bail!("the second drain timed out at {published} of {target}");
+            bail!("drain {cycle} timed out at {published} of {target}");
         }
         if let Some(rss) = rss_mb(relay.id()) {
             report.max_rss_mb = report.max_rss_mb.max(rss);
@@ -505,20 +508,20 @@ async fn second_backlog(
     let deadline = Instant::now() + Duration::from_secs(60);
     while pending(pool, s).await? > 0 {
         if Instant::now() > deadline {
-            bail!("rows still pending 60 s after the second drain's last publish");
+            bail!("rows still pending 60 s after drain {cycle}'s last publish");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let took = started.elapsed();
     stop(&mut relay, "TERM").await?;
     println!(
-        "second backlog drained in {:.1} s ({:.0} ev/s)",
+        "backlog {cycle} drained in {:.1} s ({:.0} ev/s)",
         took.as_secs_f64(),
         args.events as f64 / took.as_secs_f64()
     );
     report
         .sizes
-        .push(sizes(pool, s, "second backlog drained").await?);
+        .push(sizes(pool, s, &format!("backlog {cycle} drained")).await?);
     if report.mode == OnPublish::Mark {
         let maintainer = Maintainer::new(
             store.clone(),
@@ -534,18 +537,12 @@ async fn second_backlog(
             .context("another maintainer holds the bench schema's election")?;
     }
     vacuum(pool, s).await?;
-    report.sizes.push(
-        sizes(
-            pool,
-            s,
-            if report.mode == OnPublish::Mark {
-                "second backlog drained, retention, VACUUM"
-            } else {
-                "second backlog drained, VACUUM"
-            },
-        )
-        .await?,
-    );
+    let label = if report.mode == OnPublish::Mark {
+        format!("backlog {cycle} drained, retention, VACUUM")
+    } else {
+        format!("backlog {cycle} drained, VACUUM")
+    };
+    report.sizes.push(sizes(pool, s, &label).await?);
     Ok(())
 }
 
