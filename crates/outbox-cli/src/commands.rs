@@ -478,8 +478,8 @@ pub async fn status(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints `rows` under `headers`, each column as wide as its widest cell, numbers (a cell
-/// starting with a digit) aligned right.
+/// Prints `rows` under `headers`, each column as wide as its widest cell, numbers aligned
+/// right.
 fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -492,7 +492,7 @@ fn print_table(headers: &[&str], rows: &[Vec<String>]) {
             .iter()
             .zip(&widths)
             .map(|(c, w)| {
-                if c.starts_with(|ch: char| ch.is_ascii_digit()) {
+                if c.parse::<f64>().is_ok() {
                     format!("{c:>w$}")
                 } else {
                     format!("{c:<w$}")
@@ -571,8 +571,11 @@ fn print_processes(list: &[outbox_postgres::admin::Instance]) {
                 format!("{}/{}", i.host, i.pid),
                 format!("{:.1} s ago", i.heartbeat_age_seconds),
                 match held["aggregates"].as_u64() {
-                    Some(n) => format!("{n} aggregate(s)"),
-                    None => "-".to_owned(),
+                    // What it held at its last beat means nothing once it stopped or went.
+                    Some(n) if i.status == "up" || i.status == "late" => {
+                        format!("{n} aggregate(s)")
+                    }
+                    _ => "-".to_owned(),
                 },
             ]
         })

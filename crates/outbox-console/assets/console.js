@@ -217,7 +217,7 @@ function renderRoutes(r) {
 // first, in words.
 function numbers(i) {
   const f = i.stats && i.stats.in_flight;
-  if (i.kind !== "relay" || !f) return JSON.stringify(i.stats);
+  if (i.kind !== "relay" || !f || (i.status !== "up" && i.status !== "late")) return JSON.stringify(i.stats);
   const { in_flight, ...rest } = i.stats;
   const held = f.batches === 0
     ? "holds nothing"

@@ -224,11 +224,12 @@ pub(crate) const WORK_ITEM_PURGE: &str = "DELETE FROM {s}.work_items WHERE id IN
     ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 /// Deletes published rows (mark mode) published more than `$1` ms ago, at most `$2`. Picked by
-/// ctid and checked again on delete; no row lock is waited for (the relay never locks a
-/// published row, and a pending or dead row is never picked). With the mark-mode index on
+/// ctid and checked again on delete, state and age: a replay may turn a picked row back to
+/// pending, or pending and published again, while the delete waits for its row lock (the relay
+/// never locks a published row; a replay's update does). With the mark-mode index on
 /// `published_at` ([`MARK_MODE_INDEXES`]) the pick reads only old published rows.
 ///
-/// The check on delete is written `(state || '') = 'published'` on purpose. A replay may turn
+/// The state check on delete is written `(state || '') = 'published'` on purpose. A replay may turn
 /// a picked row back to pending meanwhile; the delete then follows the row to its new version
 /// and checks its filter again (PostgreSQL does not compare the ctid again there), so the state
 /// must be checked. But written as `state = 'published'`, the check lets the planner read the
@@ -245,7 +246,8 @@ pub(crate) const WORK_ITEM_PURGE: &str = "DELETE FROM {s}.work_items WHERE id IN
 pub(crate) const PUBLISHED_PURGE: &str = "WITH d AS (DELETE FROM {s}.events WHERE ctid = ANY(ARRAY( \
     SELECT ctid FROM {s}.events WHERE state = 'published' \
       AND published_at < now() - $1 * interval '1 millisecond' \
-    LIMIT $2)) AND (state || '') = 'published' RETURNING created_at), \
+    LIMIT $2)) AND (state || '') = 'published' \
+    AND published_at < now() - $1 * interval '1 millisecond' RETURNING created_at), \
   m AS (INSERT INTO {s}.retention_marks AS r (what, through) \
     SELECT 'published', max(created_at) FROM d HAVING count(*) > 0 \
     ON CONFLICT (what) DO UPDATE SET through = greatest(r.through, excluded.through)) \
