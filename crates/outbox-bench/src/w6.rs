@@ -349,38 +349,18 @@ async fn drain_and_measure(
         println!("{label}: first publish {:.0} ms after spawning", ms(first));
         report.restarts.push((label, first));
         // Drain to the next checkpoint, sampling the relay's memory.
-        let mut last_rss = Instant::now() - Duration::from_secs(1);
-        loop {
-            let published = nats.last_sequence().await?;
-            if published >= target {
-                break;
-            }
-            if let Some(status) = relay.try_wait()? {
-                bail!("the relay ended at {published} of {target} published: {status}");
-            }
-            if started.elapsed() > Duration::from_secs(args.timeout_secs) {
-                bail!("drain segment timed out at {published} of {target}");
-            }
-            if last_rss.elapsed() >= Duration::from_millis(250) {
-                last_rss = Instant::now();
-                if let Some(rss) = rss_mb(relay.id()) {
-                    report.max_rss_mb = report.max_rss_mb.max(rss);
-                }
-                if nats.count().await? > 1_000_000 {
-                    nats.purge().await?;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        drain_to(
+            &mut relay,
+            nats,
+            target,
+            started,
+            args,
+            &mut report.max_rss_mb,
+        )
+        .await?;
         if *stop_at == 0 {
             // Everything published: wait for the last settle before stopping the relay.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while pending(pool, s).await? > 0 {
-                if Instant::now() > deadline {
-                    bail!("rows still pending 60 s after the last publish");
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            settled(pool, s).await?;
         }
         report.running += started.elapsed();
         if i == 0 {
@@ -417,19 +397,8 @@ async fn drain_and_measure(
         .push(claim_latency(pool, store, s, args, "1,000 fresh rows, after VACUUM").await?);
 
     if mode == OnPublish::Mark {
-        let maintainer = Maintainer::new(
-            store.clone(),
-            MaintenanceConfig {
-                published_keep: Some(Duration::ZERO),
-                batch_size: args.retention_batch,
-                ..MaintenanceConfig::default()
-            },
-        )?;
         let started = Instant::now();
-        let r = maintainer
-            .round_once()
-            .await?
-            .context("another maintainer holds the bench schema's election")?;
+        let r = retain_all(store, args).await?;
         let took = started.elapsed();
         println!(
             "retention: {} published rows deleted in {:.1} s",
@@ -486,32 +455,16 @@ async fn next_backlog(
     let target = nats.last_sequence().await? + pending(pool, s).await? as u64;
     let started = Instant::now();
     let mut relay = spawn_relay(env, bench, args, config)?;
-    loop {
-        let published = nats.last_sequence().await?;
-        if published >= target {
-            break;
-        }
-        if let Some(status) = relay.try_wait()? {
-            bail!("the relay ended at {published} of {target} published: {status}");
-        }
-        if started.elapsed() > Duration::from_secs(args.timeout_secs) {
-            bail!("drain {cycle} timed out at {published} of {target}");
-        }
-        if let Some(rss) = rss_mb(relay.id()) {
-            report.max_rss_mb = report.max_rss_mb.max(rss);
-        }
-        if nats.count().await? > 1_000_000 {
-            nats.purge().await?;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while pending(pool, s).await? > 0 {
-        if Instant::now() > deadline {
-            bail!("rows still pending 60 s after drain {cycle}'s last publish");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    drain_to(
+        &mut relay,
+        nats,
+        target,
+        started,
+        args,
+        &mut report.max_rss_mb,
+    )
+    .await?;
+    settled(pool, s).await?;
     let took = started.elapsed();
     stop(&mut relay, "TERM").await?;
     println!(
@@ -523,18 +476,7 @@ async fn next_backlog(
         .sizes
         .push(sizes(pool, s, &format!("backlog {cycle} drained")).await?);
     if report.mode == OnPublish::Mark {
-        let maintainer = Maintainer::new(
-            store.clone(),
-            MaintenanceConfig {
-                published_keep: Some(Duration::ZERO),
-                batch_size: args.retention_batch,
-                ..MaintenanceConfig::default()
-            },
-        )?;
-        maintainer
-            .round_once()
-            .await?
-            .context("another maintainer holds the bench schema's election")?;
+        retain_all(store, args).await?;
     }
     vacuum(pool, s).await?;
     let label = if report.mode == OnPublish::Mark {
@@ -544,6 +486,70 @@ async fn next_backlog(
     };
     report.sizes.push(sizes(pool, s, &label).await?);
     Ok(())
+}
+
+/// Waits until the stream's last sequence reaches `target`, sampling the relay's memory into
+/// `max_rss_mb` and purging the stream every million messages; fails when the relay ends or
+/// `args.timeout_secs` pass from `started`.
+async fn drain_to(
+    relay: &mut tokio::process::Child,
+    nats: &NatsBench,
+    target: u64,
+    started: Instant,
+    args: &Args,
+    max_rss_mb: &mut f64,
+) -> Result<()> {
+    let mut last_rss = Instant::now() - Duration::from_secs(1);
+    loop {
+        let published = nats.last_sequence().await?;
+        if published >= target {
+            return Ok(());
+        }
+        if let Some(status) = relay.try_wait()? {
+            bail!("the relay ended at {published} of {target} published: {status}");
+        }
+        if started.elapsed() > Duration::from_secs(args.timeout_secs) {
+            bail!("drain timed out at {published} of {target}");
+        }
+        if last_rss.elapsed() >= Duration::from_millis(250) {
+            last_rss = Instant::now();
+            if let Some(rss) = rss_mb(relay.id()) {
+                *max_rss_mb = max_rss_mb.max(rss);
+            }
+            if nats.count().await? > 1_000_000 {
+                nats.purge().await?;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (60 s at most) until no row is pending: the relay settled what it published.
+async fn settled(pool: &PgPool, s: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pending(pool, s).await? > 0 {
+        if Instant::now() > deadline {
+            bail!("rows still pending 60 s after the last publish");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// The mark-mode retention of every published row, by the maintainer (one elected round).
+async fn retain_all(store: &PgStore, args: &Args) -> Result<outbox_core::maintenance::RoundReport> {
+    let maintainer = Maintainer::new(
+        store.clone(),
+        MaintenanceConfig {
+            published_keep: Some(Duration::ZERO),
+            batch_size: args.retention_batch,
+            ..MaintenanceConfig::default()
+        },
+    )?;
+    maintainer
+        .round_once()
+        .await?
+        .context("another maintainer holds the bench schema's election")
 }
 
 /// Writes rows `from..to` with plain SQL, in chunks of 500,000: row `g` is version
