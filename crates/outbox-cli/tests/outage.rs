@@ -1,6 +1,10 @@
 //! Broker outages simulated with a TCP proxy in front of the real broker (the shared server is
 //! never touched): nothing is lost, failed rows back off, dead letters are listed and requeued
 //! through the binary, and every aggregate arrives in order afterwards.
+//!
+//! On Kafka the proxy stands in front of a private tansu that advertises the proxy's address
+//! (`outbox_testkit::tansu`): a client goes on to the advertised addresses after its first
+//! metadata request, so only then does every connection pass through the proxy.
 #![allow(missing_docs)]
 
 mod common;
@@ -12,6 +16,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use outbox_core::Backoff;
 use outbox_core::relay::{Relay, RelayConfig};
+use outbox_testkit::tansu::PrivateBroker;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -59,11 +64,27 @@ async fn attempts_and_latest_retry(db: &TestDb) -> (i64, f64) {
     .unwrap()
 }
 
+/// The broker of one outage case and the proxy in front of it. Kafka's is a private broker
+/// (kept alive by the third element) advertising the proxy; the others are the shared ones.
+async fn behind_proxy(kind: Kind) -> (BrokerEnv, Proxy, Option<PrivateBroker>) {
+    if kind != Kind::Kafka {
+        let broker = BrokerEnv::new(kind).await;
+        let proxy = Proxy::start(host_port(&broker.url())).await;
+        return (broker, proxy, None);
+    }
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Proxy::start(listen.clone()).await;
+    let private = PrivateBroker::start(&listen, &proxy.addr.to_string())
+        .await
+        .expect("a private tansu (bash scripts/kafka-broker install)");
+    let broker = BrokerEnv::Kafka(KafkaEnv::on(format!("kafka://{}", proxy.addr)).await);
+    (broker, proxy, Some(private))
+}
+
 async fn outage_keeps_rows_pending_with_backoff_then_delivers_in_order(kind: Kind) {
     let db = TestDb::new().await;
-    let broker = BrokerEnv::new(kind).await;
+    let (broker, proxy, private) = behind_proxy(kind).await;
     let sub = broker.subscriber().await;
-    let proxy = Proxy::start(host_port(&broker.url())).await;
     let transport = broker
         .transport(&with_host_port(&broker.url(), proxy.addr))
         .await;
@@ -173,6 +194,7 @@ async fn outage_keeps_rows_pending_with_backoff_then_delivers_in_order(kind: Kin
         .unwrap();
     drop(sub);
     drop(proxy);
+    drop(private);
     broker.cleanup().await;
     db.cleanup().await;
 }
@@ -187,6 +209,11 @@ async fn rabbitmq_outage_keeps_rows_pending_with_backoff_then_delivers_in_order(
     outage_keeps_rows_pending_with_backoff_then_delivers_in_order(Kind::Rabbit).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_outage_keeps_rows_pending_with_backoff_then_delivers_in_order() {
+    outage_keeps_rows_pending_with_backoff_then_delivers_in_order(Kind::Kafka).await;
+}
+
 async fn cli(db: &TestDb, config: &TempFile, args: &[&str]) -> Run {
     let mut cmd = outbox(Some(db.name()), None, Some(config.path()));
     cmd.args(args);
@@ -197,9 +224,8 @@ async fn cli(db: &TestDb, config: &TempFile, args: &[&str]) -> Run {
 
 async fn outage_dead_letters_then_requeue_delivers_in_order(kind: Kind) {
     let db = TestDb::new().await;
-    let broker = BrokerEnv::new(kind).await;
+    let (broker, proxy, private) = behind_proxy(kind).await;
     let sub = broker.subscriber().await;
-    let proxy = Proxy::start(host_port(&broker.url())).await;
     let config = config_file("max_attempts = 2", &broker.toml(""));
     let mut cmd = outbox(
         Some(db.name()),
@@ -335,6 +361,7 @@ async fn outage_dead_letters_then_requeue_delivers_in_order(kind: Kind) {
     relay.terminate().await;
     drop(sub);
     drop(proxy);
+    drop(private);
     broker.cleanup().await;
     db.cleanup().await;
 }
@@ -347,4 +374,9 @@ async fn nats_outage_dead_letters_then_requeue_delivers_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_outage_dead_letters_then_requeue_delivers_in_order() {
     outage_dead_letters_then_requeue_delivers_in_order(Kind::Rabbit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_outage_dead_letters_then_requeue_delivers_in_order() {
+    outage_dead_letters_then_requeue_delivers_in_order(Kind::Kafka).await;
 }

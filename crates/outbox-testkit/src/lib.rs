@@ -22,7 +22,8 @@
 //!   batches, connection loss), run with [`source_suite!`].
 //! * [`harness`]: what both broker suites need from a backend, and the runner that cleans up.
 //! * [`net`]: a TCP proxy whose connections a test can cut or stall; [`tls`]: a throw-away
-//!   certificate authority and a TLS-terminating proxy.
+//!   certificate authority and a TLS-terminating proxy; [`tansu`]: a private Kafka-protocol
+//!   broker that advertises a proxy, for Kafka's outage cases.
 //! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
 //!
 //! Fakes for pure-logic tests, named as such: [`fakes`] (a broker, a delivery source, a
@@ -51,6 +52,7 @@ pub mod message;
 pub mod net;
 pub mod source;
 pub mod store;
+pub mod tansu;
 pub mod tls;
 pub mod transport;
 pub mod wait;

@@ -714,10 +714,15 @@ impl RabbitEnv {
 pub const KAFKA_PARTITIONS: i32 = 4;
 
 pub fn kafka_client() -> outbox_kafka::rdkafka::ClientConfig {
+    kafka_client_of(&kafka_url())
+}
+
+/// A client configuration for the broker at `url`.
+pub fn kafka_client_of(url: &str) -> outbox_kafka::rdkafka::ClientConfig {
     let mut config = outbox_kafka::rdkafka::ClientConfig::new();
     config.set(
         "bootstrap.servers",
-        outbox_kafka::bootstrap_servers(&kafka_url()).expect("OUTBOX_TEST_KAFKA_URL"),
+        outbox_kafka::bootstrap_servers(url).expect("a kafka:// URL"),
     );
     config
 }
@@ -725,12 +730,19 @@ pub fn kafka_client() -> outbox_kafka::rdkafka::ClientConfig {
 /// A per-test topic of [`KAFKA_PARTITIONS`] partitions; every event goes there.
 pub struct KafkaEnv {
     pub topic: String,
+    /// The broker: the shared one, or a private one behind an outage proxy.
+    pub url: String,
 }
 
 impl KafkaEnv {
     pub async fn new() -> KafkaEnv {
+        Self::on(kafka_url()).await
+    }
+
+    /// A topic on the broker at `url`.
+    pub async fn on(url: String) -> KafkaEnv {
         let topic = format!("outboxe2e{}", uid());
-        let admin: AdminClient<_> = kafka_client().create().expect("admin client");
+        let admin: AdminClient<_> = kafka_client_of(&url).create().expect("admin client");
         let created = tokio::time::timeout(
             Duration::from_secs(20),
             admin.create_topics(
@@ -745,16 +757,15 @@ impl KafkaEnv {
         .await
         .unwrap_or_else(|_| {
             panic!(
-                "Kafka at {} is required (set OUTBOX_TEST_KAFKA_URL; `bash .ci/services` starts \
-                 it): creating a topic timed out",
-                kafka_url()
+                "Kafka at {url} is required (set OUTBOX_TEST_KAFKA_URL; `bash .ci/services` \
+                 starts it): creating a topic timed out"
             )
         })
-        .unwrap_or_else(|e| panic!("Kafka at {} is required: {e}", kafka_url()));
+        .unwrap_or_else(|e| panic!("Kafka at {url} is required: {e}"));
         for result in created {
             result.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
         }
-        KafkaEnv { topic }
+        KafkaEnv { topic, url }
     }
 
     pub fn config(&self) -> KafkaConfig {
@@ -783,7 +794,7 @@ impl KafkaEnv {
     /// An independent reader of every partition of the topic from its start, in arrival order
     /// (each partition in order; an aggregate's events share one partition).
     pub async fn subscriber(&self) -> Subscriber {
-        let consumer: BaseConsumer = kafka_client()
+        let consumer: BaseConsumer = kafka_client_of(&self.url)
             .set("group.id", format!("e2e-reader-{}", uid()))
             .set("enable.auto.commit", "false")
             .create()
@@ -828,7 +839,7 @@ impl KafkaEnv {
     /// The lag of consumer group `group` on the topic: end offsets minus committed offsets (the
     /// start of the partition where nothing is committed).
     pub async fn group_lag(&self, group: &str) -> u64 {
-        let consumer: BaseConsumer = kafka_client()
+        let consumer: BaseConsumer = kafka_client_of(&self.url)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()
@@ -937,7 +948,7 @@ impl BrokerEnv {
         match self {
             Self::Nats(_) => nats_url(),
             Self::Rabbit(_) => amqp_url(),
-            Self::Kafka(_) => kafka_url(),
+            Self::Kafka(k) => k.url.clone(),
         }
     }
 

@@ -5,19 +5,14 @@
 //! The topic (one partition) is created when the fixture starts; every test has its own, so
 //! tests run in parallel. Topics are not deleted afterwards (see [`Harness::cleanup`]).
 //!
-//! Outages: a Kafka client reaches brokers at the addresses the cluster advertises, not at the
-//! address it bootstrapped from, so a proxy in front of the shared broker would only carry the
-//! first metadata request. [`Harness::outage_proxy`] therefore starts a private broker (the same
-//! tansu binary, in-memory) that advertises the proxy's address: every connection of every
-//! client then goes through the proxy, and the case runs on that broker.
+//! Outages: [`Harness::outage_proxy`] starts a private broker that advertises the proxy's
+//! address ([`outbox_testkit::tansu`] says why), and the case runs on that broker.
 #![allow(dead_code, missing_docs)]
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use outbox_core::consumer::RawMessage;
 use outbox_core::{OutboxMessage, PublishErrorKind, Transport};
@@ -38,8 +33,8 @@ use outbox_testkit::net::Proxy;
 use outbox_testkit::source::{
     LagCounts, Redelivery, SourceCapabilities, SourceHarness, SourceSettings,
 };
+use outbox_testkit::tansu::{PrivateBroker, free_port};
 use outbox_testkit::transport::{Received, Timeouts, TransportCapabilities, TransportHarness};
-use tokio::process::Child;
 use tokio::sync::Mutex as AsyncMutex;
 use uuid::Uuid;
 
@@ -71,90 +66,6 @@ pub async fn create_topic(url: &str, topic: &str) -> anyhow::Result<()> {
         result.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
     }
     Ok(())
-}
-
-/// The tansu binary `scripts/kafka-broker` installed.
-fn tansu_binary() -> anyhow::Result<String> {
-    if let Ok(path) = std::env::var("OUTBOX_TEST_TANSU") {
-        return Ok(path);
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/kafka-broker");
-    let out = std::process::Command::new("bash")
-        .args([script, "bin"])
-        .output()
-        .context("running scripts/kafka-broker bin")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "scripts/kafka-broker bin: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
-}
-
-/// A private in-memory broker listening on a local port and advertising another address (a
-/// proxy's). Killed when dropped.
-pub struct PrivateBroker {
-    child: Child,
-    _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl PrivateBroker {
-    /// Starts tansu on `listen` (`127.0.0.1:port`) advertising `advertised`.
-    pub async fn start(listen: &str, advertised: &str) -> anyhow::Result<Self> {
-        let binary = tansu_binary()?;
-        let dir = std::env::temp_dir().join(format!("outbox-tansu-{}", Uuid::now_v7().simple()));
-        std::fs::create_dir_all(&dir)?;
-        let child = tokio::process::Command::new(&binary)
-            .current_dir(&dir)
-            .env_remove("SCHEMA_REGISTRY")
-            .env_remove("DATA_LAKE")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("ICEBERG_CATALOG")
-            .args([
-                "broker",
-                "--listener-url",
-                &format!("tcp://{listen}"),
-                "--advertised-listener-url",
-                &format!("tcp://{advertised}"),
-                "--storage-engine",
-                "memory://tansu/",
-                "--cluster-id",
-                "outbox-private",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {binary}"))?;
-        let broker = Self {
-            child,
-            _dir: TempDir(dir),
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(listen).await.is_err() {
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "the private broker does not listen on {listen} after 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(broker)
-    }
-}
-
-/// A local port nobody listens on (bound, then released).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// One test's topic `outboxtest<id>` (every event goes there) and group `consumer-<id>`.
