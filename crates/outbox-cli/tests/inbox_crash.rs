@@ -237,6 +237,34 @@ async fn crash_and_restart(kind: Kind, point: &str) {
     second.assert_running();
     let status = second.terminate().await;
     assert!(status.success(), "{status}; log:\n{}", second.log());
+    // The restarted process got the crashed delivery again: after a commit the inbox absorbed
+    // it as a duplicate; before one it was applied (two payments processed).
+    let stopped = second
+        .log()
+        .lines()
+        .find(|l| l.contains("consumer stopped"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no final counts in the log:\n{}", second.log()));
+    let count = |field: &str| -> u64 {
+        stopped
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{field}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in: {stopped}"))
+    };
+    if after_commit {
+        assert_eq!(count("processed"), 1, "only the next payment: {stopped}");
+        assert!(
+            count("duplicates") >= 1,
+            "the redelivery absorbed: {stopped}"
+        );
+    } else {
+        assert_eq!(
+            count("processed"),
+            2,
+            "the redelivery and the next payment: {stopped}"
+        );
+    }
     assert_eq!(
         consumer.broker_backlog().await,
         0,

@@ -878,19 +878,33 @@ pub async fn run_consumer(
         ..ConsumerConfig::new(args.name.clone())
     };
     tracing::info!(consumer = %args.name, broker = %redact(broker_url), "consumer started");
-    if std::env::var(ACK_BEFORE_COMMIT_ENV).is_ok_and(|v| v == "1") {
+    // The engine's counts are logged as the process stops: the crash tests read how many
+    // redeliveries the inbox absorbed.
+    let stats = if std::env::var(ACK_BEFORE_COMMIT_ENV).is_ok_and(|v| v == "1") {
         tracing::warn!(
             "{ACK_BEFORE_COMMIT_ENV}=1: acknowledging before commit (broken on purpose)"
         );
         let source = crate::ack_first::AckFirstSource(source);
-        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)?
-            .run(shutdown)
-            .await;
+        let consumer =
+            PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)?;
+        let stats = consumer.stats();
+        consumer.run(shutdown).await;
+        stats
     } else {
-        PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)?
-            .run(shutdown)
-            .await;
-    }
-    tracing::info!("consumer stopped");
+        let consumer =
+            PgConsumer::new(PgStore::with_schema(pool, schema), source, handler, config)?;
+        let stats = consumer.stats();
+        consumer.run(shutdown).await;
+        stats
+    };
+    let counts = stats.snapshot();
+    tracing::info!(
+        received = counts.received,
+        processed = counts.processed,
+        duplicates = counts.duplicates,
+        stale = counts.stale,
+        dead_lettered = counts.dead_lettered,
+        "consumer stopped"
+    );
     Ok(())
 }
