@@ -244,9 +244,16 @@ async fn three_relays_with_expiring_leases(kind: Kind) {
         eprintln!("Kafka: {republished} republished copies");
         let mut first = HashSet::new();
         seen.retain(|r| first.insert(r.event_id));
-        // Every copy of an aggregate is in one partition.
+        // Every copy is keyed by its aggregate id (the default partition key), and every copy
+        // of an aggregate is in one partition.
         let mut partition_of = std::collections::HashMap::new();
         for r in sub.snapshot() {
+            assert_eq!(
+                r.headers.get("kafka.key"),
+                Some(&r.aggregate_id),
+                "the message key of {} must be its aggregate id",
+                r.event_id
+            );
             let p = r.headers["kafka.partition"].clone();
             assert_eq!(
                 partition_of
