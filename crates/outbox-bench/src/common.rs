@@ -202,6 +202,8 @@ pub struct CpuSnap {
     pub nats: f64,
     /// RabbitMQ (`beam.smp`).
     pub rabbit: f64,
+    /// The Kafka-protocol test broker (`tansu`).
+    pub kafka: f64,
     /// This benchmark process (includes the in-process relay).
     pub me: f64,
     /// Whole machine, busy (non-idle, non-iowait) CPU seconds.
@@ -246,6 +248,8 @@ pub fn cpu_snapshot() -> CpuSnap {
                 s.nats += secs;
             } else if comm == "beam.smp" {
                 s.rabbit += secs;
+            } else if comm == "tansu" {
+                s.kafka += secs;
             }
         }
     }
@@ -272,15 +276,25 @@ impl CpuSnap {
             pg: self.pg - earlier.pg,
             nats: self.nats - earlier.nats,
             rabbit: self.rabbit - earlier.rabbit,
+            kafka: self.kafka - earlier.kafka,
             me: self.me - earlier.me,
             busy: self.busy - earlier.busy,
             total: self.total - earlier.total,
         }
     }
 
+    /// CPU seconds of the broker `transport` names (`nats`, `rabbitmq`, `kafka`).
+    pub fn broker(&self, transport: &str) -> f64 {
+        match transport {
+            "nats" => self.nats,
+            "kafka" => self.kafka,
+            _ => self.rabbit,
+        }
+    }
+
     /// CPU seconds of everything else (other agents' builds and tests, the kernel ...).
     pub fn other(&self) -> f64 {
-        (self.busy - self.pg - self.nats - self.rabbit - self.me).max(0.0)
+        (self.busy - self.pg - self.nats - self.rabbit - self.kafka - self.me).max(0.0)
     }
 }
 

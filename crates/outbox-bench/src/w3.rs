@@ -755,11 +755,7 @@ fn report(args: &Args, outcomes: &[Outcome]) {
         .iter()
         .map(|o| {
             let k = 1e6 / o.measured.max(1) as f64;
-            let broker = if o.transport == "nats" {
-                o.cpu.nats
-            } else {
-                o.cpu.rabbit
-            };
+            let broker = o.cpu.broker(o.transport);
             vec![
                 o.transport.to_owned(),
                 format!("{:.0}", o.cpu.pg * k),

@@ -513,11 +513,7 @@ fn report(args: &Args, phases: &[Phase]) {
         .iter()
         .map(|p| {
             let k = 1e6 / p.events as f64;
-            let broker = if p.transport == "nats" {
-                p.cpu.nats
-            } else {
-                p.cpu.rabbit
-            };
+            let broker = p.cpu.broker(p.transport);
             vec![
                 p.transport.to_owned(),
                 p.round.to_string(),
