@@ -407,7 +407,9 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     };
     // Wait (at most 60 s) until every produced event was committed by the consumer (a consumer
     // slower than the producer drains its backlog here; those events count with their full
-    // latency).
+    // latency). Counted in the consumer's table, not in acknowledgements: a republished copy
+    // (a publish that timed out and was retried) is acknowledged too, so the ack count can
+    // reach the total while distinct events are still on their way.
     let deadline = Instant::now() + Duration::from_secs(60);
     while source_stats
         .acked
@@ -416,6 +418,10 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while count(&pools.producer, bench, "report").await? < total as i64 && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let load = loadavg();
     if feed.is_some() {
