@@ -446,6 +446,104 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
     pool.close().await;
 }
 
+/// Mark mode's retention deletes a batch by ctid, whatever the statistics say: with statistics
+/// taken before the rows were published (the partial `published_at` index looks empty), a
+/// delete whose state check an index could serve read every published row per batch (W6 met
+/// it at 10 million rows: one batch ran for minutes). Told apart by the index's entries read.
+#[tokio::test]
+async fn retention_deletes_by_ctid_when_the_statistics_predate_the_publishing() {
+    use outbox_core::maintenance::MaintenanceStore as _;
+    const ROWS: i64 = 30_000;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&common::database_url())
+        .await
+        .unwrap();
+    let schema = Schema::new(&format!("t_{}", uuid::Uuid::now_v7().simple())).unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    outbox_postgres::migrate_mark_mode(&pool, &schema)
+        .await
+        .unwrap();
+    let s = schema.to_string();
+    let exec = |sql: String| common::exec(&pool, sql);
+    exec(format!(
+        "ALTER TABLE \"{s}\".events SET (autovacuum_enabled = off)"
+    ))
+    .await;
+    exec(format!(
+        "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
+         aggregate_version, event_type, payload) \
+         SELECT gen_random_uuid(), 'payment', 'p' || (g % 3000), g / 3000 + 1, 'T', \
+         convert_to(repeat('x', 64), 'UTF8') FROM generate_series(0, {ROWS} - 1) g"
+    ))
+    .await;
+    // Statistics of a pending backlog, then every row published an hour ago.
+    exec(format!("ANALYZE \"{s}\".events")).await;
+    exec(format!(
+        "UPDATE \"{s}\".events SET state = 'published', published_at = now() - interval '1 hour'"
+    ))
+    .await;
+
+    let store = PgStore::new(
+        pool.clone(),
+        PgStoreConfig {
+            schema: schema.clone(),
+            on_publish: OnPublish::Mark,
+        },
+    );
+    let mut session = store.maintenance_session().await.unwrap();
+    // Entries of the published_at index read so far, flushed by the session that read them.
+    let read = async |session: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&mut *session)
+            .await
+            .unwrap();
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes \
+             WHERE indexrelid = '\"{s}\".events_published_at_idx'::regclass"
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    // The set-up provokes the bad plan: the same delete with a plain state check, rolled
+    // back. Without this the test would prove nothing.
+    let before = read(&mut session).await;
+    sqlx::query("BEGIN").execute(&mut session).await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM \"{s}\".events WHERE ctid = ANY(ARRAY( \
+         SELECT ctid FROM \"{s}\".events WHERE state = 'published' \
+         AND published_at < now() - interval '1 minute' LIMIT 1000)) \
+         AND state = 'published' AND published_at < now() - interval '1 minute'"
+    )))
+    .execute(&mut session)
+    .await
+    .unwrap();
+    sqlx::query("ROLLBACK").execute(&mut session).await.unwrap();
+    let control = read(&mut session).await;
+    assert!(
+        control - before >= ROWS,
+        "the plain check no longer reads the whole index here ({} entries); the test needs a \
+         set-up that makes it",
+        control - before
+    );
+
+    let deleted = store
+        .published_purge(&mut session, Duration::from_secs(60), 1000)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1000);
+    let after = read(&mut session).await;
+    assert!(
+        after - control <= 2 * 1000,
+        "the retention read {} entries of the published_at index for a batch of 1,000",
+        after - control
+    );
+    drop(session);
+    exec(format!("DROP SCHEMA \"{s}\" CASCADE")).await;
+    pool.close().await;
+}
+
 #[tokio::test]
 async fn version_allocation_serialises_writers_of_one_aggregate() {
     let db = TestDb::new().await;
