@@ -61,8 +61,10 @@ impl PrivateBroker {
         let binary = binary()?;
         let dir = std::env::temp_dir().join(format!("outbox-tansu-{}", Uuid::now_v7().simple()));
         std::fs::create_dir_all(&dir)?;
+        // Removed again if the start fails below.
+        let dir = TempDir(dir);
         let child = tokio::process::Command::new(&binary)
-            .current_dir(&dir)
+            .current_dir(&dir.0)
             .env_remove("SCHEMA_REGISTRY")
             .env_remove("DATA_LAKE")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -85,7 +87,7 @@ impl PrivateBroker {
             .with_context(|| format!("starting {binary}"))?;
         let broker = Self {
             _child: child,
-            _dir: TempDir(dir),
+            _dir: dir,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(listen).await.is_err() {
