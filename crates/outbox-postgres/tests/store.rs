@@ -348,32 +348,57 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
 /// below the index walk. The claim must still walk the index: W6 measured 1.0-1.6 s per claim
 /// at 10 million drained rows before it did. Counted with the server's own per-table scan
 /// counters, on a one-connection pool whose statistics are flushed on demand.
-#[tokio::test]
-async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner() {
-    // One connection does everything to this schema, and flushes its statistics on demand,
-    // so no other backend's late flush can move the counters between two reads.
+/// A pool of `connections` and a fresh migrated schema (with mark mode's indexes when `mark`)
+/// whose events table holds `rows` pending rows over `aggregates` aggregates, written as a
+/// plain-SQL producer would, and is never vacuumed or analysed behind the test's back: the
+/// set-up of the planner tests.
+async fn planner_schema(
+    connections: u32,
+    mark: bool,
+    rows: i64,
+    aggregates: i64,
+) -> (sqlx::PgPool, Schema) {
     let pool = PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(connections)
         .connect(&common::database_url())
         .await
         .unwrap();
     let schema = Schema::new(&format!("t_{}", uuid::Uuid::now_v7().simple())).unwrap();
     migrate(&pool, &schema).await.unwrap();
+    if mark {
+        outbox_postgres::migrate_mark_mode(&pool, &schema)
+            .await
+            .unwrap();
+    }
+    let s = schema.to_string();
+    // No autovacuum or auto-analyze to change the plans half-way.
+    common::exec(
+        &pool,
+        format!("ALTER TABLE \"{s}\".events SET (autovacuum_enabled = off)"),
+    )
+    .await;
+    common::exec(
+        &pool,
+        format!(
+            "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
+             aggregate_version, event_type, payload) \
+             SELECT gen_random_uuid(), 'payment', 'p' || (g % {aggregates}), \
+             g / {aggregates} + 1, 'T', convert_to(repeat('x', 64), 'UTF8') \
+             FROM generate_series(0, {rows} - 1) g"
+        ),
+    )
+    .await;
+    (pool, schema)
+}
+
+#[tokio::test]
+async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner() {
+    // One connection does everything to this schema, and flushes its statistics on demand,
+    // so no other backend's late flush can move the counters between two reads.
+    let (pool, schema) = planner_schema(1, false, 100_000, 10_000).await;
     let s = schema.to_string();
     let exec = |sql: String| common::exec(&pool, sql);
-    // No autovacuum or auto-analyze to change the plans half-way.
-    exec(format!(
-        "ALTER TABLE \"{s}\".events SET (autovacuum_enabled = off)"
-    ))
-    .await;
-    // 100,000 rows (the plain-SQL producer contract), drained to the newest 1,000, vacuumed.
-    exec(format!(
-        "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
-         aggregate_version, event_type, payload) \
-         SELECT gen_random_uuid(), 'payment', 'p' || (g % 10000), g / 10000 + 1, 'T', \
-         convert_to(repeat('x', 64), 'UTF8') FROM generate_series(0, 99999) g"
-    ))
-    .await;
+    // Drained to the newest 1,000, vacuumed.
     exec(format!(
         "DELETE FROM \"{s}\".events WHERE id <= (SELECT max(id) - 1000 FROM \"{s}\".events)"
     ))
@@ -454,29 +479,9 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
 async fn retention_deletes_by_ctid_when_the_statistics_predate_the_publishing() {
     use outbox_core::maintenance::MaintenanceStore as _;
     const ROWS: i64 = 30_000;
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&common::database_url())
-        .await
-        .unwrap();
-    let schema = Schema::new(&format!("t_{}", uuid::Uuid::now_v7().simple())).unwrap();
-    migrate(&pool, &schema).await.unwrap();
-    outbox_postgres::migrate_mark_mode(&pool, &schema)
-        .await
-        .unwrap();
+    let (pool, schema) = planner_schema(2, true, ROWS, 3_000).await;
     let s = schema.to_string();
     let exec = |sql: String| common::exec(&pool, sql);
-    exec(format!(
-        "ALTER TABLE \"{s}\".events SET (autovacuum_enabled = off)"
-    ))
-    .await;
-    exec(format!(
-        "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
-         aggregate_version, event_type, payload) \
-         SELECT gen_random_uuid(), 'payment', 'p' || (g % 3000), g / 3000 + 1, 'T', \
-         convert_to(repeat('x', 64), 'UTF8') FROM generate_series(0, {ROWS} - 1) g"
-    ))
-    .await;
     // Statistics of a pending backlog, then every row published an hour ago.
     exec(format!("ANALYZE \"{s}\".events")).await;
     exec(format!(
