@@ -170,11 +170,16 @@ async fn outage_keeps_rows_pending_with_backoff_then_delivers_in_order(kind: Kin
         db.count("available_at > now()").await > 0,
         "failed heads must be backing off"
     );
-    assert_eq!(
-        sub.len(),
-        1,
-        "nothing can reach the broker while it is down"
-    );
+    // On Kafka the reader goes through the proxy too (the private broker advertises it), so it
+    // could not see a record that got through; there the database checks above carry the
+    // outage (nothing marked, every head failing and backing off).
+    if kind != Kind::Kafka {
+        assert_eq!(
+            sub.len(),
+            1,
+            "nothing can reach the broker while it is down"
+        );
+    }
 
     proxy.set_up();
     let ids: Vec<Uuid> = expected.iter().copied().collect();
