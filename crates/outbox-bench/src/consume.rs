@@ -46,10 +46,13 @@ impl HandlerStats {
 }
 
 /// The effect used by every variant (with and without the inbox): parse the JSON payload and
-/// `INSERT` one `report` row stamped with `clock_timestamp()`.
+/// `INSERT` one `report` row stamped with `clock_timestamp()`. With `many`, the engine's batch
+/// call (`Handler::handle_many`) writes a batch's rows with one `INSERT … SELECT FROM UNNEST`;
+/// otherwise it is the trait's default, one `INSERT` per event.
 #[derive(Clone)]
 pub struct ReportHandler {
     insert: Arc<str>,
+    insert_many: Option<Arc<str>>,
     pub stats: Arc<HandlerStats>,
 }
 
@@ -61,9 +64,31 @@ impl ReportHandler {
                  VALUES ($1, $2, $3, clock_timestamp())"
             )
             .into(),
+            insert_many: None,
             stats: Arc::default(),
         }
     }
+
+    /// The same effect, a batch's rows written by one statement.
+    pub fn many(schema: &str) -> Self {
+        Self {
+            insert_many: Some(
+                format!(
+                    "INSERT INTO {schema}.report (event_id, aggregate_id, amount, applied_at) \
+                     SELECT u.*, clock_timestamp() \
+                     FROM UNNEST($1::uuid[], $2::text[], $3::int8[]) AS u"
+                )
+                .into(),
+            ),
+            ..Self::new(schema)
+        }
+    }
+}
+
+fn amount(event: &IncomingEvent) -> Result<i64, HandlerError> {
+    let body: serde_json::Value = serde_json::from_slice(&event.payload.bytes)
+        .map_err(|e| HandlerError::Permanent(format!("payload is not JSON: {e}")))?;
+    Ok(body["amount"].as_i64().unwrap_or(0))
 }
 
 impl Handler<PgConnection> for ReportHandler {
@@ -73,17 +98,45 @@ impl Handler<PgConnection> for ReportHandler {
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         let t = Instant::now();
-        let body: serde_json::Value = serde_json::from_slice(&event.payload.bytes)
-            .map_err(|e| HandlerError::Permanent(format!("payload is not JSON: {e}")))?;
-        let amount = body["amount"].as_i64().unwrap_or(0);
         sqlx::query(AssertSqlSafe(Arc::clone(&self.insert)))
             .bind(event.event_id)
             .bind(&event.aggregate_id)
-            .bind(amount)
+            .bind(amount(event)?)
             .execute(&mut *tx)
             .await?;
         let s = &self.stats;
         s.calls.fetch_add(1, Ordering::Relaxed);
+        s.nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn handle_many(
+        &self,
+        tx: &mut PgConnection,
+        events: &[&IncomingEvent],
+    ) -> Result<(), HandlerError> {
+        let Some(insert) = &self.insert_many else {
+            for event in events {
+                self.handle(tx, event).await?;
+            }
+            return Ok(());
+        };
+        let t = Instant::now();
+        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.event_id).collect();
+        let aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let amounts = events
+            .iter()
+            .map(|e| amount(e))
+            .collect::<Result<Vec<i64>, _>>()?;
+        sqlx::query(AssertSqlSafe(Arc::clone(insert)))
+            .bind(&ids)
+            .bind(&aggregates)
+            .bind(&amounts)
+            .execute(&mut *tx)
+            .await?;
+        let s = &self.stats;
+        s.calls.fetch_add(events.len() as u64, Ordering::Relaxed);
         s.nanos
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())

@@ -61,6 +61,10 @@ pub struct Args {
     /// `wal_level = logical`).
     #[arg(long, value_enum, default_value_t = RelayMode::Polling)]
     relay_mode: RelayMode,
+    /// The handler writes a batch's report rows with one statement (`Handler::handle_many`)
+    /// instead of one `INSERT` per event.
+    #[arg(long)]
+    handle_many: bool,
 }
 
 /// `--relay-mode`.
@@ -182,11 +186,12 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
 async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> Result<()> {
     create_report_table(&pools.producer, bench.name()).await?;
     println!(
-        "W3: {} events/s, {:?} relay, {} s measured after {} s warm-up, RelayWaker min_interval \
+        "W3: {} events/s, {:?} relay, handle_many {}, {} s measured after {} s warm-up, RelayWaker min_interval \
          {} ms, default RelayConfig, PgConsumer batch_size {} batch_wait {} ms, schema {}, load \
          avg before {}\n",
         args.rate,
         args.relay_mode,
+        args.handle_many,
         args.secs,
         args.warmup_secs,
         args.waker_ms,
@@ -361,7 +366,11 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         }
     };
     let source_stats = SourceStats::new(true);
-    let handler = ReportHandler::new(bench.name());
+    let handler = if args.handle_many {
+        ReportHandler::many(bench.name())
+    } else {
+        ReportHandler::new(bench.name())
+    };
     let consumer = PgConsumer::new(
         PgStore::with_schema(pools.consumer.clone(), bench.schema.clone()),
         TimedSource::new(source, Arc::clone(&source_stats)),

@@ -430,6 +430,160 @@ pub async fn a_batch_failure_rolls_back_only_its_own_writes<F: StoreFixture>() {
     rig.fixture.cleanup().await;
 }
 
+/// A handler that writes a batch's effects in one `handle_many` call and records each call's
+/// events; `handle` (the redo path) is the test handler's.
+struct BatchHandler<F> {
+    inner: Arc<TestHandler<F>>,
+    calls: Arc<Mutex<Vec<Vec<Uuid>>>>,
+}
+
+impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for BatchHandler<F> {
+    fn handle<'a>(
+        &'a self,
+        conn: &'a mut <F::Store as InboxStore>::Conn,
+        event: &'a IncomingEvent,
+    ) -> impl std::future::Future<Output = Result<(), HandlerError>> + Send + 'a {
+        self.inner.handle(conn, event)
+    }
+
+    async fn handle_many(
+        &self,
+        conn: &mut <F::Store as InboxStore>::Conn,
+        events: &[&IncomingEvent],
+    ) -> Result<(), HandlerError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(events.iter().map(|e| e.event_id).collect());
+        for event in events {
+            self.inner
+                .fixture
+                .write_effect(conn, &self.inner.key(event.event_id))
+                .await?;
+        }
+        if events
+            .iter()
+            .any(|e| self.inner.poison.lock().unwrap().contains(&e.event_id))
+        {
+            return Err(HandlerError::permanent("poisoned event in the batch"));
+        }
+        Ok(())
+    }
+}
+
+/// Batch mode hands the handler every new event of a batch in one `handle_many` call, in
+/// delivery order, without the redeliveries the inbox absorbed; when that call fails, its
+/// writes roll back and the batch is redone one delivery at a time with `handle`, so only the
+/// failing delivery is dead-lettered and every other event has exactly one effect.
+pub async fn a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone_one_by_one<
+    F: StoreFixture,
+>() {
+    let rig = Rig::<F>::new("c").await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let handler = BatchHandler {
+        inner: Arc::clone(&rig.handler),
+        calls: Arc::clone(&calls),
+    };
+    let mut consumer = Consumer::new(
+        rig.faults.clone(),
+        rig.source.clone(),
+        handler,
+        ConsumerConfig {
+            batch_size: 10,
+            ..fast_config("c")
+        },
+    )
+    .expect("valid consumer config");
+    let first: Vec<_> = (0..3)
+        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
+        .collect();
+    for m in &first {
+        rig.source.push_message(m);
+    }
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(r.processed, 3, "{r:?}");
+    // A redelivery of the first event beside four new ones, the third of which is poisoned.
+    let second: Vec<_> = (0..4)
+        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 2, "{}"))
+        .collect();
+    rig.handler.poison(second[2].event_id);
+    rig.source.push_message(&first[0]);
+    for m in &second {
+        rig.source.push_message(m);
+    }
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(
+        (r.processed, r.duplicates, r.dead_lettered),
+        (3, 1, 1),
+        "{r:?}"
+    );
+    let ids = |ms: &[outbox_core::OutboxMessage]| ms.iter().map(|m| m.event_id).collect::<Vec<_>>();
+    // The batch's one call; its failure made the engine redo the batch with `handle`, one
+    // delivery per transaction, so there is no second batch call.
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![ids(&first), ids(&second)],
+        "one call per batch, new events only, in delivery order"
+    );
+    for (i, m) in first.iter().chain(&second).enumerate() {
+        let want = u64::from(m.event_id != second[2].event_id);
+        assert_eq!(rig.effects(m.event_id).await, want, "event {i}");
+    }
+    assert_eq!(rig.source.unsettled(), 0);
+    rig.fixture.cleanup().await;
+}
+
+/// `Consumer::run` sends a batch's acks beside the next batch (a broker's confirmation takes
+/// a round trip), and every committed delivery is acknowledged by the time it returns.
+pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_returns<
+    F: StoreFixture,
+>() {
+    let fixture = Arc::new(F::new().await);
+    let handler = Arc::new(TestHandler::new(Arc::clone(&fixture), "c"));
+    let source = FakeSource::with_ack_delay(Duration::from_millis(50));
+    let messages: Vec<_> = (0..20)
+        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
+        .collect();
+    for m in &messages {
+        source.push_message(m);
+    }
+    let consumer = Consumer::new(
+        fixture.store(),
+        source.clone(),
+        Shared(Arc::clone(&handler)),
+        ConsumerConfig {
+            batch_size: 5,
+            ..fast_config("c")
+        },
+    )
+    .expect("valid consumer config");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for m in &messages {
+        while fixture.effect_count(&handler.key(m.event_id)).await == 0 {
+            assert!(std::time::Instant::now() < deadline, "every event applied");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    stop.cancel();
+    task.await.expect("the consumer's task");
+    assert_eq!(
+        source.acked(),
+        messages.len(),
+        "every delivery acknowledged"
+    );
+    assert_eq!(source.unsettled(), 0);
+    assert!(
+        source.unsettled_at_fetch() > 0,
+        "a batch was taken while the acks of the one before were on their way"
+    );
+    for m in &messages {
+        assert_eq!(fixture.effect_count(&handler.key(m.event_id)).await, 1);
+    }
+    fixture.cleanup().await;
+}
+
 /// `OrderingGuard::Wait`: a version that arrives before the one it follows is sent back until
 /// the missing one came; an older version that comes again is absorbed as stale.
 pub async fn the_ordering_guard_holds_a_gap_until_the_missing_version<F: StoreFixture>() {
@@ -1295,6 +1449,8 @@ macro_rules! engine_suite {
             a_malformed_message_is_dead_lettered_and_does_not_block,
             a_conflict_is_recorded_not_applied,
             a_batch_failure_rolls_back_only_its_own_writes,
+            a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone_one_by_one,
+            run_acks_beside_the_next_batch_and_settles_everything_before_it_returns,
             the_ordering_guard_holds_a_gap_until_the_missing_version,
             two_consumers_get_one_effect_each,
             a_store_outage_loses_nothing_and_acks_only_after_commit,

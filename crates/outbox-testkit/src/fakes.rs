@@ -237,6 +237,10 @@ struct Queue {
     unsettled: usize,
     /// Deliveries say nothing about their count (a broker that cannot tell).
     uncounted: bool,
+    /// How long an ack takes (a broker's confirmation round trip).
+    ack_delay: Option<Duration>,
+    /// The most deliveries still unsettled when a batch was asked for.
+    unsettled_at_fetch: usize,
 }
 
 /// A fake broker queue: [`FakeSource::push`] adds messages; a nack puts a delivery back with its
@@ -259,6 +263,21 @@ impl FakeSource {
         let source = Self::default();
         lock(&source.queue).uncounted = true;
         source
+    }
+
+    /// An empty queue whose acks each take `delay` before they count (a broker confirming
+    /// them over the network).
+    pub fn with_ack_delay(delay: Duration) -> Self {
+        let source = Self::default();
+        lock(&source.queue).ack_delay = Some(delay);
+        source
+    }
+
+    /// The most deliveries that were handed out and still unsettled when a batch was asked
+    /// for: above zero when the consumer took a batch while the acks of the one before were
+    /// still on their way.
+    pub fn unsettled_at_fetch(&self) -> usize {
+        lock(&self.queue).unsettled_at_fetch
     }
 
     /// Adds a message at the end of the queue (first delivery).
@@ -323,6 +342,10 @@ impl Delivery for FakeDelivery {
         (!lock(&self.queue).uncounted).then_some(self.count)
     }
     async fn ack(mut self) -> Result<(), SourceError> {
+        let delay = lock(&self.queue).ack_delay;
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         self.settled = true;
         let mut q = lock(&self.queue);
         q.unsettled -= 1;
@@ -348,6 +371,7 @@ impl DeliverySource for FakeSource {
         _wait: Duration,
     ) -> Result<Vec<FakeDelivery>, SourceError> {
         let mut q = lock(&self.queue);
+        q.unsettled_at_fetch = q.unsettled_at_fetch.max(q.unsettled);
         let mut out = Vec::new();
         while out.len() < max {
             let Some((raw, count)) = q.ready.pop_front() else {
