@@ -104,9 +104,10 @@ enum Command {
         /// replication slot; needs wal_level = logical and a role with REPLICATION).
         #[arg(long, value_enum)]
         mode: Option<config::RelayMode>,
-        /// CDC: create the replication slot if it does not exist. Only for the first start
-        /// and the recovery after a lost slot (docs/guide/src/relay.md, "A lost slot"): without
-        /// it a missing slot stops the relay, so a dropped slot is never silently replaced.
+        /// CDC: create the replication slot if it does not exist, or replace it if the server
+        /// invalidated it. Only for the first start and the recovery after a lost slot
+        /// (docs/guide/src/relay.md, "A lost slot"): without it a missing or invalidated slot
+        /// stops the relay, so a lost slot is never silently replaced.
         #[arg(long)]
         create_slot: bool,
     },

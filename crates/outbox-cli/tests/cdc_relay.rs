@@ -8,88 +8,15 @@
 //! on each broker, a standby taking over, and the guide's mode switch under load (docs/guide/src/relay.md).
 #![allow(missing_docs)]
 
+mod cdc_common;
 mod common;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
+use cdc_common::*;
 use common::*;
 use uuid::Uuid;
-
-/// Drops the test's slot and publication when the test ends, passed or failed (a slot left
-/// behind pins the server's WAL).
-struct SlotCleanup(String);
-
-impl Drop for SlotCleanup {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let pool = sqlx::PgPool::connect(&database_url()).await?;
-                outbox_postgres::cdc::remove(&pool, &name, &name, Duration::from_secs(10)).await?;
-                anyhow::Ok(())
-            })
-        })
-        .join();
-        if !matches!(done, Ok(Ok(()))) {
-            eprintln!("cleanup of slot {}: {done:?}", self.0);
-        }
-    }
-}
-
-async fn cli(db: &TestDb, config: &TempFile, args: &[&str]) -> Run {
-    let mut cmd = outbox(Some(db.name()), None, Some(config.path()));
-    cmd.args(args);
-    run(cmd, Duration::from_secs(30)).await
-}
-
-fn relay_cmd(
-    db: &TestDb,
-    broker: &BrokerEnv,
-    config: &TempFile,
-    create_slot: bool,
-) -> std::process::Command {
-    let mut cmd = outbox(Some(db.name()), Some(&broker.url()), Some(config.path()));
-    cmd.arg("relay");
-    if create_slot {
-        cmd.arg("--create-slot");
-    }
-    cmd
-}
-
-/// Waits until a relay streams the test's slot (named after its schema).
-async fn wait_slot_streamed(db: &TestDb) {
-    wait_until(
-        Duration::from_secs(20),
-        "the slot streamed",
-        || async move {
-            db.scalar(&format!(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
-                db.name()
-            ))
-            .await
-                == 1
-        },
-    )
-    .await;
-}
-
-/// One transaction per version round: `aggregates` aggregates, versions `from..=to`.
-async fn produce(db: &TestDb, prefix: &str, aggregates: usize, from: i64, to: i64) -> Vec<Uuid> {
-    let mut ids = Vec::new();
-    for v in from..=to {
-        let batch: Vec<_> = (0..aggregates)
-            .map(|a| event(&format!("{prefix}-{a}"), v))
-            .collect();
-        ids.extend(batch.iter().map(|m| m.event_id));
-        db.enqueue(&batch).await;
-    }
-    ids
-}
 
 async fn cdc_relay_end_to_end(kind: Kind) {
     let db = TestDb::new().await;

@@ -222,14 +222,18 @@ pub async fn drop_publication(pool: &PgPool, name: &str) -> Result<(), CdcError>
     Ok(())
 }
 
-/// Creates the `pgoutput` slot `slot` if it does not exist. Returns whether it was created: a
-/// new slot starts at the current end of the log, so only events committed after this call
-/// are streamed (the polling relay, or the recovery, publishes older ones).
+/// Creates the `pgoutput` slot `slot` if it does not exist, or replaces it if the server
+/// invalidated it (`wal_status = 'lost'`: it can never be streamed again, and keeping it only
+/// keeps the relay failing). Returns whether a slot was created: a new slot starts at the
+/// current end of the log, so only events committed after this call are streamed (the polling
+/// relay, or the recovery, publishes older ones). A slot that can still be streamed is kept as
+/// it is.
 ///
 /// # Errors
 /// [`CdcError::WalLevel`] when the server does not run with `wal_level = logical`,
 /// [`CdcError::Config`] for an invalid slot name or a slot of another plugin,
-/// [`CdcError::Database`] when the statement fails (no free slot, no `REPLICATION` right).
+/// [`CdcError::Database`] when a statement fails (no free slot, no `REPLICATION` right, an
+/// invalidated slot that a connection still holds).
 pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<bool, CdcError> {
     check_slot_name(slot)?;
     let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
@@ -238,24 +242,34 @@ pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<bool, CdcError> {
     if level != "logical" {
         return Err(CdcError::WalLevel { found: level });
     }
-    let existing: Option<Option<String>> =
-        sqlx::query_scalar("SELECT plugin::text FROM pg_replication_slots WHERE slot_name = $1")
-            .bind(slot)
-            .fetch_optional(pool)
-            .await?;
+    let existing: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT plugin::text, wal_status FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await?;
     match existing {
-        Some(Some(plugin)) if plugin == "pgoutput" => Ok(false),
-        Some(other) => Err(CdcError::Config(format!(
-            "replication slot `{slot}` exists with plugin {other:?}, not pgoutput"
-        ))),
-        None => {
-            sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-                .bind(slot)
-                .execute(pool)
-                .await?;
-            Ok(true)
+        Some((Some(plugin), status)) if plugin == "pgoutput" => {
+            if status.as_deref() != Some("lost") {
+                return Ok(false);
+            }
+            tracing::warn!(%slot, "replacing the invalidated replication slot: events committed \
+                since its last confirmed position are published from the table by the polling \
+                relay (docs/guide/src/relay.md, \"a lost slot\")");
+            drop_slot(pool, slot).await?;
         }
+        Some((other, _)) => {
+            return Err(CdcError::Config(format!(
+                "replication slot `{slot}` exists with plugin {other:?}, not pgoutput"
+            )));
+        }
+        None => {}
     }
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot)
+        .execute(pool)
+        .await?;
+    Ok(true)
 }
 
 /// Drops the slot `slot` if it exists (it must not be streamed at that moment).

@@ -1,0 +1,176 @@
+//! Issue 11, acceptance 4, the other way to lose a slot: the server invalidates it because it
+//! held back more WAL than `max_slot_wal_keep_size` while the relay was down. The relay then
+//! refuses to stream, with the recovery named, and the guide's recovery ("a lost slot": the
+//! polling relay, then CDC with `--create-slot`, which replaces the invalidated slot) publishes
+//! every pending event with its id, in order per aggregate.
+//!
+//! This is a test binary of its own on purpose: `max_slot_wal_keep_size` is a server-wide
+//! setting, and `cargo test` runs test binaries one after another, so no other test's slot
+//! exists while it is lowered. (Under a runner that runs binaries in parallel, run this one
+//! alone.) The setting is put back when the test ends, passed or failed.
+#![allow(missing_docs)]
+
+mod cdc_common;
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use cdc_common::*;
+use common::*;
+use uuid::Uuid;
+
+/// Lowers `max_slot_wal_keep_size` server-wide for its lifetime; puts the configured value
+/// back (ALTER SYSTEM RESET, reload) when dropped, also after a failed assertion.
+struct KeepSizeLowered;
+
+impl KeepSizeLowered {
+    async fn set(pool: &sqlx::PgPool, value: &str) -> KeepSizeLowered {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER SYSTEM SET max_slot_wal_keep_size = '{value}'"
+        )))
+        .execute(pool)
+        .await
+        .expect("ALTER SYSTEM (the test role must be a superuser)");
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(pool)
+            .await
+            .unwrap();
+        KeepSizeLowered
+    }
+}
+
+impl Drop for KeepSizeLowered {
+    fn drop(&mut self) {
+        let done = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let pool = sqlx::PgPool::connect(&database_url()).await?;
+                sqlx::query("ALTER SYSTEM RESET max_slot_wal_keep_size")
+                    .execute(&pool)
+                    .await?;
+                sqlx::query("SELECT pg_reload_conf()")
+                    .execute(&pool)
+                    .await?;
+                anyhow::Ok(())
+            })
+        })
+        .join();
+        if !matches!(done, Ok(Ok(()))) {
+            eprintln!("putting max_slot_wal_keep_size back: {done:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_pending_event() {
+    let db = TestDb::new().await;
+    let broker = BrokerEnv::new(Kind::Nats).await;
+    let sub = broker.subscriber().await;
+    let _cleanup = SlotCleanup(db.name().to_owned());
+    let config = config_file("mode = \"cdc\"", &broker.toml(""));
+    let migrated = cli(&db, &config, &["migrate"]).await;
+    assert!(migrated.status.success(), "{migrated:?}");
+    let slot = db.name().to_owned();
+    let admin = sqlx::PgPool::connect(&database_url()).await.unwrap();
+
+    // The relay streams and confirms a first round, then stops (an orderly stop).
+    let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-1");
+    wait_slot_streamed(&db).await;
+    let mut expected: Vec<Uuid> = produce(&db, "inv", 4, 1, 3).await;
+    sub.wait_ids(&expected, Duration::from_secs(30)).await;
+    assert!(relay.terminate().await.success());
+
+    // While it is down: events committed, then more WAL than the lowered limit allows, and a
+    // checkpoint, at which the server invalidates the slot.
+    let pending = produce(&db, "inv", 4, 4, 6).await;
+    expected.extend(pending.iter().copied());
+    let lowered = KeepSizeLowered::set(&admin, "1MB").await;
+    db.exec("CREATE TABLE {s}.filler (n int8, pad text)").await;
+    let mut rounds = 0;
+    loop {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&slot)
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+        if status.as_deref() == Some("lost") {
+            break;
+        }
+        rounds += 1;
+        assert!(
+            rounds <= 20,
+            "the slot was not invalidated (wal_status {status:?})"
+        );
+        // About 16 MB of WAL (a segment), then a new segment and a checkpoint.
+        db.exec(
+            "INSERT INTO {s}.filler SELECT n, repeat('x', 200) FROM generate_series(1, 60000) n",
+        )
+        .await;
+        for statement in ["SELECT pg_switch_wal()", "CHECKPOINT"] {
+            sqlx::query(statement).execute(&admin).await.unwrap();
+        }
+    }
+    drop(lowered);
+    assert_eq!(
+        db.count("true").await,
+        pending.len() as i64,
+        "the unconfirmed events are rows of the table"
+    );
+
+    // Started again as a service would start it (no --create-slot): it refuses to go on, and
+    // says what happened and where the recovery is.
+    let refused = run(
+        relay_cmd(&db, &broker, &config, false),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        refused.stderr.contains("can no longer be streamed")
+            && refused.stderr.contains("a lost slot"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        db.count("true").await,
+        pending.len() as i64,
+        "the refused relay deleted nothing"
+    );
+
+    // The guide's recovery: the polling relay, then CDC with --create-slot (which replaces
+    // the invalidated slot) while it runs; more events committed meanwhile.
+    let mut polling = relay_cmd(&db, &broker, &config, false);
+    polling.args(["--mode", "polling"]);
+    let polling = ChildGuard::spawn(polling, "polling-relay");
+    let cdc = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-2");
+    wait_slot_streamed(&db).await;
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&slot)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    assert_ne!(status.as_deref(), Some("lost"), "a new slot streams");
+    let after = produce(&db, "inv", 4, 7, 9).await;
+    expected.extend(after.iter().copied());
+    let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;
+    let ids = assert_first_appearances_in_order(seen);
+    let expected: HashSet<Uuid> = expected.into_iter().collect();
+    assert_eq!(
+        ids, expected,
+        "every event, those pending at the loss included"
+    );
+    wait_until(Duration::from_secs(20), "published rows deleted", || {
+        let db = &db;
+        async move { db.count("true").await == 0 }
+    })
+    .await;
+    drop(polling);
+    drop(cdc);
+    db.cleanup().await;
+    broker.cleanup().await;
+}
