@@ -145,8 +145,10 @@ impl Handler<PgConnection> for ReportHandler {
 
 /// Accumulated per-batch timings of a consumer loop (runner or baseline), seen from the
 /// source: `fetch` = inside `next_batch` (non-empty batches), `work` = from the batch's
-/// arrival to its first ack call (transaction: inbox SQL, handlers, savepoints, commit),
-/// `settle` = from the first ack call to the next `next_batch` call (acks, loop overhead).
+/// arrival to the first ack call of one of its deliveries (transaction: inbox SQL, handlers,
+/// savepoints, commit), `settle` = from that ack call to the next `next_batch` call (acks,
+/// loop overhead). When the acks are sent beside the next batch (`Consumer::run`) and none
+/// was called before the next `next_batch`, the whole gap counts as `work`.
 #[derive(Default, Clone)]
 pub struct SourceAcc {
     pub batches: usize,
@@ -162,6 +164,8 @@ pub struct SourceAcc {
     pub nacks: usize,
     last_fetched: Option<Instant>,
     first_ack: Option<Instant>,
+    /// Non-empty batches handed out so far: the batch a delivery belongs to.
+    seq: u64,
 }
 
 /// What a [`TimedSource`] saw.
@@ -237,13 +241,16 @@ impl<S: DeliverySource> DeliverySource for TimedSource<S> {
                 acc.deliveries += v.len();
                 acc.fetch += t1 - t0;
                 acc.last_fetched = Some(t1);
+                acc.seq += 1;
             }
         }
+        let batch = self.stats.acc.lock().unwrap().seq;
         r.map(|v| {
             v.into_iter()
                 .map(|inner| TimedDelivery {
                     inner,
                     stats: Arc::clone(&self.stats),
+                    batch,
                 })
                 .collect()
         })
@@ -262,6 +269,7 @@ impl<S: DeliverySource> DeliverySource for TimedSource<S> {
 pub struct TimedDelivery<D> {
     inner: D,
     stats: Arc<SourceStats>,
+    batch: u64,
 }
 
 impl<D: Delivery> Delivery for TimedDelivery<D> {
@@ -281,7 +289,9 @@ impl<D: Delivery> Delivery for TimedDelivery<D> {
         let t = Instant::now();
         {
             let mut acc = self.stats.acc.lock().unwrap();
-            acc.first_ack.get_or_insert(t);
+            if acc.seq == self.batch && acc.last_fetched.is_some() {
+                acc.first_ack.get_or_insert(t);
+            }
         }
         if self.stats.record_ack_times
             && let Ok(e) = self.inner.event()

@@ -115,11 +115,21 @@ pub(crate) async fn enqueue_backlog(
     bench: &BenchSchema,
     args: &Args,
 ) -> Result<Duration> {
+    enqueue_backlog_with(pool, bench, args, PgOutbox::new(bench.schema.clone())).await
+}
+
+/// [`enqueue_backlog`] through `outbox` (for instance one that deletes its rows in the
+/// producer's transaction, for the CDC relay).
+pub(crate) async fn enqueue_backlog_with(
+    pool: &PgPool,
+    bench: &BenchSchema,
+    args: &Args,
+    outbox: PgOutbox,
+) -> Result<Duration> {
     let s = bench.name();
     sqlx::query(AssertSqlSafe(format!("TRUNCATE {s}.events")))
         .execute(pool)
         .await?;
-    let outbox = PgOutbox::new(bench.schema.clone());
     let started = Instant::now();
     let chunk = 2000;
     let mut i = 0;
