@@ -157,9 +157,25 @@ async fn unknown_cell_is_refused() {
 /// slot to its standby. The whole CDC matrix is in docs/guarantees.md.
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_cells_hold_in_cdc_mode_on_nats() {
+    relay_cells_hold_in_cdc_mode("nats", &nats_url(), "cmt_cdc").await;
+}
+
+/// The same three cells with RabbitMQ behind the CDC relay.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_cells_hold_in_cdc_mode_on_rabbitmq() {
+    relay_cells_hold_in_cdc_mode("rabbitmq", &amqp_url(), "cmt_cdc_rabbit").await;
+}
+
+/// The same three cells with Kafka behind the CDC relay.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_cells_hold_in_cdc_mode_on_kafka() {
+    relay_cells_hold_in_cdc_mode("kafka", &kafka_url(), "cmt_cdc_kafka").await;
+}
+
+async fn relay_cells_hold_in_cdc_mode(broker: &str, url: &str, prefix: &str) {
     let out = crash_matrix(
-        &nats_url(),
-        "cmt_cdc",
+        url,
+        prefix,
         &[
             "--relay-mode=cdc",
             "--cells=relay.after_publish,relay.after_mark,relay.standby_takeover",
@@ -175,8 +191,9 @@ async fn relay_cells_hold_in_cdc_mode_on_nats() {
         out.stderr
     );
     assert!(
-        out.stdout
-            .contains("crash matrix on nats, CDC relay: all 3 cells as expected"),
+        out.stdout.contains(&format!(
+            "crash matrix on {broker}, CDC relay: all 3 cells as expected"
+        )),
         "{}",
         out.stdout
     );
@@ -193,7 +210,8 @@ async fn relay_cells_hold_in_cdc_mode_on_nats() {
         .await
         .unwrap();
     let left: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cmt_cdc'")
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(prefix)
             .fetch_one(&pool)
             .await
             .unwrap();
