@@ -6,8 +6,10 @@
 //!
 //! This is a test binary of its own on purpose: `max_slot_wal_keep_size` is a server-wide
 //! setting, and `cargo test` runs test binaries one after another, so no other test's slot
-//! exists while it is lowered. (Under a runner that runs binaries in parallel, run this one
-//! alone.) The setting is put back when the test ends, passed or failed.
+//! exists while it is lowered. The test checks that: it fails, saying why, if any other slot
+//! exists on the server when it would lower the setting (another test's, another checkout's,
+//! a bench's), rather than invalidate it. (Under a runner that runs binaries in parallel, run
+//! this one alone.) The setting is put back when the test ends, passed or failed.
 #![allow(missing_docs)]
 
 mod cdc_common;
@@ -20,12 +22,38 @@ use cdc_common::*;
 use common::*;
 use uuid::Uuid;
 
-/// Lowers `max_slot_wal_keep_size` server-wide for its lifetime; puts the configured value
-/// back (ALTER SYSTEM RESET, reload) when dropped, also after a failed assertion.
-struct KeepSizeLowered;
+/// Lowers `max_slot_wal_keep_size` server-wide for its lifetime, after checking that no other
+/// replication slot exists (it would be invalidated too: the test fails instead, saying so).
+/// Dropped, also after a failed assertion, it puts back what was there: the value set with
+/// `ALTER SYSTEM` before, or none.
+struct KeepSizeLowered {
+    previous_alter_system: Option<String>,
+}
 
 impl KeepSizeLowered {
-    async fn set(pool: &sqlx::PgPool, value: &str) -> KeepSizeLowered {
+    async fn set(pool: &sqlx::PgPool, value: &str, own_slot: &str) -> KeepSizeLowered {
+        let others: Vec<String> = sqlx::query_scalar(
+            "SELECT slot_name::text FROM pg_replication_slots WHERE slot_name <> $1",
+        )
+        .bind(own_slot)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        assert!(
+            others.is_empty(),
+            "other replication slots exist on this server ({others:?}): this test lowers \
+             max_slot_wal_keep_size server-wide and would invalidate them; run it alone"
+        );
+        let (current, file): (String, Option<String>) = sqlx::query_as(
+            "SELECT current_setting('max_slot_wal_keep_size'), sourcefile FROM pg_settings \
+             WHERE name = 'max_slot_wal_keep_size'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        let previous_alter_system = file
+            .is_some_and(|f| f.ends_with("postgresql.auto.conf"))
+            .then_some(current);
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "ALTER SYSTEM SET max_slot_wal_keep_size = '{value}'"
         )))
@@ -36,20 +64,26 @@ impl KeepSizeLowered {
             .execute(pool)
             .await
             .unwrap();
-        KeepSizeLowered
+        KeepSizeLowered {
+            previous_alter_system,
+        }
     }
 }
 
 impl Drop for KeepSizeLowered {
     fn drop(&mut self) {
-        let done = std::thread::spawn(|| {
+        let restore = match &self.previous_alter_system {
+            Some(value) => format!("ALTER SYSTEM SET max_slot_wal_keep_size = '{value}'"),
+            None => "ALTER SYSTEM RESET max_slot_wal_keep_size".to_owned(),
+        };
+        let done = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
             runtime.block_on(async {
                 let pool = sqlx::PgPool::connect(&database_url()).await?;
-                sqlx::query("ALTER SYSTEM RESET max_slot_wal_keep_size")
+                sqlx::query(sqlx::AssertSqlSafe(restore))
                     .execute(&pool)
                     .await?;
                 sqlx::query("SELECT pg_reload_conf()")
@@ -88,7 +122,7 @@ async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_
     // checkpoint, at which the server invalidates the slot.
     let pending = produce(&db, "inv", 4, 4, 6).await;
     expected.extend(pending.iter().copied());
-    let lowered = KeepSizeLowered::set(&admin, "1MB").await;
+    let lowered = KeepSizeLowered::set(&admin, "1MB", &slot).await;
     db.exec("CREATE TABLE {s}.filler (n int8, pad text)").await;
     let mut rounds = 0;
     loop {

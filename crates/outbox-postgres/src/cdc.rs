@@ -227,7 +227,7 @@ pub async fn drop_publication(pool: &PgPool, name: &str) -> Result<(), CdcError>
 /// keeps the relay failing). Returns whether a slot was created: a new slot starts at the
 /// current end of the log, so only events committed after this call are streamed (the polling
 /// relay, or the recovery, publishes older ones). A slot that can still be streamed is kept as
-/// it is.
+/// it is, and so is one another relay created or replaced at the same moment (then `false`).
 ///
 /// # Errors
 /// [`CdcError::WalLevel`] when the server does not run with `wal_level = logical`,
@@ -254,9 +254,17 @@ pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<bool, CdcError> {
                 return Ok(false);
             }
             tracing::warn!(%slot, "replacing the invalidated replication slot: events committed \
-                since its last confirmed position are published from the table by the polling \
-                relay (docs/guide/src/relay.md, \"a lost slot\")");
-            drop_slot(pool, slot).await?;
+                since its last confirmed position are only in the table now; run the polling \
+                relay to publish them (docs/guide/src/relay.md, \"a lost slot\")");
+            // Only while it is still the lost one: a relay started beside this one may have
+            // replaced it already, and its new slot must stay.
+            sqlx::query(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND wal_status = 'lost'",
+            )
+            .bind(slot)
+            .execute(pool)
+            .await?;
         }
         Some((other, _)) => {
             return Err(CdcError::Config(format!(
@@ -265,11 +273,16 @@ pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<bool, CdcError> {
         }
         None => {}
     }
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+    match sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(slot)
         .execute(pool)
-        .await?;
-    Ok(true)
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Created by another relay in the meantime (duplicate_object): that one is kept.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Drops the slot `slot` if it exists (it must not be streamed at that moment).
