@@ -353,7 +353,7 @@ pub fn split(acc: &SourceAcc, handler: &HandlerStats) -> ConsumerSplit {
 
 /// The baseline consumer: the same source and handler, **no inbox**. Per batch of up to
 /// `batch_size` deliveries: begin, the handler for each (inside its own savepoint with
-/// `savepoints`), commit, then ack all of them concurrently (as the runner does). Returns when
+/// `savepoints`), commit, then ack all of them concurrently (as `run_batch` does). Returns when
 /// `n` events were applied and acknowledged.
 #[allow(clippy::too_many_arguments)]
 pub async fn baseline_drain<S: DeliverySource>(

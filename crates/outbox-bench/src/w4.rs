@@ -33,7 +33,8 @@ pub enum Kind {
     C,
     /// Baseline without the inbox, batched like C (one transaction per batch).
     A2,
-    /// Informational: A2 plus a savepoint around each handler, as the runner does in batch mode.
+    /// Informational: A2 plus a savepoint around each handler, as the runner did in batch mode
+    /// before it redid a failed batch one delivery at a time instead.
     S,
 }
 

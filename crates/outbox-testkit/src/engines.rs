@@ -435,6 +435,8 @@ pub async fn a_batch_failure_rolls_back_only_its_own_writes<F: StoreFixture>() {
 struct BatchHandler<F> {
     inner: Arc<TestHandler<F>>,
     calls: Arc<Mutex<Vec<Vec<Uuid>>>>,
+    /// The next call panics after writing its effects.
+    panic_next: std::sync::atomic::AtomicBool,
 }
 
 impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for BatchHandler<F> {
@@ -461,6 +463,12 @@ impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for BatchHandler<F
                 .write_effect(conn, &self.inner.key(event.event_id))
                 .await?;
         }
+        if self
+            .panic_next
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("scripted panic in handle_many");
+        }
         if events
             .iter()
             .any(|e| self.inner.poison.lock().unwrap().contains(&e.event_id))
@@ -483,6 +491,7 @@ pub async fn a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone
     let handler = BatchHandler {
         inner: Arc::clone(&rig.handler),
         calls: Arc::clone(&calls),
+        panic_next: false.into(),
     };
     let mut consumer = Consumer::new(
         rig.faults.clone(),
@@ -529,6 +538,82 @@ pub async fn a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone
         let want = u64::from(m.event_id != second[2].event_id);
         assert_eq!(rig.effects(m.event_id).await, want, "event {i}");
     }
+    assert_eq!(rig.source.unsettled(), 0);
+    rig.fixture.cleanup().await;
+}
+
+/// A batch that mixes new events with a malformed delivery and a conflicting one: the batch
+/// call gets the new events alone; when it panics, its writes roll back and the batch is redone
+/// one delivery at a time, so each new event has one effect, the malformed delivery is
+/// dead-lettered once and the conflict recorded once.
+pub async fn a_panicking_batch_handler_on_a_mixed_batch_is_redone_one_by_one<F: StoreFixture>() {
+    let rig = Rig::<F>::new("c").await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let handler = BatchHandler {
+        inner: Arc::clone(&rig.handler),
+        calls: Arc::clone(&calls),
+        panic_next: false.into(),
+    };
+    let id = Uuid::now_v7();
+    let first = event_message(id, "a", 1, r#"{"amount":100}"#);
+    rig.source.push_message(&first);
+    let mut consumer = Consumer::new(
+        rig.faults.clone(),
+        rig.source.clone(),
+        handler,
+        ConsumerConfig {
+            batch_size: 10,
+            ..fast_config("c")
+        },
+    )
+    .expect("valid consumer config");
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(r.processed, 1, "{r:?}");
+
+    let b = event_message(Uuid::now_v7(), "b", 1, "{}");
+    let changed = event_message(id, "a", 1, r#"{"amount":999}"#);
+    let mut garbage = crate::fakes::wire_message(&event_message(Uuid::now_v7(), "g", 1, "{}"));
+    garbage.headers.remove("ce-id");
+    let c = event_message(Uuid::now_v7(), "c", 1, "{}");
+    rig.source.push_message(&b);
+    rig.source.push_message(&changed);
+    rig.source.push(garbage);
+    rig.source.push_message(&c);
+    calls.lock().unwrap().clear();
+    // A second consumer, whose handler panics on its next call.
+    let mut consumer = {
+        let handler = BatchHandler {
+            inner: Arc::clone(&rig.handler),
+            calls: Arc::clone(&calls),
+            panic_next: true.into(),
+        };
+        Consumer::new(
+            rig.faults.clone(),
+            rig.source.clone(),
+            handler,
+            ConsumerConfig {
+                batch_size: 10,
+                ..fast_config("c")
+            },
+        )
+        .expect("valid consumer config")
+    };
+    let (r, _) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(
+        (r.processed, r.conflicts, r.dead_lettered, r.nacked),
+        (2, 1, 1, 0),
+        "{r:?}"
+    );
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![vec![b.event_id, c.event_id]],
+        "the one batch call, with the new events only"
+    );
+    for (m, want) in [(&first, 1), (&b, 1), (&c, 1)] {
+        assert_eq!(rig.effects(m.event_id).await, want);
+    }
+    assert_eq!(rig.fixture.conflict_count().await, 1);
+    assert_eq!(rig.fixture.consumer_dead_letters("c").await.len(), 1);
     assert_eq!(rig.source.unsettled(), 0);
     rig.fixture.cleanup().await;
 }
@@ -1450,6 +1535,7 @@ macro_rules! engine_suite {
             a_conflict_is_recorded_not_applied,
             a_batch_failure_rolls_back_only_its_own_writes,
             a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone_one_by_one,
+            a_panicking_batch_handler_on_a_mixed_batch_is_redone_one_by_one,
             run_acks_beside_the_next_batch_and_settles_everything_before_it_returns,
             the_ordering_guard_holds_a_gap_until_the_missing_version,
             two_consumers_get_one_effect_each,

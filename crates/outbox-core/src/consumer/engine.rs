@@ -54,7 +54,8 @@
 //!
 //! [`Consumer::run`] sends a committed batch's acks (and nacks) in a task of their own and goes
 //! on to take the next batch; before it settles that one it waits for the acks of the batch
-//! before, so at most one batch's acks are in flight and none is left behind at shutdown. The
+//! before, so at most one committed batch's acks are in flight (besides the nacks of a batch
+//! that failed on the database, sent at once) and none is left behind at shutdown. The
 //! guarantee is unchanged: the effects are committed before any ack is sent, and an ack that is
 //! lost only makes the broker deliver the event again, which the inbox absorbs. What changes is
 //! the latency: a broker's ack confirmation (a round trip) no longer stands between one batch's
@@ -108,7 +109,8 @@ pub mod metric {
     pub const DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
     /// Counter: negative acknowledgements (transient errors, gaps, database errors).
     pub const RETRIES: &str = "outbox_consumer_retries_total";
-    /// Histogram: seconds spent in the handler.
+    /// Histogram: seconds per handler call: one event's [`Handler::handle`], or one batch's
+    /// [`Handler::handle_many`] on the batch path (so it grows with the batch size).
     pub const HANDLER_SECONDS: &str = "outbox_consumer_handler_seconds";
     /// Gauge: messages waiting for this consumer (broker's view).
     pub const LAG: &str = "outbox_consumer_lag";
@@ -182,8 +184,9 @@ pub trait Handler<C>: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
 
     /// Applies several new events, in the order given, on one transaction. The engine's batch
-    /// path (`batch_size > 1`, [`OrderingGuard::Off`]) calls it once per batch with every event
-    /// the inbox found new, instead of [`Handler::handle`] per event. Override it to write a
+    /// path (`batch_size > 1`, [`OrderingGuard::Off`]) calls it once per batch of two or more
+    /// deliveries with every event the inbox found new, instead of [`Handler::handle`] per
+    /// event (a batch of one delivery goes through `handle`). Override it to write a
     /// batch's effects with fewer statements (one multi-row `INSERT … SELECT FROM UNNEST(…)`):
     /// round trips inside the transaction are most of a consumer's latency, and a batch's
     /// transaction holds its deliveries until the commit.
