@@ -76,27 +76,29 @@ impl Drop for KeepSizeLowered {
             Some(value) => format!("ALTER SYSTEM SET max_slot_wal_keep_size = '{value}'"),
             None => "ALTER SYSTEM RESET max_slot_wal_keep_size".to_owned(),
         };
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let pool = sqlx::PgPool::connect(&database_url()).await?;
-                sqlx::query(sqlx::AssertSqlSafe(restore))
-                    .execute(&pool)
-                    .await?;
-                sqlx::query("SELECT pg_reload_conf()")
-                    .execute(&pool)
-                    .await?;
-                anyhow::Ok(())
-            })
-        })
-        .join();
+        let done = on_a_runtime_of_its_own(move || async move {
+            let pool = sqlx::PgPool::connect(&database_url()).await?;
+            sqlx::query(sqlx::AssertSqlSafe(restore))
+                .execute(&pool)
+                .await?;
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&pool)
+                .await?;
+            anyhow::Ok(())
+        });
         if !matches!(done, Ok(Ok(()))) {
             eprintln!("putting max_slot_wal_keep_size back: {done:?}");
         }
     }
+}
+
+/// The slot's `wal_status` (`lost` once the server invalidated it).
+async fn wal_status(admin: &sqlx::PgPool, slot: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
+        .bind(slot)
+        .fetch_one(admin)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -126,12 +128,7 @@ async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_
     db.exec("CREATE TABLE {s}.filler (n int8, pad text)").await;
     let mut rounds = 0;
     loop {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
-                .bind(&slot)
-                .fetch_one(&admin)
-                .await
-                .unwrap();
+        let status = wal_status(&admin, &slot).await;
         if status.as_deref() == Some("lost") {
             break;
         }
@@ -182,13 +179,11 @@ async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_
     let polling = ChildGuard::spawn(polling, "polling-relay");
     let cdc = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-2");
     wait_slot_streamed(&db).await;
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
-            .bind(&slot)
-            .fetch_one(&admin)
-            .await
-            .unwrap();
-    assert_ne!(status.as_deref(), Some("lost"), "a new slot streams");
+    assert_ne!(
+        wal_status(&admin, &slot).await.as_deref(),
+        Some("lost"),
+        "a new slot streams"
+    );
     let after = produce(&db, "inv", 4, 7, 9).await;
     expected.extend(after.iter().copied());
     let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;

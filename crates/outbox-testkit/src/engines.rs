@@ -215,6 +215,31 @@ impl<F: StoreFixture> Rig<F> {
         .expect("valid consumer config")
     }
 
+    /// A batch consumer (`batch_size` 10) over the rig's source whose handler writes through
+    /// `handle_many`, recording its calls in `calls`; it panics on its first call if
+    /// `panic_first`.
+    fn batch_consumer(
+        &self,
+        calls: &Arc<Mutex<Vec<Vec<Uuid>>>>,
+        panic_first: bool,
+    ) -> Consumer<FaultyStore<F::Store>, FakeSource, BatchHandler<F>> {
+        let handler = BatchHandler {
+            inner: Arc::clone(&self.handler),
+            calls: Arc::clone(calls),
+            panic_next: panic_first.into(),
+        };
+        Consumer::new(
+            self.faults.clone(),
+            self.source.clone(),
+            handler,
+            ConsumerConfig {
+                batch_size: 10,
+                ..fast_config("c")
+            },
+        )
+        .expect("valid consumer config")
+    }
+
     async fn effects(&self, event_id: Uuid) -> u64 {
         self.fixture.effect_count(&self.handler.key(event_id)).await
     }
@@ -488,21 +513,7 @@ pub async fn a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone
 >() {
     let rig = Rig::<F>::new("c").await;
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let handler = BatchHandler {
-        inner: Arc::clone(&rig.handler),
-        calls: Arc::clone(&calls),
-        panic_next: false.into(),
-    };
-    let mut consumer = Consumer::new(
-        rig.faults.clone(),
-        rig.source.clone(),
-        handler,
-        ConsumerConfig {
-            batch_size: 10,
-            ..fast_config("c")
-        },
-    )
-    .expect("valid consumer config");
+    let mut consumer = rig.batch_consumer(&calls, false);
     let first: Vec<_> = (0..3)
         .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
         .collect();
@@ -549,24 +560,10 @@ pub async fn a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone
 pub async fn a_panicking_batch_handler_on_a_mixed_batch_is_redone_one_by_one<F: StoreFixture>() {
     let rig = Rig::<F>::new("c").await;
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let handler = BatchHandler {
-        inner: Arc::clone(&rig.handler),
-        calls: Arc::clone(&calls),
-        panic_next: false.into(),
-    };
     let id = Uuid::now_v7();
     let first = event_message(id, "a", 1, r#"{"amount":100}"#);
     rig.source.push_message(&first);
-    let mut consumer = Consumer::new(
-        rig.faults.clone(),
-        rig.source.clone(),
-        handler,
-        ConsumerConfig {
-            batch_size: 10,
-            ..fast_config("c")
-        },
-    )
-    .expect("valid consumer config");
+    let mut consumer = rig.batch_consumer(&calls, false);
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!(r.processed, 1, "{r:?}");
 
@@ -580,24 +577,8 @@ pub async fn a_panicking_batch_handler_on_a_mixed_batch_is_redone_one_by_one<F: 
     rig.source.push(garbage);
     rig.source.push_message(&c);
     calls.lock().unwrap().clear();
-    // A second consumer, whose handler panics on its next call.
-    let mut consumer = {
-        let handler = BatchHandler {
-            inner: Arc::clone(&rig.handler),
-            calls: Arc::clone(&calls),
-            panic_next: true.into(),
-        };
-        Consumer::new(
-            rig.faults.clone(),
-            rig.source.clone(),
-            handler,
-            ConsumerConfig {
-                batch_size: 10,
-                ..fast_config("c")
-            },
-        )
-        .expect("valid consumer config")
-    };
+    // A second consumer, whose handler panics on its first call.
+    let mut consumer = rig.batch_consumer(&calls, true);
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!(
         (r.processed, r.conflicts, r.dead_lettered, r.nacked),

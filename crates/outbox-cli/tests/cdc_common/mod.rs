@@ -14,22 +14,33 @@ pub struct SlotCleanup(pub String);
 impl Drop for SlotCleanup {
     fn drop(&mut self) {
         let name = self.0.clone();
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let pool = sqlx::PgPool::connect(&database_url()).await?;
-                outbox_postgres::cdc::remove(&pool, &name, &name, Duration::from_secs(10)).await?;
-                anyhow::Ok(())
-            })
-        })
-        .join();
+        let done = on_a_runtime_of_its_own(move || async move {
+            let pool = sqlx::PgPool::connect(&database_url()).await?;
+            outbox_postgres::cdc::remove(&pool, &name, &name, Duration::from_secs(10)).await?;
+            anyhow::Ok(())
+        });
         if !matches!(done, Ok(Ok(()))) {
             eprintln!("cleanup of slot {}: {done:?}", self.0);
         }
     }
+}
+
+/// Runs the future `work` makes to its end on a runtime of its own, in a thread of its own:
+/// for cleanups in `Drop`, which runs inside the test's runtime (or while it unwinds).
+pub fn on_a_runtime_of_its_own<W, F>(work: W) -> std::thread::Result<F::Output>
+where
+    W: FnOnce() -> F + Send + 'static,
+    F: std::future::Future,
+    F::Output: Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(work())
+    })
+    .join()
 }
 
 pub async fn cli(db: &TestDb, config: &TempFile, args: &[&str]) -> Run {
