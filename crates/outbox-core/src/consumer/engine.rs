@@ -1161,7 +1161,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                     failures = 0;
                     if let Some(settle) = settle {
                         if let Some(before) = settling.take() {
-                            let _ = before.await;
+                            self.settled(before).await;
                         }
                         settling = Some(tokio::spawn(settle));
                     }
@@ -1178,7 +1178,16 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             }
         }
         if let Some(last) = settling {
-            let _ = last.await;
+            self.settled(last).await;
+        }
+    }
+
+    /// Waits for a batch's acks sent in their own task. A panic there (in a source's ack) is
+    /// logged, not swallowed: the batch was committed, so its deliveries only come back and
+    /// are absorbed by the inbox.
+    async fn settled(&self, settling: tokio::task::JoinHandle<()>) {
+        if let Err(e) = settling.await {
+            error!(consumer = %self.config.name, error = %e, "the acks of a committed batch failed; the broker will redeliver and the inbox absorbs it");
         }
     }
 }
