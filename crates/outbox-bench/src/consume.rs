@@ -263,6 +263,10 @@ impl<S: DeliverySource> DeliverySource for TimedSource<S> {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.inner.decode(raw)
     }
+
+    async fn release(&mut self) {
+        self.inner.release().await;
+    }
 }
 
 /// A delivery of a [`TimedSource`].

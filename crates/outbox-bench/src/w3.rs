@@ -65,6 +65,10 @@ pub struct Args {
     /// instead of one `INSERT` per event.
     #[arg(long)]
     handle_many: bool,
+    /// NATS only: `NatsConsumerConfig::prefetch`, messages asked for ahead of the batches (0: a
+    /// fetch per batch).
+    #[arg(long, default_value_t = 0)]
+    prefetch: usize,
 }
 
 /// `--relay-mode`.
@@ -186,12 +190,13 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
 async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> Result<()> {
     create_report_table(&pools.producer, bench.name()).await?;
     println!(
-        "W3: {} events/s, {:?} relay, handle_many {}, {} s measured after {} s warm-up, RelayWaker min_interval \
+        "W3: {} events/s, {:?} relay, handle_many {}, NATS prefetch {}, {} s measured after {} s warm-up, RelayWaker min_interval \
          {} ms, default RelayConfig, PgConsumer batch_size {} batch_wait {} ms, schema {}, load \
          avg before {}\n",
         args.rate,
         args.relay_mode,
         args.handle_many,
+        args.prefetch,
         args.secs,
         args.warmup_secs,
         args.waker_ms,
@@ -226,6 +231,7 @@ async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> 
                             stream: b.stream.clone(),
                             durable_name: "w3".into(),
                             ack_wait_secs: 30,
+                            prefetch: args.prefetch,
                             ..NatsConsumerConfig::default()
                         },
                     )

@@ -162,6 +162,7 @@ trait DynSource: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Vec<BoxDelivery>, SourceError>>;
     fn lag(&mut self) -> BoxFuture<'_, Result<Option<u64>, SourceError>>;
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
+    fn release(&mut self) -> BoxFuture<'_, ()>;
 }
 
 impl<S: DeliverySource + Sync> DynSource for S {
@@ -183,6 +184,9 @@ impl<S: DeliverySource + Sync> DynSource for S {
     }
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         DeliverySource::decode(self, raw)
+    }
+    fn release(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(DeliverySource::release(self))
     }
 }
 
@@ -220,6 +224,10 @@ impl DeliverySource for BoxSource {
 
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.0.decode(raw)
+    }
+
+    async fn release(&mut self) {
+        self.0.release().await;
     }
 }
 

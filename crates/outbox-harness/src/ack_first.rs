@@ -61,4 +61,7 @@ impl DeliverySource for AckFirstSource {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.0.decode(raw)
     }
+    async fn release(&mut self) {
+        self.0.release().await;
+    }
 }

@@ -10,3 +10,8 @@ mod transport {
 mod source {
     outbox_testkit::source_suite!(crate::common::Fixture::start);
 }
+
+/// The same source cases with pull requests kept open ahead of the batches (`prefetch`).
+mod source_prefetching {
+    outbox_testkit::source_suite!(crate::common::Fixture::start_prefetching);
+}

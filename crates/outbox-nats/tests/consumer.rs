@@ -1,6 +1,6 @@
 //! NATS-specific tests of [`NatsSource`] against the real server (JetStream enabled) at
 //! `OUTBOX_TEST_NATS_URL` (default `nats://127.0.0.1:4222`): startup errors, an existing
-//! durable consumer, short fetch deadlines. What every delivery source must do is in the
+//! durable consumer, short fetch deadlines, prefetch and its release. What every delivery source must do is in the
 //! conformance suite (`conformance.rs`). A missing server fails the tests.
 
 mod common;
@@ -15,7 +15,7 @@ use outbox_nats::async_nats::jetstream;
 use outbox_nats::{NatsConsumerConfig, NatsConsumerError, NatsSource};
 use outbox_testkit::harness::run;
 use outbox_testkit::message;
-use outbox_testkit::source::{SourceSettings, ack_all, receive};
+use outbox_testkit::source::{SourceSettings, ack_all, event_of, expect_nothing, receive};
 use outbox_testkit::transport::TransportHarness as _;
 
 fn consumer_config(fx: &Fixture, ack_wait_secs: u64) -> NatsConsumerConfig {
@@ -140,6 +140,71 @@ async fn short_fetches_end_near_their_expiry_and_lose_nothing() {
         got.extend(receive(&mut source, missing, Duration::from_secs(10)).await?);
         ensure!(got.len() == 4, "{} deliveries for 4 messages", got.len());
         ack_all(got).await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// A prefetching source has messages delivered to it before a batch is asked for (the server
+/// counts them as pending acknowledgement), and `release` gives back what it did not hand out:
+/// another consumer gets every one of them at once, not after the ack wait (30 s here), and
+/// nothing is lost or delivered twice.
+#[tokio::test]
+async fn a_prefetching_source_gives_back_what_it_holds_ahead() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let transport = fx.transport().await?;
+        let mut ids = Vec::new();
+        for i in 0..20_i64 {
+            let m = message::event("pay-1", i + 1, format!(r#"{{"i":{i}}}"#));
+            ids.push(m.event_id);
+            transport.publish(&m).await?;
+        }
+        let mut prefetching = NatsSource::connect(
+            &nats_url(),
+            NatsConsumerConfig {
+                prefetch: 8,
+                ..consumer_config(fx, 30)
+            },
+        )
+        .await?;
+        let first = receive(&mut prefetching, 2, Duration::from_secs(10)).await?;
+        let mut got = Vec::new();
+        for d in &first {
+            got.push(event_of(d)?.event_id);
+        }
+        ack_all(first).await?;
+        // The requests stay open: the server delivers ahead of the next batch.
+        let stream = fx.js.get_stream(&fx.stream).await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let held = loop {
+            let info = stream.consumer_info(&fx.durable).await?;
+            if info.num_ack_pending > 0 {
+                break info.num_ack_pending;
+            }
+            ensure!(Instant::now() < deadline, "nothing was delivered ahead");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        ensure!(held <= 12, "{held} held ahead with prefetch 8");
+
+        prefetching.release().await;
+        // Within 10 s, with an ack wait of 30 s: the released ones did not wait it out.
+        let mut next = source(fx, 30).await?;
+        let rest = receive(&mut next, 18, Duration::from_secs(10)).await?;
+        for d in &rest {
+            got.push(event_of(d)?.event_id);
+        }
+        ack_all(rest).await?;
+        got.sort();
+        let mut want = ids.clone();
+        want.sort();
+        ensure!(got == want, "delivered {got:?}, published {want:?}");
+        expect_nothing(&mut next, Duration::from_secs(1)).await?;
+        // Opened again by the next batch after a release.
+        let m = message::event("pay-1", 21, "{}");
+        transport.publish(&m).await?;
+        let again = receive(&mut prefetching, 1, Duration::from_secs(10)).await?;
+        ensure!(event_of(&again[0])?.event_id == m.event_id);
+        ack_all(again).await?;
         Ok(())
     })
     .await;

@@ -274,9 +274,9 @@ pub async fn redeliveries_have_one_effect<F: StoreFixture>() {
     rig.fixture.cleanup().await;
 }
 
-/// A paused consumer takes nothing from its source (the broker keeps it) and applies no
-/// requeued dead letter; once resumed (seen within the engine's pause check interval) it
-/// applies everything once.
+/// A paused consumer takes nothing from its source (the broker keeps it), releases what the
+/// source received ahead, and applies no requeued dead letter; once resumed (seen within the
+/// engine's pause check interval) it applies everything once.
 pub async fn a_paused_consumer_takes_nothing_until_resumed<F: StoreFixture>() {
     let rig = Rig::<F>::new("c").await;
     let m = event_message(Uuid::now_v7(), "a", 1, r#"{"n":1}"#);
@@ -288,6 +288,11 @@ pub async fn a_paused_consumer_takes_nothing_until_resumed<F: StoreFixture>() {
         assert_eq!(r, ConsumerReport::default());
     }
     assert_eq!(rig.source.ready(), 1, "the delivery stays with the source");
+    assert_eq!(
+        rig.source.releases(),
+        3,
+        "each paused batch releases the source"
+    );
     assert_eq!(rig.effects(m.event_id).await, 0);
     rig.fixture.set_consumer_paused("c", false).await;
     tokio::time::sleep(outbox_core::consumer::PAUSE_CHECK_INTERVAL + Duration::from_millis(100))
@@ -600,7 +605,8 @@ pub async fn a_panicking_batch_handler_on_a_mixed_batch_is_redone_one_by_one<F: 
 }
 
 /// `Consumer::run` sends a batch's acks beside the next batch (a broker's confirmation takes
-/// a round trip), and every committed delivery is acknowledged by the time it returns.
+/// a round trip), and every committed delivery is acknowledged by the time it returns, after
+/// which the source is released once (what it received ahead goes back to the broker).
 pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_returns<
     F: StoreFixture,
 >() {
@@ -632,6 +638,7 @@ pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_ret
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    assert_eq!(source.releases(), 0, "nothing released while running");
     stop.cancel();
     task.await.expect("the consumer's task");
     assert_eq!(
@@ -640,6 +647,11 @@ pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_ret
         "every delivery acknowledged"
     );
     assert_eq!(source.unsettled(), 0);
+    assert_eq!(
+        source.releases(),
+        1,
+        "the source is released once when run stops"
+    );
     assert!(
         source.unsettled_at_fetch() > 0,
         "a batch was taken while the acks of the one before were on their way"

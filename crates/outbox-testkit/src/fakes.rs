@@ -241,6 +241,8 @@ struct Queue {
     ack_delay: Option<Duration>,
     /// The most deliveries still unsettled when a batch was asked for.
     unsettled_at_fetch: usize,
+    /// Calls of [`DeliverySource::release`].
+    releases: usize,
 }
 
 /// A fake broker queue: [`FakeSource::push`] adds messages; a nack puts a delivery back with its
@@ -308,6 +310,12 @@ impl FakeSource {
     /// Deliveries handed out and neither acknowledged, nor negatively acknowledged, nor dropped.
     pub fn unsettled(&self) -> usize {
         lock(&self.queue).unsettled
+    }
+
+    /// How many times [`DeliverySource::release`] was called (the fake holds nothing ahead,
+    /// so it only counts them).
+    pub fn releases(&self) -> usize {
+        lock(&self.queue).releases
     }
 }
 
@@ -396,6 +404,10 @@ impl DeliverySource for FakeSource {
 
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         decode_wire(raw)
+    }
+
+    async fn release(&mut self) {
+        lock(&self.queue).releases += 1;
     }
 }
 

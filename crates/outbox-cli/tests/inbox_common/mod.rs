@@ -692,4 +692,7 @@ impl DeliverySource for Src {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.inner.decode(raw)
     }
+    async fn release(&mut self) {
+        self.inner.release().await;
+    }
 }

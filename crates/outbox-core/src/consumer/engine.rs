@@ -741,9 +741,11 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         ConsumerError,
     > {
         if self.check_paused().await {
-            // Paused by an operator: nothing is taken from the source (the broker keeps it)
-            // and no requeued dead letter is applied; the batch's wait passes idle (never
-            // less than 100 ms, whatever `batch_wait` says).
+            // Paused by an operator: nothing is taken from the source (the broker keeps it,
+            // and gets back what the source had received ahead) and no requeued dead letter
+            // is applied; the batch's wait passes idle (never less than 100 ms, whatever
+            // `batch_wait` says).
+            self.source.release().await;
             tokio::time::sleep(
                 self.config
                     .batch_wait
@@ -1138,7 +1140,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     }
 
     /// Runs until `shutdown` is cancelled; a batch in progress is finished (committed and
-    /// acknowledged) first. Broker and database errors are logged and waited out.
+    /// acknowledged) first, then what the source received ahead is released
+    /// ([`DeliverySource::release`]). Broker and database errors are logged and waited out.
     pub async fn run(mut self, shutdown: CancellationToken) {
         // Exported from the start at 0, so that an alert on its increase sees the first one.
         metrics::counter!(metric::CONFLICTS, "consumer" => self.config.name.clone()).increment(0);
@@ -1180,6 +1183,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         if let Some(last) = settling {
             self.settled(last).await;
         }
+        // What the source received ahead goes back to the broker now, not after its ack wait.
+        self.source.release().await;
     }
 
     /// Waits for a batch's acks sent in their own task. A panic there (in a source's ack) is

@@ -134,4 +134,14 @@ pub trait DeliverySource: Send + 'static {
     /// # Errors
     /// [`DecodeError`] when it is malformed.
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
+
+    /// Gives back what the source received ahead of the batches it handed out (a NATS source
+    /// that prefetches), so the broker delivers it again at once instead of after its ack
+    /// wait, and stops asking for more until the next [`DeliverySource::next_batch`]. The
+    /// runner calls it when it stops and while it is paused. Deliveries already handed out
+    /// are not affected. Best effort: what cannot be given back comes again after the ack
+    /// wait, as a dropped delivery does. The default holds nothing ahead and does nothing.
+    fn release(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }

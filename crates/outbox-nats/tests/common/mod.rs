@@ -52,6 +52,8 @@ pub struct Fixture {
     publisher: OnceCell<NatsTransport>,
     /// Next stream sequence `take_arrived` reads.
     next_sequence: Mutex<u64>,
+    /// The sources' `prefetch` (0: a fetch per batch).
+    pub prefetch: usize,
 }
 
 impl Fixture {
@@ -65,6 +67,16 @@ impl Fixture {
             js: jetstream().await?,
             publisher: OnceCell::new(),
             next_sequence: Mutex::new(1),
+            prefetch: 0,
+        })
+    }
+
+    /// As [`Fixture::start`], with sources that keep pull requests for 32 messages open (more
+    /// than the suite's largest batch, so that a batch can be full).
+    pub async fn start_prefetching() -> anyhow::Result<Self> {
+        Ok(Self {
+            prefetch: 32,
+            ..Self::start().await?
         })
     }
 
@@ -94,6 +106,8 @@ impl Fixture {
             ack_wait_secs: settings.ack_wait.as_secs().max(1),
             max_ack_pending: u64::from(settings.max_unacked),
             max_message_bytes: settings.max_message_bytes,
+            // A prefetch over max_ack_pending is refused; the server would not fill it anyway.
+            prefetch: self.prefetch.min(usize::from(settings.max_unacked)),
             ..NatsConsumerConfig::default()
         }
     }
