@@ -53,35 +53,40 @@
 //!
 //! # Prefetch
 //!
-//! By default each [`DeliverySource::next_batch`] sends one pull request and waits for its
-//! answer: a round trip to the server per batch, taken after the batch before was committed.
-//! With [`NatsConsumerConfig::prefetch`] `= n > 0` the source keeps pull requests for `n`
-//! messages open (renewed when half have arrived, as the NATS clients' `consume` does), so the
-//! messages arrive while the batch before is still being applied, and a batch is what has
+//! By default each [`DeliverySource::next_batch`] sends one pull request and waits for its answer:
+//! a round trip to the server per batch, taken after the batch before was committed. With
+//! [`NatsConsumerConfig::prefetch`] `= n > 0` the source keeps pull requests for `n` messages open
+//! (renewed when half of them were handed out, and every 5 s, as the NATS clients' `consume` does),
+//! so the messages arrive while the batch before is still being applied, and a batch is what has
 //! already arrived: the round trip leaves the latency of every event. What it changes:
 //!
-//! * Up to about `1.5 n` messages sit in the client, delivered and not yet handed out, and
-//!   their ack wait runs. Keep `n` times the handling time per message well under
-//!   [`NatsConsumerConfig::ack_wait_secs`]: a message held past its ack wait is delivered
-//!   again (handled twice, absorbed by the inbox, and counted: its delivery count grows, which
-//!   the engine's attempt cap reads). With batches of `b`, `n` of one to two times `b` keeps
-//!   at most a batch or two ahead; below `b`, batches stay smaller than `b` (a batch is only
-//!   what arrived).
-//! * They count in `max_ack_pending` (`n` may not exceed it) and in the lag.
-//! * [`DeliverySource::release`] (the runner calls it when it stops and while it is paused)
-//!   closes the requests and sends `-NAK` for what was not handed out, so those come again at
-//!   once, to this consumer or another. A source dropped without it (a crash, a lost
-//!   connection) leaves them to come again after the ack wait, like a delivery in flight.
-//!   A message the server still sends on a request after it was closed also comes again
-//!   after the ack wait.
+//! * About `n` to `1.5 n` messages sit in the client, delivered and not yet handed out, and their
+//!   ack wait runs (more if the runner stops taking batches while the requests are renewed every
+//!   few seconds; it releases them on every error and pause). Keep `n` times the handling time per
+//!   message well under [`NatsConsumerConfig::ack_wait_secs`]: a message held past its ack wait is
+//!   delivered again (handled twice, absorbed by the inbox, and counted: its delivery count grows,
+//!   which the engine's attempt cap reads; a release counts one delivery too). With batches of `b`,
+//!   `n` of one to two times `b` keeps at most a batch or two ahead; below `b`, batches stay
+//!   smaller than `b` (a batch is only what arrived).
+//! * They count in `max_ack_pending` (`n` may not exceed it; with several instances of one durable,
+//!   their `n`s together should not) and in the lag. An existing durable whose `max_batch` or
+//!   `max_expires` would refuse the requests is refused at start.
+//! * [`DeliverySource::release`] (the runner calls it when `run` stops, while it is paused and
+//!   after an error; a caller of `run_batch` calls `Consumer::release` before dropping it) closes
+//!   the requests and sends `-NAK` for what was not handed out, so those come again 5 s later, to
+//!   this consumer or another; the source does the same when its requests fail. The delay is the
+//!   life of a pull request: the client cannot close one, and the server would otherwise send a
+//!   message NAKed at once straight back onto it, to nobody. A source dropped without a release (a
+//!   crash) or cut off leaves them to come again after the ack wait, like a delivery in flight; so
+//!   does a message the server sends on a closed request in those 5 s.
 //! * Memory: up to `1.5 n` messages of up to the server's `max_payload` each.
 //!
-//! Nothing is lost either way; ordering is the same as with fetches (a message that comes
-//! again may come after later ones, which the runner's ordering guard handles). Off by
-//! default: the ack wait running on messages not yet handed out is a trade an operator should
-//! choose. Measured (W3 in BENCHMARKS.md, 1k events/s, batches of about 5): the consumer's
-//! wait for a batch fell from 1.1–1.7 ms to 0.4–0.6 ms and the 110 ms stalls of a fetch that
-//! outlives its expiry are gone (p99 median 39 → 31 ms, max 95 → 52 ms); the median latency
+//! Nothing is lost either way; ordering is the same as with fetches (a message that comes again may
+//! come after later ones, which the runner's ordering guard handles). Off by default: the ack wait
+//! running on messages not yet handed out is a trade an operator should choose. Measured (W3 in
+//! BENCHMARKS.md, 1k events/s, `batch_size` 100 filled with about 5 events, `n` = 200): the
+//! consumer's wait for a batch fell from 1.1–1.7 ms to 0.4–0.6 ms and the 110 ms stalls of a fetch
+//! that outlives its expiry are gone (p99 median 39 → 31 ms, max 95 → 52 ms); the median latency
 //! did not move beyond the noise.
 //!
 //! # Decoding
@@ -153,6 +158,11 @@ const PREFETCH_EXPIRES: Duration = Duration::from_secs(5);
 /// How often the server tells a prefetching source that its open request is alive while no
 /// message comes; two missed in a row and the source opens a new request.
 const PREFETCH_HEARTBEAT: Duration = Duration::from_secs(1);
+/// A release takes back messages until none came for this long...
+const RELEASE_QUIET: Duration = Duration::from_millis(20);
+/// ... or for this long at most; what the server sends on the closed requests later comes
+/// again after the ack wait.
+const RELEASE_WITHIN: Duration = Duration::from_millis(250);
 
 /// Configuration of the NATS JetStream consumer.
 ///
@@ -197,9 +207,9 @@ pub struct NatsConsumerConfig {
     pub ack_timeout_secs: u64,
     /// TLS and authentication of the connection. Default: none beyond what the URL says.
     pub security: NatsSecurity,
-    /// Messages the source asks the server for ahead of the batches it hands out; 0 (the
-    /// default) asks for each batch when it is wanted. See "Prefetch" in the module docs.
-    /// At most `max_ack_pending` and [`MAX_PREFETCH`].
+    /// Messages the source asks the server for ahead of the batches it hands out; 0 asks for
+    /// each batch when it is wanted. See "Prefetch" in the module docs. At most
+    /// `max_ack_pending` and [`MAX_PREFETCH`]. Default 0.
     pub prefetch: usize,
 }
 
@@ -464,7 +474,7 @@ impl NatsSource {
     /// is missing; [`NatsConsumerError::Stream`] when it cannot be looked up (JetStream
     /// disabled, permissions, timeout); [`NatsConsumerError::Consumer`] when the consumer
     /// cannot be created or updated, or the existing one is a push consumer or does not use
-    /// explicit acks.
+    /// explicit acks, or (with prefetch) limits pull requests below `prefetch` messages or 5 s.
     pub async fn from_client(
         client: async_nats::Client,
         config: NatsConsumerConfig,
@@ -540,6 +550,24 @@ impl NatsSource {
         } else {
             consumer
         };
+        if config.prefetch > 0 {
+            // The server refuses a pull request over these limits, every time: refuse the
+            // configuration now rather than retry for ever.
+            let limits = &consumer.cached_info().config;
+            let prefetch = i64::try_from(config.prefetch).unwrap_or(i64::MAX);
+            if limits.max_batch > 0 && prefetch > limits.max_batch {
+                return Err(consumer_error(format!(
+                    "allows pull requests of at most {} messages (max_batch), below prefetch {}",
+                    limits.max_batch, config.prefetch
+                )));
+            }
+            if !limits.max_expires.is_zero() && limits.max_expires < PREFETCH_EXPIRES {
+                return Err(consumer_error(format!(
+                    "allows pull requests of at most {:?} (max_expires); prefetch needs {:?}",
+                    limits.max_expires, PREFETCH_EXPIRES
+                )));
+            }
+        }
         Ok(Self {
             client,
             consumer,
@@ -571,6 +599,61 @@ impl NatsSource {
         }
     }
 
+    fn request_failed(&self, e: &dyn std::fmt::Display) -> SourceError {
+        self.unavailable_or(
+            SourceErrorKind::Other,
+            format!("cannot request messages: {e}"),
+        )
+    }
+
+    /// Takes what arrived on `stream` and was not handed out, drops `stream` (its requests
+    /// stop being renewed), and sends `-NAK` with a delay of [`PREFETCH_EXPIRES`] for each
+    /// taken message.
+    async fn give_back(&self, mut stream: pull::Stream) {
+        let mut held = Vec::new();
+        // The server hands this consumer at most `max_ack_pending` messages at once; twice that
+        // bounds the drain even if some came again (ack wait expired) while they waited here.
+        let bound = usize::try_from(self.config.max_ack_pending)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2);
+        // What already arrived, then what is still on its way (the server goes on sending on
+        // the open requests): until nothing came for RELEASE_QUIET, at most RELEASE_WITHIN.
+        // Unconstrained: tokio's cooperative budget would otherwise end the drain after 128
+        // messages, leaving the rest to wait out their ack wait.
+        let deadline = tokio::time::Instant::now() + RELEASE_WITHIN;
+        tokio::task::coop::unconstrained(async {
+            while held.len() < bound {
+                let quiet = RELEASE_QUIET
+                    .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                match tokio::time::timeout(quiet, stream.next()).await {
+                    Ok(Some(Ok(message))) => held.push(message),
+                    _ => break,
+                }
+            }
+        })
+        .await;
+        drop(stream);
+        if held.is_empty() {
+            return;
+        }
+        // Delayed by the life of a request: the server may still have our requests open (the
+        // client cannot close them) and would deliver an immediately NAKed message onto one
+        // of them, where nobody listens any more, and then wait out the ack wait.
+        let naks = futures::future::join_all(
+            held.iter()
+                .map(|message| message.ack_with(AckKind::Nak(Some(PREFETCH_EXPIRES)))),
+        )
+        .await;
+        let failed = naks.iter().filter(|r| r.is_err()).count();
+        let flushed = tokio::time::timeout(self.config.ack_timeout(), self.client.flush()).await;
+        tracing::debug!(
+            released = held.len(),
+            failed,
+            flushed = matches!(flushed, Ok(Ok(()))),
+            "gave back the messages received ahead"
+        );
+    }
+
     /// One fetch of up to `max` messages: the server holds the request up to `wait` for the
     /// first message and answers as soon as it has delivered what is available.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<NatsDelivery>, SourceError> {
@@ -581,12 +664,7 @@ impl NatsSource {
             .expires(wait)
             .messages()
             .await
-            .map_err(|e| {
-                self.unavailable_or(
-                    SourceErrorKind::Other,
-                    format!("cannot request messages: {e}"),
-                )
-            })?;
+            .map_err(|e| self.request_failed(&e))?;
         let mut out = Vec::with_capacity(max.min(1024));
         // The server ends the request at `wait`; the client sometimes notices that only when its
         // own idle timer fires, seconds later. Past the expiry plus a margin nothing more can
@@ -647,12 +725,7 @@ impl NatsSource {
                     .heartbeat(PREFETCH_HEARTBEAT)
                     .messages()
                     .await
-                    .map_err(|e| {
-                        self.unavailable_or(
-                            SourceErrorKind::Other,
-                            format!("cannot request messages: {e}"),
-                        )
-                    })?;
+                    .map_err(|e| self.request_failed(&e))?;
                 self.ahead.insert(opened)
             }
         };
@@ -671,8 +744,10 @@ impl NatsSource {
             };
             if let Some(why) = failure {
                 // Opened again by the next call; what arrived on these requests and was not
-                // taken comes again after the ack wait.
-                self.ahead = None;
+                // taken goes back at once.
+                if let Some(stream) = self.ahead.take() {
+                    self.give_back(stream).await;
+                }
                 if out.is_empty() {
                     return Err(self.unavailable_or(
                         SourceErrorKind::Other,
@@ -773,32 +848,16 @@ impl DeliverySource for NatsSource {
         decode_raw(raw, self.config.max_message_bytes)
     }
 
-    /// Closes the open pull requests and sends `-NAK` (no delay) for every message that
-    /// arrived on them and was not handed out, so the server delivers those again at once.
+    /// Closes the open pull requests and sends `-NAK` for every message that arrived on them
+    /// and was not handed out, and for those still arriving within 20 ms of each other (250 ms
+    /// at most), so the server delivers those again 5 s later (once the closed requests have
+    /// expired at the server), not after the ack wait; then flushes the connection (bounded
+    /// by `ack_timeout_secs`). Deliveries handed out before are not touched.
     async fn release(&mut self) {
-        let Some(mut stream) = self.ahead.take() else {
+        let Some(stream) = self.ahead.take() else {
             return;
         };
-        let mut held = Vec::new();
-        // Bounded: what arrived is at most about one and a half windows.
-        for _ in 0..self.config.prefetch.saturating_mul(4) {
-            match stream.next().now_or_never() {
-                Some(Some(Ok(message))) => held.push(message),
-                _ => break,
-            }
-        }
-        drop(stream);
-        let naks = futures::future::join_all(
-            held.iter()
-                .map(|message| message.ack_with(AckKind::Nak(None))),
-        )
-        .await;
-        let failed = naks.iter().filter(|r| r.is_err()).count();
-        tracing::debug!(
-            released = held.len(),
-            failed,
-            "gave back the messages received ahead"
-        );
+        self.give_back(stream).await;
     }
 }
 

@@ -102,8 +102,8 @@ mod transport;
 pub use broker::BROKER;
 pub use config::{NatsConfig, NatsConfigError};
 pub use consumer::{
-    NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery, NatsSource,
-    decode_raw,
+    MAX_PREFETCH, NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery,
+    NatsSource, decode_raw,
 };
 pub use security::{NatsSecurity, NatsSecurityError};
 pub use transport::{

@@ -652,6 +652,11 @@ pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_ret
         1,
         "the source is released once when run stops"
     );
+    assert_eq!(
+        source.unsettled_at_release(),
+        0,
+        "released after the last batch's acks"
+    );
     assert!(
         source.unsettled_at_fetch() > 0,
         "a batch was taken while the acks of the one before were on their way"

@@ -243,6 +243,8 @@ struct Queue {
     unsettled_at_fetch: usize,
     /// Calls of [`DeliverySource::release`].
     releases: usize,
+    /// The most deliveries still unsettled when the source was released.
+    unsettled_at_release: usize,
 }
 
 /// A fake broker queue: [`FakeSource::push`] adds messages; a nack puts a delivery back with its
@@ -316,6 +318,12 @@ impl FakeSource {
     /// so it only counts them).
     pub fn releases(&self) -> usize {
         lock(&self.queue).releases
+    }
+
+    /// The most deliveries handed out and still unsettled when the source was released: 0
+    /// when every release came after the batches before it were settled.
+    pub fn unsettled_at_release(&self) -> usize {
+        lock(&self.queue).unsettled_at_release
     }
 }
 
@@ -407,7 +415,9 @@ impl DeliverySource for FakeSource {
     }
 
     async fn release(&mut self) {
-        lock(&self.queue).releases += 1;
+        let mut q = lock(&self.queue);
+        q.releases += 1;
+        q.unsettled_at_release = q.unsettled_at_release.max(q.unsettled);
     }
 }
 

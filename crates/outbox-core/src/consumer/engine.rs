@@ -1139,9 +1139,18 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         }
     }
 
+    /// Gives back what the source received ahead of the batches it handed out
+    /// ([`DeliverySource::release`]). [`Consumer::run`] does it itself; a caller driving the
+    /// consumer with [`Consumer::run_batch`] calls it before dropping the consumer, so those
+    /// messages come again at once rather than after the broker's ack wait.
+    pub async fn release(&mut self) {
+        self.source.release().await;
+    }
+
     /// Runs until `shutdown` is cancelled; a batch in progress is finished (committed and
     /// acknowledged) first, then what the source received ahead is released
-    /// ([`DeliverySource::release`]). Broker and database errors are logged and waited out.
+    /// ([`DeliverySource::release`]; also after an error and while paused). Broker and
+    /// database errors are logged and waited out.
     pub async fn run(mut self, shutdown: CancellationToken) {
         // Exported from the start at 0, so that an alert on its increase sees the first one.
         metrics::counter!(metric::CONFLICTS, "consumer" => self.config.name.clone()).increment(0);
@@ -1173,6 +1182,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                     failures += 1;
                     let wait = self.config.backoff.delay(failures);
                     warn!(consumer = %self.config.name, error = %e, ?wait, "consumer error; retrying");
+                    // Nothing is taken while waiting: what the source received ahead goes back
+                    // to the broker (another instance may take it) instead of piling up here.
+                    self.source.release().await;
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
                         () = shutdown.cancelled() => break,
