@@ -755,6 +755,41 @@ pub async fn a_store_outage_loses_nothing_and_acks_only_after_commit<F: StoreFix
     fixture.cleanup().await;
 }
 
+/// `Consumer::run` releases its source after an error, before it waits (what the source
+/// received ahead goes back to the broker instead of waiting there), and again when it stops;
+/// the delivery of the failed batch is applied once on the retry.
+pub async fn run_releases_the_source_after_an_error<F: StoreFixture>() {
+    let fixture = Arc::new(F::new().await);
+    let store = FaultyStore::new(fixture.store());
+    let handler = Arc::new(TestHandler::new(Arc::clone(&fixture), "c"));
+    let source = FakeSource::new();
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    source.push_message(&m);
+    let consumer = Consumer::new(
+        store.clone(),
+        source.clone(),
+        Shared(Arc::clone(&handler)),
+        fast_config("c"),
+    )
+    .expect("valid consumer config");
+    store.fail_op("commit", 1);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fixture.effect_count(&handler.key(m.event_id)).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the event applied");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(store.injected(), 1, "the planned failure happened");
+    assert_eq!(source.releases(), 1, "released once, after the error");
+    stop.cancel();
+    task.await.expect("the consumer's task");
+    assert_eq!(source.releases(), 2, "and once more when run stopped");
+    assert_eq!(source.acked(), 1);
+    assert_eq!(fixture.effect_count(&handler.key(m.event_id)).await, 1);
+    fixture.cleanup().await;
+}
+
 /// The database refuses a delivery's values (`InvalidData`: bytes it cannot store, a key over
 /// an index's limit): the delivery is dead-lettered at its first delivery, with its event id
 /// and the reason, and acknowledged; the delivery behind it is applied; nothing is sent back.
@@ -1538,6 +1573,7 @@ macro_rules! engine_suite {
             the_ordering_guard_holds_a_gap_until_the_missing_version,
             two_consumers_get_one_effect_each,
             a_store_outage_loses_nothing_and_acks_only_after_commit,
+            run_releases_the_source_after_an_error,
             a_delivery_the_database_refuses_is_dead_lettered_at_once,
             other_database_errors_are_retried_then_dead_lettered,
             an_outage_is_never_dead_lettered,
