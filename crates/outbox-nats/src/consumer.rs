@@ -56,7 +56,8 @@
 //! By default each [`DeliverySource::next_batch`] sends one pull request and waits for its answer:
 //! a round trip to the server per batch, taken after the batch before was committed. With
 //! [`NatsConsumerConfig::prefetch`] `= n > 0` the source keeps pull requests for `n` messages open
-//! (renewed when half of them were handed out, and every 5 s, as the NATS clients' `consume` does),
+//! (renewed when half of them were handed out, as the NATS clients' `consume` does; each expires
+//! after 5 s, and the client renews it within 10 s even while nothing is taken),
 //! so the messages arrive while the batch before is still being applied, and a batch is what has
 //! already arrived: the round trip leaves the latency of every event. What it changes:
 //!
@@ -75,10 +76,11 @@
 //!   after an error; a caller of `run_batch` calls `Consumer::release` before dropping it) closes
 //!   the requests and sends `-NAK` for what was not handed out, so those come again 5 s later, to
 //!   this consumer or another; the source does the same when its requests fail. The delay is the
-//!   life of a pull request: the client cannot close one, and the server would otherwise send a
-//!   message NAKed at once straight back onto it, to nobody. A source dropped without a release (a
-//!   crash) or cut off leaves them to come again after the ack wait, like a delivery in flight; so
-//!   does a message the server sends on a closed request in those 5 s.
+//!   life of a pull request: the server drops a request nobody listens to, but not always at once,
+//!   and a message NAKed without delay was seen sent straight onto the closed request, to nobody.
+//!   The delay also means released messages come after later ones (the ordering guard holds those
+//!   back). A source dropped without a release (a crash) or cut off leaves them to come again after
+//!   the ack wait, like a delivery in flight.
 //! * Memory: up to `1.5 n` messages of up to the server's `max_payload` each.
 //!
 //! Nothing is lost either way; ordering is the same as with fetches (a message that comes again may
@@ -606,26 +608,28 @@ impl NatsSource {
         )
     }
 
-    /// Takes what arrived on `stream` and was not handed out, drops `stream` (its requests
-    /// stop being renewed), and sends `-NAK` with a delay of [`PREFETCH_EXPIRES`] for each
-    /// taken message.
+    /// Takes what arrived on `stream` and was not handed out (at most twice the prefetch),
+    /// drops `stream` (its requests are no longer renewed and the subscription ends), and
+    /// sends `-NAK` with a delay of [`PREFETCH_EXPIRES`] for each taken message, bounded by
+    /// `ack_timeout_secs` together with the flush.
     async fn give_back(&self, mut stream: pull::Stream) {
         let mut held = Vec::new();
-        // The server hands this consumer at most `max_ack_pending` messages at once; twice that
-        // bounds the drain even if some came again (ack wait expired) while they waited here.
-        let bound = usize::try_from(self.config.max_ack_pending)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(2);
-        // What already arrived, then what is still on its way (the server goes on sending on
-        // the open requests): until nothing came for RELEASE_QUIET, at most RELEASE_WITHIN.
-        // Unconstrained: tokio's cooperative budget would otherwise end the drain after 128
-        // messages, leaving the rest to wait out their ack wait.
+        // Taking messages lets the stream ask for more (it renews its requests once half of a
+        // window was taken): stop at two windows, what a source holds ahead (one and a half)
+        // plus a margin, so that a release never drains a backlog.
+        let bound = self.config.prefetch.saturating_mul(2);
+        // What already arrived, then what is still on its way: until nothing came for
+        // RELEASE_QUIET, and never past RELEASE_WITHIN. Unconstrained: tokio's cooperative
+        // budget would otherwise end the drain after 128 messages, leaving the rest to wait
+        // out their ack wait.
         let deadline = tokio::time::Instant::now() + RELEASE_WITHIN;
         tokio::task::coop::unconstrained(async {
             while held.len() < bound {
-                let quiet = RELEASE_QUIET
-                    .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-                match tokio::time::timeout(quiet, stream.next()).await {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match tokio::time::timeout(RELEASE_QUIET.min(left), stream.next()).await {
                     Ok(Some(Ok(message))) => held.push(message),
                     _ => break,
                 }
@@ -636,21 +640,25 @@ impl NatsSource {
         if held.is_empty() {
             return;
         }
-        // Delayed by the life of a request: the server may still have our requests open (the
-        // client cannot close them) and would deliver an immediately NAKed message onto one
-        // of them, where nobody listens any more, and then wait out the ack wait.
-        let naks = futures::future::join_all(
-            held.iter()
-                .map(|message| message.ack_with(AckKind::Nak(Some(PREFETCH_EXPIRES)))),
-        )
+        // Delayed by the life of a request. Dropping the stream unsubscribes, and the server
+        // discards a waiting request nobody listens to, but not at once in every case (a
+        // request still on its way when the subscription ended; gateways and leaf nodes check
+        // interest late): a message NAKed without delay was seen delivered onto such a
+        // request, to wait out the ack wait. Every request of the stream has expired 5 s on.
+        let sent = tokio::time::timeout(self.config.ack_timeout(), async {
+            let naks = futures::future::join_all(
+                held.iter()
+                    .map(|message| message.ack_with(AckKind::Nak(Some(PREFETCH_EXPIRES)))),
+            )
+            .await;
+            let failed = naks.iter().filter(|r| r.is_err()).count();
+            (failed, self.client.flush().await.is_ok())
+        })
         .await;
-        let failed = naks.iter().filter(|r| r.is_err()).count();
-        let flushed = tokio::time::timeout(self.config.ack_timeout(), self.client.flush()).await;
         tracing::debug!(
             released = held.len(),
-            failed,
-            flushed = matches!(flushed, Ok(Ok(()))),
-            "gave back the messages received ahead"
+            ?sent,
+            "gave back the messages received ahead (failed NAKs, flushed)"
         );
     }
 
@@ -850,9 +858,10 @@ impl DeliverySource for NatsSource {
 
     /// Closes the open pull requests and sends `-NAK` for every message that arrived on them
     /// and was not handed out, and for those still arriving within 20 ms of each other (250 ms
-    /// at most), so the server delivers those again 5 s later (once the closed requests have
-    /// expired at the server), not after the ack wait; then flushes the connection (bounded
-    /// by `ack_timeout_secs`). Deliveries handed out before are not touched.
+    /// and twice the prefetch at most), so the server delivers those again 5 s later (once
+    /// the closed requests have expired at the server), not after the ack wait; then flushes
+    /// the connection (all bounded by `ack_timeout_secs`). Deliveries handed out before are
+    /// not touched. Harmless at any time: the next batch opens new requests.
     async fn release(&mut self) {
         let Some(stream) = self.ahead.take() else {
             return;

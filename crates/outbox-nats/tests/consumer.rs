@@ -177,7 +177,8 @@ async fn a_prefetching_source_gives_back_what_it_holds_ahead() {
         .await?;
         let mut first = receive(&mut prefetching, 2, Duration::from_secs(10)).await?;
         let kept = first.pop().context("two deliveries")?;
-        let mut got = vec![event_of(&kept)?.event_id];
+        let kept_id = event_of(&kept)?.event_id;
+        let mut got = vec![kept_id];
         for d in &first {
             got.push(event_of(d)?.event_id);
         }
@@ -197,7 +198,7 @@ async fn a_prefetching_source_gives_back_what_it_holds_ahead() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        ensure!(held <= 301, "{held} held ahead with prefetch 200");
+        ensure!(held <= 300, "{held} held ahead of 300 events");
 
         prefetching.release().await;
         // Within 10 s, with an ack wait of 30 s: the released ones did not wait it out; the
@@ -221,12 +222,23 @@ async fn a_prefetching_source_gives_back_what_it_holds_ahead() {
             );
             let batch = next.next_batch(100, Duration::from_secs(1)).await?;
             for d in &batch {
-                // A duplicate is allowed (at least once), a loss is not.
-                want.remove(&event_of(d)?.event_id);
+                // A duplicate is allowed (at least once), a loss is not; the delivery still
+                // held by the application must not have been given back.
+                let id = event_of(d)?.event_id;
+                ensure!(
+                    id != kept_id,
+                    "the delivery held across the release was given back"
+                );
+                want.remove(&id);
             }
             ack_all(batch).await?;
         }
         expect_nothing(&mut next, Duration::from_secs(1)).await?;
+        let pending = stream.consumer_info(&fx.durable).await?.num_ack_pending;
+        ensure!(
+            pending == 1,
+            "{pending} pending; only the kept delivery should be"
+        );
         kept.ack()
             .await
             .context("ack of the delivery kept across the release")?;
@@ -241,8 +253,9 @@ async fn a_prefetching_source_gives_back_what_it_holds_ahead() {
     .await;
 }
 
-/// An existing durable whose limits refuse the prefetch's pull requests is refused at start,
-/// naming the limit, instead of failing at every batch.
+/// An existing durable whose limits refuse the prefetch's pull requests (`max_batch` under
+/// the prefetch, `max_expires` under the requests' 5 s) is refused at start, naming the limit,
+/// instead of failing at every batch; without prefetch it is used as before.
 #[tokio::test]
 async fn a_durable_that_limits_pull_requests_refuses_a_larger_prefetch() {
     run(Fixture::start(), async |fx: &Fixture| {
@@ -270,6 +283,35 @@ async fn a_durable_that_limits_pull_requests_refuses_a_larger_prefetch() {
         }
         NatsSource::connect(&nats_url(), prefetching(10)).await?;
         NatsSource::connect(&nats_url(), prefetching(0)).await?;
+
+        let short = format!("{}-short", fx.durable);
+        stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(short.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_expires: Duration::from_secs(2),
+                ..Default::default()
+            })
+            .await?;
+        let config = NatsConsumerConfig {
+            durable_name: short,
+            ..prefetching(10)
+        };
+        match NatsSource::connect(&nats_url(), config.clone()).await {
+            Err(NatsConsumerError::Consumer { message, .. }) => {
+                ensure!(message.contains("max_expires"), "{message}");
+            }
+            other => bail!("prefetch with max_expires under 5 s: {other:?}"),
+        }
+        NatsSource::connect(
+            &nats_url(),
+            NatsConsumerConfig {
+                prefetch: 0,
+                ..config
+            },
+        )
+        .await?;
         Ok(())
     })
     .await;

@@ -1142,7 +1142,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     /// Gives back what the source received ahead of the batches it handed out
     /// ([`DeliverySource::release`]). [`Consumer::run`] does it itself; a caller driving the
     /// consumer with [`Consumer::run_batch`] calls it before dropping the consumer, so those
-    /// messages come again at once rather than after the broker's ack wait.
+    /// messages come again soon (a NATS source: 5 s later) rather than after the broker's ack
+    /// wait. Harmless at any time: the next batch asks the source for messages again.
     pub async fn release(&mut self) {
         self.source.release().await;
     }

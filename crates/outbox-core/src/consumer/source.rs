@@ -136,11 +136,12 @@ pub trait DeliverySource: Send + 'static {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
 
     /// Gives back what the source received ahead of the batches it handed out (a NATS source
-    /// that prefetches), so the broker delivers it again at once instead of after its ack
-    /// wait, and stops asking for more until the next [`DeliverySource::next_batch`]. The
-    /// runner calls it when it stops and while it is paused. Deliveries already handed out
-    /// are not affected. Best effort: what cannot be given back comes again after the ack
-    /// wait, as a dropped delivery does. The default holds nothing ahead and does nothing.
+    /// that prefetches), so the broker delivers it again soon (a NATS source: 5 s later)
+    /// instead of after its ack wait, and stops asking for more until the next
+    /// [`DeliverySource::next_batch`]. The runner calls it when `run` stops, while it is
+    /// paused and after an error. Deliveries already handed out are not affected. Best
+    /// effort: what cannot be given back comes again after the ack wait, as a dropped delivery
+    /// does. Harmless at any time. The default holds nothing ahead and does nothing.
     fn release(&mut self) -> impl Future<Output = ()> + Send {
         async {}
     }
