@@ -153,9 +153,9 @@ const MAX_ACK_WAIT_SECS: u64 = 7 * 24 * 3600;
 const MAX_ACK_PENDING: u64 = 1_000_000_000;
 /// Largest [`NatsConsumerConfig::prefetch`] accepted.
 pub const MAX_PREFETCH: usize = 10_000;
-/// How long one pull request of a prefetching source stays open at the server; the source
-/// renews it before it ends. Short, so that a request left behind by a source that went away
-/// is gone soon.
+/// How long one pull request of a prefetching source stays open at the server; the client
+/// sends a new one when it ends. Short, so that a request left behind by a source that went
+/// away is gone soon (a release delays its NAKs by this much).
 const PREFETCH_EXPIRES: Duration = Duration::from_secs(5);
 /// How often the server tells a prefetching source that its open request is alive while no
 /// message comes; two missed in a row and the source opens a new request.
@@ -752,10 +752,8 @@ impl NatsSource {
             };
             if let Some(why) = failure {
                 // Opened again by the next call; what arrived on these requests and was not
-                // taken goes back at once.
-                if let Some(stream) = self.ahead.take() {
-                    self.give_back(stream).await;
-                }
+                // taken is given back as on a release (due again 5 s later).
+                DeliverySource::release(self).await;
                 if out.is_empty() {
                     return Err(self.unavailable_or(
                         SourceErrorKind::Other,
