@@ -263,6 +263,9 @@ impl<S: DeliverySource> DeliverySource for TimedSource<S> {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.inner.decode(raw)
     }
+    fn identify(&self, raw: &RawMessage) -> outbox_core::EventIdentity {
+        self.inner.identify(raw)
+    }
 
     async fn release(&mut self) {
         self.inner.release().await;

@@ -28,6 +28,9 @@ on_both_brokers!(
 #[derive(Debug, sqlx::FromRow)]
 struct StoredDeadLetter {
     event_id: Option<Uuid>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    aggregate_version: Option<i64>,
     error: String,
     attempts: i32,
     payload: Vec<u8>,
@@ -51,7 +54,7 @@ impl StoredDeadLetter {
 
 async fn stored_dead_letters(env: &Env, consumer: &str) -> Vec<StoredDeadLetter> {
     sqlx::query_as(sqlx::AssertSqlSafe(env.db.sql(
-        "SELECT event_id, error, attempts, payload, content_type_bytes AS content_type, \
+        "SELECT event_id, aggregate_type, aggregate_id, aggregate_version, error, attempts, payload, content_type_bytes AS content_type, \
          header_names, header_values, broker_metadata AS metadata \
          FROM {s}.consumer_dead_letters WHERE consumer_name = $1 ORDER BY id",
     )))
@@ -119,7 +122,13 @@ async fn a_nul_in_the_content_type_is_dead_lettered_and_the_next_is_applied(kind
     env.publish(&valid).await;
 
     let dead = dead_letter_then_apply(&env, &mut c, &valid).await;
-    assert_eq!(dead.event_id, None, "a malformed message has no event id");
+    // Malformed, yet its identity was readable: an operator finds it by the producer's id.
+    assert_eq!(dead.event_id, Some(poison.event_id));
+    assert_eq!(
+        (dead.aggregate_type.as_deref(), dead.aggregate_id.as_deref()),
+        (Some("payment"), Some(poison.aggregate_id.as_str()))
+    );
+    assert_eq!(dead.aggregate_version, Some(1));
     assert!(
         dead.error.starts_with("malformed") && dead.error.contains("datacontenttype"),
         "{}",
@@ -203,6 +212,10 @@ async fn an_aggregate_id_over_the_key_limit_is_dead_lettered_and_the_next_is_app
         Kind::Kafka => "ce_aggregateid",
     };
     assert_eq!(dead.header(header), Some(long.as_bytes()), "kept whole");
+    // The attributes that were readable identify it; the one over its bound is left out.
+    assert_eq!(dead.event_id, Some(poison.event_id));
+    assert_eq!(dead.aggregate_id, None);
+    assert_eq!(dead.aggregate_type.as_deref(), Some("payment"));
     env.cleanup().await;
 }
 

@@ -28,7 +28,7 @@ use std::time::Duration;
 use crate::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
 use crate::message::OutboxMessage;
 use crate::transport::{PublishError, PublishReceipt, Transport};
-use crate::wire::{DecodeError, IncomingEvent};
+use crate::wire::{DecodeError, EventIdentity, IncomingEvent};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -162,6 +162,7 @@ trait DynSource: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Vec<BoxDelivery>, SourceError>>;
     fn lag(&mut self) -> BoxFuture<'_, Result<Option<u64>, SourceError>>;
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
+    fn identify(&self, raw: &RawMessage) -> EventIdentity;
     fn release(&mut self) -> BoxFuture<'_, ()>;
 }
 
@@ -184,6 +185,9 @@ impl<S: DeliverySource + Sync> DynSource for S {
     }
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         DeliverySource::decode(self, raw)
+    }
+    fn identify(&self, raw: &RawMessage) -> EventIdentity {
+        DeliverySource::identify(self, raw)
     }
     fn release(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(DeliverySource::release(self))
@@ -224,6 +228,10 @@ impl DeliverySource for BoxSource {
 
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.0.decode(raw)
+    }
+
+    fn identify(&self, raw: &RawMessage) -> EventIdentity {
+        self.0.identify(raw)
     }
 
     async fn release(&mut self) {

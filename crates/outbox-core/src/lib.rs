@@ -45,11 +45,12 @@ pub use effect::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use message::{
     ContentType, EventId, Fingerprint, MAX_HEADER_NAME_LEN, MessageError, NewMessage,
-    OutboxMessage, Payload, TRACEPARENT_HEADER,
+    OutboxMessage, Payload, TRACEPARENT_HEADER, headers_from_json,
 };
 pub use store::{
     ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams,
     LeaseToken, MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams, Takeover,
+    UndecodableRow,
 };
 pub use transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
-pub use wire::{DecodeError, IncomingEvent};
+pub use wire::{DecodeError, EventIdentity, IncomingEvent};

@@ -358,11 +358,17 @@ impl NewMessage {
     /// # Errors
     /// The first [`MessageError`] found.
     pub fn validate(&self) -> Result<(), MessageError> {
-        check_len("aggregate_type", &self.aggregate_type)?;
-        check_len("aggregate_id", &self.aggregate_id)?;
-        check_len("event_type", &self.event_type)?;
-        check_len("content_type", &self.payload.content_type.0)?;
-        check_content_type(&self.payload.content_type.0)?;
+        check_fields(Fields {
+            aggregate_type: &self.aggregate_type,
+            aggregate_id: &self.aggregate_id,
+            aggregate_version: self.aggregate_version,
+            event_type: &self.event_type,
+            schema_version: self.schema_version,
+            content_type: &self.payload.content_type.0,
+            destination: self.destination.as_deref(),
+            partition_key: self.partition_key.as_deref(),
+            headers: &self.headers,
+        })?;
         if self.payload.content_type.is_json() {
             serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload.bytes).map_err(|e| {
                 MessageError::PayloadNotJson {
@@ -371,23 +377,47 @@ impl NewMessage {
                 }
             })?;
         }
-        if let Some(d) = &self.destination {
-            check_len("destination", d)?;
-        }
-        if let Some(k) = &self.partition_key {
-            check_len("partition_key", k)?;
-        }
-        if self.aggregate_version < 1 {
-            return Err(MessageError::BadVersion(self.aggregate_version));
-        }
-        if self.schema_version < 1 {
-            return Err(MessageError::BadSchemaVersion(self.schema_version));
-        }
-        for (name, value) in &self.headers {
-            validate_header(name, value)?;
-        }
         Ok(())
     }
+}
+
+/// The fields every message must have right to be published, whoever wrote it.
+struct Fields<'a> {
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    aggregate_version: i64,
+    event_type: &'a str,
+    schema_version: i32,
+    content_type: &'a str,
+    destination: Option<&'a str>,
+    partition_key: Option<&'a str>,
+    headers: &'a BTreeMap<String, String>,
+}
+
+/// Checks [`Fields`]: lengths, versions, the content type, every header. The payload is not
+/// looked at.
+fn check_fields(f: Fields<'_>) -> Result<(), MessageError> {
+    check_len("aggregate_type", f.aggregate_type)?;
+    check_len("aggregate_id", f.aggregate_id)?;
+    check_len("event_type", f.event_type)?;
+    check_len("content_type", f.content_type)?;
+    check_content_type(f.content_type)?;
+    if let Some(d) = f.destination {
+        check_len("destination", d)?;
+    }
+    if let Some(k) = f.partition_key {
+        check_len("partition_key", k)?;
+    }
+    if f.aggregate_version < 1 {
+        return Err(MessageError::BadVersion(f.aggregate_version));
+    }
+    if f.schema_version < 1 {
+        return Err(MessageError::BadSchemaVersion(f.schema_version));
+    }
+    for (name, value) in f.headers {
+        validate_header(name, value)?;
+    }
+    Ok(())
 }
 
 /// An RFC 9110 `token` character.
@@ -456,6 +486,39 @@ pub(crate) fn validate_header(name: &str, value: &str) -> Result<(), MessageErro
     Ok(())
 }
 
+/// A row's headers as stored in a JSON column (an object of strings), for a store's decoder.
+///
+/// # Errors
+/// What is wrong, naming the header, when the value is not an object or a header's value is
+/// not a string (`null`, a number, an array, an object): such a row cannot be published as it
+/// is ([`crate::UndecodableRow`]).
+pub fn headers_from_json(value: serde_json::Value) -> Result<BTreeMap<String, String>, String> {
+    let kind = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    };
+    let serde_json::Value::Object(map) = value else {
+        return Err(format!(
+            "column `headers` is {}, not an object of strings",
+            kind(&value)
+        ));
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(v) => Ok((name, v)),
+            other => Err(format!(
+                "header `{}` is {}: every header value must be a string",
+                name.escape_default().take(128).collect::<String>(),
+                kind(&other)
+            )),
+        })
+        .collect()
+}
+
 /// A committed outbox row as the relay claimed it. Every field is exactly what the producer
 /// stored; a republish after a crash carries the same values.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,6 +558,31 @@ impl OutboxMessage {
     pub fn partition_key(&self) -> &str {
         self.partition_key.as_deref().unwrap_or(&self.aggregate_id)
     }
+
+    /// Checks that the row can be published as it is: the rules of [`NewMessage::validate`]
+    /// but the payload's (field lengths, versions, a printable media type, header names and
+    /// values). An enqueue never writes a row that breaks them, and the PostgreSQL store's
+    /// constraints refuse one from any other producer; a row that still does (written before
+    /// those constraints, or by hand) is dead-lettered by the relay with this reason instead
+    /// of being sent to a broker that would misread or refuse it. The payload is not parsed:
+    /// that would cost every event a parse, and a consumer dead-letters a payload it cannot
+    /// read.
+    ///
+    /// # Errors
+    /// The first [`MessageError`] found.
+    pub fn check_publishable(&self) -> Result<(), MessageError> {
+        check_fields(Fields {
+            aggregate_type: &self.aggregate_type,
+            aggregate_id: &self.aggregate_id,
+            aggregate_version: self.aggregate_version,
+            event_type: &self.event_type,
+            schema_version: self.schema_version,
+            content_type: &self.payload.content_type.0,
+            destination: self.destination.as_deref(),
+            partition_key: self.partition_key.as_deref(),
+            headers: &self.headers,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -509,6 +597,78 @@ mod tests {
             "PaymentCreated",
             Payload::json(&1).unwrap(),
         )
+    }
+
+    #[test]
+    fn headers_from_json_names_the_header_that_is_not_a_string() {
+        let ok = headers_from_json(serde_json::json!({"traceparent": "00-ab", "x": ""})).unwrap();
+        assert_eq!(ok.len(), 2);
+        for (value, kind) in [
+            (serde_json::json!(null), "null"),
+            (serde_json::json!(7), "a number"),
+            (serde_json::json!({"a": "b"}), "an object"),
+            (serde_json::json!(["a"]), "an array"),
+            (serde_json::json!(true), "a boolean"),
+        ] {
+            let e = headers_from_json(serde_json::json!({"traceparent": value})).unwrap_err();
+            assert_eq!(
+                e,
+                format!("header `traceparent` is {kind}: every header value must be a string")
+            );
+        }
+        let e = headers_from_json(serde_json::json!(["a"])).unwrap_err();
+        assert!(e.contains("is an array, not an object"), "{e}");
+    }
+
+    #[test]
+    fn check_publishable_refuses_what_no_binding_can_carry() {
+        let row = |f: &dyn Fn(&mut OutboxMessage)| {
+            let payload = Payload::json(&1).unwrap();
+            let mut m = OutboxMessage {
+                id: 1,
+                event_id: uuid::Uuid::now_v7(),
+                aggregate_type: "payment".into(),
+                aggregate_id: "p-1".into(),
+                aggregate_version: 1,
+                event_type: "PaymentCreated".into(),
+                schema_version: 1,
+                fingerprint: Fingerprint::of(&payload.bytes),
+                payload,
+                headers: BTreeMap::new(),
+                destination: None,
+                partition_key: None,
+                created_at: chrono::Utc::now(),
+                attempts: 0,
+            };
+            f(&mut m);
+            m.check_publishable()
+        };
+        assert_eq!(row(&|_| {}), Ok(()));
+        // Not JSON although it says so: published (the payload is not parsed).
+        assert_eq!(
+            row(&|m| m.payload.bytes = bytes::Bytes::from_static(b"{")),
+            Ok(())
+        );
+        assert!(matches!(
+            row(&|m| {
+                m.headers.insert("ce-id".into(), "x".into());
+            }),
+            Err(MessageError::BadHeaderName(_))
+        ));
+        assert!(matches!(
+            row(&|m| {
+                m.headers.insert("x".into(), "a\r\nb".into());
+            }),
+            Err(MessageError::BadHeaderValue(_))
+        ));
+        assert!(matches!(
+            row(&|m| m.payload.content_type = ContentType("text/plain\n".into())),
+            Err(MessageError::BadContentType { .. })
+        ));
+        assert!(matches!(
+            row(&|m| m.destination = Some(String::new())),
+            Err(MessageError::BadLength { .. })
+        ));
     }
 
     #[test]

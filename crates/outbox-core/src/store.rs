@@ -63,6 +63,37 @@ pub struct ClaimedBatch {
     /// Aggregates this claim took over from a lease that expired unsettled (see
     /// [`Takeover`]); empty in the normal case.
     pub takeovers: Vec<Takeover>,
+    /// Claimed rows that could not be read as a message the relay can publish (see
+    /// [`UndecodableRow`]); empty in the normal case. They are claimed like the rest: each is
+    /// settled through this claim's token (the relay dead-letters it), and the rows of its
+    /// aggregate in `messages` after it are not published.
+    pub undecodable: Vec<UndecodableRow>,
+}
+
+/// A claimed row that cannot be published as it is stored: a column that does not decode (a
+/// header value that is not a string) or a value no broker binding can carry (a header name
+/// that is not a token, a content type with a control character). A plain-SQL producer can
+/// write one where the store's constraints did not stop it (rows older than them). The relay
+/// dead-letters it with `reason` at once, never retries it, and its aggregate waits behind it
+/// as behind any dead letter; the row keeps every column as the producer wrote it, for the
+/// operator to fix and requeue.
+///
+/// A store reports a row this way only when it can read its id and aggregate key; a row that
+/// cannot even be told apart is a store error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UndecodableRow {
+    /// The row's id.
+    pub id: i64,
+    /// The event id, when it could be read.
+    pub event_id: Option<EventId>,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Version within the aggregate.
+    pub aggregate_version: i64,
+    /// What is wrong with it, naming the column (and header).
+    pub reason: String,
 }
 
 /// A claim took an aggregate over from a lease that expired without being settled: the relay

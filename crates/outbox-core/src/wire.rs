@@ -344,6 +344,63 @@ pub fn decode(
     })
 }
 
+/// What a message says about which event it is, as far as it can be read: the identity a
+/// consumer dead letter keeps, so an operator finds a malformed message by the event id or
+/// aggregate a producer gives them.
+///
+/// Each field is read on its own: an attribute that is missing, repeated, not text, holds a
+/// control character, is longer than [`MAX_ATTRIBUTE_CHARS`] or does not parse is `None`, and
+/// the others are kept. So every value here can be stored in a text column.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventIdentity {
+    /// `id`, when it is a UUID.
+    pub event_id: Option<crate::EventId>,
+    /// `aggregatetype`.
+    pub aggregate_type: Option<String>,
+    /// `aggregateid`.
+    pub aggregate_id: Option<String>,
+    /// `aggregateversion`, when it is a positive integer.
+    pub aggregate_version: Option<i64>,
+    /// `type`.
+    pub event_type: Option<String>,
+}
+
+impl EventIdentity {
+    /// The identity of a decoded event: every field present.
+    pub fn of(event: &IncomingEvent) -> Self {
+        Self {
+            event_id: Some(event.event_id),
+            aggregate_type: Some(event.aggregate_type.clone()),
+            aggregate_id: Some(event.aggregate_id.clone()),
+            aggregate_version: Some(event.aggregate_version),
+            event_type: Some(event.event_type.clone()),
+        }
+    }
+
+    /// True when nothing could be read.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Reads what it can of a message's identity (see [`EventIdentity`]) through the same
+/// `attribute` lookup a transport passes to [`decode`]: for a message [`decode`] refused, the
+/// attributes that are still readable.
+pub fn identify(attribute: impl Fn(&'static str) -> Option<String>) -> EventIdentity {
+    let text = |name: &'static str| {
+        attribute(name).filter(|v| !v.is_empty() && check_attribute(name, v).is_ok())
+    };
+    EventIdentity {
+        event_id: text(attr::ID).and_then(|v| uuid::Uuid::parse_str(&v).ok()),
+        aggregate_type: text(attr::AGGREGATE_TYPE),
+        aggregate_id: text(attr::AGGREGATE_ID),
+        aggregate_version: text(attr::AGGREGATE_VERSION)
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|n| *n >= 1),
+        event_type: text(attr::TYPE),
+    }
+}
+
 /// Checks a relay's configured CloudEvents `source`: see [`check_configured`].
 ///
 /// # Errors
@@ -615,5 +672,35 @@ mod tests {
     fn excerpts_are_printable_and_short() {
         assert_eq!(excerpt("a\0\r\nb"), "a???b");
         assert_eq!(excerpt(&"é".repeat(100)).chars().count(), 64);
+    }
+
+    #[test]
+    fn identify_keeps_each_readable_attribute_of_a_refused_message() {
+        let id = uuid::Uuid::now_v7();
+        let mut attrs: HashMap<&'static str, String> = HashMap::new();
+        attrs.insert(attr::ID, id.to_string());
+        attrs.insert(attr::AGGREGATE_TYPE, "payment".into());
+        attrs.insert(attr::AGGREGATE_ID, "p\0-1".into());
+        attrs.insert(attr::AGGREGATE_VERSION, "0".into());
+        attrs.insert(attr::TYPE, "x".repeat(MAX_ATTRIBUTE_CHARS + 1));
+        let identity = identify(|n| attrs.get(n).cloned());
+        assert_eq!(
+            identity,
+            EventIdentity {
+                event_id: Some(id),
+                aggregate_type: Some("payment".into()),
+                aggregate_id: None,
+                aggregate_version: None,
+                event_type: None,
+            }
+        );
+        attrs.insert(attr::ID, "not-a-uuid".into());
+        attrs.insert(attr::AGGREGATE_VERSION, "7".into());
+        let identity = identify(|n| attrs.get(n).cloned());
+        assert_eq!(
+            (identity.event_id, identity.aggregate_version),
+            (None, Some(7))
+        );
+        assert!(identify(|_| None).is_empty());
     }
 }

@@ -248,6 +248,7 @@ async fn any_feed_plugs_into_the_publish_engine() {
                 messages: p.drain(..n).collect(),
                 owned_until: None,
                 takeovers: Vec::new(),
+                undecodable: Vec::new(),
             })
         }
         async fn settle(&self, ticket: u32, s: &Settlement) -> Result<SettleReport, StoreError> {

@@ -61,6 +61,9 @@ impl DeliverySource for AckFirstSource {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.0.decode(raw)
     }
+    fn identify(&self, raw: &RawMessage) -> outbox_core::EventIdentity {
+        self.0.identify(raw)
+    }
     async fn release(&mut self) {
         self.0.release().await;
     }

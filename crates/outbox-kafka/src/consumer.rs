@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
 use outbox_core::secrets::redact_url;
-use outbox_core::wire::{self, DecodeError, IncomingEvent, attr};
+use outbox_core::wire::{self, DecodeError, EventIdentity, IncomingEvent, attr};
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
@@ -520,6 +520,13 @@ fn is_protocol_header(name: &str) -> bool {
     lower.starts_with(CE_PREFIX) || lower == CONTENT_TYPE_HEADER
 }
 
+/// What [`decode_raw`] would read of a message's identity, attribute by attribute
+/// ([`wire::identify`]): the event id and aggregate a malformed message's dead letter keeps.
+/// An attribute found only among the binary headers is not read.
+pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
+    wire::identify(|name| header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")))
+}
+
 /// Decodes a message as received (live, or kept in a dead letter) from the CloudEvents Kafka
 /// binding.
 ///
@@ -934,6 +941,10 @@ impl DeliverySource for KafkaSource {
 
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         decode_raw(raw, self.config.max_message_bytes)
+    }
+
+    fn identify(&self, raw: &RawMessage) -> EventIdentity {
+        identify_raw(raw)
     }
 }
 

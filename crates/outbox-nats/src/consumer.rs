@@ -136,7 +136,7 @@ use async_nats::{ConnectOptions, RequestErrorKind};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
-use outbox_core::wire::{self, DecodeError, IncomingEvent, attr};
+use outbox_core::wire::{self, DecodeError, EventIdentity, IncomingEvent, attr};
 use serde::Deserialize;
 
 use crate::client::{ClientConnectError, connect_client, logged_connect_options};
@@ -854,6 +854,10 @@ impl DeliverySource for NatsSource {
         decode_raw(raw, self.config.max_message_bytes)
     }
 
+    fn identify(&self, raw: &RawMessage) -> EventIdentity {
+        identify_raw(raw)
+    }
+
     /// Closes the open pull requests and sends `-NAK` for every message that arrived on them
     /// and was not handed out, and for those still arriving within 20 ms of each other (250 ms
     /// and twice the prefetch at most), so the server delivers those again 5 s later (once
@@ -1049,6 +1053,15 @@ fn is_protocol_header(name: &str) -> bool {
     has_prefix_ci(name, CE_PREFIX)
         || has_prefix_ci(name, "nats-")
         || name.eq_ignore_ascii_case(CONTENT_TYPE_HEADER)
+}
+
+/// What [`decode_raw`] would read of a message's identity, attribute by attribute
+/// ([`wire::identify`]): the event id and aggregate a malformed message's dead letter keeps.
+pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
+    wire::identify(|name| {
+        header_ci(&raw.headers, &format!("{CE_PREFIX}{name}"))
+            .and_then(|encoded| subject::percent_decode(&encoded).ok())
+    })
 }
 
 /// Decodes a NATS message kept as a [`RawMessage`] (as [`NatsDelivery`] does for a live one):

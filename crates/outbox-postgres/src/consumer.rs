@@ -189,7 +189,7 @@ impl InboxStore for PgStore {
         conn: &'a mut PgConnection,
         letter: NewConsumerDeadLetter<'a>,
     ) -> Result<(), StoreError> {
-        let (event, raw) = (letter.event, letter.raw);
+        let (identity, raw) = (letter.identity, letter.raw);
         let (names, values) = header_columns(raw);
         let headers_json = readable_json(
             raw.headers
@@ -205,11 +205,11 @@ impl InboxStore for PgStore {
             readable_json(raw.metadata.iter().map(|(k, v)| (k.as_str(), v.clone())));
         sqlx::query(self.q(&self.sql().insert_dead))
             .bind(letter.consumer)
-            .bind(event.map(|e| e.event_id))
-            .bind(event.map(|e| e.aggregate_type.as_str()))
-            .bind(event.map(|e| e.aggregate_id.as_str()))
-            .bind(event.map(|e| e.aggregate_version))
-            .bind(event.map(|e| e.event_type.as_str()))
+            .bind(identity.event_id)
+            .bind(identity.aggregate_type.as_deref())
+            .bind(identity.aggregate_id.as_deref())
+            .bind(identity.aggregate_version)
+            .bind(identity.event_type.as_deref())
             .bind(raw.content_type.as_deref().map(readable))
             .bind(raw.payload.as_ref())
             .bind(headers_json)

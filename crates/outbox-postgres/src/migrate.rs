@@ -77,6 +77,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0011_resolutions_and_horizon.sql",
         sql: include_str!("../migrations/0011_resolutions_and_horizon.sql"),
     },
+    Migration {
+        version: 12,
+        name: "0012_publishable_rows.sql",
+        sql: include_str!("../migrations/0012_publishable_rows.sql"),
+    },
 ];
 
 /// The schema version this release needs.

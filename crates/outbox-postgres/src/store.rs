@@ -3,7 +3,7 @@
 //! [`crate::consumer`], [`crate::effects`] and [`crate::maintenance`]), so one value serves the
 //! relay, the consumer engine, the effects executor and the maintainer.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::{
     ClaimParams, ClaimScope, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams,
     FailureParams, Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, OutboxStore,
-    Payload, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover,
+    Payload, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover, UndecodableRow,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Row};
@@ -237,30 +237,56 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn row_to_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
-    let headers: sqlx::types::Json<BTreeMap<String, String>> = row.try_get("headers")?;
-    let sha: Vec<u8> = row.try_get("payload_sha256")?;
-    let payload: Vec<u8> = row.try_get("payload")?;
-    let fingerprint = Fingerprint::from_slice(&sha).unwrap_or_else(|| Fingerprint::of(&payload));
-    Ok(OutboxMessage {
-        id: row.try_get("id")?,
-        event_id: row.try_get::<Uuid, _>("event_id")?,
-        aggregate_type: row.try_get("aggregate_type")?,
-        aggregate_id: row.try_get("aggregate_id")?,
-        aggregate_version: row.try_get("aggregate_version")?,
-        event_type: row.try_get("event_type")?,
-        schema_version: row.try_get("schema_version")?,
-        payload: Payload {
-            content_type: ContentType(row.try_get("content_type")?),
-            bytes: Bytes::from(payload),
-        },
-        fingerprint,
-        headers: headers.0,
-        destination: row.try_get("destination")?,
-        partition_key: row.try_get("partition_key")?,
-        created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
-        attempts: row.try_get("attempts")?,
-    })
+/// Decodes one claimed row: the message, or, for a row that cannot be published as stored, why
+/// ([`UndecodableRow`]). Only a row whose id or aggregate key cannot be read is an error, which
+/// the table's types rule out.
+fn decode_row(row: &PgRow) -> Result<Result<OutboxMessage, UndecodableRow>, sqlx::Error> {
+    let id: i64 = row.try_get("id")?;
+    let aggregate_type: String = row.try_get("aggregate_type")?;
+    let aggregate_id: String = row.try_get("aggregate_id")?;
+    let aggregate_version: i64 = row.try_get("aggregate_version")?;
+    let event_id = row.try_get::<Uuid, _>("event_id");
+    let message = (|| -> Result<OutboxMessage, String> {
+        let column = |e: sqlx::Error| e.to_string();
+        let headers: sqlx::types::Json<serde_json::Value> =
+            row.try_get("headers").map_err(column)?;
+        let headers = outbox_core::headers_from_json(headers.0)?;
+        let sha: Vec<u8> = row.try_get("payload_sha256").map_err(column)?;
+        let payload: Vec<u8> = row.try_get("payload").map_err(column)?;
+        let fingerprint =
+            Fingerprint::from_slice(&sha).unwrap_or_else(|| Fingerprint::of(&payload));
+        let message = OutboxMessage {
+            id,
+            event_id: event_id.as_ref().map_err(ToString::to_string).cloned()?,
+            aggregate_type: aggregate_type.clone(),
+            aggregate_id: aggregate_id.clone(),
+            aggregate_version,
+            event_type: row.try_get("event_type").map_err(column)?,
+            schema_version: row.try_get("schema_version").map_err(column)?,
+            payload: Payload {
+                content_type: ContentType(row.try_get("content_type").map_err(column)?),
+                bytes: Bytes::from(payload),
+            },
+            fingerprint,
+            headers,
+            destination: row.try_get("destination").map_err(column)?,
+            partition_key: row.try_get("partition_key").map_err(column)?,
+            created_at: row
+                .try_get::<DateTime<Utc>, _>("created_at")
+                .map_err(column)?,
+            attempts: row.try_get("attempts").map_err(column)?,
+        };
+        message.check_publishable().map_err(|e| e.to_string())?;
+        Ok(message)
+    })();
+    Ok(message.map_err(|reason| UndecodableRow {
+        id,
+        event_id: event_id.ok(),
+        aggregate_type,
+        aggregate_id,
+        aggregate_version,
+        reason,
+    }))
 }
 
 /// Drops, from `messages` (sorted by aggregate and version), each aggregate's rows from its
@@ -382,19 +408,23 @@ impl OutboxStore for PgStore {
                 std::time::Instant::now() + params.lease,
             );
         }
-        let mut messages = rows
-            .iter()
-            .map(row_to_message)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| store_error("claim: decoding a row", e))?;
+        // One row at a time: a row that cannot be published as stored is set aside with its
+        // reason (the relay dead-letters it), never a failed claim.
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut undecodable = Vec::new();
         let mut takeovers = Vec::new();
         let mut paused = HashSet::new();
-        for (row, message) in rows.iter().zip(&messages) {
+        for row in &rows {
+            let decoded = decode_row(row).map_err(|e| store_error("claim: decoding a row", e))?;
+            let id = match &decoded {
+                Ok(m) => m.id,
+                Err(u) => u.id,
+            };
             if row
                 .try_get::<bool, _>("route_paused")
                 .map_err(|e| store_error("claim: decoding a row", e))?
             {
-                paused.insert(message.id);
+                paused.insert(id);
             }
             let count: i32 = row
                 .try_get("lease_takeovers")
@@ -402,12 +432,20 @@ impl OutboxStore for PgStore {
             let head: i64 = row
                 .try_get("lease_head")
                 .map_err(|e| store_error("claim: decoding a row", e))?;
-            if count > 0 && head == message.id {
+            if count > 0 && head == id {
                 takeovers.push(Takeover {
                     head,
                     count: u32::try_from(count).unwrap_or(u32::MAX),
                 });
             }
+            match decoded {
+                Ok(m) => messages.push(m),
+                Err(u) => undecodable.push(u),
+            }
+        }
+        if !paused.is_empty() {
+            // A paused route's row is not dead-lettered either: it waits with its route.
+            undecodable.retain(|u| !paused.contains(&u.id));
         }
         messages.sort_by(|a, b| {
             (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
@@ -435,6 +473,7 @@ impl OutboxStore for PgStore {
             token,
             messages,
             takeovers,
+            undecodable,
         })
     }
 

@@ -120,7 +120,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Connection, Consumer};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
-use outbox_core::wire::{self, DecodeError, IncomingEvent};
+use outbox_core::wire::{self, DecodeError, EventIdentity, IncomingEvent};
 use serde::Deserialize;
 use tracing::{debug, info, warn};
 
@@ -680,6 +680,10 @@ impl DeliverySource for RabbitSource {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         decode_raw(raw, self.config.max_message_bytes)
     }
+
+    fn identify(&self, raw: &RawMessage) -> EventIdentity {
+        identify_raw(raw)
+    }
 }
 
 /// One message delivered by a [`RabbitSource`].
@@ -909,6 +913,20 @@ pub(crate) fn raw_message(properties: &BasicProperties, body: Bytes) -> RawMessa
     raw
 }
 
+/// A CloudEvents attribute's text header, by its bare name.
+fn attribute(raw: &RawMessage, name: &str) -> Option<String> {
+    raw.headers
+        .get(&format!("{CLOUDEVENTS_HEADER_PREFIX}{name}"))
+        .cloned()
+}
+
+/// What [`decode_raw`] would read of a message's identity, attribute by attribute
+/// ([`wire::identify`]): the event id and aggregate a malformed message's dead letter keeps.
+/// An attribute found only among the binary headers is not read.
+pub(crate) fn identify_raw(raw: &RawMessage) -> EventIdentity {
+    wire::identify(|name| attribute(raw, name))
+}
+
 /// Decodes the wire format from a raw message; the one decoding path for live and stored
 /// messages.
 pub(crate) fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
@@ -936,11 +954,7 @@ pub(crate) fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingE
         .map(|(k, v)| (k.clone(), v))
         .collect();
     wire::decode(
-        |name| {
-            raw.headers
-                .get(&format!("{CLOUDEVENTS_HEADER_PREFIX}{name}"))
-                .cloned()
-        },
+        |name| attribute(raw, name),
         raw.content_type.clone(),
         raw.payload.clone(),
         user_headers,

@@ -19,10 +19,10 @@ use outbox_core::effect::{
 };
 use outbox_core::{
     CallOutcome, ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, DecodeError,
-    FailureParams, Fingerprint, IncomingEvent, LookupOutcome, MarkParams, OutboxMessage,
-    OutboxStats, OutboxStore, Payload, PublishError, PublishErrorKind, PublishReceipt,
-    ReleaseParams, RemoteEffect, RequeueParams, StoreError, StoreErrorKind, Transport, WorkItem,
-    wire,
+    EventIdentity, FailureParams, Fingerprint, IncomingEvent, LookupOutcome, MarkParams,
+    OutboxMessage, OutboxStats, OutboxStore, Payload, PublishError, PublishErrorKind,
+    PublishReceipt, ReleaseParams, RemoteEffect, RequeueParams, StoreError, StoreErrorKind,
+    Transport, WorkItem, wire,
 };
 use uuid::Uuid;
 
@@ -218,10 +218,15 @@ pub fn event_message(
     }
 }
 
+/// A `ce-` attribute of what [`wire_message`] wrote.
+fn wire_attribute(raw: &RawMessage, name: &str) -> Option<String> {
+    raw.headers.get(&format!("ce-{name}")).cloned()
+}
+
 /// Decodes what [`wire_message`] wrote, with a 1 MiB body limit.
 pub fn decode_wire(raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
     wire::decode(
-        |n| raw.headers.get(&format!("ce-{n}")).cloned(),
+        |n| wire_attribute(raw, n),
         raw.content_type.clone(),
         raw.payload.clone(),
         BTreeMap::new(),
@@ -412,6 +417,10 @@ impl DeliverySource for FakeSource {
 
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         decode_wire(raw)
+    }
+
+    fn identify(&self, raw: &RawMessage) -> EventIdentity {
+        wire::identify(|n| wire_attribute(raw, n))
     }
 
     async fn release(&mut self) {

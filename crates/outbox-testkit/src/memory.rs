@@ -30,8 +30,9 @@ use outbox_core::effect::{
 use outbox_core::maintenance::MaintenanceStore;
 use outbox_core::{
     ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, EventId,
-    FailureParams, Fingerprint, IncomingEvent, LeaseToken, MarkParams, NewMessage, OutboxMessage,
-    OutboxStats, OutboxStore, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover,
+    EventIdentity, FailureParams, Fingerprint, IncomingEvent, LeaseToken, MarkParams, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, ReleaseParams, RequeueParams, StoreError,
+    StoreErrorKind, Takeover,
 };
 use tokio::sync::{Notify, OwnedMutexGuard};
 
@@ -90,7 +91,7 @@ struct InboxRow {
 struct DeadLetterRow {
     consumer: String,
     raw: RawMessage,
-    event: Option<IncomingEvent>,
+    identity: EventIdentity,
     error: String,
     attempts: i32,
     state: ConsumerDeadLetterState,
@@ -341,11 +342,11 @@ impl MemoryStore {
             .map(|(id, d)| ConsumerDeadLetter {
                 id: *id,
                 consumer_name: d.consumer.clone(),
-                event_id: d.event.as_ref().map(|e| e.event_id),
-                aggregate_type: d.event.as_ref().map(|e| e.aggregate_type.clone()),
-                aggregate_id: d.event.as_ref().map(|e| e.aggregate_id.clone()),
-                aggregate_version: d.event.as_ref().map(|e| e.aggregate_version),
-                event_type: d.event.as_ref().map(|e| e.event_type.clone()),
+                event_id: d.identity.event_id,
+                aggregate_type: d.identity.aggregate_type.clone(),
+                aggregate_id: d.identity.aggregate_id.clone(),
+                aggregate_version: d.identity.aggregate_version,
+                event_type: d.identity.event_type.clone(),
                 error: d.error.clone(),
                 attempts: d.attempts,
                 state: d.state.as_str().to_owned(),
@@ -695,6 +696,7 @@ impl OutboxStore for MemoryStore {
             token: LeaseToken(token),
             messages,
             takeovers,
+            undecodable: Vec::new(),
         })
     }
 
@@ -953,7 +955,7 @@ impl InboxStore for MemoryStore {
             DeadLetterRow {
                 consumer: letter.consumer.to_owned(),
                 raw: letter.raw.clone(),
-                event: letter.event.cloned(),
+                identity: letter.identity.clone(),
                 error: letter.error.to_owned(),
                 attempts: i32::try_from(letter.attempts).unwrap_or(i32::MAX),
                 state: ConsumerDeadLetterState::Dead,

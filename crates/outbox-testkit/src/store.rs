@@ -19,8 +19,8 @@ use outbox_core::effect::{
 };
 use outbox_core::maintenance::MaintenanceStore;
 use outbox_core::{
-    ClaimParams, ClaimScope, DeadLetterListParams, FailureParams, IncomingEvent, MarkParams,
-    NewMessage, OutboxStore, Payload, ReleaseParams, RequeueParams,
+    ClaimParams, ClaimScope, DeadLetterListParams, EventIdentity, FailureParams, IncomingEvent,
+    MarkParams, NewMessage, OutboxStore, Payload, ReleaseParams, RequeueParams,
 };
 use uuid::Uuid;
 
@@ -752,7 +752,7 @@ pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture
                 NewConsumerDeadLetter {
                     consumer: "c",
                     raw: r,
-                    event: None,
+                    identity: &EventIdentity::default(),
                     error: "malformed: test",
                     attempts: 3,
                 },
@@ -774,7 +774,7 @@ pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture
                 NewConsumerDeadLetter {
                     consumer: "c",
                     raw: r,
-                    event: None,
+                    identity: &EventIdentity::default(),
                     error: "malformed: test",
                     attempts: 3,
                 },
@@ -877,14 +877,17 @@ pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixtur
         .insert("routing_key".into(), "a\0b".into());
     let event = incoming(id, "a", 1, "{}");
     let mut tx = store.begin().await.unwrap();
-    for (raw, event) in [(&raw, Some(&event)), (&nul_metadata, None)] {
+    for (raw, identity) in [
+        (&raw, EventIdentity::of(&event)),
+        (&nul_metadata, EventIdentity::default()),
+    ] {
         store
             .consumer_dead_letter_insert(
                 &mut tx,
                 NewConsumerDeadLetter {
                     consumer: "c",
                     raw,
-                    event,
+                    identity: &identity,
                     error: "malformed: test",
                     attempts: 1,
                 },

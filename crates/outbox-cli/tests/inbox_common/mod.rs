@@ -692,6 +692,9 @@ impl DeliverySource for Src {
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
         self.inner.decode(raw)
     }
+    fn identify(&self, raw: &RawMessage) -> outbox_core::EventIdentity {
+        self.inner.identify(raw)
+    }
     async fn release(&mut self) {
         self.inner.release().await;
     }

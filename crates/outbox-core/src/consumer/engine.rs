@@ -79,7 +79,7 @@ use crate::backoff::Backoff;
 use crate::crash;
 use crate::error::ConfigError;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::wire::IncomingEvent;
+use crate::wire::{EventIdentity, IncomingEvent};
 
 /// Longest dead-letter reason stored, in characters (a database error may quote a long value).
 pub const MAX_REASON_CHARS: usize = 1024;
@@ -610,12 +610,21 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         result
     }
 
+    /// The identity a dead letter of `raw` keeps: the decoded `event`'s, or what the source can
+    /// still read of a malformed message.
+    fn identity(&self, raw: &RawMessage, event: Option<&IncomingEvent>) -> EventIdentity {
+        match event {
+            Some(event) => EventIdentity::of(event),
+            None => self.source.identify(raw),
+        }
+    }
+
     /// Writes a dead letter on `conn`; `error` is made [`printable`] first.
     async fn insert_dead_letter(
         &self,
         conn: &mut S::Conn,
         raw: &RawMessage,
-        event: Option<&IncomingEvent>,
+        identity: &EventIdentity,
         error: &str,
         attempts: u32,
     ) -> Result<(), StoreError> {
@@ -625,7 +634,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 NewConsumerDeadLetter {
                     consumer: &self.config.name,
                     raw,
-                    event,
+                    identity,
                     error: &printable(error),
                     attempts,
                 },
@@ -634,8 +643,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     }
 
     /// Dead-letters `d` in a transaction of its own and says so, with the reason `label` for
-    /// the metric. With the decoded `event` first; when the database refuses that row (the
-    /// event's own values), again with the raw message alone. When no dead letter can be
+    /// the metric. With the identity of the decoded `event` first (of a malformed message:
+    /// what its source could still read, [`DeliverySource::identify`]); when the database
+    /// refuses that row (the event's own values), again with the raw message alone. When no dead letter can be
     /// written (other than in an outage, which is returned), the delivery is sent back: it is
     /// never acknowledged without a record.
     async fn park(
@@ -647,11 +657,11 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         label: &'static str,
     ) -> Result<Verdict, StoreError> {
         let name = &self.config.name;
-        let mut with_event = event;
+        let mut identity = self.identity(d.raw(), event);
         loop {
             let written = async {
                 let mut tx = self.store.begin().await?;
-                self.insert_dead_letter(&mut tx, d.raw(), with_event, reason, attempts)
+                self.insert_dead_letter(&mut tx, d.raw(), &identity, reason, attempts)
                     .await?;
                 self.store.commit(tx).await
             }
@@ -659,9 +669,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             match written {
                 Ok(()) => return Ok(Verdict::DeadLettered(label)),
                 Err(e) if e.is_retryable() => return Err(e),
-                Err(e) if with_event.is_some() && e.kind() == StoreErrorKind::InvalidData => {
-                    warn!(consumer = %name, error = %e, "the database refused the dead letter with the decoded event; keeping the raw message alone");
-                    with_event = None;
+                Err(e) if !identity.is_empty() && e.kind() == StoreErrorKind::InvalidData => {
+                    warn!(consumer = %name, error = %e, "the database refused the dead letter with the event's identity; keeping the raw message alone");
+                    identity = EventIdentity::default();
                 }
                 Err(e) if e.kind() == StoreErrorKind::Contention => {
                     warn!(consumer = %name, error = %e,
@@ -936,7 +946,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 Err(decode) => {
                     warn!(consumer = %self.config.name, error = %decode, "malformed message dead-lettered");
                     let reason = format!("malformed: {decode}");
-                    self.insert_dead_letter(&mut tx, d.raw(), None, &reason, count)
+                    let identity = self.identity(d.raw(), None);
+                    self.insert_dead_letter(&mut tx, d.raw(), &identity, &reason, count)
                         .await?;
                     verdicts.push(Verdict::DeadLettered("malformed"));
                     continue;

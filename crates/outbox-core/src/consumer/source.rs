@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::wire::{DecodeError, IncomingEvent};
+use crate::wire::{DecodeError, EventIdentity, IncomingEvent};
 
 /// A message as received, kept for dead letters: the body, every protocol header, the content
 /// type, and what the broker said about the delivery.
@@ -134,6 +134,14 @@ pub trait DeliverySource: Send + 'static {
     /// # Errors
     /// [`DecodeError`] when it is malformed.
     fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError>;
+
+    /// What a stored raw message says about its identity, read attribute by attribute as
+    /// [`DeliverySource::decode`] would read them ([`crate::wire::identify`]): for a message
+    /// that does not decode, the event id and aggregate its dead letter keeps, so an operator
+    /// can find it by the id a producer gives them. (No default: a wrapping source must pass
+    /// it on, and a source that cannot read its attributes returns
+    /// `EventIdentity::default()`.)
+    fn identify(&self, raw: &RawMessage) -> EventIdentity;
 
     /// Gives back what the source received ahead of the batches it handed out (a NATS source
     /// that prefetches), so the broker delivers it again soon (a NATS source: 5 s later)

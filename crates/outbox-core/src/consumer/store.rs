@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use super::source::RawMessage;
 use crate::error::StoreError;
 use crate::message::Fingerprint;
-use crate::wire::IncomingEvent;
+use crate::wire::{EventIdentity, IncomingEvent};
 
 /// What to do with an event whose version is not the next one of its aggregate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -139,8 +139,12 @@ pub struct NewConsumerDeadLetter<'a> {
     pub consumer: &'a str,
     /// The message as received (body and headers kept as they came).
     pub raw: &'a RawMessage,
-    /// The decoded event, when the message could be decoded.
-    pub event: Option<&'a IncomingEvent>,
+    /// Which event it is, as far as it could be read: every field of a decoded event, the
+    /// readable attributes of a malformed one ([`DeliverySource::identify`](super::DeliverySource::identify)),
+    /// nothing when the database refused those values before. Each field holds text without
+    /// control characters, at most [`MAX_ATTRIBUTE_CHARS`](crate::wire::MAX_ATTRIBUTE_CHARS)
+    /// characters long.
+    pub identity: &'a EventIdentity,
     /// Why it was dead-lettered.
     pub error: &'a str,
     /// Deliveries / attempts so far.

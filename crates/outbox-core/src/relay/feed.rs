@@ -29,7 +29,7 @@ use crate::error::StoreError;
 use crate::message::OutboxMessage;
 use crate::store::{
     ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, MarkParams, OutboxStats,
-    OutboxStore, ReleaseParams, Takeover,
+    OutboxStore, ReleaseParams, Takeover, UndecodableRow,
 };
 
 /// A batch of pending events handed to the publish engine.
@@ -48,6 +48,11 @@ pub struct FeedBatch<T> {
     /// feeds without leases). The engine publishes such an aggregate's head alone, and
     /// dead-letters a head taken over too often ([`super::RelayConfig::poison_after_takeovers`]).
     pub takeovers: Vec<Takeover>,
+    /// Events of this batch that cannot be published as stored ([`UndecodableRow`]): the
+    /// engine dead-letters each with its reason (in [`Settlement::failed`]) and gives back
+    /// the events of its aggregate in `messages` after it. Part of the batch like the rest:
+    /// while it is out, no other batch holds their aggregates.
+    pub undecodable: Vec<UndecodableRow>,
 }
 
 /// A failed publish and the engine's decision about it.
@@ -234,7 +239,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
                     scope: ClaimScope::TakeOver,
                 })
                 .await?;
-            if !batch.messages.is_empty() {
+            if !batch.messages.is_empty() || !batch.undecodable.is_empty() {
                 return Ok(FeedBatch {
                     ticket: PollingTicket {
                         token: batch.token,
@@ -243,6 +248,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
                     messages: batch.messages,
                     owned_until: Some(started + self.lease),
                     takeovers: batch.takeovers,
+                    undecodable: batch.undecodable,
                 });
             }
             if let Some(every) = self.solo_takeovers {
@@ -263,6 +269,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
             token,
             messages,
             takeovers,
+            undecodable,
         } = self
             .store
             .claim_batch(ClaimParams {
@@ -284,6 +291,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
             messages,
             owned_until: Some(started + self.lease),
             takeovers,
+            undecodable,
         })
     }
 

@@ -41,7 +41,7 @@ use crate::backoff::Backoff;
 use crate::crash;
 use crate::error::{ConfigError, StoreError};
 use crate::message::OutboxMessage;
-use crate::store::{OutboxStore, Takeover};
+use crate::store::{OutboxStore, Takeover, UndecodableRow};
 use crate::transport::Transport;
 
 /// Metric names exported by the relay (through the `metrics` facade).
@@ -69,6 +69,11 @@ pub mod metric {
     /// Counter: aggregates taken over from a lease that expired unsettled (the relay holding
     /// it crashed, froze or lost the database). Steady growth means relays die mid-batch.
     pub const TAKEOVERS: &str = "outbox_lease_takeovers_total";
+    /// Counter: rows dead-lettered because they cannot be published as stored
+    /// ([`crate::UndecodableRow`]: a header value that is not a string, a header name that is
+    /// not a token ...). Also counted in [`DEAD_LETTERED`]. Any increase means a producer
+    /// writes rows the outbox's rules refuse.
+    pub const UNDECODABLE: &str = "outbox_undecodable_rows_total";
 }
 
 /// Relay settings. Defaults suit a service publishing up to tens of thousands of events a
@@ -288,6 +293,53 @@ fn set_aside_takeovers(
     (publish, aside)
 }
 
+/// Sets aside the rows of a batch that cannot be published as stored: each is dead-lettered
+/// with its reason (into `aside.failed`), and the rows of its aggregate after it are given back
+/// (into `aside.not_attempted`), as behind any dead letter. Returns what is left to publish, in
+/// the batch's order.
+fn set_aside_undecodable(
+    messages: &[OutboxMessage],
+    undecodable: &[UndecodableRow],
+    aside: &mut SetAside,
+) -> Vec<OutboxMessage> {
+    metrics::counter!(metric::UNDECODABLE).increment(undecodable.len() as u64);
+    for row in undecodable {
+        error!(
+            row = row.id,
+            event_id = ?row.event_id,
+            aggregate_type = %row.aggregate_type,
+            aggregate_id = %row.aggregate_id,
+            version = row.aggregate_version,
+            reason = %row.reason,
+            "a row that cannot be published as stored: dead-lettered; its aggregate waits behind it"
+        );
+        aside.failed.push(FailedRow {
+            id: row.id,
+            error: format!(
+                "cannot be published as stored: {}; correct the row, then requeue it",
+                row.reason
+            ),
+            retry_after: None,
+        });
+    }
+    let behind = |m: &OutboxMessage| {
+        undecodable.iter().any(|u| {
+            u.aggregate_version < m.aggregate_version
+                && u.aggregate_id == m.aggregate_id
+                && u.aggregate_type == m.aggregate_type
+        })
+    };
+    let mut publish = Vec::with_capacity(messages.len());
+    for m in messages {
+        if behind(m) {
+            aside.not_attempted.push(m.id);
+        } else {
+            publish.push(m.clone());
+        }
+    }
+    publish
+}
+
 /// The publish engine: a [`Feed`] on one side, a [`Transport`] on the other.
 pub struct Relay<F, T> {
     feed: Arc<F>,
@@ -363,10 +415,10 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     pub async fn run_batch(&self) -> Result<BatchOutcome, StoreError> {
         let batch = self.feed.next_batch(self.config.batch_size).await?;
         let mut outcome = BatchOutcome {
-            claimed: batch.messages.len(),
+            claimed: batch.messages.len() + batch.undecodable.len(),
             ..BatchOutcome::default()
         };
-        if batch.messages.is_empty() {
+        if outcome.claimed == 0 {
             return Ok(outcome);
         }
         // Counted as held (the console's "in flight" per relay) until settled or given up.
@@ -377,21 +429,31 @@ impl<F: Feed, T: Transport> Relay<F, T> {
                 .checked_sub(self.config.publish_timeout + self.config.lease_safety_margin)
                 .unwrap_or_else(std::time::Instant::now)
         });
-        let settlement = if batch.takeovers.is_empty() {
-            publish::publish_batch(&*self.transport, &self.config, &batch.messages, last_start)
-                .await
-        } else {
-            let (publish, aside) = set_aside_takeovers(
-                &batch.messages,
+        // What is not published: rows that cannot be, and poison heads, with what waits
+        // behind them. Both are rare; the normal batch is published as claimed.
+        let mut aside = SetAside::default();
+        let decodable;
+        let mut messages: &[OutboxMessage] = &batch.messages;
+        if !batch.undecodable.is_empty() {
+            decodable = set_aside_undecodable(messages, &batch.undecodable, &mut aside);
+            messages = &decodable;
+        }
+        let not_poison;
+        if !batch.takeovers.is_empty() {
+            let (publish, poison) = set_aside_takeovers(
+                messages,
                 &batch.takeovers,
                 self.config.poison_after_takeovers,
             );
-            let mut settlement =
-                publish::publish_batch(&*self.transport, &self.config, &publish, last_start).await;
-            settlement.failed.extend(aside.failed);
-            settlement.not_attempted.extend(aside.not_attempted);
-            settlement
-        };
+            aside.failed.extend(poison.failed);
+            aside.not_attempted.extend(poison.not_attempted);
+            not_poison = publish;
+            messages = &not_poison;
+        }
+        let mut settlement =
+            publish::publish_batch(&*self.transport, &self.config, messages, last_start).await;
+        settlement.failed.extend(aside.failed);
+        settlement.not_attempted.extend(aside.not_attempted);
         for failed in &settlement.failed {
             match failed.retry_after {
                 None => warn!(row = failed.id, error = %failed.error,
@@ -619,6 +681,42 @@ mod tests {
             assert_eq!(ids(&publish), ids(&batch));
             assert_eq!(aside, SetAside::default());
         }
+    }
+
+    #[test]
+    fn an_undecodable_row_is_dead_lettered_and_its_aggregate_stops_behind_it() {
+        // a: 1, 2, [3 undecodable], 4, 5; b: 6, 7 (nothing wrong); c: [8 undecodable].
+        let batch = vec![
+            row(1, "a", 1),
+            row(2, "a", 2),
+            row(4, "a", 4),
+            row(5, "a", 5),
+            row(6, "b", 1),
+            row(7, "b", 2),
+        ];
+        let bad = |id: i64, aggregate_id: &str, version: i64| UndecodableRow {
+            id,
+            event_id: None,
+            aggregate_type: "payment".into(),
+            aggregate_id: aggregate_id.into(),
+            aggregate_version: version,
+            reason: format!("column `headers`: header `h{id}` is null"),
+        };
+        let undecodable = [bad(3, "a", 3), bad(8, "c", 1)];
+        let mut aside = SetAside::default();
+        let publish = set_aside_undecodable(&batch, &undecodable, &mut aside);
+        assert_eq!(ids(&publish), [1, 2, 6, 7]);
+        assert_eq!(aside.not_attempted, [4, 5]);
+        assert_eq!(
+            aside.failed.iter().map(|f| f.id).collect::<Vec<_>>(),
+            [3, 8]
+        );
+        assert!(aside.failed.iter().all(|f| f.retry_after.is_none()));
+        assert!(
+            aside.failed[0].error.contains("`h3` is null"),
+            "{}",
+            aside.failed[0].error
+        );
     }
 
     #[test]

@@ -796,6 +796,7 @@ impl Feed for CdcFeed {
                 messages: Vec::new(),
                 owned_until: None,
                 takeovers: Vec::new(),
+                undecodable: Vec::new(),
             });
         }
         if state.waiting_count() < max_rows {
@@ -895,6 +896,7 @@ impl Feed for CdcFeed {
             messages,
             owned_until: None,
             takeovers: Vec::new(),
+            undecodable: Vec::new(),
         })
     }
 

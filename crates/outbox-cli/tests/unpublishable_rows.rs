@@ -1,0 +1,285 @@
+//! Rows the relay cannot publish as stored never stop delivery: written by a plain-SQL producer
+//! before the table refused them (the constraint of migration 12 dropped here, as on a table
+//! older than it), each such row is dead-lettered once with its reason, the rows of other
+//! aggregates and the earlier versions of its own are published, in order, and nothing is
+//! retried. With the constraint in place the same inserts fail in the producer's transaction,
+//! with the reason; a requeue of a row still wrong fails the same way, and one corrected by the
+//! operator is published with the versions that waited behind it.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use uuid::Uuid;
+
+/// A row a plain-SQL producer could write: `headers` as JSON text, and the other columns the
+/// relay reads beyond the aggregate key.
+struct Row {
+    aggregate_id: String,
+    version: i64,
+    headers: &'static str,
+    content_type: &'static str,
+    destination: Option<&'static str>,
+    /// What the dead letter's reason must name; `None` for a row that is published.
+    refused_for: Option<&'static str>,
+    event_id: Uuid,
+}
+
+fn row(aggregate_id: &str, version: i64) -> Row {
+    Row {
+        aggregate_id: aggregate_id.to_owned(),
+        version,
+        headers: r#"{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}"#,
+        content_type: "application/json",
+        destination: None,
+        refused_for: None,
+        event_id: Uuid::now_v7(),
+    }
+}
+
+/// Every kind of row the table accepted before migration 12 that no binding can carry, each
+/// as version 2 of an aggregate of its own between a good version 1 and a good version 3.
+fn refused_rows() -> Vec<Row> {
+    let cases: [(&str, &str, &str, Option<&str>, &str); 10] = [
+        (
+            "null",
+            r#"{"traceparent": null}"#,
+            "application/json",
+            None,
+            "`traceparent` is null",
+        ),
+        (
+            "number",
+            r#"{"retries": 3}"#,
+            "application/json",
+            None,
+            "`retries` is a number",
+        ),
+        (
+            "nested",
+            r#"{"ctx": {"a": "b"}}"#,
+            "application/json",
+            None,
+            "`ctx` is an object",
+        ),
+        (
+            "array",
+            r#"{"tags": ["a"]}"#,
+            "application/json",
+            None,
+            "`tags` is an array",
+        ),
+        (
+            "bool",
+            r#"{"sampled": true}"#,
+            "application/json",
+            None,
+            "`sampled` is a boolean",
+        ),
+        (
+            "name",
+            r#"{"x trace": "1"}"#,
+            "application/json",
+            None,
+            "header name `x trace`",
+        ),
+        (
+            "reserved",
+            r#"{"ce-id": "1"}"#,
+            "application/json",
+            None,
+            "header name `ce-id`",
+        ),
+        (
+            "control",
+            r#"{"x": "a\r\nb: c"}"#,
+            "application/json",
+            None,
+            "control character",
+        ),
+        (
+            "media",
+            "{}",
+            "application/json\u{7}",
+            None,
+            "printable ASCII",
+        ),
+        (
+            "destination",
+            "{}",
+            "application/json",
+            Some(""),
+            "`destination`",
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(name, headers, content_type, destination, reason)| Row {
+            headers,
+            content_type,
+            destination,
+            refused_for: Some(reason),
+            ..row(&format!("bad-{name}"), 2)
+        })
+        .collect()
+}
+
+const INSERT: &str = "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, \
+    aggregate_version, event_type, payload, headers, content_type, destination) \
+    VALUES ($1, 'payment', $2, $3, 'PaymentUpdated', convert_to('{}', 'UTF8'), $4::jsonb, $5, $6)";
+
+async fn insert(db: &TestDb, r: &Row) -> Result<(), sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(db.sql(INSERT)))
+        .bind(r.event_id)
+        .bind(&r.aggregate_id)
+        .bind(r.version)
+        .bind(r.headers)
+        .bind(r.content_type)
+        .bind(r.destination)
+        .execute(&db.pool)
+        .await
+        .map(|_| ())
+}
+
+async fn last_error(db: &TestDb, id: Uuid) -> (String, Option<String>, i32) {
+    sqlx::query_as(sqlx::AssertSqlSafe(db.sql(
+        "SELECT state, last_error, attempts FROM {s}.events WHERE event_id = $1",
+    )))
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the row")
+}
+
+#[tokio::test]
+async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_published() {
+    let db = TestDb::new().await;
+    let broker = BrokerEnv::new(Kind::Nats).await;
+    let sub = broker.subscriber().await;
+    let config = config_file("", &broker.toml(""));
+
+    // With the constraint, each insert fails in the producer's own transaction, with the reason.
+    for bad in refused_rows() {
+        let e = insert(&db, &bad)
+            .await
+            .expect_err("the table refuses a row the relay cannot publish");
+        let message = e.to_string();
+        assert!(
+            message.contains("cannot be published") && message.contains(bad.refused_for.unwrap()),
+            "{}: {message}",
+            bad.aggregate_id
+        );
+    }
+    assert_eq!(db.count("true").await, 0, "nothing was written");
+
+    // A table older than the constraint accepted them.
+    db.exec("ALTER TABLE {s}.events DROP CONSTRAINT events_publishable")
+        .await;
+    let bad = refused_rows();
+    let mut good = Vec::new();
+    for b in &bad {
+        good.push(row(&b.aggregate_id, 1));
+    }
+    for a in 0..20 {
+        good.push(row(&format!("ok-{a}"), 1));
+        good.push(row(&format!("ok-{a}"), 2));
+    }
+    let behind: Vec<Row> = bad.iter().map(|b| row(&b.aggregate_id, 3)).collect();
+    for r in good.iter().chain(&bad).chain(&behind) {
+        insert(&db, r)
+            .await
+            .expect("accepted without the constraint");
+    }
+
+    let _relay = ChildGuard::spawn(
+        {
+            let mut cmd = outbox(Some(db.name()), Some(&broker.url()), Some(config.path()));
+            cmd.arg("relay");
+            cmd
+        },
+        "relay",
+    );
+    let good_ids: Vec<Uuid> = good.iter().map(|r| r.event_id).collect();
+    let seen = sub.wait_ids(&good_ids, Duration::from_secs(30)).await;
+    let first = assert_first_appearances_in_order(seen);
+    wait_until(
+        Duration::from_secs(20),
+        "every refused row dead-lettered",
+        || {
+            let db = &db;
+            async move { db.count("state = 'dead'").await == 10 }
+        },
+    )
+    .await;
+    for b in &bad {
+        let (state, error, attempts) = last_error(&db, b.event_id).await;
+        let error = error.unwrap_or_default();
+        assert_eq!(state, "dead", "{}", b.aggregate_id);
+        assert!(
+            error.contains("cannot be published as stored")
+                && error.contains(b.refused_for.unwrap()),
+            "{}: {error}",
+            b.aggregate_id
+        );
+        assert_eq!(attempts, 1, "dead-lettered at once, not retried");
+        assert!(!first.contains(&b.event_id), "{} went out", b.aggregate_id);
+    }
+    // The versions behind each one wait, untouched, and nothing is retried while the relay runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for r in &behind {
+        let (state, _, attempts) = last_error(&db, r.event_id).await;
+        assert_eq!(
+            (state.as_str(), attempts),
+            ("pending", 0),
+            "{}",
+            r.aggregate_id
+        );
+        assert!(!sub.snapshot().iter().any(|s| s.event_id == r.event_id));
+    }
+    assert_eq!(
+        db.count("state = 'dead'").await,
+        10,
+        "no other row was dead-lettered"
+    );
+    let attempts = db.scalar("SELECT sum(attempts) FROM {s}.events").await;
+    assert_eq!(attempts, 10, "one attempt per refused row, no retries");
+
+    // Back under the constraint: a requeue of a row still wrong fails with the reason and
+    // requeues nothing; corrected, it is published with the version behind it, in order.
+    db.exec(
+        "ALTER TABLE {s}.events ADD CONSTRAINT events_publishable CHECK (CASE WHEN state = \
+         'pending' THEN {s}.event_row_publishable(headers, content_type, destination, \
+         partition_key) ELSE true END) NOT VALID",
+    )
+    .await;
+    let null = &bad[0];
+    let mut requeue = outbox(Some(db.name()), None, Some(config.path()));
+    requeue.args(["dead-letters", "requeue", &null.event_id.to_string()]);
+    let refused = run(requeue, Duration::from_secs(30)).await;
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        refused.stderr.contains("`traceparent` is null"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(last_error(&db, null.event_id).await.0, "dead");
+    sqlx::query(sqlx::AssertSqlSafe(
+        db.sql("UPDATE {s}.events SET headers = '{}' WHERE event_id = $1"),
+    ))
+    .bind(null.event_id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut requeue = outbox(Some(db.name()), None, Some(config.path()));
+    requeue.args(["dead-letters", "requeue", &null.event_id.to_string()]);
+    let requeued = run(requeue, Duration::from_secs(30)).await;
+    assert!(requeued.status.success(), "{requeued:?}");
+    let ids = [good[0].event_id, null.event_id, behind[0].event_id];
+    let seen = sub.wait_ids(&ids, Duration::from_secs(30)).await;
+    assert_first_appearances_in_order(seen);
+
+    db.cleanup().await;
+    broker.cleanup().await;
+}

@@ -1,0 +1,103 @@
+-- outbox schema, version 12: the events table refuses, at insert, a pending row the relay could
+-- not publish. `{{schema}}` is the configured schema name.
+--
+-- A plain-SQL producer writes what it likes into `events`; before this version a row whose
+-- header value was not a string (`jsonb_build_object('traceparent', NULL)` writes a JSON null),
+-- whose header name was not a token, or whose content type held a control character was
+-- accepted here and only failed in the relay, far from the code that wrote it. Now the
+-- producer's own INSERT fails with the reason, in its own transaction.
+--
+-- The rules are `OutboxMessage::check_publishable`'s in outbox-core, which the relay applies to
+-- every row it reads (rows older than this constraint are dead-lettered with the same reason):
+--   * `headers`: a JSON object whose every value is a string without control characters, and
+--     whose every name is 1..128 ASCII letters, digits, `-`, `_` or `.`, and does not start with
+--     `ce-`, `ce_`, `cloudevents` or `nats-` and is not `content-type` (reserved by the
+--     bindings), in any case;
+--   * `content_type`: 1..255 printable ASCII characters, a media type `type/subtype` of tokens
+--     before any `;` parameters;
+--   * `destination`, `partition_key`: NULL, or 1..255 characters.
+-- The payload is not looked at (the relay does not parse payloads either).
+
+-- What is wrong with a row's publishable columns, or NULL when nothing is.
+CREATE FUNCTION {{schema}}.event_row_problem(
+    headers jsonb, content_type text, destination text, partition_key text
+) RETURNS text LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    name  text;
+    value jsonb;
+    lower_name text;
+BEGIN
+    IF jsonb_typeof(headers) IS DISTINCT FROM 'object' THEN
+        RETURN format('column `headers` is %s, not an object of strings',
+                      coalesce(jsonb_typeof(headers), 'NULL'));
+    END IF;
+    FOR name, value IN SELECT e.key, e.value FROM jsonb_each(headers) AS e LOOP
+        IF jsonb_typeof(value) <> 'string' THEN
+            RETURN format('header `%s` is %s: every header value must be a string', name,
+                          CASE jsonb_typeof(value)
+                              WHEN 'null' THEN 'null' WHEN 'number' THEN 'a number'
+                              WHEN 'boolean' THEN 'a boolean' WHEN 'array' THEN 'an array'
+                              ELSE 'an object' END);
+        END IF;
+        lower_name := lower(name);
+        IF name !~ '^[A-Za-z0-9._-]{1,128}$' OR lower_name LIKE 'ce-%' OR lower_name LIKE E'ce\\_%'
+           OR lower_name LIKE 'cloudevents%' OR lower_name LIKE 'nats-%'
+           OR lower_name = 'content-type' THEN
+            RETURN format('header name `%s` is invalid: use 1..=128 ASCII letters, digits or -_. '
+                          'and no `ce-`/`ce_` prefix', name);
+        END IF;
+        IF (value #>> '{}') ~ E'[\\u0001-\\u001f\\u007f-\\u009f]' THEN
+            RETURN format('header `%s` has a control character in its value', name);
+        END IF;
+    END LOOP;
+    IF length(content_type) NOT BETWEEN 1 AND 255 THEN
+        RETURN format('field `content_type` must be 1..=255 characters, got %s',
+                      coalesce(length(content_type), 0));
+    END IF;
+    IF content_type !~ '^[ -~]*$' THEN
+        RETURN 'content type is invalid: only printable ASCII is allowed (no control or '
+               'non-ASCII characters)';
+    END IF;
+    IF content_type !~ '^ *[-!#$%&''*+.^_`|~0-9A-Za-z]+/[-!#$%&''*+.^_`|~0-9A-Za-z]+ *(;.*)?$' THEN
+        RETURN 'content type is invalid: must be a media type `type/subtype`, e.g. '
+               '`application/json`';
+    END IF;
+    IF destination IS NOT NULL AND length(destination) NOT BETWEEN 1 AND 255 THEN
+        RETURN format('field `destination` must be 1..=255 characters, got %s', length(destination));
+    END IF;
+    IF partition_key IS NOT NULL AND length(partition_key) NOT BETWEEN 1 AND 255 THEN
+        RETURN format('field `partition_key` must be 1..=255 characters, got %s',
+                      length(partition_key));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- The constraint's check: true, or an error whose message is the problem (a plain CHECK could
+-- only name itself).
+CREATE FUNCTION {{schema}}.event_row_publishable(
+    headers jsonb, content_type text, destination text, partition_key text
+) RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    problem text := {{schema}}.event_row_problem(headers, content_type, destination, partition_key);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: this event cannot be published: %', problem
+            USING ERRCODE = 'check_violation',
+                  HINT = 'Every header value must be a string (write '''' or leave the header '
+                         'out instead of null); see "the SQL contract" in the guide.';
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Pending rows only: a dead letter or a published row may hold anything (that is where the
+-- relay puts a row it could not publish), and a requeue of one that is still wrong fails with
+-- the reason. NOT VALID: added without reading the table (no long lock on a live outbox), it
+-- holds for every row written from now on; `outbox migrate` reports pending rows written
+-- before it that break it (the relay dead-letters them with the same reason).
+ALTER TABLE {{schema}}.events ADD CONSTRAINT events_publishable CHECK (
+    CASE WHEN state = 'pending'
+         THEN {{schema}}.event_row_publishable(headers, content_type, destination, partition_key)
+         ELSE true END
+) NOT VALID;
