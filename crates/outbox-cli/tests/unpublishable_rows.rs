@@ -19,9 +19,11 @@ use uuid::Uuid;
 struct Row {
     aggregate_id: String,
     version: i64,
+    event_type: &'static str,
     headers: &'static str,
     content_type: &'static str,
     destination: Option<&'static str>,
+    partition_key: Option<&'static str>,
     /// What the dead letter's reason must name; `None` for a row that is published.
     refused_for: Option<&'static str>,
     event_id: Uuid,
@@ -31,113 +33,80 @@ fn row(aggregate_id: &str, version: i64) -> Row {
     Row {
         aggregate_id: aggregate_id.to_owned(),
         version,
+        event_type: "PaymentUpdated",
         headers: r#"{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}"#,
         content_type: "application/json",
         destination: None,
+        partition_key: None,
         refused_for: None,
         event_id: Uuid::now_v7(),
     }
 }
 
-/// Every kind of row the table accepted before migration 12 that no binding can carry, each
-/// as version 2 of an aggregate of its own between a good version 1 and a good version 3.
+/// Every kind of row the table accepted before migration 12 that no binding can carry (or no
+/// consumer would read), each as version 2 of an aggregate of its own between a good version 1
+/// and a good version 3.
 fn refused_rows() -> Vec<Row> {
-    let cases: [(&str, &str, &str, Option<&str>, &str); 10] = [
-        (
-            "null",
-            r#"{"traceparent": null}"#,
-            "application/json",
-            None,
-            "`traceparent` is null",
-        ),
-        (
-            "number",
-            r#"{"retries": 3}"#,
-            "application/json",
-            None,
-            "`retries` is a number",
-        ),
-        (
-            "nested",
-            r#"{"ctx": {"a": "b"}}"#,
-            "application/json",
-            None,
-            "`ctx` is an object",
-        ),
-        (
-            "array",
-            r#"{"tags": ["a"]}"#,
-            "application/json",
-            None,
-            "`tags` is an array",
-        ),
-        (
-            "bool",
-            r#"{"sampled": true}"#,
-            "application/json",
-            None,
-            "`sampled` is a boolean",
-        ),
-        (
-            "name",
-            r#"{"x trace": "1"}"#,
-            "application/json",
-            None,
-            "header name `x trace`",
-        ),
-        (
-            "reserved",
-            r#"{"ce-id": "1"}"#,
-            "application/json",
-            None,
-            "header name `ce-id`",
-        ),
-        (
-            "control",
-            r#"{"x": "a\r\nb: c"}"#,
-            "application/json",
-            None,
-            "control character",
-        ),
-        (
-            "media",
-            "{}",
-            "application/json\u{7}",
-            None,
-            "printable ASCII",
-        ),
-        (
-            "destination",
-            "{}",
-            "application/json",
-            Some(""),
-            "`destination`",
-        ),
-    ];
-    cases
-        .into_iter()
-        .map(|(name, headers, content_type, destination, reason)| Row {
-            headers,
-            content_type,
-            destination,
-            refused_for: Some(reason),
-            ..row(&format!("bad-{name}"), 2)
-        })
-        .collect()
+    let bad = |name: &str, reason: &'static str, change: &dyn Fn(&mut Row)| {
+        let mut r = row(&format!("bad-{name}"), 2);
+        r.refused_for = Some(reason);
+        change(&mut r);
+        r
+    };
+    vec![
+        bad("null", "`traceparent` is null", &|r| {
+            r.headers = r#"{"traceparent": null}"#
+        }),
+        bad("number", "`retries` is a number", &|r| {
+            r.headers = r#"{"retries": 3}"#
+        }),
+        bad("nested", "`ctx` is an object", &|r| {
+            r.headers = r#"{"ctx": {"a": "b"}}"#
+        }),
+        bad("array", "`tags` is an array", &|r| {
+            r.headers = r#"{"tags": ["a"]}"#
+        }),
+        bad("bool", "`sampled` is a boolean", &|r| {
+            r.headers = r#"{"sampled": true}"#
+        }),
+        bad("name", "header name `x trace`", &|r| {
+            r.headers = r#"{"x trace": "1"}"#
+        }),
+        bad("reserved", "header name `ce-id`", &|r| {
+            r.headers = r#"{"ce-id": "1"}"#
+        }),
+        bad("control", "control character", &|r| {
+            r.headers = r#"{"x": "a\r\nb: c"}"#
+        }),
+        bad("media", "printable ASCII", &|r| {
+            r.content_type = "application/json\u{7}"
+        }),
+        bad("destination", "`destination`", &|r| {
+            r.destination = Some("")
+        }),
+        bad("type", "`event_type` has a control character", &|r| {
+            r.event_type = "PaymentUpdated\r\nce-id: forged"
+        }),
+        bad("key", "`partition_key` has a control character", &|r| {
+            r.partition_key = Some("k\u{1b}[2J")
+        }),
+    ]
 }
 
 const INSERT: &str = "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, \
-    aggregate_version, event_type, payload, headers, content_type, destination) \
-    VALUES ($1, 'payment', $2, $3, 'PaymentUpdated', convert_to('{}', 'UTF8'), $4::jsonb, $5, $6)";
+    aggregate_version, event_type, payload, headers, content_type, destination, partition_key) \
+    VALUES ($1, 'payment', $2, $3, $4, convert_to('{}', 'UTF8'), $5::jsonb, $6, $7, $8)";
 
 async fn insert(db: &TestDb, r: &Row) -> Result<(), sqlx::Error> {
     sqlx::query(sqlx::AssertSqlSafe(db.sql(INSERT)))
         .bind(r.event_id)
         .bind(&r.aggregate_id)
         .bind(r.version)
+        .bind(r.event_type)
         .bind(r.headers)
         .bind(r.content_type)
         .bind(r.destination)
+        .bind(r.partition_key)
         .execute(&db.pool)
         .await
         .map(|_| ())
@@ -209,7 +178,8 @@ async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_publis
         "every refused row dead-lettered",
         || {
             let db = &db;
-            async move { db.count("state = 'dead'").await == 10 }
+            let n = bad.len() as i64;
+            async move { db.count("state = 'dead'").await == n }
         },
     )
     .await;
@@ -240,18 +210,22 @@ async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_publis
     }
     assert_eq!(
         db.count("state = 'dead'").await,
-        10,
+        bad.len() as i64,
         "no other row was dead-lettered"
     );
     let attempts = db.scalar("SELECT sum(attempts) FROM {s}.events").await;
-    assert_eq!(attempts, 10, "one attempt per refused row, no retries");
+    assert_eq!(
+        attempts,
+        bad.len() as i64,
+        "one attempt per refused row, no retries"
+    );
 
     // Back under the constraint: a requeue of a row still wrong fails with the reason and
     // requeues nothing; corrected, it is published with the version behind it, in order.
     db.exec(
         "ALTER TABLE {s}.events ADD CONSTRAINT events_publishable CHECK (CASE WHEN state = \
-         'pending' THEN {s}.event_row_publishable(headers, content_type, destination, \
-         partition_key) ELSE true END) NOT VALID",
+         'pending' THEN {s}.event_row_publishable(aggregate_type, aggregate_id, event_type, \
+         headers, content_type, destination, partition_key) ELSE true END) NOT VALID",
     )
     .await;
     let null = &bad[0];

@@ -35,6 +35,14 @@ pub enum MessageError {
         /// The maximum.
         max: usize,
     },
+    /// A text field holds a control character (NUL, CR, LF, ESC ...): it travels as a
+    /// CloudEvents attribute or a subject, where consumers refuse it
+    /// ([`crate::wire::decode`]) and a protocol could be split by it.
+    #[error("field `{field}` has a control character")]
+    ControlCharacter {
+        /// The field's name.
+        field: &'static str,
+    },
     /// `aggregate_version` must be at least 1.
     #[error("aggregate_version must be >= 1, got {0}")]
     BadVersion(i64),
@@ -397,16 +405,16 @@ struct Fields<'a> {
 /// Checks [`Fields`]: lengths, versions, the content type, every header. The payload is not
 /// looked at.
 fn check_fields(f: Fields<'_>) -> Result<(), MessageError> {
-    check_len("aggregate_type", f.aggregate_type)?;
-    check_len("aggregate_id", f.aggregate_id)?;
-    check_len("event_type", f.event_type)?;
+    check_text("aggregate_type", f.aggregate_type)?;
+    check_text("aggregate_id", f.aggregate_id)?;
+    check_text("event_type", f.event_type)?;
     check_len("content_type", f.content_type)?;
     check_content_type(f.content_type)?;
     if let Some(d) = f.destination {
-        check_len("destination", d)?;
+        check_text("destination", d)?;
     }
     if let Some(k) = f.partition_key {
-        check_len("partition_key", k)?;
+        check_text("partition_key", k)?;
     }
     if f.aggregate_version < 1 {
         return Err(MessageError::BadVersion(f.aggregate_version));
@@ -445,6 +453,15 @@ fn check_content_type(value: &str) -> Result<(), MessageError> {
         return Err(bad(
             "must be a media type `type/subtype`, e.g. `application/json`",
         ));
+    }
+    Ok(())
+}
+
+/// [`check_len`], and no control character: the text travels as an attribute or a subject.
+fn check_text(field: &'static str, value: &str) -> Result<(), MessageError> {
+    check_len(field, value)?;
+    if value.chars().any(char::is_control) {
+        return Err(MessageError::ControlCharacter { field });
     }
     Ok(())
 }
@@ -669,6 +686,16 @@ mod tests {
             row(&|m| m.destination = Some(String::new())),
             Err(MessageError::BadLength { .. })
         ));
+        // Consumers refuse a control character in an attribute: the relay does not send one.
+        for f in [
+            &(|m: &mut OutboxMessage| m.aggregate_id = "p\r\n-1".into()) as &dyn Fn(&mut _),
+            &|m: &mut OutboxMessage| m.aggregate_type = "pay\u{1b}".into(),
+            &|m: &mut OutboxMessage| m.event_type = "E\u{85}".into(),
+            &|m: &mut OutboxMessage| m.partition_key = Some("k\t".into()),
+            &|m: &mut OutboxMessage| m.destination = Some("a\nb".into()),
+        ] {
+            assert!(matches!(row(f), Err(MessageError::ControlCharacter { .. })));
+        }
     }
 
     #[test]

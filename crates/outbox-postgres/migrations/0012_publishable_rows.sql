@@ -9,6 +9,9 @@
 --
 -- The rules are `OutboxMessage::check_publishable`'s in outbox-core, which the relay applies to
 -- every row it reads (rows older than this constraint are dead-lettered with the same reason):
+--   * `aggregate_type`, `aggregate_id`, `event_type`, `destination`, `partition_key`: no control
+--     character (they travel as CloudEvents attributes, which consumers refuse with one, or as
+--     a subject or routing key); the lengths are the table's own checks;
 --   * `headers`: a JSON object whose every value is a string without control characters, and
 --     whose every name is 1..128 ASCII letters, digits, `-`, `_` or `.`, and does not start with
 --     `ce-`, `ce_`, `cloudevents` or `nats-` and is not `content-type` (reserved by the
@@ -16,17 +19,36 @@
 --   * `content_type`: 1..255 printable ASCII characters, a media type `type/subtype` of tokens
 --     before any `;` parameters;
 --   * `destination`, `partition_key`: NULL, or 1..255 characters.
+-- A control character is one of U+0001..U+001F and U+007F..U+009F (Rust's `char::is_control`;
+-- text cannot hold U+0000).
 -- The payload is not looked at (the relay does not parse payloads either).
 
 -- What is wrong with a row's publishable columns, or NULL when nothing is.
 CREATE FUNCTION {{schema}}.event_row_problem(
-    headers jsonb, content_type text, destination text, partition_key text
+    aggregate_type text, aggregate_id text, event_type text, headers jsonb, content_type text,
+    destination text, partition_key text
 ) RETURNS text LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
+    control constant text := E'[\\u0001-\\u001f\\u007f-\\u009f]';
     name  text;
     value jsonb;
     lower_name text;
 BEGIN
+    IF aggregate_type ~ control THEN
+        RETURN 'field `aggregate_type` has a control character';
+    END IF;
+    IF aggregate_id ~ control THEN
+        RETURN 'field `aggregate_id` has a control character';
+    END IF;
+    IF event_type ~ control THEN
+        RETURN 'field `event_type` has a control character';
+    END IF;
+    IF destination ~ control THEN
+        RETURN 'field `destination` has a control character';
+    END IF;
+    IF partition_key ~ control THEN
+        RETURN 'field `partition_key` has a control character';
+    END IF;
     IF jsonb_typeof(headers) IS DISTINCT FROM 'object' THEN
         RETURN format('column `headers` is %s, not an object of strings',
                       coalesce(jsonb_typeof(headers), 'NULL'));
@@ -46,7 +68,7 @@ BEGIN
             RETURN format('header name `%s` is invalid: use 1..=128 ASCII letters, digits or -_. '
                           'and no `ce-`/`ce_` prefix', name);
         END IF;
-        IF (value #>> '{}') ~ E'[\\u0001-\\u001f\\u007f-\\u009f]' THEN
+        IF (value #>> '{}') ~ control THEN
             RETURN format('header `%s` has a control character in its value', name);
         END IF;
     END LOOP;
@@ -76,10 +98,13 @@ $$;
 -- The constraint's check: true, or an error whose message is the problem (a plain CHECK could
 -- only name itself).
 CREATE FUNCTION {{schema}}.event_row_publishable(
-    headers jsonb, content_type text, destination text, partition_key text
+    aggregate_type text, aggregate_id text, event_type text, headers jsonb, content_type text,
+    destination text, partition_key text
 ) RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
-    problem text := {{schema}}.event_row_problem(headers, content_type, destination, partition_key);
+    problem text := {{schema}}.event_row_problem(aggregate_type, aggregate_id, event_type,
+                                                 headers, content_type, destination,
+                                                 partition_key);
 BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'outbox: this event cannot be published: %', problem
@@ -98,6 +123,7 @@ $$;
 -- before it that break it (the relay dead-letters them with the same reason).
 ALTER TABLE {{schema}}.events ADD CONSTRAINT events_publishable CHECK (
     CASE WHEN state = 'pending'
-         THEN {{schema}}.event_row_publishable(headers, content_type, destination, partition_key)
+         THEN {{schema}}.event_row_publishable(aggregate_type, aggregate_id, event_type, headers,
+                                               content_type, destination, partition_key)
          ELSE true END
 ) NOT VALID;
