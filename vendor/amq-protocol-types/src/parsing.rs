@@ -2,7 +2,7 @@ use crate::{flags::*, types::*, value::*};
 use nom::{
     self, Parser,
     bytes::streaming::take,
-    combinator::{all_consuming, complete, flat_map, map, map_opt, map_parser, map_res},
+    combinator::{all_consuming, complete, flat_map, map, map_opt, map_parser},
     error::{ContextError, ErrorKind, ParseError, context},
     multi::fold_many0,
     number::streaming::{
@@ -100,10 +100,25 @@ pub type ParserError = nom::Err<ParserErrors>;
 /// Return type of parsers
 pub type ParserResult<I, T> = Result<(I, T), ParserError>;
 
+/// Deepest nesting of [FieldTable](../type.FieldTable.html)s and
+/// [FieldArray](../type.FieldArray.html)s parsed as such. Parsing is recursive: without a bound,
+/// a frame of a few kilobytes of nested tables overflows the stack of the thread parsing it.
+/// A table or array nested deeper is kept, unparsed, as an [AMQPValue::ByteArray] of its
+/// encoded entries (tables and arrays are length-prefixed, so nothing after it is lost).
+pub const MAX_NESTING_DEPTH: usize = 64;
+
 /// Parse the [AMQPValue](../type.AMQPValue.html) of the given [AMQPType](../type.AMQPType.html)
 #[must_use]
 pub fn parse_raw_value<I: ParsableInput>(
     amqp_type: AMQPType,
+) -> impl Parser<I, Output = AMQPValue, Error = ParserErrors> {
+    parse_raw_value_in(amqp_type, 0)
+}
+
+/// [parse_raw_value] inside `depth` enclosing tables or arrays.
+fn parse_raw_value_in<I: ParsableInput>(
+    amqp_type: AMQPType,
+    depth: usize,
 ) -> impl Parser<I, Output = AMQPValue, Error = ParserErrors> {
     context("parse_raw_value", move |i| match amqp_type {
         AMQPType::Boolean => map(parse_boolean, AMQPValue::Boolean).parse(i),
@@ -121,9 +136,20 @@ pub fn parse_raw_value<I: ParsableInput>(
         AMQPType::DecimalValue => map(parse_decimal_value, AMQPValue::DecimalValue).parse(i),
         AMQPType::ShortString => map(parse_short_string, AMQPValue::ShortString).parse(i),
         AMQPType::LongString => map(parse_long_string, AMQPValue::LongString).parse(i),
-        AMQPType::FieldArray => map(parse_field_array, AMQPValue::FieldArray).parse(i),
+        AMQPType::FieldArray | AMQPType::FieldTable if depth >= MAX_NESTING_DEPTH => {
+            map(parse_byte_array, AMQPValue::ByteArray).parse(i)
+        }
+        AMQPType::FieldArray => map(
+            |i| parse_field_array_in(i, depth + 1),
+            AMQPValue::FieldArray,
+        )
+        .parse(i),
         AMQPType::Timestamp => map(parse_timestamp, AMQPValue::Timestamp).parse(i),
-        AMQPType::FieldTable => map(parse_field_table, AMQPValue::FieldTable).parse(i),
+        AMQPType::FieldTable => map(
+            |i| parse_field_table_in(i, depth + 1),
+            AMQPValue::FieldTable,
+        )
+        .parse(i),
         AMQPType::ByteArray => map(parse_byte_array, AMQPValue::ByteArray).parse(i),
         AMQPType::Void => Ok((i, AMQPValue::Void)),
     })
@@ -131,7 +157,16 @@ pub fn parse_raw_value<I: ParsableInput>(
 
 /// Parse an [AMQPValue](../type.AMQPValue.html)
 pub fn parse_value<I: ParsableInput>(i: I) -> ParserResult<I, AMQPValue> {
-    context("parse_value", flat_map(parse_type, parse_raw_value)).parse(i)
+    parse_value_in(i, 0)
+}
+
+/// [parse_value] inside `depth` enclosing tables or arrays.
+fn parse_value_in<I: ParsableInput>(i: I, depth: usize) -> ParserResult<I, AMQPValue> {
+    context(
+        "parse_value",
+        flat_map(parse_type, move |t| parse_raw_value_in(t, depth)),
+    )
+    .parse(i)
 }
 
 /// Parse an [AMQPType](../type.AMQPType.html)
@@ -215,16 +250,38 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
     .parse(i)
 }
 
-fn make_str<I: Input<Item = u8>>(i: I) -> Result<String, std::string::FromUtf8Error> {
-    String::from_utf8(i.iter_elements().collect())
+/// The text of a short string. The specification wants UTF-8, but brokers pass on the bytes a
+/// publisher sent (RabbitMQ does, in properties, header names and routing keys), and failing
+/// the frame makes a client drop its connection, after which the broker delivers the same
+/// message again. Invalid sequences are replaced with U+FFFD, as `String::from_utf8_lossy`
+/// does (and as the Java client decodes them). When the replacements make it longer than the
+/// 255 bytes a short string holds, it is cut at a character boundary and ends with U+FFFD, so
+/// the replacement stays visible.
+fn make_str<I: Input<Item = u8>>(i: I) -> String {
+    match String::from_utf8(i.iter_elements().collect()) {
+        Ok(s) => s,
+        Err(e) => {
+            let mut s = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            if s.len() > MAX_SHORT_STRING_LENGTH {
+                let mut len = MAX_SHORT_STRING_LENGTH - char::REPLACEMENT_CHARACTER.len_utf8();
+                while !s.is_char_boundary(len) {
+                    len -= 1;
+                }
+                s.truncate(len);
+                s.push(char::REPLACEMENT_CHARACTER);
+            }
+            s
+        }
+    }
 }
 
-/// Parse a [ShortString](../type.ShortString.html)
+/// Parse a [ShortString](../type.ShortString.html); bytes that are not UTF-8 are replaced (see
+/// above) rather than failing the parse
 pub fn parse_short_string<I: ParsableInput>(i: I) -> ParserResult<I, ShortString> {
     context(
         "parse_short_string",
         map(
-            map_res(flat_map(parse_short_short_uint, take), make_str),
+            map(flat_map(parse_short_short_uint, take), make_str),
             ShortString::from,
         ),
     )
@@ -244,12 +301,20 @@ pub fn parse_long_string<I: ParsableInput>(i: I) -> ParserResult<I, LongString> 
 
 /// Parse a [FieldArray](../type.FieldArray.html)
 pub fn parse_field_array<I: ParsableInput>(i: I) -> ParserResult<I, FieldArray> {
+    parse_field_array_in(i, 1)
+}
+
+/// [parse_field_array] of an array that is the `depth`th nested table or array.
+fn parse_field_array_in<I: ParsableInput>(i: I, depth: usize) -> ParserResult<I, FieldArray> {
     context(
         "parse_field_array",
         map_parser(
             flat_map(parse_long_uint, take),
             all_consuming(fold_many0(
-                context("parse_field_array_entry", complete(parse_value)),
+                context(
+                    "parse_field_array_entry",
+                    complete(move |i| parse_value_in(i, depth)),
+                ),
                 FieldArray::default,
                 |mut acc, elem| {
                     acc.push(elem);
@@ -268,6 +333,11 @@ pub fn parse_timestamp<I: ParsableInput>(i: I) -> ParserResult<I, Timestamp> {
 
 /// Parse a [FieldTable](../type.FieldTable.html)
 pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> {
+    parse_field_table_in(i, 1)
+}
+
+/// [parse_field_table] of a table that is the `depth`th nested table or array.
+fn parse_field_table_in<I: ParsableInput>(i: I, depth: usize) -> ParserResult<I, FieldTable> {
     context(
         "parse_field_table",
         map_parser(
@@ -275,7 +345,7 @@ pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> 
             all_consuming(fold_many0(
                 context(
                     "parse_field_table_entry",
-                    complete(pair(parse_short_string, parse_value)),
+                    complete(pair(parse_short_string, move |i| parse_value_in(i, depth))),
                 ),
                 FieldTable::default,
                 |mut acc, (key, value)| {
@@ -484,6 +554,77 @@ mod test {
             parse_short_string(&[4, 116, 101, 115, 116][..]),
             Ok((EMPTY, "test".into()))
         );
+    }
+
+    #[test]
+    fn test_parse_short_string_not_utf8() {
+        assert_eq!(
+            parse_short_string(&[4, b'a', 0xff, 0xfe, b'b'][..]),
+            Ok((EMPTY, "a\u{fffd}\u{fffd}b".into()))
+        );
+        let mut all_invalid = vec![255];
+        all_invalid.extend([0xff; 255]);
+        let (rest, s) = parse_short_string(&all_invalid[..]).unwrap();
+        assert_eq!(rest, EMPTY);
+        assert_eq!(s.as_str(), "\u{fffd}".repeat(85));
+        let mut cut = vec![255];
+        cut.extend([b'a'; 254]);
+        cut.push(0xff);
+        let (_, s) = parse_short_string(&cut[..]).unwrap();
+        assert_eq!(s.as_str(), "a".repeat(252) + "\u{fffd}");
+    }
+
+    #[test]
+    fn test_parse_field_table_key_not_utf8() {
+        let mut table = FieldTable::default();
+        table.insert("k\u{fffd}".into(), AMQPValue::Boolean(true));
+        assert_eq!(
+            parse_field_table(&[0, 0, 0, 5, 2, b'k', 0xc3, b't', 1][..]),
+            Ok((EMPTY, table))
+        );
+    }
+
+    /// `levels` tables, each the only value (named `n`) of the one around it.
+    fn nested_tables(levels: usize) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for inner in (1..levels).rev() {
+            bytes.extend((7 * inner as u32).to_be_bytes());
+            bytes.extend([1, b'n', b'F']);
+        }
+        bytes.extend([0, 0, 0, 0]);
+        bytes
+    }
+
+    #[test]
+    fn test_parse_field_table_nested_too_deep() {
+        // Far deeper than any stack would take, recursively.
+        let bytes = nested_tables(100_000);
+        let (rest, mut table) = parse_field_table(&bytes[..]).unwrap();
+        assert_eq!(rest, EMPTY);
+        for _ in 1..MAX_NESTING_DEPTH {
+            table = match table.inner().get("n") {
+                Some(AMQPValue::FieldTable(inner)) => inner.clone(),
+                other => panic!("expected a table, got {other:?}"),
+            };
+        }
+        let inner = nested_tables(100_000 - MAX_NESTING_DEPTH);
+        assert_eq!(
+            table.inner().get("n"),
+            Some(&AMQPValue::ByteArray(inner[4..].to_vec().into())),
+            "the table below the deepest one parsed is kept as its bytes"
+        );
+        let shallow = nested_tables(MAX_NESTING_DEPTH);
+        assert_eq!(
+            parse_field_table(&shallow[..]).map(|(_, t)| format!("{t:?}").contains("ByteArray")),
+            Ok(false)
+        );
+        let mut array = Vec::new();
+        for inner in (1..100_000).rev() {
+            array.extend((5 * inner as u32).to_be_bytes());
+            array.push(b'A');
+        }
+        array.extend([0, 0, 0, 0]);
+        assert!(parse_field_array(&array[..]).is_ok());
     }
 
     #[test]
