@@ -24,6 +24,8 @@
 //! * [`net`]: a TCP proxy whose connections a test can cut or stall; [`tls`]: a throw-away
 //!   certificate authority and a TLS-terminating proxy; [`tansu`]: a private Kafka-protocol
 //!   broker that advertises a proxy, for Kafka's outage cases.
+//! * [`amqp`]: raw AMQP 0-9-1 frames written on a socket, to publish what no client library
+//!   sends (hostile-input tests).
 //! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
 //!
 //! Fakes for pure-logic tests, named as such: [`fakes`] (a broker, a delivery source, a
@@ -42,6 +44,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod amqp;
 pub mod engines;
 pub mod env;
 pub mod fakes;
