@@ -223,6 +223,13 @@ pub enum DecodeError {
         /// Limit.
         max: usize,
     },
+    /// The message breaks its protocol's own rules, which the transport found before any
+    /// attribute was decoded: a header name or a protocol property that is not UTF-8 text, a
+    /// header nested deeper than the transport reads, an attribute carried as a protocol type
+    /// that is not text. The reason names the place; it is printable and bounded (values in it
+    /// are [`excerpt`]s).
+    #[error("{0}")]
+    Protocol(String),
 }
 
 /// A received value as it may appear in an error: at most 64 characters, each control

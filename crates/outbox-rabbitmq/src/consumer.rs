@@ -96,14 +96,52 @@
 //! string or byte array that is not valid UTF-8 is kept byte for byte in
 //! [`RawMessage::binary_headers`] instead: as a CloudEvents attribute it is
 //! [`DecodeError::Invalid`], as a user header it reaches the handler with U+FFFD for the
-//! invalid bytes. Attributes are expected as long or short strings; other scalar types are
-//! accepted through their text form. A body above [`RabbitConsumerConfig::max_message_bytes`]
-//! decodes as [`DecodeError::TooLarge`]; every attribute is bounded as
-//! [`outbox_core::wire::decode`] says.
+//! invalid bytes. Attributes are expected as long strings (or byte arrays holding UTF-8 text);
+//! `aggregateversion` and `schemaversion` may also be AMQP integers (the CloudEvents `Integer`
+//! type), read through their decimal form; any other type is refused (see below). A body above
+//! [`RabbitConsumerConfig::max_message_bytes`] decodes as [`DecodeError::TooLarge`]; every
+//! attribute is bounded as [`outbox_core::wire::decode`] says. A header table that names a
+//! header twice (RabbitMQ passes that on) reaches this source with the last value only, as
+//! every AMQP client reads a table: lapin keeps one value per name.
 //!
 //! [`RawMessage::metadata`] holds the delivery's exchange, routing key, redelivered flag and
 //! delivery tag, and every message property other than the content type and the headers
 //! (`message_id`, `type`, `timestamp`, `app_id` ...), for the operator reading a dead letter.
+//!
+//! # Messages that break AMQP's rules
+//!
+//! RabbitMQ checks little of what a publisher sends, and passes the rest on byte for byte. A
+//! message that breaks AMQP's own rules, or carries a CloudEvents attribute as a type that is
+//! not text, is still a delivery: it decodes as [`DecodeError::Protocol`] with a reason naming
+//! the place, so the runner dead-letters it (with its body and every header) and acknowledges
+//! it, and the connection is not touched. The reason is also kept in
+//! [`RawMessage::metadata`] under [`PROTOCOL_ERROR_KEY`], so a stored message decodes to the
+//! same error. Refused, in this order:
+//!
+//! * a content type that is not UTF-8 text (one holding control characters, NUL included, is
+//!   refused by [`outbox_core::wire::decode`] as an invalid `datacontenttype`);
+//! * any other short-string property (`message_id`, `type`, `correlation_id`, `reply_to`,
+//!   `app_id`, `user_id`, `content_encoding`, `expiration`, `cluster_id`) that is not UTF-8 text
+//!   or holds a NUL byte, which AMQP forbids in short strings;
+//! * a header name, at any depth of the header table, that is empty, not UTF-8 text, or holds
+//!   a NUL byte;
+//! * a header value that nests tables or arrays deeper than [`MAX_HEADER_DEPTH`] levels;
+//! * a `cloudEvents_*` attribute carried as a boolean, a float or double, a decimal, a
+//!   timestamp, a table, an array or a void (or as an integer, for attributes other than
+//!   `aggregateversion` and `schemaversion`);
+//! * an exchange or routing key (of `basic.deliver`) that is not UTF-8 text or holds a NUL
+//!   byte.
+//!
+//! lapin's AMQP codec (amq-protocol-types, carried with a fix in `vendor/`) reads bytes that
+//! are not UTF-8 in a short string as U+FFFD instead of dropping the connection, so those bytes
+//! themselves are not kept: the dead letter shows U+FFFD where they were, and a U+FFFD sent as
+//! such in those places is refused the same way. The codec parses header tables at most 64
+//! levels deep; deeper ones, which used to overflow the stack of lapin's I/O thread and abort
+//! the process, arrive as a byte array below that level, and such a header is refused here
+//! for its depth. What RabbitMQ itself refuses at publish (an unknown field type, a field of
+//! the specification's `U` type, bytes after the property list, an `expiration` that is not a
+//! number, a `user_id` other than the publisher's user) never reaches a consumer: the broker
+//! closes the publisher's connection.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -140,6 +178,19 @@ pub const MAX_REQUEUE_DELAY_CAP_MS: u64 = 15 * 60 * 1000;
 
 /// The quorum-queue header counting previous deliveries.
 pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// The [`RawMessage::metadata`] key under which a delivery that breaks AMQP's rules keeps why
+/// (see [Messages that break AMQP's rules](self#messages-that-break-amqps-rules)); decoding
+/// such a message fails with [`DecodeError::Protocol`] and that reason.
+pub const PROTOCOL_ERROR_KEY: &str = "protocol_error";
+
+/// Deepest nesting of field tables and arrays in a header value this source accepts (a table
+/// in a header is level 1).
+pub const MAX_HEADER_DEPTH: usize = 16;
+
+/// The CloudEvents attributes that may be carried as an AMQP integer (the CloudEvents
+/// `Integer` type); every other attribute must be a string.
+const INTEGER_ATTRIBUTES: [&str; 2] = [wire::attr::AGGREGATE_VERSION, wire::attr::SCHEMA_VERSION];
 
 /// Settings of a [`RabbitSource`].
 ///
@@ -535,6 +586,11 @@ impl RabbitSource {
         ] {
             raw.metadata.insert(key.to_owned(), value);
         }
+        if !raw.metadata.contains_key(PROTOCOL_ERROR_KEY)
+            && let Some(fault) = delivery_fault(exchange.as_str(), routing_key.as_str())
+        {
+            raw.metadata.insert(PROTOCOL_ERROR_KEY.to_owned(), fault);
+        }
         let event = decode_raw(&raw, self.config.max_message_bytes);
         let previous = previous_deliveries(&properties);
         let key = tracking_key(&raw, &properties);
@@ -910,6 +966,9 @@ pub(crate) fn raw_message(properties: &BasicProperties, body: Bytes) -> RawMessa
             raw.metadata.insert(key.to_owned(), value);
         }
     }
+    if let Some(fault) = properties_fault(properties) {
+        raw.metadata.insert(PROTOCOL_ERROR_KEY.to_owned(), fault);
+    }
     raw
 }
 
@@ -927,9 +986,160 @@ pub(crate) fn identify_raw(raw: &RawMessage) -> EventIdentity {
     wire::identify(|name| attribute(raw, name))
 }
 
+/// What is wrong with a short string by AMQP's rules (UTF-8, no NUL), if anything. lapin's
+/// codec reads bytes that are not UTF-8 as U+FFFD, so a U+FFFD sent as such is refused too.
+fn short_string_fault(s: &str) -> Option<&'static str> {
+    if s.contains(char::REPLACEMENT_CHARACTER) {
+        Some("is not UTF-8 text")
+    } else if s.contains('\0') {
+        Some("holds a NUL byte")
+    } else {
+        None
+    }
+}
+
+/// The first way the exchange or routing key of a delivery break AMQP's rules.
+fn delivery_fault(exchange: &str, routing_key: &str) -> Option<String> {
+    [("exchange", exchange), ("routing key", routing_key)]
+        .into_iter()
+        .find_map(|(what, value)| {
+            short_string_fault(value)
+                .map(|fault| format!("the {what} `{}` {fault}", wire::excerpt(value)))
+        })
+}
+
+/// The first way a message's properties and header table break AMQP's rules or carry a
+/// CloudEvents attribute as a type that is not text; see the module documentation.
+fn properties_fault(properties: &BasicProperties) -> Option<String> {
+    if let Some(content_type) = properties.content_type()
+        && content_type.as_str().contains(char::REPLACEMENT_CHARACTER)
+    {
+        return Some(format!(
+            "the content type `{}` is not UTF-8 text",
+            wire::excerpt(content_type.as_str())
+        ));
+    }
+    for (name, value) in [
+        ("content_encoding", properties.content_encoding()),
+        ("correlation_id", properties.correlation_id()),
+        ("reply_to", properties.reply_to()),
+        ("expiration", properties.expiration()),
+        ("message_id", properties.message_id()),
+        ("type", properties.kind()),
+        ("user_id", properties.user_id()),
+        ("app_id", properties.app_id()),
+        ("cluster_id", properties.cluster_id()),
+    ] {
+        if let Some(value) = value
+            && let Some(fault) = short_string_fault(value.as_str())
+        {
+            return Some(format!(
+                "the property `{name}` `{}` {fault}",
+                wire::excerpt(value.as_str())
+            ));
+        }
+    }
+    let table = properties.headers().as_ref()?;
+    for (name, value) in table.inner() {
+        if let Some(fault) = header_fault(name.as_str(), value) {
+            return Some(fault);
+        }
+    }
+    wire::attr::ALL.into_iter().find_map(|name| {
+        let header = format!("{CLOUDEVENTS_HEADER_PREFIX}{name}");
+        let value = table.inner().get(header.as_str())?;
+        let text = matches!(
+            value,
+            AMQPValue::LongString(_) | AMQPValue::ShortString(_) | AMQPValue::ByteArray(_)
+        );
+        let integer = matches!(
+            value,
+            AMQPValue::ShortShortInt(_)
+                | AMQPValue::ShortShortUInt(_)
+                | AMQPValue::ShortInt(_)
+                | AMQPValue::ShortUInt(_)
+                | AMQPValue::LongInt(_)
+                | AMQPValue::LongUInt(_)
+                | AMQPValue::LongLongInt(_)
+        );
+        let allowed = text || (integer && INTEGER_ATTRIBUTES.contains(&name));
+        (!allowed).then(|| {
+            format!(
+                "the CloudEvents attribute `{name}` (header `{header}`) is an AMQP {}, not a string",
+                type_name(value)
+            )
+        })
+    })
+}
+
+/// What is wrong with the header `name` (its name, or the names and nesting inside a table or
+/// array value), if anything.
+fn header_fault(name: &str, value: &AMQPValue) -> Option<String> {
+    fn name_fault(name: &str) -> Option<String> {
+        if name.is_empty() {
+            return Some("a header has an empty name".to_owned());
+        }
+        short_string_fault(name)
+            .map(|fault| format!("the header name `{}` {fault}", wire::excerpt(name)))
+    }
+    /// `value` is at nesting level `level` (a header value is level 0).
+    fn inside(header: &str, value: &AMQPValue, level: usize) -> Option<String> {
+        let deeper = |level: usize| {
+            (level > MAX_HEADER_DEPTH).then(|| {
+                format!(
+                    "the header `{}` nests tables or arrays deeper than {MAX_HEADER_DEPTH} levels",
+                    wire::excerpt(header)
+                )
+            })
+        };
+        match value {
+            AMQPValue::FieldTable(table) => deeper(level + 1).or_else(|| {
+                table.inner().iter().find_map(|(name, value)| {
+                    name_fault(name.as_str()).or_else(|| inside(header, value, level + 1))
+                })
+            }),
+            AMQPValue::FieldArray(array) => deeper(level + 1).or_else(|| {
+                array
+                    .as_slice()
+                    .iter()
+                    .find_map(|value| inside(header, value, level + 1))
+            }),
+            _ => None,
+        }
+    }
+    name_fault(name).or_else(|| inside(name, value, 0))
+}
+
+/// The AMQP name of a field value's type, for reasons.
+fn type_name(value: &AMQPValue) -> &'static str {
+    match value {
+        AMQPValue::Boolean(_) => "boolean",
+        AMQPValue::ShortShortInt(_) => "short-short-int",
+        AMQPValue::ShortShortUInt(_) => "short-short-uint",
+        AMQPValue::ShortInt(_) => "short-int",
+        AMQPValue::ShortUInt(_) => "short-uint",
+        AMQPValue::LongInt(_) => "long-int",
+        AMQPValue::LongUInt(_) => "long-uint",
+        AMQPValue::LongLongInt(_) => "long-long-int",
+        AMQPValue::Float(_) => "float",
+        AMQPValue::Double(_) => "double",
+        AMQPValue::DecimalValue(_) => "decimal",
+        AMQPValue::ShortString(_) => "short string",
+        AMQPValue::LongString(_) => "long string",
+        AMQPValue::FieldArray(_) => "field array",
+        AMQPValue::Timestamp(_) => "timestamp",
+        AMQPValue::FieldTable(_) => "field table",
+        AMQPValue::ByteArray(_) => "byte array",
+        AMQPValue::Void => "void",
+    }
+}
+
 /// Decodes the wire format from a raw message; the one decoding path for live and stored
 /// messages.
 pub(crate) fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
+    if let Some(fault) = raw.metadata.get(PROTOCOL_ERROR_KEY) {
+        return Err(DecodeError::Protocol(fault.clone()));
+    }
     for name in wire::attr::ALL {
         if let Some(bytes) = raw
             .binary_headers
@@ -1248,6 +1458,116 @@ mod tests {
                 name: "aggregateid",
                 value: "not UTF-8 text (3 bytes)".into()
             }
+        );
+    }
+
+    /// A header value of `levels` tables, each the only entry of the one around it.
+    fn nested(levels: usize) -> AMQPValue {
+        let mut value = AMQPValue::LongString("bottom".into());
+        for _ in 0..levels {
+            let mut table = FieldTable::default();
+            table.insert("n".into(), value);
+            value = AMQPValue::FieldTable(table);
+        }
+        value
+    }
+
+    #[test]
+    fn messages_that_break_amqp_rules_are_refused_with_the_place() {
+        let mut x_death = FieldTable::default();
+        x_death.insert("count".into(), AMQPValue::LongLongInt(1));
+        let fine = props(vec![
+            ("cloudEvents_aggregateversion", AMQPValue::LongLongInt(4)),
+            ("cloudEvents_schemaversion", AMQPValue::ShortShortUInt(1)),
+            (
+                "cloudEvents_aggregateid",
+                AMQPValue::ByteArray(b"p-1".to_vec().into()),
+            ),
+            (
+                "x-death",
+                AMQPValue::FieldArray(vec![AMQPValue::FieldTable(x_death)].into()),
+            ),
+            ("deep-enough", nested(MAX_HEADER_DEPTH)),
+            ("control\n", AMQPValue::Void),
+            ("user-typed", AMQPValue::Double(1.5)),
+        ])
+        .with_message_id("m-1".into())
+        .with_correlation_id("line\nbreak".into());
+        let raw = raw_message(&fine, Bytes::new());
+        assert_eq!(raw.metadata.get(PROTOCOL_ERROR_KEY), None, "{raw:?}");
+        assert_eq!(delivery_fault("outbox", "payment.p-1"), None);
+
+        let mut nul_inside = FieldTable::default();
+        nul_inside.insert("a\0b".into(), AMQPValue::Boolean(true));
+        let cases = [
+            (
+                fine.clone()
+                    .with_content_type("application/\u{fffd}".into()),
+                "the content type `application/\u{fffd}` is not UTF-8 text",
+            ),
+            (
+                fine.clone().with_message_id("m\0".into()),
+                "the property `message_id` `m?` holds a NUL byte",
+            ),
+            (
+                fine.clone().with_type("T\u{fffd}".into()),
+                "the property `type` `T\u{fffd}` is not UTF-8 text",
+            ),
+            (
+                props(vec![("", AMQPValue::LongString("x".into()))]),
+                "a header has an empty name",
+            ),
+            (
+                props(vec![("n\u{fffd}", AMQPValue::LongString("x".into()))]),
+                "the header name `n\u{fffd}` is not UTF-8 text",
+            ),
+            (
+                props(vec![(
+                    "t",
+                    AMQPValue::FieldArray(vec![AMQPValue::FieldTable(nul_inside)].into()),
+                )]),
+                "the header name `a?b` holds a NUL byte",
+            ),
+            (
+                props(vec![("deep", nested(MAX_HEADER_DEPTH + 1))]),
+                "the header `deep` nests tables or arrays deeper than 16 levels",
+            ),
+            (
+                props(vec![("cloudEvents_id", AMQPValue::LongInt(5))]),
+                "the CloudEvents attribute `id` (header `cloudEvents_id`) is an AMQP long-int, not a string",
+            ),
+            (
+                props(vec![("cloudEvents_aggregateid", nested(1))]),
+                "the CloudEvents attribute `aggregateid` (header `cloudEvents_aggregateid`) is an AMQP field table, not a string",
+            ),
+            (
+                props(vec![("cloudEvents_time", AMQPValue::Timestamp(1))]),
+                "the CloudEvents attribute `time` (header `cloudEvents_time`) is an AMQP timestamp, not a string",
+            ),
+            (
+                props(vec![("cloudEvents_subject", AMQPValue::Void)]),
+                "the CloudEvents attribute `subject` (header `cloudEvents_subject`) is an AMQP void, not a string",
+            ),
+        ];
+        for (properties, reason) in cases {
+            let raw = raw_message(&properties, Bytes::from_static(b"{}"));
+            assert_eq!(
+                raw.metadata.get(PROTOCOL_ERROR_KEY).map(String::as_str),
+                Some(reason)
+            );
+            assert_eq!(
+                decode_raw(&raw, 1024),
+                Err(DecodeError::Protocol(reason.to_owned())),
+                "a stored copy decodes the same way"
+            );
+        }
+        assert_eq!(
+            delivery_fault("outbox", "payment.\u{fffd}").as_deref(),
+            Some("the routing key `payment.\u{fffd}` is not UTF-8 text")
+        );
+        assert_eq!(
+            delivery_fault("out\0box", "payment").as_deref(),
+            Some("the exchange `out?box` holds a NUL byte")
         );
     }
 

@@ -10,17 +10,22 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use common::{Fixture, amqp_url, close_connection, connection_pid, long, unique, wire_headers};
+use common::{
+    Fixture, ROUTED, amqp_url, close_connection, connection_pid, long, unique, wire_headers,
+};
 use lapin::BasicProperties;
 use lapin::types::FieldTable;
-use outbox_core::OutboxMessage;
-use outbox_core::Transport;
+use outbox_core::consumer::RawMessage;
 use outbox_core::consumer::{Delivery, DeliverySource, SourceError, SourceErrorKind};
+use outbox_core::{DecodeError, OutboxMessage, Transport};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
+use outbox_testkit::amqp::{Properties, RawPublisher, Table, Value, nested_tables};
 use outbox_testkit::harness::{Harness as _, run};
 use outbox_testkit::message;
 use outbox_testkit::net::Proxy;
-use outbox_testkit::source::{SourceSettings, event_of, receive_one};
+use outbox_testkit::source::{
+    SourceSettings, ack_all, event_of, expect_nothing, receive, receive_one,
+};
 use outbox_testkit::wait;
 use tokio::net::TcpListener;
 
@@ -440,6 +445,93 @@ async fn binding_routes_the_exchange_into_an_existing_queue() {
         d.ack().await?;
         source.close().await;
         transport.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// Messages lapin's codec could not read are deliveries like any other, malformed with the
+/// place named, and the connection stays up: a short string that is not UTF-8 (lapin dropped
+/// the connection on it, and the broker delivered the message again on the next one, for
+/// ever) and a header table nested 10,000 levels deep (it overflowed the stack of lapin's I/O
+/// thread and aborted the process). The message behind them is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_lapin_could_not_read_are_deliveries_and_the_connection_stays() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        fx.reader().await?;
+        let mut source =
+            connect(&amqp_url(), fx.consumer_config(&SourceSettings::default())).await?;
+        let mut publisher = RawPublisher::connect(&amqp_url()).await?;
+        let msg = message::event("p-1", 1, &b"{}"[..]);
+        let headers =
+            wire_headers(&msg)
+                .into_iter()
+                .fold(Table::default(), |table, (name, value)| {
+                    table.entry(name.as_bytes(), Value::LongString(value.into_bytes()))
+                });
+        let properties = |headers: &Table| {
+            Properties::default()
+                .content_type(msg.payload.content_type.0.as_bytes())
+                .headers(headers)
+        };
+        let key = format!("{ROUTED}.p-1").into_bytes();
+        let hostile = [
+            (
+                key.clone(),
+                properties(&headers).content_type(b"application/\xff"),
+                "the content type `application/\u{fffd}` is not UTF-8 text",
+            ),
+            (
+                key.clone(),
+                properties(&headers.clone().entry(b"trace\xfe", Value::Void)),
+                "the header name `trace\u{fffd}` is not UTF-8 text",
+            ),
+            (
+                [ROUTED.as_bytes(), b".\xc3\x28"].concat(),
+                properties(&headers),
+                "the routing key `routed.\u{fffd}(` is not UTF-8 text",
+            ),
+            (
+                key.clone(),
+                properties(&headers.clone().entry(b"abyss", nested_tables(10_000))),
+                "the header `abyss` nests tables or arrays deeper than 16 levels",
+            ),
+        ];
+        for (routing_key, properties, _) in &hostile {
+            publisher
+                .publish(fx.exchange.as_bytes(), routing_key, properties, b"{}")
+                .await?;
+        }
+        publisher
+            .publish(fx.exchange.as_bytes(), &key, &properties(&headers), b"{}")
+            .await?;
+        let deliveries = receive(&mut source, hostile.len() + 1, WITHIN).await?;
+        for (d, (_, _, reason)) in deliveries.iter().zip(&hostile) {
+            ensure!(
+                d.event() == &Err(DecodeError::Protocol((*reason).to_owned())),
+                "{:?}",
+                d.event()
+            );
+            ensure!(d.raw().payload.as_ref() == b"{}");
+            ensure!(
+                d.raw().headers.get("cloudEvents_id") == Some(&msg.event_id.to_string()),
+                "the headers are kept: {:?}",
+                d.raw().headers
+            );
+            let stored = RawMessage {
+                metadata: d.raw().metadata.clone(),
+                ..RawMessage::default()
+            };
+            ensure!(source.decode(&stored) == Err(DecodeError::Protocol((*reason).to_owned())));
+        }
+        let last = deliveries.last().context("the valid message")?;
+        ensure!(event_of(last)?.event_id == msg.event_id);
+        ensure!(source.is_connected(), "the connection was dropped");
+        ack_all(deliveries).await?;
+        expect_nothing(&mut source, Duration::from_millis(500)).await?;
+        ensure!(source.is_connected(), "the connection was dropped");
+        publisher.close().await?;
+        source.close().await;
         Ok(())
     })
     .await;

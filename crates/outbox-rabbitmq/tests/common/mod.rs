@@ -286,7 +286,7 @@ impl Fixture {
     }
 
     /// Declares the exchange as the transport does and binds the read queue to it.
-    async fn reader(&self) -> anyhow::Result<()> {
+    pub async fn reader(&self) -> anyhow::Result<()> {
         self.reader
             .get_or_try_init(|| async {
                 self.admin
