@@ -12,8 +12,6 @@ use common::*;
 use inbox_common::*;
 use outbox_core::consumer::{ConsumerReport, OrderingGuard};
 use outbox_core::{OutboxMessage, Payload};
-use serde_json::json;
-use uuid::Uuid;
 
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(20);
@@ -23,56 +21,6 @@ on_both_brokers!(
     an_aggregate_id_over_the_key_limit_is_dead_lettered_and_the_next_is_applied,
     a_key_the_database_refuses_after_decoding_is_dead_lettered_and_the_next_is_applied,
 );
-
-/// A consumer dead letter as stored, with the raw columns.
-#[derive(Debug, sqlx::FromRow)]
-struct StoredDeadLetter {
-    event_id: Option<Uuid>,
-    aggregate_type: Option<String>,
-    aggregate_id: Option<String>,
-    aggregate_version: Option<i64>,
-    error: String,
-    attempts: i32,
-    payload: Vec<u8>,
-    content_type: Option<Vec<u8>>,
-    header_names: Option<Vec<Vec<u8>>>,
-    header_values: Option<Vec<Vec<u8>>>,
-    metadata: serde_json::Value,
-}
-
-impl StoredDeadLetter {
-    /// The value of the stored raw header `name`.
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        let names = self.header_names.as_ref()?;
-        let values = self.header_values.as_ref()?;
-        names
-            .iter()
-            .position(|n| n == name.as_bytes())
-            .map(|i| values[i].as_slice())
-    }
-}
-
-async fn stored_dead_letters(env: &Env, consumer: &str) -> Vec<StoredDeadLetter> {
-    sqlx::query_as(sqlx::AssertSqlSafe(env.db.sql(
-        "SELECT event_id, aggregate_type, aggregate_id, aggregate_version, error, attempts, payload, content_type_bytes AS content_type, \
-         header_names, header_values, broker_metadata AS metadata \
-         FROM {s}.consumer_dead_letters WHERE consumer_name = $1 ORDER BY id",
-    )))
-    .bind(consumer)
-    .fetch_all(&env.db.pool)
-    .await
-    .expect("dead letters")
-}
-
-/// A `payment` event of a fresh aggregate at version 1.
-fn fresh(event_type: &str) -> OutboxMessage {
-    message(
-        &format!("pay-{}", uid()),
-        1,
-        event_type,
-        json!({"amount": 100}),
-    )
-}
 
 /// Runs `consumer` until one delivery was dead-lettered and one applied, then checks that the
 /// valid message has its one effect, that nothing comes back, and returns the one dead letter.

@@ -416,6 +416,48 @@ impl Env {
     }
 }
 
+/// A consumer dead letter as stored, with the raw columns.
+#[derive(Debug, sqlx::FromRow)]
+pub struct StoredDeadLetter {
+    pub event_id: Option<Uuid>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub aggregate_version: Option<i64>,
+    pub error: String,
+    pub attempts: i32,
+    pub payload: Vec<u8>,
+    pub content_type: Option<Vec<u8>>,
+    pub header_names: Option<Vec<Vec<u8>>>,
+    pub header_values: Option<Vec<Vec<u8>>>,
+    pub metadata: serde_json::Value,
+}
+
+impl StoredDeadLetter {
+    /// The value of the stored raw header `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        let names = self.header_names.as_ref()?;
+        let values = self.header_values.as_ref()?;
+        names
+            .iter()
+            .position(|n| n == name.as_bytes())
+            .map(|i| values[i].as_slice())
+    }
+}
+
+/// The consumer dead letters of `consumer`, oldest first, with their raw columns.
+pub async fn stored_dead_letters(env: &Env, consumer: &str) -> Vec<StoredDeadLetter> {
+    sqlx::query_as(sqlx::AssertSqlSafe(env.db.sql(
+        "SELECT event_id, aggregate_type, aggregate_id, aggregate_version, error, attempts, \
+         payload, content_type_bytes AS content_type, header_names, header_values, \
+         broker_metadata AS metadata \
+         FROM {s}.consumer_dead_letters WHERE consumer_name = $1 ORDER BY id",
+    )))
+    .bind(consumer)
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("dead letters")
+}
+
 pub fn fast_config(name: &str, ordering: OrderingGuard) -> ConsumerConfig {
     ConsumerConfig {
         ordering,
@@ -449,6 +491,16 @@ pub fn message(agg: &str, v: i64, event_type: &str, body: serde_json::Value) -> 
         created_at: chrono::Utc::now(),
         attempts: 0,
     }
+}
+
+/// A `payment` event of a fresh aggregate at version 1.
+pub fn fresh(event_type: &str) -> OutboxMessage {
+    message(
+        &format!("pay-{}", uid()),
+        1,
+        event_type,
+        serde_json::json!({"amount": 100}),
+    )
 }
 
 /// `msg` with another payload (same event id): what a producer that reused an id sends.
