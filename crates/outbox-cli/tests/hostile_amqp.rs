@@ -37,8 +37,10 @@ struct Case {
     build: Box<dyn Fn(&OutboxMessage) -> Hostile>,
     /// Every one of these is in the dead letter's reason.
     reason: Vec<String>,
-    /// The event's id reaches the dead letter in its `cloudEvents_id` header.
+    /// The event's id is readable: the dead letter keeps it, and its `cloudEvents_id` header.
     id_kept: bool,
+    /// The aggregate id is readable: the dead letter keeps it.
+    aggregate_kept: bool,
 }
 
 fn case(
@@ -51,6 +53,7 @@ fn case(
         build: Box::new(build),
         reason: reason.iter().map(|r| (*r).to_owned()).collect(),
         id_kept: true,
+        aggregate_kept: true,
     }
 }
 
@@ -281,31 +284,37 @@ fn header_cases() -> Vec<Case> {
                 },
             )
         },
-        case(
-            "cloudEvents_aggregateid of 100,000 bytes",
-            &["`aggregateid`", "100000 characters"],
-            |m| {
-                with_headers(
-                    m,
-                    &["aggregateid"],
-                    vec![(
-                        b"cloudEvents_aggregateid",
-                        Value::LongString(vec![b'a'; 100_000]),
-                    )],
-                )
-            },
-        ),
-        case(
-            "cloudEvents_aggregateid as bytes that are not UTF-8",
-            &["`aggregateid`", "not UTF-8"],
-            |m| {
-                with_headers(
-                    m,
-                    &["aggregateid"],
-                    vec![(b"cloudEvents_aggregateid", Value::Bytes(vec![b'p', 0xfe]))],
-                )
-            },
-        ),
+        Case {
+            aggregate_kept: false,
+            ..case(
+                "cloudEvents_aggregateid of 100,000 bytes",
+                &["`aggregateid`", "100000 characters"],
+                |m| {
+                    with_headers(
+                        m,
+                        &["aggregateid"],
+                        vec![(
+                            b"cloudEvents_aggregateid",
+                            Value::LongString(vec![b'a'; 100_000]),
+                        )],
+                    )
+                },
+            )
+        },
+        Case {
+            aggregate_kept: false,
+            ..case(
+                "cloudEvents_aggregateid as bytes that are not UTF-8",
+                &["`aggregateid`", "not UTF-8"],
+                |m| {
+                    with_headers(
+                        m,
+                        &["aggregateid"],
+                        vec![(b"cloudEvents_aggregateid", Value::Bytes(vec![b'p', 0xfe]))],
+                    )
+                },
+            )
+        },
     ]
 }
 
@@ -314,8 +323,9 @@ fn header_cases() -> Vec<Case> {
 fn attribute_type_cases() -> Vec<Case> {
     let mut cases: Vec<Case> = not_strings()
         .into_iter()
-        .map(|(type_name, value)| {
-            case(
+        .map(|(type_name, value)| Case {
+            aggregate_kept: false,
+            ..case(
                 format!("cloudEvents_aggregateid as a {type_name}"),
                 &[
                     "`aggregateid`",
@@ -416,6 +426,19 @@ async fn run_cases(cases: Vec<Case>) {
             case.name
         );
         assert_eq!(letter.attempts, 1, "{}: dead-lettered at once", case.name);
+        assert_eq!(
+            letter.event_id,
+            case.id_kept.then_some(hostile_event.event_id),
+            "{}: the event id, when it was readable",
+            case.name
+        );
+        assert_eq!(
+            letter.aggregate_id,
+            case.aggregate_kept
+                .then(|| hostile_event.aggregate_id.clone()),
+            "{}: the aggregate id, when it was readable",
+            case.name
+        );
         if case.id_kept {
             assert_eq!(
                 letter.header("cloudEvents_id"),

@@ -116,7 +116,10 @@
 //! the place, so the runner dead-letters it (with its body and every header) and acknowledges
 //! it, and the connection is not touched. The reason is also kept in
 //! [`RawMessage::metadata`] under [`PROTOCOL_ERROR_KEY`], so a stored message decodes to the
-//! same error. Refused, in this order:
+//! same error. The dead letter keeps the event id and aggregate where their attributes are
+//! readable ([`DeliverySource::identify`]); an attribute carried as a type that is not text is
+//! not read for that (such headers are listed under [`REFUSED_ATTRIBUTES_KEY`]). Refused, in
+//! this order:
 //!
 //! * a content type that is not UTF-8 text (one holding control characters, NUL included, is
 //!   refused by [`outbox_core::wire::decode`] as an invalid `datacontenttype`);
@@ -183,6 +186,11 @@ pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 /// (see [Messages that break AMQP's rules](self#messages-that-break-amqps-rules)); decoding
 /// such a message fails with [`DecodeError::Protocol`] and that reason.
 pub const PROTOCOL_ERROR_KEY: &str = "protocol_error";
+
+/// The [`RawMessage::metadata`] key listing (separated by spaces) the CloudEvents attribute
+/// headers of a delivery whose AMQP type is not text; they are left out of its identity (see
+/// [`DeliverySource::identify`]). The first one's reason is under [`PROTOCOL_ERROR_KEY`].
+pub const REFUSED_ATTRIBUTES_KEY: &str = "protocol_error_attributes";
 
 /// Deepest nesting of field tables and arrays in a header value this source accepts (a table
 /// in a header is level 1).
@@ -969,14 +977,34 @@ pub(crate) fn raw_message(properties: &BasicProperties, body: Bytes) -> RawMessa
     if let Some(fault) = properties_fault(properties) {
         raw.metadata.insert(PROTOCOL_ERROR_KEY.to_owned(), fault);
     }
+    let refused: Vec<String> = properties
+        .headers()
+        .as_ref()
+        .map(attribute_type_faults)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(header, _)| header)
+        .collect();
+    if !refused.is_empty() {
+        raw.metadata
+            .insert(REFUSED_ATTRIBUTES_KEY.to_owned(), refused.join(" "));
+    }
     raw
 }
 
-/// A CloudEvents attribute's text header, by its bare name.
+/// A CloudEvents attribute's text header, by its bare name. A header whose AMQP type was
+/// refused (see [`REFUSED_ATTRIBUTES_KEY`]) is not read: its text is a rendering (a table's debug
+/// notation, a boolean's `true`), not a value the producer gave.
 fn attribute(raw: &RawMessage, name: &str) -> Option<String> {
-    raw.headers
-        .get(&format!("{CLOUDEVENTS_HEADER_PREFIX}{name}"))
-        .cloned()
+    let header = format!("{CLOUDEVENTS_HEADER_PREFIX}{name}");
+    let refused = raw
+        .metadata
+        .get(REFUSED_ATTRIBUTES_KEY)
+        .is_some_and(|list| list.split(' ').any(|h| h == header));
+    if refused {
+        return None;
+    }
+    raw.headers.get(&header).cloned()
 }
 
 /// What [`decode_raw`] would read of a message's identity, attribute by attribute
@@ -1045,7 +1073,16 @@ fn properties_fault(properties: &BasicProperties) -> Option<String> {
             return Some(fault);
         }
     }
-    wire::attr::ALL.into_iter().find_map(|name| {
+    attribute_type_faults(table)
+        .into_iter()
+        .next()
+        .map(|(_, fault)| fault)
+}
+
+/// Every CloudEvents attribute header of `table` carried as a type that is not text (an integer
+/// is text for `aggregateversion` and `schemaversion`), with the reason.
+fn attribute_type_faults(table: &FieldTable) -> Vec<(String, String)> {
+    wire::attr::ALL.into_iter().filter_map(|name| {
         let header = format!("{CLOUDEVENTS_HEADER_PREFIX}{name}");
         let value = table.inner().get(header.as_str())?;
         let text = matches!(
@@ -1064,12 +1101,14 @@ fn properties_fault(properties: &BasicProperties) -> Option<String> {
         );
         let allowed = text || (integer && INTEGER_ATTRIBUTES.contains(&name));
         (!allowed).then(|| {
-            format!(
+            let fault = format!(
                 "the CloudEvents attribute `{name}` (header `{header}`) is an AMQP {}, not a string",
                 type_name(value)
-            )
+            );
+            (header, fault)
         })
     })
+    .collect()
 }
 
 /// What is wrong with the header `name` (its name, or the names and nesting inside a table or
@@ -1569,6 +1608,55 @@ mod tests {
             delivery_fault("out\0box", "payment").as_deref(),
             Some("the exchange `out?box` holds a NUL byte")
         );
+    }
+
+    #[test]
+    fn a_refused_message_keeps_its_readable_identity_but_no_rendered_attribute() {
+        let id = uuid::Uuid::now_v7();
+        let mut identity = vec![
+            (
+                "cloudEvents_id",
+                AMQPValue::LongString(id.to_string().into()),
+            ),
+            (
+                "cloudEvents_aggregatetype",
+                AMQPValue::LongString("pay".into()),
+            ),
+            ("cloudEvents_aggregateversion", AMQPValue::LongLongInt(3)),
+        ];
+        identity.push(("n\u{fffd}", AMQPValue::Boolean(true)));
+        let raw = raw_message(&props(identity.clone()), Bytes::new());
+        assert!(raw.metadata.contains_key(PROTOCOL_ERROR_KEY));
+        assert_eq!(raw.metadata.get(REFUSED_ATTRIBUTES_KEY), None);
+        let read = identify_raw(&raw);
+        assert_eq!(
+            (
+                read.event_id,
+                read.aggregate_type.as_deref(),
+                read.aggregate_version
+            ),
+            (Some(id), Some("pay"), Some(3))
+        );
+
+        identity.pop();
+        identity.push(("cloudEvents_aggregateid", nested(1)));
+        identity.push(("cloudEvents_type", AMQPValue::Boolean(true)));
+        let raw = raw_message(&props(identity), Bytes::new());
+        assert_eq!(
+            raw.metadata.get(REFUSED_ATTRIBUTES_KEY).map(String::as_str),
+            Some("cloudEvents_type cloudEvents_aggregateid")
+        );
+        assert!(
+            raw.headers["cloudEvents_aggregateid"].contains("FieldTable"),
+            "the header is kept, as its debug text"
+        );
+        let read = identify_raw(&raw);
+        assert_eq!(read.event_id, Some(id));
+        assert_eq!(
+            read.aggregate_id, None,
+            "a table's debug text is no aggregate id"
+        );
+        assert_eq!(read.event_type, None);
     }
 
     fn props(headers: Vec<(&str, AMQPValue)>) -> BasicProperties {
