@@ -1199,7 +1199,13 @@ pub(crate) fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingE
         .iter()
         .map(|(k, v)| (k, v.clone()))
         .chain(binary_as_text)
-        .filter(|(k, _)| !k.starts_with(CLOUDEVENTS_HEADER_PREFIX))
+        // The binding's attributes are `cloudEvents_*`, exactly; a header with the prefix in
+        // another case is not one, yet reserved all the same (producers may not send one), so
+        // it is not handed to the application as a user header either.
+        .filter(|(k, _)| {
+            !k.get(..CLOUDEVENTS_HEADER_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(CLOUDEVENTS_HEADER_PREFIX))
+        })
         .map(|(k, v)| (k.clone(), v))
         .collect();
     wire::decode(
@@ -1744,5 +1750,152 @@ mod tests {
         c.forget("zzz");
         assert!(!c.by_key.contains_key("a"));
         assert_eq!(c.by_key.len(), c.by_age.len());
+    }
+
+    /// The decoders at this boundary, over generated hostile input (outbox_testkit::fuzz): the
+    /// CloudEvents attributes of a raw message, and the whole way from AMQP properties with a
+    /// header table of any types and depth.
+    mod fuzz {
+        use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, LongString};
+        use outbox_testkit::fuzz::proptest::prelude::*;
+        use outbox_testkit::fuzz::{self, check_decoded, check_identity, check_refused};
+
+        use super::*;
+
+        #[test]
+        fn attributes_of_any_raw_message() {
+            fuzz::check_decoder(
+                CLOUDEVENTS_HEADER_PREFIX,
+                str::to_owned,
+                |raw| decode_raw(raw, 1 << 20),
+                identify_raw,
+            );
+        }
+
+        fn value() -> impl Strategy<Value = AMQPValue> {
+            let leaf = prop_oneof![
+                any::<bool>().prop_map(AMQPValue::Boolean),
+                any::<i8>().prop_map(AMQPValue::ShortShortInt),
+                any::<u8>().prop_map(AMQPValue::ShortShortUInt),
+                any::<i16>().prop_map(AMQPValue::ShortInt),
+                any::<u16>().prop_map(AMQPValue::ShortUInt),
+                any::<i32>().prop_map(AMQPValue::LongInt),
+                any::<u32>().prop_map(AMQPValue::LongUInt),
+                any::<i64>().prop_map(AMQPValue::LongLongInt),
+                any::<f32>().prop_map(AMQPValue::Float),
+                any::<f64>().prop_map(AMQPValue::Double),
+                (any::<u8>(), any::<u32>()).prop_map(|(scale, value)| AMQPValue::DecimalValue(
+                    DecimalValue { scale, value }
+                )),
+                fuzz::hostile_text(12).prop_map(|s| AMQPValue::ShortString(ShortString::from(s))),
+                fuzz::hostile_text(12).prop_map(|s| AMQPValue::LongString(LongString::from(s))),
+                prop::collection::vec(any::<u8>(), 0..12)
+                    .prop_map(|b| AMQPValue::LongString(LongString::from(b))),
+                any::<u64>().prop_map(AMQPValue::Timestamp),
+                prop::collection::vec(any::<u8>(), 0..12)
+                    .prop_map(|b| AMQPValue::ByteArray(b.into())),
+                Just(AMQPValue::Void),
+            ];
+            leaf.prop_recursive(4, 32, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4)
+                        .prop_map(|v| AMQPValue::FieldArray(FieldArray::from(v))),
+                    prop::collection::btree_map(fuzz::hostile_text(6), inner, 0..4).prop_map(|m| {
+                        let mut t = FieldTable::default();
+                        for (k, v) in m {
+                            t.insert(ShortString::from(k), v);
+                        }
+                        AMQPValue::FieldTable(t)
+                    }),
+                ]
+            })
+        }
+
+        /// A header table: the CloudEvents attributes of a valid event, some as another type
+        /// or another value, beside random headers of every type.
+        fn table() -> impl Strategy<Value = FieldTable> {
+            let attribute = prop_oneof![
+                4 => Just(None),
+                1 => value().prop_map(Some),
+            ];
+            (
+                prop::collection::vec(attribute, wire::attr::ALL.len()),
+                prop::collection::btree_map(fuzz::hostile_text(8), value(), 0..4),
+                1i64..100,
+            )
+                .prop_map(|(replaced, others, version)| {
+                    let id = uuid::Uuid::now_v7().to_string();
+                    let valid = |name: &str| -> Option<String> {
+                        Some(match name {
+                            "specversion" => "1.0".into(),
+                            "id" => id.clone(),
+                            "type" => "PaymentCreated".into(),
+                            "aggregatetype" => "payment".into(),
+                            "aggregateid" | "subject" | "partitionkey" => "p-1".into(),
+                            "aggregateversion" => version.to_string(),
+                            "schemaversion" => "1".into(),
+                            _ => return None,
+                        })
+                    };
+                    let mut t = FieldTable::default();
+                    for (k, v) in others {
+                        t.insert(ShortString::from(k), v);
+                    }
+                    for (name, replacement) in wire::attr::ALL.iter().zip(replaced) {
+                        let header =
+                            ShortString::from(format!("{CLOUDEVENTS_HEADER_PREFIX}{name}"));
+                        match (replacement, valid(name)) {
+                            (Some(v), _) => {
+                                t.insert(header, v);
+                            }
+                            (None, Some(text)) => {
+                                t.insert(header, AMQPValue::LongString(LongString::from(text)));
+                            }
+                            (None, None) => {}
+                        }
+                    }
+                    t
+                })
+        }
+
+        #[test]
+        fn any_amqp_properties_and_header_table() {
+            let counts = std::cell::Cell::new((0u32, 0u32));
+            fuzz::runner()
+                .run(
+                    &(
+                        table(),
+                        prop::option::of(fuzz::hostile_text(20)),
+                        prop::option::of(fuzz::hostile_text(20)),
+                        prop::collection::vec(any::<u8>(), 0..32),
+                    ),
+                    |(table, content_type, message_id, body)| {
+                        let mut properties = BasicProperties::default().with_headers(table);
+                        if let Some(c) = content_type {
+                            properties = properties.with_content_type(ShortString::from(c));
+                        }
+                        if let Some(m) = message_id {
+                            properties = properties.with_message_id(ShortString::from(m));
+                        }
+                        let raw = raw_message(&properties, Bytes::from(body));
+                        let decoded = decode_raw(&raw, 1 << 20);
+                        match &decoded {
+                            Ok(event) => check_decoded(&raw, event, CLOUDEVENTS_HEADER_PREFIX)?,
+                            Err(e) => check_refused(e)?,
+                        }
+                        check_identity(&identify_raw(&raw), decoded.as_ref().ok())?;
+                        let (ok, refused) = counts.get();
+                        counts.set(if decoded.is_ok() {
+                            (ok + 1, refused)
+                        } else {
+                            (ok, refused + 1)
+                        });
+                        Ok(())
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+            let (ok, refused) = counts.get();
+            assert!(ok > 0 && refused > 0, "{ok} decoded, {refused} refused");
+        }
     }
 }

@@ -27,6 +27,9 @@
 //! * [`amqp`]: raw AMQP 0-9-1 frames written on a socket, to publish what no client library
 //!   sends (hostile-input tests).
 //! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
+//! * [`fuzz`]: property harnesses for the decoders at the boundaries (generated hostile
+//!   messages, and what a decoder must hold for each), with a short run in every `cargo test`
+//!   and a long mode (`OUTBOX_FUZZ_CASES`).
 //!
 //! Fakes for pure-logic tests, named as such: [`fakes`] (a broker, a delivery source, a
 //! provider, and [`fakes::FaultyStore`], which injects outages into any store) and the
@@ -49,6 +52,7 @@ pub mod engines;
 pub mod env;
 pub mod fakes;
 pub mod fixture;
+pub mod fuzz;
 pub mod harness;
 pub mod memory;
 pub mod message;
