@@ -33,7 +33,7 @@ use {
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{self, AsyncRead, AsyncReadExt, AsyncWrite};
-use tracing::trace;
+use tracing::{trace, warn};
 
 use crate::header::{HeaderMap, HeaderName, IntoHeaderValue};
 use crate::status::StatusCode;
@@ -246,6 +246,7 @@ impl Connection {
                 payload,
                 status: None,
                 description: None,
+                invalid_headers: None,
             }));
         }
 
@@ -331,68 +332,21 @@ impl Connection {
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
 
-            let mut lines = std::str::from_utf8(&header)
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
-                })?
-                .lines()
-                .peekable();
-            let version_line = lines.next().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-            })?;
-
-            let version_line_suffix = version_line
-                .strip_prefix("NATS/1.0")
-                .map(str::trim)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "header version line does not begin with `NATS/1.0`",
-                    )
-                })?;
-
-            let (status, description) = version_line_suffix
-                .split_once(' ')
-                .map(|(status, description)| (status.trim(), description.trim()))
-                .unwrap_or((version_line_suffix, ""));
-            let status = if !status.is_empty() {
-                Some(
-                    status
-                        .parse::<StatusCode>()
-                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-                )
-            } else {
-                None
-            };
-            let description = if !description.is_empty() {
-                Some(description.to_owned())
-            } else {
-                None
-            };
-
-            let mut headers = HeaderMap::new();
-            while let Some(line) = lines.next() {
-                if line.is_empty() {
-                    continue;
+            // A header block the client cannot parse (not UTF-8, a line without `:`, an invalid
+            // name) is the message's problem, not the connection's: the framing above is intact,
+            // so the message is delivered with the block as received for the application to
+            // deal with, and the connection goes on.
+            let (status, description, headers, invalid_headers) = match parse_headers(&header) {
+                Ok((status, description, headers)) => (status, description, Some(headers), None),
+                Err(err) => {
+                    warn!(
+                        subject = %subject,
+                        error = %err,
+                        "delivering a message whose headers cannot be parsed"
+                    );
+                    (None, None, None, Some(header.freeze()))
                 }
-
-                let (name, value) = line.split_once(':').ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-                })?;
-
-                let name = HeaderName::from_str(name)
-                    .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-
-                // Read the header value, which might have been split into multiple lines
-                // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
-                let mut value = value.trim_start().to_owned();
-                while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
-                    value.push_str(v);
-                }
-                value.truncate(value.trim_end().len());
-
-                headers.append(name, value.into_header_value());
-            }
+            };
 
             trace!(
                 subject = %subject,
@@ -410,10 +364,11 @@ impl Connection {
                 sid,
                 reply,
                 subject,
-                headers: Some(headers),
+                headers,
                 payload,
                 status,
                 description,
+                invalid_headers,
             }));
         }
 
@@ -862,12 +817,81 @@ where
     }
 }
 
+/// Parses the header block of an `HMSG`: the version line with its optional status and
+/// description, then the headers.
+fn parse_headers(
+    header: &[u8],
+) -> Result<(Option<StatusCode>, Option<String>, HeaderMap), io::Error> {
+    let mut lines = std::str::from_utf8(header)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8"))?
+        .lines()
+        .peekable();
+    let version_line = lines.next().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
+    })?;
+
+    let version_line_suffix = version_line
+        .strip_prefix("NATS/1.0")
+        .map(str::trim)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "header version line does not begin with `NATS/1.0`",
+            )
+        })?;
+
+    let (status, description) = version_line_suffix
+        .split_once(' ')
+        .map(|(status, description)| (status.trim(), description.trim()))
+        .unwrap_or((version_line_suffix, ""));
+    let status = if !status.is_empty() {
+        Some(
+            status
+                .parse::<StatusCode>()
+                .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
+        )
+    } else {
+        None
+    };
+    let description = if !description.is_empty() {
+        Some(description.to_owned())
+    } else {
+        None
+    };
+
+    let mut headers = HeaderMap::new();
+    while let Some(line) = lines.next() {
+        if line.is_empty() {
+            continue;
+        }
+
+        let (name, value) = line.split_once(':').ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "header line without `:`")
+        })?;
+
+        let name = HeaderName::from_str(name)
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+
+        // Read the header value, which might have been split into multiple lines
+        // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
+        let mut value = value.trim_start().to_owned();
+        while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
+            value.push_str(v);
+        }
+        value.truncate(value.trim_end().len());
+
+        headers.append(name, value.into_header_value());
+    }
+    Ok((status, description, headers))
+}
+
 #[cfg(test)]
 mod read_op {
     use std::sync::Arc;
 
     use super::Connection;
     use crate::{HeaderMap, ServerError, ServerInfo, ServerOp, Statistics, StatusCode};
+    use bytes::Bytes;
     use tokio::io::{self, AsyncWriteExt};
 
     #[tokio::test]
@@ -987,6 +1011,7 @@ mod read_op {
                 status: None,
                 description: None,
                 length: 7 + 11,
+                invalid_headers: None,
             })
         );
 
@@ -1007,6 +1032,7 @@ mod read_op {
                 status: None,
                 description: None,
                 length: 7 + 8 + 11,
+                invalid_headers: None,
             })
         );
 
@@ -1034,7 +1060,8 @@ mod read_op {
                 payload: "Hello World".into(),
                 status: None,
                 description: None,
-                length: 7 + 8 + 34
+                length: 7 + 8 + 34,
+                invalid_headers: None,
             })
         );
 
@@ -1062,6 +1089,7 @@ mod read_op {
                 status: None,
                 description: None,
                 length: 7 + 8 + 34,
+                invalid_headers: None,
             })
         );
 
@@ -1088,6 +1116,7 @@ mod read_op {
                 status: Some(StatusCode::NOT_FOUND),
                 description: Some("No Messages".to_string()),
                 length: 7 + 8 + 28,
+                invalid_headers: None,
             })
         );
 
@@ -1108,8 +1137,62 @@ mod read_op {
                 status: None,
                 description: None,
                 length: 7 + 11,
+                invalid_headers: None,
             })
         );
+    }
+
+    #[tokio::test]
+    async fn hmsg_with_unparsable_headers_is_delivered_and_the_connection_goes_on() {
+        for header in [
+            &b"NATS/1.0\r\nce-id: 1\r\nce-type: caf\xe9\r\n\r\n"[..],
+            b"NATS/1.0\r\nce-id: 1\r\nno colon here\r\n\r\n",
+            b"NATS/1.0\r\n\xff\xfe: value\r\nce-id: 1\r\n\r\n",
+            b"NATS/1.0\r\nbad name: value\r\n\r\n",
+            b"NATS/1.1\r\nce-id: 1\r\n\r\n",
+            b"NATS/1.0 x\r\n\r\n",
+        ] {
+            let (stream, mut server) = io::duplex(256);
+            let mut connection =
+                Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
+
+            let total = header.len() + 2;
+            server
+                .write_all(
+                    format!("HMSG FOO.BAR 10 INBOX.35 {} {total}\r\n", header.len()).as_bytes(),
+                )
+                .await
+                .unwrap();
+            server.write_all(header).await.unwrap();
+            server.write_all(b"hi\r\n").await.unwrap();
+            server
+                .write_all(b"MSG FOO.BAR 9 2\r\nok\r\n")
+                .await
+                .unwrap();
+
+            let result = connection.read_op().await.unwrap();
+            assert_eq!(
+                result,
+                Some(ServerOp::Message {
+                    sid: 10,
+                    subject: "FOO.BAR".into(),
+                    reply: Some("INBOX.35".into()),
+                    headers: None,
+                    payload: "hi".into(),
+                    status: None,
+                    description: None,
+                    length: 7 + 8 + total,
+                    invalid_headers: Some(Bytes::copy_from_slice(header)),
+                }),
+                "{}",
+                String::from_utf8_lossy(header)
+            );
+            let next = connection.read_op().await.unwrap();
+            assert!(
+                matches!(next, Some(ServerOp::Message { ref payload, .. }) if payload == "ok"),
+                "{next:?}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -1152,6 +1235,7 @@ mod read_op {
                 status: Some(StatusCode::NOT_FOUND),
                 description: Some("No Messages".to_string()),
                 length: 7 + 8 + 28,
+                invalid_headers: None,
             })
         );
 

@@ -369,6 +369,8 @@ pub(crate) enum ServerOp {
         status: Option<StatusCode>,
         description: Option<String>,
         length: usize,
+        /// The header block as received, when it could not be parsed (`headers` is then `None`).
+        invalid_headers: Option<Bytes>,
     },
 }
 
@@ -733,6 +735,7 @@ impl ConnectionHandler {
                 status,
                 description,
                 length,
+                invalid_headers,
             } => {
                 debug!("received MESSAGE: sid={}, subject={}", sid, subject);
                 self.connector
@@ -749,6 +752,7 @@ impl ConnectionHandler {
                         status,
                         description,
                         length,
+                        invalid_headers,
                     };
 
                     // if the channel for subscription was dropped, remove the
@@ -797,6 +801,7 @@ impl ConnectionHandler {
                                     status,
                                     description,
                                     length,
+                                    invalid_headers,
                                 };
 
                                 let _ = sender.send(message);

@@ -37,6 +37,14 @@ pub struct Message {
     pub description: Option<String>,
 
     pub length: usize,
+    /// The header block exactly as received (from the `NATS/1.0` line to the blank line after
+    /// the headers), when the client could not parse it: it is not UTF-8, a line has no `:`,
+    /// a name is not a valid header name, or the version line or status is malformed. The
+    /// message is then delivered with `headers`, `status` and `description` set to `None`,
+    /// and the connection is kept. `None` for every message whose headers were parsed, or
+    /// that had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_headers: Option<Bytes>,
 }
 
 /// An outbound message to be published.
