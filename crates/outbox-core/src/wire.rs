@@ -224,9 +224,10 @@ pub enum DecodeError {
         max: usize,
     },
     /// The message breaks its protocol's own rules, which the transport found before any
-    /// attribute was decoded: a header name or a protocol property that is not UTF-8 text, a
-    /// header nested deeper than the transport reads, an attribute carried as a protocol type
-    /// that is not text. The reason names the place; it is printable and bounded (values in it
+    /// attribute was decoded: headers that cannot be read as headers at all (NATS: a header
+    /// line without `:`, a name that is not printable ASCII; nothing in them can be trusted), a
+    /// header name or a protocol property that is not UTF-8 text, a header nested deeper than
+    /// the transport reads, an attribute carried as a protocol type that is not text. The reason names the place; it is printable and bounded (values in it
     /// are [`excerpt`]s).
     #[error("{0}")]
     Protocol(String),
