@@ -26,6 +26,8 @@
 //!   broker that advertises a proxy, for Kafka's outage cases.
 //! * [`amqp`]: raw AMQP 0-9-1 frames written on a socket, to publish what no client library
 //!   sends (hostile-input tests).
+//! * [`nats_wire`]: the NATS protocol written by hand on a TCP socket, to store in a stream
+//!   what no client library sends (hostile header blocks).
 //! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
 //! * [`fuzz`]: property harnesses for the decoders at the boundaries (generated hostile
 //!   messages, and what a decoder must hold for each), with a short run in every `cargo test`
@@ -56,6 +58,7 @@ pub mod fuzz;
 pub mod harness;
 pub mod memory;
 pub mod message;
+pub mod nats_wire;
 pub mod net;
 pub mod source;
 pub mod store;
