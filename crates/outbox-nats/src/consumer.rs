@@ -43,7 +43,16 @@
 //!   then parks a poison message one delivery later, but it still parks it.
 //! * Nothing is ever dropped by this side: a message that does not decode is still a
 //!   [`NatsDelivery`] whose [`Delivery::event`] is the [`DecodeError`]; the runner dead-letters
-//!   it and then acks it. The consumer has no `max_deliver` limit set here.
+//!   it and then acks it. That includes a message whose header block the client library cannot
+//!   parse (see "Decoding").
+//! * The durable has no `max_deliver` (the source creates it without one and never sets one):
+//!   the engine's `max_attempts` is the one cap, and a message that keeps failing is
+//!   dead-lettered by the engine on its `max_attempts`-th delivery. An operator who sets
+//!   `max_deliver` on the durable must keep it above `max_attempts` (with prefetch, a release
+//!   counts a delivery too, so well above): at `max_deliver` the server stops delivering the
+//!   message, unacknowledged, and only a `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES` advisory
+//!   says so; it is then neither handled nor dead-lettered, and stays in the consumer's
+//!   `num_ack_pending` for good. The source warns at start when the durable has one.
 //!
 //! Together with the inbox, which records each event id in the same transaction as its effect
 //! and acks only after commit, this gives *effectively once* processing over an
@@ -106,8 +115,33 @@
 //!
 //! [`RawMessage::metadata`] holds the subject and JetStream's view of the delivery (stream,
 //! consumer, stream and consumer sequence, deliveries, pending, publish time), for the
-//! operator reading a dead letter. The client only hands over headers that are UTF-8 text, so
-//! [`RawMessage::binary_headers`] stays empty.
+//! operator reading a dead letter.
+//!
+//! ## Header blocks the client cannot parse
+//!
+//! The server stores any header block a publisher sends; async-nats refuses some that other
+//! clients write (a Go producer writes header values as bytes) or that only a hostile one
+//! writes. This workspace carries async-nats with a fix (`vendor/README.md`): instead of
+//! dropping the connection on such a message, which JetStream would deliver again after every
+//! ack wait, for ever, the client hands it over with its block as received, and the source
+//! reads the block itself, line by line as the client reads a valid one:
+//!
+//! * a value that is not UTF-8 is kept byte for byte in [`RawMessage::binary_headers`]: as a
+//!   `ce-` attribute it is [`DecodeError::Invalid`], as a user header it reaches the handler
+//!   with U+FFFD for the invalid bytes (as on the other brokers);
+//! * a block that is not valid NATS headers (a line without `:`, a name that is not printable
+//!   ASCII, a version line other than `NATS/1.0`) is [`DecodeError::Headers`] naming the line,
+//!   and the whole block is kept byte for byte under [`RAW_HEADER_BLOCK`] (among the text
+//!   headers when it is UTF-8, else among the binary ones);
+//! * every readable line is kept by name as well, so the dead letter still shows the event id
+//!   and the other attributes beside the defect.
+//!
+//! Such a message costs no reconnection and delays nothing behind it. The alternative, a
+//! `max_deliver` on the durable with the max-deliveries advisory and the stream's direct get
+//! to fetch the raw bytes, would still cost one reset per message and a wait of an ack wait
+//! for the messages lost with the connection, and depends on the advisory reaching the
+//! source. A subject that is not UTF-8 still drops the connection (the client refuses it
+//! before the headers; the relay never publishes one): see the guide's known limits.
 //!
 //! # Lag
 //!
@@ -140,6 +174,7 @@ use outbox_core::wire::{self, DecodeError, EventIdentity, IncomingEvent, attr};
 use serde::Deserialize;
 
 use crate::client::{ClientConnectError, connect_client, logged_connect_options};
+use crate::header_block::{self, RAW_HEADER_BLOCK, raw_header_block};
 use crate::security::{NatsSecurity, NatsSecurityError};
 use crate::subject;
 use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER, is_stream_not_found};
@@ -526,6 +561,16 @@ impl NatsSource {
                  or use another durable_name)",
                 existing.ack_policy
             )));
+        }
+        if existing.max_deliver > 0 {
+            tracing::warn!(
+                stream = %config.stream,
+                durable = %config.durable_name,
+                max_deliver = existing.max_deliver,
+                "the JetStream consumer has a max_deliver: keep it above the consumer's \
+                 max_attempts, or a message that keeps failing stops being delivered before it \
+                 is dead-lettered and is never handled"
+            );
         }
         let differs = existing.ack_wait != wanted.ack_wait
             || existing.max_ack_pending != wanted.max_ack_pending
@@ -1011,10 +1056,28 @@ impl Delivery for NatsDelivery {
     }
 }
 
-/// The body and every header of `message` as text; see [`decode_raw`].
+/// The body and every header of `message`; see [`decode_raw`]. A header block the client
+/// could not parse is read here ([`header_block::read`]): readable headers by name (values that
+/// are not UTF-8 in [`RawMessage::binary_headers`]), and, when the block is not valid NATS
+/// headers, the whole block under [`RAW_HEADER_BLOCK`].
 fn raw_message(message: &async_nats::Message) -> RawMessage {
     let mut headers: BTreeMap<String, String> = BTreeMap::new();
-    if let Some(map) = &message.headers {
+    let mut binary_headers: BTreeMap<String, Bytes> = BTreeMap::new();
+    if let Some(block) = &message.invalid_headers {
+        let read = header_block::read(block);
+        headers = read.headers;
+        binary_headers = read.binary;
+        if read.problem.is_some() {
+            match std::str::from_utf8(block) {
+                Ok(text) => {
+                    headers.insert(RAW_HEADER_BLOCK.to_owned(), text.to_owned());
+                }
+                Err(_) => {
+                    binary_headers.insert(RAW_HEADER_BLOCK.to_owned(), block.clone());
+                }
+            }
+        }
+    } else if let Some(map) = &message.headers {
         for (name, values) in map.iter() {
             let joined = values
                 .iter()
@@ -1029,6 +1092,7 @@ fn raw_message(message: &async_nats::Message) -> RawMessage {
         payload: message.payload.clone(),
         headers,
         content_type,
+        binary_headers,
         ..RawMessage::default()
     }
 }
@@ -1067,17 +1131,43 @@ pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
 /// Decodes a NATS message kept as a [`RawMessage`] (as [`NatsDelivery`] does for a live one):
 /// `ce-<attribute>` headers matched without regard to case and percent-decoded, content type
 /// from [`RawMessage::content_type`] / `Content-Type`, else `ce-datacontenttype`, user headers
-/// = every header except `ce-*`, `Nats-*`, `Content-Type`.
+/// = every header except `ce-*`, `Nats-*`, `Content-Type` (one whose value is not UTF-8, from
+/// [`RawMessage::binary_headers`], with U+FFFD for the invalid bytes).
 ///
 /// # Errors
-/// [`DecodeError`] naming the first problem: body over `max_bytes`, a missing or invalid
-/// attribute (including a malformed percent-encoding), a fingerprint mismatch.
+/// [`DecodeError`] naming the first problem: body over `max_bytes`; a header block kept under
+/// [`RAW_HEADER_BLOCK`] ([`DecodeError::Headers`], saying which line is wrong); an attribute
+/// whose value is not UTF-8, missing or invalid (including a malformed percent-encoding); a
+/// fingerprint mismatch.
 pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
     if raw.payload.len() > max_bytes {
         return Err(DecodeError::TooLarge {
             size: raw.payload.len(),
             max: max_bytes,
         });
+    }
+    if let Some(block) = raw_header_block(raw) {
+        return Err(DecodeError::Headers(
+            header_block::read(block)
+                .problem
+                .unwrap_or_else(|| "the header block was kept unread".to_owned()),
+        ));
+    }
+    for name in attr::ALL {
+        let header = format!("{CE_PREFIX}{name}");
+        if let Some((_, value)) = raw
+            .binary_headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(&header))
+        {
+            return Err(DecodeError::Invalid {
+                name,
+                value: format!(
+                    "not UTF-8 text: `{}`",
+                    wire::excerpt(&String::from_utf8_lossy(value))
+                ),
+            });
+        }
     }
     let mut attributes: HashMap<&'static str, String> = HashMap::new();
     for name in attr::ALL {
@@ -1095,11 +1185,16 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
         .clone()
         .or_else(|| header_ci(&raw.headers, CONTENT_TYPE_HEADER))
         .filter(|c| !c.trim().is_empty());
+    let binary_as_text = raw
+        .binary_headers
+        .iter()
+        .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()));
     let user_headers: BTreeMap<String, String> = raw
         .headers
         .iter()
-        .filter(|(name, _)| !is_protocol_header(name))
         .map(|(n, v)| (n.clone(), v.clone()))
+        .chain(binary_as_text)
+        .filter(|(name, _)| !is_protocol_header(name))
         .collect();
     wire::decode(
         |name| attributes.get(name).cloned(),
@@ -1310,6 +1405,107 @@ mod tests {
             e.payload.content_type.0.as_str(),
             "text/plain; charset=utf-8"
         );
+    }
+
+    /// A message as the client delivers one whose header block it could not parse.
+    fn unparsed(block: &[u8], payload: &[u8]) -> async_nats::Message {
+        async_nats::Message {
+            subject: "outbox.payment.Created".into(),
+            reply: None,
+            payload: Bytes::copy_from_slice(payload),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+            invalid_headers: Some(Bytes::copy_from_slice(block)),
+        }
+    }
+
+    /// The transport's header block for `raw` with `edit` applied to its lines.
+    fn block_of(raw: &RawMessage, edit: impl FnOnce(&mut Vec<Vec<u8>>)) -> Vec<u8> {
+        let mut lines: Vec<Vec<u8>> = raw
+            .headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}").into_bytes())
+            .collect();
+        edit(&mut lines);
+        let mut block = b"NATS/1.0\r\n".to_vec();
+        for line in lines {
+            block.extend_from_slice(&line);
+            block.extend_from_slice(b"\r\n");
+        }
+        block.extend_from_slice(b"\r\n");
+        block
+    }
+
+    #[test]
+    fn an_unparsed_block_of_valid_lines_decodes_as_the_parsed_one() {
+        let (m, raw) = published();
+        let mut sent = raw.clone();
+        sent.headers
+            .insert("traceparent".into(), "00-abc-def-01".into());
+        let mut block = block_of(&sent, |_| {});
+        // A user header that is not UTF-8 is what made the client give up on the block.
+        block.truncate(block.len() - 2);
+        block.extend_from_slice(b"tenant: caf\xe9\r\n\r\n");
+        let got = raw_message(&unparsed(&block, &m.payload.bytes));
+        assert_eq!(got.headers, sent.headers);
+        assert_eq!(got.binary_headers["tenant"].as_ref(), b"caf\xe9");
+        assert_eq!(got.content_type, raw.content_type);
+        let e = decode_raw(&got, 1 << 20).unwrap();
+        assert_eq!(e.event_id, m.event_id);
+        assert_eq!(e.headers["tenant"], "caf\u{fffd}");
+        assert_eq!(e.headers["traceparent"], "00-abc-def-01");
+    }
+
+    #[test]
+    fn an_attribute_that_is_not_utf8_is_invalid() {
+        let (m, raw) = published();
+        let block = block_of(&raw, |lines| {
+            for line in lines.iter_mut() {
+                if line.starts_with(b"ce-type:") {
+                    *line = b"ce-type: Zahlung\xff".to_vec();
+                }
+            }
+        });
+        let got = raw_message(&unparsed(&block, &m.payload.bytes));
+        assert_eq!(got.binary_headers["ce-type"].as_ref(), b"Zahlung\xff");
+        assert_eq!(got.headers["ce-id"], m.event_id.to_string());
+        assert!(!got.headers.contains_key(RAW_HEADER_BLOCK));
+        let e = decode_raw(&got, 1 << 20).unwrap_err();
+        assert!(
+            matches!(&e, DecodeError::Invalid { name: "type", value } if value.contains("not UTF-8")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_block_that_is_not_nats_headers_is_kept_whole_and_refused() {
+        let (m, raw) = published();
+        for (bad, problem) in [
+            (&b"no colon here"[..], "line 2 has no `:`"),
+            (b"\xff\xfe: value", "line 2: the header name"),
+        ] {
+            let block = block_of(&raw, |lines| lines.insert(0, bad.to_vec()));
+            let got = raw_message(&unparsed(&block, &m.payload.bytes));
+            let kept = raw_header_block(&got).map(<[u8]>::to_vec);
+            assert_eq!(kept, Some(block.clone()), "the block byte for byte");
+            // Among the text headers when it is UTF-8, as a store gives it back.
+            assert_eq!(
+                got.headers.contains_key(RAW_HEADER_BLOCK),
+                std::str::from_utf8(&block).is_ok()
+            );
+            assert_eq!(
+                got.headers["ce-id"],
+                m.event_id.to_string(),
+                "the rest is read"
+            );
+            assert_eq!(got.payload, m.payload.bytes);
+            match decode_raw(&got, 1 << 20).unwrap_err() {
+                DecodeError::Headers(why) => assert!(why.starts_with(problem), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -95,6 +95,7 @@ mod broker;
 mod client;
 mod config;
 pub mod consumer;
+mod header_block;
 mod security;
 mod subject;
 mod transport;
@@ -105,6 +106,7 @@ pub use consumer::{
     MAX_PREFETCH, NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery,
     NatsSource, decode_raw,
 };
+pub use header_block::{RAW_HEADER_BLOCK, raw_header_block};
 pub use security::{NatsSecurity, NatsSecurityError};
 pub use transport::{
     CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, NatsConnectError, NatsTransport,
