@@ -227,4 +227,61 @@ mod tests {
             );
         }
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        /// A header name the client accepts: printable ASCII without `:`.
+        fn name() -> impl Strategy<Value = String> {
+            "[!-9;-~]{1,12}"
+        }
+
+        /// A value as a transport writes one: any text without line breaks, trimmed.
+        fn value() -> impl Strategy<Value = String> {
+            "[^\r\n]{0,24}".prop_map(|v| v.trim().to_owned())
+        }
+
+        proptest! {
+            /// Any bytes: read never panics, and a block it finds no problem in holds only
+            /// what its lines said.
+            #[test]
+            fn any_block_is_read_without_panicking(block in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let read = read(&block);
+                if read.problem.is_none() {
+                    prop_assert!(block.starts_with(VERSION));
+                }
+            }
+
+            /// Headers written as the transport writes them, with one value made bytes that
+            /// are not UTF-8: every other header reads back as written, the bytes as sent.
+            #[test]
+            fn written_headers_read_back(
+                headers in proptest::collection::btree_map(name(), value(), 1..8),
+                bad in proptest::collection::vec(0x80u8..=0xFF, 1..4),
+            ) {
+                let mut block = b"NATS/1.0\r\n".to_vec();
+                for (n, v) in &headers {
+                    block.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+                }
+                let binary_name = "X-Binary-Value";
+                let mut binary = b"a".to_vec();
+                binary.extend_from_slice(&bad);
+                let utf8 = std::str::from_utf8(&binary).is_ok();
+                block.extend_from_slice(format!("{binary_name}: ").as_bytes());
+                block.extend_from_slice(&binary);
+                block.extend_from_slice(b"\r\n\r\n");
+                let read = read(&block);
+                prop_assert_eq!(read.problem, None);
+                let mut expected = headers.clone();
+                if utf8 {
+                    expected.insert(binary_name.to_owned(), String::from_utf8(binary.clone()).unwrap());
+                } else {
+                    prop_assert_eq!(read.binary.get(binary_name).map(|b| b.to_vec()), Some(binary));
+                }
+                prop_assert_eq!(read.headers, expected);
+            }
+        }
+    }
 }
