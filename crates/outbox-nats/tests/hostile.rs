@@ -103,7 +103,7 @@ async fn hostile_then_valid(fx: &Fixture) -> anyhow::Result<()> {
                     "{form:?}: the header block byte for byte: {raw_msg:?}"
                 );
                 ensure!(
-                    matches!(error, Some(DecodeError::Headers(_))),
+                    matches!(error, Some(DecodeError::Protocol(_))),
                     "{form:?}: {error:?}"
                 );
             }
