@@ -9,7 +9,8 @@
 //! * [`relay::Relay`], the publish engine, fed by a [`relay::Feed`] (polling claims, or a log);
 //! * the consumer engine in [`consumer`];
 //! * the remote-effect executor in [`effect`];
-//! * the maintenance jobs (retention, lease reaping) in [`maintenance`].
+//! * the maintenance jobs (retention, lease reaping) in [`maintenance`];
+//! * what the relay and the consumers say about themselves when they are stuck, in [`health`].
 //!
 //! The relay moves rows to the broker with the guarantees listed in the guide
 //! (docs/guide/src/guarantees.md):
@@ -28,6 +29,7 @@ pub mod consumer;
 pub mod crash;
 pub mod effect;
 mod error;
+pub mod health;
 pub mod limits;
 pub mod maintenance;
 mod message;

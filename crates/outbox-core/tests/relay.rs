@@ -406,3 +406,85 @@ async fn a_batch_counts_as_in_flight_until_it_is_settled() {
     assert_eq!(outcome.published, 3);
     assert_eq!(activity.in_flight(), Default::default());
 }
+
+/// The relay says why it is stuck (`Relay::health`): a publish that keeps failing makes it
+/// `failing` with the transport's error, progress ends that; a failed claim is closed by the
+/// next claim, a failed settle only by the next settle (a lease still held leaves it open); a
+/// dead letter never makes it `failing`; a relay with nothing to do is `idle`.
+#[tokio::test]
+async fn the_relay_says_why_it_is_stuck() {
+    use outbox_core::health::{HealthState, TroubleKind};
+
+    let idle = relay(MemoryStore::new(), FakeTransport::new(), fast_config());
+    assert_eq!(idle.run_batch().await.unwrap().claimed, 0);
+    let r = idle.health().report();
+    assert_eq!(
+        (r.state, r.errors, &r.last_error),
+        (HealthState::Idle, 0, &None)
+    );
+
+    // The broker refuses a2 twice: failing, with its words; then it goes through.
+    let store = FaultyStore::new(store_with(&[("a", 1), ("a", 2)]));
+    let r = relay(
+        store.clone(),
+        FakeTransport::new().fail("a", 2, PublishErrorKind::Unavailable, 2),
+        fast_config(),
+    );
+    assert_eq!(r.run_batch().await.unwrap().published, 1);
+    let h = r.health().report();
+    assert_eq!(h.state, HealthState::Degraded, "a1 went out: {h:?}");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(r.run_batch().await.unwrap().retried, 1);
+    let h = r.health().report();
+    assert_eq!(h.state, HealthState::Failing, "{h:?}");
+    let e = h.last_error.as_ref().expect("the last error");
+    assert_eq!(e.kind, TroubleKind::Publish);
+    assert!(
+        e.message.starts_with("attempt 2: Unavailable:"),
+        "{}",
+        e.message
+    );
+    assert_eq!((h.errors, h.errors_per_minute), (2, 2));
+    let progress = h.last_progress_at.expect("a1's progress");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(r.run_batch().await.unwrap().published, 1);
+    let h = r.health().report();
+    assert_eq!(h.state, HealthState::Degraded, "{h:?}");
+    assert!(h.last_progress_at.unwrap() > progress);
+    assert_eq!(h.last_error.unwrap().kind, TroubleKind::Publish, "kept");
+
+    // A failed claim: failing until the next claim succeeds, even an empty one.
+    store.fail_op("claim", 1);
+    assert!(r.run_batch().await.is_err());
+    let h = r.health().report();
+    assert_eq!(h.state, HealthState::Failing);
+    assert_eq!(h.last_error.unwrap().kind, TroubleKind::Claim);
+    assert_eq!(r.run_batch().await.unwrap().claimed, 0);
+    assert_eq!(r.health().report().state, HealthState::Degraded);
+
+    // A failed settle (a missing grant): claims that find the lease still held do not close
+    // it.
+    let store = FaultyStore::new(store_with(&[("b", 1)]));
+    let r = relay(store.clone(), FakeTransport::new(), fast_config());
+    store.fail_op_with("mark", outbox_core::StoreErrorKind::PermissionDenied, 1);
+    assert!(r.run_batch().await.is_err());
+    assert_eq!(r.run_batch().await.unwrap().claimed, 0, "the lease holds b");
+    let h = r.health().report();
+    assert_eq!(h.state, HealthState::Failing, "{h:?}");
+    let e = h.last_error.unwrap();
+    assert_eq!(e.kind, TroubleKind::Settle);
+    assert!(e.message.starts_with("PermissionDenied"), "{}", e.message);
+    assert_eq!(h.last_progress_at, None);
+
+    // A dead letter: an error and progress at once.
+    let r = relay(
+        store_with(&[("c", 1)]),
+        FakeTransport::new().fail("c", 1, PublishErrorKind::TooLarge, 1),
+        fast_config(),
+    );
+    assert_eq!(r.run_batch().await.unwrap().dead_lettered, 1);
+    let h = r.health().report();
+    assert_eq!(h.state, HealthState::Degraded, "{h:?}");
+    assert_eq!(h.last_error.unwrap().kind, TroubleKind::DeadLetter);
+    assert!(h.last_progress_at.is_some());
+}

@@ -790,6 +790,64 @@ pub async fn run_releases_the_source_after_an_error<F: StoreFixture>() {
     fixture.cleanup().await;
 }
 
+/// The consumer says why it is stuck (`ConsumerStats::health`): idle with nothing to do; a
+/// handler that fails makes it `failing` with the handler's words until the delivery is
+/// applied; a broker that cannot be read, until a read succeeds; a database outage, until a
+/// batch commits; a dead letter is an error and progress at once.
+pub async fn a_stuck_consumer_says_why<F: StoreFixture>() {
+    use outbox_core::health::{HealthState, TroubleKind};
+    let rig = Rig::<F>::new("c").await;
+    let mut consumer = rig.consumer(fast_config("c"));
+    let health = consumer.stats().health();
+    consumer.run_batch().await.expect("an empty batch");
+    assert_eq!(health.report().state, HealthState::Idle);
+    let failing = |kind: TroubleKind, words: &str| {
+        let h = health.report();
+        assert_eq!(h.state, HealthState::Failing, "{h:?}");
+        let e = h.last_error.expect("the last error");
+        assert_eq!(e.kind, kind, "{e:?}");
+        assert!(e.message.contains(words), "{e:?}");
+    };
+
+    let m = event_message(Uuid::now_v7(), "a", 1, "{}");
+    rig.handler.script(m.event_id, &[Script::Transient]);
+    rig.source.push_message(&m);
+    assert_eq!(consumer.run_batch().await.unwrap().nacked, 1);
+    failing(TroubleKind::Handler, "transient: scripted transient");
+    assert_eq!(consumer.run_batch().await.unwrap().processed, 1);
+    let h = health.report();
+    assert_eq!(h.state, HealthState::Degraded, "{h:?}");
+    assert!(h.last_progress_at.is_some());
+
+    rig.source.fail_reads(2, "connection reset by the broker");
+    assert!(consumer.run_batch().await.is_err());
+    assert!(consumer.run_batch().await.is_err());
+    failing(TroubleKind::Source, "connection reset by the broker");
+    consumer.run_batch().await.expect("the broker is back");
+    assert_eq!(health.report().state, HealthState::Degraded);
+
+    let m = event_message(Uuid::now_v7(), "b", 1, "{}");
+    rig.source.push_message(&m);
+    rig.faults.fail_op("inbox record", 1);
+    assert!(consumer.run_batch().await.is_err());
+    failing(TroubleKind::Store, "inbox record");
+    assert_eq!(consumer.run_batch().await.unwrap().processed, 1);
+    assert_eq!(health.report().state, HealthState::Degraded);
+
+    let m = event_message(Uuid::now_v7(), "c", 1, "{}");
+    rig.handler.script(m.event_id, &[Script::Permanent]);
+    rig.source.push_message(&m);
+    assert_eq!(consumer.run_batch().await.unwrap().dead_lettered, 1);
+    let h = health.report();
+    assert_eq!(h.state, HealthState::Degraded, "{h:?}");
+    let e = h.last_error.as_ref().expect("the dead letter");
+    assert_eq!(e.kind, TroubleKind::DeadLetter);
+    assert!(e.message.contains("scripted permanent"), "{e:?}");
+    // The handler's two failures, two reads, the outage, the dead letter.
+    assert_eq!((h.errors, h.errors_per_minute), (6, 6), "{h:?}");
+    rig.fixture.cleanup().await;
+}
+
 /// The database refuses a delivery's values (`InvalidData`: bytes it cannot store, a key over
 /// an index's limit): the delivery is dead-lettered at its first delivery, with its event id
 /// and the reason, and acknowledged; the delivery behind it is applied; nothing is sent back.
@@ -1574,6 +1632,7 @@ macro_rules! engine_suite {
             two_consumers_get_one_effect_each,
             a_store_outage_loses_nothing_and_acks_only_after_commit,
             run_releases_the_source_after_an_error,
+            a_stuck_consumer_says_why,
             a_delivery_the_database_refuses_is_dead_lettered_at_once,
             other_database_errors_are_retried_then_dead_lettered,
             an_outage_is_never_dead_lettered,

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use outbox_core::consumer::{
     ConsumerDeadLetterState, Delivery, DeliverySource, InboxOutcome, InboxStore,
     NewConsumerDeadLetter, OrderingGuard, RawMessage, RequeuedDeadLetter, SourceError,
+    SourceErrorKind,
 };
 use outbox_core::effect::{
     ClaimedWorkItem, EffectsStats, WorkItemClaimParams, WorkItemRecordParams, WorkItemStore,
@@ -250,6 +251,8 @@ struct Queue {
     releases: usize,
     /// The most deliveries still unsettled when the source was released.
     unsettled_at_release: usize,
+    /// Reads still to fail ([`FakeSource::fail_reads`]), with the error's text.
+    failing_reads: Option<(u32, String)>,
 }
 
 /// A fake broker queue: [`FakeSource::push`] adds messages; a nack puts a delivery back with its
@@ -287,6 +290,12 @@ impl FakeSource {
     /// still on their way.
     pub fn unsettled_at_fetch(&self) -> usize {
         lock(&self.queue).unsettled_at_fetch
+    }
+
+    /// Makes the next `n` reads ([`DeliverySource::next_batch`]) fail as a broker outage
+    /// saying `message`.
+    pub fn fail_reads(&self, n: u32, message: &str) {
+        lock(&self.queue).failing_reads = Some((n, message.to_owned()));
     }
 
     /// Adds a message at the end of the queue (first delivery).
@@ -392,6 +401,14 @@ impl DeliverySource for FakeSource {
         _wait: Duration,
     ) -> Result<Vec<FakeDelivery>, SourceError> {
         let mut q = lock(&self.queue);
+        if let Some((n, message)) = q.failing_reads.take() {
+            if n > 1 {
+                q.failing_reads = Some((n - 1, message.clone()));
+            }
+            if n > 0 {
+                return Err(SourceError::new(SourceErrorKind::Unavailable, message));
+            }
+        }
         q.unsettled_at_fetch = q.unsettled_at_fetch.max(q.unsettled);
         let mut out = Vec::new();
         while out.len() < max {

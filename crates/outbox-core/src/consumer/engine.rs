@@ -60,6 +60,16 @@
 //! lost only makes the broker deliver the event again, which the inbox absorbs. What changes is
 //! the latency: a broker's ack confirmation (a round trip) no longer stands between one batch's
 //! commit and the next batch. [`Consumer::run_batch`] still returns only after its acks.
+//!
+//! # Saying why it is stuck
+//!
+//! The engine records in its [`ConsumerStats::health`] ([`crate::health`]) its source's
+//! errors (closed by the next read that succeeds), its database's errors, every failed
+//! handler call (a batch's `handle_many` that fails counts once, and each redo that fails
+//! again), its dead letters once committed, and its progress: a batch that settled deliveries
+//! for good (applied, absorbed, recorded as a conflict, dead-lettered) or requeued dead
+//! letters. A heartbeat with the consumer's stats writes it down; [`metric::ERRORS`] and
+//! [`metric::LAST_PROGRESS`] export it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -79,6 +89,7 @@ use crate::backoff::Backoff;
 use crate::crash;
 use crate::error::ConfigError;
 use crate::error::{StoreError, StoreErrorKind};
+use crate::health::TroubleKind;
 use crate::wire::{EventIdentity, IncomingEvent};
 
 /// Longest dead-letter reason stored, in characters (a database error may quote a long value).
@@ -118,6 +129,13 @@ pub mod metric {
     pub const DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
     /// Gauge: 1 while an operator paused the consumer, else 0.
     pub const PAUSED: &str = "outbox_consumer_paused";
+    /// Counter: the consumer's errors by kind (label `kind`: `source`, `store`, `handler`,
+    /// `dead_letter`; [`crate::health::TroubleKind`]).
+    pub const ERRORS: &str = "outbox_consumer_errors_total";
+    /// Gauge: unix time, seconds, of the consumer's last progress (deliveries settled for
+    /// good); its start until the first. With [`LAG`] above 0, a value that stops moving means
+    /// the consumer is stuck: its heartbeat says why.
+    pub const LAST_PROGRESS: &str = "outbox_consumer_last_progress_timestamp_seconds";
 }
 
 /// A handler error, saying whether a retry can help.
@@ -393,7 +411,7 @@ pub struct Consumer<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> {
 
 /// A dead-letter reason that any store can keep: control characters escaped (`\u{0}`), at
 /// most [`MAX_REASON_CHARS`] characters.
-fn printable(reason: &str) -> String {
+pub(crate) fn printable(reason: &str) -> String {
     let mut out = String::with_capacity(reason.len().min(MAX_REASON_CHARS));
     for (i, c) in reason.chars().enumerate() {
         if i == MAX_REASON_CHARS {
@@ -607,6 +625,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         };
         metrics::histogram!(metric::HANDLER_SECONDS, "consumer" => name.clone())
             .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            self.stats.health.failed(TroubleKind::Handler, 1, e);
+        }
         result
     }
 
@@ -667,7 +688,12 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             }
             .await;
             match written {
-                Ok(()) => return Ok(Verdict::DeadLettered(label)),
+                Ok(()) => {
+                    self.stats
+                        .health
+                        .failed(TroubleKind::DeadLetter, 1, &reason);
+                    return Ok(Verdict::DeadLettered(label));
+                }
                 Err(e) if e.is_retryable() => return Err(e),
                 Err(e) if !identity.is_empty() && e.kind() == StoreErrorKind::InvalidData => {
                     warn!(consumer = %name, error = %e, "the database refused the dead letter with the event's identity; keeping the raw message alone");
@@ -698,6 +724,10 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         e: StoreError,
     ) -> Result<Verdict, StoreError> {
         let name = &self.config.name;
+        if e.kind() != StoreErrorKind::Unavailable {
+            // An outage is returned, and recorded once for the batch.
+            self.stats.health.failed(TroubleKind::Store, 1, &e);
+        }
         match e.kind() {
             StoreErrorKind::Unavailable => Err(e),
             StoreErrorKind::InvalidData => {
@@ -773,16 +803,23 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         if self.idle || due {
             self.last_requeue_check = Some(Instant::now());
             match self.process_requeued().await {
-                Ok(n) => requeued_resolved = n,
+                Ok(n) => {
+                    requeued_resolved = n;
+                    if n > 0 {
+                        self.stats.health.progressed();
+                    }
+                }
                 Err(e) => {
                     warn!(consumer = %self.config.name, error = %e, "could not process requeued dead letters")
                 }
             }
         }
-        let deliveries = self
+        let deliveries = (self
             .source
             .next_batch(self.config.batch_size.max(1), self.config.batch_wait)
-            .await?;
+            .await)
+            .inspect_err(|e| self.stats.health.failed(TroubleKind::Source, 1, e))?;
+        self.stats.health.succeeded(TroubleKind::Source);
         let mut report = ConsumerReport {
             received: deliveries.len(),
             requeued_resolved,
@@ -796,6 +833,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         let verdicts = match self.decide(&deliveries, &attempts).await {
             Ok(v) => v,
             Err(e) => {
+                self.stats.health.failed(TroubleKind::Store, 1, &e);
                 error!(consumer = %self.config.name, error = %e, "database error; redelivering the batch");
                 let delay = self.config.backoff.delay(1);
                 futures::future::join_all(deliveries.into_iter().map(|d| d.nack(delay))).await;
@@ -805,6 +843,12 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             }
         };
         crash::hit(crash::CONSUMER_AFTER_COMMIT);
+        if verdicts
+            .iter()
+            .any(|v| !matches!(v, Verdict::Nack(_) | Verdict::ConflictHeld(_)))
+        {
+            self.stats.health.progressed();
+        }
         let name = self.config.name.clone();
         // Settle all deliveries of the batch concurrently: an ack waits for the broker's
         // confirmation and a RabbitMQ nack waits out its (capped) delay, so doing them one by
@@ -929,6 +973,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             Vec::new().into_iter()
         };
         let mut new_events: Vec<&IncomingEvent> = Vec::new();
+        // Dead letters of this transaction, recorded once it committed.
+        let mut dead: Vec<String> = Vec::new();
         for (d, &count) in deliveries.iter().zip(attempts) {
             let applied = match d.event() {
                 Ok(event) if batched => {
@@ -949,6 +995,7 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                     let identity = self.identity(d.raw(), None);
                     self.insert_dead_letter(&mut tx, d.raw(), &identity, &reason, count)
                         .await?;
+                    dead.push(reason);
                     verdicts.push(Verdict::DeadLettered("malformed"));
                     continue;
                 }
@@ -972,6 +1019,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
             crash::hit(crash::CONSUMER_AFTER_EFFECT);
         }
         self.store.commit(tx).await?;
+        for reason in &dead {
+            self.stats.health.failed(TroubleKind::DeadLetter, 1, reason);
+        }
         Ok(Some(verdicts))
     }
 
@@ -1091,6 +1141,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 .consumer_dead_letter_settle(&mut tx, letter.id, state, error.as_deref())
                 .await?;
             self.store.commit(tx).await?;
+            if let (ConsumerDeadLetterState::Dead, Some(error)) = (state, &error) {
+                self.stats.health.failed(TroubleKind::DeadLetter, 1, error);
+            }
         }
         Ok(resolved)
     }
@@ -1166,6 +1219,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     pub async fn run(mut self, shutdown: CancellationToken) {
         // Exported from the start at 0, so that an alert on its increase sees the first one.
         metrics::counter!(metric::CONFLICTS, "consumer" => self.config.name.clone()).increment(0);
+        // From the start too: "lag and no progress" counts from it.
+        self.stats.health.export();
         let mut last_housekeeping = Instant::now() - self.config.housekeeping_interval;
         let mut failures = 0;
         // The acks of the batch before, sent while the next batch is taken and applied: a

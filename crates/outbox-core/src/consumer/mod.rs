@@ -8,6 +8,7 @@ mod source;
 mod stats;
 mod store;
 
+pub(crate) use engine::printable;
 pub use engine::{
     ConflictPolicy, Consumer, ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError,
     LOCAL_COUNT_CAPACITY, MAX_REASON_CHARS, PAUSE_CHECK_INTERVAL, metric,

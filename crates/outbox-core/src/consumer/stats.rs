@@ -1,13 +1,15 @@
 //! A consumer engine's running numbers, shared with whatever reports them: a heartbeat that
 //! writes them beside the process (`outbox_postgres::heartbeat::Heartbeat::with_consumer`),
 //! so that the operator's console shows each consumer's lag and throughput as the engine
-//! itself counts them.
+//! itself counts them, and, when it is stuck, why ([`ConsumerStats::health`]).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use super::engine::ConsumerReport;
+use super::engine::{ConsumerReport, metric};
+use crate::health::Health;
 
 /// Counters of one [`Consumer`](super::Consumer) since it was built, updated after each batch
 /// (relaxed atomics: a reader sees each number as of some recent batch, never a torn one).
@@ -27,13 +29,20 @@ pub struct ConsumerStats {
     /// The source's last lag reading; -1 while unknown.
     lag: AtomicI64,
     paused: AtomicBool,
+    pub(super) health: Arc<Health>,
 }
 
 impl ConsumerStats {
     /// Zero counts of the consumer `name`.
     pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
         Self {
-            name: name.into(),
+            health: Arc::new(Health::with_metrics(
+                metric::ERRORS,
+                metric::LAST_PROGRESS,
+                vec![("consumer", name.clone())],
+            )),
+            name,
             received: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
@@ -78,6 +87,13 @@ impl ConsumerStats {
     /// The consumer's name: the inbox key its pauses and its heartbeat go by.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Its last error, error rate and last progress ([`crate::health`]): the engine records
+    /// its source's and its database's errors, its handlers' failures and its dead letters,
+    /// and its progress (deliveries settled for good).
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
     }
 
     /// The numbers now.

@@ -23,9 +23,17 @@
 //! publish of those rows in progress and starts none: a relay that takes the aggregate over
 //! cannot be overtaken by a stale one. Marks are fenced by the lease token in the database; a
 //! stale mark changes nothing.
+//!
+//! # Saying why it is stuck
+//!
+//! The relay records its failed claims and settles, its failed publishes (the transport's
+//! error), its dead letters and its lost leases, and its progress (rows published or
+//! dead-lettered), in its [`Relay::health`] ([`crate::health`]): the heartbeat writes it down,
+//! and [`metric::ERRORS`] and [`metric::LAST_PROGRESS`] export it.
 
 mod activity;
 mod feed;
+mod health;
 mod publish;
 
 use std::sync::Arc;
@@ -40,6 +48,7 @@ pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, PollingTicket, SettleRep
 use crate::backoff::Backoff;
 use crate::crash;
 use crate::error::{ConfigError, StoreError};
+use crate::health::{Health, TroubleKind};
 use crate::message::OutboxMessage;
 use crate::store::{OutboxStore, Takeover, UndecodableRow};
 use crate::transport::Transport;
@@ -74,6 +83,14 @@ pub mod metric {
     /// not a token ...). Also counted in [`DEAD_LETTERED`]. Any increase means a producer
     /// writes rows the outbox's rules refuse.
     pub const UNDECODABLE: &str = "outbox_undecodable_rows_total";
+    /// Counter: the relay's errors by kind (label `kind`: `claim`, `publish`, `settle`,
+    /// `lease_lost`, `dead_letter`; [`crate::health::TroubleKind`]). A batch's failed publishes
+    /// count one each, like [`PUBLISH_FAILURES`].
+    pub const ERRORS: &str = "outbox_relay_errors_total";
+    /// Gauge: unix time, seconds, of the relay's last progress (a row published or
+    /// dead-lettered); the relay's start until its first. With [`PENDING`] above 0, a value
+    /// that stops moving means the relay is stuck: its heartbeat says why.
+    pub const LAST_PROGRESS: &str = "outbox_relay_last_progress_timestamp_seconds";
 }
 
 /// Relay settings. Defaults suit a service publishing up to tens of thousands of events a
@@ -346,6 +363,7 @@ pub struct Relay<F, T> {
     transport: Arc<T>,
     config: RelayConfig,
     activity: Arc<PublishActivity>,
+    health: Arc<Health>,
 }
 
 impl<S: OutboxStore, T: Transport> Relay<PollingFeed<S>, T> {
@@ -384,7 +402,18 @@ impl<F: Feed, T: Transport> Relay<F, T> {
             transport,
             config,
             activity: Arc::default(),
+            health: Arc::new(Health::with_metrics(
+                metric::ERRORS,
+                metric::LAST_PROGRESS,
+                Vec::new(),
+            )),
         })
+    }
+
+    /// Its last error, error rate and last progress (for a heartbeat to write down; see
+    /// [`crate::health`]).
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
     }
 
     /// What this relay published per route since it started (for a heartbeat to write down).
@@ -413,7 +442,9 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     /// A [`StoreError`] from the feed. Published-but-unconfirmed rows are then handed out again
     /// later (same event id): after their lease expires, for the polling feed.
     pub async fn run_batch(&self) -> Result<BatchOutcome, StoreError> {
-        let batch = self.feed.next_batch(self.config.batch_size).await?;
+        let batch = (self.feed.next_batch(self.config.batch_size).await)
+            .inspect_err(|e| self.health.failed(TroubleKind::Claim, 1, e))?;
+        self.health.succeeded(TroubleKind::Claim);
         let mut outcome = BatchOutcome {
             claimed: batch.messages.len() + batch.undecodable.len(),
             ..BatchOutcome::default()
@@ -462,7 +493,9 @@ impl<F: Feed, T: Transport> Relay<F, T> {
                     "publish failed; will retry"),
             }
         }
-        let report = self.feed.settle(batch.ticket, &settlement).await?;
+        let report = (self.feed.settle(batch.ticket, &settlement).await)
+            .inspect_err(|e| self.health.failed(TroubleKind::Settle, 1, e))?;
+        health::record(&self.health, &settlement, &report);
         self.activity.record(&batch.messages, &settlement.published);
         if !settlement.published.is_empty() {
             crash::hit(crash::RELAY_AFTER_MARK);
@@ -507,6 +540,8 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         // Exported from the start at 0, so that an alert on its increase sees the first one.
         metrics::counter!(metric::TAKEOVERS).increment(0);
+        // From the start too: "pending and no progress" counts from it.
+        self.health.export();
         let mut tasks = tokio::task::JoinSet::new();
         for worker in 0..self.config.workers {
             let relay = Arc::clone(&self);
