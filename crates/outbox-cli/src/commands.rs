@@ -154,6 +154,7 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
             let beat_stop = CancellationToken::new();
             let beat = tokio::spawn(
                 beat.with_publish_activity(relay.activity())
+                    .with_health(relay.health())
                     .run(beat_stop.clone()),
             );
             info!(schema = %schema, broker = %redact(broker_url), "relay started");
@@ -308,6 +309,7 @@ impl CdcRelay<'_> {
         let beat = tokio::spawn(
             heartbeat(self.store, InstanceKind::Relay, "cdc")?
                 .with_publish_activity(relay.activity())
+                .with_health(relay.health())
                 .run(beat_stop.clone()),
         );
         info!(schema = %schema, %slot, "CDC relay started");
@@ -553,23 +555,33 @@ fn print_routes(r: &outbox_postgres::admin::Routes) {
     }
 }
 
-/// The processes of `outbox status`: those that run a heartbeat, with what a relay holds.
+/// The processes of `outbox status`: those that run a heartbeat, with what a relay holds,
+/// each engine's state, last progress and errors in the last minute, then the last error of
+/// each process that reported one (why it is stuck, when it is).
 fn print_processes(list: &[outbox_postgres::admin::Instance]) {
     println!();
     if list.is_empty() {
         println!("processes: none has reported a heartbeat");
         return;
     }
+    let ago = |s: f64| format!("{} ago", human_duration(s));
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|i| {
             let held = &i.stats["in_flight"];
+            let health = i.health.as_ref();
             vec![
                 i.kind.clone(),
                 i.name.clone(),
                 i.status.to_owned(),
+                health.map_or("-".to_owned(), |h| h.state.to_string()),
                 format!("{}/{}", i.host, i.pid),
-                format!("{:.1} s ago", i.heartbeat_age_seconds),
+                ago(i.heartbeat_age_seconds),
+                match health {
+                    Some(h) => h.last_progress_age_seconds.map_or("never".to_owned(), ago),
+                    None => "-".to_owned(),
+                },
+                health.map_or("-".to_owned(), |h| h.errors_per_minute.to_string()),
                 match held["aggregates"].as_u64() {
                     // What it held at its last beat means nothing once it stopped or went.
                     Some(n) if i.status == "up" || i.status == "late" => {
@@ -585,12 +597,49 @@ fn print_processes(list: &[outbox_postgres::admin::Instance]) {
             "KIND",
             "NAME",
             "STATUS",
+            "STATE",
             "HOST/PID",
             "HEARTBEAT",
+            "PROGRESS",
+            "ERRORS/MIN",
             "IN FLIGHT",
         ],
         &rows,
     );
+    for i in list {
+        if let Some(e) = i.health.as_ref().and_then(|h| h.last_error.as_ref()) {
+            println!(
+                "last error of {} {} ({}/{}), {}, {}: {}",
+                i.kind,
+                i.name,
+                i.host,
+                i.pid,
+                ago(e.age_seconds),
+                e.kind,
+                e.message
+            );
+        }
+    }
+}
+
+/// `seconds` as an operator reads it: `4.2 s`, `3 min 20 s`, `2 h 5 min`, `3 d 4 h`.
+fn human_duration(seconds: f64) -> String {
+    let s = seconds.max(0.0);
+    if s < 60.0 {
+        return format!("{s:.1} s");
+    }
+    let whole = s as u64;
+    let (d, h, m, sec) = (
+        whole / 86_400,
+        whole / 3_600 % 24,
+        whole / 60 % 60,
+        whole % 60,
+    );
+    match (d, h) {
+        (0, 0) => format!("{m} min {sec} s"),
+        (0, _) => format!("{h} h {m} min"),
+        _ => format!("{d} d {h} h"),
+    }
 }
 
 /// `outbox cleanup`: one elected round, or rounds until SIGTERM with `--loop`.
@@ -662,4 +711,18 @@ pub async fn cleanup(pool: PgPool, schema: &Schema, a: CleanupArgs) -> Result<Ex
         None => println!("another instance is the maintainer right now; nothing deleted"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_duration;
+
+    #[test]
+    fn durations_read_as_an_operator_reads_them() {
+        assert_eq!(human_duration(-1.0), "0.0 s");
+        assert_eq!(human_duration(4.25), "4.2 s");
+        assert_eq!(human_duration(200.0), "3 min 20 s");
+        assert_eq!(human_duration(7_500.0), "2 h 5 min");
+        assert_eq!(human_duration(273_600.0), "3 d 4 h");
+    }
 }

@@ -336,6 +336,24 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
         .with_stats(|| serde_json::json!({ "applied": 42 }))
         .run(beat_stop.clone()),
     );
+    // A relay whose broker refuses: its engine's health says so (as `Relay::health` does).
+    let health = std::sync::Arc::new(outbox_core::health::Health::new());
+    health.failed(
+        outbox_core::health::TroubleKind::Publish,
+        3,
+        &"attempt 3: Unavailable: broker <b>down</b>",
+    );
+    let relay_beat = tokio::spawn(
+        outbox_postgres::heartbeat::Heartbeat::new(
+            db.store().pool().clone(),
+            db.store().schema().clone(),
+            outbox_postgres::heartbeat::InstanceKind::Relay,
+            "polling",
+        )
+        .unwrap()
+        .with_health(health)
+        .run(beat_stop.clone()),
+    );
 
     let port = free_port();
     let mut cmd = outbox(Some(db.name()), None, None);
@@ -344,12 +362,44 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     let b = browser().await;
     let c = &b.client;
     c.goto(&format!("http://127.0.0.1:{port}/")).await.unwrap();
-    let process = wait_text(c, "#instances tbody", "the consumer's heartbeat", |t| {
-        t.contains("ledger")
+    let process = wait_text(c, "#instances tbody", "both heartbeats", |t| {
+        t.contains("ledger") && t.contains("polling")
     })
     .await;
     assert!(process.starts_with("up consumer ledger"), "{process}");
-    assert!(process.contains(r#"{"applied":42}"#), "{process}");
+    // Readable, not raw JSON: the consumer's own number in words, the relay's state and its
+    // last error as text (never markup), with its age and the errors of the last minute.
+    assert!(process.contains("applied 42"), "{process}");
+    assert!(!process.contains('{'), "{process}");
+    let relay = c
+        .find(Locator::Css("#instances tbody tr[data-state='failing']"))
+        .await
+        .expect("the failing relay's row")
+        .text()
+        .await
+        .unwrap();
+    assert!(relay.starts_with("up relay polling failing"), "{relay}");
+    assert!(
+        relay.contains("none since it started")
+            && relay.contains(" ago · publish: attempt 3: Unavailable: broker <b>down</b>"),
+        "{relay}"
+    );
+    let rate = text(c, "#instances tbody tr[data-state='failing'] td.errors").await;
+    assert_eq!(rate, "3");
+    assert!(
+        c.find_all(Locator::Css("#instances b"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the error went in as text"
+    );
+    c.execute(
+        "document.getElementById('instances-title').scrollIntoView()",
+        vec![],
+    )
+    .await
+    .unwrap();
+    screenshot(c, "processes.png").await;
     type_into(c, "#actor", "dana").await;
     type_into(c, "#token", TOKEN).await;
     click(c, "#token-save").await;
@@ -472,6 +522,7 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
 
     beat_stop.cancel();
     beat.await.unwrap();
+    relay_beat.await.unwrap();
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;
     assert!(exit.success(), "{exit:?}");

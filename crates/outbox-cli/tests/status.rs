@@ -1,4 +1,5 @@
-//! `outbox migrate` is repeatable and `outbox status --json` reports what the table holds.
+//! `outbox migrate` is repeatable and `outbox status --json` reports what the table holds;
+//! `outbox status` and the console say why a relay is stuck.
 #![allow(missing_docs)]
 
 mod common;
@@ -153,5 +154,172 @@ async fn concurrent_migrations_of_one_schema_all_succeed() {
     let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!(v["pending"], 0);
     assert_eq!(v["dead_letters"], 0);
+    db.cleanup().await;
+}
+
+/// `outbox status --json`, parsed.
+async fn status_json(db: &TestDb) -> serde_json::Value {
+    let mut c = outbox(Some(db.name()), None, None);
+    c.args(["status", "--json"]);
+    let r = run(c, QUICK).await;
+    assert!(r.status.success(), "{r:?}");
+    serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", r.stdout))
+}
+
+/// The one relay's `health` in `outbox status --json`, once it satisfies `ok`.
+async fn relay_health(
+    db: &TestDb,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let v = status_json(db).await;
+        let health = &v["processes"][0]["health"];
+        if v["processes"][0]["status"] == "up" && ok(health) {
+            return health.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the relay's health is {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The sum of `name`'s series carrying `label` in a Prometheus exposition.
+fn labelled(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A real relay (`outbox relay`) whose broker goes away: `outbox status` (human and JSON) and
+/// the console's processes say it is failing and why (the transport's error), its metrics count
+/// the errors and its last progress stops; once the broker is back it publishes everything and
+/// is no longer failing, its last error kept. Before that, with nothing pending, it is idle,
+/// never failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_relay_says_why_in_status_and_on_the_console() {
+    let db = TestDb::new().await;
+    let nats = NatsEnv::new().await;
+    let subscriber = nats.stream_subscriber().await;
+    let proxy = Proxy::start(host_port(&nats_url())).await;
+    let config = config_file("", &nats.toml());
+    let metrics_port = free_port();
+    let mut relay = ChildGuard::spawn(
+        {
+            let mut c = outbox(
+                Some(db.name()),
+                Some(&with_host_port(&nats_url(), proxy.addr)),
+                Some(config.path()),
+            );
+            c.args([
+                "relay",
+                "--metrics-addr",
+                &format!("127.0.0.1:{metrics_port}"),
+            ]);
+            c
+        },
+        "relay",
+    );
+    let console_port = free_port();
+    let mut console = spawn_console(outbox(Some(db.name()), None, None), console_port).await;
+
+    // Nothing pending: idle, no error.
+    let h = relay_health(&db, "an idle relay", |h| h["state"] == "idle").await;
+    assert_eq!(h["last_error"], serde_json::Value::Null, "{h}");
+    assert_eq!(h["errors"], 0, "{h}");
+
+    let first = event("acc-1", 1);
+    db.enqueue(std::slice::from_ref(&first)).await;
+    subscriber.wait_ids(&[first.event_id], QUICK).await;
+    relay_health(&db, "a working relay", |h| h["state"] == "working").await;
+
+    // The broker goes away: every publish fails, nothing goes out.
+    proxy.set_down();
+    let stuck: Vec<_> = (2..=4).map(|i| event(&format!("acc-{i}"), 1)).collect();
+    db.enqueue(&stuck).await;
+    let h = relay_health(&db, "a failing relay", |h| {
+        h["state"] == "failing" && h["last_error"]["kind"] == "publish"
+    })
+    .await;
+    let reason = h["last_error"]["message"].as_str().unwrap().to_owned();
+    assert!(reason.starts_with("attempt "), "{reason}");
+    assert!(h["errors_per_minute"].as_u64().unwrap() > 0, "{h}");
+    assert!(
+        h["last_progress_age_seconds"].as_f64().unwrap() > 0.0,
+        "{h}"
+    );
+    assert_eq!(db.count("state = 'pending'").await, 3);
+
+    // The human form: the state in the processes' table, the reason below it.
+    let mut c = outbox(Some(db.name()), None, None);
+    c.arg("status");
+    let r = run(c, QUICK).await;
+    assert!(r.status.success(), "{r:?}");
+    let row = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("relay "))
+        .unwrap_or_else(|| panic!("no relay row: {}", r.stdout));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[..4], ["relay", "polling", "up", "failing"], "{row}");
+    let why = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("last error of relay polling"))
+        .unwrap_or_else(|| panic!("no reason: {}", r.stdout));
+    assert!(why.contains(" ago, publish: attempt "), "{why}");
+
+    // The console's API carries the same, typed.
+    let (status, list) = console_call(console_port, "GET", "/api/v1/instances", None, "").await;
+    assert_eq!(status, 200, "{list}");
+    let health = &list[0]["health"];
+    assert_eq!(health["state"], "failing", "{list}");
+    assert_eq!(health["last_error"]["kind"], "publish", "{list}");
+    assert!(
+        health["last_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("attempt ")),
+        "{list}"
+    );
+    assert!(
+        list[0]["stats"].get("health").is_none(),
+        "not twice: {list}"
+    );
+
+    // Its metrics: the errors by kind, and a last progress that stopped at the first event.
+    let text = scrape_metrics(metrics_port).await;
+    assert!(
+        labelled(&text, "outbox_relay_errors_total", "kind=\"publish\"") >= 1.0,
+        "{text}"
+    );
+    let last = metric_value(&text, "outbox_relay_last_progress_timestamp_seconds")
+        .expect("the progress gauge");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let stalled = h["last_progress_age_seconds"].as_f64().unwrap();
+    assert!(now - last >= stalled - 1.0, "{last} vs {now}, {h}");
+
+    // The broker is back: everything goes out, the relay is no longer failing.
+    proxy.set_up();
+    let ids: Vec<_> = stuck.iter().map(|m| m.event_id).collect();
+    subscriber.wait_ids(&ids, Duration::from_secs(40)).await;
+    let h = relay_health(&db, "a relay that recovered", |h| {
+        h["state"] == "degraded" || h["state"] == "working"
+    })
+    .await;
+    assert_eq!(h["last_error"]["kind"], "publish", "kept: {h}");
+
+    let exit = relay.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    drop(proxy);
+    nats.cleanup().await;
     db.cleanup().await;
 }

@@ -213,16 +213,63 @@ function renderRoutes(r) {
   $("routes-partial").hidden = r.complete;
 }
 
-// A process's own numbers; a relay's in-flight batches (its leases, for the polling relay)
-// first, in words.
+// A duration as an operator reads it: "4.2 s", "3 min 20 s", "2 h 5 min", "3 d 4 h".
+function humanDuration(seconds) {
+  const s = Math.max(0, seconds);
+  if (s < 60) return s.toFixed(1) + " s";
+  const whole = Math.floor(s);
+  const [d, h, m, sec] = [Math.floor(whole / 86400), Math.floor(whole / 3600) % 24, Math.floor(whole / 60) % 60, whole % 60];
+  if (d > 0) return `${d} d ${h} h`;
+  if (h > 0) return `${h} h ${m} min`;
+  return `${m} min ${sec} s`;
+}
+
+const ago = (seconds) => humanDuration(seconds) + " ago";
+
+// Numbers a process reports that are shown even at 0 (the others only when they are not).
+const MAIN_NUMBERS = new Set(["published", "processed", "lag"]);
+
+// A process's own numbers in words: a relay's in-flight batches (its leases, for the polling
+// relay) first, then each number as "name value".
 function numbers(i) {
-  const f = i.stats && i.stats.in_flight;
-  if (i.kind !== "relay" || !f || (i.status !== "up" && i.status !== "late")) return JSON.stringify(i.stats);
-  const { in_flight, ...rest } = i.stats;
-  const held = f.batches === 0
-    ? "holds nothing"
-    : `holds ${f.aggregates} aggregate(s), ${f.rows} row(s) in ${f.batches} batch(es), oldest ${(f.oldest_ms / 1000).toFixed(1)} s`;
-  return held + " · " + JSON.stringify(rest);
+  const stats = i.stats || {};
+  const parts = [];
+  const f = stats.in_flight;
+  if (f && (i.status === "up" || i.status === "late")) {
+    parts.push(f.batches === 0
+      ? "holds nothing"
+      : `holds ${f.aggregates} aggregate(s), ${f.rows} row(s) in ${f.batches} batch(es), oldest ${(f.oldest_ms / 1000).toFixed(1)} s`);
+  }
+  for (const [k, v] of Object.entries(stats)) {
+    const name = k.replaceAll("_", " ");
+    if (k === "in_flight" || v == null) continue;
+    if (typeof v === "boolean") {
+      if (v) parts.push(name);
+    } else if (typeof v === "number") {
+      if (v !== 0 || MAIN_NUMBERS.has(k)) parts.push(name + " " + v);
+    } else if (typeof v === "object") {
+      parts.push(name + " " + JSON.stringify(v));
+    } else {
+      parts.push(name + " " + v);
+    }
+  }
+  return parts.join(" · ") || "-";
+}
+
+// What an engine says about itself (its heartbeat's health): state, last progress, last error,
+// errors in the last minute; "-" for a process that reports none.
+function healthCells(h) {
+  if (!h) return ["-", "-", "-", "-"].map((t) => cell(t, "muted"));
+  const e = h.last_error;
+  const error = e ? `${ago(e.age_seconds)} · ${e.kind}: ${e.message}` : "none";
+  const rate = cell(String(h.errors_per_minute), h.errors_per_minute > 0 ? "errors nonzero" : "errors");
+  rate.title = `${h.errors} since it started`;
+  return [
+    cell(h.state, "state " + h.state),
+    cell(h.last_progress_age_seconds == null ? "none since it started" : ago(h.last_progress_age_seconds)),
+    cell(error, "reason"),
+    rate,
+  ];
 }
 
 function renderInstances(list) {
@@ -230,16 +277,19 @@ function renderInstances(list) {
   tbody.replaceChildren();
   for (const i of list) {
     const tr = el("tr");
+    const where = cell(i.host + " / " + i.pid);
+    where.title = "started " + i.started_at + ", version " + i.version;
     tr.append(
       cell(i.status, "status " + i.status),
       cell(i.kind),
       cell(i.name),
-      cell(i.host + " / " + i.pid),
-      cell(i.heartbeat_age_seconds.toFixed(1) + " s ago"),
-      cell(i.started_at),
-      cell(numbers(i), "reason"),
+      ...healthCells(i.health),
+      cell(numbers(i), "numbers"),
+      where,
+      cell(ago(i.heartbeat_age_seconds)),
       i.kind === "consumer" ? pauseButton("consumer", i.name) : el("td"),
     );
+    tr.dataset.state = i.health ? i.health.state : "";
     tbody.append(tr);
   }
   $("no-instances").hidden = list.length > 0;

@@ -1317,3 +1317,77 @@ async fn a_route_and_a_consumer_are_paused_and_resumed_with_the_token() {
     stop.cancel();
     db.drop().await;
 }
+
+/// A process's `health` (what its engine says about itself, through its heartbeat) comes typed
+/// beside its numbers, not inside them, and its ages are as of the request: a heartbeat read
+/// 20 s after it was written reports a last error at least 20 s old.
+#[tokio::test]
+async fn a_processs_health_says_why_it_is_stuck_with_ages_as_of_now() {
+    use outbox_core::consumer::ConsumerStats;
+    use outbox_core::health::TroubleKind;
+    use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
+    let db = Db::new(0, 0).await;
+    let stats = std::sync::Arc::new(ConsumerStats::new("ledger"));
+    stats.health().failed(
+        TroubleKind::Source,
+        1,
+        &"Unavailable: connection refused by nats://broker:4222",
+    );
+    let beat = Heartbeat::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        InstanceKind::Consumer,
+        "ledger",
+    )
+    .unwrap()
+    .with_interval(std::time::Duration::from_secs(60))
+    .with_consumer(stats);
+    let beat_stop = CancellationToken::new();
+    let beating = tokio::spawn(beat.run(beat_stop.clone()));
+    let (addr, stop) = serve(db.admin(), ConsoleConfig::default()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let list = loop {
+        let (status, list) = call(addr, "GET", "/api/v1/instances", &[], None).await;
+        assert_eq!(status, 200, "{list}");
+        if list.as_array().is_some_and(|l| !l.is_empty()) {
+            break list;
+        }
+        assert!(std::time::Instant::now() < deadline, "no heartbeat: {list}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let health = &list[0]["health"];
+    assert_eq!(health["state"], "failing", "{list}");
+    assert_eq!(health["last_error"]["kind"], "source", "{list}");
+    assert_eq!(
+        health["last_error"]["message"],
+        "Unavailable: connection refused by nats://broker:4222"
+    );
+    assert_eq!(
+        (&health["errors"], &health["errors_per_minute"]),
+        (&1.into(), &1.into())
+    );
+    assert_eq!(health["last_progress_at"], Value::Null, "{list}");
+    assert!(list[0]["stats"].get("health").is_none(), "{list}");
+    assert_eq!(
+        list[0]["stats"]["received"], 0,
+        "the consumer's numbers: {list}"
+    );
+
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {}.instances SET heartbeat_at = heartbeat_at - interval '20 seconds'",
+        db.schema.as_str()
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (_, list) = call(addr, "GET", "/api/v1/instances", &[], None).await;
+    let age = list[0]["health"]["last_error"]["age_seconds"]
+        .as_f64()
+        .unwrap();
+    assert!((20.0..60.0).contains(&age), "{list}");
+
+    stop.cancel();
+    beat_stop.cancel();
+    beating.await.unwrap();
+    db.drop().await;
+}

@@ -30,11 +30,18 @@
 //!
 //! The console reads a process as **up** while its last heartbeat is at most two intervals
 //! old, **late** up to six, **gone** after that (or **stopped**).
+//!
+//! A relay's or a consumer's heartbeat also says why it is stuck: with
+//! [`Heartbeat::with_health`] (a consumer's comes with [`Heartbeat::with_consumer`]) the stats
+//! hold `health`, the engine's [`HealthReport`](outbox_core::health::HealthReport): its state
+//! (`working`, `idle`, `degraded`, `failing`), its last error with its kind and age, its errors
+//! in the last minute and its last progress. `outbox status` and the console show it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::consumer::ConsumerStats;
+use outbox_core::health::Health;
 use outbox_core::relay::PublishActivity;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +64,10 @@ const STOPPED: &str = "UPDATE {s}.instances SET stopped_at = now(), heartbeat_at
 const SWEEP_INSTANCES: &str =
     "DELETE FROM {s}.instances WHERE heartbeat_at < now() - interval '1 day'";
 const SWEEP_ACTIVITY: &str = "DELETE FROM {s}.activity WHERE minute < now() - interval '2 hours'";
+
+/// The key of the stats under which [`Heartbeat::with_health`] writes the engine's
+/// [`HealthReport`](outbox_core::health::HealthReport).
+pub const HEALTH: &str = "health";
 
 /// What kind of process beats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +115,7 @@ pub struct Heartbeat {
     interval: Duration,
     activity: Option<Arc<PublishActivity>>,
     consumer: Option<Arc<ConsumerStats>>,
+    health: Option<Arc<Health>>,
     stats: Option<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
 
@@ -142,6 +154,7 @@ impl Heartbeat {
             interval: Duration::from_secs(5),
             activity: None,
             consumer: None,
+            health: None,
             stats: None,
         })
     }
@@ -168,11 +181,22 @@ impl Heartbeat {
     /// requeued dead letters settled) into this minute's `activity` row of kind `consume`:
     /// the console's lag and throughput per consumer. The heartbeat takes the consumer's own
     /// name ([`ConsumerStats::name`]), the one its pauses and its inbox go by, whatever name
-    /// it was built with.
+    /// it was built with. Its [`ConsumerStats::health`] goes in too
+    /// ([`Heartbeat::with_health`]).
     #[must_use]
     pub fn with_consumer(mut self, stats: Arc<ConsumerStats>) -> Self {
         self.name = stats.name().to_owned();
+        self.health = Some(stats.health());
         self.consumer = Some(stats);
+        self
+    }
+
+    /// Writes what an engine says about itself (a relay's
+    /// [`Relay::health`](outbox_core::relay::Relay::health)) into the stats as `health`: its
+    /// state, last error, error rate and last progress ([`outbox_core::health`]).
+    #[must_use]
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
         self
     }
 
@@ -212,6 +236,11 @@ impl Heartbeat {
                 serde_json::to_value(consumer.snapshot())
         {
             map.extend(numbers);
+        }
+        if let (Some(health), Some(map)) = (&self.health, stats.as_object_mut())
+            && let Ok(report) = serde_json::to_value(health.report())
+        {
+            map.insert(HEALTH.into(), report);
         }
         stats
     }

@@ -480,7 +480,8 @@ impl NatsEnv {
         )
         .expect("heartbeat")
         .with_interval(Duration::from_secs(1))
-        .with_publish_activity(relay.activity());
+        .with_publish_activity(relay.activity())
+        .with_health(relay.health());
         let beat = tokio::spawn(beat.run(stop.clone()));
         let run = Arc::clone(&relay).run(stop.clone());
         let task = tokio::spawn(async move {

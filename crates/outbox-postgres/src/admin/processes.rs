@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use outbox_core::health::HealthReport;
 use serde::Serialize;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -152,8 +153,13 @@ pub struct Instance {
     /// `up` (a heartbeat within two intervals), `late` (within six), `gone` (older), or
     /// `stopped` (it recorded a clean stop).
     pub status: &'static str,
-    /// Its own numbers (a relay: `published` since it started).
+    /// Its own numbers (a relay: `published` since it started, `in_flight`; a consumer: its
+    /// counts, `lag`, `paused`).
     pub stats: serde_json::Value,
+    /// What its engine said about itself at its last heartbeat (a relay's or a consumer's:
+    /// `crate::heartbeat::Heartbeat::with_health`), its ages as of now: why it is stuck, when
+    /// it is. `None` for a process that does not report one. Taken out of `stats`.
+    pub health: Option<HealthReport>,
 }
 
 pub(super) fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
@@ -161,6 +167,17 @@ pub(super) fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
     let stopped: Option<DateTime<Utc>> = r.try_get(10)?;
     let age: f64 = r.try_get(11)?;
     let interval = f64::from(interval_ms) / 1000.0;
+    let mut stats: serde_json::Value = r.try_get(9)?;
+    // A report this version cannot read (another version's) is left in the stats.
+    let health = stats
+        .get(crate::heartbeat::HEALTH)
+        .and_then(|h| serde_json::from_value::<HealthReport>(h.clone()).ok())
+        .map(|h| h.aged(age));
+    if health.is_some()
+        && let Some(map) = stats.as_object_mut()
+    {
+        map.remove(crate::heartbeat::HEALTH);
+    }
     let status = match stopped {
         Some(_) => "stopped",
         None if age <= 2.0 * interval => "up",
@@ -179,7 +196,8 @@ pub(super) fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
         heartbeat_age_seconds: age,
         interval_ms,
         status,
-        stats: r.try_get(9)?,
+        stats,
+        health,
     })
 }
 
