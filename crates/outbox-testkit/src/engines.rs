@@ -793,7 +793,8 @@ pub async fn run_releases_the_source_after_an_error<F: StoreFixture>() {
 /// The consumer says why it is stuck (`ConsumerStats::health`): idle with nothing to do; a
 /// handler that fails makes it `failing` with the handler's words until the delivery is
 /// applied; a broker that cannot be read, until a read succeeds; a database outage, until a
-/// batch commits; a dead letter is an error and progress at once.
+/// batch commits; a dead letter that cannot be written, until one is; a dead letter is an
+/// error and progress at once.
 pub async fn a_stuck_consumer_says_why<F: StoreFixture>() {
     use outbox_core::health::{HealthState, TroubleKind};
     let rig = Rig::<F>::new("c").await;
@@ -834,17 +835,28 @@ pub async fn a_stuck_consumer_says_why<F: StoreFixture>() {
     assert_eq!(consumer.run_batch().await.unwrap().processed, 1);
     assert_eq!(health.report().state, HealthState::Degraded);
 
+    // A permanent failure whose dead letter cannot be written (a missing grant): sent back,
+    // failing with both reasons; the next delivery writes it.
     let m = event_message(Uuid::now_v7(), "c", 1, "{}");
-    rig.handler.script(m.event_id, &[Script::Permanent]);
+    rig.handler
+        .script(m.event_id, &[Script::Permanent, Script::Permanent]);
     rig.source.push_message(&m);
+    rig.faults
+        .fail_op_with("dead letter", StoreErrorKind::PermissionDenied, 1);
+    assert_eq!(consumer.run_batch().await.unwrap().nacked, 1);
+    failing(
+        TroubleKind::Store,
+        "cannot write the dead letter (permanent handler error",
+    );
     assert_eq!(consumer.run_batch().await.unwrap().dead_lettered, 1);
     let h = health.report();
     assert_eq!(h.state, HealthState::Degraded, "{h:?}");
     let e = h.last_error.as_ref().expect("the dead letter");
     assert_eq!(e.kind, TroubleKind::DeadLetter);
     assert!(e.message.contains("scripted permanent"), "{e:?}");
-    // The handler's two failures, two reads, the outage, the dead letter.
-    assert_eq!((h.errors, h.errors_per_minute), (6, 6), "{h:?}");
+    // The handler's 1 + 2 failures, two reads, the outage, the refused and the written dead
+    // letter.
+    assert_eq!((h.errors, h.errors_per_minute), (8, 8), "{h:?}");
     rig.fixture.cleanup().await;
 }
 

@@ -707,6 +707,12 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 Err(e) => {
                     error!(consumer = %name, error = %e, reason = %printable(reason),
                         "cannot write the dead letter; the delivery is sent back");
+                    // A missing table or grant keeps the delivery coming back: say so.
+                    self.stats.health.failed(
+                        TroubleKind::Store,
+                        1,
+                        &format_args!("cannot write the dead letter ({reason}): {e}"),
+                    );
                     return Ok(Verdict::Nack(self.config.backoff.delay(attempts as i32)));
                 }
             }
