@@ -8,8 +8,9 @@
 //!   cannot be published comes back as an `UndecodableRow` with its key and reason, the others
 //!   as messages, and nothing fails the claim.
 //!
-//! Cases per run: `OUTBOX_PROPTEST_CASES` (default 256); the long mode is the same test with a
-//! larger number (docs/guide/src/troubleshooting.md, "Fuzzing the decoders").
+//! Cases per run: `OUTBOX_FUZZ_CASES` (default 512, `outbox_testkit::fuzz`); the long mode is
+//! the same test with a larger number (docs/guide/src/troubleshooting.md, "Fuzzing the
+//! decoders").
 #![allow(missing_docs)]
 
 mod common;
@@ -22,9 +23,9 @@ use outbox_core::{
     ClaimParams, ClaimScope, ContentType, Fingerprint, OutboxMessage, OutboxStore, Payload,
     headers_from_json,
 };
-use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, TestRunner};
+use outbox_testkit::fuzz;
+use outbox_testkit::fuzz::proptest::prelude::*;
+use outbox_testkit::fuzz::proptest::strategy::ValueTree;
 use sqlx::AssertSqlSafe;
 
 /// The relay's verdict on a row's publishable columns: `None` when it would publish it.
@@ -177,13 +178,6 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-fn cases_per_run() -> u32 {
-    std::env::var("OUTBOX_PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-}
-
 #[tokio::test]
 async fn the_table_and_the_relay_refuse_the_same_rows() {
     let db = TestDb::new().await;
@@ -192,9 +186,9 @@ async fn the_table_and_the_relay_refuse_the_same_rows() {
         db.schema
     );
     // Generated up front (the runner is synchronous), checked against the server one by one.
-    let mut runner = TestRunner::new(Config::default());
+    let mut runner = fuzz::runner();
     let strategy = case();
-    let cases: Vec<Case> = (0..cases_per_run())
+    let cases: Vec<Case> = (0..fuzz::cases())
         .map(|_| strategy.new_tree(&mut runner).unwrap().current())
         .collect();
     let (mut accepted, mut refused) = (0, 0);
