@@ -76,11 +76,12 @@ pub trait Headers {
     /// Gets the specified header, where the first header corresponds to
     /// index 0.
     ///
-    /// Panics if the index is out of bounds.
+    /// Panics if the index is out of bounds, or if the header's key is not
+    /// valid UTF-8 (see [`BorrowedHeaders::try_get_raw`]).
     fn get(&self, idx: usize) -> Header<'_, &[u8]> {
         self.try_get(idx).unwrap_or_else(|| {
             panic!(
-                "headers index out of bounds: the count is {} but the index is {}",
+                "headers index out of bounds or key not valid UTF-8: the count is {} but the index is {}",
                 self.count(),
                 idx,
             )
@@ -105,7 +106,11 @@ pub trait Headers {
     }
 
     /// Like [`Headers::get`], but returns an option if the header is out of
-    /// bounds rather than panicking.
+    /// bounds, or its key is not valid UTF-8, rather than panicking.
+    ///
+    /// Kafka header keys are strings by the protocol, but librdkafka does not
+    /// check them: a producer can write a key of any bytes. Such a header is
+    /// returned by [`BorrowedHeaders::try_get_raw`].
     fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>>;
 
     /// Like [`Headers::get`], but returns an option if the header is out of
@@ -117,7 +122,8 @@ pub trait Headers {
         self.try_get(idx).map(|header| header.parse())
     }
 
-    /// Iterates over all headers in order.
+    /// Iterates over all headers in order, skipping any whose key is not
+    /// valid UTF-8 (see [`BorrowedHeaders::iter_raw`]).
     fn iter(&self) -> HeadersIter<'_, Self>
     where
         Self: Sized,
@@ -150,6 +156,19 @@ impl<'a> Header<'a, &'a [u8]> {
     }
 }
 
+/// A Kafka message header whose key is given as bytes.
+///
+/// Kafka header keys are strings by the protocol, but librdkafka neither checks
+/// nor converts them, so a producer can write a key of any bytes. A key read
+/// through librdkafka ends at its first NUL byte.
+#[derive(Debug, Clone, Copy, Eq, PartialEq, Ord, PartialOrd, Hash)]
+pub struct RawHeader<'a> {
+    /// The header's key, as bytes.
+    pub key: &'a [u8],
+    /// The header's value.
+    pub value: Option<&'a [u8]>,
+}
+
 /// An iterator over [`Headers`].
 pub struct HeadersIter<'a, H> {
     headers: &'a H,
@@ -163,13 +182,14 @@ where
     type Item = Header<'a, &'a [u8]>;
 
     fn next(&mut self) -> Option<Header<'a, &'a [u8]>> {
-        if self.index < self.headers.count() {
-            let item = self.headers.get(self.index);
+        while self.index < self.headers.count() {
+            let item = self.headers.try_get(self.index);
             self.index += 1;
-            Some(item)
-        } else {
-            None
+            if item.is_some() {
+                return item;
+            }
         }
+        None
     }
 }
 
@@ -258,12 +278,10 @@ impl BorrowedHeaders {
     }
 }
 
-impl Headers for BorrowedHeaders {
-    fn count(&self) -> usize {
-        unsafe { rdsys::rd_kafka_header_cnt(self.as_native_ptr()) }
-    }
-
-    fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
+impl BorrowedHeaders {
+    /// Gets the specified header with its key as bytes, whatever they are, or
+    /// `None` if the index is out of bounds.
+    pub fn try_get_raw(&self, idx: usize) -> Option<RawHeader<'_>> {
         let mut value_ptr = ptr::null();
         let mut name_ptr = ptr::null();
         let mut value_size = 0;
@@ -280,13 +298,32 @@ impl Headers for BorrowedHeaders {
             None
         } else {
             unsafe {
-                Some(Header {
-                    key: CStr::from_ptr(name_ptr).to_str().unwrap(),
+                Some(RawHeader {
+                    key: CStr::from_ptr(name_ptr).to_bytes(),
                     value: (!value_ptr.is_null())
                         .then(|| util::ptr_to_slice(value_ptr, value_size)),
                 })
             }
         }
+    }
+
+    /// Iterates over all headers in order, with their keys as bytes.
+    pub fn iter_raw(&self) -> impl Iterator<Item = RawHeader<'_>> + '_ {
+        (0..self.count()).filter_map(move |idx| self.try_get_raw(idx))
+    }
+}
+
+impl Headers for BorrowedHeaders {
+    fn count(&self) -> usize {
+        unsafe { rdsys::rd_kafka_header_cnt(self.as_native_ptr()) }
+    }
+
+    fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
+        let raw = self.try_get_raw(idx)?;
+        Some(Header {
+            key: str::from_utf8(raw.key).ok()?,
+            value: raw.value,
+        })
     }
 }
 
@@ -534,15 +571,22 @@ impl OwnedHeaders {
     where
         V: ToBytes + ?Sized,
     {
+        self.insert_raw(RawHeader {
+            key: header.key.as_bytes(),
+            value: header.value.map(ToBytes::to_bytes),
+        })
+    }
+
+    /// Inserts a new header whose key is given as bytes. librdkafka sends the
+    /// key as it is, even when it is not valid UTF-8 (which the Kafka protocol
+    /// expects); a key holding a NUL byte is read back up to that byte.
+    pub fn insert_raw(self, header: RawHeader<'_>) -> OwnedHeaders {
         let (value_ptr, value_len) = match header.value {
             None => (ptr::null_mut(), 0),
-            Some(value) => {
-                let value_bytes = value.to_bytes();
-                (
-                    value_bytes.as_ptr() as *mut c_void,
-                    value_bytes.len() as isize,
-                )
-            }
+            Some(value_bytes) => (
+                value_bytes.as_ptr() as *mut c_void,
+                value_bytes.len() as isize,
+            ),
         };
         let err = unsafe {
             rdsys::rd_kafka_header_add(
