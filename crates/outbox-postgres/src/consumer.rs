@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::borrow::Cow;
+
 use outbox_core::consumer::{
     Consumer, ConsumerDeadLetter, ConsumerDeadLetterState, InboxOutcome, InboxStore,
     NewConsumerDeadLetter, OrderingGuard, RawMessage, RequeuedDeadLetter,
@@ -74,15 +76,17 @@ fn readable_json<'a>(pairs: impl Iterator<Item = (&'a str, String)>) -> String {
     serde_json::to_string(&map).unwrap_or_else(|_| "{}".to_owned())
 }
 
-/// Every header of `raw` as two arrays of bytes, names and values, text headers first.
-fn header_columns(raw: &RawMessage) -> (Vec<&[u8]>, Vec<&[u8]>) {
+/// Every header of `raw` as two arrays of bytes, names and values, text headers first. A name
+/// is stored as the broker gave it ([`RawMessage::header_name`] of its key), even when it is
+/// not UTF-8.
+fn header_columns(raw: &RawMessage) -> (Vec<Cow<'_, [u8]>>, Vec<&[u8]>) {
     raw.headers
         .iter()
-        .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+        .map(|(k, v)| (RawMessage::header_name(k), v.as_bytes()))
         .chain(
             raw.binary_headers
                 .iter()
-                .map(|(k, v)| (k.as_bytes(), v.as_ref())),
+                .map(|(k, v)| (RawMessage::header_name(k), v.as_ref())),
         )
         .unzip()
 }
@@ -122,13 +126,18 @@ impl StoredRaw {
             ..RawMessage::default()
         };
         for (name, value) in names.into_iter().zip(values) {
-            let name = text(name);
+            let key = RawMessage::header_key(&name).into_owned();
             match String::from_utf8(value) {
+                // A name that is not kept as it is (not UTF-8) goes with the binary headers,
+                // as the source put it there.
+                Ok(v) if RawMessage::header_name(&key).as_ref() == key.as_bytes() => {
+                    raw.headers.insert(key, v);
+                }
                 Ok(v) => {
-                    raw.headers.insert(name, v);
+                    raw.binary_headers.insert(key, v.into_bytes().into());
                 }
                 Err(e) => {
-                    raw.binary_headers.insert(name, e.into_bytes().into());
+                    raw.binary_headers.insert(key, e.into_bytes().into());
                 }
             }
         }
@@ -191,6 +200,7 @@ impl InboxStore for PgStore {
     ) -> Result<(), StoreError> {
         let (identity, raw) = (letter.identity, letter.raw);
         let (names, values) = header_columns(raw);
+        let names: Vec<&[u8]> = names.iter().map(AsRef::as_ref).collect();
         let headers_json = readable_json(
             raw.headers
                 .iter()

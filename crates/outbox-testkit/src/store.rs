@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use outbox_core::consumer::{
     ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard,
+    RawMessage,
 };
 use outbox_core::effect::{
     ClaimPurpose, NewWorkItem, WorkItemClaimParams, WorkItemRecordParams, WorkItemState,
@@ -854,8 +855,8 @@ pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture
 
 /// A consumer dead letter keeps the message byte for byte, whatever it holds (NUL and control
 /// characters in the content type, a header name and a value, a header value that is not
-/// UTF-8, a body that is not text, broker metadata), with the decoded event's fields when
-/// given. Metadata holding NUL is accepted too (a store may show it otherwise: it is for the
+/// UTF-8, header names that are not UTF-8 (kept under [`RawMessage::header_key`]), a body that
+/// is not text, broker metadata), with the decoded event's fields when given. Metadata holding NUL is accepted too (a store may show it otherwise: it is for the
 /// operator, never decoded).
 pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixture>() {
     let f = F::new().await;
@@ -869,6 +870,12 @@ pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixtur
         "x-binary".into(),
         bytes::Bytes::from_static(&[0, 0xff, 0xc3]),
     );
+    for (name, value) in [(&b"\xff\xfe"[..], &b"text"[..]), (b"x-%\xc3", b"\xff")] {
+        raw.binary_headers.insert(
+            RawMessage::header_key(name).into_owned(),
+            bytes::Bytes::copy_from_slice(value),
+        );
+    }
     raw.payload = bytes::Bytes::from_static(&[0, 0xff, 0xfe, b'\n']);
     raw.metadata.insert("subject".into(), "payments.a".into());
     let mut nul_metadata = raw.clone();

@@ -17,6 +17,7 @@
 //! * [`DeliverySource::decode`] decodes a stored [`RawMessage`] exactly as a live delivery
 //!   would be decoded, so a requeued consumer dead letter is processed like the original.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -41,13 +42,82 @@ pub struct RawMessage {
     /// The protocol's content type, if any.
     pub content_type: Option<String>,
     /// Every header whose value is *not* valid UTF-8, byte for byte (AMQP long strings and byte
-    /// arrays can carry any bytes). A header is either here or in `headers`, never in both; a
-    /// decoder refuses a CloudEvents attribute found here.
+    /// arrays can carry any bytes), and every header whose *name* is not (a Kafka header name
+    /// is bytes on the wire), under the key [`RawMessage::header_key`] gives its name. A header
+    /// is either here or in `headers`, never in both; a decoder refuses a CloudEvents attribute
+    /// found here.
     pub binary_headers: BTreeMap<String, Bytes>,
     /// What the broker said about the delivery (NATS: subject, stream, sequences; RabbitMQ:
     /// exchange, routing key, message properties), for the operator reading a dead letter.
     /// Never decoded.
     pub metadata: BTreeMap<String, String>,
+}
+
+/// Starts the key of a header whose name is not kept as it is (see [`RawMessage::header_key`]).
+/// No header name read through librdkafka can hold it (names are read as C strings).
+pub const HEADER_KEY_ESCAPE: char = '\0';
+
+impl RawMessage {
+    /// The key under which the header named `name` (bytes, as the broker gave them) is kept in
+    /// [`RawMessage::headers`] or [`RawMessage::binary_headers`]: the name itself when it is
+    /// UTF-8 text not starting with [`HEADER_KEY_ESCAPE`] (every name but hostile ones);
+    /// otherwise [`HEADER_KEY_ESCAPE`] followed by the name with each byte that is not UTF-8,
+    /// and each `%`, written `%XX` (upper-case hex). Lossless:
+    /// [`RawMessage::header_name`] gives the bytes back, so a store keeps the exact name.
+    pub fn header_key(name: &[u8]) -> Cow<'_, str> {
+        match std::str::from_utf8(name) {
+            Ok(text) if !text.starts_with(HEADER_KEY_ESCAPE) => Cow::Borrowed(text),
+            _ => {
+                let mut key = String::with_capacity(name.len() * 3 + 1);
+                key.push(HEADER_KEY_ESCAPE);
+                for chunk in name.utf8_chunks() {
+                    for c in chunk.valid().chars() {
+                        if c == '%' {
+                            key.push_str("%25");
+                        } else {
+                            key.push(c);
+                        }
+                    }
+                    for b in chunk.invalid() {
+                        key.push_str(&format!("%{b:02X}"));
+                    }
+                }
+                Cow::Owned(key)
+            }
+        }
+    }
+
+    /// The header name, as bytes, kept under `key`: the inverse of [`RawMessage::header_key`].
+    /// A key that `header_key` cannot have made is its own name.
+    pub fn header_name(key: &str) -> Cow<'_, [u8]> {
+        let Some(escaped) = key.strip_prefix(HEADER_KEY_ESCAPE) else {
+            return Cow::Borrowed(key.as_bytes());
+        };
+        let bytes = escaped.as_bytes();
+        let mut name = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                let Some(b) = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|hex| std::str::from_utf8(hex).ok())
+                    .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                else {
+                    return Cow::Borrowed(key.as_bytes());
+                };
+                name.push(b);
+                i += 3;
+            } else {
+                name.push(bytes[i]);
+                i += 1;
+            }
+        }
+        if Self::header_key(&name) == key {
+            Cow::Owned(name)
+        } else {
+            Cow::Borrowed(key.as_bytes())
+        }
+    }
 }
 
 /// Why the broker side failed.
@@ -152,5 +222,50 @@ pub trait DeliverySource: Send + 'static {
     /// does. Harmless at any time. The default holds nothing ahead and does nothing.
     fn release(&mut self) -> impl Future<Output = ()> + Send {
         async {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_key_keeps_any_name_losslessly() {
+        let names: [&[u8]; 9] = [
+            b"traceparent",
+            b"ce_id",
+            b"100%",
+            b"",
+            b"\xff\xfe",
+            b"ce_\xffid%",
+            b"\0starts-with-nul",
+            b"caf\xc3\xa9",
+            b"\xc3",
+        ];
+        for name in names {
+            let key = RawMessage::header_key(name);
+            assert_eq!(
+                RawMessage::header_name(&key).as_ref(),
+                name,
+                "{name:?} as {key:?}"
+            );
+        }
+        // Text names stay as they are; the others are marked and escaped.
+        assert_eq!(RawMessage::header_key(b"100%"), "100%");
+        assert_eq!(RawMessage::header_key("café".as_bytes()), "café");
+        assert_eq!(RawMessage::header_key(b"\xff\xfe"), "\0%FF%FE");
+        assert_eq!(RawMessage::header_key(b"ce_\xffid%"), "\0ce_%FFid%25");
+        assert_eq!(RawMessage::header_key(b"\0x"), "\0\0x");
+    }
+
+    #[test]
+    fn a_key_no_escape_made_is_its_own_name() {
+        for key in ["\0%4", "\0%zz", "\0%41", "\0+F", "\0%+F", "\0"] {
+            assert_eq!(
+                RawMessage::header_name(key).as_ref(),
+                key.as_bytes(),
+                "{key:?}"
+            );
+        }
     }
 }
