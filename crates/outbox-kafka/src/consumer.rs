@@ -40,22 +40,39 @@
 //! The CloudEvents Kafka binding: `ce_<attribute>` headers, values as UTF-8 text, and
 //! `content-type`. Header names are matched without regard to case; a header sent several
 //! times is kept as its values joined by `, ` (so a repeated `ce_id` is invalid, never a silent
-//! pick). A header value that is not UTF-8 is kept byte for byte in
-//! [`RawMessage::binary_headers`]; a null value is kept as an empty text value.
+//! pick). A null value is kept as an empty text value. Whatever a record holds, the poll never
+//! fails on it: each record is one delivery, applied or dead-lettered with its raw bytes.
+//!
+//! * A header value that is not UTF-8 is kept byte for byte in
+//!   [`RawMessage::binary_headers`]. On a `ce_` attribute or `content-type` the message is
+//!   malformed ([`DecodeError::Invalid`]); on a user header it reaches the handler with U+FFFD
+//!   for the bytes that are not UTF-8 (as on RabbitMQ).
+//! * A header *name* that is not UTF-8 (the Kafka protocol says names are strings, but
+//!   librdkafka writes whatever bytes it is given) is kept in [`RawMessage::binary_headers`]
+//!   under [`RawMessage::header_key`] (a lossless escape; a store keeps the exact bytes), and
+//!   the message is malformed ([`DecodeError::Protocol`], ``the header name `%FF%FE` is not
+//!   UTF-8 text``, the name's bytes that are not UTF-8 as `%XX`): the event's headers cannot
+//!   carry that name. librdkafka reads a name up to its first NUL byte, so a name holding NUL
+//!   is kept up to there. (rdkafka 0.39 panicked on such a name inside the poll; the workspace
+//!   carries a patched rdkafka, see `vendor/rdkafka/README.outbox.md`.)
+//! * A NUL or another control character in the content type or an attribute makes the message
+//!   malformed; the dead letter keeps the bytes.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError, SourceErrorKind};
+use outbox_core::consumer::{
+    Delivery, DeliverySource, HEADER_KEY_ESCAPE, RawMessage, SourceError, SourceErrorKind,
+};
 use outbox_core::secrets::redact_url;
 use outbox_core::wire::{self, DecodeError, EventIdentity, IncomingEvent, attr};
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers as _, Message as _};
+use rdkafka::message::{BorrowedMessage, Message as _};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::util::Timeout;
 use tokio::sync::{mpsc, oneshot};
@@ -451,35 +468,10 @@ fn consumer_error(e: &KafkaError) -> ErrorKind {
 
 /// A message as received: value, every header, the content type, and where it was read.
 fn raw_of(message: &BorrowedMessage<'_>) -> RawMessage {
-    let mut text: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut binary: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    if let Some(headers) = message.headers() {
-        for header in headers.iter() {
-            let value = header.value.unwrap_or_default();
-            match std::str::from_utf8(value) {
-                Ok(s) if !binary.contains_key(header.key) => {
-                    text.entry(header.key.to_owned())
-                        .or_default()
-                        .push(s.to_owned());
-                }
-                _ => {
-                    // Not text (or repeated with a value that is not): byte for byte.
-                    let bytes = binary.entry(header.key.to_owned()).or_default();
-                    if let Some(earlier) = text.remove(header.key) {
-                        *bytes = earlier.join(", ").into_bytes();
-                    }
-                    if !bytes.is_empty() {
-                        bytes.extend_from_slice(b", ");
-                    }
-                    bytes.extend_from_slice(value);
-                }
-            }
-        }
-    }
-    let headers: BTreeMap<String, String> = text
-        .into_iter()
-        .map(|(name, values)| (name, values.join(", ")))
-        .collect();
+    let (headers, binary_headers) = match message.headers() {
+        Some(headers) => headers_of(headers.iter_raw().map(|h| (h.key, h.value))),
+        None => Default::default(),
+    };
     let content_type = header_ci(&headers, CONTENT_TYPE_HEADER);
     let mut metadata = BTreeMap::from([
         ("topic".to_owned(), message.topic().to_owned()),
@@ -496,12 +488,52 @@ fn raw_of(message: &BorrowedMessage<'_>) -> RawMessage {
         payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
         headers,
         content_type,
-        binary_headers: binary
-            .into_iter()
-            .map(|(name, value)| (name, Bytes::from(value)))
-            .collect(),
+        binary_headers,
         metadata,
     }
+}
+
+/// A record's headers, names and values as bytes, in their order, sorted into the text headers
+/// and the binary ones of a [`RawMessage`]: a header whose name and value are UTF-8 text is
+/// text (a null value counts as empty text); any other is kept byte for byte among the binary
+/// headers, a name that is not UTF-8 under [`RawMessage::header_key`]. A name sent several
+/// times is kept as its values joined by `, `, binary as soon as one of them is.
+fn headers_of<'a>(
+    headers: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+) -> (BTreeMap<String, String>, BTreeMap<String, Bytes>) {
+    let mut text: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut binary: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for (name, value) in headers {
+        let value = value.unwrap_or_default();
+        let key = RawMessage::header_key(name);
+        let name_is_text = key.as_bytes() == name;
+        match std::str::from_utf8(value) {
+            Ok(s) if name_is_text && !binary.contains_key(key.as_ref()) => {
+                text.entry(key.into_owned()).or_default().push(s.to_owned());
+            }
+            _ => {
+                // Not text (or repeated with a value that is not): byte for byte.
+                let earlier = text.remove(key.as_ref());
+                let bytes = binary.entry(key.into_owned()).or_default();
+                if let Some(earlier) = earlier {
+                    *bytes = earlier.join(", ").into_bytes();
+                }
+                if !bytes.is_empty() {
+                    bytes.extend_from_slice(b", ");
+                }
+                bytes.extend_from_slice(value);
+            }
+        }
+    }
+    let text = text
+        .into_iter()
+        .map(|(name, values)| (name, values.join(", ")))
+        .collect();
+    let binary = binary
+        .into_iter()
+        .map(|(name, value)| (name, Bytes::from(value)))
+        .collect();
+    (text, binary)
 }
 
 /// A header's value by name without regard to case; several matches are joined by `, `.
@@ -540,6 +572,27 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
             max: max_bytes,
         });
     }
+    if let Some(key) = raw
+        .binary_headers
+        .keys()
+        .find(|k| RawMessage::header_name(k).as_ref() != k.as_bytes())
+    {
+        let shown = key.strip_prefix(HEADER_KEY_ESCAPE).unwrap_or(key);
+        return Err(DecodeError::Protocol(format!(
+            "the header name `{}` is not UTF-8 text",
+            wire::excerpt(shown)
+        )));
+    }
+    if let Some((_, value)) = raw
+        .binary_headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(CONTENT_TYPE_HEADER))
+    {
+        return Err(DecodeError::Invalid {
+            name: attr::DATA_CONTENT_TYPE,
+            value: wire::excerpt(&String::from_utf8_lossy(value)),
+        });
+    }
     for name in attr::ALL {
         let header = format!("{CE_PREFIX}{name}");
         if let Some((_, value)) = raw
@@ -558,11 +611,18 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
         .clone()
         .or_else(|| header_ci(&raw.headers, CONTENT_TYPE_HEADER))
         .filter(|c| !c.trim().is_empty());
+    // A user header whose value is not UTF-8 reaches the handler with U+FFFD for the bytes
+    // that are not (as on RabbitMQ); its bytes stay in the raw message.
     let user_headers: BTreeMap<String, String> = raw
         .headers
         .iter()
-        .filter(|(name, _)| !is_protocol_header(name))
         .map(|(n, v)| (n.clone(), v.clone()))
+        .chain(
+            raw.binary_headers
+                .iter()
+                .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())),
+        )
+        .filter(|(name, _)| !is_protocol_header(name))
         .collect();
     wire::decode(
         |name| header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")),
@@ -1025,5 +1085,105 @@ impl Delivery for KafkaDelivery {
         let held = self.held.take().expect("a delivery is settled once");
         self.link.retry(held, Instant::now() + delay);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::OutboxMessage;
+
+    use super::*;
+
+    /// A record's headers, as (name, value) byte pairs.
+    type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+    /// The record the transport would send for a fresh event.
+    fn record() -> (OutboxMessage, Pairs) {
+        let msg = outbox_testkit::message::event("pay-1", 1, &br#"{"amount":1}"#[..]);
+        let headers = crate::wire_headers(&msg, outbox_core::wire::DEFAULT_SOURCE)
+            .expect("headers")
+            .into_iter()
+            .map(|(n, v)| (n.into_bytes(), v.into_bytes()))
+            .collect();
+        (msg, headers)
+    }
+
+    fn raw(msg: &OutboxMessage, headers: &Pairs) -> RawMessage {
+        let (headers, binary_headers) = headers_of(
+            headers
+                .iter()
+                .map(|(n, v)| (n.as_slice(), Some(v.as_slice()))),
+        );
+        RawMessage {
+            payload: msg.payload.bytes.clone(),
+            content_type: header_ci(&headers, CONTENT_TYPE_HEADER),
+            headers,
+            binary_headers,
+            ..RawMessage::default()
+        }
+    }
+
+    #[test]
+    fn a_header_name_that_is_not_utf8_is_kept_exactly_and_makes_the_message_malformed() {
+        let (msg, mut headers) = record();
+        headers.push((b"\xff\xfe".to_vec(), b"text".to_vec()));
+        headers.push((b"x-\xc3".to_vec(), b"\xff".to_vec()));
+        let raw = raw(&msg, &headers);
+        let names: Vec<Vec<u8>> = raw
+            .binary_headers
+            .keys()
+            .map(|k| RawMessage::header_name(k).into_owned())
+            .collect();
+        assert_eq!(names, vec![b"\xff\xfe".to_vec(), b"x-\xc3".to_vec()]);
+        assert_eq!(
+            raw.binary_headers[&*RawMessage::header_key(b"x-\xc3")],
+            &b"\xff"[..]
+        );
+        assert!(
+            raw.headers.contains_key("ce_id"),
+            "the readable rest: {raw:?}"
+        );
+        let err = decode_raw(&raw, 1 << 20).expect_err("malformed");
+        assert_eq!(
+            err,
+            DecodeError::Protocol("the header name `%FF%FE` is not UTF-8 text".into())
+        );
+        assert!(!err.to_string().chars().any(char::is_control), "{err}");
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_malformed_on_an_attribute_and_lossy_on_a_user_header() {
+        let (msg, headers) = record();
+        let mut user = headers.clone();
+        user.push((b"x-trace".to_vec(), b"a\xffb".to_vec()));
+        let event = decode_raw(&raw(&msg, &user), 1 << 20).expect("a user header's bytes");
+        assert_eq!(event.event_id, msg.event_id);
+        assert_eq!(event.headers["x-trace"], "a\u{FFFD}b");
+
+        for name in ["ce_type", "content-type"] {
+            let mut hostile = headers.clone();
+            for (n, v) in &mut hostile {
+                if n == name.as_bytes() {
+                    v.push(0xff);
+                }
+            }
+            let raw = raw(&msg, &hostile);
+            assert!(raw.binary_headers.contains_key(name), "{raw:?}");
+            let err = decode_raw(&raw, 1 << 20).expect_err(name);
+            assert!(matches!(err, DecodeError::Invalid { .. }), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_name_is_joined_and_binary_once_any_value_is() {
+        let pairs: [(&[u8], Option<&[u8]>); 4] = [
+            (b"x", Some(b"1")),
+            (b"x", Some(b"\xff")),
+            (b"y", None),
+            (b"y", Some(b"2")),
+        ];
+        let (text, binary) = headers_of(pairs.into_iter());
+        assert_eq!(text, BTreeMap::from([("y".to_owned(), ", 2".to_owned())]));
+        assert_eq!(binary["x"], &b"1, \xff"[..]);
     }
 }

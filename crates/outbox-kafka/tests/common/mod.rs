@@ -19,7 +19,7 @@ use outbox_core::{OutboxMessage, PublishErrorKind, Transport};
 use outbox_kafka::rdkafka::ClientConfig;
 use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
-use outbox_kafka::rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
+use outbox_kafka::rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders, RawHeader};
 use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use outbox_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use outbox_kafka::rdkafka::util::Timeout;
@@ -357,8 +357,9 @@ impl SourceHarness for Fixture {
             });
         }
         for (name, value) in &raw.binary_headers {
-            headers = headers.insert(Header {
-                key: name,
+            // A name that is not UTF-8 is kept escaped: its bytes go on the wire.
+            headers = headers.insert_raw(RawHeader {
+                key: &RawMessage::header_name(name),
                 value: Some(value.as_ref()),
             });
         }

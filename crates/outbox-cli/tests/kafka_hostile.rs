@@ -1,0 +1,324 @@
+//! The Kafka source against records written through librdkafka itself, around the crate's
+//! encoder: header names and values of any bytes (librdkafka checks neither), a NUL in the
+//! content type. Into the in-process `PgConsumer` on the real PostgreSQL, each hostile record
+//! is one consumer dead letter with its raw bytes and a reason, the valid event behind it is
+//! applied within 5 s, the consumer never fails, and the group's committed offset reaches the
+//! end of the partition. Before, a header name that was not UTF-8 panicked the poll (rdkafka
+//! 0.39 unwrapped the name's UTF-8 check): no dead letter, and the offset stuck before it.
+#![allow(missing_docs)]
+
+mod common;
+mod inbox_common;
+
+use std::time::Duration;
+
+use common::*;
+use inbox_common::*;
+use outbox_core::OutboxMessage;
+use outbox_core::consumer::{ConsumerReport, OrderingGuard};
+use outbox_kafka::rdkafka::message::{OwnedHeaders, RawHeader};
+use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use outbox_kafka::CONTENT_TYPE_HEADER;
+use serde_json::json;
+use uuid::Uuid;
+
+const MIB: usize = 1 << 20;
+/// How soon the valid event behind a hostile record must be applied.
+const APPLIED_WITHIN: Duration = Duration::from_secs(5);
+
+/// A record's headers, names and values as bytes.
+type Headers = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The headers the transport writes for `msg`, as bytes.
+fn wire(msg: &OutboxMessage) -> Headers {
+    outbox_kafka::wire_headers(msg, outbox_core::wire::DEFAULT_SOURCE)
+        .expect("wire headers")
+        .into_iter()
+        .map(|(n, v)| (n.into_bytes(), v.into_bytes()))
+        .collect()
+}
+
+/// Writes one record to `partition` of `topic` through librdkafka, headers byte for byte.
+async fn produce(topic: &str, partition: i32, headers: &Headers, body: &[u8]) {
+    let producer: FutureProducer = kafka_client().create().expect("producer");
+    let mut owned = OwnedHeaders::new();
+    for (name, value) in headers {
+        owned = owned.insert_raw(RawHeader {
+            key: name,
+            value: Some(value),
+        });
+    }
+    let record = FutureRecord::to(topic)
+        .partition(partition)
+        .key("hostile")
+        .payload(body)
+        .headers(owned);
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+fn topic(env: &Env) -> String {
+    match &env.broker {
+        BrokerEnv::Kafka(k) => k.topic.clone(),
+        _ => unreachable!("a Kafka environment"),
+    }
+}
+
+/// A fresh `payment` aggregate's first event.
+fn fresh() -> OutboxMessage {
+    message(
+        &format!("pay-{}", uid()),
+        1,
+        "PaymentCreated",
+        json!({"n": 1}),
+    )
+}
+
+/// A consumer dead letter as stored, with the raw columns.
+#[derive(Debug, sqlx::FromRow)]
+struct Letter {
+    event_id: Option<Uuid>,
+    error: String,
+    payload: Vec<u8>,
+    content_type: Option<Vec<u8>>,
+    header_names: Vec<Vec<u8>>,
+    header_values: Vec<Vec<u8>>,
+}
+
+impl Letter {
+    /// The stored value of the header named `name` (bytes).
+    fn header(&self, name: &[u8]) -> Option<&[u8]> {
+        let i = self.header_names.iter().position(|n| n == name)?;
+        Some(&self.header_values[i])
+    }
+}
+
+async fn letters(env: &Env, consumer: &str) -> Vec<Letter> {
+    sqlx::query_as(sqlx::AssertSqlSafe(env.db.sql(
+        "SELECT event_id, error, payload, content_type_bytes AS content_type, \
+         header_names, header_values \
+         FROM {s}.consumer_dead_letters WHERE consumer_name = $1 ORDER BY id",
+    )))
+    .bind(consumer)
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("dead letters")
+}
+
+/// The group's lag on the environment's topic falls to zero: its committed offsets reached the
+/// end of every partition (bounded wait: the last commit follows the last ack).
+async fn wait_for_no_lag(env: &Env, group: &str) {
+    let BrokerEnv::Kafka(k) = &env.broker else {
+        unreachable!("a Kafka environment")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let lag = k.group_lag(group).await;
+        if lag == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group's committed offsets stay {lag} short of the end"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One hostile record: what is written and what its dead letter must say.
+struct Case {
+    what: &'static str,
+    headers: Headers,
+    /// In the reason.
+    reason: &'static [&'static str],
+    /// A header (name, value) the dead letter keeps byte for byte.
+    kept: (Vec<u8>, Vec<u8>),
+    /// The event id, when the record carries a readable one.
+    event_id: Uuid,
+}
+
+fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    // A header named \xff\xfe: the poll used to panic on it.
+    let msg = fresh();
+    let mut headers = wire(&msg);
+    headers.push((b"\xff\xfe".to_vec(), b"x".to_vec()));
+    cases.push(Case {
+        what: "a header name that is not UTF-8",
+        headers,
+        reason: &["header name", "%FF%FE", "not UTF-8"],
+        kept: (b"\xff\xfe".to_vec(), b"x".to_vec()),
+        event_id: msg.event_id,
+    });
+    // A name and a value that are not UTF-8, the name starting like an attribute.
+    let msg = fresh();
+    let mut headers = wire(&msg);
+    headers.push((b"ce_\xc3(id".to_vec(), b"\xff\x00\xfe".to_vec()));
+    cases.push(Case {
+        what: "an attribute-like name and its value, neither UTF-8",
+        headers,
+        reason: &["header name", "ce_%C3(id"],
+        kept: (b"ce_\xc3(id".to_vec(), b"\xff\x00\xfe".to_vec()),
+        event_id: msg.event_id,
+    });
+    // An attribute whose value is not UTF-8.
+    let msg = fresh();
+    let mut headers = wire(&msg);
+    for (name, value) in &mut headers {
+        if name == b"ce_type" {
+            value.extend_from_slice(b"\xff\xfe");
+        }
+    }
+    cases.push(Case {
+        what: "an attribute value that is not UTF-8",
+        headers,
+        reason: &["malformed", "`type`"],
+        kept: (b"ce_type".to_vec(), b"PaymentCreated\xff\xfe".to_vec()),
+        event_id: msg.event_id,
+    });
+    // A NUL in the content type.
+    let msg = fresh();
+    let mut headers = wire(&msg);
+    let content_type = b"application/json\0; charset=evil".to_vec();
+    for (name, value) in &mut headers {
+        if name == CONTENT_TYPE_HEADER.as_bytes() {
+            value.clone_from(&content_type);
+        }
+    }
+    cases.push(Case {
+        what: "a NUL in the content type",
+        headers,
+        reason: &["malformed", "datacontenttype"],
+        kept: (CONTENT_TYPE_HEADER.as_bytes().to_vec(), content_type),
+        event_id: msg.event_id,
+    });
+    cases
+}
+
+/// Each hostile record, followed by a valid event, on one partition: the valid event is applied
+/// within 5 s, the hostile one is exactly one dead letter with its bytes and a reason, nothing
+/// is delivered twice or nacked, and the group's offset reaches the end. A user header whose
+/// value is not UTF-8 is no reason to refuse an event: it is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() {
+    let env = Env::new(Kind::Kafka).await;
+    let topic = topic(&env);
+    let group = env.endpoint_name();
+    let src = env.source(&group, MIB).await;
+    let log = src.log_handle();
+    let mut c = env.consumer(
+        "ledger",
+        src,
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Wait,
+    );
+    // The member joined and holds the partition: a first event is applied.
+    let first = fresh();
+    produce(&topic, 0, &wire(&first), &first.payload.bytes).await;
+    let mut t = ConsumerReport::default();
+    run_until(
+        &mut c,
+        &mut t,
+        Duration::from_secs(30),
+        "a first event",
+        |t| t.processed >= 1,
+    )
+    .await;
+    // A user header with bytes that are not UTF-8: applied.
+    let binary_user = fresh();
+    let mut headers = wire(&binary_user);
+    headers.push((b"x-trace".to_vec(), b"a\xffb".to_vec()));
+    produce(&topic, 0, &headers, &binary_user.payload.bytes).await;
+    run_until(
+        &mut c,
+        &mut t,
+        APPLIED_WITHIN,
+        "a binary user header",
+        |t| t.processed >= 2,
+    )
+    .await;
+    assert_eq!(env.effects_of("ledger", binary_user.event_id).await, 1);
+
+    let cases = cases();
+    let mut bodies = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let body = format!("hostile-{i}-{}", uid()).into_bytes();
+        produce(&topic, 0, &case.headers, &body).await;
+        bodies.push(body);
+        let valid = fresh();
+        produce(&topic, 0, &wire(&valid), &valid.payload.bytes).await;
+        let (processed, dead) = (t.processed, t.dead_lettered);
+        run_until(&mut c, &mut t, APPLIED_WITHIN, case.what, |t| {
+            t.processed > processed && t.dead_lettered > dead
+        })
+        .await;
+        assert_eq!(
+            (t.processed, t.dead_lettered),
+            (processed + 1, dead + 1),
+            "{}: {t:?}",
+            case.what
+        );
+        assert_eq!(
+            env.effects_of("ledger", valid.event_id).await,
+            1,
+            "{}",
+            case.what
+        );
+    }
+    let quiet = run_for(&mut c, QUIET).await;
+    assert_eq!(quiet.received, 0, "a settled delivery came back: {quiet:?}");
+
+    let letters = letters(&env, "ledger").await;
+    assert_eq!(
+        letters.len(),
+        cases.len(),
+        "one dead letter each: {letters:#?}"
+    );
+    for ((case, body), letter) in cases.iter().zip(&bodies).zip(&letters) {
+        let what = case.what;
+        assert_eq!(&letter.payload, body, "{what}: the body");
+        for part in case.reason {
+            assert!(
+                letter.error.contains(part),
+                "{what}: reason {:?}",
+                letter.error
+            );
+        }
+        assert!(
+            !letter.error.chars().any(char::is_control),
+            "{what}: a printable reason {:?}",
+            letter.error
+        );
+        assert_eq!(
+            letter.header(&case.kept.0),
+            Some(case.kept.1.as_slice()),
+            "{what}: the header kept byte for byte: {letter:?}"
+        );
+        if case.kept.0 == CONTENT_TYPE_HEADER.as_bytes() {
+            assert_eq!(letter.content_type.as_ref(), Some(&case.kept.1), "{what}");
+        }
+        // Malformed, the message has no event; its id, readable, is never another's.
+        assert!(
+            letter.event_id.is_none_or(|id| id == case.event_id),
+            "{what}: {:?}",
+            letter.event_id
+        );
+        // Every other header is kept too, the id among them.
+        assert_eq!(
+            letter.header(b"ce_id"),
+            Some(case.event_id.to_string().as_bytes()),
+            "{what}"
+        );
+        assert_eq!(letter.header_names.len(), case.headers.len(), "{what}");
+    }
+    let log = log.lock().unwrap().clone();
+    let total = 2 + 2 * cases.len();
+    assert_eq!(log.delivered.len(), total, "each delivered once: {log:?}");
+    assert_eq!(log.acked.len(), total, "each acknowledged: {log:?}");
+    assert!(log.nacked.is_empty(), "no redelivery: {log:?}");
+    wait_for_no_lag(&env, &group).await;
+    env.cleanup().await;
+}
