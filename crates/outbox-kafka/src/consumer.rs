@@ -35,6 +35,16 @@
 //! sum over them of the high watermark minus the committed offset (the low watermark when the
 //! group has none yet). Summed over the members, it is the group's lag as Kafka tools show it.
 //!
+//! # Flow control
+//!
+//! The source holds at most [`KafkaConsumerConfig::max_unacked`] deliveries (handed out and not
+//! acknowledged yet, nacked ones waiting in memory included). At the limit it pauses every
+//! assigned partition (it stays in its group and serves rebalances) and resumes them once a
+//! quarter settled. A partition assigned meanwhile takes the same state: paused while the
+//! source is paused. With the `cooperative-sticky` assignor an assignment only adds partitions,
+//! and those already held stay as they are (before, an assignment counted the source as
+//! resumed while its earlier partitions stayed paused, for good).
+//!
 //! # Decoding
 //!
 //! The CloudEvents Kafka binding: `ce_<attribute>` headers, values as UTF-8 text, and
@@ -208,22 +218,45 @@ impl ConsumerContext for SourceContext {
             Rebalance::Assign(list) => {
                 let tps = tps_of(list);
                 tracing::info!(partitions = ?tps, "partitions assigned");
-                // librdkafka keeps an application's pause of a partition across revocation
-                // and assignment, while the books start afresh (not paused): resume, so a
-                // rebalance during flow control cannot leave partitions paused for good.
-                if let Err(e) = consumer.resume(list) {
-                    tracing::warn!(error = %e, "cannot resume the assigned partitions");
+                // The assigned partitions take the source's flow-control state. librdkafka
+                // keeps an application's pause of a partition across revocation and
+                // assignment, so a partition paused before is resumed unless the source is
+                // paused. And with `cooperative-sticky` an assignment only adds partitions to
+                // those held (paused or not): the source's state stays as it is, and the new
+                // partitions follow it, so the next resume reaches all of them.
+                let mut tracker = lock(&self.tracker);
+                let result = if tracker.paused {
+                    consumer.pause(list)
+                } else {
+                    consumer.resume(list)
+                };
+                if let Err(e) = result {
+                    tracing::warn!(
+                        error = %e,
+                        paused = tracker.paused,
+                        "cannot pause or resume the assigned partitions"
+                    );
                 }
-                lock(&self.tracker).assign(tps);
+                tracker.assign(tps);
             }
             Rebalance::Revoke(_) => {}
             Rebalance::Error(e) => {
-                // rdkafka drops the whole assignment after a failed rebalance: so do the books
-                // (the next assignment reads from the committed offsets).
+                // After a failed rebalance rdkafka drops the assignment (all of it, or, with
+                // `cooperative-sticky`, the partitions of that rebalance): the books keep only
+                // what the consumer still holds (the next assignment reads from the committed
+                // offsets).
+                let still: std::collections::HashSet<Tp> = consumer
+                    .assignment()
+                    .map(|list| tps_of(&list).into_iter().collect())
+                    .unwrap_or_default();
                 let mut tracker = lock(&self.tracker);
-                let assigned = tracker.assigned();
-                tracker.revoke(&assigned);
-                tracing::warn!(error = %e, "rebalance failed; the assignment is dropped");
+                let gone: Vec<Tp> = tracker
+                    .assigned()
+                    .into_iter()
+                    .filter(|tp| !still.contains(tp))
+                    .collect();
+                tracker.revoke(&gone);
+                tracing::warn!(error = %e, dropped = ?gone, "rebalance failed; its partitions are dropped");
             }
         }
     }

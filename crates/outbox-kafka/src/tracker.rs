@@ -55,7 +55,9 @@ pub(crate) struct Tracker {
     partitions: HashMap<Tp, Partition>,
     next_generation: u64,
     closed: bool,
-    /// The source paused its assigned partitions (too many deliveries held).
+    /// The source paused its assigned partitions (too many deliveries held). Every assigned
+    /// partition is paused while this is set, and none while it is not: a partition assigned
+    /// meanwhile is paused or resumed to match.
     pub paused: bool,
 }
 
@@ -80,10 +82,8 @@ impl Tracker {
             .sum()
     }
 
-    /// The partitions in `tps` are now assigned to this source: each starts afresh (and not
-    /// paused: an assignment starts fetching).
+    /// The partitions in `tps` are now assigned to this source: each starts afresh.
     pub fn assign(&mut self, tps: impl IntoIterator<Item = Tp>) {
-        self.paused = false;
         for tp in tps {
             self.next_generation += 1;
             self.partitions.insert(

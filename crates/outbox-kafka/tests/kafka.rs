@@ -169,6 +169,22 @@ async fn the_key_is_the_partition_key_and_the_timestamp_the_creation_time() {
     .await;
 }
 
+/// Publishes `versions` of aggregates `agg-0` to `agg-{aggregates - 1}`, version by version.
+async fn publish_versions(
+    transport: &KafkaTransport,
+    aggregates: usize,
+    versions: std::ops::RangeInclusive<i64>,
+) -> anyhow::Result<()> {
+    for v in versions {
+        for a in 0..aggregates {
+            transport
+                .publish(&message::event(&format!("agg-{a}"), v, &b"{}"[..]))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
 /// Two members of one group on a topic of four partitions: the second joins halfway (a
 /// rebalance moves partitions away from the first, which commits before it lets them go).
 /// Every event is delivered at least once, every event after its predecessors of the same
@@ -191,17 +207,7 @@ async fn two_members_through_a_rebalance_miss_nothing_and_keep_each_aggregates_o
         };
         const AGGREGATES: usize = 8;
         const VERSIONS: i64 = 25;
-        let publish = async |versions: std::ops::RangeInclusive<i64>| -> anyhow::Result<()> {
-            for v in versions {
-                for a in 0..AGGREGATES {
-                    transport
-                        .publish(&message::event(&format!("agg-{a}"), v, &b"{}"[..]))
-                        .await?;
-                }
-            }
-            Ok(())
-        };
-        publish(1..=10).await?;
+        publish_versions(&transport, AGGREGATES, 1..=10).await?;
 
         let mut first = KafkaSource::connect(&fx.url(), config.clone()).await?;
         // (aggregate, version) -> deliveries; per aggregate, the versions in delivery order.
@@ -241,7 +247,7 @@ async fn two_members_through_a_rebalance_miss_nothing_and_keep_each_aggregates_o
         }
         // The second member joins; both consume while the rest is published.
         let mut second = KafkaSource::connect(&fx.url(), config.clone()).await?;
-        publish(11..=VERSIONS).await?;
+        publish_versions(&transport, AGGREGATES, 11..=VERSIONS).await?;
         let total = AGGREGATES * usize::try_from(VERSIONS)?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
         while acked.len() < total {
@@ -381,6 +387,125 @@ async fn a_member_resuming_inside_a_batch_gets_the_rest_of_it() {
             again == versions[4..],
             "after resuming at offset 4 of {versions:?} came {again:?}"
         );
+        Ok(())
+    })
+    .await;
+}
+
+/// With the `cooperative-sticky` assignor, a member whose partitions are paused (it holds its
+/// limit of unacknowledged deliveries) while a second member joins keeps the partitions it
+/// still holds in step with its flow control: once it settled what it held, it reads on, and
+/// every event of the topic is acknowledged by one member or the other. Before, the
+/// incremental assignment that follows the join (librdkafka calls it, with no partitions, after
+/// the revocation) counted the member as resumed while librdkafka kept its partitions paused,
+/// so nothing was read from them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_member_reads_on_after_a_cooperative_rebalance() {
+    run(Fixture::start(), async |fx: &Fixture| {
+        let topic = format!("outboxcoop{}", Uuid::now_v7().simple());
+        let transport = fx
+            .transport_with(KafkaConfig {
+                topic_template: Some(topic.clone()),
+                topic_partitions: 4,
+                ..fx.config()
+            })
+            .await?;
+        const AGGREGATES: usize = 8;
+        publish_versions(&transport, AGGREGATES, 1..=5).await?;
+        // Paused at 8 held, resumed at 6 or fewer.
+        const MAX: usize = 8;
+        let mut config = outbox_kafka::KafkaConsumerConfig {
+            topics: vec![topic.clone()],
+            max_unacked: MAX,
+            ..fx.consumer_config(&SourceSettings::default())
+        };
+        config.properties.0.insert(
+            "partition.assignment.strategy".to_owned(),
+            "cooperative-sticky".to_owned(),
+        );
+        let mut acked: BTreeSet<(String, i64)> = BTreeSet::new();
+        let key = |d: &outbox_kafka::KafkaDelivery| -> anyhow::Result<(String, i64)> {
+            let e = event_of(d)?;
+            Ok((e.aggregate_id.clone(), e.aggregate_version))
+        };
+
+        // The first member takes its limit and holds it: its partitions are paused.
+        let mut first = KafkaSource::connect(&fx.url(), config.clone()).await?;
+        let mut held = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while held.len() < MAX {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "only {} delivered",
+                held.len()
+            );
+            held.extend(first.next_batch(MAX, Duration::from_millis(500)).await?);
+        }
+        // The next poll finds the limit reached and pauses the partitions (it may still hand
+        // out what librdkafka had fetched).
+        held.extend(first.next_batch(MAX, Duration::from_millis(200)).await?);
+        // One settled: 7 or more held, still paused.
+        let one = held.pop().context("a delivery")?;
+        let one_key = key(&one)?;
+        one.ack().await?;
+        acked.insert(one_key);
+
+        // A second member joins; the first keeps polling (it serves the rebalance) while it
+        // still holds what it took.
+        let mut second = KafkaSource::connect(&fx.url(), config.clone()).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while second.assigned_partitions() == 0 || first.assigned_partitions() == 4 {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no rebalance: the first holds {} partitions, the second {}",
+                first.assigned_partitions(),
+                second.assigned_partitions()
+            );
+            held.extend(first.next_batch(10, Duration::from_millis(200)).await?);
+            for d in second.next_batch(10, Duration::from_millis(200)).await? {
+                let k = key(&d)?;
+                d.ack().await?;
+                acked.insert(k);
+            }
+        }
+        anyhow::ensure!(
+            first.assigned_partitions() > 0,
+            "the first member kept no partition"
+        );
+        // The first settles everything it held (an ack of a partition that moved fails: its
+        // new owner reads the event again).
+        for d in held {
+            let k = key(&d)?;
+            if d.ack().await.is_ok() {
+                acked.insert(k);
+            }
+        }
+        publish_versions(&transport, AGGREGATES, 6..=10).await?;
+        let total = AGGREGATES * 10;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while acked.len() < total {
+            let missing: Vec<_> = (0..AGGREGATES)
+                .flat_map(|a| (1..=10).map(move |v| (format!("agg-{a}"), v)))
+                .filter(|k| !acked.contains(k))
+                .take(5)
+                .collect();
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {total} events acknowledged; missing {missing:?}... (partitions: first {}, \
+                 second {})",
+                acked.len(),
+                first.assigned_partitions(),
+                second.assigned_partitions()
+            );
+            for source in [&mut first, &mut second] {
+                for d in source.next_batch(20, Duration::from_millis(200)).await? {
+                    let k = key(&d)?;
+                    if d.ack().await.is_ok() {
+                        acked.insert(k);
+                    }
+                }
+            }
+        }
         Ok(())
     })
     .await;
