@@ -5,6 +5,10 @@
 //! applied within 5 s, the consumer never fails, and the group's committed offset reaches the
 //! end of the partition. Before, a header name that was not UTF-8 panicked the poll (rdkafka
 //! 0.39 unwrapped the name's UTF-8 check): no dead letter, and the offset stuck before it.
+//!
+//! Also the source's flow control under the ordering guard: an aggregate whose versions sit on
+//! two partitions is applied in order with a window of two deliveries, where the window used
+//! to fill with versions waiting for one that was never fetched.
 #![allow(missing_docs)]
 
 mod common;
@@ -18,7 +22,7 @@ use outbox_core::OutboxMessage;
 use outbox_core::consumer::{ConsumerReport, OrderingGuard};
 use outbox_kafka::rdkafka::message::{OwnedHeaders, RawHeader};
 use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-use outbox_kafka::CONTENT_TYPE_HEADER;
+use outbox_kafka::{CONTENT_TYPE_HEADER, KafkaConsumerConfig, KafkaSource};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -319,6 +323,71 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
     assert_eq!(log.delivered.len(), total, "each delivered once: {log:?}");
     assert_eq!(log.acked.len(), total, "each acknowledged: {log:?}");
     assert!(log.nacked.is_empty(), "no redelivery: {log:?}");
+    wait_for_no_lag(&env, &group).await;
+    env.cleanup().await;
+}
+
+/// One aggregate's versions on two partitions of a topic (a partition key that changed between
+/// versions, or partitions added to the topic, put them there): versions 2 to 12 on partition
+/// 0, version 1 on partition 1, written once the consumer's window of two deliveries is full of
+/// versions waiting for it. With the ordering guard on, all twelve are applied in order and the
+/// group's offsets reach the end. Before, the waiting versions held the window, the source
+/// paused every partition for good, and version 1 was never fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn versions_on_two_partitions_are_applied_in_order_through_a_small_window() {
+    let env = Env::new(Kind::Kafka).await;
+    let topic = topic(&env);
+    let group = env.endpoint_name();
+    let source = KafkaSource::connect(
+        &kafka_url(),
+        KafkaConsumerConfig {
+            max_unacked: 2,
+            ..kafka_source_config(&topic, &group, MIB)
+        },
+    )
+    .await
+    .expect("Kafka source");
+    let mut c = env.consumer(
+        "ledger",
+        Src::new(source),
+        TestHandler::new(&env, "ledger"),
+        OrderingGuard::Wait,
+    );
+    let aggregate = format!("pay-{}", uid());
+    let versions: Vec<OutboxMessage> = (1..=12)
+        .map(|v| message(&aggregate, v, "PaymentChanged", json!({"v": v})))
+        .collect();
+    for msg in &versions[1..] {
+        produce(&topic, 0, &wire(msg), &msg.payload.bytes).await;
+    }
+    let mut t = ConsumerReport::default();
+    run_until(
+        &mut c,
+        &mut t,
+        Duration::from_secs(30),
+        "the window full of versions waiting for version 1",
+        |t| t.nacked >= 2,
+    )
+    .await;
+    assert_eq!(
+        t.processed, 0,
+        "nothing can be applied before version 1: {t:?}"
+    );
+    produce(&topic, 1, &wire(&versions[0]), &versions[0].payload.bytes).await;
+    run_until(
+        &mut c,
+        &mut t,
+        Duration::from_secs(30),
+        "every version applied",
+        |t| t.processed >= versions.len(),
+    )
+    .await;
+    assert_eq!(
+        env.applied_versions("ledger").await,
+        (1..=12).collect::<Vec<i64>>(),
+        "in order, once each"
+    );
+    assert!(env.dead_letters("ledger").await.is_empty());
     wait_for_no_lag(&env, &group).await;
     env.cleanup().await;
 }

@@ -335,9 +335,13 @@ pub struct KafkaConsumerConfig {
     /// (and librdkafka's `fetch.message.max.bytes` is raised to fetch it). Default 1 MiB.
     pub max_message_bytes: usize,
     /// Most deliveries held at once: handed out and not acknowledged yet, nacked ones waiting
-    /// to come again included. At the limit the source pauses its partitions (it stays in the
-    /// group) until a quarter of them settled, so a consumer whose handler fails on everything
-    /// does not read the whole topic into memory. Default 1000.
+    /// in memory to come again included. At the limit the source pauses its partitions (it
+    /// stays in the group) until a quarter of them settled, so a consumer whose handler fails
+    /// on everything does not read the whole topic into memory. A delivery nacked while paused
+    /// is let go of and read again from the broker when due (up to
+    /// [`SPILL_PER_UNACKED`](crate::consumer::SPILL_PER_UNACKED) times this many), so events
+    /// waiting under the ordering guard never fill the window ([`crate::consumer`], flow
+    /// control). Default 1000.
     pub max_unacked: usize,
     /// How long a commit or lag query may take, in seconds, before it fails as `Unavailable`.
     /// Default 10.

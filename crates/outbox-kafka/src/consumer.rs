@@ -45,6 +45,18 @@
 //! and those already held stay as they are (before, an assignment counted the source as
 //! resumed while its earlier partitions stayed paused, for good).
 //!
+//! A delivery nacked while the source is paused (an event waiting under the ordering guard for
+//! an earlier version, a transient error) is *spilled*: the source lets go of the message,
+//! keeps its offset uncommitted, and, once its delay has passed, seeks the partition back to it
+//! so the broker hands it out again (deliveries held or done meanwhile are not handed out
+//! twice). Waiting deliveries therefore never fill the window and stop the source from reading
+//! further: with `OrderingGuard::Wait`, an aggregate whose versions sit on several partitions
+//! or topics (a partition key that changed, partitions added to a topic, a destination
+//! override) is applied in order, however small the window, as long as the version it waits
+//! for lies within [`SPILL_PER_UNACKED`] × `max_unacked` spilled deliveries (beyond, nacked
+//! deliveries stay in memory and the source waits, paused, as before). A spilled delivery costs
+//! its offset; reading it again costs a fetch from its offset.
+//!
 //! # Decoding
 //!
 //! The CloudEvents Kafka binding: `ce_<attribute>` headers, values as UTF-8 text, and
@@ -89,11 +101,18 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::client::{KafkaUrlError, LogContext, bootstrap_servers, client_config};
 use crate::config::{KafkaConfigError, KafkaConsumerConfig, StartFrom};
-use crate::tracker::{Done, Tp, Tracker};
+use crate::tracker::{Arrival, Done, Tp, Tracker};
 use crate::transport::{CE_PREFIX, CONTENT_TYPE_HEADER};
 
 /// Longest one `poll` call blocks, so due redeliveries are handed out on time.
 const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// Deliveries to come again that the source lets go of (reading them again from the broker
+/// later) at most, per delivery of `max_unacked`: a spilled one costs its offset only.
+pub const SPILL_PER_UNACKED: usize = 64;
+
+/// How long a failed seek back waits before it is tried again.
+const RESEEK_DELAY: Duration = Duration::from_secs(1);
 
 /// Why [`KafkaSource`] could not start.
 #[derive(Debug, thiserror::Error)]
@@ -333,6 +352,36 @@ impl Shared {
         }
     }
 
+    /// Seeks each partition with a spilled delivery that is due back to the lowest such
+    /// offset, so the broker hands them out again (blocking thread). What was held or done
+    /// meanwhile is skipped when it comes by again.
+    fn reread_spilled(&self) {
+        let due = lock(&self.tracker).rereads_due(Instant::now());
+        for ((topic, partition), offset) in due {
+            match self.consumer.seek(
+                &topic,
+                partition,
+                Offset::Offset(offset),
+                Timeout::After(self.timeout),
+            ) {
+                Ok(()) => tracing::debug!(
+                    topic,
+                    partition,
+                    offset,
+                    "reading spilled deliveries again from the broker"
+                ),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e, topic, partition, offset,
+                        "cannot seek back to spilled deliveries; trying again shortly"
+                    );
+                    lock(&self.tracker)
+                        .reread_failed(&(topic, partition), Instant::now() + RESEEK_DELAY);
+                }
+            }
+        }
+    }
+
     /// Up to `max` deliveries, waiting at most `wait` for the first (blocking thread).
     fn poll_batch(
         self: &Arc<Self>,
@@ -348,6 +397,7 @@ impl Shared {
         let mut batch = Vec::new();
         while batch.len() < max {
             self.flow_control(links.max_unacked);
+            self.reread_spilled();
             let next_retry = links.take_due_retries(max - batch.len(), &mut batch);
             if batch.len() >= max {
                 break;
@@ -403,16 +453,21 @@ impl Shared {
     ) -> Option<KafkaDelivery> {
         let tp = (message.topic().to_owned(), message.partition());
         let offset = message.offset();
-        let Some(generation) = lock(&self.tracker).delivered(&tp, offset) else {
-            // librdkafka hands out messages of assigned partitions only, and the books learn
-            // of an assignment in the same poll, before any of its messages: this is a bug.
-            // Not delivered, the message is not committed past either while the partition
-            // stays unknown; a later assignment reads it again.
-            tracing::error!(
-                topic = %tp.0, partition = tp.1, offset,
-                "a message of a partition this source does not know it holds; not delivered"
-            );
-            return None;
+        let generation = match lock(&self.tracker).arrived(&tp, offset) {
+            Arrival::Deliver(generation) => generation,
+            // Read again by a seek back: held or done already.
+            Arrival::Skip => return None,
+            Arrival::Unknown => {
+                // librdkafka hands out messages of assigned partitions only, and the books
+                // learn of an assignment in the same poll, before any of its messages: this
+                // is a bug. Not delivered, the message is not committed past either while the
+                // partition stays unknown; a later assignment reads it again.
+                tracing::error!(
+                    topic = %tp.0, partition = tp.1, offset,
+                    "a message of a partition this source does not know it holds; not delivered"
+                );
+                return None;
+            }
         };
         let raw = raw_of(message);
         let event = decode_raw(&raw, links.max_message_bytes);
@@ -695,7 +750,19 @@ struct Links {
 }
 
 impl Links {
+    /// `held` is to come again at `at`: kept in memory, or, while the source is paused at its
+    /// limit (and has spilled fewer than its cap), let go of and read again from the broker
+    /// then, so that deliveries waiting for their turn never hold the source's whole window.
     fn retry(&self, held: Held, at: Instant) {
+        {
+            let mut tracker = lock(&self.tracker);
+            if tracker.paused
+                && tracker.spilled() < self.max_unacked.saturating_mul(SPILL_PER_UNACKED)
+                && tracker.spill(&held.tp, held.generation, held.offset, at)
+            {
+                return;
+            }
+        }
         self.retries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -189,17 +189,7 @@ impl Env {
             BrokerEnv::Kafka(k) => Src::new(
                 KafkaSource::connect(
                     &kafka_url(),
-                    KafkaConsumerConfig {
-                        topics: vec![k.topic.clone()],
-                        group_id: endpoint.to_owned(),
-                        max_message_bytes,
-                        request_timeout_secs: 5,
-                        properties: outbox_kafka::Properties(BTreeMap::from([
-                            ("session.timeout.ms".to_owned(), "10000".to_owned()),
-                            ("heartbeat.interval.ms".to_owned(), "1000".to_owned()),
-                        ])),
-                        ..KafkaConsumerConfig::default()
-                    },
+                    kafka_source_config(&k.topic, endpoint, max_message_bytes),
                 )
                 .await
                 .unwrap_or_else(|e| panic!("KafkaSource: {e}")),
@@ -456,6 +446,25 @@ pub async fn stored_dead_letters(env: &Env, consumer: &str) -> Vec<StoredDeadLet
     .fetch_all(&env.db.pool)
     .await
     .expect("dead letters")
+}
+
+/// The Kafka source of the tests: group `group` on `topic`, a 10 s session.
+pub fn kafka_source_config(
+    topic: &str,
+    group: &str,
+    max_message_bytes: usize,
+) -> KafkaConsumerConfig {
+    KafkaConsumerConfig {
+        topics: vec![topic.to_owned()],
+        group_id: group.to_owned(),
+        max_message_bytes,
+        request_timeout_secs: 5,
+        properties: outbox_kafka::Properties(BTreeMap::from([
+            ("session.timeout.ms".to_owned(), "10000".to_owned()),
+            ("heartbeat.interval.ms".to_owned(), "1000".to_owned()),
+        ])),
+        ..KafkaConsumerConfig::default()
+    }
 }
 
 pub fn fast_config(name: &str, ordering: OrderingGuard) -> ConsumerConfig {
