@@ -3,8 +3,9 @@
 //! content type. Into the in-process `PgConsumer` on the real PostgreSQL, each hostile record
 //! is one consumer dead letter with its raw bytes and a reason, the valid event behind it is
 //! applied within 5 s, the consumer never fails, and the group's committed offset reaches the
-//! end of the partition. Before, a header name that was not UTF-8 panicked the poll (rdkafka
-//! 0.39 unwrapped the name's UTF-8 check): no dead letter, and the offset stuck before it.
+//! end of the partition; the dead letter keeps the event id and aggregate, readable in the
+//! record. Before, a header name that was not UTF-8 panicked the poll (rdkafka 0.39 unwrapped
+//! the name's UTF-8 check): no dead letter, and the offset stuck before it.
 //!
 //! Also the source's flow control under the ordering guard: an aggregate whose versions sit on
 //! two partitions is applied in order with a window of two deliveries, where the window used
@@ -71,20 +72,17 @@ fn topic(env: &Env) -> String {
     }
 }
 
-/// A fresh `payment` aggregate's first event.
+/// A fresh `payment` aggregate's first event (a body of its own).
 fn fresh() -> OutboxMessage {
-    message(
-        &format!("pay-{}", uid()),
-        1,
-        "PaymentCreated",
-        json!({"n": 1}),
-    )
+    let aggregate = format!("pay-{}", uid());
+    message(&aggregate, 1, "PaymentCreated", json!({ "of": aggregate }))
 }
 
 /// A consumer dead letter as stored, with the raw columns.
 #[derive(Debug, sqlx::FromRow)]
 struct Letter {
     event_id: Option<Uuid>,
+    aggregate_id: Option<String>,
     error: String,
     payload: Vec<u8>,
     content_type: Option<Vec<u8>>,
@@ -102,7 +100,7 @@ impl Letter {
 
 async fn letters(env: &Env, consumer: &str) -> Vec<Letter> {
     sqlx::query_as(sqlx::AssertSqlSafe(env.db.sql(
-        "SELECT event_id, error, payload, content_type_bytes AS content_type, \
+        "SELECT event_id, aggregate_id, error, payload, content_type_bytes AS content_type, \
          header_names, header_values \
          FROM {s}.consumer_dead_letters WHERE consumer_name = $1 ORDER BY id",
     )))
@@ -140,8 +138,11 @@ struct Case {
     reason: &'static [&'static str],
     /// A header (name, value) the dead letter keeps byte for byte.
     kept: (Vec<u8>, Vec<u8>),
-    /// The event id, when the record carries a readable one.
+    /// The event's id and aggregate, readable in the record.
     event_id: Uuid,
+    aggregate_id: String,
+    /// The record's value: the event's payload (so only the headers are hostile).
+    body: Vec<u8>,
 }
 
 fn cases() -> Vec<Case> {
@@ -156,6 +157,8 @@ fn cases() -> Vec<Case> {
         reason: &["header name", "%FF%FE", "not UTF-8"],
         kept: (b"\xff\xfe".to_vec(), b"x".to_vec()),
         event_id: msg.event_id,
+        aggregate_id: msg.aggregate_id.clone(),
+        body: msg.payload.bytes.to_vec(),
     });
     // A name and a value that are not UTF-8, the name starting like an attribute.
     let msg = fresh();
@@ -167,6 +170,8 @@ fn cases() -> Vec<Case> {
         reason: &["header name", "ce_%C3(id"],
         kept: (b"ce_\xc3(id".to_vec(), b"\xff\x00\xfe".to_vec()),
         event_id: msg.event_id,
+        aggregate_id: msg.aggregate_id.clone(),
+        body: msg.payload.bytes.to_vec(),
     });
     // An attribute whose value is not UTF-8.
     let msg = fresh();
@@ -182,6 +187,8 @@ fn cases() -> Vec<Case> {
         reason: &["malformed", "`type`"],
         kept: (b"ce_type".to_vec(), b"PaymentCreated\xff\xfe".to_vec()),
         event_id: msg.event_id,
+        aggregate_id: msg.aggregate_id.clone(),
+        body: msg.payload.bytes.to_vec(),
     });
     // A NUL in the content type.
     let msg = fresh();
@@ -198,6 +205,8 @@ fn cases() -> Vec<Case> {
         reason: &["malformed", "datacontenttype"],
         kept: (CONTENT_TYPE_HEADER.as_bytes().to_vec(), content_type),
         event_id: msg.event_id,
+        aggregate_id: msg.aggregate_id.clone(),
+        body: msg.payload.bytes.to_vec(),
     });
     cases
 }
@@ -247,11 +256,8 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
     assert_eq!(env.effects_of("ledger", binary_user.event_id).await, 1);
 
     let cases = cases();
-    let mut bodies = Vec::new();
-    for (i, case) in cases.iter().enumerate() {
-        let body = format!("hostile-{i}-{}", uid()).into_bytes();
-        produce(&topic, 0, &case.headers, &body).await;
-        bodies.push(body);
+    for case in &cases {
+        produce(&topic, 0, &case.headers, &case.body).await;
         let valid = fresh();
         produce(&topic, 0, &wire(&valid), &valid.payload.bytes).await;
         let (processed, dead) = (t.processed, t.dead_lettered);
@@ -281,9 +287,9 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
         cases.len(),
         "one dead letter each: {letters:#?}"
     );
-    for ((case, body), letter) in cases.iter().zip(&bodies).zip(&letters) {
+    for (case, letter) in cases.iter().zip(&letters) {
         let what = case.what;
-        assert_eq!(&letter.payload, body, "{what}: the body");
+        assert_eq!(letter.payload, case.body, "{what}: the body");
         for part in case.reason {
             assert!(
                 letter.error.contains(part),
@@ -304,11 +310,12 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
         if case.kept.0 == CONTENT_TYPE_HEADER.as_bytes() {
             assert_eq!(letter.content_type.as_ref(), Some(&case.kept.1), "{what}");
         }
-        // Malformed, the message has no event; its id, readable, is never another's.
-        assert!(
-            letter.event_id.is_none_or(|id| id == case.event_id),
-            "{what}: {:?}",
-            letter.event_id
+        // Malformed, yet its id and aggregate were readable: the dead letter is found by them.
+        assert_eq!(letter.event_id, Some(case.event_id), "{what}");
+        assert_eq!(
+            letter.aggregate_id.as_ref(),
+            Some(&case.aggregate_id),
+            "{what}"
         );
         // Every other header is kept too, the id among them.
         assert_eq!(
