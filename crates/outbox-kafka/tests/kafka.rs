@@ -169,6 +169,19 @@ async fn the_key_is_the_partition_key_and_the_timestamp_the_creation_time() {
     .await;
 }
 
+/// A transport to a fresh topic `<prefix><id>` of four partitions (created by its first publish).
+async fn four_partitions(fx: &Fixture, prefix: &str) -> anyhow::Result<(String, KafkaTransport)> {
+    let topic = format!("{prefix}{}", Uuid::now_v7().simple());
+    let transport = fx
+        .transport_with(KafkaConfig {
+            topic_template: Some(topic.clone()),
+            topic_partitions: 4,
+            ..fx.config()
+        })
+        .await?;
+    Ok((topic, transport))
+}
+
 /// Publishes `versions` of aggregates `agg-0` to `agg-{aggregates - 1}`, version by version.
 async fn publish_versions(
     transport: &KafkaTransport,
@@ -193,14 +206,7 @@ async fn publish_versions(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_members_through_a_rebalance_miss_nothing_and_keep_each_aggregates_order() {
     run(Fixture::start(), async |fx: &Fixture| {
-        let topic = format!("outboxgroup{}", Uuid::now_v7().simple());
-        let transport = fx
-            .transport_with(KafkaConfig {
-                topic_template: Some(topic.clone()),
-                topic_partitions: 4,
-                ..fx.config()
-            })
-            .await?;
+        let (topic, transport) = four_partitions(fx, "outboxgroup").await?;
         let config = outbox_kafka::KafkaConsumerConfig {
             topics: vec![topic.clone()],
             ..fx.consumer_config(&SourceSettings::default())
@@ -402,14 +408,7 @@ async fn a_member_resuming_inside_a_batch_gets_the_rest_of_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_member_reads_on_after_a_cooperative_rebalance() {
     run(Fixture::start(), async |fx: &Fixture| {
-        let topic = format!("outboxcoop{}", Uuid::now_v7().simple());
-        let transport = fx
-            .transport_with(KafkaConfig {
-                topic_template: Some(topic.clone()),
-                topic_partitions: 4,
-                ..fx.config()
-            })
-            .await?;
+        let (topic, transport) = four_partitions(fx, "outboxcoop").await?;
         const AGGREGATES: usize = 8;
         publish_versions(&transport, AGGREGATES, 1..=5).await?;
         // Paused at 8 held, resumed at 6 or fewer.
