@@ -78,38 +78,6 @@ fn fresh() -> OutboxMessage {
     message(&aggregate, 1, "PaymentCreated", json!({ "of": aggregate }))
 }
 
-/// A consumer dead letter as stored, with the raw columns.
-#[derive(Debug, sqlx::FromRow)]
-struct Letter {
-    event_id: Option<Uuid>,
-    aggregate_id: Option<String>,
-    error: String,
-    payload: Vec<u8>,
-    content_type: Option<Vec<u8>>,
-    header_names: Vec<Vec<u8>>,
-    header_values: Vec<Vec<u8>>,
-}
-
-impl Letter {
-    /// The stored value of the header named `name` (bytes).
-    fn header(&self, name: &[u8]) -> Option<&[u8]> {
-        let i = self.header_names.iter().position(|n| n == name)?;
-        Some(&self.header_values[i])
-    }
-}
-
-async fn letters(env: &Env, consumer: &str) -> Vec<Letter> {
-    sqlx::query_as(sqlx::AssertSqlSafe(env.db.sql(
-        "SELECT event_id, aggregate_id, error, payload, content_type_bytes AS content_type, \
-         header_names, header_values \
-         FROM {s}.consumer_dead_letters WHERE consumer_name = $1 ORDER BY id",
-    )))
-    .bind(consumer)
-    .fetch_all(&env.db.pool)
-    .await
-    .expect("dead letters")
-}
-
 /// The group's lag on the environment's topic falls to zero: its committed offsets reached the
 /// end of every partition (bounded wait: the last commit follows the last ack).
 async fn wait_for_no_lag(env: &Env, group: &str) {
@@ -281,7 +249,7 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
     let quiet = run_for(&mut c, QUIET).await;
     assert_eq!(quiet.received, 0, "a settled delivery came back: {quiet:?}");
 
-    let letters = letters(&env, "ledger").await;
+    let letters = stored_dead_letters(&env, "ledger").await;
     assert_eq!(
         letters.len(),
         cases.len(),
@@ -323,7 +291,11 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
             Some(case.event_id.to_string().as_bytes()),
             "{what}"
         );
-        assert_eq!(letter.header_names.len(), case.headers.len(), "{what}");
+        assert_eq!(
+            letter.header_names.as_ref().map(Vec::len),
+            Some(case.headers.len()),
+            "{what}"
+        );
     }
     let log = log.lock().unwrap().clone();
     let total = 2 + 2 * cases.len();

@@ -423,13 +423,13 @@ pub struct StoredDeadLetter {
 }
 
 impl StoredDeadLetter {
-    /// The value of the stored raw header `name`.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
+    /// The value of the stored raw header `name` (bytes, so any name a broker can carry).
+    pub fn header(&self, name: impl AsRef<[u8]>) -> Option<&[u8]> {
         let names = self.header_names.as_ref()?;
         let values = self.header_values.as_ref()?;
         names
             .iter()
-            .position(|n| n == name.as_bytes())
+            .position(|n| n == name.as_ref())
             .map(|i| values[i].as_slice())
     }
 }
