@@ -1286,4 +1286,65 @@ mod tests {
         assert_eq!(text, BTreeMap::from([("y".to_owned(), ", 2".to_owned())]));
         assert_eq!(binary["x"], &b"1, \xff"[..]);
     }
+
+    /// The decoder properties of `outbox_testkit::fuzz` over the Kafka binding.
+    #[test]
+    fn attributes_of_any_raw_message() {
+        outbox_testkit::fuzz::check_decoder(
+            CE_PREFIX,
+            str::to_owned,
+            |raw| decode_raw(raw, 1 << 20),
+            identify_raw,
+        );
+    }
+
+    /// Records as librdkafka hands them out: a valid event's headers with names and values of
+    /// any bytes mixed in (null values too). Sorting them never panics and keeps every name
+    /// (its bytes come back from its key); decoding returns, a refusal's reason is printable
+    /// and bounded, and a name that is not UTF-8 is always refused.
+    #[test]
+    fn headers_of_any_bytes() {
+        use outbox_testkit::fuzz::proptest::prelude::*;
+        use outbox_testkit::fuzz::{self, check_decoded, check_identity, check_refused};
+
+        let bytes = |max: usize| prop::collection::vec(any::<u8>(), 0..max);
+        let extra = prop::collection::vec((bytes(8), prop::option::of(bytes(8))), 0..4);
+        let (msg, wire) = record();
+        fuzz::runner()
+            .run(&extra, |extra| {
+                let mut pairs: Vec<(Vec<u8>, Option<Vec<u8>>)> = wire
+                    .iter()
+                    .map(|(n, v)| (n.clone(), Some(v.clone())))
+                    .collect();
+                pairs.extend(extra.iter().cloned());
+                let (headers, binary_headers) =
+                    headers_of(pairs.iter().map(|(n, v)| (n.as_slice(), v.as_deref())));
+                let kept: std::collections::BTreeSet<Vec<u8>> = headers
+                    .keys()
+                    .chain(binary_headers.keys())
+                    .map(|k| RawMessage::header_name(k).into_owned())
+                    .collect();
+                let given: std::collections::BTreeSet<Vec<u8>> =
+                    pairs.iter().map(|(n, _)| n.clone()).collect();
+                prop_assert_eq!(kept, given);
+                let raw = RawMessage {
+                    payload: msg.payload.bytes.clone(),
+                    content_type: header_ci(&headers, CONTENT_TYPE_HEADER),
+                    headers,
+                    binary_headers,
+                    ..RawMessage::default()
+                };
+                let decoded = decode_raw(&raw, 1 << 20);
+                match &decoded {
+                    Ok(event) => check_decoded(&raw, event, CE_PREFIX)?,
+                    Err(e) => check_refused(e)?,
+                }
+                check_identity(&identify_raw(&raw), decoded.as_ref().ok())?;
+                if extra.iter().any(|(n, _)| std::str::from_utf8(n).is_err()) {
+                    prop_assert!(decoded.is_err(), "a name that is not UTF-8 was accepted");
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
 }
