@@ -152,7 +152,7 @@ fn cases() -> Vec<Case> {
     cases.push(Case {
         what: "an attribute value that is not UTF-8",
         headers,
-        reason: &["malformed", "`type`"],
+        reason: &["malformed", "`type`", "not UTF-8 text"],
         kept: (b"ce_type".to_vec(), b"PaymentCreated\xff\xfe".to_vec()),
         event_id: msg.event_id,
         aggregate_id: msg.aggregate_id.clone(),

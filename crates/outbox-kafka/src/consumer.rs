@@ -671,6 +671,12 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
             wire::excerpt(shown)
         )));
     }
+    let not_text = |value: &[u8]| {
+        format!(
+            "not UTF-8 text: `{}`",
+            wire::excerpt(&String::from_utf8_lossy(value))
+        )
+    };
     if let Some((_, value)) = raw
         .binary_headers
         .iter()
@@ -678,7 +684,7 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
     {
         return Err(DecodeError::Invalid {
             name: attr::DATA_CONTENT_TYPE,
-            value: wire::excerpt(&String::from_utf8_lossy(value)),
+            value: not_text(value),
         });
     }
     for name in attr::ALL {
@@ -690,7 +696,7 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
         {
             return Err(DecodeError::Invalid {
                 name,
-                value: wire::excerpt(&String::from_utf8_lossy(value)),
+                value: not_text(value),
             });
         }
     }
@@ -1270,7 +1276,10 @@ mod tests {
             let raw = raw(&msg, &hostile);
             assert!(raw.binary_headers.contains_key(name), "{raw:?}");
             let err = decode_raw(&raw, 1 << 20).expect_err(name);
-            assert!(matches!(err, DecodeError::Invalid { .. }), "{name}: {err}");
+            assert!(
+                matches!(&err, DecodeError::Invalid { value, .. } if value.starts_with("not UTF-8 text: `")),
+                "{name}: {err}"
+            );
         }
     }
 
