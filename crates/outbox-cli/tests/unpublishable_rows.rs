@@ -4,13 +4,18 @@
 //! aggregates and the earlier versions of its own are published, in order, and nothing is
 //! retried. With the constraint in place the same inserts fail in the producer's transaction,
 //! with the reason; a requeue of a row still wrong fails the same way, and one corrected by the
-//! operator is published with the versions that waited behind it.
+//! operator is published with the versions that waited behind it. A value the table accepts
+//! even with the constraint (`created_at = 'infinity'`) is dead-lettered the same way. In
+//! each relay mode: the polling relay's claim and the CDC relay's stream (rows written while
+//! it streams its slot).
 #![allow(missing_docs)]
 
+mod cdc_common;
 mod common;
 
 use std::time::Duration;
 
+use cdc_common::*;
 use common::*;
 use uuid::Uuid;
 
@@ -26,6 +31,8 @@ struct Row {
     partition_key: Option<&'static str>,
     /// What the dead letter's reason must name; `None` for a row that is published.
     refused_for: Option<&'static str>,
+    /// `created_at` as SQL text; `None` for the default, `now()`.
+    created_at: Option<&'static str>,
     event_id: Uuid,
 }
 
@@ -39,6 +46,7 @@ fn row(aggregate_id: &str, version: i64) -> Row {
         destination: None,
         partition_key: None,
         refused_for: None,
+        created_at: None,
         event_id: Uuid::now_v7(),
     }
 }
@@ -93,9 +101,20 @@ fn refused_rows() -> Vec<Row> {
     ]
 }
 
+/// Rows the table accepts even with its constraint that cannot be published either: each as
+/// version 2 between two good versions, like [`refused_rows`].
+fn accepted_unpublishable_rows() -> Vec<Row> {
+    vec![Row {
+        created_at: Some("infinity"),
+        refused_for: Some("created_at"),
+        ..row("bad-infinity", 2)
+    }]
+}
+
 const INSERT: &str = "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, \
-    aggregate_version, event_type, payload, headers, content_type, destination, partition_key) \
-    VALUES ($1, 'payment', $2, $3, $4, convert_to('{}', 'UTF8'), $5::jsonb, $6, $7, $8)";
+    aggregate_version, event_type, payload, headers, content_type, destination, partition_key, \
+    created_at) VALUES ($1, 'payment', $2, $3, $4, convert_to('{}', 'UTF8'), $5::jsonb, $6, $7, \
+    $8, coalesce($9::timestamptz, now()))";
 
 async fn insert(db: &TestDb, r: &Row) -> Result<(), sqlx::Error> {
     sqlx::query(sqlx::AssertSqlSafe(db.sql(INSERT)))
@@ -107,6 +126,7 @@ async fn insert(db: &TestDb, r: &Row) -> Result<(), sqlx::Error> {
         .bind(r.content_type)
         .bind(r.destination)
         .bind(r.partition_key)
+        .bind(r.created_at)
         .execute(&db.pool)
         .await
         .map(|_| ())
@@ -122,12 +142,35 @@ async fn last_error(db: &TestDb, id: Uuid) -> (String, Option<String>, i32) {
     .expect("the row")
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Polling,
+    Cdc,
+}
+
 #[tokio::test]
 async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_published() {
+    rows_no_binding_can_carry(Mode::Polling).await;
+}
+
+#[tokio::test]
+async fn cdc_rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_published() {
+    rows_no_binding_can_carry(Mode::Cdc).await;
+}
+
+async fn rows_no_binding_can_carry(mode: Mode) {
     let db = TestDb::new().await;
     let broker = BrokerEnv::new(Kind::Nats).await;
     let sub = broker.subscriber().await;
-    let config = config_file("", &broker.toml(""));
+    let _cleanup = SlotCleanup(db.name().to_owned());
+    let config = config_file(
+        if mode == Mode::Cdc {
+            "mode = \"cdc\"\ncdc_heartbeat_secs = 1"
+        } else {
+            ""
+        },
+        &broker.toml(""),
+    );
 
     // With the constraint, each insert fails in the producer's own transaction, with the reason.
     for bad in refused_rows() {
@@ -146,7 +189,8 @@ async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_publis
     // A table older than the constraint accepted them.
     db.exec("ALTER TABLE {s}.events DROP CONSTRAINT events_publishable")
         .await;
-    let bad = refused_rows();
+    let mut bad = refused_rows();
+    bad.extend(accepted_unpublishable_rows());
     let mut good = Vec::new();
     for b in &bad {
         good.push(row(&b.aggregate_id, 1));
@@ -156,20 +200,28 @@ async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_publis
         good.push(row(&format!("ok-{a}"), 2));
     }
     let behind: Vec<Row> = bad.iter().map(|b| row(&b.aggregate_id, 3)).collect();
-    for r in good.iter().chain(&bad).chain(&behind) {
-        insert(&db, r)
-            .await
-            .expect("accepted without the constraint");
-    }
-
-    let _relay = ChildGuard::spawn(
-        {
-            let mut cmd = outbox(Some(db.name()), Some(&broker.url()), Some(config.path()));
-            cmd.arg("relay");
-            cmd
-        },
-        "relay",
-    );
+    let insert_all = async || {
+        for r in good.iter().chain(&bad).chain(&behind) {
+            insert(&db, r)
+                .await
+                .expect("accepted without the constraint");
+        }
+    };
+    let mut relay = match mode {
+        Mode::Polling => {
+            insert_all().await;
+            ChildGuard::spawn(relay_cmd(&db, &broker, &config, false), "relay")
+        }
+        Mode::Cdc => {
+            // The rows reach the relay through the stream: written while it streams its slot.
+            let migrate = cli(&db, &config, &["migrate"]).await;
+            assert!(migrate.status.success(), "{migrate:?}");
+            let relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay");
+            wait_slot_streamed(&db).await;
+            insert_all().await;
+            relay
+        }
+    };
     let good_ids: Vec<Uuid> = good.iter().map(|r| r.event_id).collect();
     let seen = sub.wait_ids(&good_ids, Duration::from_secs(30)).await;
     let first = assert_first_appearances_in_order(seen);
@@ -219,6 +271,29 @@ async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_publis
         bad.len() as i64,
         "one attempt per refused row, no retries"
     );
+    relay.assert_running();
+    if mode == Mode::Cdc {
+        // Nothing is retried from the log either: every transaction is settled and the slot
+        // confirmed past the last insert.
+        let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let confirmed = format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' \
+             AND confirmed_flush_lsn >= '{end}'::pg_lsn",
+            db.name()
+        );
+        wait_until(
+            Duration::from_secs(20),
+            "the slot confirmed to the end",
+            || {
+                let (db, confirmed) = (&db, &confirmed);
+                async move { db.scalar(confirmed).await == 1 }
+            },
+        )
+        .await;
+    }
 
     // Back under the constraint: a requeue of a row still wrong fails with the reason and
     // requeues nothing; corrected, it is published with the version behind it, in order.
@@ -250,6 +325,12 @@ async fn rows_no_binding_can_carry_are_dead_lettered_once_and_the_rest_is_publis
     requeue.args(["dead-letters", "requeue", &null.event_id.to_string()]);
     let requeued = run(requeue, Duration::from_secs(30)).await;
     assert!(requeued.status.success(), "{requeued:?}");
+    // The CDC relay leaves a requeued dead letter to the polling relay, run beside it.
+    let _polling = (mode == Mode::Cdc).then(|| {
+        let mut cmd = relay_cmd(&db, &broker, &config, false);
+        cmd.args(["--mode", "polling"]);
+        ChildGuard::spawn(cmd, "polling-relay")
+    });
     let ids = [good[0].event_id, null.event_id, behind[0].event_id];
     let seen = sub.wait_ids(&ids, Duration::from_secs(30)).await;
     assert_first_appearances_in_order(seen);

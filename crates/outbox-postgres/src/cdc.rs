@@ -36,12 +36,12 @@
 //! * A dropped or invalidated slot is an error ([`CdcError::SlotMissing`],
 //!   [`CdcError::SlotInvalidated`]), never a silent new start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use outbox_core::{ContentType, Fingerprint, OutboxMessage, Payload};
+use outbox_core::{ContentType, Fingerprint, OutboxMessage, Payload, UndecodableRow};
 use pg_walstream::{ColumnData, ColumnInfo, LogicalReplicationMessage, LogicalReplicationParser};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use postgres_types::{FromSql, Type};
@@ -438,6 +438,9 @@ pub struct CdcTransaction {
     pub end_lsn: u64,
     /// The inserted rows, decoded. `attempts` is always 0.
     pub messages: Vec<OutboxMessage>,
+    /// The inserted rows that cannot be published as stored, each with its reason; they are
+    /// not in `messages`. Empty in the normal case.
+    pub unpublishable: Vec<CdcUnpublishable>,
     /// When the transaction committed, by the server's clock.
     pub committed_at: DateTime<Utc>,
 }
@@ -445,7 +448,7 @@ pub struct CdcTransaction {
 /// What [`CdcStream::next`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CdcEvent {
-    /// A committed transaction with at least one outbox insert.
+    /// A committed transaction with at least one outbox insert (decodable or not).
     Transaction(CdcTransaction),
     /// The log reached `lsn` with no outbox insert since the previous event (a keepalive of an
     /// idle outbox, a [`heartbeat`], or a transaction that inserted nothing into it). Once every earlier
@@ -547,43 +550,238 @@ fn required<'t, T: FromSql<'t>>(
         .ok_or_else(|| CdcError::Decode(format!("the insert's `{name}` is NULL")))
 }
 
-fn decode_row(c: &Columns, tuple: &[ColumnData]) -> Result<OutboxMessage, CdcError> {
-    let payload: Vec<u8> = required(tuple, c.payload, &Type::BYTEA, "payload")?;
-    // `payload_sha256` is a generated column, which PostgreSQL before 18 leaves out of the log:
-    // the same SHA-256, computed here.
-    let fingerprint = Fingerprint::of(&payload);
-    let headers: serde_json::Value = required(tuple, c.headers, &Type::JSONB, "headers")?;
-    let headers: BTreeMap<String, String> = serde_json::from_value(headers)
-        .map_err(|e| CdcError::Decode(format!("`headers` is not an object of strings: {e}")))?;
-    Ok(OutboxMessage {
+/// A `jsonb` value's text as stored, undecoded: the binary form is a version byte (1) and the
+/// text. Kept as text so that a value `serde_json` cannot read (a number beyond `f64`) is still
+/// reported with its reason and written back as it was.
+struct JsonText(String);
+
+impl<'a> FromSql<'a> for JsonText {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        match raw.split_first() {
+            Some((1, text)) => Ok(Self(std::str::from_utf8(text)?.to_owned())),
+            _ => Err("unsupported jsonb version".into()),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+}
+
+/// A `timestamptz` as the server stores it, microseconds since 2000-01-01 UTC: `infinity` and
+/// `-infinity` (which the column accepts) are `i64::MAX` and `i64::MIN`.
+struct PgMicros(i64);
+
+impl<'a> FromSql<'a> for PgMicros {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Self(i64::from_be_bytes(raw.try_into()?)))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ
+    }
+}
+
+/// An outbox row's columns as the log gave them, each `None` when it could not be read (the
+/// first such problem is kept). What a row left to the table is written back from: every value
+/// exactly as the producer stored it, also when it cannot be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredRow {
+    pub(crate) id: i64,
+    pub(crate) event_id: Option<Uuid>,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) aggregate_version: i64,
+    pub(crate) event_type: Option<String>,
+    pub(crate) schema_version: Option<i32>,
+    pub(crate) content_type: Option<String>,
+    pub(crate) payload: Option<Vec<u8>>,
+    /// The `headers` value's JSON text.
+    pub(crate) headers: Option<String>,
+    pub(crate) destination: Option<String>,
+    pub(crate) partition_key: Option<String>,
+    /// `created_at` in the server's microseconds ([`PgMicros`]).
+    pub(crate) created_at: Option<i64>,
+    /// Delivery attempts so far (0 as streamed).
+    pub(crate) attempts: i32,
+}
+
+impl StoredRow {
+    /// The row of a decoded message (its headers as a JSON object of strings).
+    pub(crate) fn of(m: &OutboxMessage) -> Self {
+        const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800 * 1_000_000;
+        Self {
+            id: m.id,
+            event_id: Some(m.event_id),
+            aggregate_type: m.aggregate_type.clone(),
+            aggregate_id: m.aggregate_id.clone(),
+            aggregate_version: m.aggregate_version,
+            event_type: Some(m.event_type.clone()),
+            schema_version: Some(m.schema_version),
+            content_type: Some(m.payload.content_type.0.clone()),
+            payload: Some(m.payload.bytes.to_vec()),
+            headers: Some(serde_json::to_string(&m.headers).expect("string map serialises")),
+            destination: m.destination.clone(),
+            partition_key: m.partition_key.clone(),
+            created_at: Some(m.created_at.timestamp_micros() - PG_EPOCH_UNIX_MICROS),
+            attempts: m.attempts,
+        }
+    }
+}
+
+/// A row the log gave that cannot be published as stored ([`UndecodableRow`]: a header value
+/// that is not a string, a header name no binding can carry, a column that does not decode).
+/// The relay dead-letters it with its reason and its aggregate waits behind it; the columns are
+/// kept to write it back as a dead letter where the producer deleted its row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcUnpublishable {
+    /// Its key, event id when readable, and what is wrong with it.
+    pub row: UndecodableRow,
+    pub(crate) stored: StoredRow,
+}
+
+/// Reads the columns that are not the row's key, keeping the first problem.
+struct Reader<'t> {
+    tuple: &'t [ColumnData],
+    problem: Option<String>,
+}
+
+impl<'t> Reader<'t> {
+    /// A nullable column; `None` (and the problem kept) when it cannot be read.
+    fn nullable<T: FromSql<'t>>(&mut self, index: usize, ty: &Type, name: &str) -> Option<T> {
+        match value(self.tuple, index, ty, name) {
+            Ok(v) => v,
+            Err(e) => {
+                let reason = match e {
+                    CdcError::Decode(reason) => reason,
+                    other => other.to_string(),
+                };
+                self.problem
+                    .get_or_insert(format!("column `{name}` cannot be read: {reason}"));
+                None
+            }
+        }
+    }
+
+    /// A NOT NULL column; NULL is a problem too.
+    fn required<T: FromSql<'t>>(&mut self, index: usize, ty: &Type, name: &str) -> Option<T> {
+        let v = self.nullable(index, ty, name);
+        if v.is_none() {
+            self.problem
+                .get_or_insert(format!("column `{name}` is NULL"));
+        }
+        v
+    }
+}
+
+/// One inserted row of the log, decoded on its own: the message, or, for a row that cannot be
+/// published as stored, why ([`CdcUnpublishable`]). Only a row whose id or aggregate key
+/// cannot be read is an error (the stream stops there: nothing after it is skipped), which the
+/// table's types and constraints rule out.
+fn decode_row(
+    c: &Columns,
+    tuple: &[ColumnData],
+) -> Result<Result<OutboxMessage, CdcUnpublishable>, CdcError> {
+    let mut r = Reader {
+        tuple,
+        problem: None,
+    };
+    let stored = StoredRow {
         id: required(tuple, c.id, &Type::INT8, "id")?,
-        event_id: required::<Uuid>(tuple, c.event_id, &Type::UUID, "event_id")?,
         aggregate_type: required(tuple, c.aggregate_type, &Type::TEXT, "aggregate_type")?,
         aggregate_id: required(tuple, c.aggregate_id, &Type::TEXT, "aggregate_id")?,
         aggregate_version: required(tuple, c.aggregate_version, &Type::INT8, "aggregate_version")?,
-        event_type: required(tuple, c.event_type, &Type::TEXT, "event_type")?,
-        schema_version: required(tuple, c.schema_version, &Type::INT4, "schema_version")?,
+        event_id: r.required::<Uuid>(c.event_id, &Type::UUID, "event_id"),
+        event_type: r.required(c.event_type, &Type::TEXT, "event_type"),
+        schema_version: r.required(c.schema_version, &Type::INT4, "schema_version"),
+        content_type: r.required(c.content_type, &Type::TEXT, "content_type"),
+        payload: r.required(c.payload, &Type::BYTEA, "payload"),
+        headers: r
+            .required::<JsonText>(c.headers, &Type::JSONB, "headers")
+            .map(|j| j.0),
+        destination: r.nullable(c.destination, &Type::TEXT, "destination"),
+        partition_key: r.nullable(c.partition_key, &Type::TEXT, "partition_key"),
+        created_at: r
+            .required::<PgMicros>(c.created_at, &Type::TIMESTAMPTZ, "created_at")
+            .map(|m| m.0),
+        attempts: 0,
+    };
+    let message = match r.problem {
+        Some(problem) => Err(problem),
+        None => message_of(&stored),
+    };
+    Ok(message.map_err(|reason| CdcUnpublishable {
+        row: UndecodableRow {
+            id: stored.id,
+            event_id: stored.event_id,
+            aggregate_type: stored.aggregate_type.clone(),
+            aggregate_id: stored.aggregate_id.clone(),
+            aggregate_version: stored.aggregate_version,
+            reason,
+        },
+        stored,
+    }))
+}
+
+/// The message of a row whose every column was read, or why it cannot be published as stored.
+fn message_of(s: &StoredRow) -> Result<OutboxMessage, String> {
+    let missing = |name: &str| format!("column `{name}` is NULL");
+    let headers = s.headers.as_deref().ok_or_else(|| missing("headers"))?;
+    let headers: serde_json::Value = serde_json::from_str(headers)
+        .map_err(|e| format!("column `headers` cannot be read: {e}"))?;
+    let headers = outbox_core::headers_from_json(headers)?;
+    let micros = s.created_at.ok_or_else(|| missing("created_at"))?;
+    let created_at = pg_time_checked(micros).ok_or_else(|| {
+        "column `created_at` is out of the range of a date (infinity?)".to_owned()
+    })?;
+    let payload = s.payload.clone().ok_or_else(|| missing("payload"))?;
+    let message = OutboxMessage {
+        id: s.id,
+        event_id: s.event_id.ok_or_else(|| missing("event_id"))?,
+        aggregate_type: s.aggregate_type.clone(),
+        aggregate_id: s.aggregate_id.clone(),
+        aggregate_version: s.aggregate_version,
+        event_type: s.event_type.clone().ok_or_else(|| missing("event_type"))?,
+        schema_version: s.schema_version.ok_or_else(|| missing("schema_version"))?,
+        // `payload_sha256` is a generated column, which PostgreSQL before 18 leaves out of the
+        // log: the same SHA-256, computed here.
+        fingerprint: Fingerprint::of(&payload),
         payload: Payload {
-            content_type: ContentType(required(
-                tuple,
-                c.content_type,
-                &Type::TEXT,
-                "content_type",
-            )?),
+            content_type: ContentType(
+                s.content_type
+                    .clone()
+                    .ok_or_else(|| missing("content_type"))?,
+            ),
             bytes: Bytes::from(payload),
         },
-        fingerprint,
         headers,
-        destination: value(tuple, c.destination, &Type::TEXT, "destination")?,
-        partition_key: value(tuple, c.partition_key, &Type::TEXT, "partition_key")?,
-        created_at: required::<DateTime<Utc>>(
-            tuple,
-            c.created_at,
-            &Type::TIMESTAMPTZ,
-            "created_at",
-        )?,
-        attempts: 0,
-    })
+        destination: s.destination.clone(),
+        partition_key: s.partition_key.clone(),
+        created_at,
+        attempts: s.attempts,
+    };
+    message.check_publishable().map_err(|e| e.to_string())?;
+    Ok(message)
+}
+
+/// [`StoredRow::created_at`] as SQL text for `::timestamptz`: `infinity` as such; a date
+/// `chrono` does not represent (beyond the year 262,143) as `now`, the time of the write.
+pub(crate) fn pg_time_text(micros: i64) -> String {
+    match micros {
+        i64::MAX => "infinity".to_owned(),
+        i64::MIN => "-infinity".to_owned(),
+        m => pg_time_checked(m).map_or_else(
+            || "now".to_owned(),
+            |t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        ),
+    }
+}
+
+/// A timestamp of the server's storage (microseconds since 2000-01-01 UTC), `None` outside
+/// the dates `chrono` represents (`infinity`).
+fn pg_time_checked(micros: i64) -> Option<DateTime<Utc>> {
+    const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800 * 1_000_000;
+    DateTime::from_timestamp_micros(micros.checked_add(PG_EPOCH_UNIX_MICROS)?)
 }
 
 /// The replication connection's settings from a `postgres://` URL.
@@ -646,6 +844,14 @@ fn replication_config(
     )
 }
 
+/// The transaction [`CdcStream`] is receiving: its xid, commit time and the rows so far.
+type OpenTransaction = (
+    u32,
+    DateTime<Utc>,
+    Vec<OutboxMessage>,
+    Vec<CdcUnpublishable>,
+);
+
 /// The outbox table's inserts streamed from a replication slot. See the module's docs.
 pub struct CdcStream {
     client: ReplicationClient,
@@ -656,8 +862,8 @@ pub struct CdcStream {
     tables: HashMap<u32, Columns>,
     /// Relation ids of other tables of the publication (their inserts are skipped).
     others: HashMap<u32, String>,
-    /// The transaction being received: its xid and the rows so far.
-    open: Option<(u32, DateTime<Utc>, Vec<OutboxMessage>)>,
+    /// The transaction being received.
+    open: Option<OpenTransaction>,
     /// The highest position passed to [`CdcStream::confirm`].
     confirmed: std::sync::atomic::AtomicU64,
     status_interval: Duration,
@@ -716,8 +922,10 @@ impl CdcStream {
     /// reached. `None` when the stream ended ([`CdcStream::stop`]).
     ///
     /// # Errors
-    /// [`CdcError::Decode`] when a change of the outbox table cannot be read (the stream stops
-    /// there: nothing after it is skipped), [`CdcError::Stream`] and the slot errors as for
+    /// [`CdcError::Decode`] when a change of the outbox table cannot be told apart (its id or
+    /// aggregate key cannot be read, or the stream is broken: it stops there, nothing after it
+    /// is skipped; a row that is only unpublishable is in
+    /// [`CdcTransaction::unpublishable`]), [`CdcError::Stream`] and the slot errors as for
     /// [`CdcStream::start`].
     pub async fn next(&mut self) -> Result<Option<CdcEvent>, CdcError> {
         loop {
@@ -734,21 +942,24 @@ impl CdcStream {
                     xid,
                     commit_time_micros,
                     ..
-                } => self.open = Some((xid, pg_time(commit_time_micros), Vec::new())),
+                } => {
+                    self.open = Some((xid, pg_time(commit_time_micros), Vec::new(), Vec::new()));
+                }
                 ReplicationEvent::XLogData { data, .. } => self.change(&data)?,
                 ReplicationEvent::Commit { end_lsn, .. } => {
-                    let (xid, committed_at, messages) = self
+                    let (xid, committed_at, messages, unpublishable) = self
                         .open
                         .take()
                         .ok_or_else(|| CdcError::Stream("a commit without its begin".to_owned()))?;
                     let end_lsn = end_lsn.as_u64();
-                    return Ok(Some(if messages.is_empty() {
+                    return Ok(Some(if messages.is_empty() && unpublishable.is_empty() {
                         CdcEvent::Idle { lsn: end_lsn }
                     } else {
                         CdcEvent::Transaction(CdcTransaction {
                             xid,
                             end_lsn,
                             messages,
+                            unpublishable,
                             committed_at,
                         })
                     }));
@@ -808,11 +1019,14 @@ impl CdcStream {
                          did not send"
                     )));
                 };
-                let message = decode_row(columns, &tuple.columns)?;
-                let (_, _, rows) = self.open.as_mut().ok_or_else(|| {
+                let row = decode_row(columns, &tuple.columns)?;
+                let (_, _, rows, unpublishable) = self.open.as_mut().ok_or_else(|| {
                     CdcError::Stream("an insert outside a transaction".to_owned())
                 })?;
-                rows.push(message);
+                match row {
+                    Ok(message) => rows.push(message),
+                    Err(bad) => unpublishable.push(bad),
+                }
             }
             // Types, origins, truncates, deletes and updates (the publication publishes
             // inserts only) carry nothing for the relay.

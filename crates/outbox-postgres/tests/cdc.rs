@@ -736,6 +736,154 @@ mod relay {
         assert_eq!(db.count("true").await, 0);
     }
 
+    /// Rows the relay cannot publish as stored (a header value that is not a string, a header
+    /// name no binding carries, `created_at = 'infinity'`), written by a plain-SQL producer on a
+    /// table without the constraint of migration 12: each is dead-lettered once with its reason,
+    /// its aggregate waits behind it, everything else is published, and every transaction is
+    /// confirmed (nothing streamed again, nothing retried). With the producer deleting its rows
+    /// in its transactions, the dead letter is written back as the producer wrote it, with the
+    /// option and without it (the relay finds the row gone).
+    async fn unpublishable_rows_are_dead_lettered_from_the_stream(producers_delete: bool) {
+        let (db, config, _cleanup) = setup().await;
+        db.exec(format!(
+            "ALTER TABLE \"{}\".events DROP CONSTRAINT events_publishable",
+            db.schema
+        ))
+        .await;
+        let s = db.schema.as_str();
+        let row = |agg: &str, v: i64, headers: &str, created_at: &str| {
+            let delete = if producers_delete {
+                format!("; DELETE FROM \"{s}\".events WHERE aggregate_id = '{agg}'")
+            } else {
+                String::new()
+            };
+            format!(
+                "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
+                 aggregate_version, event_type, payload, headers, created_at) VALUES \
+                 (gen_random_uuid(), 't', '{agg}', {v}, 'T', '\\x7b7d', '{headers}', \
+                 {created_at}){delete}"
+            )
+        };
+        let good = r#"{"tenant": "acme"}"#;
+        let mut sql = Vec::new();
+        for (agg, headers, created_at) in [
+            ("null", r#"{"traceparent": null}"#, "now()"),
+            ("number", r#"{"retries": 1e400}"#, "now()"),
+            ("name", r#"{"x trace": "1"}"#, "now()"),
+            ("infinity", good, "'infinity'"),
+        ] {
+            sql.push(row(agg, 1, good, "now()"));
+            sql.push(row(agg, 2, headers, created_at));
+            sql.push(row(agg, 3, good, "now()"));
+        }
+        sql.push(row("ok", 1, good, "now()"));
+        for statement in sql {
+            // One transaction each (simple protocol: the producer's DELETE rides along).
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {statement}; COMMIT")))
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        let config = outbox_postgres::cdc::CdcConfig {
+            producers_delete_rows: producers_delete,
+            ..config
+        };
+        let transport = Arc::new(FakeTransport::new());
+        run_until(&db, &config, &transport, |t| {
+            ["null", "number", "name", "infinity", "ok"]
+                .iter()
+                .all(|a| t.acked_for(a).len() == 1)
+        })
+        .await;
+        for (agg, reason) in [
+            ("null", "header `traceparent` is null"),
+            ("number", "column `headers` cannot be read"),
+            ("name", "header name `x trace` is invalid"),
+            ("infinity", "column `created_at` is out of the range"),
+        ] {
+            assert_eq!(transport.acked_for(agg), vec![1], "{agg} waits behind v2");
+            let (state, error, attempts, headers): (String, String, i32, String) =
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT state, last_error, attempts, headers::text FROM \"{s}\".events \
+                     WHERE aggregate_id = '{agg}' AND aggregate_version = 2"
+                )))
+                .fetch_one(&db.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{agg} v2 is a dead letter in the table: {e}"));
+            assert_eq!((state.as_str(), attempts), ("dead", 1), "{agg}");
+            assert!(
+                error.contains("cannot be published as stored") && error.contains(reason),
+                "{agg}: {error}"
+            );
+            if agg == "null" {
+                assert_eq!(
+                    headers, r#"{"traceparent": null}"#,
+                    "as the producer wrote it"
+                );
+            }
+            assert_eq!(
+                db.count(&format!(
+                    "aggregate_id = '{agg}' AND aggregate_version = 3 AND state = 'pending'"
+                ))
+                .await,
+                1,
+                "{agg} v3 waits in the table"
+            );
+        }
+        assert_eq!(db.count("state = 'dead'").await, 4, "nothing else dead");
+        let created: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT created_at::text FROM \"{s}\".events WHERE aggregate_id = 'infinity' \
+             AND aggregate_version = 2"
+        )))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(created, "infinity");
+        nothing_unconfirmed(&db, &config).await;
+    }
+
+    #[tokio::test]
+    async fn unpublishable_rows_are_dead_lettered_from_the_stream_and_the_rest_flows() {
+        unpublishable_rows_are_dead_lettered_from_the_stream(false).await;
+    }
+
+    #[tokio::test]
+    async fn unpublishable_rows_deleted_by_their_producer_are_written_back_as_dead_letters() {
+        unpublishable_rows_are_dead_lettered_from_the_stream(true).await;
+    }
+
+    /// Producers that delete their rows, and a relay not told so: a dead letter and the events
+    /// behind it are still written back (the relay finds their rows gone), never lost.
+    #[tokio::test]
+    async fn a_dead_letter_of_a_deleted_row_is_written_back_without_the_option() {
+        let (db, config, _cleanup) = setup().await;
+        let outbox = outbox_postgres::PgOutbox::new(db.schema.clone()).delete_in_transaction(true);
+        for v in 1..=3 {
+            let mut tx = db.pool.begin().await.unwrap();
+            outbox.enqueue(&mut *tx, &msg("b", v)).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        assert!(!config.producers_delete_rows);
+        let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));
+        run_until(&db, &config, &transport, |t| t.acked_for("b").len() == 1).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while db.count("true").await < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "not written back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            db.count("aggregate_version = 2 AND state = 'dead' AND attempts = 1")
+                .await,
+            1
+        );
+        assert_eq!(
+            db.count("aggregate_version = 3 AND state = 'pending'")
+                .await,
+            1
+        );
+        nothing_unconfirmed(&db, &config).await;
+    }
+
     /// The lag in seconds is the age of the oldest streamed transaction not confirmed: it grows
     /// while an event keeps failing and is zero once everything streamed is settled.
     #[tokio::test]

@@ -63,14 +63,19 @@ pub fn relay_cmd(
     cmd
 }
 
-/// Waits until a relay streams the test's slot (named after its schema).
+/// Waits until a relay streams the test's slot (named after its schema): a WAL sender holds
+/// it. A slot is also `active` while `pg_create_logical_replication_slot` builds it, which
+/// waits for the transactions running then, and a transaction committed in that window is
+/// before the slot's start.
 pub async fn wait_slot_streamed(db: &TestDb) {
     wait_until(
         Duration::from_secs(20),
         "the slot streamed",
         || async move {
             db.scalar(&format!(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
+                "SELECT count(*) FROM pg_replication_slots s \
+                 JOIN pg_stat_replication r ON r.pid = s.active_pid \
+                 WHERE s.slot_name = '{}'",
                 db.name()
             ))
             .await

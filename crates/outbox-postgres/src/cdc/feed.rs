@@ -1,15 +1,17 @@
 //! [`CdcFeed`]: the relay's [`Feed`] over a [`CdcStream`] (described on the type).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_core::relay::{Feed, FeedBatch, SettleReport, Settlement};
-use outbox_core::{OutboxMessage, OutboxStats, OutboxStore as _, StoreError, StoreErrorKind};
+use outbox_core::{
+    OutboxMessage, OutboxStats, OutboxStore as _, StoreError, StoreErrorKind, UndecodableRow,
+};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
-use super::{CdcConfig, CdcError, CdcEvent, CdcStream};
+use super::{CdcConfig, CdcError, CdcEvent, CdcStream, CdcUnpublishable, StoredRow};
 use crate::error::store_error;
 use crate::schema::Schema;
 use crate::store::{OnPublish, PgStore, PgStoreConfig};
@@ -40,6 +42,64 @@ fn full_xid(xid: &str, xmax: &str) -> String {
 /// An aggregate: `(aggregate_type, aggregate_id)`.
 type Aggregate = (String, String);
 
+/// A streamed event: a message to publish, or a row that cannot be published as stored (the
+/// engine dead-letters it with its reason, and its aggregate waits behind it).
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // The large variant is the common one: no box per event.
+enum Row {
+    Message(OutboxMessage),
+    Unpublishable(Box<CdcUnpublishable>),
+}
+
+impl Row {
+    fn id(&self) -> i64 {
+        match self {
+            Self::Message(m) => m.id,
+            Self::Unpublishable(u) => u.row.id,
+        }
+    }
+
+    fn version(&self) -> i64 {
+        match self {
+            Self::Message(m) => m.aggregate_version,
+            Self::Unpublishable(u) => u.row.aggregate_version,
+        }
+    }
+
+    fn key(&self) -> (&str, &str) {
+        match self {
+            Self::Message(m) => (&m.aggregate_type, &m.aggregate_id),
+            Self::Unpublishable(u) => (&u.row.aggregate_type, &u.row.aggregate_id),
+        }
+    }
+
+    fn aggregate(&self) -> Aggregate {
+        let (t, i) = self.key();
+        (t.to_owned(), i.to_owned())
+    }
+
+    fn is_of(&self, aggregate: &Aggregate) -> bool {
+        self.key() == (aggregate.0.as_str(), aggregate.1.as_str())
+    }
+
+    /// The same event after one more failed attempt.
+    fn attempted(&self) -> Self {
+        let mut row = self.clone();
+        match &mut row {
+            Self::Message(m) => m.attempts += 1,
+            Self::Unpublishable(u) => u.stored.attempts += 1,
+        }
+        row
+    }
+
+    fn stored(&self) -> StoredRow {
+        match self {
+            Self::Message(m) => StoredRow::of(m),
+            Self::Unpublishable(u) => u.stored.clone(),
+        }
+    }
+}
+
 /// The handle of a [`CdcFeed`] batch.
 #[derive(Debug)]
 pub struct CdcTicket {
@@ -48,7 +108,7 @@ pub struct CdcTicket {
     /// Each row of the batch with its transaction's sequence number.
     rows: Vec<(i64, u64, u32)>,
     /// The batch's events (for retries and not-attempted rows).
-    messages: Vec<OutboxMessage>,
+    events: Vec<Row>,
 }
 
 /// A streamed transaction not settled yet.
@@ -64,11 +124,20 @@ struct Open {
 /// An event waiting to be handed out, at the head of its aggregate or behind it.
 #[derive(Debug)]
 struct Waiting {
-    message: OutboxMessage,
+    row: Row,
     tx: u64,
     /// The inserting transaction's id (32 bits, as the log gives it).
     xid: u32,
     due: Option<Instant>,
+}
+
+/// An event left to the table: its row is written back if it is gone (a producer deleted it
+/// in its transaction), and a dead letter is recorded, before it counts as settled.
+#[derive(Debug)]
+struct Leave {
+    event: Waiting,
+    /// The dead letter's error; `None` for an event parked behind one (left pending).
+    dead: Option<String>,
 }
 
 /// A published row whose transaction the settle's snapshot did not see yet (see
@@ -96,10 +165,9 @@ struct State {
     /// Aggregates with a dead letter (or behind the table): their later events are left to the
     /// polling relay.
     parked: HashSet<Aggregate>,
-    /// [`CdcConfig::producers_delete_rows`]: what is left to the table is written back first.
-    write_back: bool,
-    /// Events left to the table that must be written back there before they count as settled.
-    restore: Vec<Waiting>,
+    /// Events left to the table, recorded there ([`CdcFeed::restore`]) before they count as
+    /// settled.
+    restore: Vec<Leave>,
     /// Published rows whose transaction was not visible yet when their settle ran.
     late: Vec<Late>,
     /// Aggregates checked against the table in this session (no older version pending there).
@@ -122,7 +190,6 @@ impl State {
         *self = State {
             session,
             parked,
-            write_back: self.write_back,
             ..State::default()
         };
     }
@@ -162,35 +229,39 @@ impl State {
             CdcEvent::Transaction(tx) => {
                 let seq = self.next_seq;
                 self.next_seq += 1;
-                let mut left = 0;
-                for message in tx.messages {
-                    let aggregate = (message.aggregate_type.clone(), message.aggregate_id.clone());
+                let mut rows: Vec<Row> = tx.messages.into_iter().map(Row::Message).collect();
+                if !tx.unpublishable.is_empty() {
+                    rows.extend(
+                        tx.unpublishable
+                            .into_iter()
+                            .map(|u| Row::Unpublishable(Box::new(u))),
+                    );
+                    // Each aggregate's events in version order, wherever the unpublishable
+                    // ones were.
+                    rows.sort_by_key(Row::version);
+                }
+                let left = rows.len();
+                for row in rows {
+                    let aggregate = row.aggregate();
+                    let event = Waiting {
+                        row,
+                        tx: seq,
+                        xid: tx.xid,
+                        due: None,
+                    };
                     if self.parked.contains(&aggregate) {
                         // Left pending in the table for the polling relay: there already, or
-                        // written back first (every version: one published before a restart
-                        // goes out again, a late-committing older one is not lost).
-                        if self.write_back {
-                            left += 1;
-                            self.restore.push(Waiting {
-                                message,
-                                tx: seq,
-                                xid: tx.xid,
-                                due: None,
-                            });
-                        }
+                        // written back first if its producer deleted it (every version: one
+                        // published before a restart goes out again, a late-committing older
+                        // one is not lost).
+                        self.restore.push(Leave { event, dead: None });
                         continue;
                     }
-                    left += 1;
                     let queue = self.waiting.entry(aggregate.clone()).or_default();
                     if queue.is_empty() {
                         self.order.push_back(aggregate);
                     }
-                    queue.push_back(Waiting {
-                        message,
-                        tx: seq,
-                        xid: tx.xid,
-                        due: None,
-                    });
+                    queue.push_back(event);
                 }
                 self.open.push_back(Open {
                     seq,
@@ -258,16 +329,10 @@ impl State {
         self.parked.insert(aggregate.clone());
     }
 
-    /// Events left to the table: written back first ([`State::restore`]) with
-    /// `write_back`, settled at once without (their rows are there).
+    /// Events left to the table, pending ([`State::restore`]).
     fn leave_to_table(&mut self, events: impl IntoIterator<Item = Waiting>) {
-        for w in events {
-            if self.write_back {
-                self.restore.push(w);
-            } else {
-                self.settled(w.tx, 1);
-            }
-        }
+        self.restore
+            .extend(events.into_iter().map(|event| Leave { event, dead: None }));
     }
 
     /// The earliest due time of a waiting head, if every waiting head is in backoff.
@@ -335,6 +400,8 @@ pub struct CdcFeed {
     /// Commit time (Unix microseconds) of the oldest streamed transaction not confirmed yet;
     /// 0 when there is none. Read without the state's lock ([`CdcFeed::lag`]).
     oldest_open_micros: AtomicI64,
+    /// A row found gone from the table was written back and said so (once).
+    told_rows_gone: AtomicBool,
 }
 
 impl CdcFeed {
@@ -364,6 +431,7 @@ impl CdcFeed {
             on_publish,
             state: Mutex::new(State::default()),
             oldest_open_micros: AtomicI64::new(0),
+            told_rows_gone: AtomicBool::new(false),
         }
     }
 
@@ -397,14 +465,12 @@ impl CdcFeed {
         }
     }
 
-    /// The table's side of a settlement: published rows deleted (or marked), dead letters
-    /// recorded as the polling relay records them.
-    /// Returns the published rows whose transactions the settle's snapshot did not see yet
-    /// (see [`CdcFeed::settle_rows`]).
+    /// The table's side of a settlement's published rows: deleted (or marked). Returns those
+    /// whose transactions the settle's snapshot did not see yet (see [`CdcFeed::settle_rows`]).
+    /// Dead letters are recorded with the events left to the table ([`CdcFeed::restore`]).
     async fn write_settlement(
         &self,
         settlement: &Settlement,
-        by_id: &HashMap<i64, &OutboxMessage>,
         xid_of: &HashMap<i64, u32>,
     ) -> Result<HashSet<i64>, StoreError> {
         let rows: Vec<(i64, u32)> = settlement
@@ -412,28 +478,7 @@ impl CdcFeed {
             .iter()
             .map(|id| (*id, xid_of.get(id).copied().unwrap_or_default()))
             .collect();
-        let late = self.settle_rows(&rows).await?;
-        for failed in settlement.failed.iter().filter(|f| f.retry_after.is_none()) {
-            let Some(m) = by_id.get(&failed.id) else {
-                continue;
-            };
-            // Its row first, if the producer deleted it in its transaction; then the state.
-            if self.config.producers_delete_rows {
-                self.write_back(std::slice::from_ref(m)).await?;
-            }
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {}.events SET state = 'dead', attempts = $2, last_error = $3 \
-                 WHERE event_id = $1 AND state = 'pending'",
-                self.schema.quoted()
-            )))
-            .bind(m.event_id)
-            .bind(m.attempts + 1)
-            .bind(&failed.error)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| store_error("recording a dead letter", e))?;
-        }
-        Ok(late)
+        self.settle_rows(&rows).await
     }
 
     /// Deletes (or marks) published rows; returns the ids of those whose inserting
@@ -533,87 +578,136 @@ impl CdcFeed {
         Ok(())
     }
 
-    /// Writes the events left to the table back ([`State::restore`]), then counts them as
-    /// settled. On an error they stay in the list (and their transactions unconfirmed).
+    /// Records the events left to the table ([`State::restore`]), then counts them as
+    /// settled: a dead letter's row is marked `dead` with its error; the row of an event that
+    /// is gone from the table although its transaction is visible (its producer deleted it in
+    /// the transaction, [`CdcConfig::producers_delete_rows`]) is written back first, as the
+    /// producer wrote it, `dead` or pending. An event whose transaction is not visible yet
+    /// (its commit is in the log a moment before other sessions see it) stays in the list for
+    /// the next call, and its position unconfirmed: without that check its dead letter would
+    /// find no row, count as settled, and the row would stay pending unseen. On an error all
+    /// stay in the list.
     async fn restore(&self, state: &mut State) -> Result<(), StoreError> {
         if state.restore.is_empty() {
             return Ok(());
         }
-        let messages: Vec<&OutboxMessage> = state.restore.iter().map(|w| &w.message).collect();
-        self.write_back(&messages).await?;
-        for w in std::mem::take(&mut state.restore) {
-            state.settled(w.tx, 1);
+        let (late, written) = self.leave_rows(&state.restore).await?;
+        if written > 0
+            && !self.config.producers_delete_rows
+            && !self.told_rows_gone.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                rows = written,
+                "streamed rows were gone from the outbox table although their transactions \
+                 committed: the producers delete their rows in their transactions. The relay \
+                 wrote them back (dead letters, events parked behind one); set \
+                 relay.cdc_producers_delete_rows = true and grant the relay INSERT on the \
+                 outbox table (docs/guide/src/security.md)"
+            );
+        }
+        for leave in std::mem::take(&mut state.restore) {
+            if late.contains(&leave.event.row.id()) {
+                state.restore.push(leave);
+            } else {
+                state.settled(leave.event.tx, 1);
+            }
         }
         Ok(())
     }
 
-    /// Inserts the rows of `messages` as pending, each unless a row of its event id or of its
-    /// aggregate version is in the table already (kept by the producer, or written back
-    /// before). Every column the producer wrote is restored; the row gets a new `id`.
-    async fn write_back(&self, messages: &[&OutboxMessage]) -> Result<(), StoreError> {
-        let col =
-            |f: fn(&OutboxMessage) -> String| messages.iter().map(|m| f(m)).collect::<Vec<_>>();
-        let headers: Vec<String> = messages
+    /// The statement of [`CdcFeed::restore`], in one snapshot. Returns the ids of events whose
+    /// transactions are not visible yet, and how many rows were written back.
+    async fn leave_rows(&self, leaves: &[Leave]) -> Result<(HashSet<i64>, i64), StoreError> {
+        let rows: Vec<StoredRow> = leaves.iter().map(|l| l.event.row.stored()).collect();
+        let col = |f: fn(&StoredRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
+        // The state a row written back gets: a row that cannot be published would break the
+        // table's constraint as a pending row, and can only end as a dead letter anyway.
+        let insert_state: Vec<&str> = leaves
             .iter()
-            .map(|m| serde_json::to_string(&m.headers).expect("string map serialises"))
+            .map(|l| match (&l.dead, &l.event.row) {
+                (Some(_), _) | (None, Row::Unpublishable(_)) => "dead",
+                (None, Row::Message(_)) => "pending",
+            })
             .collect();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
-               event_type, schema_version, content_type, payload, headers, destination, \
-               partition_key, created_at, attempts) \
-             SELECT u.event_id, u.aggregate_type, u.aggregate_id, u.aggregate_version, \
-               u.event_type, u.schema_version, u.content_type, u.payload, u.headers::jsonb, \
-               u.destination, u.partition_key, u.created_at, u.attempts \
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::text[], \
-               $6::int4[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], \
-               $12::timestamptz[], $13::int4[]) AS u(event_id, aggregate_type, aggregate_id, \
-               aggregate_version, event_type, schema_version, content_type, payload, headers, \
-               destination, partition_key, created_at, attempts) \
-             ON CONFLICT DO NOTHING",
-            self.schema.quoted()
-        )))
-        .bind(messages.iter().map(|m| m.event_id).collect::<Vec<_>>())
-        .bind(col(|m| m.aggregate_type.clone()))
-        .bind(col(|m| m.aggregate_id.clone()))
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.aggregate_version)
-                .collect::<Vec<_>>(),
-        )
-        .bind(col(|m| m.event_type.clone()))
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.schema_version)
-                .collect::<Vec<_>>(),
-        )
-        .bind(col(|m| m.payload.content_type.0.clone()))
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.payload.bytes.as_ref())
-                .collect::<Vec<&[u8]>>(),
-        )
-        .bind(headers)
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.destination.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.partition_key.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(messages.iter().map(|m| m.created_at).collect::<Vec<_>>())
-        .bind(messages.iter().map(|m| m.attempts).collect::<Vec<_>>())
-        .execute(&self.pool)
-        .await
-        .map_err(|e| store_error("writing events left to the table back", e))?;
-        Ok(())
+        let error: Vec<Option<String>> = leaves
+            .iter()
+            .map(|l| match (&l.dead, &l.event.row) {
+                (Some(e), _) => Some(e.clone()),
+                (None, Row::Unpublishable(u)) => Some(format!(
+                    "cannot be published as stored: {}; correct the row, then requeue it",
+                    u.row.reason
+                )),
+                (None, Row::Message(_)) => None,
+            })
+            .collect();
+        let dead: Vec<bool> = leaves.iter().map(|l| l.dead.is_some()).collect();
+        let s = self.schema.quoted();
+        let sql = format!(
+            "WITH snap AS MATERIALIZED ( \
+               SELECT pg_current_snapshot() AS s, \
+                      pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS xmax), \
+             u AS MATERIALIZED ( \
+               SELECT u.*, pg_visible_in_snapshot({full}::text::xid8, snap.s) AS seen \
+               FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::int8[], \
+                 $6::text[], $7::int4[], $8::text[], $9::bytea[], $10::text[], $11::text[], \
+                 $12::text[], $13::text[], $14::int4[], $15::text[], $16::text[], $17::bool[], \
+                 $18::int8[]) \
+                 AS u(id, event_id, aggregate_type, aggregate_id, aggregate_version, \
+                 event_type, schema_version, content_type, payload, headers, destination, \
+                 partition_key, created_at, attempts, state, last_error, dead, x), snap), \
+             gone AS MATERIALIZED ( \
+               SELECT u.* FROM u WHERE u.seen AND NOT EXISTS ( \
+                 SELECT 1 FROM {s}.events e WHERE e.event_id = u.event_id)), \
+             ins AS ( \
+               INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, \
+                 aggregate_version, event_type, schema_version, content_type, payload, \
+                 headers, destination, partition_key, created_at, attempts, state, last_error) \
+               SELECT coalesce(g.event_id, gen_random_uuid()), g.aggregate_type, \
+                 g.aggregate_id, g.aggregate_version, coalesce(g.event_type, '(unreadable)'), \
+                 coalesce(g.schema_version, 1), coalesce(g.content_type, \
+                 'application/octet-stream'), coalesce(g.payload, ''::bytea), \
+                 coalesce(g.headers, '{{}}')::jsonb, g.destination, g.partition_key, \
+                 coalesce(g.created_at::timestamptz, now()), g.attempts, g.state, g.last_error \
+               FROM gone g ORDER BY g.id \
+               ON CONFLICT DO NOTHING RETURNING 1), \
+             marked AS ( \
+               UPDATE {s}.events e SET state = 'dead', attempts = u.attempts, \
+                 last_error = u.last_error \
+               FROM u WHERE u.seen AND u.dead AND e.event_id = u.event_id \
+                 AND e.state = 'pending' RETURNING 1) \
+             SELECT coalesce((SELECT array_agg(id) FROM u WHERE NOT seen), '{{}}'), \
+               (SELECT count(*) FROM ins), (SELECT count(*) FROM marked)",
+            full = full_xid("u.x", "snap.xmax")
+        );
+        let (late, written, _marked): (Vec<i64>, i64, i64) =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.event_id).collect::<Vec<_>>())
+                .bind(col(|r| Some(r.aggregate_type.clone())))
+                .bind(col(|r| Some(r.aggregate_id.clone())))
+                .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
+                .bind(col(|r| r.event_type.clone()))
+                .bind(rows.iter().map(|r| r.schema_version).collect::<Vec<_>>())
+                .bind(col(|r| r.content_type.clone()))
+                .bind(rows.iter().map(|r| r.payload.clone()).collect::<Vec<_>>())
+                .bind(col(|r| r.headers.clone()))
+                .bind(col(|r| r.destination.clone()))
+                .bind(col(|r| r.partition_key.clone()))
+                .bind(col(|r| r.created_at.map(super::pg_time_text)))
+                .bind(rows.iter().map(|r| r.attempts).collect::<Vec<_>>())
+                .bind(insert_state)
+                .bind(error)
+                .bind(dead)
+                .bind(
+                    leaves
+                        .iter()
+                        .map(|l| i64::from(l.event.xid))
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| store_error("recording events left to the table", e))?;
+        Ok((late.into_iter().collect(), written))
     }
 
     /// Of the aggregates about to be handed out for the first time in this session, those
@@ -709,7 +803,6 @@ impl CdcFeed {
         }
         state.reset();
         state.parked = parked.into_iter().collect();
-        state.write_back = self.config.producers_delete_rows;
         state.stream = Some(stream);
         Ok(true)
     }
@@ -791,7 +884,7 @@ impl Feed for CdcFeed {
                 ticket: CdcTicket {
                     session: state.session,
                     rows: Vec::new(),
-                    messages: Vec::new(),
+                    events: Vec::new(),
                 },
                 messages: Vec::new(),
                 owned_until: None,
@@ -806,12 +899,9 @@ impl Feed for CdcFeed {
         let mut taken = state.take(max_rows.max(1));
         let mut heads: Vec<(Aggregate, i64)> = Vec::new();
         for w in &taken {
-            let aggregate = (
-                w.message.aggregate_type.clone(),
-                w.message.aggregate_id.clone(),
-            );
+            let aggregate = w.row.aggregate();
             if !state.verified.contains(&aggregate) && !heads.iter().any(|(a, _)| *a == aggregate) {
-                heads.push((aggregate, w.message.aggregate_version));
+                heads.push((aggregate, w.row.version()));
             }
         }
         let behind = match self.behind_the_table(&heads).await {
@@ -827,9 +917,8 @@ impl Feed for CdcFeed {
                 state.verified.insert(aggregate);
                 continue;
             }
-            let (out, kept): (Vec<Waiting>, Vec<Waiting>) = taken.into_iter().partition(|w| {
-                w.message.aggregate_type == aggregate.0 && w.message.aggregate_id == aggregate.1
-            });
+            let (out, kept): (Vec<Waiting>, Vec<Waiting>) =
+                taken.into_iter().partition(|w| w.row.is_of(&aggregate));
             taken = kept;
             let since = *state
                 .behind
@@ -869,34 +958,28 @@ impl Feed for CdcFeed {
             return Err(e);
         }
         self.confirm(&mut state);
-        let mut messages: Vec<OutboxMessage> = Vec::with_capacity(taken.len());
-        let mut rows = Vec::with_capacity(taken.len());
-        for w in taken {
-            rows.push((w.message.id, w.tx, w.xid));
-            messages.push(w.message);
-        }
         // The engine's order: by aggregate, then version.
-        let mut order: Vec<usize> = (0..messages.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&messages[a], &messages[b]);
-            (&x.aggregate_type, &x.aggregate_id, x.aggregate_version).cmp(&(
-                &y.aggregate_type,
-                &y.aggregate_id,
-                y.aggregate_version,
-            ))
-        });
-        let messages: Vec<OutboxMessage> = order.iter().map(|&i| messages[i].clone()).collect();
-        let rows: Vec<(i64, u64, u32)> = order.iter().map(|&i| rows[i]).collect();
+        taken.sort_by(|a, b| (a.row.key(), a.row.version()).cmp(&(b.row.key(), b.row.version())));
+        let rows: Vec<(i64, u64, u32)> = taken.iter().map(|w| (w.row.id(), w.tx, w.xid)).collect();
+        let events: Vec<Row> = taken.into_iter().map(|w| w.row).collect();
+        let mut messages = Vec::with_capacity(events.len());
+        let mut undecodable: Vec<UndecodableRow> = Vec::new();
+        for event in &events {
+            match event {
+                Row::Message(m) => messages.push(m.clone()),
+                Row::Unpublishable(u) => undecodable.push(u.row.clone()),
+            }
+        }
         Ok(FeedBatch {
             ticket: CdcTicket {
                 session: state.session,
                 rows,
-                messages: messages.clone(),
+                events,
             },
             messages,
             owned_until: None,
             takeovers: Vec::new(),
-            undecodable: Vec::new(),
+            undecodable,
         })
     }
 
@@ -906,12 +989,12 @@ impl Feed for CdcFeed {
         settlement: &Settlement,
     ) -> Result<SettleReport, StoreError> {
         let mut report = SettleReport::default();
-        let by_id: HashMap<i64, &OutboxMessage> =
-            ticket.messages.iter().map(|m| (m.id, m)).collect();
+        let by_id: HashMap<i64, &Row> = ticket.events.iter().map(|r| (r.id(), r)).collect();
         let xid_of: HashMap<i64, u32> = ticket.rows.iter().map(|&(id, _, x)| (id, x)).collect();
         // The table first: a published row is deleted (or marked) before its position can be
-        // confirmed; a dead letter is recorded before its aggregate's later events are skipped.
-        let late = match self.write_settlement(settlement, &by_id, &xid_of).await {
+        // confirmed; a dead letter is recorded (below, with the events left to the table)
+        // before its position can be.
+        let late = match self.write_settlement(settlement, &xid_of).await {
             Ok(late) => late,
             Err(e) => {
                 // Nothing of this batch is confirmed; its aggregates must not stay busy for the
@@ -952,52 +1035,50 @@ impl Feed for CdcFeed {
         let mut dead: HashSet<Aggregate> = HashSet::new();
         let mut behind_dead: Vec<Waiting> = Vec::new();
         for failed in &settlement.failed {
-            let (Some(&m), Some(&tx)) = (by_id.get(&failed.id), tx_of.get(&failed.id)) else {
+            let (Some(&row), Some(&tx)) = (by_id.get(&failed.id), tx_of.get(&failed.id)) else {
                 continue;
             };
-            let aggregate = (m.aggregate_type.clone(), m.aggregate_id.clone());
+            let aggregate = row.aggregate();
+            let event = Waiting {
+                row: row.attempted(),
+                tx,
+                xid: xid_of.get(&failed.id).copied().unwrap_or_default(),
+                due: failed.retry_after.map(|delay| Instant::now() + delay),
+            };
             match failed.retry_after {
-                Some(delay) => {
+                Some(_) => {
                     report.retried += 1;
-                    let mut message = m.clone();
-                    message.attempts += 1;
-                    back.entry(aggregate).or_default().push(Waiting {
-                        message,
-                        tx,
-                        xid: xid_of.get(&failed.id).copied().unwrap_or_default(),
-                        due: Some(Instant::now() + delay),
-                    });
+                    back.entry(aggregate).or_default().push(event);
                 }
                 None => {
-                    // Recorded in the table by `write_settlement` above.
+                    // Recorded in the table (`restore` below) before it counts as settled.
                     report.dead_lettered += 1;
-                    *settled_per_tx.entry(tx).or_default() += 1;
+                    state.restore.push(Leave {
+                        event,
+                        dead: Some(failed.error.clone()),
+                    });
                     dead.insert(aggregate);
                 }
             }
         }
         for id in &settlement.not_attempted {
-            let (Some(&m), Some(&tx)) = (by_id.get(id), tx_of.get(id)) else {
+            let (Some(&row), Some(&tx)) = (by_id.get(id), tx_of.get(id)) else {
                 continue;
             };
-            let aggregate = (m.aggregate_type.clone(), m.aggregate_id.clone());
-            if dead.contains(&aggregate) {
-                // Behind a dead letter: left pending in the table.
-                behind_dead.push(Waiting {
-                    message: m.clone(),
-                    tx,
-                    xid: xid_of.get(id).copied().unwrap_or_default(),
-                    due: None,
-                });
-                continue;
-            }
-            report.released += 1;
-            back.entry(aggregate).or_default().push(Waiting {
-                message: m.clone(),
+            let aggregate = row.aggregate();
+            let event = Waiting {
+                row: row.clone(),
                 tx,
                 xid: xid_of.get(id).copied().unwrap_or_default(),
                 due: None,
-            });
+            };
+            if dead.contains(&aggregate) {
+                // Behind a dead letter: left pending in the table.
+                behind_dead.push(event);
+                continue;
+            }
+            report.released += 1;
+            back.entry(aggregate).or_default().push(event);
         }
         for (tx, n) in settled_per_tx {
             state.settled(tx, n);
@@ -1016,13 +1097,11 @@ impl Feed for CdcFeed {
                 "could not settle published rows yet; tried again with the next batch");
         }
         for (aggregate, mut events) in back {
-            events.sort_by_key(|w| w.message.aggregate_version);
+            events.sort_by_key(|w| w.row.version());
             state.put_back(&aggregate, events);
         }
-        for m in &ticket.messages {
-            state
-                .busy
-                .remove(&(m.aggregate_type.clone(), m.aggregate_id.clone()));
+        for row in &ticket.events {
+            state.busy.remove(&row.aggregate());
         }
         self.confirm(&mut state);
         Ok(report)
@@ -1114,6 +1193,100 @@ mod tests {
             .unwrap();
             assert_eq!(got, full, "xid {xid} next to xmax {xmax}");
         }
+    }
+
+    /// A dead letter of a row whose transaction the statement does not see yet is not counted
+    /// as recorded (it would stay pending unseen, its position confirmed): it is kept for a
+    /// later try, which records it once the transaction is visible. An open transaction stands
+    /// for the window, as below.
+    #[tokio::test]
+    async fn a_dead_letter_of_a_row_not_visible_yet_is_recorded_later() {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPool::connect(&url)
+            .await
+            .expect("PostgreSQL on OUTBOX_TEST_DATABASE_URL");
+        let schema =
+            Schema::new(&format!("cdc_late_dead_{}", uuid::Uuid::now_v7().simple())).unwrap();
+        crate::migrate(&pool, &schema).await.unwrap();
+        let feed = CdcFeed::new(
+            &url,
+            pool.clone(),
+            schema.clone(),
+            CdcConfig::default(),
+            OnPublish::Delete,
+        );
+        let new = NewMessage::new(
+            "t",
+            "a",
+            1,
+            "T",
+            Payload::bytes("application/json", b"{}".to_vec()),
+        );
+        let mut tx = pool.begin().await.unwrap();
+        PgOutbox::new(schema.clone())
+            .enqueue(&mut *tx, &new)
+            .await
+            .unwrap();
+        let (id, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, txid_current() FROM {}.events",
+            schema.quoted()
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        let message = OutboxMessage {
+            id,
+            event_id: new.event_id,
+            aggregate_type: new.aggregate_type.clone(),
+            aggregate_id: new.aggregate_id.clone(),
+            aggregate_version: 1,
+            event_type: new.event_type.clone(),
+            schema_version: 1,
+            fingerprint: outbox_core::Fingerprint::of(&new.payload.bytes),
+            payload: new.payload.clone(),
+            headers: std::collections::BTreeMap::new(),
+            destination: None,
+            partition_key: None,
+            created_at: chrono::Utc::now(),
+            attempts: 1,
+        };
+        let leave = || Leave {
+            event: Waiting {
+                row: Row::Message(message.clone()),
+                tx: 0,
+                xid: (xid & 0xFFFF_FFFF) as u32,
+                due: None,
+            },
+            dead: Some("refused".to_owned()),
+        };
+        let state = || async {
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+                "SELECT state FROM {}.events",
+                schema.quoted()
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        let (late, written) = feed.leave_rows(&[leave()]).await.unwrap();
+        assert_eq!((late, written), (HashSet::from([id]), 0), "not seen yet");
+        tx.commit().await.unwrap();
+        assert_eq!(
+            state().await,
+            "pending",
+            "nothing recorded before it was seen"
+        );
+        let (late, written) = feed.leave_rows(&[leave()]).await.unwrap();
+        assert_eq!((late, written), (HashSet::new(), 0));
+        assert_eq!(state().await, "dead", "recorded once seen");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            schema.quoted()
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
     }
 
     /// The window between a transaction's commit record reaching the log and the commit
