@@ -43,7 +43,9 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use outbox_core::{ContentType, Fingerprint, OutboxMessage, Payload, UndecodableRow};
 use pg_walstream::{ColumnData, ColumnInfo, LogicalReplicationMessage, LogicalReplicationParser};
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use pgwire_replication::{
+    Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
+};
 use postgres_types::{FromSql, Type};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -73,7 +75,9 @@ pub struct CdcConfig {
     /// table (a dead letter, the events of an aggregate parked behind one) back into it before
     /// it counts as settled, or it would exist nowhere but in the log. Needs `INSERT` on the
     /// outbox table for the relay's role (docs/security.md). Default `false`: the rows are in
-    /// the table already, and the relay role inserts nothing.
+    /// the table already, and the relay role inserts nothing. A feed with `false` that finds
+    /// such an event's row gone although its transaction committed writes it back all the
+    /// same (a dead letter never ends nowhere) and warns once, naming this option.
     pub producers_delete_rows: bool,
 }
 
@@ -784,12 +788,13 @@ fn pg_time_checked(micros: i64) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp_micros(micros.checked_add(PG_EPOCH_UNIX_MICROS)?)
 }
 
-/// The replication connection's settings from a `postgres://` URL.
+/// The replication connection's settings from a `postgres://` URL, and the TLS settings of a
+/// second try when `sslmode` asks for one (see [`tls_of`]).
 fn replication_config(
     url: &str,
     slot: &str,
     publication: &str,
-) -> Result<ReplicationConfig, CdcError> {
+) -> Result<(ReplicationConfig, Option<TlsConfig>), CdcError> {
     let parsed = url::Url::parse(url)
         .map_err(|e| CdcError::Config(format!("the database URL is not a URL: {e}")))?;
     if !matches!(parsed.scheme(), "postgres" | "postgresql") {
@@ -818,30 +823,57 @@ fn replication_config(
         d => decode(d)?,
     };
     let query: HashMap<String, String> = parsed.query_pairs().into_owned().collect();
-    let ca = query.get("sslrootcert").map(std::path::PathBuf::from);
-    let tls = match query.get("sslmode").map(String::as_str) {
-        None | Some("disable" | "allow" | "prefer") => TlsConfig::disabled(),
-        Some("require") => TlsConfig::require(),
-        Some("verify-ca") => TlsConfig::verify_ca(ca),
-        Some("verify-full") => TlsConfig::verify_full(ca),
-        Some(other) => {
-            return Err(CdcError::Config(format!(
-                "the database URL's sslmode `{other}` is not one of disable, prefer, require, \
-                 verify-ca, verify-full"
-            )));
-        }
-    };
-    let tls = match (query.get("sslcert"), query.get("sslkey")) {
-        (Some(cert), Some(key)) => tls.with_client_cert(cert, key),
-        _ => tls,
-    };
-    Ok(
+    let (tls, fallback) = tls_of(&query)?;
+    Ok((
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(parsed.port().unwrap_or(5432))
             .with_tls(tls)
             .with_binary(true)
             .with_application_name("outbox-cdc"),
-    )
+        fallback,
+    ))
+}
+
+/// The replication connection's TLS from the URL's `sslmode`, `sslrootcert`, `sslcert` and
+/// `sslkey`, as libpq (and the pool on the same URL) reads them, and the TLS of a second try:
+///
+/// * `prefer`, and no `sslmode` (libpq's default): TLS when the server offers it, without
+///   verifying its certificate; plain text when the server answers that it has no TLS, or, on a
+///   second try, when the TLS connection fails (a failed handshake, a `pg_hba.conf` that only
+///   lets this client in without TLS).
+/// * `allow`: plain text first; TLS (unverified) on a second try when that fails (a server that
+///   only lets this client in with TLS).
+/// * `disable`, `require`, `verify-ca`, `verify-full`: one try, as named; `require` and the
+///   verify modes never fall back to plain text.
+fn tls_of(query: &HashMap<String, String>) -> Result<(TlsConfig, Option<TlsConfig>), CdcError> {
+    let ca = query.get("sslrootcert").map(std::path::PathBuf::from);
+    let client_cert = |tls: TlsConfig| match (query.get("sslcert"), query.get("sslkey")) {
+        (Some(cert), Some(key)) => tls.with_client_cert(cert, key),
+        _ => tls,
+    };
+    let prefer = || {
+        client_cert(TlsConfig {
+            mode: SslMode::Prefer,
+            ..TlsConfig::default()
+        })
+    };
+    Ok(match query.get("sslmode").map(String::as_str) {
+        None | Some("prefer") => (prefer(), Some(TlsConfig::disabled())),
+        Some("allow") => (
+            TlsConfig::disabled(),
+            Some(client_cert(TlsConfig::require())),
+        ),
+        Some("disable") => (TlsConfig::disabled(), None),
+        Some("require") => (client_cert(TlsConfig::require()), None),
+        Some("verify-ca") => (client_cert(TlsConfig::verify_ca(ca)), None),
+        Some("verify-full") => (client_cert(TlsConfig::verify_full(ca)), None),
+        Some(other) => {
+            return Err(CdcError::Config(format!(
+                "the database URL's sslmode `{other}` is not one of disable, allow, prefer, \
+                 require, verify-ca, verify-full"
+            )));
+        }
+    })
 }
 
 /// The transaction [`CdcStream`] is receiving: its xid, commit time and the rows so far.
@@ -881,7 +913,8 @@ impl std::fmt::Debug for CdcStream {
 impl CdcStream {
     /// Starts streaming the slot of `schema` (see [`CdcConfig`]) from its confirmed position,
     /// over a replication connection to `url` (`sslmode`, `sslrootcert`, `sslcert` and `sslkey`
-    /// are honoured; a missing user or password falls back to `PGUSER` / `PGPASSWORD`).
+    /// are honoured as libpq honours them, `prefer` by default: TLS whenever the server offers
+    /// it; a missing user or password falls back to `PGUSER` / `PGPASSWORD`).
     ///
     /// # Errors
     /// [`CdcError::Config`] for a bad URL or slot name, [`CdcError::SlotMissing`],
@@ -891,15 +924,33 @@ impl CdcStream {
         let slot = config.slot_name(schema);
         check_slot_name(&slot)?;
         let publication = config.publication_name(schema);
-        let replication = replication_config(url, &slot, &publication)?
+        let (replication, fallback) = replication_config(url, &slot, &publication)?;
+        let replication = replication
             .with_start_lsn(Lsn::ZERO)
             .with_status_interval(config.status_interval)
             .with_buffer_size(config.buffer_events);
-        let classify = |e: pgwire_replication::PgWireError| classify(&slot, e);
-        let mut client = ReplicationClient::connect(replication)
-            .await
-            .map_err(classify)?;
-        client.wait_started().await.map_err(classify)?;
+        let connect = async |replication: ReplicationConfig| {
+            let mut client = ReplicationClient::connect(replication)
+                .await
+                .map_err(|e| classify(&slot, e))?;
+            client
+                .wait_started()
+                .await
+                .map_err(|e| classify(&slot, e))?;
+            Ok::<_, CdcError>(client)
+        };
+        let client = match connect(replication.clone()).await {
+            Ok(client) => client,
+            // A connection that failed (not the slot's state): the second try `sslmode`
+            // allows, as libpq makes it.
+            Err(CdcError::Stream(first)) if fallback.is_some() => {
+                let tls = fallback.unwrap_or_default();
+                tracing::info!(error = %first, tls = tls.mode.requires_tls(),
+                    "the replication connection failed; trying again as sslmode allows");
+                connect(replication.with_tls(tls)).await?
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Self {
             client,
             parser: LogicalReplicationParser::with_protocol_version(1),
@@ -1118,12 +1169,13 @@ mod tests {
 
     #[test]
     fn the_url_gives_the_replication_connection() {
-        let c = replication_config(
+        let (c, fallback) = replication_config(
             "postgres://relay:p%40ss@db.example:6543/shop?sslmode=verify-full&sslrootcert=/ca.pem",
             "outbox",
             "outbox",
         )
         .unwrap();
+        assert_eq!(fallback, None, "never plain text where TLS was required");
         assert_eq!(c.host, "db.example");
         assert_eq!(c.port, 6543);
         assert_eq!(c.user, "relay");
@@ -1140,6 +1192,36 @@ mod tests {
         assert!(e.to_string().contains("postgres://"), "{e}");
         let e = replication_config("postgres://x/y?sslmode=sometimes", "s", "p").unwrap_err();
         assert!(e.to_string().contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn sslmode_gives_the_tries_libpq_makes() {
+        let modes = |url: &str| {
+            let (c, fallback) = replication_config(url, "s", "p").unwrap();
+            (c.tls.mode, fallback.map(|t| t.mode))
+        };
+        for url in ["postgres://x/y", "postgres://x/y?sslmode=prefer"] {
+            assert_eq!(
+                modes(url),
+                (SslMode::Prefer, Some(SslMode::Disable)),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            modes("postgres://x/y?sslmode=allow"),
+            (SslMode::Disable, Some(SslMode::Require))
+        );
+        assert_eq!(
+            modes("postgres://x/y?sslmode=disable"),
+            (SslMode::Disable, None)
+        );
+        assert_eq!(
+            modes("postgres://x/y?sslmode=require"),
+            (SslMode::Require, None)
+        );
+        let (c, fallback) =
+            replication_config("postgres://x/y?sslcert=/c.pem&sslkey=/k.pem", "s", "p").unwrap();
+        assert!(c.tls.is_mtls() && fallback.is_some());
     }
 
     #[test]

@@ -467,6 +467,50 @@ async fn an_idle_outbox_on_a_busy_database_keeps_the_retained_wal_bounded() {
 // script failures (the CDC relay on the real brokers runs in the transports' suites); the
 // database, the slot and the log are real.
 
+/// The replication connection honours `sslmode` as libpq (and the pool on the same URL) does,
+/// as the server sees it: `prefer`, also when no `sslmode` is given, negotiates TLS with a
+/// server that offers it (the password never goes in clear there); `allow` stays plain with a
+/// server that lets it in so; `require` is TLS; `disable` is plain.
+#[tokio::test]
+async fn the_replication_connection_honours_sslmode_as_libpq_does() {
+    let (db, config, _cleanup) = setup().await;
+    let slot = config.slot_name(&db.schema);
+    for (params, tls) in [
+        ("", true),
+        ("sslmode=prefer", true),
+        ("sslmode=require", true),
+        ("sslmode=allow", false),
+        ("sslmode=disable", false),
+    ] {
+        let base = database_url();
+        let url = match (params, base.contains('?')) {
+            ("", _) => base,
+            (_, true) => format!("{base}&{params}"),
+            (_, false) => format!("{base}?{params}"),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let stream = loop {
+            // The previous try's WAL sender lets go of the slot a moment after it stopped.
+            match CdcStream::start(&url, &db.schema, &config).await {
+                Err(CdcError::SlotBusy { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other.unwrap_or_else(|e| panic!("{params}: {e}")),
+            }
+        };
+        let ssl: bool = sqlx::query_scalar(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_replication_slots r ON r.active_pid = s.pid \
+             WHERE r.slot_name = $1",
+        )
+        .bind(&slot)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(ssl, tls, "sslmode from `{params}`");
+        stream.stop().await.unwrap();
+    }
+}
+
 mod relay {
     use std::sync::Arc;
     use std::time::Duration;
