@@ -1195,6 +1195,29 @@ mod tests {
         }
     }
 
+    /// Enqueues `message` in a transaction left open (its row invisible to other sessions, as
+    /// in the moment between a commit reaching the log and becoming visible); returns it, the
+    /// row's id and the transaction's id.
+    async fn enqueue_open(
+        pool: &PgPool,
+        schema: &Schema,
+        message: &NewMessage,
+    ) -> (sqlx::Transaction<'static, sqlx::Postgres>, i64, i64) {
+        let mut tx = pool.begin().await.unwrap();
+        PgOutbox::new(schema.clone())
+            .enqueue(&mut *tx, message)
+            .await
+            .unwrap();
+        let (id, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, txid_current() FROM {}.events",
+            schema.quoted()
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        (tx, id, xid)
+    }
+
     /// A dead letter of a row whose transaction the statement does not see yet is not counted
     /// as recorded (it would stay pending unseen, its position confirmed): it is kept for a
     /// later try, which records it once the transaction is visible. An open transaction stands
@@ -1223,18 +1246,7 @@ mod tests {
             "T",
             Payload::bytes("application/json", b"{}".to_vec()),
         );
-        let mut tx = pool.begin().await.unwrap();
-        PgOutbox::new(schema.clone())
-            .enqueue(&mut *tx, &new)
-            .await
-            .unwrap();
-        let (id, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT id, txid_current() FROM {}.events",
-            schema.quoted()
-        )))
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+        let (tx, id, xid) = enqueue_open(&pool, &schema, &new).await;
         let message = OutboxMessage {
             id,
             event_id: new.event_id,
@@ -1327,18 +1339,7 @@ mod tests {
             .unwrap()
         };
 
-        let mut tx = pool.begin().await.unwrap();
-        PgOutbox::new(schema.clone())
-            .enqueue(&mut *tx, &message("a"))
-            .await
-            .unwrap();
-        let (id, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT id, txid_current() FROM {}.events",
-            schema.quoted()
-        )))
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+        let (tx, id, xid) = enqueue_open(&pool, &schema, &message("a")).await;
         let row = (id, (xid & 0xFFFF_FFFF) as u32);
         assert_eq!(
             feed.settle_rows(&[row]).await.unwrap(),
