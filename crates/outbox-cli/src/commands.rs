@@ -41,6 +41,31 @@ pub async fn migrate(
             report.version, report.applied
         );
     }
+    // Migration 12's rules hold for rows written from then on; pending rows written before
+    // that break one are said now (the relay dead-letters each when it reaches it).
+    let unpublishable = outbox_postgres::unpublishable_pending(pool, schema, 10)
+        .await
+        .context("cannot look for pending rows the relay cannot publish")?;
+    if unpublishable.count > 0 {
+        eprintln!(
+            "warning: {} pending row(s) of {schema}.events break the table's rules (written \
+             before it refused such rows); the relay dead-letters each with its reason. Correct \
+             them now (UPDATE ... WHERE event_id = ...) to have them published:",
+            unpublishable.count
+        );
+        for r in &unpublishable.rows {
+            eprintln!(
+                "  {} {}/{} v{}: {}",
+                r.event_id, r.aggregate_type, r.aggregate_id, r.aggregate_version, r.problem
+            );
+        }
+        if unpublishable.count > unpublishable.rows.len() as i64 {
+            eprintln!(
+                "  ... and {} more",
+                unpublishable.count - unpublishable.rows.len() as i64
+            );
+        }
+    }
     if let Some(cdc) = cdc {
         let name = cdc.publication_name(schema);
         let created = outbox_postgres::cdc::ensure_publication(pool, schema, &name)

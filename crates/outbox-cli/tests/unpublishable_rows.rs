@@ -210,6 +210,21 @@ async fn rows_no_binding_can_carry(mode: Mode) {
     let mut relay = match mode {
         Mode::Polling => {
             insert_all().await;
+            // `outbox migrate` says which pending rows break the rules, before any relay runs.
+            let migrate = cli(&db, &config, &["migrate"]).await;
+            assert!(migrate.status.success(), "{migrate:?}");
+            let refused = refused_rows().len();
+            assert!(
+                migrate.stderr.contains(&format!(
+                    "warning: {refused} pending row(s) of {}.events break the table's rules",
+                    db.name()
+                )) && migrate.stderr.contains("`traceparent` is null")
+                    && migrate
+                        .stderr
+                        .contains(&format!("and {} more", refused - 10)),
+                "{}",
+                migrate.stderr
+            );
             ChildGuard::spawn(relay_cmd(&db, &broker, &config, false), "relay")
         }
         Mode::Cdc => {

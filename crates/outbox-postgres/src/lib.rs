@@ -60,7 +60,8 @@ pub use effects::{
 pub use error::{EnqueueError, IdempotencyError, MigrateError};
 pub use inbox::{InboxConflict, InboxOutcome, OrderingGuard, PgInbox};
 pub use migrate::{
-    MigrateReport, check_schema, migrate, migrate_mark_mode, missing_mark_mode_indexes,
+    MigrateReport, UnpublishablePending, UnpublishableRowReport, check_schema, migrate,
+    migrate_mark_mode, missing_mark_mode_indexes, unpublishable_pending,
 };
 pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
 pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};

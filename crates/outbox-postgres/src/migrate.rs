@@ -198,6 +198,72 @@ async fn migrate_in_tx(pool: &PgPool, schema: &Schema) -> Result<MigrateReport, 
     Ok(report)
 }
 
+/// Pending rows that break the rules of the events table (migration 12), found by
+/// [`unpublishable_pending`]: written before the table refused them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnpublishablePending {
+    /// How many pending rows break a rule.
+    pub count: i64,
+    /// The first of them by id, at most the limit asked for.
+    pub rows: Vec<UnpublishableRowReport>,
+}
+
+/// One row of [`UnpublishablePending`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnpublishableRowReport {
+    /// Event id.
+    pub event_id: uuid::Uuid,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Version.
+    pub aggregate_version: i64,
+    /// The rule it breaks, as the relay's dead letter will say it.
+    pub problem: String,
+}
+
+const UNPUBLISHABLE_PENDING: &str = "SELECT count(*) OVER () AS n, event_id, aggregate_type, \
+    aggregate_id, aggregate_version, problem FROM (SELECT e.id, e.event_id, e.aggregate_type, \
+    e.aggregate_id, e.aggregate_version, {s}.event_row_problem(e.aggregate_type, \
+    e.aggregate_id, e.event_type, e.headers, e.content_type, e.destination, e.partition_key) \
+    AS problem FROM {s}.events e WHERE e.state = 'pending') r WHERE problem IS NOT NULL \
+    ORDER BY id LIMIT $1";
+
+/// The pending rows of `schema` that break the rules of the events table (migration 12 adds
+/// them without reading the table, so rows written before it are not checked), the first
+/// `limit` of them with the rule each breaks. The relay dead-letters each such row with the
+/// same reason when it reaches it; `outbox migrate` prints them so that they are known before.
+/// Reads every pending row once (one scan of the pending rows, no lock beyond a read's).
+///
+/// # Errors
+/// A database error; [`MigrateError::NotMigrated`] or [`MigrateError::NewerSchema`] when the
+/// schema is not at this release's version.
+pub async fn unpublishable_pending(
+    pool: &PgPool,
+    schema: &Schema,
+    limit: i64,
+) -> Result<UnpublishablePending, MigrateError> {
+    use sqlx::Row as _;
+    check_schema(pool, schema).await?;
+    let rows = sqlx::query(AssertSqlSafe(schema.render(UNPUBLISHABLE_PENDING)))
+        .bind(limit.max(1))
+        .fetch_all(pool)
+        .await?;
+    let mut report = UnpublishablePending::default();
+    for row in &rows {
+        report.count = row.try_get("n")?;
+        report.rows.push(UnpublishableRowReport {
+            event_id: row.try_get("event_id")?,
+            aggregate_type: row.try_get("aggregate_type")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            aggregate_version: row.try_get("aggregate_version")?,
+            problem: row.try_get("problem")?,
+        });
+    }
+    Ok(report)
+}
+
 /// Creates the indexes mark mode needs ([`crate::OnPublish::Mark`]: published rows stay in
 /// the table), those not there yet, and returns the names it created. `outbox migrate` calls
 /// it when `relay.on_publish = "mark"`.
