@@ -1,9 +1,10 @@
 //! The row decoder of the polling relay, against the real PostgreSQL:
 //!
-//! * the table's constraint (migration 12, `event_row_problem`) and the relay's own check
-//!   (`headers_from_json` + `OutboxMessage::check_publishable`) refuse exactly the same rows,
-//!   over generated headers, content types and destinations (a property: a row the table lets
-//!   in is one the relay publishes, and a row the relay would refuse never gets in);
+//! * the table's rule (migration 12, `event_row_problem`), its constraint (a fast test, then the
+//!   rule: an actual insert, rolled back) and the relay's own check (`headers_from_json` +
+//!   `OutboxMessage::check_publishable`) refuse exactly the same rows, over generated key
+//!   fields, headers, content types and destinations (a property: a row the table lets in is
+//!   one the relay publishes, and a row the relay would refuse never gets in);
 //! * a claim over rows written before the constraint decodes them one at a time: each row that
 //!   cannot be published comes back as an `UndecodableRow` with its key and reason, the others
 //!   as messages, and nothing fails the claim.
@@ -185,6 +186,12 @@ async fn the_table_and_the_relay_refuse_the_same_rows() {
         "SELECT \"{}\".event_row_problem($1, $2, $3, $4::jsonb, $5, $6, $7)",
         db.schema
     );
+    let insert_sql = format!(
+        "INSERT INTO \"{}\".events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, payload, headers, content_type, destination, partition_key) VALUES ($1, \
+         $2, $3, 1, $4, '\\x7b7d', $5::jsonb, $6, $7, $8)",
+        db.schema
+    );
     // Generated up front (the runner is synchronous), checked against the server one by one.
     let mut runner = fuzz::runner();
     let strategy = case();
@@ -210,6 +217,36 @@ async fn the_table_and_the_relay_refuse_the_same_rows() {
             table.is_some(),
             "the relay says {relay:?}, the table says {table:?}, for {c:?}"
         );
+        // And the constraint itself (its fast test, then the rule): an insert of the row, rolled
+        // back, succeeds exactly when the rule finds nothing, and fails with the rule's reason.
+        let mut tx = db.pool.begin().await.unwrap();
+        let inserted = sqlx::query(AssertSqlSafe(insert_sql.clone()))
+            .bind(uuid::Uuid::now_v7())
+            .bind(&c.aggregate_type)
+            .bind(&c.aggregate_id)
+            .bind(&c.event_type)
+            .bind(&c.headers)
+            .bind(&c.content_type)
+            .bind(c.destination.as_deref())
+            .bind(c.partition_key.as_deref())
+            .execute(&mut *tx)
+            .await;
+        drop(tx);
+        match (&table, inserted) {
+            (None, Ok(_)) => {}
+            (Some(problem), Err(e)) => assert!(
+                e.to_string().contains(problem.as_str()),
+                "refused with {e}, the rule says {problem}, for {c:?}"
+            ),
+            (table, inserted) => panic!(
+                "the constraint {} what the rule says {table:?} of, for {c:?}",
+                if inserted.is_ok() {
+                    "accepted"
+                } else {
+                    "refused"
+                }
+            ),
+        }
         if relay.is_some() {
             refused += 1;
         } else {
