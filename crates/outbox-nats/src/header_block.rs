@@ -276,7 +276,10 @@ mod tests {
                 prop_assert_eq!(read.problem, None);
                 let mut expected = headers.clone();
                 if utf8 {
-                    expected.insert(binary_name.to_owned(), String::from_utf8(binary.clone()).unwrap());
+                    // Bytes that happen to be UTF-8 (`\u{85}`, NEL, is `C2 85`) are text, trimmed
+                    // as the client trims a value of a block it parses itself.
+                    let text = String::from_utf8(binary.clone()).unwrap();
+                    expected.insert(binary_name.to_owned(), text.trim().to_owned());
                 } else {
                     prop_assert_eq!(read.binary.get(binary_name).map(|b| b.to_vec()), Some(binary));
                 }
