@@ -1045,6 +1045,15 @@ async fn start_system(env: &Env, spec: SystemSpec<'_>) -> Result<Processes> {
             // armed relay is the one that streams.
             p.wait_for_log("streaming the replication slot", Duration::from_secs(20))
                 .await?;
+        } else if env.cdc && p.role == Role::Relay && relays > 1 {
+            // And the standby waits on the slot before the producer writes: started after the
+            // producer, a slow standby could find the slot already free (the armed relay
+            // crashed on the first batch) and stream it without any takeover.
+            p.wait_for_log(
+                "waiting as a standby until the slot is free",
+                Duration::from_secs(20),
+            )
+            .await?;
         }
     }
     Ok(Processes {
