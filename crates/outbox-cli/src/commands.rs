@@ -239,7 +239,7 @@ impl CdcRelay<'_> {
         use outbox_postgres::cdc;
         let pool = self.store.pool().clone();
         let schema = self.store.schema().clone();
-        let config = self.file.relay.cdc_config();
+        let config = self.file.relay.cdc_config()?;
         let slot = config.slot_name(&schema);
         let publication = config.publication_name(&schema);
         let heartbeat_every = self.file.relay.cdc_heartbeat()?;

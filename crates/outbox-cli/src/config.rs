@@ -125,6 +125,9 @@ pub struct RelayFile {
     /// (dead letters and the events behind them) back into it, which needs `INSERT` on the
     /// outbox table for its role. Default false.
     pub cdc_producers_delete_rows: bool,
+    /// CDC: the most streamed events the relay holds in memory; a larger transaction is
+    /// streamed in parts of a quarter of it (`CdcConfig::max_rows_in_memory`). Default 10,000.
+    pub cdc_max_rows_in_memory: usize,
 }
 
 /// `relay.mode`.
@@ -163,6 +166,7 @@ impl Default for RelayFile {
             cdc_publication: None,
             cdc_heartbeat_secs: 10.0,
             cdc_producers_delete_rows: false,
+            cdc_max_rows_in_memory: outbox_postgres::cdc::CdcConfig::default().max_rows_in_memory,
         }
     }
 }
@@ -178,13 +182,23 @@ fn secs(key: &'static str, v: f64) -> Result<Duration> {
 
 impl RelayFile {
     /// The CDC stream's settings.
-    pub fn cdc_config(&self) -> outbox_postgres::cdc::CdcConfig {
-        outbox_postgres::cdc::CdcConfig {
+    ///
+    /// # Errors
+    /// `relay.cdc_max_rows_in_memory` below 4 (a part of a transaction is a quarter of it).
+    pub fn cdc_config(&self) -> Result<outbox_postgres::cdc::CdcConfig> {
+        if self.cdc_max_rows_in_memory < 4 {
+            bail!(
+                "invalid configuration `relay.cdc_max_rows_in_memory`: must be at least 4, got {}",
+                self.cdc_max_rows_in_memory
+            );
+        }
+        Ok(outbox_postgres::cdc::CdcConfig {
             slot: self.cdc_slot.clone(),
             publication: self.cdc_publication.clone(),
             producers_delete_rows: self.cdc_producers_delete_rows,
+            max_rows_in_memory: self.cdc_max_rows_in_memory,
             ..outbox_postgres::cdc::CdcConfig::default()
-        }
+        })
     }
 
     /// The heartbeat interval, `None` when off.
@@ -389,6 +403,12 @@ mod tests {
         let f = parse("[relay]\nbatch_size = 0\n").unwrap();
         let e = f.relay.to_relay_config().unwrap_err();
         assert!(e.to_string().contains("relay.batch_size"), "{e}");
+        let f = parse("[relay]\ncdc_max_rows_in_memory = 3\n").unwrap();
+        let e = f.relay.cdc_config().unwrap_err();
+        assert!(
+            e.to_string().contains("relay.cdc_max_rows_in_memory"),
+            "{e}"
+        );
         let f = parse("[relay]\nlease_secs = 1\n").unwrap();
         let e = f.relay.to_relay_config().unwrap_err();
         assert!(e.to_string().contains("relay.lease"), "{e}");

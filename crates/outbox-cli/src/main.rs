@@ -431,7 +431,10 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
     let schema = &resolved.schema;
     match cli.command {
         Command::Migrate => {
-            let cdc = (file.relay.mode == config::RelayMode::Cdc).then(|| file.relay.cdc_config());
+            let cdc = match file.relay.mode {
+                config::RelayMode::Cdc => Some(file.relay.cdc_config()?),
+                config::RelayMode::Polling => None,
+            };
             commands::migrate(&pool, schema, cdc.as_ref(), file.relay.on_publish).await
         }
         Command::Relay {

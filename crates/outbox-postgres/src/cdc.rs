@@ -31,6 +31,9 @@
 //! # What the stream guarantees
 //!
 //! * Only committed transactions, whole, in commit order; a rolled-back insert never appears.
+//!   A transaction larger than a part ([`CdcConfig::max_rows_in_memory`]) comes in parts, one
+//!   after the other, its commit position with the last: the server sends a transaction only
+//!   once it committed, so every part is committed already.
 //! * After a restart, streaming resumes at the slot's confirmed position: every transaction that
 //!   ends after it is delivered again, with the same rows (same event ids).
 //! * A dropped or invalidated slot is an error ([`CdcError::SlotMissing`],
@@ -70,6 +73,15 @@ pub struct CdcConfig {
     pub status_interval: Duration,
     /// Decoded changes buffered between the connection and the relay. Default 8,192.
     pub buffer_events: usize,
+    /// The most streamed events the relay holds in memory before handing them out (and
+    /// the size of the parts a large transaction is handed over in: a quarter of it). Reading
+    /// the stream pauses at this count until events are settled; the server then waits, and
+    /// the slot retains the WAL meanwhile. With it the relay's memory is bounded whatever a
+    /// transaction's size: a transaction of a million rows is streamed part by part, each
+    /// part published before the next is read, and its commit confirmed once its last part
+    /// is settled (a crash in between hands the whole transaction out again: the parts
+    /// already published go out again, same event ids). Default 10,000; at least 4.
+    pub max_rows_in_memory: usize,
     /// The producers delete their rows in their own transactions
     /// (`PgOutbox::delete_in_transaction`): the feed then writes every event it leaves to the
     /// table (a dead letter, the events of an aggregate parked behind one) back into it before
@@ -88,6 +100,7 @@ impl Default for CdcConfig {
             publication: None,
             status_interval: Duration::from_secs(1),
             buffer_events: 8192,
+            max_rows_in_memory: 10_000,
             producers_delete_rows: false,
         }
     }
@@ -432,14 +445,22 @@ pub async fn slot_state(pool: &PgPool, slot: &str) -> Result<Option<SlotState>, 
     }))
 }
 
-/// One committed transaction's inserts into the outbox table, in the order they were made.
+/// One committed transaction's inserts into the outbox table, in the order they were made; or
+/// a part of them, for a transaction with more inserts than a part holds
+/// ([`CdcConfig::max_rows_in_memory`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CdcTransaction {
     /// The transaction id.
     pub xid: u32,
     /// The position just past the commit: confirming it ([`CdcStream::confirm`]) means this
-    /// transaction and everything before it in the log are done.
+    /// transaction and everything before it in the log are done. 0 in a part that is not the
+    /// last (`complete` is false): nothing may be confirmed for the transaction before its
+    /// last part is done.
     pub end_lsn: u64,
+    /// This is the transaction's last part (its commit): true for every transaction that fits
+    /// in one part. The parts of one transaction come one after the other, with its `xid`,
+    /// nothing between them; the last may hold no rows.
+    pub complete: bool,
     /// The inserted rows, decoded. `attempts` is always 0.
     pub messages: Vec<OutboxMessage>,
     /// The inserted rows that cannot be published as stored, each with its reason; they are
@@ -877,12 +898,35 @@ fn tls_of(query: &HashMap<String, String>) -> Result<(TlsConfig, Option<TlsConfi
 }
 
 /// The transaction [`CdcStream`] is receiving: its xid, commit time and the rows so far.
-type OpenTransaction = (
-    u32,
-    DateTime<Utc>,
-    Vec<OutboxMessage>,
-    Vec<CdcUnpublishable>,
-);
+/// The transaction being received.
+#[derive(Debug)]
+struct OpenTransaction {
+    xid: u32,
+    committed_at: DateTime<Utc>,
+    messages: Vec<OutboxMessage>,
+    unpublishable: Vec<CdcUnpublishable>,
+    /// Parts handed over already.
+    parts: u64,
+}
+
+impl OpenTransaction {
+    fn rows(&self) -> usize {
+        self.messages.len() + self.unpublishable.len()
+    }
+
+    /// The rows received since the last part, as a part (or the whole transaction).
+    fn part(&mut self, end_lsn: u64, complete: bool) -> CdcTransaction {
+        self.parts += 1;
+        CdcTransaction {
+            xid: self.xid,
+            end_lsn,
+            complete,
+            messages: std::mem::take(&mut self.messages),
+            unpublishable: std::mem::take(&mut self.unpublishable),
+            committed_at: self.committed_at,
+        }
+    }
+}
 
 /// The outbox table's inserts streamed from a replication slot. See the module's docs.
 pub struct CdcStream {
@@ -896,6 +940,8 @@ pub struct CdcStream {
     others: HashMap<u32, String>,
     /// The transaction being received.
     open: Option<OpenTransaction>,
+    /// The rows of a part ([`CdcConfig::max_rows_in_memory`]).
+    part_rows: usize,
     /// The highest position passed to [`CdcStream::confirm`].
     confirmed: std::sync::atomic::AtomicU64,
     status_interval: Duration,
@@ -959,6 +1005,7 @@ impl CdcStream {
             tables: HashMap::new(),
             others: HashMap::new(),
             open: None,
+            part_rows: (config.max_rows_in_memory / 4).max(1),
             confirmed: std::sync::atomic::AtomicU64::new(0),
             status_interval: config.status_interval,
         })
@@ -969,8 +1016,9 @@ impl CdcStream {
         &self.slot
     }
 
-    /// The next committed transaction with outbox inserts, or the position an idle log
-    /// reached. `None` when the stream ended ([`CdcStream::stop`]).
+    /// The next committed transaction with outbox inserts (or the next part of one, see
+    /// [`CdcTransaction::complete`]), or the position an idle log reached. `None` when the
+    /// stream ended ([`CdcStream::stop`]).
     ///
     /// # Errors
     /// [`CdcError::Decode`] when a change of the outbox table cannot be told apart (its id or
@@ -994,25 +1042,35 @@ impl CdcStream {
                     commit_time_micros,
                     ..
                 } => {
-                    self.open = Some((xid, pg_time(commit_time_micros), Vec::new(), Vec::new()));
+                    self.open = Some(OpenTransaction {
+                        xid,
+                        committed_at: pg_time(commit_time_micros),
+                        messages: Vec::new(),
+                        unpublishable: Vec::new(),
+                        parts: 0,
+                    });
                 }
-                ReplicationEvent::XLogData { data, .. } => self.change(&data)?,
+                ReplicationEvent::XLogData { data, .. } => {
+                    self.change(&data)?;
+                    // A large transaction goes out part by part: the relay's memory holds a
+                    // part, not the transaction.
+                    if let Some(open) = self.open.as_mut()
+                        && open.rows() >= self.part_rows
+                    {
+                        return Ok(Some(CdcEvent::Transaction(open.part(0, false))));
+                    }
+                }
                 ReplicationEvent::Commit { end_lsn, .. } => {
-                    let (xid, committed_at, messages, unpublishable) = self
+                    let mut open = self
                         .open
                         .take()
                         .ok_or_else(|| CdcError::Stream("a commit without its begin".to_owned()))?;
                     let end_lsn = end_lsn.as_u64();
-                    return Ok(Some(if messages.is_empty() && unpublishable.is_empty() {
+                    return Ok(Some(if open.rows() == 0 && open.parts == 0 {
                         CdcEvent::Idle { lsn: end_lsn }
                     } else {
-                        CdcEvent::Transaction(CdcTransaction {
-                            xid,
-                            end_lsn,
-                            messages,
-                            unpublishable,
-                            committed_at,
-                        })
+                        // After parts, the last one even if empty: it carries the commit.
+                        CdcEvent::Transaction(open.part(end_lsn, true))
                     }));
                 }
                 ReplicationEvent::KeepAlive { wal_end, .. } if self.open.is_none() => {
@@ -1071,12 +1129,12 @@ impl CdcStream {
                     )));
                 };
                 let row = decode_row(columns, &tuple.columns)?;
-                let (_, _, rows, unpublishable) = self.open.as_mut().ok_or_else(|| {
+                let open = self.open.as_mut().ok_or_else(|| {
                     CdcError::Stream("an insert outside a transaction".to_owned())
                 })?;
                 match row {
-                    Ok(message) => rows.push(message),
-                    Err(bad) => unpublishable.push(bad),
+                    Ok(message) => open.messages.push(message),
+                    Err(bad) => open.unpublishable.push(bad),
                 }
             }
             // Types, origins, truncates, deletes and updates (the publication publishes

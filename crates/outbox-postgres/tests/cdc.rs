@@ -244,28 +244,64 @@ fn lsn(text: &str) -> u64 {
     (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
 }
 
+/// A transaction larger than a part (a quarter of `max_rows_in_memory`) arrives in parts, one
+/// after the other, in insert order; only the last carries the commit's position, and it may
+/// hold no rows (10,000 is five parts of 2,000 exactly). A smaller transaction after it comes
+/// whole.
 #[tokio::test]
-async fn a_transaction_of_ten_thousand_events_arrives_whole_and_in_insert_order() {
+async fn a_transaction_of_ten_thousand_events_arrives_in_parts_in_insert_order() {
     let (db, config, _cleanup) = setup().await;
+    let config = CdcConfig {
+        max_rows_in_memory: 8_000,
+        ..config
+    };
     let messages: Vec<NewMessage> = (1..=10_000).map(|v| msg("hot", v)).collect();
     let mut tx = db.pool.begin().await.unwrap();
     for chunk in messages.chunks(1000) {
         db.outbox.enqueue_batch(&mut *tx, chunk).await.unwrap();
     }
     tx.commit().await.unwrap();
+    let small: Vec<NewMessage> = (1..=3).map(|v| msg("after", v)).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue_batch(&mut *tx, &small).await.unwrap();
+    tx.commit().await.unwrap();
 
     let mut stream = CdcStream::start(&database_url(), &db.schema, &config)
         .await
         .expect("stream");
-    let big = next_tx(&mut stream).await;
-    assert_eq!(big.messages.len(), 10_000);
+    let mut parts = Vec::new();
+    loop {
+        let part = next_tx(&mut stream).await;
+        let complete = part.complete;
+        parts.push(part);
+        if complete {
+            break;
+        }
+    }
+    let sizes: Vec<usize> = parts.iter().map(|p| p.messages.len()).collect();
+    assert_eq!(sizes, [2_000, 2_000, 2_000, 2_000, 2_000, 0]);
     assert!(
-        big.messages
+        parts.iter().all(|p| p.xid == parts[0].xid),
+        "one transaction"
+    );
+    assert!(
+        parts[..5].iter().all(|p| p.end_lsn == 0),
+        "no position before the last part"
+    );
+    assert!(parts[5].end_lsn > 0);
+    let received: Vec<&outbox_core::OutboxMessage> =
+        parts.iter().flat_map(|p| &p.messages).collect();
+    assert!(
+        received
             .iter()
             .zip(&messages)
             .all(|(m, n)| m.event_id == n.event_id && m.aggregate_version == n.aggregate_version),
         "every event, in the order inserted"
     );
+    let after = next_tx(&mut stream).await;
+    assert!(after.complete);
+    assert_eq!(after.messages.len(), 3);
+    assert!(after.end_lsn > parts[5].end_lsn);
     stream.stop().await.expect("stop");
 }
 
@@ -539,13 +575,15 @@ mod relay {
         }
     }
 
-    /// Runs a CDC relay until `done` holds (at most 30 s), then stops it.
+    /// Runs a CDC relay until `done` holds (at most 30 s), then stops it; returns the most
+    /// streamed events its feed held at once ([`CdcFeed::peak_rows_in_memory`]). The feed is
+    /// gone on return (its stream with it: the slot is free).
     async fn run_until(
         db: &TestDb,
         config: &outbox_postgres::cdc::CdcConfig,
         transport: &Arc<FakeTransport>,
         done: impl Fn(&FakeTransport) -> bool,
-    ) {
+    ) -> usize {
         let feed = Arc::new(CdcFeed::new(
             &database_url(),
             db.pool.clone(),
@@ -554,7 +592,12 @@ mod relay {
             OnPublish::Delete,
         ));
         let relay = Arc::new(
-            Relay::with_feed(feed, Arc::clone(transport), super::relay::config()).unwrap(),
+            Relay::with_feed(
+                Arc::clone(&feed),
+                Arc::clone(transport),
+                super::relay::config(),
+            )
+            .unwrap(),
         );
         let stop = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
@@ -575,6 +618,7 @@ mod relay {
         tokio::time::sleep(config.status_interval * 2).await;
         stop.cancel();
         task.await.unwrap();
+        feed.peak_rows_in_memory()
     }
 
     /// No transaction left after the confirmed position: a new stream sees only idle positions.
@@ -694,6 +738,45 @@ mod relay {
         run_polling_until(&store, &transport, |t| t.acked_for("b").len() >= 5).await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4, 5]);
         assert_eq!(db.count("true").await, 0);
+    }
+
+    /// Memory bounded whatever a transaction's size: with room for 40 events, a transaction of
+    /// 3,000 (30 aggregates x 100 versions) and one after it are published in full, each
+    /// aggregate in order, while the feed never holds more than the bound plus one part; its
+    /// rows are deleted and everything is confirmed.
+    #[tokio::test]
+    async fn a_transaction_larger_than_memory_is_published_part_by_part_in_order() {
+        let (db, config, _cleanup) = setup().await;
+        let config = outbox_postgres::cdc::CdcConfig {
+            max_rows_in_memory: 40,
+            ..config
+        };
+        let big: Vec<_> = (1..=100)
+            .flat_map(|v| (0..30).map(move |a| msg(&format!("big-{a}"), v)))
+            .collect();
+        let mut tx = db.pool.begin().await.unwrap();
+        for chunk in big.chunks(500) {
+            db.outbox.enqueue_batch(&mut *tx, chunk).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        enqueue_each(&db, &[msg("after", 1), msg("after", 2)]).await;
+
+        let transport = Arc::new(FakeTransport::new());
+        let peak = run_until(&db, &config, &transport, |t| t.acked().len() >= 3_002).await;
+        for a in 0..30 {
+            assert_eq!(
+                transport.acked_for(&format!("big-{a}")),
+                (1..=100).collect::<Vec<i64>>(),
+                "big-{a}"
+            );
+        }
+        assert_eq!(transport.acked_for("after"), vec![1, 2]);
+        assert!(
+            (1..=40 + 10).contains(&peak),
+            "held at most the bound plus one part of 10: {peak}"
+        );
+        assert_eq!(db.count("true").await, 0, "published rows are deleted");
+        nothing_unconfirmed(&db, &config).await;
     }
 
     #[tokio::test]

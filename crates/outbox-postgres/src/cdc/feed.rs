@@ -1,7 +1,7 @@
 //! [`CdcFeed`]: the relay's [`Feed`] over a [`CdcStream`] (described on the type).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_core::relay::{Feed, FeedBatch, SettleReport, Settlement};
@@ -115,6 +115,10 @@ pub struct CdcTicket {
 #[derive(Debug)]
 struct Open {
     seq: u64,
+    xid: u32,
+    /// Its last part arrived ([`super::CdcTransaction::complete`]): `end_lsn` is known, and
+    /// no more events of it come.
+    complete: bool,
     end_lsn: u64,
     committed_at: chrono::DateTime<chrono::Utc>,
     /// Its events not settled yet.
@@ -198,6 +202,13 @@ impl State {
         self.waiting.values().map(VecDeque::len).sum()
     }
 
+    /// Streamed events held in memory and not handed out: waiting, left to the table, or
+    /// published and waiting for their transaction to become visible. Reading the stream
+    /// pauses while it is at [`CdcConfig::max_rows_in_memory`].
+    fn held(&self) -> usize {
+        self.waiting_count() + self.restore.len() + self.late.len()
+    }
+
     /// Marks `n` events of transaction `seq` settled.
     fn settled(&mut self, seq: u64, n: usize) {
         if let Some(t) = self.open.iter_mut().find(|t| t.seq == seq) {
@@ -209,7 +220,7 @@ impl State {
     /// the first open one, or the idle position when nothing is open.
     fn confirmable(&mut self) -> Option<u64> {
         let mut lsn = None;
-        while self.open.front().is_some_and(|t| t.left == 0) {
+        while self.open.front().is_some_and(|t| t.left == 0 && t.complete) {
             lsn = self.open.pop_front().map(|t| t.end_lsn);
         }
         if self.open.is_empty()
@@ -227,8 +238,16 @@ impl State {
                 self.idle_lsn = Some(self.idle_lsn.map_or(lsn, |l| l.max(lsn)));
             }
             CdcEvent::Transaction(tx) => {
-                let seq = self.next_seq;
-                self.next_seq += 1;
+                // The next part of the transaction received last, or a new transaction.
+                let continued = self
+                    .open
+                    .back()
+                    .filter(|t| !t.complete && t.xid == tx.xid)
+                    .map(|t| t.seq);
+                let seq = continued.unwrap_or_else(|| {
+                    self.next_seq += 1;
+                    self.next_seq - 1
+                });
                 let mut rows: Vec<Row> = tx.messages.into_iter().map(Row::Message).collect();
                 if !tx.unpublishable.is_empty() {
                     rows.extend(
@@ -263,12 +282,21 @@ impl State {
                     }
                     queue.push_back(event);
                 }
-                self.open.push_back(Open {
-                    seq,
-                    end_lsn: tx.end_lsn,
-                    committed_at: tx.committed_at,
-                    left,
-                });
+                match self.open.back_mut().filter(|_| continued.is_some()) {
+                    Some(open) => {
+                        open.left += left;
+                        open.complete = tx.complete;
+                        open.end_lsn = tx.end_lsn;
+                    }
+                    None => self.open.push_back(Open {
+                        seq,
+                        xid: tx.xid,
+                        complete: tx.complete,
+                        end_lsn: tx.end_lsn,
+                        committed_at: tx.committed_at,
+                        left,
+                    }),
+                }
             }
         }
     }
@@ -402,6 +430,8 @@ pub struct CdcFeed {
     oldest_open_micros: AtomicI64,
     /// A row found gone from the table was written back and said so (once).
     told_rows_gone: AtomicBool,
+    /// The most events held at once ([`CdcFeed::peak_rows_in_memory`]).
+    peak_held: AtomicUsize,
 }
 
 impl CdcFeed {
@@ -432,6 +462,7 @@ impl CdcFeed {
             state: Mutex::new(State::default()),
             oldest_open_micros: AtomicI64::new(0),
             told_rows_gone: AtomicBool::new(false),
+            peak_held: AtomicUsize::new(0),
         }
     }
 
@@ -808,7 +839,8 @@ impl CdcFeed {
     }
 
     /// Reads what the stream has: waits up to `wait` for the first event, then takes what
-    /// follows at once, until `max_rows` events wait.
+    /// follows at once, until `max_rows` events wait; never past
+    /// [`CdcConfig::max_rows_in_memory`] held events.
     async fn pull(
         &self,
         state: &mut State,
@@ -817,6 +849,9 @@ impl CdcFeed {
     ) -> Result<(), StoreError> {
         let mut wait = wait;
         loop {
+            if self.memory_full(state) {
+                return Ok(());
+            }
             let Some(stream) = state.stream.as_mut() else {
                 return Ok(());
             };
@@ -843,6 +878,23 @@ impl CdcFeed {
             // would add that wait to every event of a steady trickle.
             wait = Duration::ZERO;
         }
+    }
+
+    /// The events held reached [`CdcConfig::max_rows_in_memory`]: the stream is not read
+    /// until some are settled. The highest count seen is kept
+    /// ([`CdcFeed::peak_rows_in_memory`]).
+    fn memory_full(&self, state: &State) -> bool {
+        let held = state.held();
+        self.peak_held.fetch_max(held, Ordering::Relaxed);
+        held >= self.config.max_rows_in_memory.max(1)
+    }
+
+    /// The most streamed events this feed has held in memory at once, not counting the
+    /// batches handed out (at most the relay's batch size per worker): at most
+    /// [`CdcConfig::max_rows_in_memory`] plus one part of a transaction (a quarter of it).
+    /// The bound of the relay's memory, whatever the size of the transactions.
+    pub fn peak_rows_in_memory(&self) -> usize {
+        self.peak_held.load(Ordering::Relaxed)
     }
 
     fn confirm(&self, state: &mut State) {
@@ -1113,7 +1165,7 @@ impl Feed for CdcFeed {
             // Another worker's batch is out and its settle needs the state: read the stream
             // for at most a millisecond (an event for another aggregate can go out at once),
             // then let go of the lock.
-            if state.stream.is_some() {
+            if state.stream.is_some() && !self.memory_full(&state) {
                 let more = state.waiting_count() + 1;
                 let _ = self
                     .pull(&mut state, timeout.min(Duration::from_millis(1)), more)
@@ -1138,6 +1190,12 @@ impl Feed for CdcFeed {
             return;
         }
         if wait.is_zero() {
+            return;
+        }
+        if self.memory_full(&state) {
+            // Nothing is read before events are settled (or the waiting ones fall due).
+            drop(state);
+            tokio::time::sleep(wait.min(Duration::from_millis(2))).await;
             return;
         }
         // Errors end the wait; the next batch starts the stream again and reports them.
