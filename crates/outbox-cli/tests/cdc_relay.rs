@@ -567,3 +567,166 @@ async fn the_binarys_heartbeats_keep_an_idle_slot_bounded_while_other_tables_are
     broker_on.cleanup().await;
     broker_off.cleanup().await;
 }
+
+/// Kills `relay` with SIGKILL and starts it again (no `--create-slot`), every 2 s, `times`
+/// times; returns the last one, running.
+async fn kill_every_two_seconds(
+    mut relay: ChildGuard,
+    times: usize,
+    start: impl Fn(usize) -> ChildGuard,
+) -> ChildGuard {
+    for i in 0..times {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &relay.id().to_string()])
+            .status();
+        relay.wait_exit(Duration::from_secs(10)).await;
+        relay = start(i);
+    }
+    relay
+}
+
+/// "Nothing stranded", acceptance 3, through the binary with no polling relay at any time:
+/// the CDC relay started with `--create-slot` while producers write (rows committed before the
+/// slot existed among them), a backlog of 100,000 rows committed while no relay ran, and a
+/// dead letter requeued while the relay runs; the relay SIGKILLed every 2 s during the first
+/// two. Every committed event is published, first deliveries in per-aggregate order, and every
+/// row is gone from the table.
+#[tokio::test]
+async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
+    let db = TestDb::new().await;
+    let broker = BrokerEnv::new(Kind::Nats).await;
+    let sub = broker.subscriber().await;
+    let _cleanup = SlotCleanup(db.name().to_owned());
+    // The test's relays lease for 2 s (`config_file`): the catch-up of a restarted relay
+    // waits for the leases of its killed predecessor's batches.
+    let config = config_file("mode = \"cdc\"", &broker.toml(""));
+    let migrated = cli(&db, &config, &["migrate"]).await;
+    assert!(migrated.status.success(), "{migrated:?}");
+    let relay = |create_slot: bool, name: String| {
+        ChildGuard::spawn(relay_cmd(&db, &broker, &config, create_slot), &name)
+    };
+
+    // 1. Producers write before, while and after the slot is created.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let (pool, outbox, stop) = (db.pool.clone(), db.outbox.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let mut v = 0;
+            while !stop.is_cancelled() {
+                v += 1;
+                let batch: Vec<_> = (0..10).map(|a| event(&format!("live-{a}"), v)).collect();
+                let mut tx = pool.begin().await.unwrap();
+                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
+                tx.commit().await.unwrap();
+                ids.extend(batch.iter().map(|m| m.event_id));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            ids
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = std::time::Instant::now();
+    let first = relay(true, "cdc-create".into());
+    let last = kill_every_two_seconds(first, 4, |i| relay(false, format!("cdc-live-{i}"))).await;
+    stop.cancel();
+    let mut expected = producer.await.unwrap();
+    sub.wait_ids(&expected, Duration::from_secs(90)).await;
+    eprintln!(
+        "{:?}: live phase done, {} events",
+        t0.elapsed(),
+        expected.len()
+    );
+
+    // 2. A backlog of 100,000 rows committed while no relay runs (plain SQL), drained by a
+    // relay killed every 2 s.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &last.id().to_string()])
+        .status();
+    let mut last = last;
+    last.wait_exit(Duration::from_secs(10)).await;
+    let s = db.name().to_owned();
+    db.exec(&format!(
+        "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, payload) SELECT gen_random_uuid(), 'payment', 'backlog-' || (g % 1000), \
+         g / 1000 + 1, 'PaymentUpdated', '\\x7b7d'::bytea FROM generate_series(0, 99999) g"
+    ))
+    .await;
+    let backlog: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT event_id FROM \"{s}\".events WHERE aggregate_id LIKE 'backlog-%'"
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(backlog.len(), 100_000);
+    eprintln!("{:?}: backlog written", t0.elapsed());
+    let started = relay(false, "cdc-backlog".into());
+    let mut last =
+        kill_every_two_seconds(started, 3, |i| relay(false, format!("cdc-backlog-{i}"))).await;
+    sub.wait_ids(&backlog, Duration::from_secs(240)).await;
+    eprintln!("{:?}: backlog published", t0.elapsed());
+    expected.extend(backlog);
+
+    // 3. A row no binding can carry (a plain-SQL producer on a table without migration 12's
+    // check) is dead-lettered and its aggregate waits; corrected and requeued while the relay
+    // runs, it and the rows behind it are delivered by the same relay.
+    db.exec(&format!(
+        "ALTER TABLE \"{s}\".events DROP CONSTRAINT events_publishable"
+    ))
+    .await;
+    for (v, headers) in [(1, "{}"), (2, r#"{"traceparent": null}"#), (3, "{}")] {
+        db.exec(&format!(
+            "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
+             aggregate_version, event_type, payload, headers) VALUES (gen_random_uuid(), \
+             'payment', 'requeued', {v}, 'PaymentUpdated', '\\x7b7d'::bytea, '{headers}')"
+        ))
+        .await;
+    }
+    let requeued: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT event_id FROM \"{s}\".events WHERE aggregate_id = 'requeued'"
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the null header dead-lettered",
+        || {
+            let db = &db;
+            async move {
+                db.count("aggregate_id = 'requeued' AND state = 'dead'")
+                    .await
+                    == 1
+            }
+        },
+    )
+    .await;
+    db.exec(&format!(
+        "UPDATE \"{s}\".events SET headers = '{{}}' WHERE aggregate_id = 'requeued' \
+         AND aggregate_version = 2"
+    ))
+    .await;
+    let requeue = cli(&db, &config, &["dead-letters", "requeue", "--all"]).await;
+    assert!(requeue.status.success(), "{requeue:?}");
+    let seen = sub.wait_ids(&requeued, Duration::from_secs(30)).await;
+    expected.extend(requeued);
+    let ids = assert_first_appearances_in_order(seen);
+    assert!(
+        expected.iter().all(|id| ids.contains(id)),
+        "every committed event"
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "every row gone from the table",
+        || {
+            let db = &db;
+            async move { db.count("true").await == 0 }
+        },
+    )
+    .await;
+    last.assert_running();
+    drop(last);
+    db.cleanup().await;
+    broker.cleanup().await;
+}

@@ -393,7 +393,7 @@ pub async fn heartbeat(pool: &PgPool) -> Result<u64, CdcError> {
 }
 
 /// A `X/Y` position as PostgreSQL prints it.
-fn parse_lsn(text: &str) -> Result<u64, CdcError> {
+pub(crate) fn parse_lsn(text: &str) -> Result<u64, CdcError> {
     Lsn::parse(text)
         .map(Lsn::as_u64)
         .map_err(|e| CdcError::Decode(format!("position `{text}`: {e}")))

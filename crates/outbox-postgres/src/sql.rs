@@ -344,13 +344,17 @@ const LIVE: &str = "AND l.lease_until > now()";
 const LIVE_OR_COUNTED: &str = "AND (l.lease_until > now() OR l.takeovers > 0)";
 
 /// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`;
-/// `windowed`: heads from id `$5` on (`crate::window`).
-fn claim(live_only: &str, windowed: bool) -> String {
+/// `from`: a bound on the heads' ids (`"AND e.id >= $5"` for the claim window,
+/// `crate::window`; `"AND e.id <= $5"` for a ceiling, [`PgStore::with_claim_ceiling`]), or
+/// empty.
+///
+/// [`PgStore::with_claim_ceiling`]: crate::PgStore::with_claim_ceiling
+fn claim(live_only: &str, from: &str) -> String {
     CLAIM
         .replace("{acquire}", &ACQUIRE.replace("{lease}", "$3"))
         .replace("{live_only}", live_only)
         .replace("{paused_e}", &route_paused())
-        .replace("{from}", if windowed { "AND e.id >= $5" } else { "" })
+        .replace("{from}", from)
 }
 
 /// [`CLAIM_TAKEOVER`] with its shared part.
@@ -378,6 +382,8 @@ pub(crate) struct Sql {
     pub claim_from: Arc<str>,
     /// [`Sql::claim_free`] from id `$5` on (the claim window).
     pub claim_free_from: Arc<str>,
+    /// [`Sql::claim`] of heads with ids up to `$5` (a claim ceiling).
+    pub claim_below: Arc<str>,
     /// The claim of `ClaimScope::TakeOver`.
     pub claim_takeover: Arc<str>,
     pub mark_delete: Arc<str>,
@@ -413,10 +419,11 @@ impl Sql {
             idem_insert: r(IDEM_INSERT),
             idem_select: r(IDEM_SELECT),
             idem_complete: r(IDEM_COMPLETE),
-            claim: r(&claim(LIVE, false)),
-            claim_free: r(&claim(LIVE_OR_COUNTED, false)),
-            claim_from: r(&claim(LIVE, true)),
-            claim_free_from: r(&claim(LIVE_OR_COUNTED, true)),
+            claim: r(&claim(LIVE, "")),
+            claim_free: r(&claim(LIVE_OR_COUNTED, "")),
+            claim_from: r(&claim(LIVE, "AND e.id >= $5")),
+            claim_free_from: r(&claim(LIVE_OR_COUNTED, "AND e.id >= $5")),
+            claim_below: r(&claim(LIVE, "AND e.id <= $5")),
             claim_takeover: r(&claim_takeover()),
             mark_delete: r(MARK_DELETE),
             mark_update: r(MARK_UPDATE),

@@ -80,6 +80,10 @@ pub struct PgStore {
     wakeups: Arc<OnceCell<Wakeups>>,
     rows_per_head_x100: Arc<AtomicU64>,
     window: Arc<Window>,
+    /// Claims take heads with ids up to this one only ([`PgStore::with_claim_ceiling`]).
+    ceiling: Option<i64>,
+    /// `rescan` wake-ups received by the listener ([`PgStore::rescans`]).
+    rescans: Arc<AtomicU64>,
 }
 
 /// The wake-up listener: its notifications, and the guard that stops its task when dropped.
@@ -102,6 +106,8 @@ impl PgStore {
             wakeups: Arc::new(OnceCell::new()),
             rows_per_head_x100: Arc::new(AtomicU64::new(100)),
             window: Arc::new(Window::new(None)),
+            ceiling: None,
+            rescans: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -117,6 +123,30 @@ impl PgStore {
         // This store's own listener, feeding this window (a clone's would feed the other).
         self.wakeups = Arc::new(OnceCell::new());
         self
+    }
+
+    /// This store's [`ClaimScope::All`] claims taking only aggregates whose head (lowest
+    /// unpublished version) has an id up to `ceiling`; the rest of a taken aggregate's run
+    /// comes with it, whatever its ids. For a pass over the rows that existed at some moment,
+    /// which ends even while producers write (the CDC relay's catch-up). The claim window is
+    /// off for such claims; the other scopes are not bounded.
+    #[must_use]
+    pub fn with_claim_ceiling(mut self, ceiling: i64) -> Self {
+        self.ceiling = Some(ceiling);
+        self
+    }
+
+    /// How many `rescan` wake-ups (an operator made rows claimable wherever they lie: a
+    /// requeue, a replay, a resume) this store's listener has received since it started
+    /// ([`PgStore::listen`]), counting each time it listens again after a lost connection (a
+    /// wake-up sent meanwhile is lost).
+    pub(crate) fn rescans(&self) -> u64 {
+        self.rescans.load(Ordering::Relaxed)
+    }
+
+    /// Starts this store's wake-up listener if it is not running.
+    pub(crate) async fn listen(&self) {
+        let _ = self.wakeup_notify().await;
     }
 
     /// A store over `pool` for `schema`, with the default settings otherwise (delete published
@@ -187,9 +217,11 @@ impl PgStore {
                 let channel = self.config.schema.wakeup_channel();
                 let n = Arc::clone(&notify);
                 let window = Arc::clone(&self.window);
+                let rescans = Arc::clone(&self.rescans);
                 let stopped = stop.clone();
                 tokio::spawn(async move {
                     let listen = async {
+                        let mut first = true;
                         loop {
                             match PgListener::connect_with(&pool).await {
                                 Ok(mut l) => {
@@ -198,11 +230,15 @@ impl PgStore {
                                     } else {
                                         // A `rescan` sent while no one listened is lost.
                                         window.rescan_now();
+                                        if !std::mem::replace(&mut first, false) {
+                                            rescans.fetch_add(1, Ordering::Relaxed);
+                                        }
                                         while let Ok(note) = l.recv().await {
                                             // An operator made rows claimable wherever they
                                             // lie (requeue, replay, resume).
                                             if note.payload() == RESCAN {
                                                 window.rescan_now();
+                                                rescans.fetch_add(1, Ordering::Relaxed);
                                             }
                                             n.notify_waiters();
                                         }
@@ -319,7 +355,9 @@ impl OutboxStore for PgStore {
         let per_head = (self.rows_per_head_x100.load(Ordering::Relaxed).max(100) as usize)
             .min(params.max_per_aggregate.max(1) * 100);
         let heads = (max_rows * 100).div_ceil(per_head).clamp(1, max_rows);
-        let windowed = params.scope != ClaimScope::TakeOver && self.window.enabled();
+        let ceiling = self.ceiling.filter(|_| params.scope == ClaimScope::All);
+        let windowed =
+            params.scope != ClaimScope::TakeOver && ceiling.is_none() && self.window.enabled();
         let (start, full) = if windowed {
             // Operators' `rescan` wake-ups reach the window from the first claim on.
             let _ = self.wakeup_notify().await;
@@ -344,6 +382,7 @@ impl OutboxStore for PgStore {
             }
             scope => {
                 let sql = match (scope == ClaimScope::Free, windowed) {
+                    _ if ceiling.is_some() => &self.sql.claim_below,
                     (true, false) => &self.sql.claim_free,
                     (false, false) => &self.sql.claim,
                     (true, true) => &self.sql.claim_free_from,
@@ -354,7 +393,11 @@ impl OutboxStore for PgStore {
                     .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
                     .bind(millis(params.lease))
                     .bind(i64::try_from(heads).unwrap_or(i64::MAX));
-                if windowed { q.bind(start) } else { q }
+                match ceiling {
+                    Some(ceiling) => q.bind(ceiling),
+                    None if windowed => q.bind(start),
+                    None => q,
+                }
             }
         };
         let rows = if params.scope == ClaimScope::TakeOver {

@@ -575,15 +575,22 @@ mod relay {
         }
     }
 
-    /// Runs a CDC relay until `done` holds (at most 30 s), then stops it; returns the most
-    /// streamed events its feed held at once ([`CdcFeed::peak_rows_in_memory`]). The feed is
-    /// gone on return (its stream with it: the slot is free).
-    async fn run_until(
+    /// A CDC relay running in the test.
+    struct Running {
+        feed: Arc<CdcFeed>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+        status_interval: Duration,
+    }
+
+    /// Starts a CDC relay; with `follow`, waits until its catch-up is done and it follows the
+    /// log (what the test commits next is published from the stream, not from the table).
+    async fn start(
         db: &TestDb,
         config: &outbox_postgres::cdc::CdcConfig,
         transport: &Arc<FakeTransport>,
-        done: impl Fn(&FakeTransport) -> bool,
-    ) -> usize {
+        follow: bool,
+    ) -> Running {
         let feed = Arc::new(CdcFeed::new(
             &database_url(),
             db.pool.clone(),
@@ -602,23 +609,63 @@ mod relay {
         let stop = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !done(transport) {
+        while follow && !feed.following_the_log() {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "not done within 30 s: acked {:?}",
-                transport
-                    .acked()
-                    .iter()
-                    .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
-                    .collect::<Vec<_>>()
+                "not following the log within 30 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // Settled batches confirm their positions with the next status update.
-        tokio::time::sleep(config.status_interval * 2).await;
-        stop.cancel();
-        task.await.unwrap();
-        feed.peak_rows_in_memory()
+        Running {
+            feed,
+            stop,
+            task,
+            status_interval: config.status_interval,
+        }
+    }
+
+    impl Running {
+        /// Runs until `done` holds (at most 30 s), then stops the relay; returns the most
+        /// streamed events its feed held at once ([`CdcFeed::peak_rows_in_memory`]). The feed
+        /// is gone on return (its stream with it: the slot is free).
+        async fn until(
+            self,
+            transport: &Arc<FakeTransport>,
+            done: impl Fn(&FakeTransport) -> bool,
+        ) -> usize {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !done(transport) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "not done within 30 s: acked {:?}",
+                    transport
+                        .acked()
+                        .iter()
+                        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
+                        .collect::<Vec<_>>()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Settled batches confirm their positions with the next status update.
+            tokio::time::sleep(self.status_interval * 2).await;
+            self.stop.cancel();
+            self.task.await.unwrap();
+            self.feed.peak_rows_in_memory()
+        }
+    }
+
+    /// Runs a CDC relay over what is committed already (its catch-up, then the log) until
+    /// `done` holds (at most 30 s), then stops it; returns [`Running::until`]'s peak.
+    async fn run_until(
+        db: &TestDb,
+        config: &outbox_postgres::cdc::CdcConfig,
+        transport: &Arc<FakeTransport>,
+        done: impl Fn(&FakeTransport) -> bool,
+    ) -> usize {
+        start(db, config, transport, false)
+            .await
+            .until(transport, done)
+            .await
     }
 
     /// No transaction left after the confirmed position: a new stream sees only idle positions.
@@ -649,6 +696,8 @@ mod relay {
         let (db, config, _cleanup) = setup().await;
         // Three aggregates interleaved, five versions each, one transaction per event; one
         // rolled-back transaction.
+        let transport = Arc::new(FakeTransport::new());
+        let relay = start(&db, &config, &transport, true).await;
         let messages: Vec<_> = (1..=5)
             .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
             .collect();
@@ -659,9 +708,7 @@ mod relay {
             .await
             .unwrap();
         tx.rollback().await.unwrap();
-
-        let transport = Arc::new(FakeTransport::new());
-        run_until(&db, &config, &transport, |t| t.acked().len() >= 15).await;
+        relay.until(&transport, |t| t.acked().len() >= 15).await;
         for agg in ["a", "b", "c"] {
             assert_eq!(transport.acked_for(agg), vec![1, 2, 3, 4, 5], "{agg}");
         }
@@ -673,20 +720,22 @@ mod relay {
     #[tokio::test]
     async fn a_retried_event_keeps_its_aggregate_in_order_and_a_dead_letter_parks_the_rest() {
         let (db, config, _cleanup) = setup().await;
-        let messages: Vec<_> = (1..=4)
-            .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
-            .collect();
-        enqueue_each(&db, &messages).await;
         // a v2 fails twice (an outage), b v2 is refused for good.
         let transport = Arc::new(
             FakeTransport::new()
                 .fail("a", 2, PublishErrorKind::Unavailable, 2)
                 .fail("b", 2, PublishErrorKind::Invalid, 1),
         );
-        run_until(&db, &config, &transport, |t| {
-            t.acked_for("a").len() == 4 && t.acked_for("c").len() == 4
-        })
-        .await;
+        let relay = start(&db, &config, &transport, true).await;
+        let messages: Vec<_> = (1..=4)
+            .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
+            .collect();
+        enqueue_each(&db, &messages).await;
+        relay
+            .until(&transport, |t| {
+                t.acked_for("a").len() == 4 && t.acked_for("c").len() == 4
+            })
+            .await;
         assert_eq!(
             transport.acked_for("a"),
             vec![1, 2, 3, 4],
@@ -712,32 +761,33 @@ mod relay {
         assert_eq!(db.count("aggregate_id <> 'b'").await, 0);
         nothing_unconfirmed(&db, &config).await;
 
-        // A restarted CDC relay keeps b parked; after a requeue the polling relay delivers b
-        // v2..v4 in order.
-        run_until(&db, &config, &transport, |_| true).await;
+        // A restarted CDC relay keeps b parked (its catch-up leaves the rows behind the dead
+        // letter alone); after a requeue, made while it runs, the same relay delivers b v2..v4
+        // and then the streamed b v5, in order, with no polling relay.
+        let relay = start(&db, &config, &transport, true).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(transport.acked_for("b"), vec![1]);
+        assert_eq!(db.count("aggregate_id = 'b'").await, 3);
         let store = Arc::new(db.store());
         store
             .dead_letter_requeue(RequeueParams { event_ids: None })
             .await
             .unwrap();
-        // The requeued b v2 is pending again, no longer dead: a new CDC session must still not
-        // publish b v5 (streamed) before it. c v5, in the same transaction, goes out.
         let mut tx = db.pool.begin().await.unwrap();
         db.outbox
             .enqueue_batch(&mut *tx, &[msg("b", 5), msg("c", 5)])
             .await
             .unwrap();
         tx.commit().await.unwrap();
-        run_until(&db, &config, &transport, |t| t.acked_for("c").len() == 5).await;
-        assert_eq!(
-            transport.acked_for("b"),
-            vec![1],
-            "b v5 waits for the requeued v2 (the polling relay's)"
-        );
-        run_polling_until(&store, &transport, |t| t.acked_for("b").len() >= 5).await;
-        assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4, 5]);
+        relay
+            .until(&transport, |t| {
+                t.acked_for("c").len() == 5 && t.acked_for("b").len() >= 5
+            })
+            .await;
+        let b = transport.acked_for("b");
+        assert_eq!(b[..5], [1, 2, 3, 4, 5], "first deliveries in order: {b:?}");
         assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
     }
 
     /// Memory bounded whatever a transaction's size: with room for 40 events, a transaction of
@@ -751,6 +801,8 @@ mod relay {
             max_rows_in_memory: 40,
             ..config
         };
+        let transport = Arc::new(FakeTransport::new());
+        let relay = start(&db, &config, &transport, true).await;
         let big: Vec<_> = (1..=100)
             .flat_map(|v| (0..30).map(move |a| msg(&format!("big-{a}"), v)))
             .collect();
@@ -760,9 +812,7 @@ mod relay {
         }
         tx.commit().await.unwrap();
         enqueue_each(&db, &[msg("after", 1), msg("after", 2)]).await;
-
-        let transport = Arc::new(FakeTransport::new());
-        let peak = run_until(&db, &config, &transport, |t| t.acked().len() >= 3_002).await;
+        let peak = relay.until(&transport, |t| t.acked().len() >= 3_002).await;
         for a in 0..30 {
             assert_eq!(
                 transport.acked_for(&format!("big-{a}")),
@@ -782,15 +832,16 @@ mod relay {
     #[tokio::test]
     async fn an_event_still_failing_when_the_relay_stops_comes_again_from_the_slot() {
         let (db, config, _cleanup) = setup().await;
-        let messages: Vec<_> = (1..=3)
-            .flat_map(|v| ["a", "b"].map(|agg| msg(agg, v)))
-            .collect();
-        enqueue_each(&db, &messages).await;
         // The broker refuses a v1 for the relay's whole first life; b goes through, and its
         // transactions commit after a's first one.
         let failing =
             Arc::new(FakeTransport::new().fail("a", 1, PublishErrorKind::Unavailable, 1_000));
-        run_until(&db, &config, &failing, |t| t.acked_for("b").len() == 3).await;
+        let relay = start(&db, &config, &failing, true).await;
+        let messages: Vec<_> = (1..=3)
+            .flat_map(|v| ["a", "b"].map(|agg| msg(agg, v)))
+            .collect();
+        enqueue_each(&db, &messages).await;
+        relay.until(&failing, |t| t.acked_for("b").len() == 3).await;
         assert!(failing.acked_for("a").is_empty());
         // Nothing of a was confirmed: the next relay gets a v1..v3 from the slot and the table
         // rows are still there.
@@ -858,9 +909,11 @@ mod relay {
             .dead_letter_requeue(RequeueParams { event_ids: None })
             .await
             .unwrap();
-        run_polling_until(&store, &transport, |t| t.acked_for("b").len() >= 3).await;
+        // Requeued while no relay runs: the next CDC relay's catch-up delivers them, in order.
+        run_until(&db, &config, &transport, |t| t.acked_for("b").len() >= 3).await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3]);
         assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
     }
 
     /// Rows the relay cannot publish as stored (a header value that is not a string, a header
@@ -904,6 +957,13 @@ mod relay {
             sql.push(row(agg, 3, good, "now()"));
         }
         sql.push(row("ok", 1, good, "now()"));
+        let config = outbox_postgres::cdc::CdcConfig {
+            producers_delete_rows: producers_delete,
+            ..config
+        };
+        let transport = Arc::new(FakeTransport::new());
+        // Committed while the relay follows the log: the stream's decoder meets them.
+        let relay = start(&db, &config, &transport, true).await;
         for statement in sql {
             // One transaction each (simple protocol: the producer's DELETE rides along).
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {statement}; COMMIT")))
@@ -911,17 +971,13 @@ mod relay {
                 .await
                 .unwrap();
         }
-        let config = outbox_postgres::cdc::CdcConfig {
-            producers_delete_rows: producers_delete,
-            ..config
-        };
-        let transport = Arc::new(FakeTransport::new());
-        run_until(&db, &config, &transport, |t| {
-            ["null", "number", "name", "infinity", "ok"]
-                .iter()
-                .all(|a| t.acked_for(a).len() == 1)
-        })
-        .await;
+        relay
+            .until(&transport, |t| {
+                ["null", "number", "name", "infinity", "ok"]
+                    .iter()
+                    .all(|a| t.acked_for(a).len() == 1)
+            })
+            .await;
         for (agg, reason) in [
             ("null", "header `traceparent` is null"),
             ("number", "column `headers` cannot be read"),
@@ -1016,8 +1072,6 @@ mod relay {
     #[tokio::test]
     async fn the_lag_is_the_age_of_the_oldest_unconfirmed_transaction() {
         let (db, config, _cleanup) = setup().await;
-        enqueue_each(&db, &[msg("a", 1), msg("b", 1)]).await;
-        let committed = std::time::Instant::now();
         let feed = Arc::new(CdcFeed::new(
             &database_url(),
             db.pool.clone(),
@@ -1034,6 +1088,13 @@ mod relay {
         let stop = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        // Committed once the relay follows the log: streamed, not caught up from the table.
+        while !feed.following_the_log() {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        enqueue_each(&db, &[msg("a", 1), msg("b", 1)]).await;
+        let committed = std::time::Instant::now();
         while failing.acked_for("b").is_empty() || committed.elapsed() < Duration::from_millis(1500)
         {
             assert!(tokio::time::Instant::now() < deadline);
@@ -1076,35 +1137,137 @@ mod relay {
         feed.shutdown().await.unwrap();
     }
 
-    /// Runs a polling relay on `store` until `done` holds (at most 20 s), then stops it.
-    async fn run_polling_until(
-        store: &Arc<outbox_postgres::PgStore>,
-        transport: &Arc<FakeTransport>,
-        done: impl Fn(&FakeTransport) -> bool,
-    ) {
-        let polling = Arc::new(
-            Relay::new(Arc::clone(store), Arc::clone(transport), config_polling()).unwrap(),
+    /// The catch-up: rows committed before the slot existed (the slot starts at the end of the
+    /// log, so the stream never brings them) are published by the CDC relay itself, from the
+    /// table, in order and before what the log brings of the same aggregates; a row the broker
+    /// refuses is dead-lettered there and its aggregate waits behind it; after a requeue,
+    /// delivered by the same relay. No polling relay at any time; nothing is published twice
+    /// (the stream skips what the catch-up published); everything confirmed.
+    #[tokio::test]
+    async fn rows_committed_before_the_slot_are_published_by_the_cdc_relay_itself() {
+        let db = TestDb::new().await;
+        let config = outbox_postgres::cdc::CdcConfig::default();
+        let _cleanup = super::Cleanup {
+            schema: db.schema.as_str().to_owned(),
+            slot: config.slot_name(&db.schema),
+            publication: config.publication_name(&db.schema),
+        };
+        // Before the slot: a, b (v2 refused for good), c v1..v3.
+        let before: Vec<_> = (1..=3)
+            .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
+            .collect();
+        enqueue_each(&db, &before).await;
+        outbox_postgres::cdc::ensure_publication(&db.pool, &db.schema, &_cleanup.publication)
+            .await
+            .unwrap();
+        outbox_postgres::cdc::create_slot(&db.pool, &_cleanup.slot)
+            .await
+            .unwrap();
+        // After it: v4 of each (streamed, and visible to the catch-up too).
+        enqueue_each(&db, &[msg("a", 4), msg("b", 4), msg("c", 4)]).await;
+        let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));
+        let relay = start(&db, &config, &transport, true).await;
+        // And once it follows the log: v5 of each.
+        enqueue_each(&db, &[msg("a", 5), msg("b", 5), msg("c", 5)]).await;
+        relay
+            .until(&transport, |t| {
+                t.acked_for("a").len() >= 5 && t.acked_for("c").len() >= 5
+            })
+            .await;
+        assert_eq!(
+            transport.acked_for("a"),
+            vec![1, 2, 3, 4, 5],
+            "once each, in order"
         );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&polling).run(stop.clone()));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !done(transport) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not done within 20 s: b acked {:?}",
-                transport.acked_for("b")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.cancel();
-        task.await.unwrap();
+        assert_eq!(
+            transport.acked_for("c"),
+            vec![1, 2, 3, 4, 5],
+            "once each, in order"
+        );
+        assert_eq!(
+            transport.acked_for("b"),
+            vec![1],
+            "b waits behind its dead letter"
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND state = 'dead' AND aggregate_version = 2")
+                .await,
+            1
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND state = 'pending'").await,
+            3
+        );
+        assert_eq!(db.count("aggregate_id <> 'b'").await, 0);
+        nothing_unconfirmed(&db, &config).await;
+
+        let store = db.store();
+        store
+            .dead_letter_requeue(RequeueParams { event_ids: None })
+            .await
+            .unwrap();
+        run_until(&db, &config, &transport, |t| t.acked_for("b").len() >= 5).await;
+        assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4, 5]);
+        assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
     }
 
-    fn config_polling() -> RelayConfig {
-        RelayConfig {
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
+    /// A slot created while producers write, with no polling relay: every committed event is
+    /// published by the CDC relay (those committed before the slot from the table, the rest
+    /// from the log), each aggregate's first deliveries in order.
+    #[tokio::test]
+    async fn a_slot_created_while_producers_write_loses_nothing() {
+        let db = TestDb::new().await;
+        let config = outbox_postgres::cdc::CdcConfig::default();
+        let cleanup = super::Cleanup {
+            schema: db.schema.as_str().to_owned(),
+            slot: config.slot_name(&db.schema),
+            publication: config.publication_name(&db.schema),
+        };
+        outbox_postgres::cdc::ensure_publication(&db.pool, &db.schema, &cleanup.publication)
+            .await
+            .unwrap();
+        let aggregates: Vec<String> = (0..30).map(|i| format!("w-{i}")).collect();
+        let producer = {
+            let (pool, outbox) = (db.pool.clone(), db.outbox.clone());
+            let aggregates = aggregates.clone();
+            tokio::spawn(async move {
+                for v in 1..=20 {
+                    let batch: Vec<_> = aggregates.iter().map(|a| msg(a, v)).collect();
+                    let mut tx = pool.begin().await.unwrap();
+                    outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
+                    tx.commit().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        outbox_postgres::cdc::create_slot(&db.pool, &cleanup.slot)
+            .await
+            .unwrap();
+        let transport = Arc::new(FakeTransport::new());
+        let relay = start(&db, &config, &transport, false).await;
+        producer.await.unwrap();
+        relay
+            .until(&transport, |t| {
+                aggregates.iter().all(|a| t.acked_for(a).len() >= 20)
+            })
+            .await;
+        for a in &aggregates {
+            let mut first: Vec<i64> = Vec::new();
+            for v in transport.acked_for(a) {
+                if !first.contains(&v) {
+                    first.push(v);
+                }
+            }
+            assert_eq!(
+                first,
+                (1..=20).collect::<Vec<i64>>(),
+                "{a}: first deliveries"
+            );
         }
+        assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
     }
 
     #[tokio::test]

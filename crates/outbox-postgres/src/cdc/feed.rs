@@ -4,7 +4,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_core::relay::{Feed, FeedBatch, SettleReport, Settlement};
+use std::sync::Arc;
+
+use outbox_core::relay::{
+    Feed, FeedBatch, PollingFeed, PollingTicket, RelayConfig, SettleReport, Settlement,
+};
 use outbox_core::{
     OutboxMessage, OutboxStats, OutboxStore as _, StoreError, StoreErrorKind, UndecodableRow,
 };
@@ -17,9 +21,14 @@ use crate::schema::Schema;
 use crate::store::{OnPublish, PgStore, PgStoreConfig};
 
 /// How long an aggregate with an older version pending in the table is held, looked at again
-/// every [`BEHIND_RECHECK`], before it is left to the polling relay: long enough for a polling
-/// relay running beside the CDC relay (a switch of modes) to publish the older rows.
+/// every [`BEHIND_RECHECK`], before the stream session starts again (its catch-up publishes
+/// the older rows): long enough for a polling relay running beside the CDC relay (a switch of
+/// modes) to publish them itself.
 const BEHIND_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The longest a worker waits between two claims of the catch-up while other batches are out
+/// or rows below its ceiling are held by someone else.
+const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
 
 /// How often a held aggregate is checked against the table again.
 const BEHIND_RECHECK: Duration = Duration::from_millis(250);
@@ -105,6 +114,8 @@ impl Row {
 pub struct CdcTicket {
     /// The stream session the batch came from: a settle of an older session is ignored.
     session: u64,
+    /// A batch of the catch-up: claimed from the table under a lease, settled through it.
+    table: Option<(PollingTicket, Arc<PollingFeed<PgStore>>)>,
     /// Each row of the batch with its transaction's sequence number.
     rows: Vec<(i64, u64, u32)>,
     /// The batch's events (for retries and not-attempted rows).
@@ -153,10 +164,77 @@ struct Late {
     xid: u32,
 }
 
+/// Ids of the rows the catch-up published or dead-lettered: the stream skips them (they were
+/// committed before the catch-up's end, so the log may bring them again). Kept as ranges: a
+/// backlog's ids are mostly contiguous.
+#[derive(Debug, Default)]
+struct IdSet {
+    /// Disjoint, sorted, inclusive.
+    ranges: Vec<(i64, i64)>,
+    /// Added since the last [`IdSet::compact`].
+    recent: Vec<i64>,
+}
+
+impl IdSet {
+    fn insert(&mut self, id: i64) {
+        self.recent.push(id);
+        if self.recent.len() >= 65_536 {
+            self.compact();
+        }
+    }
+
+    fn contains(&self, id: i64) -> bool {
+        let i = self.ranges.partition_point(|r| r.1 < id);
+        self.ranges.get(i).is_some_and(|r| r.0 <= id) || self.recent.contains(&id)
+    }
+
+    /// Merges the recent ids into the ranges.
+    fn compact(&mut self) {
+        if self.recent.is_empty() {
+            return;
+        }
+        let mut all: Vec<(i64, i64)> = std::mem::take(&mut self.ranges);
+        all.extend(self.recent.drain(..).map(|id| (id, id)));
+        all.sort_unstable();
+        for (start, end) in all {
+            match self.ranges.last_mut() {
+                Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
+                _ => self.ranges.push((start, end)),
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.recent.is_empty()
+    }
+}
+
+/// The catch-up of a stream session (see [`CdcFeed`]): the table's rows up to `ceiling`,
+/// claimed under leases, before the stream is read.
+#[derive(Debug)]
+struct CatchUp {
+    feed: Arc<PollingFeed<PgStore>>,
+    ceiling: i64,
+    started: Instant,
+    /// Events it published.
+    published: u64,
+}
+
 #[derive(Debug, Default)]
 struct State {
     stream: Option<CdcStream>,
     session: u64,
+    /// The session's catch-up, until it is done.
+    catch_up: Option<CatchUp>,
+    /// Catch-up batches of this session handed out and not settled.
+    catch_up_out: usize,
+    /// Rows the catch-up published or dead-lettered, which the stream skips.
+    caught_up: IdSet,
+    /// The log position after which no row of `caught_up` can come: the set is dropped once
+    /// the stream passes it.
+    caught_up_until: Option<u64>,
+    /// The `rescan` wake-ups seen when the session started ([`PgStore::rescans`]).
+    rescans: u64,
     next_seq: u64,
     /// Transactions in commit order, settled ones popped from the front.
     open: VecDeque<Open>,
@@ -166,8 +244,8 @@ struct State {
     order: VecDeque<Aggregate>,
     /// Aggregates of a batch not settled yet.
     busy: HashSet<Aggregate>,
-    /// Aggregates with a dead letter (or behind the table): their later events are left to the
-    /// polling relay.
+    /// Aggregates with a dead letter: their later events are left to the table (a requeue's
+    /// catch-up publishes them).
     parked: HashSet<Aggregate>,
     /// Events left to the table, recorded there ([`CdcFeed::restore`]) before they count as
     /// settled.
@@ -233,6 +311,22 @@ impl State {
 
     /// Takes a streamed event into the state.
     fn receive(&mut self, event: CdcEvent) {
+        let reached = match &event {
+            CdcEvent::Idle { lsn } => Some(*lsn),
+            CdcEvent::Transaction(tx) if tx.complete => Some(tx.end_lsn),
+            CdcEvent::Transaction(_) => None,
+        };
+        self.take_in(event);
+        if let (Some(reached), Some(until)) = (reached, self.caught_up_until)
+            && reached > until
+        {
+            // Every transaction that held a row of the catch-up has come.
+            self.caught_up = IdSet::default();
+            self.caught_up_until = None;
+        }
+    }
+
+    fn take_in(&mut self, event: CdcEvent) {
         match event {
             CdcEvent::Idle { lsn } => {
                 self.idle_lsn = Some(self.idle_lsn.map_or(lsn, |l| l.max(lsn)));
@@ -259,6 +353,10 @@ impl State {
                     // ones were.
                     rows.sort_by_key(Row::version);
                 }
+                if !self.caught_up.is_empty() {
+                    // Published (or dead-lettered) by the catch-up already.
+                    rows.retain(|r| !self.caught_up.contains(r.id()));
+                }
                 let left = rows.len();
                 for row in rows {
                     let aggregate = row.aggregate();
@@ -269,7 +367,7 @@ impl State {
                         due: None,
                     };
                     if self.parked.contains(&aggregate) {
-                        // Left pending in the table for the polling relay: there already, or
+                        // Left pending in the table for a later catch-up: there already, or
                         // written back first if its producer deleted it (every version: one
                         // published before a restart goes out again, a late-committing older
                         // one is not lost).
@@ -348,7 +446,7 @@ impl State {
         }
     }
 
-    /// Leaves `aggregate` to the polling relay: its events taken or waiting, and later ones
+    /// Leaves `aggregate` to the table: its events taken or waiting, and later ones
     /// as they arrive, stay (or are written back) as pending rows of the table.
     fn park(&mut self, aggregate: &Aggregate, taken: Vec<Waiting>) {
         let queued = self.waiting.remove(aggregate).into_iter().flatten();
@@ -376,6 +474,20 @@ impl State {
 ///
 /// The stream finds pending events; the table stays the record of what happened to them:
 ///
+/// * **Catch-up**: each stream session (a start, a restart after an error, a standby's
+///   takeover) begins with the table: the pending rows of aggregates whose head is at or below
+///   the table's last id at the session's start are claimed, published and settled exactly as
+///   the polling relay does ([`PollingFeed`] over a [`PgStore`] with a claim ceiling, leases
+///   and fencing included), until none is left that could be published (rows behind a dead
+///   letter and rows of a paused route wait). Rows committed before the slot existed, rows
+///   committed while no relay ran, and requeued dead letters are so published by this feed,
+///   in per-aggregate order, before anything the log brings after them; no event depends on a
+///   polling relay. The stream is not read meanwhile (the server waits). Their ids are kept
+///   (as ranges) until the stream has passed the log's position at the catch-up's end, and the
+///   stream skips them: nothing is published twice for it. An operator's requeue, replay or
+///   resume (the `rescan` wake-up on the schema's channel, [`PgStore`]'s listener; counted
+///   again each time the listener reconnects, since a wake-up sent meanwhile is lost) ends the
+///   session, and the next one's catch-up publishes what was made pending.
 /// * **Batches**: events in commit order, each aggregate's in version order, at most one batch
 ///   holding an aggregate at a time (the aggregate is *busy* until its batch is settled). The
 ///   slot is streamed by one connection only, so no other relay holds them: batches have no
@@ -391,10 +503,10 @@ impl State {
 ///   outage grows the slot's lag: `slot_state`).
 /// * **Dead-lettered**: the row is marked `dead` in the table, as the polling relay does, with
 ///   its attempts and error, and the aggregate is *parked*: its later events are not published
-///   by this feed, they stay pending rows in the table. Parking survives restarts (aggregates
-///   with a dead row are parked at start). `outbox dead-letters requeue` makes the dead row
-///   pending again; the **polling relay** delivers it and the rows behind it, in order (run it
-///   after a requeue; the CDC feed does not claim rows).
+///   from the stream, they stay pending rows in the table. Parking survives restarts
+///   (aggregates with a dead row are parked at each catch-up's end). `outbox dead-letters
+///   requeue` makes the dead row pending again and wakes this feed: a new session's catch-up
+///   delivers it and the rows behind it, in order.
 /// * **Left to the table** with [`CdcConfig::producers_delete_rows`] (the producers use
 ///   `PgOutbox::delete_in_transaction`): every event this feed does not publish (a dead letter,
 ///   every event of a parked aggregate) is written back into the table first if its row is not
@@ -404,10 +516,11 @@ impl State {
 ///   a switch of modes would go out again).
 /// * **Not attempted**: back at the head of the aggregate, due at once.
 /// * **Behind the table**: an aggregate whose head in the log has an older version pending
-///   (or dead) in the table, such as a row committed before the slot existed or a requeued dead
-///   letter, is checked once per stream session before its first batch. It is held, and checked
-///   again every 250 ms, for up to 30 s (a polling relay running beside this one during a switch
-///   of modes publishes the older rows meanwhile), then parked like a dead letter's aggregate.
+///   (or dead) in the table (after the catch-up, only a polling relay running beside this one
+///   during a switch of modes, or a requeue not yet seen, leaves one) is checked once per
+///   stream session before its first batch. It is held, and checked again every 250 ms, for up
+///   to 30 s (the polling relay publishes the older rows meanwhile); then the session ends,
+///   and the next one's catch-up publishes them.
 ///
 /// Another connection streaming the slot (another relay) makes this feed a standby: it hands
 /// out empty batches and tries to take the slot every second, logging once at info level, and
@@ -432,6 +545,10 @@ pub struct CdcFeed {
     told_rows_gone: AtomicBool,
     /// The most events held at once ([`CdcFeed::peak_rows_in_memory`]).
     peak_held: AtomicUsize,
+    /// The catch-up's claims: rows per aggregate, lease.
+    claims: (usize, Duration),
+    /// The stream session's catch-up is done ([`CdcFeed::following_the_log`]).
+    following: AtomicBool,
 }
 
 impl CdcFeed {
@@ -463,7 +580,27 @@ impl CdcFeed {
             oldest_open_micros: AtomicI64::new(0),
             told_rows_gone: AtomicBool::new(false),
             peak_held: AtomicUsize::new(0),
+            claims: {
+                let d = RelayConfig::default();
+                (d.max_per_aggregate, d.lease)
+            },
+            following: AtomicBool::new(false),
         }
+    }
+
+    /// Whether this feed streams the slot and its catch-up is done: what commits now is
+    /// published from the log. False for a standby and during a catch-up.
+    pub fn following_the_log(&self) -> bool {
+        self.following.load(Ordering::Relaxed)
+    }
+
+    /// The catch-up's claims (see the type's docs): at most `max_per_aggregate` rows of one
+    /// aggregate per batch, under a lease of `lease`, as the polling relay claims them (the
+    /// relay passes its own settings; by default [`RelayConfig`]'s).
+    #[must_use]
+    pub fn with_catch_up_claims(mut self, max_per_aggregate: usize, lease: Duration) -> Self {
+        self.claims = (max_per_aggregate.max(1), lease);
+        self
     }
 
     /// How far delivery is behind the log in time: the age of the oldest transaction this
@@ -743,8 +880,8 @@ impl CdcFeed {
 
     /// Of the aggregates about to be handed out for the first time in this session, those
     /// with a lower version pending or dead in the table than the head the stream gives
-    /// (rows committed before the slot existed, a requeued dead letter): they are left to the
-    /// polling relay, which delivers that version first.
+    /// (a polling relay beside this one holds it, a requeue not seen yet): they wait for it,
+    /// then for a new session's catch-up.
     async fn behind_the_table(
         &self,
         heads: &[(Aggregate, i64)],
@@ -779,13 +916,6 @@ impl CdcFeed {
         if state.retry_at.is_some_and(|at| Instant::now() < at) {
             return Ok(false);
         }
-        let parked: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT DISTINCT aggregate_type, aggregate_id FROM {}.events WHERE state = 'dead'",
-            self.schema.quoted()
-        )))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| store_error("reading parked aggregates", e))?;
         // Pauses are honoured by the polling relay's claim only; `Admin::pause` refuses a
         // route while a CDC relay runs, but one may have been paused before this relay
         // started. Said loudly, not refused: stopping every route for one would be worse.
@@ -824,6 +954,22 @@ impl CdcFeed {
             }
             Err(e) => return Err(cdc_error(e)),
         };
+        // The catch-up's ceiling: the table's last row now. Everything committed before the
+        // stream's start that is still pending lies at or below it.
+        self.store.listen().await;
+        let ceiling: i64 = match sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT coalesce(max(id), 0) FROM {}.events",
+            self.schema.quoted()
+        )))
+        .fetch_one(&self.pool)
+        .await
+        {
+            Ok(ceiling) => ceiling,
+            Err(e) => {
+                let _ = stream.stop().await;
+                return Err(store_error("reading the catch-up's ceiling", e));
+            }
+        };
         match state.standby_since {
             Some(since) => tracing::info!(
                 slot = stream.slot(),
@@ -833,9 +979,112 @@ impl CdcFeed {
             None => tracing::info!(slot = stream.slot(), "streaming the replication slot"),
         }
         state.reset();
-        state.parked = parked.into_iter().collect();
+        self.following.store(false, Ordering::Relaxed);
+        // Read again at the catch-up's end (a requeue may have emptied some).
+        state.parked.clear();
         state.stream = Some(stream);
+        state.rescans = self.store.rescans();
+        let store = PgStore::new(
+            self.pool.clone(),
+            PgStoreConfig {
+                schema: self.schema.clone(),
+                on_publish: self.on_publish,
+            },
+        )
+        .with_claim_ceiling(ceiling);
+        state.catch_up = Some(CatchUp {
+            feed: Arc::new(PollingFeed::new(
+                Arc::new(store),
+                self.claims.0,
+                self.claims.1,
+            )),
+            ceiling,
+            started: Instant::now(),
+            published: 0,
+        });
         Ok(true)
+    }
+
+    /// The catch-up's next batch (`None` when it has none now), or its end: once a claim
+    /// finds nothing, no batch of it is out, and no pending row at or below the ceiling is
+    /// left that could be published (rows behind a dead letter and rows of a paused route
+    /// wait), the parked aggregates are read, and the stream is read from then on.
+    async fn catch_up(
+        &self,
+        state: &mut State,
+        max_rows: usize,
+    ) -> Result<Option<FeedBatch<CdcTicket>>, StoreError> {
+        let Some(catch_up) = state.catch_up.as_ref() else {
+            return Ok(None);
+        };
+        let (feed, ceiling) = (Arc::clone(&catch_up.feed), catch_up.ceiling);
+        let batch = feed.next_batch(max_rows).await?;
+        if !batch.messages.is_empty() || !batch.undecodable.is_empty() {
+            state.catch_up_out += 1;
+            return Ok(Some(FeedBatch {
+                ticket: CdcTicket {
+                    session: state.session,
+                    table: Some((batch.ticket, feed)),
+                    rows: Vec::new(),
+                    events: Vec::new(),
+                },
+                messages: batch.messages,
+                owned_until: batch.owned_until,
+                takeovers: batch.takeovers,
+                undecodable: batch.undecodable,
+            }));
+        }
+        if state.catch_up_out > 0 || self.pending_up_to(ceiling).await? {
+            return Ok(None);
+        }
+        let parked: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT aggregate_type, aggregate_id FROM {}.events WHERE state = 'dead'",
+            self.schema.quoted()
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| store_error("reading parked aggregates", e))?;
+        let until: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| store_error("reading the log's position", e))?;
+        let until = super::parse_lsn(&until).map_err(cdc_error)?;
+        state.parked.extend(parked);
+        state.caught_up.compact();
+        state.caught_up_until = (!state.caught_up.is_empty()).then_some(until);
+        self.following.store(true, Ordering::Relaxed);
+        if let Some(done) = state.catch_up.take()
+            && done.published > 0
+        {
+            tracing::info!(
+                events = done.published,
+                secs = done.started.elapsed().as_secs_f64(),
+                "caught up: events pending in the table when the stream started are published; \
+                 following the log"
+            );
+        }
+        Ok(None)
+    }
+
+    /// Whether a pending row at or below `ceiling` is left that the catch-up must publish:
+    /// one not behind a dead letter of its aggregate and not on a paused route (those wait for
+    /// a requeue or a resume, which start a new catch-up). Rows held by another relay's lease
+    /// or in backoff count: the catch-up waits for them.
+    async fn pending_up_to(&self, ceiling: i64) -> Result<bool, StoreError> {
+        let s = self.schema.quoted();
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM {s}.events e WHERE e.state = 'pending' AND e.id <= $1 \
+               AND NOT EXISTS (SELECT 1 FROM {s}.events d \
+                 WHERE d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id \
+                   AND d.state = 'dead' AND d.aggregate_version < e.aggregate_version) \
+               AND NOT EXISTS (SELECT 1 FROM {s}.pauses z WHERE z.kind = 'route' \
+                 AND z.name = {key}))",
+            key = crate::sql::route_key("e.")
+        )))
+        .bind(ceiling)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| store_error("looking for rows left to catch up", e))
     }
 
     /// Reads what the stream has: waits up to `wait` for the first event, then takes what
@@ -897,6 +1146,19 @@ impl CdcFeed {
         self.peak_held.load(Ordering::Relaxed)
     }
 
+    /// Ends the stream session: the position confirmed so far is sent, the stream closed, and
+    /// everything in memory dropped; the next batch starts a new session (and its catch-up).
+    async fn end_session(&self, state: &mut State) {
+        self.confirm(state);
+        if let Some(stream) = state.stream.take()
+            && let Err(e) = stream.stop().await
+        {
+            tracing::warn!(error = %e, "stopping the stream");
+        }
+        state.reset();
+        self.following.store(false, Ordering::Relaxed);
+    }
+
     fn confirm(&self, state: &mut State) {
         if let Some(lsn) = state.confirmable()
             && let Some(stream) = &state.stream
@@ -908,6 +1170,22 @@ impl CdcFeed {
             .front()
             .map_or(0, |t| t.committed_at.timestamp_micros().max(1));
         self.oldest_open_micros.store(oldest, Ordering::Relaxed);
+    }
+}
+
+/// A batch with nothing in it, of stream session `session`.
+fn empty_batch(session: u64) -> FeedBatch<CdcTicket> {
+    FeedBatch {
+        ticket: CdcTicket {
+            session,
+            table: None,
+            rows: Vec::new(),
+            events: Vec::new(),
+        },
+        messages: Vec::new(),
+        owned_until: None,
+        takeovers: Vec::new(),
+        undecodable: Vec::new(),
     }
 }
 
@@ -935,6 +1213,7 @@ impl Feed for CdcFeed {
             return Ok(FeedBatch {
                 ticket: CdcTicket {
                     session: state.session,
+                    table: None,
                     rows: Vec::new(),
                     events: Vec::new(),
                 },
@@ -943,6 +1222,23 @@ impl Feed for CdcFeed {
                 takeovers: Vec::new(),
                 undecodable: Vec::new(),
             });
+        }
+        if state.catch_up.is_some() {
+            if let Some(batch) = self.catch_up(&mut state, max_rows).await? {
+                return Ok(batch);
+            }
+            if state.catch_up.is_some() {
+                return Ok(empty_batch(state.session));
+            }
+        } else if self.store.rescans() != state.rescans {
+            // An operator made rows pending again (a requeue, a replay, a resume): a new
+            // session, whose catch-up publishes them in order before the log goes on.
+            tracing::info!(
+                "rows were made pending again (a requeue, a replay or a resume): the stream \
+                 starts again and its catch-up publishes them"
+            );
+            self.end_session(&mut state).await;
+            return Ok(empty_batch(state.session));
         }
         if state.waiting_count() < max_rows {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;
@@ -995,11 +1291,11 @@ impl Feed for CdcFeed {
                 aggregate_type = %aggregate.0,
                 aggregate_id = %aggregate.1,
                 "an older version of this aggregate has been pending in the table for {:?}: \
-                 left to the polling relay",
+                 the stream starts again and its catch-up publishes the table's rows first",
                 BEHIND_PATIENCE
             );
-            state.behind.remove(&aggregate);
-            state.park(&aggregate, out);
+            self.end_session(&mut state).await;
+            return Ok(empty_batch(state.session));
         }
         if let Err(e) = self.restore(&mut state).await {
             state.reset();
@@ -1025,6 +1321,7 @@ impl Feed for CdcFeed {
         Ok(FeedBatch {
             ticket: CdcTicket {
                 session: state.session,
+                table: None,
                 rows,
                 events,
             },
@@ -1037,9 +1334,35 @@ impl Feed for CdcFeed {
 
     async fn settle(
         &self,
-        ticket: CdcTicket,
+        mut ticket: CdcTicket,
         settlement: &Settlement,
     ) -> Result<SettleReport, StoreError> {
+        if let Some((table, feed)) = ticket.table.take() {
+            // A catch-up batch: settled in the table under its lease, as the polling relay
+            // settles. Its rows are then skipped by the stream, however it ended (one whose
+            // settle failed is claimed again once its lease expires).
+            let result = feed.settle(table, settlement).await;
+            let mut state = self.state.lock().await;
+            if state.session == ticket.session {
+                state.catch_up_out = state.catch_up_out.saturating_sub(1);
+            }
+            if result.is_ok() {
+                let dead = settlement
+                    .failed
+                    .iter()
+                    .filter(|f| f.retry_after.is_none())
+                    .map(|f| f.id);
+                for id in settlement.published.iter().copied().chain(dead) {
+                    state.caught_up.insert(id);
+                }
+                if state.session == ticket.session
+                    && let Some(c) = state.catch_up.as_mut()
+                {
+                    c.published += settlement.published.len() as u64;
+                }
+            }
+            return result;
+        }
         let mut report = SettleReport::default();
         let by_id: HashMap<i64, &Row> = ticket.events.iter().map(|r| (r.id(), r)).collect();
         let xid_of: HashMap<i64, u32> = ticket.rows.iter().map(|&(id, _, x)| (id, x)).collect();
@@ -1136,7 +1459,7 @@ impl Feed for CdcFeed {
             state.settled(tx, n);
         }
         for aggregate in &dead {
-            // Everything of it still waiting is left to the polling relay too.
+            // Everything of it still waiting is left to the table too.
             state.park(aggregate, Vec::new());
         }
         state.leave_to_table(behind_dead);
@@ -1161,6 +1484,12 @@ impl Feed for CdcFeed {
 
     async fn wait_for_work(&self, timeout: Duration) {
         let mut state = self.state.lock().await;
+        if state.catch_up.is_some() {
+            // The catch-up claims from the table: the stream is not read before it is done.
+            drop(state);
+            tokio::time::sleep(timeout.min(CATCH_UP_WAIT)).await;
+            return;
+        }
         if !state.busy.is_empty() {
             // Another worker's batch is out and its settle needs the state: read the stream
             // for at most a millisecond (an event for another aggregate can go out at once),
