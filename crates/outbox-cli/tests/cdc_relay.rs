@@ -588,10 +588,11 @@ async fn kill_every_two_seconds(
 
 /// "Nothing stranded", acceptance 3, through the binary with no polling relay at any time:
 /// the CDC relay started with `--create-slot` while producers write (rows committed before the
-/// slot existed among them), a backlog of 100,000 rows committed while no relay ran, and a
-/// dead letter requeued while the relay runs; the relay SIGKILLed every 2 s during the first
-/// two. Every committed event is published, first deliveries in per-aggregate order, and every
-/// row is gone from the table.
+/// slot existed among them); a backlog of 100,000 rows committed while no slot existed (the
+/// slot dropped first: only the relay's catch-up can deliver them), then a new slot with
+/// `--create-slot`; and a dead letter requeued while the relay runs. The relay is SIGKILLed
+/// every 2 s in each part. Every committed event is published, first deliveries in
+/// per-aggregate order, and every row is gone from the table.
 #[tokio::test]
 async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     let db = TestDb::new().await;
@@ -639,14 +640,23 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
         expected.len()
     );
 
-    // 2. A backlog of 100,000 rows committed while no relay runs (plain SQL), drained by a
-    // relay killed every 2 s.
+    // 2. A backlog of 100,000 rows committed while no slot exists (plain SQL), then a new
+    // slot, drained by a relay killed every 2 s.
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &last.id().to_string()])
         .status();
     let mut last = last;
     last.wait_exit(Duration::from_secs(10)).await;
     let s = db.name().to_owned();
+    // The killed relay's WAL sender may hold the slot a moment longer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while let Err(e) = outbox_postgres::cdc::drop_slot(&db.pool, &s).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "could not drop the slot: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     db.exec(&format!(
         "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, aggregate_version, \
          event_type, payload) SELECT gen_random_uuid(), 'payment', 'backlog-' || (g % 1000), \
@@ -661,8 +671,8 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     .unwrap();
     assert_eq!(backlog.len(), 100_000);
     eprintln!("{:?}: backlog written", t0.elapsed());
-    let started = relay(false, "cdc-backlog".into());
-    let mut last =
+    let started = relay(true, "cdc-backlog".into());
+    let last =
         kill_every_two_seconds(started, 3, |i| relay(false, format!("cdc-backlog-{i}"))).await;
     sub.wait_ids(&backlog, Duration::from_secs(240)).await;
     eprintln!("{:?}: backlog published", t0.elapsed());
@@ -709,6 +719,8 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     .await;
     let requeue = cli(&db, &config, &["dead-letters", "requeue", "--all"]).await;
     assert!(requeue.status.success(), "{requeue:?}");
+    let mut last =
+        kill_every_two_seconds(last, 2, |i| relay(false, format!("cdc-requeue-{i}"))).await;
     let seen = sub.wait_ids(&requeued, Duration::from_secs(30)).await;
     expected.extend(requeued);
     let ids = assert_first_appearances_in_order(seen);

@@ -1212,6 +1212,33 @@ mod relay {
         nothing_unconfirmed(&db, &config).await;
     }
 
+    /// A requeue whose wake-up the relay never gets (made with plain SQL, no `NOTIFY`): the
+    /// parked aggregate is looked at again in the table every few seconds, and the relay's next
+    /// catch-up delivers the requeued row and the rows behind it, in order.
+    #[tokio::test]
+    async fn a_requeue_without_its_wake_up_is_still_delivered() {
+        let (db, config, _cleanup) = setup().await;
+        let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));
+        let relay = start(&db, &config, &transport, true).await;
+        enqueue_each(&db, &[msg("b", 1), msg("b", 2), msg("b", 3)]).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while db.count("state = 'dead'").await == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no dead letter");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        db.exec(format!(
+            "UPDATE \"{}\".events SET state = 'pending', attempts = 0 WHERE state = 'dead'",
+            db.schema
+        ))
+        .await;
+        relay
+            .until(&transport, |t| t.acked_for("b").len() >= 3)
+            .await;
+        assert_eq!(transport.acked_for("b"), vec![1, 2, 3]);
+        assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(&db, &config).await;
+    }
+
     /// A slot created while producers write, with no polling relay: every committed event is
     /// published by the CDC relay (those committed before the slot from the table, the rest
     /// from the log), each aggregate's first deliveries in order.

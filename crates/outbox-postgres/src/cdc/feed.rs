@@ -26,6 +26,11 @@ use crate::store::{OnPublish, PgStore, PgStoreConfig};
 /// modes) to publish them itself.
 const BEHIND_PATIENCE: Duration = Duration::from_secs(30);
 
+/// How often the parked aggregates are looked at in the table, in case a requeue's or a
+/// resume's wake-up was missed (the listener was reconnecting, or the rows were changed with
+/// plain SQL).
+const PARKED_RECHECK: Duration = Duration::from_secs(5);
+
 /// The longest a worker waits between two claims of the catch-up while other batches are out
 /// or rows below its ceiling are held by someone else.
 const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
@@ -235,6 +240,8 @@ struct State {
     caught_up_until: Option<u64>,
     /// The `rescan` wake-ups seen when the session started ([`PgStore::rescans`]).
     rescans: u64,
+    /// When the parked aggregates were last looked at ([`CdcFeed::unblocked`]).
+    parked_checked: Option<Instant>,
     next_seq: u64,
     /// Transactions in commit order, settled ones popped from the front.
     open: VecDeque<Open>,
@@ -882,22 +889,28 @@ impl CdcFeed {
     /// with a lower version pending or dead in the table than the head the stream gives
     /// (a polling relay beside this one holds it, a requeue not seen yet): they wait for it,
     /// then for a new session's catch-up.
+    ///
+    /// Each comes with whether it is *blocked*: an older row is dead, or pending on a paused
+    /// route (the catch-up leaves those), so only a requeue or a resume moves it; the others
+    /// wait for the rows to be published.
     async fn behind_the_table(
         &self,
         heads: &[(Aggregate, i64)],
-    ) -> Result<HashSet<Aggregate>, StoreError> {
+    ) -> Result<HashMap<Aggregate, bool>, StoreError> {
         if heads.is_empty() {
-            return Ok(HashSet::new());
+            return Ok(HashMap::new());
         }
         let types: Vec<&str> = heads.iter().map(|((t, _), _)| t.as_str()).collect();
         let ids: Vec<&str> = heads.iter().map(|((_, i), _)| i.as_str()).collect();
         let versions: Vec<i64> = heads.iter().map(|(_, v)| *v).collect();
-        let rows: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT h.t, h.i FROM unnest($1::text[], $2::text[], $3::int8[]) AS h(t, i, v) \
-             WHERE EXISTS (SELECT 1 FROM {}.events e WHERE e.aggregate_type = h.t \
-               AND e.aggregate_id = h.i AND e.aggregate_version < h.v \
-               AND e.state IN ('pending', 'dead'))",
-            self.schema.quoted()
+        let s = self.schema.quoted();
+        let rows: Vec<(String, String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT h.t, h.i, bool_or(e.state = 'dead' OR {paused}) \
+             FROM unnest($1::text[], $2::text[], $3::int8[]) AS h(t, i, v) \
+             JOIN {s}.events e ON e.aggregate_type = h.t AND e.aggregate_id = h.i \
+               AND e.aggregate_version < h.v AND e.state IN ('pending', 'dead') \
+             GROUP BY h.t, h.i",
+            paused = self.paused_sql("e."),
         )))
         .bind(&types)
         .bind(&ids)
@@ -905,7 +918,50 @@ impl CdcFeed {
         .fetch_all(&self.pool)
         .await
         .map_err(|e| store_error("checking for older pending versions", e))?;
-        Ok(rows.into_iter().collect())
+        Ok(rows.into_iter().map(|(t, i, b)| ((t, i), b)).collect())
+    }
+
+    /// Whether the events row `alias` (`"e."`) is on a paused route.
+    fn paused_sql(&self, alias: &str) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM {}.pauses z WHERE z.kind = 'route' AND z.name = {})",
+            self.schema.quoted(),
+            crate::sql::route_key(alias)
+        )
+    }
+
+    /// Of the parked aggregates none of whose events waits to be recorded in the table, those
+    /// that are no longer blocked (no dead row, no pending row on a paused route): a requeue
+    /// or a resume whose wake-up this feed missed. Looked at every [`PARKED_RECHECK`].
+    async fn unblocked(&self, state: &State) -> Result<Vec<Aggregate>, StoreError> {
+        let recording: HashSet<Aggregate> = state
+            .restore
+            .iter()
+            .map(|l| l.event.row.aggregate())
+            .collect();
+        let parked: Vec<&Aggregate> = state
+            .parked
+            .iter()
+            .filter(|a| !recording.contains(*a))
+            .collect();
+        if parked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let types: Vec<&str> = parked.iter().map(|(t, _)| t.as_str()).collect();
+        let ids: Vec<&str> = parked.iter().map(|(_, i)| i.as_str()).collect();
+        let s = self.schema.quoted();
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT h.t, h.i FROM unnest($1::text[], $2::text[]) AS h(t, i) \
+             WHERE NOT EXISTS (SELECT 1 FROM {s}.events e WHERE e.aggregate_type = h.t \
+               AND e.aggregate_id = h.i \
+               AND (e.state = 'dead' OR (e.state = 'pending' AND {paused})))",
+            paused = self.paused_sql("e."),
+        )))
+        .bind(&types)
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| store_error("looking at the parked aggregates", e))
     }
 
     /// Starts the stream if it is not running, with the parked aggregates read from the table.
@@ -934,9 +990,9 @@ impl CdcFeed {
         match paused {
             Ok(paused) if !paused.is_empty() => tracing::warn!(
                 routes = ?paused,
-                "routes are paused, but the CDC relay does not honour pauses: their events are \
-                 published; stop this relay and run the polling relay while a route must stay \
-                 paused"
+                "routes are paused: the CDC relay's catch-up leaves their pending rows, but \
+                 what the log brings of them is published; stop this relay and run the polling \
+                 relay while a route must stay paused"
             ),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not read the paused routes"),
@@ -1066,17 +1122,18 @@ impl CdcFeed {
         Ok(None)
     }
 
-    /// Whether a pending row at or below `ceiling` is left that the catch-up must publish:
-    /// one not behind a dead letter of its aggregate and not on a paused route (those wait for
-    /// a requeue or a resume, which start a new catch-up). Rows held by another relay's lease
-    /// or in backoff count: the catch-up waits for them.
+    /// Whether a head the catch-up must publish is left at or below `ceiling`: a pending row
+    /// with no unpublished earlier version of its aggregate (the claim's heads; rows behind a
+    /// dead letter are not heads) and not on a paused route (those wait for a requeue or a
+    /// resume, which start a new catch-up). Heads held by another relay's lease or in backoff
+    /// count: the catch-up waits for them.
     async fn pending_up_to(&self, ceiling: i64) -> Result<bool, StoreError> {
         let s = self.schema.quoted();
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT EXISTS (SELECT 1 FROM {s}.events e WHERE e.state = 'pending' AND e.id <= $1 \
-               AND NOT EXISTS (SELECT 1 FROM {s}.events d \
-                 WHERE d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id \
-                   AND d.state = 'dead' AND d.aggregate_version < e.aggregate_version) \
+               AND NOT EXISTS (SELECT 1 FROM {s}.events p \
+                 WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
+                   AND p.aggregate_version < e.aggregate_version AND p.state <> 'published') \
                AND NOT EXISTS (SELECT 1 FROM {s}.pauses z WHERE z.kind = 'route' \
                  AND z.name = {key}))",
             key = crate::sql::route_key("e.")
@@ -1239,6 +1296,25 @@ impl Feed for CdcFeed {
             );
             self.end_session(&mut state).await;
             return Ok(empty_batch(state.session));
+        } else if !state.parked.is_empty()
+            && state
+                .parked_checked
+                .is_none_or(|at| at.elapsed() >= PARKED_RECHECK)
+        {
+            state.parked_checked = Some(Instant::now());
+            let unblocked = self.unblocked(&state).await?;
+            if let Some(aggregate) = unblocked.first() {
+                tracing::info!(
+                    aggregate_type = %aggregate.0,
+                    aggregate_id = %aggregate.1,
+                    aggregates = unblocked.len(),
+                    "a parked aggregate is no longer behind a dead letter or a paused route \
+                     (a requeue, a discard or a resume): the stream starts again and its \
+                     catch-up publishes its rows"
+                );
+                self.end_session(&mut state).await;
+                return Ok(empty_batch(state.session));
+            }
         }
         if state.waiting_count() < max_rows {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;
@@ -1260,14 +1336,27 @@ impl Feed for CdcFeed {
             }
         };
         for (aggregate, _) in heads {
-            if !behind.contains(&aggregate) {
+            let Some(&blocked) = behind.get(&aggregate) else {
                 state.behind.remove(&aggregate);
                 state.verified.insert(aggregate);
                 continue;
-            }
+            };
             let (out, kept): (Vec<Waiting>, Vec<Waiting>) =
                 taken.into_iter().partition(|w| w.row.is_of(&aggregate));
             taken = kept;
+            if blocked {
+                // Behind a dead letter or a paused route's row: its events wait in the table
+                // until a requeue or a resume starts a new catch-up.
+                tracing::info!(
+                    aggregate_type = %aggregate.0,
+                    aggregate_id = %aggregate.1,
+                    "an older version of this aggregate is a dead letter or on a paused route: \
+                     its events wait in the table for a requeue or a resume"
+                );
+                state.behind.remove(&aggregate);
+                state.park(&aggregate, out);
+                continue;
+            }
             let since = *state
                 .behind
                 .entry(aggregate.clone())
@@ -1346,7 +1435,9 @@ impl Feed for CdcFeed {
             if state.session == ticket.session {
                 state.catch_up_out = state.catch_up_out.saturating_sub(1);
             }
-            if result.is_ok() {
+            // Only a batch settled whole under its lease: rows of a lost lease are another
+            // relay's (or another batch's) to settle, and the log must not skip them.
+            if result.as_ref().is_ok_and(|r| r.lease_lost == 0) {
                 let dead = settlement
                     .failed
                     .iter()
