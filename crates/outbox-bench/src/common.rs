@@ -223,6 +223,13 @@ fn proc_ticks(stat: &str) -> Option<(String, f64)> {
     Some((comm, t(11) + t(12) + t(13) + t(14)))
 }
 
+/// CPU seconds process `pid` consumed so far (user and system, its waited-for children's
+/// too), from `/proc/<pid>/stat`; `None` once it is gone.
+pub fn proc_cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    proc_ticks(&stat).map(|(_, ticks)| ticks / CLK_TCK)
+}
+
 pub fn cpu_snapshot() -> CpuSnap {
     let mut s = CpuSnap::default();
     let me = std::process::id().to_string();

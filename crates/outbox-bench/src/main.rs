@@ -12,6 +12,8 @@
 //!   claim latency as it shrinks, relay memory, first publish after a restart, table sizes,
 //!   in delete and mark mode (with mark mode's retention).
 //! * `paused`: what a paused route's backlog costs each claim.
+//! * `cdc-memory`: the CDC relay's peak RSS with one transaction of a million rows, against
+//!   the same rows in ordinary transactions.
 //! * `w4`: consumer throughput: draining a preloaded stream / queue with `PgConsumer` (inbox)
 //!   vs. the same handler without the inbox, one delivery per transaction and batched.
 //!
@@ -19,6 +21,7 @@
 //! removes them at the end. Results are printed as markdown tables; see `BENCHMARKS.md`.
 
 mod brokers;
+mod cdc_memory;
 mod common;
 mod consume;
 mod latency;
@@ -63,6 +66,8 @@ enum Workload {
     W6(w6::Args),
     /// What a paused route costs each claim, by the size of its backlog.
     Paused(paused::Args),
+    /// The CDC relay's memory with one very large transaction, against ordinary ones.
+    CdcMemory(cdc_memory::Args),
 }
 
 #[tokio::main]
@@ -86,5 +91,6 @@ async fn main() -> Result<()> {
         Workload::W5(a) => w5::run(&env, a).await,
         Workload::W6(a) => w6::run(&env, a).await,
         Workload::Paused(a) => paused::run(&env, a).await,
+        Workload::CdcMemory(a) => cdc_memory::run(&env, a).await,
     }
 }

@@ -707,7 +707,7 @@ fn spawn_relay(
 }
 
 /// Sends `signal` (`KILL`, `TERM`) to the relay and waits for it to end.
-async fn stop(relay: &mut tokio::process::Child, signal: &str) -> Result<()> {
+pub(crate) async fn stop(relay: &mut tokio::process::Child, signal: &str) -> Result<()> {
     let pid = relay.id().context("the relay already ended")?;
     let status = tokio::process::Command::new("kill")
         .args([format!("-{signal}"), pid.to_string()])
@@ -723,7 +723,7 @@ async fn stop(relay: &mut tokio::process::Child, signal: &str) -> Result<()> {
 }
 
 /// Resident memory of process `pid`, MB (`VmRSS` of `/proc/<pid>/status`).
-fn rss_mb(pid: Option<u32>) -> Option<f64> {
+pub(crate) fn rss_mb(pid: Option<u32>) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
     let kb: f64 = status
         .lines()
