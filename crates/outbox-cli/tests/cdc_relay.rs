@@ -586,6 +586,30 @@ async fn kill_every_two_seconds(
     relay
 }
 
+/// Kills `relay` with SIGKILL and starts it again (`start`, no `--create-slot`) every 2 s
+/// until every one of `ids` reached `sub` (at most 300 s); returns the relay running then.
+async fn kill_every_two_seconds_until_delivered(
+    mut relay: ChildGuard,
+    sub: &Subscriber,
+    ids: &[Uuid],
+    start: impl Fn(usize) -> ChildGuard,
+) -> ChildGuard {
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut lives = 1;
+    while sub.missing(ids) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} events missing after {lives} relay lives",
+            sub.missing(ids),
+            ids.len()
+        );
+        relay = kill_every_two_seconds(relay, 1, |_| start(lives)).await;
+        lives += 1;
+    }
+    eprintln!("delivered over {lives} relay lives");
+    relay
+}
+
 /// "Nothing stranded", acceptance 3, through the binary with no polling relay at any time:
 /// the CDC relay started with `--create-slot` while producers write (rows committed before the
 /// slot existed among them); a backlog of 100,000 rows committed while no slot existed (the
@@ -633,7 +657,10 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     let last = kill_every_two_seconds(first, 4, |i| relay(false, format!("cdc-live-{i}"))).await;
     stop.cancel();
     let mut expected = producer.await.unwrap();
-    sub.wait_ids(&expected, Duration::from_secs(90)).await;
+    let last = kill_every_two_seconds_until_delivered(last, &sub, &expected, |i| {
+        relay(false, format!("cdc-live-more-{i}"))
+    })
+    .await;
     eprintln!(
         "{:?}: live phase done, {} events",
         t0.elapsed(),
@@ -671,9 +698,18 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     .unwrap();
     assert_eq!(backlog.len(), 100_000);
     eprintln!("{:?}: backlog written", t0.elapsed());
-    let started = relay(true, "cdc-backlog".into());
+    // Killed every 2 s ten times while it drains, then left to finish. (Killed every 2 s
+    // until the end, a debug build's 2 s life published about 550 of these events: each new
+    // life first waits about a second for the killed one's slot, then for the 2 s leases of
+    // its batches; 100,000 took over five minutes. Faster takeovers are the failover work.)
+    let first = relay(true, "cdc-backlog".into());
     let last =
-        kill_every_two_seconds(started, 3, |i| relay(false, format!("cdc-backlog-{i}"))).await;
+        kill_every_two_seconds(first, 10, |i| relay(false, format!("cdc-backlog-{i}"))).await;
+    eprintln!(
+        "{:?}: {} of the backlog missing after ten kills",
+        t0.elapsed(),
+        sub.missing(&backlog)
+    );
     sub.wait_ids(&backlog, Duration::from_secs(240)).await;
     eprintln!("{:?}: backlog published", t0.elapsed());
     expected.extend(backlog);
@@ -719,8 +755,10 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     .await;
     let requeue = cli(&db, &config, &["dead-letters", "requeue", "--all"]).await;
     assert!(requeue.status.success(), "{requeue:?}");
-    let mut last =
-        kill_every_two_seconds(last, 2, |i| relay(false, format!("cdc-requeue-{i}"))).await;
+    let mut last = kill_every_two_seconds_until_delivered(last, &sub, &requeued, |i| {
+        relay(false, format!("cdc-requeue-{i}"))
+    })
+    .await;
     let seen = sub.wait_ids(&requeued, Duration::from_secs(30)).await;
     expected.extend(requeued);
     let ids = assert_first_appearances_in_order(seen);

@@ -19,7 +19,7 @@
 //!
 //! Cases per property: `OUTBOX_FUZZ_CASES`, [`DEFAULT_CASES`] when unset (the short run every
 //! `cargo test` makes); the long mode is the same test with a large number, e.g.
-//! `OUTBOX_FUZZ_CASES=200000 cargo test --release -p outbox-nats --test fuzz_decode`
+//! `OUTBOX_FUZZ_CASES=200000 cargo test --release -p outbox-nats --lib fuzz`
 //! (docs/guide/src/troubleshooting.md, "Fuzzing the decoders", has every command and the last
 //! long run's result). A failing case is shrunk and printed; `PROPTEST_RNG_SEED` replays a run.
 

@@ -253,6 +253,18 @@ impl Subscriber {
         }
     }
 
+    /// How many of `ids` have not arrived yet.
+    pub fn missing(&self, ids: &[Uuid]) -> usize {
+        let arrived: std::collections::HashSet<Uuid> = self
+            .items
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.event_id)
+            .collect();
+        ids.iter().filter(|id| !arrived.contains(id)).count()
+    }
+
     /// Waits until every id in `ids` was seen at least once. Each look reads only what
     /// arrived since the last one (a copy of 100,000 messages every 20 ms would slow the
     /// test, and the relay beside it, more than the relay's own work).
