@@ -370,23 +370,7 @@ async fn switching_polling_cdc_polling_under_load_loses_nothing_and_keeps_order(
 
     // Ten aggregates, one round of versions per transaction, until told to stop.
     let stop = tokio_util::sync::CancellationToken::new();
-    let producer = {
-        let (pool, outbox, stop) = (db.pool.clone(), db.outbox.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut ids = Vec::new();
-            let mut v = 0;
-            while !stop.is_cancelled() {
-                v += 1;
-                let batch: Vec<_> = (0..10).map(|a| event(&format!("sw-{a}"), v)).collect();
-                let mut tx = pool.begin().await.unwrap();
-                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
-                tx.commit().await.unwrap();
-                ids.extend(batch.iter().map(|m| m.event_id));
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            ids
-        })
-    };
+    let producer = produce_until(&db, "sw", stop.clone());
 
     let mut polling = relay("polling", false, "polling-1");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -646,23 +630,7 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
 
     // 1. Producers write before, while and after the slot is created.
     let stop = tokio_util::sync::CancellationToken::new();
-    let producer = {
-        let (pool, outbox, stop) = (db.pool.clone(), db.outbox.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut ids = Vec::new();
-            let mut v = 0;
-            while !stop.is_cancelled() {
-                v += 1;
-                let batch: Vec<_> = (0..10).map(|a| event(&format!("live-{a}"), v)).collect();
-                let mut tx = pool.begin().await.unwrap();
-                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
-                tx.commit().await.unwrap();
-                ids.extend(batch.iter().map(|m| m.event_id));
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            ids
-        })
-    };
+    let producer = produce_until(&db, "live", stop.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let t0 = std::time::Instant::now();
     let first = relay(true, "cdc-create".into());

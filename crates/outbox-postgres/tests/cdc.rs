@@ -668,6 +668,22 @@ mod relay {
             .await
     }
 
+    /// The first delivery of each version of `aggregate` came in order, 1 to `versions`
+    /// (copies after a restart are fine).
+    fn assert_first_deliveries(transport: &FakeTransport, aggregate: &str, versions: i64) {
+        let mut firsts: Vec<i64> = Vec::new();
+        for v in transport.acked_for(aggregate) {
+            if !firsts.contains(&v) {
+                firsts.push(v);
+            }
+        }
+        assert_eq!(
+            firsts,
+            (1..=versions).collect::<Vec<i64>>(),
+            "{aggregate}: first deliveries in order"
+        );
+    }
+
     /// No transaction left after the confirmed position: a new stream sees only idle positions.
     async fn nothing_unconfirmed(db: &TestDb, config: &outbox_postgres::cdc::CdcConfig) {
         let mut stream = CdcStream::start(&database_url(), &db.schema, config)
@@ -1281,17 +1297,7 @@ mod relay {
             })
             .await;
         for a in &aggregates {
-            let mut first: Vec<i64> = Vec::new();
-            for v in transport.acked_for(a) {
-                if !first.contains(&v) {
-                    first.push(v);
-                }
-            }
-            assert_eq!(
-                first,
-                (1..=20).collect::<Vec<i64>>(),
-                "{a}: first deliveries"
-            );
+            assert_first_deliveries(&transport, a, 20);
         }
         assert_eq!(db.count("true").await, 0);
         nothing_unconfirmed(&db, &config).await;
@@ -1331,18 +1337,7 @@ mod relay {
         };
         run_until(&db, &config, &transport, transport_done).await;
         for agg in &aggregates {
-            let acked = transport.acked_for(agg);
-            let mut firsts = Vec::new();
-            for v in acked {
-                if !firsts.contains(&v) {
-                    firsts.push(v);
-                }
-            }
-            assert_eq!(
-                firsts,
-                (1..=10).collect::<Vec<_>>(),
-                "{agg}: first appearances in order"
-            );
+            assert_first_deliveries(&transport, agg, 10);
         }
         assert_eq!(db.count("true").await, 0);
         nothing_unconfirmed(&db, &config).await;

@@ -103,3 +103,29 @@ pub async fn produce(
     }
     ids
 }
+
+/// Writes one version of ten aggregates (`{prefix}-0` to `-9`) per transaction, every 5 ms,
+/// until `stop`; the task returns the event ids written, in order.
+pub fn produce_until(
+    db: &TestDb,
+    prefix: &str,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Vec<Uuid>> {
+    let (pool, outbox, prefix) = (db.pool.clone(), db.outbox.clone(), prefix.to_owned());
+    tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut v = 0;
+        while !stop.is_cancelled() {
+            v += 1;
+            let batch: Vec<_> = (0..10)
+                .map(|a| event(&format!("{prefix}-{a}"), v))
+                .collect();
+            let mut tx = pool.begin().await.unwrap();
+            outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
+            tx.commit().await.unwrap();
+            ids.extend(batch.iter().map(|m| m.event_id));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        ids
+    })
+}
