@@ -11,8 +11,10 @@ use outbox::relay::Relay;
 use outbox_postgres::admin::Admin;
 use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
 use outbox_postgres::roles::{Component, check_privileges};
+use outbox_postgres::session::{self, PgSession, SessionConfig};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -140,6 +142,7 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
         create_slot,
     } = run;
     let relay_config = file.relay.to_relay_config()?;
+    let session_config = file.relay.session_config()?;
     store.check().await.context("cannot start the relay")?;
     // Fail now, naming every missing grant, rather than at the first claim or settle.
     check_privileges(store.pool(), store.schema(), Component::Relay)
@@ -148,6 +151,11 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
     if store.config().on_publish == OnPublish::Mark {
         warn_missing_mark_mode_indexes(&store).await;
     }
+    // Leases tied to this relay's database session: taken over as soon as it ends.
+    let (store, session) = match session_config {
+        Some(config) => live_session(store, config, file.relay.claim_window).await?,
+        None => (store, None),
+    };
     let transport = brokers.connect_transport(broker_url, settings).await?;
     let addr = metrics_addr.or(file
         .metrics_addr
@@ -203,7 +211,41 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
         }
     };
     let _ = reaping.await;
+    // After the last batch was settled: what is left is taken over at once.
+    if let Some(session) = session {
+        session.close().await;
+    }
     Ok(code)
+}
+
+/// `store` over a pool whose connections the server ends when the relay is cut off
+/// ([`session::relay_connect_options`]), with its claims tied to a new live session (and the
+/// claim window when `claim_window`).
+async fn live_session(
+    store: PgStore,
+    config: SessionConfig,
+    claim_window: bool,
+) -> Result<(PgStore, Option<PgSession>)> {
+    let options = session::relay_connect_options(&store.pool().connect_options(), &config);
+    let pool = PgPoolOptions::new()
+        .max_connections(store.pool().options().get_max_connections())
+        .acquire_timeout(store.pool().options().get_acquire_timeout())
+        .connect_with(options.clone())
+        .await
+        .context("cannot start the relay")?;
+    store.pool().close().await;
+    let session = PgSession::start(
+        &store.pool().connect_options(),
+        store.schema().clone(),
+        config,
+    )
+    .await
+    .context("cannot start the relay's database session")?;
+    let mut store = PgStore::new(pool, store.config().clone()).with_session(session.clone());
+    if claim_window {
+        store = store.with_claim_window(outbox_postgres::ClaimWindow::default());
+    }
+    Ok((store, Some(session)))
 }
 
 /// The heartbeat of this process (`outbox_postgres::heartbeat`): the console shows it as up,

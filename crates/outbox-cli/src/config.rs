@@ -128,6 +128,19 @@ pub struct RelayFile {
     /// CDC: the most streamed events the relay holds in memory; a larger transaction is
     /// streamed in parts of a quarter of it (`CdcConfig::max_rows_in_memory`). Default 10,000.
     pub cdc_max_rows_in_memory: usize,
+    /// Ties the relay's leases to a live database session (`outbox_postgres::session`):
+    /// another relay takes them over as soon as this relay's session ends, not when they run
+    /// out. Default true; false (behind a transaction-mode pooler, which cannot hold a
+    /// session's lock) leaves leases to their clock only.
+    pub live_session: bool,
+    /// How often the session proves itself alive and looks for relays that are gone.
+    pub session_interval_ms: u64,
+    /// How long after a proof of life the relay may still start publishes without the next.
+    pub session_window_ms: u64,
+    /// TCP keepalive, user timeout and idle-in-transaction timeout asked of the server for the
+    /// relay's connections: about how long the server takes to end the session of a relay cut
+    /// off by the network.
+    pub session_server_timeout_secs: f64,
 }
 
 /// `relay.mode`.
@@ -145,6 +158,7 @@ pub enum RelayMode {
 impl Default for RelayFile {
     fn default() -> Self {
         let d = RelayConfig::default();
+        let session = outbox_postgres::session::SessionConfig::default();
         Self {
             batch_size: d.batch_size,
             max_per_aggregate: d.max_per_aggregate,
@@ -167,6 +181,10 @@ impl Default for RelayFile {
             cdc_heartbeat_secs: 10.0,
             cdc_producers_delete_rows: false,
             cdc_max_rows_in_memory: outbox_postgres::cdc::CdcConfig::default().max_rows_in_memory,
+            live_session: true,
+            session_interval_ms: session.interval.as_millis() as u64,
+            session_window_ms: session.window.as_millis() as u64,
+            session_server_timeout_secs: session.server_timeout.as_secs_f64(),
         }
     }
 }
@@ -199,6 +217,30 @@ impl RelayFile {
             max_rows_in_memory: self.cdc_max_rows_in_memory,
             ..outbox_postgres::cdc::CdcConfig::default()
         })
+    }
+
+    /// The live session's settings, `None` when `relay.live_session` is off.
+    ///
+    /// # Errors
+    /// An invalid `relay.session_*` value, naming the key.
+    pub fn session_config(&self) -> Result<Option<outbox_postgres::session::SessionConfig>> {
+        let c = outbox_postgres::session::SessionConfig {
+            interval: Duration::from_millis(self.session_interval_ms),
+            window: Duration::from_millis(self.session_window_ms),
+            server_timeout: secs(
+                "session_server_timeout_secs",
+                self.session_server_timeout_secs,
+            )?,
+        };
+        c.validate().map_err(|e| {
+            let key = match e.key {
+                "interval" => "session_interval_ms",
+                "window" => "session_window_ms",
+                _ => "session_server_timeout_secs",
+            };
+            anyhow::anyhow!("invalid configuration `relay.{key}`: {}", e.reason)
+        })?;
+        Ok(self.live_session.then_some(c))
     }
 
     /// The heartbeat interval, `None` when off.

@@ -51,8 +51,8 @@ pub use message::{
 };
 pub use store::{
     ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams,
-    LeaseToken, MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams, Takeover,
-    UndecodableRow,
+    LeaseToken, Liveness, MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams,
+    Takeover, UndecodableRow,
 };
 pub use transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
 pub use wire::{DecodeError, EventIdentity, IncomingEvent};

@@ -6,7 +6,9 @@
 //! matches nothing, so a stale worker can neither mark, fail nor release it.
 
 use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
@@ -68,6 +70,79 @@ pub struct ClaimedBatch {
     /// settled through this claim's token (the relay dead-letters it), and the rows of its
     /// aggregate in `messages` after it are not published.
     pub undecodable: Vec<UndecodableRow>,
+    /// The liveness of the claim's owner, when the store ties its leases to something that can
+    /// end before their clock does (a PostgreSQL relay's database session); `None`: the lease
+    /// ends by its clock only.
+    pub liveness: Option<Arc<Liveness>>,
+}
+
+/// What the holder of a claim knows of its own ownership, when the store ties it to a live
+/// session (`outbox_postgres::session`): another relay may take the claim's aggregates over
+/// the moment the session ends, long before the lease's clock runs out.
+///
+/// The session keeper proves the session alive at intervals and [`Liveness::confirm`]s, each
+/// time, the moment until which a publish may still start: the proof's *send* time plus a
+/// window. A proof answered means the session was alive after it was sent, so a takeover (which
+/// needs the session gone) comes later than that send; the holder starts nothing after the
+/// window, so its publishes overlap a survivor's by at most the window. Once the keeper knows
+/// the session is gone ([`Liveness::lose`]), nothing starts again under this value: a new
+/// session is a new owner, with a new `Liveness`.
+#[derive(Debug)]
+pub struct Liveness {
+    base: Instant,
+    /// Nanoseconds after `base` before which a publish may start; [`LOST`] once lost.
+    until: AtomicU64,
+}
+
+/// [`Liveness::until`] of a lost session.
+const LOST: u64 = u64::MAX;
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Liveness {
+    /// Not yet confirmed: [`Liveness::may_start`] is false until the first
+    /// [`Liveness::confirm`].
+    pub fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            until: AtomicU64::new(0),
+        }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(LOST - 1)
+    }
+
+    /// Publishes may start until `until` (never moves it back; does nothing once lost).
+    pub fn confirm(&self, until: Instant) {
+        let n = self.nanos(until).min(LOST - 1);
+        let _ = self
+            .until
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur != LOST && n > cur).then_some(n)
+            });
+    }
+
+    /// The session is gone: no publish starts under it again.
+    pub fn lose(&self) {
+        self.until.store(LOST, Ordering::Release);
+    }
+
+    /// Whether the session is known to be gone.
+    pub fn is_lost(&self) -> bool {
+        self.until.load(Ordering::Acquire) == LOST
+    }
+
+    /// Whether a publish may start at `now`: the session is not known to be gone, and its last
+    /// proof of life is recent enough.
+    pub fn may_start(&self, now: Instant) -> bool {
+        let until = self.until.load(Ordering::Acquire);
+        until != LOST && self.nanos(now) < until
+    }
 }
 
 /// A claimed row that cannot be published as it is stored: a column that does not decode (a
@@ -111,6 +186,10 @@ pub struct Takeover {
     pub head: i64,
     /// Consecutive takeovers with this head, at least 1.
     pub count: u32,
+    /// How long the aggregate had been without a live owner when this claim took it: since
+    /// the store saw its holder's session end, or since the lease ran out (`None` when the
+    /// store cannot tell).
+    pub orphaned_for: Option<Duration>,
 }
 
 /// Parameters of [`Store::mark_published`].
@@ -284,5 +363,17 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// with a wake-up channel return early when a producer signalled.
     fn wait_for_work(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
         tokio::time::sleep(timeout)
+    }
+
+    /// Whether a [`ClaimScope::TakeOver`] claim may find something now: a lease that was
+    /// itself a takeover and has no live owner. A cheap look, so that the relay can check
+    /// often (a crashed relay's twice-taken aggregates wait for it) without holding its other
+    /// batches back for the exclusive claim each time. The default says yes (the claim then
+    /// looks for itself).
+    ///
+    /// # Errors
+    /// [`StoreError`] on an outage.
+    fn takeovers_waiting(&self) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Ok(true) }
     }
 }

@@ -249,6 +249,7 @@ async fn any_feed_plugs_into_the_publish_engine() {
                 owned_until: None,
                 takeovers: Vec::new(),
                 undecodable: Vec::new(),
+                liveness: None,
             })
         }
         async fn settle(&self, ticket: u32, s: &Settlement) -> Result<SettleReport, StoreError> {
@@ -301,6 +302,78 @@ async fn any_feed_plugs_into_the_publish_engine() {
     );
     assert!(s.failed[0].retry_after.is_some());
     assert!(s.failed[0].error.starts_with("attempt 1:"));
+}
+
+/// A batch tied to a session ([`outbox_core::Liveness`]): once the session is lost, the
+/// engine starts no further publish of it; what was acknowledged is settled, the rest given
+/// back (another relay owns it now).
+#[tokio::test]
+async fn a_batch_whose_session_is_lost_starts_no_more_publishes() {
+    struct OneBatch {
+        batch: std::sync::Mutex<Option<Vec<outbox_core::OutboxMessage>>>,
+        liveness: Arc<outbox_core::Liveness>,
+        settled: std::sync::Mutex<Vec<Settlement>>,
+    }
+    impl Feed for OneBatch {
+        type Ticket = ();
+        async fn next_batch(&self, _max_rows: usize) -> Result<FeedBatch<()>, StoreError> {
+            Ok(FeedBatch {
+                ticket: (),
+                messages: self.batch.lock().unwrap().take().unwrap_or_default(),
+                owned_until: None,
+                takeovers: Vec::new(),
+                undecodable: Vec::new(),
+                liveness: Some(Arc::clone(&self.liveness)),
+            })
+        }
+        async fn settle(&self, _: (), s: &Settlement) -> Result<SettleReport, StoreError> {
+            self.settled.lock().unwrap().push(s.clone());
+            Ok(SettleReport::default())
+        }
+    }
+    let events: Vec<(&str, i64)> = (1..=40).map(|v| ("a", v)).collect();
+    let batch = store_with(&events)
+        .claim_batch(ClaimParams {
+            max_rows: 100,
+            max_per_aggregate: 100,
+            lease: Duration::from_secs(30),
+            scope: Default::default(),
+        })
+        .await
+        .unwrap();
+    let liveness = Arc::new(outbox_core::Liveness::new());
+    liveness.confirm(Instant::now() + Duration::from_secs(60));
+    let feed = Arc::new(OneBatch {
+        batch: std::sync::Mutex::new(Some(batch.messages)),
+        liveness: Arc::clone(&liveness),
+        settled: std::sync::Mutex::default(),
+    });
+    let r = Relay::with_feed(
+        Arc::clone(&feed),
+        Arc::new(FakeTransport::with_delay(Duration::from_millis(10))),
+        fast_config(),
+    )
+    .unwrap();
+    let transport = Arc::clone(r.transport());
+    let lose = tokio::spawn(async move {
+        while transport.acked().len() < 5 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        liveness.lose();
+        transport.acked().len()
+    });
+    let o = r.run_batch().await.unwrap();
+    let acked_at_loss = lose.await.unwrap();
+    let acked = r.transport().acked().len();
+    // At most the publish already in flight when the session was lost ends after it.
+    assert!(
+        acked <= acked_at_loss + 1,
+        "{acked} acknowledged, {acked_at_loss} when the session was lost"
+    );
+    let s = &feed.settled.lock().unwrap()[0];
+    assert_eq!(s.published.len(), acked);
+    assert_eq!(s.not_attempted.len(), 40 - acked, "{o:?}");
+    assert!(s.failed.is_empty());
 }
 
 #[tokio::test]

@@ -47,6 +47,7 @@ pub mod migrate;
 mod producer;
 pub mod roles;
 mod schema;
+pub mod session;
 mod sql;
 mod store;
 mod version;

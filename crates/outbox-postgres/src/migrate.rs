@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0012_publishable_rows.sql",
         sql: include_str!("../migrations/0012_publishable_rows.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_lease_owners.sql",
+        sql: include_str!("../migrations/0013_lease_owners.sql"),
+    },
 ];
 
 /// The schema version this release needs.

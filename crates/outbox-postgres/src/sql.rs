@@ -47,22 +47,34 @@ pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response
 /// the one the old lease was taken with, else 1) and the start of the result, each row with
 /// whether its route is paused (`route_paused`, [`ROUTE_PAUSED`]) and the lowest head of the
 /// claim (`first_head`, for `crate::window`). `{lease}` is the lease length parameter in
-/// milliseconds.
+/// milliseconds; `{owner}` the claiming relay's owner number (`crate::session`), or NULL for
+/// a relay without a live session. With an owner, nothing is leased unless the owner is still
+/// registered: the claim's transaction holds its lock in shared mode (`crate::session`), so no
+/// sweep can remove it meanwhile, and a claim after the sweep leases nothing. A takeover
+/// records how long the lease had been without a live owner (`takeover_ms`: since a sweep
+/// found its owner gone, or since it ran out).
 const ACQUIRE: &str = "), token AS MATERIALIZED ( \
       SELECT nextval('{s}.lease_token_seq') AS t \
+      WHERE {owner}::int4 IS NULL \
+        OR EXISTS (SELECT 1 FROM {s}.lease_owners o WHERE o.owner = {owner}::int4) \
     ), acquired AS ( \
-      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id) \
+      INSERT INTO {s}.leases AS l (aggregate_type, aggregate_id, token, lease_until, head_id, \
+        owner) \
       SELECT h.aggregate_type, h.aggregate_id, token.t, now() + {lease} * interval '1 millisecond', \
-        h.id \
+        h.id, {owner}::int4 \
       FROM heads h, token \
       ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
         SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, \
           takeovers = CASE WHEN l.head_id = EXCLUDED.head_id THEN l.takeovers + 1 ELSE 1 END, \
-          head_id = EXCLUDED.head_id \
+          head_id = EXCLUDED.head_id, owner = EXCLUDED.owner, \
+          takeover_ms = least(extract(epoch FROM now() - coalesce(l.orphaned_at, l.lease_until)) \
+            * 1000, 2147483647)::int4, \
+          orphaned_at = NULL \
         WHERE l.lease_until <= now() \
-      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers \
+      RETURNING l.aggregate_type, l.aggregate_id, l.token, l.takeovers, l.takeover_ms \
     ) \
-    SELECT a.token, a.takeovers AS lease_takeovers, h.id AS lease_head, \
+    SELECT a.token, a.takeovers AS lease_takeovers, a.takeover_ms AS lease_orphaned_ms, \
+      h.id AS lease_head, \
       (SELECT min(id) FROM heads) AS first_head, {paused_e} AS route_paused, {cols} \
     FROM heads h \
     JOIN acquired a ON a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id";
@@ -84,7 +96,7 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
 /// aggregate waits. A later row of a taken run may go to a paused route; the store cuts the run
 /// before it (`route_paused`), so nothing of the aggregate passes it.
 ///
-/// With the claim window on (`crate::window`), heads are looked for from id `$5` on (`{from}`;
+/// With the claim window on (`crate::window`), heads are looked for from id `$6` on (`{from}`;
 /// empty when the window is off, so the statement is the one without a window); a head still
 /// needs every earlier version of its aggregate published, wherever it
 /// lies, so where the walk starts never reorders anything.
@@ -181,6 +193,12 @@ const CLAIM_TAKEOVER: &str = "WITH expired AS ( \
       FOR UPDATE OF e SKIP LOCKED \
     {acquire} \
     JOIN {s}.events e ON e.id = h.id";
+
+/// Whether a [`CLAIM_TAKEOVER`] claim may find something: a lease that was itself a takeover
+/// and ran out (or was expired by a sweep, `crate::session`). A scan of the small `leases`
+/// table.
+pub(crate) const TAKEOVERS_WAITING: &str =
+    "SELECT EXISTS (SELECT 1 FROM {s}.leases WHERE takeovers > 0 AND lease_until <= now())";
 
 const MARK_DELETE: &str = "DELETE FROM {s}.events e USING {s}.leases l \
     WHERE e.id = ANY($1) AND l.token = $2 \
@@ -344,14 +362,17 @@ const LIVE: &str = "AND l.lease_until > now()";
 const LIVE_OR_COUNTED: &str = "AND (l.lease_until > now() OR l.takeovers > 0)";
 
 /// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`;
-/// `from`: a bound on the heads' ids (`"AND e.id >= $5"` for the claim window,
-/// `crate::window`; `"AND e.id <= $5"` for a ceiling, [`PgStore::with_claim_ceiling`]), or
-/// empty.
+/// `from`: a bound on the heads' ids (`"AND e.id >= $6"` for the claim window,
+/// `crate::window`; `"AND e.id <= $6"` for a ceiling, [`PgStore::with_claim_ceiling`]), or
+/// empty. `$5` is the owner (see [`ACQUIRE`]).
 ///
 /// [`PgStore::with_claim_ceiling`]: crate::PgStore::with_claim_ceiling
 fn claim(live_only: &str, from: &str) -> String {
     CLAIM
-        .replace("{acquire}", &ACQUIRE.replace("{lease}", "$3"))
+        .replace(
+            "{acquire}",
+            &ACQUIRE.replace("{lease}", "$3").replace("{owner}", "$5"),
+        )
         .replace("{live_only}", live_only)
         .replace("{paused_e}", &route_paused())
         .replace("{from}", from)
@@ -360,7 +381,10 @@ fn claim(live_only: &str, from: &str) -> String {
 /// [`CLAIM_TAKEOVER`] with its shared part.
 fn claim_takeover() -> String {
     CLAIM_TAKEOVER
-        .replace("{acquire}", &ACQUIRE.replace("{lease}", "$1"))
+        .replace(
+            "{acquire}",
+            &ACQUIRE.replace("{lease}", "$1").replace("{owner}", "$2"),
+        )
         .replace("{paused_e}", &route_paused())
 }
 
@@ -378,14 +402,16 @@ pub(crate) struct Sql {
     pub claim: Arc<str>,
     /// The claim of `ClaimScope::Free` (stays off every leased aggregate).
     pub claim_free: Arc<str>,
-    /// [`Sql::claim`] from id `$5` on (the claim window).
+    /// [`Sql::claim`] from id `$6` on (the claim window).
     pub claim_from: Arc<str>,
-    /// [`Sql::claim_free`] from id `$5` on (the claim window).
+    /// [`Sql::claim_free`] from id `$6` on (the claim window).
     pub claim_free_from: Arc<str>,
-    /// [`Sql::claim`] of heads with ids up to `$5` (a claim ceiling).
+    /// [`Sql::claim`] of heads with ids up to `$6` (a claim ceiling).
     pub claim_below: Arc<str>,
     /// The claim of `ClaimScope::TakeOver`.
     pub claim_takeover: Arc<str>,
+    /// [`TAKEOVERS_WAITING`].
+    pub takeovers_waiting: Arc<str>,
     pub mark_delete: Arc<str>,
     pub mark_update: Arc<str>,
     pub fail: Arc<str>,
@@ -421,10 +447,11 @@ impl Sql {
             idem_complete: r(IDEM_COMPLETE),
             claim: r(&claim(LIVE, "")),
             claim_free: r(&claim(LIVE_OR_COUNTED, "")),
-            claim_from: r(&claim(LIVE, "AND e.id >= $5")),
-            claim_free_from: r(&claim(LIVE_OR_COUNTED, "AND e.id >= $5")),
-            claim_below: r(&claim(LIVE, "AND e.id <= $5")),
+            claim_from: r(&claim(LIVE, "AND e.id >= $6")),
+            claim_free_from: r(&claim(LIVE_OR_COUNTED, "AND e.id >= $6")),
+            claim_below: r(&claim(LIVE, "AND e.id <= $6")),
             claim_takeover: r(&claim_takeover()),
+            takeovers_waiting: r(TAKEOVERS_WAITING),
             mark_delete: r(MARK_DELETE),
             mark_update: r(MARK_UPDATE),
             fail: r(FAIL),

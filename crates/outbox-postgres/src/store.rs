@@ -12,8 +12,9 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use outbox_core::{
     ClaimParams, ClaimScope, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams,
-    FailureParams, Fingerprint, LeaseToken, MarkParams, OutboxMessage, OutboxStats, OutboxStore,
-    Payload, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover, UndecodableRow,
+    FailureParams, Fingerprint, LeaseToken, Liveness, MarkParams, OutboxMessage, OutboxStats,
+    OutboxStore, Payload, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover,
+    UndecodableRow,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Row};
@@ -27,6 +28,7 @@ use crate::error::{store_error, store_error_as};
 use crate::inbox::PgInbox;
 use crate::roles::{Component, pool_role};
 use crate::schema::Schema;
+use crate::session::PgSession;
 use crate::sql::Sql;
 use crate::window::{BEGINNING, ClaimWindow, Found, Window};
 
@@ -84,6 +86,8 @@ pub struct PgStore {
     ceiling: Option<i64>,
     /// `rescan` wake-ups received by the listener ([`PgStore::rescans`]).
     rescans: Arc<AtomicU64>,
+    /// The live session its claims' leases are tied to ([`PgStore::with_session`]).
+    session: Option<PgSession>,
 }
 
 /// The wake-up listener: its notifications, and the guard that stops its task when dropped.
@@ -108,7 +112,25 @@ impl PgStore {
             window: Arc::new(Window::new(None)),
             ceiling: None,
             rescans: Arc::new(AtomicU64::new(0)),
+            session: None,
         }
+    }
+
+    /// This store's claims tied to `session` ([`crate::session`]): each lease names the
+    /// session's owner, another relay takes it over as soon as the session ends (not when the
+    /// lease runs out), and the publish engine starts no publish of a batch once its session is
+    /// lost or unconfirmed for the session's window. What `outbox relay` does; without it leases
+    /// end by their clock only. Claims while the session is being re-established fail as
+    /// `Unavailable` (the relay waits and retries).
+    #[must_use]
+    pub fn with_session(mut self, session: PgSession) -> Self {
+        self.session = Some(session);
+        self
+    }
+
+    /// The live session this store's claims are tied to, if any.
+    pub fn session(&self) -> Option<&PgSession> {
+        self.session.as_ref()
     }
 
     /// This store with the claim window on ([`ClaimWindow`]; off by default): after a claim
@@ -239,6 +261,10 @@ impl PgStore {
                                             if note.payload() == RESCAN {
                                                 window.rescan_now();
                                                 rescans.fetch_add(1, Ordering::Relaxed);
+                                            } else if note.payload() == TAKEOVER {
+                                                // Leases of a relay that is gone expired:
+                                                // its aggregates may lie anywhere.
+                                                window.rescan_now();
                                             }
                                             n.notify_waiters();
                                         }
@@ -268,6 +294,10 @@ impl PgStore {
 /// The wake-up payload of an operator's action that made rows claimable wherever they lie
 /// (a requeue, a replay, a resume): the relays' next claims read from the table's start.
 pub(crate) const RESCAN: &str = "rescan";
+
+/// The wake-up payload of a sweep that expired the leases of relays whose sessions ended
+/// (`crate::session`): relays claim at once, from the table's start.
+pub(crate) const TAKEOVER: &str = "takeover";
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -375,11 +405,33 @@ impl OutboxStore for PgStore {
         } else {
             None
         };
+        // The owner the leases will name, and its liveness for the batch.
+        let (owner, liveness): (Option<i32>, Option<Arc<Liveness>>) = match &self.session {
+            Some(session) => match session.current() {
+                Some((owner, liveness)) => (Some(owner), Some(liveness)),
+                None => {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "claim: the relay's database session is being re-established",
+                    ));
+                }
+            },
+            None => (None, None),
+        };
+        // With an owner, the claim's transaction first holds its lock in shared mode: no sweep
+        // can declare it gone until the claim ends (`crate::session`).
+        let begin = |base: &str| match (owner, &self.session) {
+            (Some(owner), Some(session)) => format!(
+                "{base}; SELECT pg_advisory_xact_lock_shared({}, {owner})",
+                session.class()
+            ),
+            _ => base.to_owned(),
+        };
         let mut elapsed = Duration::ZERO;
         let query = match params.scope {
-            ClaimScope::TakeOver => {
-                sqlx::query(self.q(&self.sql.claim_takeover)).bind(millis(params.lease))
-            }
+            ClaimScope::TakeOver => sqlx::query(self.q(&self.sql.claim_takeover))
+                .bind(millis(params.lease))
+                .bind(owner),
             scope => {
                 let sql = match (scope == ClaimScope::Free, windowed) {
                     _ if ceiling.is_some() => &self.sql.claim_below,
@@ -392,7 +444,8 @@ impl OutboxStore for PgStore {
                     .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
                     .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
                     .bind(millis(params.lease))
-                    .bind(i64::try_from(heads).unwrap_or(i64::MAX));
+                    .bind(i64::try_from(heads).unwrap_or(i64::MAX))
+                    .bind(owner);
                 match ceiling {
                     Some(ceiling) => q.bind(ceiling),
                     None if windowed => q.bind(start),
@@ -400,12 +453,23 @@ impl OutboxStore for PgStore {
                 }
             }
         };
-        let rows = if params.scope == ClaimScope::TakeOver {
+        let rows = if params.scope == ClaimScope::TakeOver && owner.is_none() {
             // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
             query.fetch_all(&self.pool).await
+        } else if params.scope == ClaimScope::TakeOver {
+            async {
+                let mut tx = self.pool.begin_with(AssertSqlSafe(begin("BEGIN"))).await?;
+                let rows = query.fetch_all(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(rows)
+            }
+            .await
         } else {
             async {
-                let mut tx = self.pool.begin_with(crate::sql::CLAIM_BEGIN).await?;
+                let mut tx = self
+                    .pool
+                    .begin_with(AssertSqlSafe(begin(crate::sql::CLAIM_BEGIN)))
+                    .await?;
                 let started = std::time::Instant::now();
                 let rows = query.fetch_all(&mut *tx).await?;
                 elapsed = started.elapsed();
@@ -476,9 +540,14 @@ impl OutboxStore for PgStore {
                 .try_get("lease_head")
                 .map_err(|e| store_error("claim: decoding a row", e))?;
             if count > 0 && head == id {
+                let orphaned_ms: Option<i32> = row
+                    .try_get("lease_orphaned_ms")
+                    .map_err(|e| store_error("claim: decoding a row", e))?;
                 takeovers.push(Takeover {
                     head,
                     count: u32::try_from(count).unwrap_or(u32::MAX),
+                    orphaned_for: orphaned_ms
+                        .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
                 });
             }
             match decoded {
@@ -517,6 +586,7 @@ impl OutboxStore for PgStore {
             messages,
             takeovers,
             undecodable,
+            liveness,
         })
     }
 
@@ -626,6 +696,13 @@ impl OutboxStore for PgStore {
     async fn wait_for_work(&self, timeout: Duration) {
         let notify = self.wakeup_notify().await;
         let _ = tokio::time::timeout(timeout, notify.notified()).await;
+    }
+
+    async fn takeovers_waiting(&self) -> Result<bool, StoreError> {
+        sqlx::query_scalar(self.q(&self.sql.takeovers_waiting))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.err(Component::Relay, "takeovers waiting"))
     }
 }
 

@@ -663,7 +663,11 @@ impl OutboxStore for MemoryStore {
                 None => 0,
             };
             if count > 0 {
-                takeovers.push(Takeover { head, count });
+                takeovers.push(Takeover {
+                    head,
+                    count,
+                    orphaned_for: None,
+                });
             }
             for (taken, id) in ids.into_iter().enumerate() {
                 let r = &o.rows[&id];
@@ -697,6 +701,7 @@ impl OutboxStore for MemoryStore {
             messages,
             takeovers,
             undecodable: Vec::new(),
+            liveness: None,
         })
     }
 

@@ -17,19 +17,21 @@
 //! * Only committed events are handed out (G2), each aggregate's events in version order, the
 //!   first one of each aggregate being its lowest unpublished version.
 //! * While a batch is out, no other batch (of this or another relay) holds the same aggregate's
-//!   events, until [`FeedBatch::owned_until`] has passed.
+//!   events, until [`FeedBatch::owned_until`] has passed or its [`FeedBatch::liveness`] no
+//!   longer allows a publish to start.
 //! * [`Feed::settle`] confirms a row as sent only for the ids in [`Settlement::published`] (G3);
 //!   every other row of the batch stays pending, so it is handed out again later with the same
 //!   event id (G4).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::StoreError;
 use crate::message::OutboxMessage;
 use crate::store::{
-    ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, MarkParams, OutboxStats,
-    OutboxStore, ReleaseParams, Takeover, UndecodableRow,
+    ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, Liveness, MarkParams,
+    OutboxStats, OutboxStore, ReleaseParams, Takeover, UndecodableRow,
 };
 
 /// A batch of pending events handed to the publish engine.
@@ -53,6 +55,9 @@ pub struct FeedBatch<T> {
     /// the events of its aggregate in `messages` after it. Part of the batch like the rest:
     /// while it is out, no other batch holds their aggregates.
     pub undecodable: Vec<UndecodableRow>,
+    /// The liveness of the session the feed's ownership is tied to ([`Liveness`]): the engine
+    /// starts a publish only while it allows. `None`: ownership ends by `owned_until` only.
+    pub liveness: Option<Arc<Liveness>>,
 }
 
 /// A failed publish and the engine's decision about it.
@@ -194,9 +199,9 @@ impl<S> PollingFeed<S> {
 
     /// Takes aggregates over from repeatedly expired leases one at a time (see the type's
     /// docs), looking for them at most every `check_every` while none are found, and at every
-    /// batch while they are. Each look waits until this process's other batches are settled,
-    /// so `check_every` should be long against a batch (the relay uses a quarter of the
-    /// lease).
+    /// batch while they are. A look is the store's cheap [`OutboxStore::takeovers_waiting`];
+    /// only when it finds some does the claim wait until this process's other batches are
+    /// settled (the relay looks every [`super::SOLO_TAKEOVER_CHECK`]).
     #[must_use]
     pub fn with_solo_takeovers(mut self, check_every: Duration) -> Self {
         self.solo_takeovers = Some(check_every);
@@ -216,6 +221,29 @@ impl<S> PollingFeed<S> {
     pub fn store(&self) -> &std::sync::Arc<S> {
         &self.store
     }
+
+    /// Pushes the next solo-takeover look `check_every` away.
+    fn takeover_checked(&self) {
+        if let Some(every) = self.solo_takeovers {
+            *self
+                .next_takeover_check
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Instant::now() + every;
+        }
+    }
+}
+
+impl<S: OutboxStore> PollingFeed<S> {
+    /// Whether a solo-takeover claim is worth its exclusive turn: the store's cheap look
+    /// ([`OutboxStore::takeovers_waiting`]). When it says no, the next look is `check_every`
+    /// away.
+    async fn takeover_candidates(&self) -> Result<bool, StoreError> {
+        let waiting = self.store.takeovers_waiting().await?;
+        if !waiting {
+            self.takeover_checked();
+        }
+        Ok(waiting)
+    }
 }
 
 impl<S: OutboxStore> Feed for PollingFeed<S> {
@@ -227,7 +255,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
         let mut started = Instant::now();
         // A solo takeover, when one is due. Claimed only once this process's other batches
         // are settled (new ones wait), so that nothing else can be caught in its crash.
-        if self.takeover_due() {
+        if self.takeover_due() && self.takeover_candidates().await? {
             let exclusive = std::sync::Arc::clone(&self.gate).write_owned().await;
             started = Instant::now();
             let batch = self
@@ -249,14 +277,10 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
                     owned_until: Some(started + self.lease),
                     takeovers: batch.takeovers,
                     undecodable: batch.undecodable,
+                    liveness: batch.liveness,
                 });
             }
-            if let Some(every) = self.solo_takeovers {
-                *self
-                    .next_takeover_check
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Instant::now() + every;
-            }
+            self.takeover_checked();
         }
         let guard = match self.solo_takeovers {
             Some(_) => Some(BatchGuard::Shared(
@@ -270,6 +294,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
             messages,
             takeovers,
             undecodable,
+            liveness,
         } = self
             .store
             .claim_batch(ClaimParams {
@@ -292,6 +317,7 @@ impl<S: OutboxStore> Feed for PollingFeed<S> {
             owned_until: Some(started + self.lease),
             takeovers,
             undecodable,
+            liveness,
         })
     }
 

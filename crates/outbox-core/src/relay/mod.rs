@@ -78,6 +78,11 @@ pub mod metric {
     /// Counter: aggregates taken over from a lease that expired unsettled (the relay holding
     /// it crashed, froze or lost the database). Steady growth means relays die mid-batch.
     pub const TAKEOVERS: &str = "outbox_lease_takeovers_total";
+    /// Histogram: seconds from the moment a taken-over aggregate was left without a live owner
+    /// (its holder's database session ended, as a sweep saw it, or its lease ran out) to the
+    /// end of the batch that published its head again: the failover time, per aggregate. Its
+    /// p99 is the bound operators alert on (G12; the sweep's own interval is part of it).
+    pub const TAKEOVER_SECONDS: &str = "outbox_takeover_seconds";
     /// Counter: rows dead-lettered because they cannot be published as stored
     /// ([`crate::UndecodableRow`]: a header value that is not a string, a header name that is
     /// not a token ...). Also counted in [`DEAD_LETTERED`]. Any increase means a producer
@@ -239,6 +244,19 @@ pub struct BatchOutcome {
     pub released: usize,
 }
 
+/// Records [`metric::TAKEOVER_SECONDS`] for each aggregate `batch` took over whose head was
+/// published: how long it had been ownerless when claimed, plus the time since the claim.
+fn record_takeover_times(takeovers: &[Takeover], claimed_for: Duration, published: &[i64]) {
+    for t in takeovers {
+        if let Some(orphaned) = t.orphaned_for
+            && published.contains(&t.head)
+        {
+            metrics::histogram!(metric::TAKEOVER_SECONDS)
+                .record((orphaned + claimed_for).as_secs_f64());
+        }
+    }
+}
+
 /// Rows of a batch the engine does not publish because their head is a poison row.
 #[derive(Debug, Default, PartialEq)]
 struct SetAside {
@@ -374,7 +392,7 @@ impl<S: OutboxStore, T: Transport> Relay<PollingFeed<S>, T> {
     pub fn new(store: Arc<S>, transport: Arc<T>, config: RelayConfig) -> Result<Self, ConfigError> {
         let mut feed = PollingFeed::new(store, config.max_per_aggregate, config.lease);
         if config.poison_after_takeovers > 0 {
-            feed = feed.with_solo_takeovers(config.lease / 4);
+            feed = feed.with_solo_takeovers(SOLO_TAKEOVER_CHECK);
         }
         Self::with_feed(Arc::new(feed), transport, config)
     }
@@ -442,6 +460,7 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     /// A [`StoreError`] from the feed. Published-but-unconfirmed rows are then handed out again
     /// later (same event id): after their lease expires, for the polling feed.
     pub async fn run_batch(&self) -> Result<BatchOutcome, StoreError> {
+        let asked = std::time::Instant::now();
         let batch = (self.feed.next_batch(self.config.batch_size).await)
             .inspect_err(|e| self.health.failed(TroubleKind::Claim, 1, e))?;
         self.health.succeeded(TroubleKind::Claim);
@@ -481,8 +500,24 @@ impl<F: Feed, T: Transport> Relay<F, T> {
             not_poison = publish;
             messages = &not_poison;
         }
+        let gate = publish::StartGate {
+            last_start,
+            liveness: batch.liveness.clone(),
+        };
         let mut settlement =
-            publish::publish_batch(&*self.transport, &self.config, messages, last_start).await;
+            publish::publish_batch(&*self.transport, &self.config, messages, &gate).await;
+        if !batch.takeovers.is_empty() {
+            record_takeover_times(&batch.takeovers, asked.elapsed(), &settlement.published);
+        }
+        if batch.liveness.as_ref().is_some_and(|l| l.is_lost())
+            && !settlement.not_attempted.is_empty()
+        {
+            warn!(
+                not_attempted = settlement.not_attempted.len(),
+                "the database session this batch's leases are tied to ended: its remaining \
+                 publishes were not started (another relay takes them over)"
+            );
+        }
         settlement.failed.extend(aside.failed);
         settlement.not_attempted.extend(aside.not_attempted);
         for failed in &settlement.failed {
@@ -612,6 +647,12 @@ impl<F: Feed, T: Transport> Relay<F, T> {
     }
 }
 
+/// How often a polling relay with the poison-row rule looks for aggregates whose takeover was
+/// not settled either ([`PollingFeed::with_solo_takeovers`]): a cheap look at the store, so
+/// that an aggregate whose second holder died too waits a fraction of a second, not a quarter of
+/// the lease.
+pub const SOLO_TAKEOVER_CHECK: Duration = Duration::from_millis(250);
+
 /// The gauges' refresh waits this many times as long as its last count took, up to
 /// [`STATS_MAX_WAIT`].
 ///
@@ -692,8 +733,16 @@ mod tests {
             row(7, "c", 2),
         ];
         let takeovers = [
-            Takeover { head: 1, count: 2 },
-            Takeover { head: 6, count: 3 },
+            Takeover {
+                head: 1,
+                count: 2,
+                orphaned_for: None,
+            },
+            Takeover {
+                head: 6,
+                count: 3,
+                orphaned_for: None,
+            },
         ];
         let (publish, aside) = set_aside_takeovers(&batch, &takeovers, 3);
         assert_eq!(ids(&publish), [1, 2, 3, 4, 5]);

@@ -3,6 +3,7 @@
 //! (retry with backoff, or dead letter) decided per failed row.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -12,6 +13,7 @@ use super::feed::{FailedRow, Settlement};
 use super::{RelayConfig, metric};
 use crate::crash;
 use crate::message::OutboxMessage;
+use crate::store::Liveness;
 use crate::transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
 
 enum Outcome {
@@ -20,16 +22,35 @@ enum Outcome {
     NotAttempted,
 }
 
+/// When a publish of a batch may still start: before the last moment its ownership leaves
+/// room for a whole publish, and while the session the ownership is tied to allows it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct StartGate {
+    /// The last moment a publish may begin (`None`: no limit).
+    pub last_start: Option<Instant>,
+    /// The owner's session ([`Liveness`]; `None`: not tied to one).
+    pub liveness: Option<Arc<Liveness>>,
+}
+
+impl StartGate {
+    /// Whether a publish may start now.
+    fn open(&self) -> bool {
+        let now = Instant::now();
+        self.last_start.is_none_or(|t| now < t)
+            && self.liveness.as_ref().is_none_or(|l| l.may_start(now))
+    }
+}
+
 /// Publishes `messages` (sorted by aggregate, then version) and says what happened to each row.
-/// `last_start` is the last moment a publish may begin (`None`: no limit).
+/// A publish starts only while `gate` is open.
 pub(super) async fn publish_batch<T: Transport>(
     transport: &T,
     config: &RelayConfig,
     messages: &[OutboxMessage],
-    last_start: Option<Instant>,
+    gate: &StartGate,
 ) -> Settlement {
     let results: Vec<Vec<(i64, Outcome)>> = futures::stream::iter(split_runs(messages))
-        .map(|run| publish_run(transport, config, &messages[run], last_start))
+        .map(|run| publish_run(transport, config, &messages[run], gate))
         .buffer_unordered(config.max_in_flight)
         .collect()
         .await;
@@ -58,20 +79,20 @@ pub(super) async fn publish_batch<T: Transport>(
 /// handed over at once ([`Transport::publish_run`]) and every message of it is cut at one
 /// `publish_timeout` from that moment; otherwise each message waits for the previous one's
 /// acknowledgement and is cut at its own `publish_timeout`. Either way every publish starts
-/// before `last_start` and ends before the ownership can.
+/// while `gate` is open, so it ends before the ownership's clock can.
 async fn publish_run<T: Transport>(
     transport: &T,
     config: &RelayConfig,
     run: &[OutboxMessage],
-    last_start: Option<Instant>,
+    gate: &StartGate,
 ) -> Vec<(i64, Outcome)> {
     if transport.ordered_pipelining() {
-        return publish_run_pipelined(transport, config, run, last_start).await;
+        return publish_run_pipelined(transport, config, run, gate).await;
     }
     let mut out = Vec::with_capacity(run.len());
     let mut stopped = false;
     for msg in run {
-        if stopped || last_start.is_some_and(|t| Instant::now() >= t) {
+        if stopped || !gate.open() {
             stopped = true;
             out.push((msg.id, Outcome::NotAttempted));
             continue;
@@ -95,9 +116,9 @@ async fn publish_run_pipelined<T: Transport>(
     transport: &T,
     config: &RelayConfig,
     run: &[OutboxMessage],
-    last_start: Option<Instant>,
+    gate: &StartGate,
 ) -> Vec<(i64, Outcome)> {
-    if last_start.is_some_and(|t| Instant::now() >= t) {
+    if !gate.open() {
         return run.iter().map(|m| (m.id, Outcome::NotAttempted)).collect();
     }
     for msg in run {

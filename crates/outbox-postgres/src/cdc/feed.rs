@@ -1088,6 +1088,7 @@ impl CdcFeed {
                 owned_until: batch.owned_until,
                 takeovers: batch.takeovers,
                 undecodable: batch.undecodable,
+                liveness: batch.liveness,
             }));
         }
         if state.catch_up_out > 0 || self.pending_up_to(ceiling).await? {
@@ -1243,6 +1244,7 @@ fn empty_batch(session: u64) -> FeedBatch<CdcTicket> {
         owned_until: None,
         takeovers: Vec::new(),
         undecodable: Vec::new(),
+        liveness: None,
     }
 }
 
@@ -1278,6 +1280,7 @@ impl Feed for CdcFeed {
                 owned_until: None,
                 takeovers: Vec::new(),
                 undecodable: Vec::new(),
+                liveness: None,
             });
         }
         if state.catch_up.is_some() {
@@ -1418,6 +1421,7 @@ impl Feed for CdcFeed {
             owned_until: None,
             takeovers: Vec::new(),
             undecodable,
+            liveness: None,
         })
     }
 
