@@ -1041,6 +1041,10 @@ pub struct Proxy {
     pub addr: SocketAddr,
     up: Arc<AtomicBool>,
     kill: Arc<Mutex<CancellationToken>>,
+    /// Cancelled by [`Proxy::set_blackhole`] and [`Proxy::set_cut_behind`].
+    freeze: CancellationToken,
+    /// Whether the freeze closes the upstream side ([`Proxy::set_cut_behind`]).
+    close_upstream: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -1051,12 +1055,26 @@ impl Proxy {
         let up = Arc::new(AtomicBool::new(true));
         let kill = Arc::new(Mutex::new(CancellationToken::new()));
         let (up2, kill2) = (Arc::clone(&up), Arc::clone(&kill));
+        let freeze = CancellationToken::new();
+        let freeze2 = freeze.clone();
+        let close_upstream = Arc::new(AtomicBool::new(false));
+        let close_upstream2 = Arc::clone(&close_upstream);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
                     continue;
                 };
                 let token = kill2.lock().unwrap().clone();
+                if freeze2.is_cancelled() {
+                    // A black hole: the connection is held open, nothing goes through.
+                    tokio::spawn(async move {
+                        token.cancelled().await;
+                        drop(client);
+                    });
+                    continue;
+                }
+                let frozen = freeze2.clone();
+                let close_upstream = Arc::clone(&close_upstream2);
                 if !up2.load(Ordering::SeqCst) {
                     // Down: the client's connection closes at once.
                     drop(client);
@@ -1072,6 +1090,13 @@ impl Proxy {
                     tokio::select! {
                         // Down: both sides are dropped, the client sees its connection close.
                         () = token.cancelled() => {}
+                        // A black hole: nothing goes through any more, both sides stay open.
+                        () = frozen.cancelled() => {
+                            if close_upstream.load(Ordering::SeqCst) {
+                                drop(server);
+                            }
+                            token.cancelled().await;
+                        }
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
                     }
                 });
@@ -1081,8 +1106,24 @@ impl Proxy {
             addr,
             up,
             kill,
+            freeze,
+            close_upstream,
             task,
         }
+    }
+
+    /// The connections end behind the proxy, not in front of it: the upstream server sees
+    /// each one closed at once, the client sees nothing at all, as when a server ended a
+    /// connection whose FIN never reached the client (a NAT or firewall that dropped it).
+    pub fn set_cut_behind(&self) {
+        self.close_upstream.store(true, Ordering::SeqCst);
+        self.freeze.cancel();
+    }
+
+    /// A network partition: every connection, live or new, stays open and carries nothing
+    /// more, in either direction (until the proxy is dropped). Neither side sees it closed.
+    pub fn set_blackhole(&self) {
+        self.freeze.cancel();
     }
 
     pub fn set_down(&self) {
@@ -1277,6 +1318,14 @@ impl ChildGuard {
                 self.log()
             );
         }
+    }
+
+    /// SIGKILL, then waits for the exit.
+    pub async fn sigkill(&mut self) {
+        if self.poll().is_none() {
+            let _ = self.child.kill();
+        }
+        self.wait_exit(Duration::from_secs(10)).await;
     }
 
     /// SIGTERM, then waits for the exit.
