@@ -14,6 +14,8 @@
 //! * `paused`: what a paused route's backlog costs each claim.
 //! * `cdc-memory`: the CDC relay's peak RSS with one transaction of a million rows, against
 //!   the same rows in ordinary transactions.
+//! * `w7`: failover: a relay SIGKILLed while it holds leases (or the streaming CDC relay), and
+//!   the time until a survivor publishes what it held.
 //! * `w4`: consumer throughput: draining a preloaded stream / queue with `PgConsumer` (inbox)
 //!   vs. the same handler without the inbox, one delivery per transaction and batched.
 //!
@@ -33,6 +35,7 @@ mod w3;
 mod w4;
 mod w5;
 mod w6;
+mod w7;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -68,6 +71,9 @@ enum Workload {
     Paused(paused::Args),
     /// The CDC relay's memory with one very large transaction, against ordinary ones.
     CdcMemory(cdc_memory::Args),
+    /// Failover: a relay SIGKILLed while it holds leases, or the streaming CDC relay; the
+    /// time until a survivor publishes what it held.
+    W7(w7::Args),
 }
 
 #[tokio::main]
@@ -92,5 +98,6 @@ async fn main() -> Result<()> {
         Workload::W6(a) => w6::run(&env, a).await,
         Workload::Paused(a) => paused::run(&env, a).await,
         Workload::CdcMemory(a) => cdc_memory::run(&env, a).await,
+        Workload::W7(a) => w7::run(&env, a).await,
     }
 }

@@ -152,6 +152,44 @@ async fn sessions(db: &TestDb, n: i64) {
     .await;
 }
 
+/// Prints what is left of the events that did not arrive in time: their rows and leases, the
+/// registered owners and the live relays' logs (a failed run then says why).
+async fn explain_missing(db: &TestDb, sub: &Subscriber, ids: &[Uuid], relays: &[Owned]) {
+    let seen: HashSet<Uuid> = sub.snapshot().iter().map(|r| r.event_id).collect();
+    let missing: Vec<Uuid> = ids.iter().filter(|i| !seen.contains(i)).copied().collect();
+    type Left = (
+        Uuid,
+        String,
+        i64,
+        String,
+        i32,
+        Option<i32>,
+        Option<String>,
+        Option<i32>,
+    );
+    let rows: Vec<Left> = sqlx::query_as(sqlx::AssertSqlSafe(db.sql(
+        "SELECT e.event_id, e.aggregate_id, e.aggregate_version, e.state, e.attempts, l.owner, \
+         (l.lease_until - now())::text, l.takeovers FROM {s}.events e LEFT JOIN {s}.leases l \
+         ON l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id \
+         ORDER BY e.id LIMIT 20",
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap_or_default();
+    eprintln!(
+        "missing after the quiet period: {missing:?}\nrows left (first 20): {rows:#?}\nowners: {:?}",
+        owners(db).await
+    );
+    for r in relays {
+        eprintln!(
+            "---- {} (owner {})\n{}",
+            r.process.name,
+            r.owner,
+            r.process.log()
+        );
+    }
+}
+
 /// How many times the relays' logs say they took aggregates over.
 fn takeovers_logged(relays: &[ChildGuard]) -> usize {
     relays
@@ -205,12 +243,11 @@ async fn three_relays_under_sigkill(kind: Kind) {
     stop.cancel();
     let ids = producer.await.unwrap();
     // The quiet period: 3 s from the last kill (the producer stopped with it).
-    let seen = sub
-        .wait_ids(
-            &ids,
-            Duration::from_secs(3).saturating_sub(last_kill.elapsed()),
-        )
-        .await;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(last_kill.elapsed())).await;
+    if sub.missing(&ids) > 0 {
+        explain_missing(&db, &sub, &ids, &relays).await;
+    }
+    let seen = sub.wait_ids(&ids, Duration::ZERO).await;
     eprintln!(
         "{} events, all delivered {:?} after the last of 15 kills; the killed relays held \
          leases of {held_at_kills} pending aggregates in all",
@@ -369,10 +406,10 @@ async fn a_rolling_restart_of_three_relays_keeps_every_event_under_the_bound() {
     let producer = produce(&db, "roll", 100, stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     for round in 0..2 {
-        for i in 0..3 {
-            let status = relays[i].terminate().await;
+        for (i, r) in relays.iter_mut().enumerate() {
+            let status = r.terminate().await;
             assert!(status.success(), "relay {i} stopped with {status}");
-            relays[i] = relay(&db, &broker, &config, &format!("relay-{i}-{round}"));
+            *r = relay(&db, &broker, &config, &format!("relay-{i}-{round}"));
             sessions(&db, 3).await;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
