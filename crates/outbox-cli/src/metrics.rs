@@ -27,6 +27,13 @@ pub fn install(addr: SocketAddr) -> Result<()> {
             ],
         )
         .context("invalid metrics buckets")?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(metric::TAKEOVER_SECONDS.to_owned()),
+            &[
+                0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+            ],
+        )
+        .context("invalid metrics buckets")?
         .install()
         .with_context(|| format!("cannot serve metrics on {addr}"))?;
     metrics::describe_counter!(
@@ -59,5 +66,25 @@ pub fn install(addr: SocketAddr) -> Result<()> {
     );
     metrics::describe_gauge!(metric::DEAD_LETTERS, "Dead letters");
     metrics::describe_gauge!(metric::RETRYING, "Pending rows that failed at least once");
+    metrics::describe_histogram!(
+        metric::TAKEOVER_SECONDS,
+        metrics::Unit::Seconds,
+        "From a taken-over aggregate's holder gone to its head published again"
+    );
+    {
+        use outbox_postgres::session::metric as session;
+        metrics::describe_gauge!(
+            session::SESSION_UP,
+            "1 while the relay's database session is alive and confirmed"
+        );
+        metrics::describe_counter!(
+            session::SESSIONS_LOST,
+            "The relay's database sessions that ended under it"
+        );
+        metrics::describe_counter!(
+            session::LEASES_ORPHANED,
+            "Leases this relay's sweeps expired because their owner's session had ended"
+        );
+    }
     Ok(())
 }

@@ -24,6 +24,15 @@
 //! cannot be overtaken by a stale one. Marks are fenced by the lease token in the database; a
 //! stale mark changes nothing.
 //!
+//! A store may also tie a claim to a session that can end before the lease's clock does
+//! ([`FeedBatch::liveness`], a PostgreSQL relay's database session): another relay then takes
+//! the aggregates over as soon as the session is gone, and the engine starts a publish only
+//! while the session's [`Liveness`](crate::Liveness) allows it. The old owner's publishes can
+//! then overlap the new owner's by at most the session's window (plus one publish in flight),
+//! which gives copies, never a first delivery out of order: each relay publishes an aggregate's
+//! run from its lowest unpublished version, each version after the previous one's
+//! acknowledgement.
+//!
 //! # Saying why it is stuck
 //!
 //! The relay records its failed claims and settles, its failed publishes (the transport's
