@@ -314,16 +314,18 @@ impl CdcRelay<'_> {
                  polling relay, then start again with --create-slot"
             );
         }
-        let feed = Arc::new(
-            cdc::CdcFeed::new(
-                self.database_url,
-                pool.clone(),
-                schema.clone(),
-                config,
-                self.store.config().on_publish,
-            )
-            .with_catch_up_claims(relay_config.max_per_aggregate, relay_config.lease),
-        );
+        let mut feed = cdc::CdcFeed::new(
+            self.database_url,
+            pool.clone(),
+            schema.clone(),
+            config,
+            self.store.config().on_publish,
+        )
+        .with_catch_up_claims(relay_config.max_per_aggregate, relay_config.lease);
+        if let Some(session) = self.store.session() {
+            feed = feed.with_session(session.clone());
+        }
+        let feed = Arc::new(feed);
         let relay = Arc::new(outbox::relay::Relay::with_feed(
             Arc::clone(&feed),
             transport,

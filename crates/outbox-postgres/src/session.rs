@@ -12,10 +12,11 @@
 //! * every [`SessionConfig::interval`] runs the **sweep**: each registered owner whose lock
 //!   nobody holds (an exclusive `pg_try_advisory_xact_lock` succeeds) is gone, because the lock
 //!   ends with the session that held it (the process died, its connection was cut or
-//!   terminated). The sweep deletes that owner and expires its live leases at once, in the same
-//!   statement, and wakes the relays (`NOTIFY`): their next claims take the aggregates over,
-//!   counting a takeover as a clock expiry does. Leases keep their tokens: every settle of the
-//!   old owner stays fenced.
+//!   terminated). Such an owner is deleted and its live leases expired in one transaction (the
+//!   expiry's snapshot taken once the owner's lock is held), and the relays are woken
+//!   (`NOTIFY`): their next claims take the aggregates over, counting a takeover as a clock
+//!   expiry does. Leases keep their tokens: every settle of the old owner stays fenced. A sweep
+//!   that finds nobody gone is one statement over the small `lease_owners` table.
 //!
 //! Every lease a claim writes names the owner, and the claim's transaction first takes the same
 //! lock in shared mode, then leases only while the owner is still registered. A sweep cannot
@@ -27,10 +28,11 @@
 //! The sweep's answer is also the session's proof of life: a sweep sent at `t` and answered
 //! means the session was alive after `t`, so a takeover (which needs it gone) comes after `t`.
 //! Each answer [`Liveness::confirm`]s that publishes may start until `t + window`
-//! ([`SessionConfig::window`]); the publish engine starts none after that. A sweep that fails
-//! or takes longer than the window ends the session ([`Liveness::lose`]): its batches start no
-//! publish again, and the keeper connects a new session, a new owner; the old owner's leases are
-//! swept like any other's (by this relay's new session too).
+//! ([`SessionConfig::window`]); the publish engine starts none after that, so a slow answer
+//! pauses the publishes. A sweep that fails, or is not answered within
+//! [`SessionConfig::server_timeout`], ends the session ([`Liveness::lose`]): its batches start
+//! no publish again, and the keeper connects a new session, a new owner; the old owner's leases
+//! are swept like any other's (by this relay's new session too).
 //!
 //! So a relay whose session ended starts no publish more than `window` after the database saw
 //! it end (after `interval` plus the time to notice the error, normally), and survivors take its
@@ -161,25 +163,33 @@ const NEXT_OWNER: &str = "SELECT nextval('{s}.lease_owner_seq')::int4";
 const LOCK: &str = "SELECT pg_try_advisory_lock_shared($1, $2)";
 const REGISTER: &str = "INSERT INTO {s}.lease_owners (owner, pid) VALUES ($1, pg_backend_pid())";
 
-/// The sweep (see the module docs): owners whose lock nobody holds are deleted and their live
-/// leases expired; relays are woken when some were. `$1` class, `$2` this session's owner (never
-/// tried: a backend's own shared lock does not conflict with its exclusive try), `$3` the
-/// wake-up channel. The leases are read only when an owner is gone (a one-time filter), so a
-/// sweep costs a look at the small `lease_owners` table.
-const SWEEP: &str = "WITH gone AS ( \
-      DELETE FROM {s}.lease_owners o \
-      WHERE CASE WHEN o.owner = $2 THEN false ELSE pg_try_advisory_xact_lock($1, o.owner) END \
-      RETURNING o.owner \
-    ), orphaned AS ( \
+/// The sweep's look (see the module docs), in a statement of its own: the owners whose lock
+/// nobody holds. A failed try holds nothing; a successful one is released with the statement.
+/// `$1` class, `$2` this session's owner (never tried: a backend's own shared lock does not
+/// conflict with its exclusive try). The one statement of a sweep that finds nobody gone: a
+/// look at the small `lease_owners` table.
+const GONE: &str = "SELECT o.owner FROM {s}.lease_owners o \
+    WHERE CASE WHEN o.owner = $2 THEN false ELSE pg_try_advisory_xact_lock($1, o.owner) END";
+
+/// The sweep's removal, first statement of its transaction: the owners still gone, deleted,
+/// their locks held until the commit.
+const REMOVE: &str = "DELETE FROM {s}.lease_owners o \
+    WHERE o.owner = ANY($3) \
+      AND CASE WHEN o.owner = $2 THEN false ELSE pg_try_advisory_xact_lock($1, o.owner) END \
+    RETURNING o.owner";
+
+/// The sweep's expiry, second statement of the transaction, so its snapshot is taken once the
+/// removed owners' locks are held: a claim of theirs that committed before is seen (and its
+/// leases expired), one after waits for the commit and then finds its owner gone. Wakes the
+/// relays when something expired (`$2` the channel).
+const ORPHAN: &str = "WITH orphaned AS ( \
       UPDATE {s}.leases l SET lease_until = least(l.lease_until, now()), orphaned_at = now() \
-      WHERE EXISTS (SELECT 1 FROM gone) AND l.owner IN (SELECT owner FROM gone) \
-        AND l.lease_until > now() \
+      WHERE l.owner = ANY($1) AND l.lease_until > now() \
       RETURNING 1 \
     ), woken AS ( \
-      SELECT pg_notify($3, '{takeover}') FROM (SELECT 1 FROM orphaned LIMIT 1) x \
+      SELECT pg_notify($2, '{takeover}') FROM (SELECT 1 FROM orphaned LIMIT 1) x \
     ) \
-    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM orphaned), \
-      (SELECT count(*) FROM woken)";
+    SELECT (SELECT count(*) FROM orphaned), (SELECT count(*) FROM woken)";
 
 /// A clean stop: this owner's live leases expired (normally none: the relay settled its
 /// batches) and its row deleted, relays woken.
@@ -318,7 +328,9 @@ impl PgSession {
 struct Statements {
     next_owner: Arc<str>,
     register: Arc<str>,
-    sweep: Arc<str>,
+    gone: Arc<str>,
+    remove: Arc<str>,
+    orphan: Arc<str>,
     resign: Arc<str>,
 }
 
@@ -328,7 +340,9 @@ impl Statements {
         Self {
             next_owner: r(NEXT_OWNER),
             register: r(REGISTER),
-            sweep: r(SWEEP),
+            gone: r(GONE),
+            remove: r(REMOVE),
+            orphan: r(ORPHAN),
             resign: r(RESIGN),
         }
     }
@@ -397,17 +411,32 @@ impl Keeper {
 
     /// One sweep, which is also the proof of life. `Ok(orphaned leases)`.
     async fn sweep(&self, conn: &mut PgConnection, owner: i32) -> Result<i64, sqlx::Error> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.sweep)))
+        let gone: Vec<i32> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.sql.gone)))
             .bind(self.class)
             .bind(owner)
-            .bind(&self.channel)
-            .fetch_one(conn)
+            .fetch_all(&mut *conn)
             .await?;
-        let gone: i64 = row.try_get(0)?;
-        let orphaned: i64 = row.try_get(1)?;
-        if gone > 0 {
+        metrics::gauge!(metric::SESSION_UP).set(1.0);
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = conn.begin().await?;
+        let removed: Vec<i32> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.sql.remove)))
+            .bind(self.class)
+            .bind(owner)
+            .bind(&gone)
+            .fetch_all(&mut *tx)
+            .await?;
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.orphan)))
+            .bind(&removed)
+            .bind(&self.channel)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let orphaned: i64 = row.try_get(0)?;
+        if !removed.is_empty() {
             info!(
-                owners = gone,
+                owners = ?removed,
                 leases = orphaned,
                 "relay sessions ended: their leases expired for takeover"
             );
@@ -464,14 +493,16 @@ impl Keeper {
                 continue;
             };
             let sent = Instant::now();
+            // A slow answer pauses the publishes (the window lapses) without ending the
+            // session; no answer within the server's own timeout ends it.
             let result =
-                tokio::time::timeout(self.config.window, self.sweep(active, c.owner)).await;
+                tokio::time::timeout(self.config.server_timeout, self.sweep(active, c.owner)).await;
             match result {
                 Ok(Ok(_)) => c.liveness.confirm(sent + self.config.window),
                 failed => {
                     let why = match failed {
                         Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {:?}", self.config.window),
+                        _ => format!("no answer within {:?}", self.config.server_timeout),
                     };
                     c.liveness.lose();
                     metrics::gauge!(metric::SESSION_UP).set(0.0);

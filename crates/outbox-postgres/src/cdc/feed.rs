@@ -610,6 +610,15 @@ impl CdcFeed {
         self
     }
 
+    /// This feed's table claims (the catch-up's) tied to `session`, as a polling relay's
+    /// ([`PgStore::with_session`]): what a killed relay's catch-up held is taken over as soon
+    /// as its session ends. What `outbox relay` does.
+    #[must_use]
+    pub fn with_session(mut self, session: crate::session::PgSession) -> Self {
+        self.store = self.store.with_session(session);
+        self
+    }
+
     /// How far delivery is behind the log in time: the age of the oldest transaction this
     /// relay streamed and has not confirmed yet (some event of it not settled, or an earlier
     /// transaction's), zero when every streamed transaction is confirmed. It does not see
@@ -1040,7 +1049,7 @@ impl CdcFeed {
         state.parked.clear();
         state.stream = Some(stream);
         state.rescans = self.store.rescans();
-        let store = PgStore::new(
+        let mut store = PgStore::new(
             self.pool.clone(),
             PgStoreConfig {
                 schema: self.schema.clone(),
@@ -1048,6 +1057,9 @@ impl CdcFeed {
             },
         )
         .with_claim_ceiling(ceiling);
+        if let Some(session) = self.store.session() {
+            store = store.with_session(session.clone());
+        }
         state.catch_up = Some(CatchUp {
             feed: Arc::new(PollingFeed::new(
                 Arc::new(store),
