@@ -6,9 +6,10 @@
 //! one relay, picked at random, is frozen (SIGSTOP) at a moment it holds live leases of
 //! aggregates with pending events; those aggregates are noted, the relay is SIGKILLed (the kill's
 //! moment is the clock's zero) and started again. For each noted aggregate the bench takes the
-//! first message of it any subscriber receives after the kill: a survivor's publish (the kill
-//! comes 100 ms after the freeze, so what the relay sent before has arrived). A frozen relay's
-//! session stays open, so nothing is taken from it before the kill. An aggregate not
+//! first message of it any subscriber receives after the kill: a survivor's publish (the leases
+//! are read 100 ms after the freeze, once a statement the relay sent before it froze has ended
+//! and what it published has arrived). A frozen relay's session stays open, so nothing is taken
+//! from it before the kill. An aggregate not
 //! republished within a minute counts as a minute.
 //!
 //! **CDC standby** (`--mode cdc`): two CDC relays over one slot, one streaming, one waiting.
@@ -348,9 +349,21 @@ async fn measure(
                 // Each noted aggregate's first receipt after the kill.
                 let deadline = killed + Duration::from_secs(60);
                 let mut firsts: HashMap<u32, f64> = HashMap::new();
+                let mut explained = false;
                 while firsts.len() < held.len() && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     firsts = first_receipts(&log, &sent, &held, killed);
+                    if !explained && killed.elapsed() > Duration::from_secs(1) {
+                        explained = true;
+                        let waiting: Vec<String> = held
+                            .iter()
+                            .filter(|a| !firsts.contains_key(a))
+                            .map(|a| format!("agg-{a}"))
+                            .collect();
+                        if !waiting.is_empty() {
+                            explain(pool, &s, &waiting).await;
+                        }
+                    }
                 }
                 missed += held.len() - firsts.len();
                 held_total += held.len();
@@ -556,6 +569,10 @@ async fn freeze_holding(pool: &PgPool, s: &str, relay: &Proc) -> Result<HashSet<
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         signal("STOP")?;
+        // A statement it sent just before it froze (a mark, a release) ends meanwhile: what
+        // is read then is what it really holds, and whatever it published before has arrived,
+        // so a receipt after the kill is a survivor's.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let held: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT l.aggregate_id FROM {s}.leases l WHERE l.owner = $1 \
              AND l.lease_until > now() AND EXISTS (SELECT 1 FROM {s}.events e \
@@ -566,9 +583,6 @@ async fn freeze_holding(pool: &PgPool, s: &str, relay: &Proc) -> Result<HashSet<
         .fetch_all(pool)
         .await?;
         if !held.is_empty() {
-            // Whatever it sent before it froze has arrived by now: a receipt after the kill is
-            // a survivor's.
-            tokio::time::sleep(Duration::from_millis(100)).await;
             return Ok(held
                 .iter()
                 .filter_map(|a| a.strip_prefix("agg-")?.parse().ok())
@@ -580,6 +594,40 @@ async fn freeze_holding(pool: &PgPool, s: &str, relay: &Proc) -> Result<HashSet<
         }
         tokio::time::sleep(Duration::from_millis(fastrand::u64(1..10))).await;
     }
+}
+
+/// Prints, for aggregates still waiting a second after a kill, what holds them: their lease
+/// (owner, takeovers, time left, swept or not) and their pending head.
+async fn explain(pool: &PgPool, s: &str, waiting: &[String]) {
+    let rows: Result<
+        Vec<(
+            String,
+            Option<i32>,
+            Option<i32>,
+            Option<String>,
+            Option<bool>,
+            Option<String>,
+            Option<i32>,
+        )>,
+        _,
+    > = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT a, l.owner, l.takeovers, (l.lease_until - now())::text, \
+               l.orphaned_at IS NOT NULL, (h.available_at - now())::text, h.attempts \
+             FROM unnest($1::text[]) a \
+             LEFT JOIN {s}.leases l ON l.aggregate_type = 'payment' AND l.aggregate_id = a \
+             LEFT JOIN LATERAL (SELECT e.available_at, e.attempts FROM {s}.events e \
+               WHERE e.aggregate_type = 'payment' AND e.aggregate_id = a AND e.state = 'pending' \
+               ORDER BY e.aggregate_version LIMIT 1) h ON true LIMIT 10"
+    )))
+    .bind(waiting)
+    .fetch_all(pool)
+    .await;
+    let owners = owners(pool, s).await.unwrap_or_default();
+    eprintln!(
+        "w7: {} aggregates still waiting 1 s after the kill (owners now {owners:?}); \
+         (aggregate, owner, takeovers, lease left, swept, head due in, attempts): {rows:?}",
+        waiting.len()
+    );
 }
 
 /// For each aggregate of `held`, ms from `killed` to its first receipt after it.

@@ -38,8 +38,14 @@ const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
 /// How often a held aggregate is checked against the table again.
 const BEHIND_RECHECK: Duration = Duration::from_millis(250);
 
-/// How often a standby tries to take the slot over.
+/// How often a standby tries to take the slot over, at the latest.
 const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// How often a standby looks whether the slot is still streamed (a query of
+/// `pg_replication_slots` through the pool, much cheaper than a replication connection's try):
+/// the slot is free as soon as the streaming relay's connection ended, and the standby tries at
+/// once then.
+const STANDBY_LOOK: Duration = Duration::from_millis(50);
 
 /// SQL for the full (64-bit) transaction id of the log's 32-bit `xid`, next to the 64-bit
 /// `xmax` of a snapshot: the one nearest to `xmax`, by the signed 32-bit distance between the
@@ -979,7 +985,15 @@ impl CdcFeed {
             return Ok(true);
         }
         if state.retry_at.is_some_and(|at| Instant::now() < at) {
-            return Ok(false);
+            // A standby: try before the retry's time once the slot is free.
+            let streamed: Result<Option<bool>, sqlx::Error> =
+                sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+                    .bind(self.config.slot_name(&self.schema))
+                    .fetch_optional(&self.pool)
+                    .await;
+            if !matches!(streamed, Ok(Some(false))) {
+                return Ok(false);
+            }
         }
         // Pauses are honoured by the polling relay's claim only; `Admin::pause` refuses a
         // route while a CDC relay runs, but one may have been paused before this relay
@@ -1622,7 +1636,7 @@ impl Feed for CdcFeed {
                 at.saturating_duration_since(Instant::now())
             });
             drop(state);
-            tokio::time::sleep(until.min(timeout)).await;
+            tokio::time::sleep(until.min(timeout).min(STANDBY_LOOK)).await;
             return;
         }
         if wait.is_zero() {
