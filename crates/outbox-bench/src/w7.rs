@@ -599,18 +599,17 @@ async fn freeze_holding(pool: &PgPool, s: &str, relay: &Proc) -> Result<HashSet<
 /// Prints, for aggregates still waiting a second after a kill, what holds them: their lease
 /// (owner, takeovers, time left, swept or not) and their pending head.
 async fn explain(pool: &PgPool, s: &str, waiting: &[String]) {
-    let rows: Result<
-        Vec<(
-            String,
-            Option<i32>,
-            Option<i32>,
-            Option<String>,
-            Option<bool>,
-            Option<String>,
-            Option<i32>,
-        )>,
-        _,
-    > = sqlx::query_as(AssertSqlSafe(format!(
+    /// (aggregate, owner, takeovers, lease left, swept, head due in, attempts)
+    type Waiting = (
+        String,
+        Option<i32>,
+        Option<i32>,
+        Option<String>,
+        Option<bool>,
+        Option<String>,
+        Option<i32>,
+    );
+    let rows: Result<Vec<Waiting>, _> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT a, l.owner, l.takeovers, (l.lease_until - now())::text, \
                l.orphaned_at IS NOT NULL, (h.available_at - now())::text, h.attempts \
              FROM unnest($1::text[]) a \
