@@ -154,9 +154,21 @@ async fn sessions(db: &TestDb, n: i64) {
 
 /// Prints what is left of the events that did not arrive in time: their rows and leases, the
 /// registered owners and the live relays' logs (a failed run then says why).
-async fn explain_missing(db: &TestDb, sub: &Subscriber, ids: &[Uuid], relays: &[Owned]) {
+async fn explain_missing(
+    db: &TestDb,
+    broker: &BrokerEnv,
+    sub: &Subscriber,
+    ids: &[Uuid],
+    relays: &[Owned],
+) {
     let seen: HashSet<Uuid> = sub.snapshot().iter().map(|r| r.event_id).collect();
     let missing: Vec<Uuid> = ids.iter().filter(|i| !seen.contains(i)).copied().collect();
+    if let BrokerEnv::Kafka(kafka) = broker {
+        eprintln!(
+            "the missing events on the topic, read again from the start: {:?}",
+            kafka.find(&missing).await
+        );
+    }
     type Left = (
         Uuid,
         String,
@@ -246,7 +258,7 @@ async fn three_relays_under_sigkill(kind: Kind) {
     // The quiet period: 3 s from the last kill (the producer stopped with it).
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(last_kill.elapsed())).await;
     if sub.missing(&ids) > 0 {
-        explain_missing(&db, &sub, &ids, &relays).await;
+        explain_missing(&db, &broker, &sub, &ids, &relays).await;
     }
     let seen = sub.wait_ids(&ids, Duration::ZERO).await;
     eprintln!(

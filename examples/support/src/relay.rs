@@ -2,12 +2,14 @@
 //!
 //! The shape of `outbox relay` (crates/outbox-cli/src/commands.rs) with the facade crate only:
 //! a `PgStore` on the outbox schema, the broker picked by URL from `outbox::brokers()`, and
-//! `outbox::relay::Relay` until shutdown. Any number of relays may run; a killed one loses
-//! nothing (its leases expire and the rows are published again, with the same event ids).
+//! `outbox::relay::Relay` until shutdown, its leases tied to its database session. Any number
+//! of relays may run; a killed one loses nothing (its leases are taken over as soon as its
+//! session ends, and the rows are published again, with the same event ids).
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use outbox::postgres::session::{PgSession, SessionConfig};
 use outbox::postgres::{PgStore, PgStoreConfig};
 use outbox::relay::{Relay, RelayConfig};
 use tokio_util::sync::CancellationToken;
@@ -28,13 +30,21 @@ pub async fn run(
 ) -> Result<()> {
     let pool = crate::database::connect(database_url, 8).await?;
     let store = PgStore::new(
-        pool,
+        pool.clone(),
         PgStoreConfig {
             schema: crate::database::schema(),
             ..Default::default()
         },
     );
     store.check().await.context("cannot start the relay")?;
+    let session = PgSession::start(
+        &pool.connect_options(),
+        crate::database::schema(),
+        SessionConfig::default(),
+    )
+    .await
+    .context("cannot start the relay's database session")?;
+    let store = store.with_session(session.clone());
     let brokers = outbox::brokers();
     let transport = brokers
         .connect_transport(broker_url, &topology.transport_settings())
@@ -54,6 +64,7 @@ pub async fn run(
     );
     crate::child::announce_ready();
     relay.run(shutdown).await;
+    session.close().await;
     info!("relay stopped");
     Ok(())
 }

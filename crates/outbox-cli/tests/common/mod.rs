@@ -856,6 +856,52 @@ impl KafkaEnv {
         }
     }
 
+    /// Where each of `ids` is stored on the topic, read again from the start of every
+    /// partition up to its high watermark by a fresh reader (at most 20 s): `(event id,
+    /// partition, offset)` of every copy found. For a test that misses events, to tell a
+    /// reader that did not see them from a topic that does not hold them.
+    pub async fn find(&self, ids: &[uuid::Uuid]) -> Vec<(uuid::Uuid, i32, i64)> {
+        let consumer: BaseConsumer = kafka_client_of(&self.url)
+            .set("group.id", format!("e2e-finder-{}", uid()))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("Kafka reader");
+        let topic = self.topic.clone();
+        let wanted: std::collections::HashSet<uuid::Uuid> = ids.iter().copied().collect();
+        tokio::task::spawn_blocking(move || {
+            use outbox_kafka::rdkafka::Message as _;
+            let mut list = TopicPartitionList::new();
+            let mut ends = std::collections::HashMap::new();
+            for p in 0..KAFKA_PARTITIONS {
+                let (_, high) = consumer
+                    .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                    .expect("watermarks");
+                ends.insert(p, high);
+                list.add_partition_offset(&topic, p, Offset::Beginning)
+                    .expect("partition");
+            }
+            consumer.assign(&list).expect("assign");
+            let mut found = Vec::new();
+            let mut done = std::collections::HashSet::new();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while done.len() < ends.len() && Instant::now() < deadline {
+                let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+                    continue;
+                };
+                let r = from_kafka(&m);
+                if wanted.contains(&r.event_id) {
+                    found.push((r.event_id, m.partition(), m.offset()));
+                }
+                if m.offset() + 1 >= ends[&m.partition()] {
+                    done.insert(m.partition());
+                }
+            }
+            found
+        })
+        .await
+        .expect("Kafka finder")
+    }
+
     /// The lag of consumer group `group` on the topic: end offsets minus committed offsets (the
     /// start of the partition where nothing is committed).
     pub async fn group_lag(&self, group: &str) -> u64 {
