@@ -864,6 +864,9 @@ impl KafkaEnv {
         let consumer: BaseConsumer = kafka_client_of(&self.url)
             .set("group.id", format!("e2e-finder-{}", uid()))
             .set("enable.auto.commit", "false")
+            // Every stored record, whatever the broker says of transactions (the relay's
+            // idempotent producer writes none).
+            .set("isolation.level", "read_uncommitted")
             .create()
             .expect("Kafka reader");
         let topic = self.topic.clone();
