@@ -288,7 +288,7 @@ async fn three_relays_under_sigkill(kind: Kind) {
         last_kill.elapsed()
     );
     let firsts = assert_first_appearances_in_order(seen);
-    assert!(ids.iter().all(|id| firsts.contains(id)));
+    assert!(expected.iter().all(|id| firsts.contains(id)));
     dead.extend(relays.into_iter().map(|r| r.process));
     assert!(takeovers_logged(&dead) > 0, "no relay logged a takeover");
 }
