@@ -634,7 +634,7 @@ impl Admin {
                 // behind them) at once.
                 sqlx::query("SELECT pg_notify($1, $2)")
                     .bind(self.store.schema().wakeup_channel())
-                    .bind(crate::store::RESCAN)
+                    .bind(crate::schema::RESCAN)
                     .execute(&mut *tx)
                     .await
                     .map(|_| r.rows_affected())
@@ -695,7 +695,7 @@ impl Admin {
         let result = match result {
             Ok(d) if d.discarded > 0 => sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(self.store.schema().wakeup_channel())
-                .bind(crate::store::RESCAN)
+                .bind(crate::schema::RESCAN)
                 .execute(&mut *conn)
                 .await
                 .map(|_| d)
@@ -1632,7 +1632,7 @@ impl Admin {
             Ok(r) if i64::try_from(r.rows_affected()) == Ok(planned) => {
                 sqlx::query("SELECT pg_notify($1, $2)")
                     .bind(self.store.schema().wakeup_channel())
-                    .bind(crate::store::RESCAN)
+                    .bind(crate::schema::RESCAN)
                     .execute(&mut **tx)
                     .await
                     .map(|_| r.rows_affected())
@@ -1875,7 +1875,7 @@ impl Admin {
             )),
             Ok(r) => sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(self.store.schema().wakeup_channel())
-                .bind(crate::store::RESCAN)
+                .bind(crate::schema::RESCAN)
                 .execute(&mut *tx)
                 .await
                 .map(|_| r.rows_affected())

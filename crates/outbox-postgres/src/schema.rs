@@ -83,6 +83,14 @@ pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The wake-up payload of an operator's action that made rows claimable wherever they lie
+/// (a requeue, a replay, a resume), sent on [`Schema::wakeup_channel`]: the relays' next claims read from the table's start.
+pub(crate) const RESCAN: &str = "rescan";
+
+/// The wake-up payload of a sweep that expired the leases of relays whose sessions ended
+/// (`crate::session`): relays claim at once, from the table's start.
+pub(crate) const TAKEOVER: &str = "takeover";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,8 +63,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::schema::Schema;
-use crate::store::TAKEOVER;
+use crate::schema::{Schema, TAKEOVER};
 
 /// Metric names of the session keeper.
 pub mod metric {

@@ -27,7 +27,7 @@ use crate::effects::PgEffects;
 use crate::error::{store_error, store_error_as};
 use crate::inbox::PgInbox;
 use crate::roles::{Component, pool_role};
-use crate::schema::Schema;
+use crate::schema::{RESCAN, Schema, TAKEOVER};
 use crate::session::PgSession;
 use crate::sql::Sql;
 use crate::window::{BEGINNING, ClaimWindow, Found, Window};
@@ -290,14 +290,6 @@ impl PgStore {
         Arc::clone(&wakeups.notify)
     }
 }
-
-/// The wake-up payload of an operator's action that made rows claimable wherever they lie
-/// (a requeue, a replay, a resume): the relays' next claims read from the table's start.
-pub(crate) const RESCAN: &str = "rescan";
-
-/// The wake-up payload of a sweep that expired the leases of relays whose sessions ended
-/// (`crate::session`): relays claim at once, from the table's start.
-pub(crate) const TAKEOVER: &str = "takeover";
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
