@@ -10,9 +10,10 @@
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use outbox_core::operator::prelude::*;
+use outbox_core::operator::{Actor, PauseTarget};
 use outbox_core::relay::RelayConfig;
 use outbox_core::{ClaimParams, OutboxStore, ReleaseParams};
-use outbox_postgres::admin::{Actor, Admin, PauseTarget};
 use outbox_postgres::{PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -50,7 +51,7 @@ async fn measure(pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<()> 
             ..PgStoreConfig::default()
         },
     );
-    let admin = Admin::new(store.clone());
+    let admin = store.clone();
     let windowed = store
         .clone()
         .with_claim_window(outbox_postgres::ClaimWindow::default());

@@ -1,5 +1,6 @@
 //! The operator's commands: `dead-letters`, `conflicts`, `consumer-dead-letters`, `pause`,
-//! `resume`, `pauses`, `replay`, `audit` and `trace`. Each reads and acts through `outbox_postgres::admin::Admin`, as the console does;
+//! `resume`, `pauses`, `replay`, `audit` and `trace`. Each reads and acts through the operator contract
+//! (`outbox_core::operator`), as the console does, so they work on any store that implements it;
 //! every action is recorded in the audit table under the actor (`--actor`, else
 //! `OUTBOX_ACTOR`, else the OS user) with `via = cli`.
 
@@ -8,9 +9,9 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
-use outbox_postgres::admin::{
-    Actor, Admin, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, PauseTarget,
-    RangeSelection, ReplaySelection,
+use outbox_core::operator::{
+    Actor, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, GROUP_SCAN, OperatorStore,
+    PauseTarget, RangeSelection, ReplaySelection,
 };
 
 /// Who acts and why: every action's audit record.
@@ -271,7 +272,10 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
 }
 
 /// `outbox dead-letters`.
-pub(crate) async fn dead_letters(admin: Admin, cmd: DeadLetterCmd) -> Result<ExitCode> {
+pub(crate) async fn dead_letters<O: OperatorStore>(
+    admin: O,
+    cmd: DeadLetterCmd,
+) -> Result<ExitCode> {
     admin.ready().await?;
     match cmd {
         DeadLetterCmd::List {
@@ -323,8 +327,7 @@ pub(crate) async fn dead_letters(admin: Admin, cmd: DeadLetterCmd) -> Result<Exi
             if !groups.complete {
                 println!(
                     "note: {} or more dead letters match; these groups count the oldest {} only",
-                    outbox_postgres::admin::GROUP_SCAN,
-                    outbox_postgres::admin::GROUP_SCAN
+                    GROUP_SCAN, GROUP_SCAN
                 );
             }
         }
@@ -369,7 +372,7 @@ pub(crate) async fn dead_letters(admin: Admin, cmd: DeadLetterCmd) -> Result<Exi
 }
 
 /// `outbox conflicts`.
-pub(crate) async fn conflicts(admin: Admin, cmd: ConflictsCmd) -> Result<ExitCode> {
+pub(crate) async fn conflicts<O: OperatorStore>(admin: O, cmd: ConflictsCmd) -> Result<ExitCode> {
     admin.ready().await?;
     match cmd {
         ConflictsCmd::List {
@@ -432,8 +435,8 @@ pub(crate) async fn conflicts(admin: Admin, cmd: ConflictsCmd) -> Result<ExitCod
 }
 
 /// `outbox consumer-dead-letters`.
-pub(crate) async fn consumer_dead_letters(
-    admin: Admin,
+pub(crate) async fn consumer_dead_letters<O: OperatorStore>(
+    admin: O,
     cmd: ConsumerDeadLetterCmd,
 ) -> Result<ExitCode> {
     admin.ready().await?;
@@ -483,8 +486,7 @@ pub(crate) async fn consumer_dead_letters(
             if !all.complete {
                 println!(
                     "note: {} or more match; these groups count the oldest {} only",
-                    outbox_postgres::admin::GROUP_SCAN,
-                    outbox_postgres::admin::GROUP_SCAN
+                    GROUP_SCAN, GROUP_SCAN
                 );
             }
             for g in all.groups {
@@ -538,8 +540,8 @@ pub(crate) async fn consumer_dead_letters(
 }
 
 /// `outbox audit`: the recorded actions, newest first.
-pub(crate) async fn audit(
-    admin: Admin,
+pub(crate) async fn audit<O: OperatorStore>(
+    admin: O,
     limit: i64,
     before: Option<i64>,
     json: bool,
@@ -572,8 +574,8 @@ pub(crate) async fn audit(
 }
 
 /// `outbox trace`: everything this database holds of an event or an aggregate, as JSON.
-pub(crate) async fn trace(
-    admin: Admin,
+pub(crate) async fn trace<O: OperatorStore>(
+    admin: O,
     event_id: Option<uuid::Uuid>,
     aggregate: Option<String>,
     limit: i64,
@@ -627,7 +629,7 @@ pub(crate) struct ReplayArgs {
 
 /// `outbox replay`: an aggregate's published events republished with their original ids (mark
 /// mode).
-pub(crate) async fn replay(admin: Admin, a: ReplayArgs) -> Result<ExitCode> {
+pub(crate) async fn replay<O: OperatorStore>(admin: O, a: ReplayArgs) -> Result<ExitCode> {
     admin.ready().await?;
     if let (Some(since), Some(until)) = (a.since, a.until) {
         let which = RangeSelection {
@@ -738,7 +740,11 @@ impl PauseArgs {
 
 /// `outbox pause`: a route stops being claimed by the polling relays, or a consumer stops
 /// taking deliveries, until `outbox resume`.
-pub(crate) async fn pause(admin: Admin, which: PauseArgs, action: ActionArgs) -> Result<ExitCode> {
+pub(crate) async fn pause<O: OperatorStore>(
+    admin: O,
+    which: PauseArgs,
+    action: ActionArgs,
+) -> Result<ExitCode> {
     admin.ready().await?;
     let target = which.target();
     let pause = admin
@@ -752,7 +758,11 @@ pub(crate) async fn pause(admin: Admin, which: PauseArgs, action: ActionArgs) ->
 }
 
 /// `outbox resume`: ends a pause.
-pub(crate) async fn resume(admin: Admin, which: PauseArgs, action: ActionArgs) -> Result<ExitCode> {
+pub(crate) async fn resume<O: OperatorStore>(
+    admin: O,
+    which: PauseArgs,
+    action: ActionArgs,
+) -> Result<ExitCode> {
     admin.ready().await?;
     let target = which.target();
     admin
@@ -763,7 +773,7 @@ pub(crate) async fn resume(admin: Admin, which: PauseArgs, action: ActionArgs) -
 }
 
 /// `outbox pauses`: every pause in force.
-pub(crate) async fn pauses(admin: Admin, json: bool) -> Result<ExitCode> {
+pub(crate) async fn pauses<O: OperatorStore>(admin: O, json: bool) -> Result<ExitCode> {
     admin.ready().await?;
     let pauses = admin.pauses().await?;
     if json {

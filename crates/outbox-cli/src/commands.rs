@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
 use outbox::relay::Relay;
-use outbox_postgres::admin::Admin;
+use outbox_core::operator::prelude::*;
 use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
 use outbox_postgres::roles::{Component, check_privileges};
 use outbox_postgres::session::{self, PgSession, SessionConfig};
@@ -412,7 +412,7 @@ pub const CDC_SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
 pub const CDC_SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 
 /// `outbox console`: the web console on `listen`, reading and acting through the same
-/// [`Admin`] as `status` and `dead-letters`. The token is read from `OUTBOX_CONSOLE_TOKEN` (an
+/// operator contract (`outbox_core::operator`) as `status` and `dead-letters`. The token is read from `OUTBOX_CONSOLE_TOKEN` (an
 /// empty value counts as none), else from the config file's `[console] token_file`.
 pub async fn console(
     pool: PgPool,
@@ -452,7 +452,7 @@ pub async fn console(
     // Refused before binding: a weak token, a console open to the network without a token.
     config.validate()?;
     outbox_console::check_bind(listen, &config)?;
-    let admin = Admin::new(PgStore::new(pool, store_config));
+    let admin = PgStore::new(pool, store_config);
     admin.ready().await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -476,7 +476,7 @@ pub async fn status(
     json: bool,
     relay_metrics: Option<String>,
 ) -> Result<ExitCode> {
-    let admin = Admin::new(PgStore::new(pool, store_config));
+    let admin = PgStore::new(pool, store_config);
     admin.ready().await?;
     let o = admin.overview().await?;
     let routes = admin.routes(outbox_console::ROUTES_COUNT_BOUND).await?;
@@ -583,7 +583,7 @@ fn print_table(headers: &[&str], rows: &[Vec<String>]) {
 
 /// The routes of `outbox status`: pending, oldest, dead letters and publishes of the last 15
 /// minutes per route.
-fn print_routes(r: &outbox_postgres::admin::Routes) {
+fn print_routes(r: &outbox_core::operator::Routes) {
     println!();
     if r.routes.is_empty() {
         println!(
@@ -630,7 +630,7 @@ fn print_routes(r: &outbox_postgres::admin::Routes) {
 /// The processes of `outbox status`: those that run a heartbeat, with what a relay holds,
 /// each engine's state, last progress and errors in the last minute, then the last error of
 /// each process that reported one (why it is stuck, when it is).
-fn print_processes(list: &[outbox_postgres::admin::Instance]) {
+fn print_processes(list: &[outbox_core::operator::Instance]) {
     println!();
     if list.is_empty() {
         println!("processes: none has reported a heartbeat");

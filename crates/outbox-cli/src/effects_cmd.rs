@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use outbox::effect::{Executor, ExecutorConfig};
+use outbox_core::operator::Resolution;
+use outbox_core::operator::prelude::*;
 use outbox_http::{HttpPayoutProvider, ProviderTls};
 use outbox_postgres::PgStore;
 use outbox_postgres::Schema;
-use outbox_postgres::admin::Admin;
-use outbox_postgres::effects::Resolution;
 use outbox_postgres::heartbeat::InstanceKind;
 use outbox_postgres::roles::Component;
 use sqlx::PgPool;
@@ -124,7 +124,7 @@ impl RunArgs {
 
 /// Runs an `outbox effects` subcommand.
 pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
-    let admin = Admin::new(PgStore::with_schema(pool.clone(), schema.clone()));
+    let admin = PgStore::with_schema(pool.clone(), schema.clone());
     admin.ready().await?;
     match cmd {
         EffectsCmd::Run(a) => {
@@ -160,7 +160,7 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
             let shutdown = CancellationToken::new();
             tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
             let beat = tokio::spawn(
-                crate::commands::heartbeat(admin.store(), InstanceKind::Executor, &a.kind)?
+                crate::commands::heartbeat(&admin, InstanceKind::Executor, &a.kind)?
                     .run(shutdown.clone()),
             );
             tracing::info!(kind = %a.kind, provider = %redact(&a.provider_url), "executor started");

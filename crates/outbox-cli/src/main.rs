@@ -541,8 +541,8 @@ fn broker_url(resolved: &Resolved) -> Result<String> {
     )
 }
 
-/// The admin module over the configured store (the CLI's operator commands read and act
-/// through it, as the console does).
-fn admin(pool: sqlx::PgPool, store_config: PgStoreConfig) -> outbox_postgres::admin::Admin {
-    outbox_postgres::admin::Admin::new(outbox_postgres::PgStore::new(pool, store_config))
+/// The configured store, whose operator contract (`outbox_core::operator`) the CLI's operator
+/// commands read and act through, as the console does.
+fn admin(pool: sqlx::PgPool, store_config: PgStoreConfig) -> outbox_postgres::PgStore {
+    outbox_postgres::PgStore::new(pool, store_config)
 }

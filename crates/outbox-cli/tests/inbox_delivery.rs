@@ -700,7 +700,8 @@ async fn kafka_two_instances_through_rebalances_apply_every_event_once_in_order(
 /// nothing from the broker (the message waits there) and says so in its stats; resumed, it
 /// applies the waiting message once.
 async fn a_paused_consumer_waits_and_its_heartbeat_shows_lag_throughput_and_pause(kind: Kind) {
-    use outbox_postgres::admin::{Actor, Admin, PauseTarget};
+    use outbox_core::operator::prelude::*;
+    use outbox_core::operator::{Actor, PauseTarget};
     use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
     let env = Env::new(kind).await;
     let src = env.source(&env.endpoint_name(), MIB).await;
@@ -722,7 +723,7 @@ async fn a_paused_consumer_waits_and_its_heartbeat_shows_lag_throughput_and_paus
     let stop = tokio_util::sync::CancellationToken::new();
     let beating = tokio::spawn(beat.run(stop.clone()));
     let running = tokio::spawn(c.run(stop.clone()));
-    let admin = Admin::new(env.db.store());
+    let admin = env.db.store();
     for v in 1..=3 {
         env.publish(&message(&agg(), v, "PaymentCreated", json!({"v": v})))
             .await;

@@ -5,37 +5,38 @@
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use outbox_console::{ConsoleConfig, nested};
-//! use outbox_postgres::admin::Admin;
 //! use outbox_postgres::{PgStore, PgStoreConfig};
-//! let admin = Admin::new(PgStore::new(pool, PgStoreConfig::default()));
+//! // Any store that implements the operator contract (`outbox_core::operator`).
+//! let store = PgStore::new(pool, PgStoreConfig::default());
 //! let config = ConsoleConfig {
 //!     token: std::env::var("OUTBOX_CONSOLE_TOKEN").ok(),
 //!     ..ConsoleConfig::default()
 //! };
 //! // The page at /outbox (/outbox/ redirects there), its API under /outbox/api/v1.
-//! let app = axum::Router::new().merge(nested("/outbox", admin, config)?);
+//! let app = axum::Router::new().merge(nested("/outbox", store, config)?);
 //! # let _ = app; Ok(()) }
 //! ```
 //!
-//! Everything the console reads and does goes through [`Admin`], the module `outbox status`
-//! and `outbox dead-letters` use too, so the page and the CLI never disagree.
+//! Everything the console reads and does goes through the operator contract
+//! ([`OperatorStore`]), which `outbox status` and `outbox dead-letters` use too, so the page
+//! and the CLI never disagree, and the console works on every store that implements it.
 //!
 //! # API (version 1)
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_postgres::admin::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
-//! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`ROUTES_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_postgres::admin::Routes)) |
-//! | `GET /api/v1/consumers` | per consumer: its processes up, its lag and the effects it committed per minute over the last 15 minutes as its engines report them through their heartbeats, whether it is paused, its open dead letters and its conflicts ([`ConsumerView`](outbox_postgres::admin::ConsumerView)) |
-//! | `GET /api/v1/instances` | the relays, consumers and executors that run a heartbeat, each `up`, `late`, `gone` or `stopped`, with their own numbers and, for a relay or a consumer, its `health`: state (`working`, `idle`, `degraded`, `failing`), last progress, last error with its kind and age, errors in the last minute ([`Instance`](outbox_postgres::admin::Instance), [`HealthReport`](outbox_core::health::HealthReport)) |
+//! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_core::operator::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
+//! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`ROUTES_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_core::operator::Routes)) |
+//! | `GET /api/v1/consumers` | per consumer: its processes up, its lag and the effects it committed per minute over the last 15 minutes as its engines report them through their heartbeats, whether it is paused, its open dead letters and its conflicts ([`ConsumerView`](outbox_core::operator::ConsumerView)) |
+//! | `GET /api/v1/instances` | the relays, consumers and executors that run a heartbeat, each `up`, `late`, `gone` or `stopped`, with their own numbers and, for a relay or a consumer, its `health`: state (`working`, `idle`, `degraded`, `failing`), last progress, last error with its kind and age, errors in the last minute ([`Instance`](outbox_core::operator::Instance), [`HealthReport`](outbox_core::health::HealthReport)) |
 //! | `GET /api/v1/dead-letters?limit=N&<filter>` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100); the filter fields are those of [`DeadLetterFilter`]: `aggregate_type`, `event_type`, `destination`, `reason_group`, `created_after`, `created_before` (RFC 3339) |
-//! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_postgres::admin::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
+//! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_core::operator::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
 //! | `GET /api/v1/dead-letters/{event_id}` | one dead letter whole, payload and headers included; **needs the token** (and a role that may read payloads: the operator's) |
 //! | `POST /api/v1/dead-letters/requeue` | body: exactly one of `{"event_ids": ["…"]}`, `{"all": true}`, `{"filter": {…}}`; optional `"reason"` and `"actor"`; answers `{"requeued": n}` |
 //! | `POST /api/v1/dead-letters/discard` | the same selection, `"reason"` required: the dead letters are kept whole in `discarded_events` and never published; answers `{"discarded": n, "audit_id": id}` |
 //! | `GET /api/v1/conflicts?limit=N[&event_id=…][&open=true]` | inbox conflicts, newest first (the open ones only with `open=true`), with both fingerprints and, once resolved, when, by whom and why |
 //! | `GET /api/v1/conflicts/{id}` | one conflict with the conflicting payload and, where this database still holds it, the first; **needs the token** |
-//! | `POST /api/v1/conflicts/resolve` | body `{"ids": [1, 2], "reason": "…"}` (`"reason"` required, optional `"actor"`): the conflicts leave the open list, nothing is applied or undone (the consumer's effect stays the first payload's); answers `{"resolved": n, "audit_id": id}`, 404 when no id is a conflict ([`Admin::resolve_conflicts`](outbox_postgres::admin::Admin::resolve_conflicts)) |
+//! | `POST /api/v1/conflicts/resolve` | body `{"ids": [1, 2], "reason": "…"}` (`"reason"` required, optional `"actor"`): the conflicts leave the open list, nothing is applied or undone (the consumer's effect stays the first payload's); answers `{"resolved": n, "audit_id": id}`, 404 when no id is a conflict ([`ConflictOps::resolve_conflicts`](outbox_core::operator::ConflictOps::resolve_conflicts)) |
 //! | `GET /api/v1/consumer-dead-letters?consumer=C&reason_group=R&limit=N` | consumer dead letters not resolved, oldest first |
 //! | `GET /api/v1/consumer-dead-letters/groups?consumer=C` | the same grouped by consumer and reason |
 //! | `GET /api/v1/consumer-dead-letters/{id}` | one, with the payload and headers as received; **needs the token** |
@@ -44,12 +45,12 @@
 //! | `GET /api/v1/work-items?state=S&limit=N` | remote effects (work items), in one state or all, with their calls and reconciliation lookups |
 //! | `POST /api/v1/work-items/{id}/resolve` | body `{"succeeded": "<provider reference>"}`, `{"failed": "<why>"}` or `{"resend": true}`, optional `"reason"`, `"actor"`; answers the row as it is now (404 no such item, 409 its state does not allow it) |
 //! | `POST /api/v1/work-items/{id}/reconcile` | an unknown outcome's lookup is due now (409 when it is not unknown) |
-//! | `POST /api/v1/replay` | body `{"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3, "dry_run": true}`, then the same with `"expect_events": <the dry run's count>` and a `"reason"`: one aggregate's published events pending again under their original ids (mark mode only); 409 in delete mode, beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or when the count changed; 404 when nothing of it is held; answers [`ReplayPlan`](outbox_postgres::admin::ReplayPlan). Or a time range: `{"created_after": "…", "created_before": "…"}` (RFC 3339, optional `"aggregate_type"`, `"destination"`): the published events written in it, each aggregate extended to its newest version, refused (409) when the range starts at or before the replay horizon (the newest write time among the rows retention deleted; it starts at the migration to schema 11) or is too big; answers [`RangePlan`](outbox_postgres::admin::RangePlan) |
-//! | `GET /api/v1/pauses` | the routes and consumers paused, with who paused them, when and why ([`Pause`](outbox_postgres::admin::Pause)) |
-//! | `POST /api/v1/pauses/pause` | body `{"route": "destination:payments"}` (a route key as `routes` shows it), or `{"consumer": "ledger"}`, with `"reason"` (required) and optional `"actor"`: the polling relays stop claiming the route (an aggregate whose next row goes there waits), or the consumer stops taking deliveries, until resumed; 409 when paused already, or for a route while a CDC relay runs ([`PauseTarget`](outbox_postgres::admin::PauseTarget)) |
+//! | `POST /api/v1/replay` | body `{"aggregate_type": "payment", "aggregate_id": "42", "from_version": 3, "dry_run": true}`, then the same with `"expect_events": <the dry run's count>` and a `"reason"`: one aggregate's published events pending again under their original ids (mark mode only); 409 in delete mode, beyond the replay horizon, while a relay holds the aggregate or a CDC relay runs, or when the count changed; 404 when nothing of it is held; answers [`ReplayPlan`](outbox_core::operator::ReplayPlan). Or a time range: `{"created_after": "…", "created_before": "…"}` (RFC 3339, optional `"aggregate_type"`, `"destination"`): the published events written in it, each aggregate extended to its newest version, refused (409) when the range starts at or before the replay horizon (the newest write time among the rows retention deleted; it starts at the migration to schema 11) or is too big; answers [`RangePlan`](outbox_core::operator::RangePlan) |
+//! | `GET /api/v1/pauses` | the routes and consumers paused, with who paused them, when and why ([`Pause`](outbox_core::operator::Pause)) |
+//! | `POST /api/v1/pauses/pause` | body `{"route": "destination:payments"}` (a route key as `routes` shows it), or `{"consumer": "ledger"}`, with `"reason"` (required) and optional `"actor"`: the polling relays stop claiming the route (an aggregate whose next row goes there waits), or the consumer stops taking deliveries, until resumed; 409 when paused already, or for a route while a CDC relay runs ([`PauseTarget`]) |
 //! | `POST /api/v1/pauses/resume` | the same body (`"reason"` optional): ends the pause; 404 when it is not paused |
 //! | `GET /api/v1/audit?limit=N&before=ID` | the recorded actions (CLI's and console's), newest first |
-//! | `GET /api/v1/trace/event/{event_id}` | everything this database holds of an event ([`EventTrace`](outbox_postgres::admin::EventTrace)) |
+//! | `GET /api/v1/trace/event/{event_id}` | everything this database holds of an event ([`EventTrace`](outbox_core::operator::EventTrace)) |
 //! | `GET /api/v1/trace/aggregate?aggregate_type=T&aggregate_id=I&limit=N` | an aggregate's outbox rows, discarded events and each consumer's last applied version |
 //! | `GET /healthz` | liveness: the process answers (`200 ok`) |
 //! | `GET /readyz` | readiness: the database answers and the schema is at this release's version (`200`, else `503` with the reason) |
@@ -100,11 +101,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use outbox_postgres::admin::{
-    Actor, Admin, AdminError, AdminErrorKind, ConsumerSelection, Counting, DeadLetterFilter,
-    DeadLetterSelection, PauseTarget, RangeSelection, ReplaySelection,
+use outbox_core::operator::{
+    Actor, ConsumerSelection, Counting, DeadLetterFilter, DeadLetterSelection, OperatorError,
+    OperatorErrorKind, OperatorStore, PauseTarget, RangeSelection, ReplaySelection, Resolution,
 };
-use outbox_postgres::effects::Resolution;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -115,7 +115,7 @@ use uuid::Uuid;
 /// backlog takes seconds.
 pub const OVERVIEW_COUNT_BOUND: i64 = 100_000;
 
-/// Where the routes' counts stop ([`Admin::routes`]): each refresh groups that many of the
+/// Where the routes' counts stop ([`ProcessOps::routes`](outbox_core::operator::ProcessOps::routes)): each refresh groups that many of the
 /// oldest pending rows and dead letters by route (150 ms for 100,000 on a 10-million-row
 /// outbox here; the page refreshes every 5 s).
 pub const ROUTES_COUNT_BOUND: i64 = 10_000;
@@ -199,8 +199,8 @@ pub fn check_bind(addr: SocketAddr, config: &ConsoleConfig) -> Result<(), Consol
     Ok(())
 }
 
-struct AppState {
-    admin: Admin,
+struct AppState<O> {
+    admin: O,
     token_sha: Option<[u8; 32]>,
     read_only: bool,
     reads_need_token: bool,
@@ -211,7 +211,7 @@ struct AppState {
 ///
 /// # Errors
 /// [`ConsoleError::WeakToken`] for a token shorter than [`MIN_TOKEN_LEN`].
-pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleError> {
+pub fn router<O: OperatorStore>(admin: O, config: ConsoleConfig) -> Result<Router, ConsoleError> {
     config.validate()?;
     let state = Arc::new(AppState {
         admin,
@@ -225,52 +225,58 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
         .route("/console.js", get(script))
         .route("/console.css", get(style))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
-        .route("/api/v1/overview", get(overview))
-        .route("/api/v1/routes", get(routes))
-        .route("/api/v1/instances", get(instances))
-        .route("/api/v1/consumers", get(consumers))
-        .route("/api/v1/dead-letters", get(dead_letters))
-        .route("/api/v1/dead-letters/groups", get(dead_letter_groups))
-        .route("/api/v1/dead-letters/requeue", post(requeue))
-        .route("/api/v1/dead-letters/discard", post(discard))
-        .route("/api/v1/dead-letters/{event_id}", get(dead_letter))
-        .route("/api/v1/conflicts", get(conflicts))
-        .route("/api/v1/conflicts/resolve", post(resolve_conflicts))
-        .route("/api/v1/conflicts/{id}", get(conflict))
-        .route("/api/v1/consumer-dead-letters", get(consumer_dead_letters))
+        .route("/readyz", get(ready::<O>))
+        .route("/api/v1/overview", get(overview::<O>))
+        .route("/api/v1/routes", get(routes::<O>))
+        .route("/api/v1/instances", get(instances::<O>))
+        .route("/api/v1/consumers", get(consumers::<O>))
+        .route("/api/v1/dead-letters", get(dead_letters::<O>))
+        .route("/api/v1/dead-letters/groups", get(dead_letter_groups::<O>))
+        .route("/api/v1/dead-letters/requeue", post(requeue::<O>))
+        .route("/api/v1/dead-letters/discard", post(discard::<O>))
+        .route("/api/v1/dead-letters/{event_id}", get(dead_letter::<O>))
+        .route("/api/v1/conflicts", get(conflicts::<O>))
+        .route("/api/v1/conflicts/resolve", post(resolve_conflicts::<O>))
+        .route("/api/v1/conflicts/{id}", get(conflict::<O>))
+        .route(
+            "/api/v1/consumer-dead-letters",
+            get(consumer_dead_letters::<O>),
+        )
         .route(
             "/api/v1/consumer-dead-letters/groups",
-            get(consumer_dead_letter_groups),
+            get(consumer_dead_letter_groups::<O>),
         )
         .route(
             "/api/v1/consumer-dead-letters/requeue",
-            post(requeue_consumer_dead_letters),
+            post(requeue_consumer_dead_letters::<O>),
         )
         .route(
             "/api/v1/consumer-dead-letters/discard",
-            post(discard_consumer_dead_letters),
+            post(discard_consumer_dead_letters::<O>),
         )
         .route(
             "/api/v1/consumer-dead-letters/{id}",
-            get(consumer_dead_letter),
+            get(consumer_dead_letter::<O>),
         )
-        .route("/api/v1/work-items", get(work_items))
+        .route("/api/v1/work-items", get(work_items::<O>))
         .route(
             "/api/v1/work-items/{id}/reconcile",
-            post(reconcile_work_item),
+            post(reconcile_work_item::<O>),
         )
-        .route("/api/v1/audit", get(audit_log))
-        .route("/api/v1/replay", post(replay))
-        .route("/api/v1/pauses", get(pauses))
-        .route("/api/v1/pauses/pause", post(pause))
-        .route("/api/v1/pauses/resume", post(resume))
-        .route("/api/v1/trace/event/{event_id}", get(trace_event))
-        .route("/api/v1/trace/aggregate", get(trace_aggregate))
-        .route("/api/v1/work-items/{id}/resolve", post(resolve_work_item))
+        .route("/api/v1/audit", get(audit_log::<O>))
+        .route("/api/v1/replay", post(replay::<O>))
+        .route("/api/v1/pauses", get(pauses::<O>))
+        .route("/api/v1/pauses/pause", post(pause::<O>))
+        .route("/api/v1/pauses/resume", post(resume::<O>))
+        .route("/api/v1/trace/event/{event_id}", get(trace_event::<O>))
+        .route("/api/v1/trace/aggregate", get(trace_aggregate::<O>))
+        .route(
+            "/api/v1/work-items/{id}/resolve",
+            post(resolve_work_item::<O>),
+        )
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
-            guard,
+            guard::<O>,
         ))
         .with_state(state))
 }
@@ -285,7 +291,11 @@ pub fn router(admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleErro
 /// # Panics
 /// When `prefix` is empty, `/`, or does not start with `/` or ends with `/` (axum's rule for
 /// a nest path).
-pub fn nested(prefix: &str, admin: Admin, config: ConsoleConfig) -> Result<Router, ConsoleError> {
+pub fn nested<O: OperatorStore>(
+    prefix: &str,
+    admin: O,
+    config: ConsoleConfig,
+) -> Result<Router, ConsoleError> {
     // `prefix/` redirects to `prefix`, which passes the console's own guard.
     let to = prefix.to_owned();
     Ok(Router::new().nest(prefix, router(admin, config)?).route(
@@ -296,8 +306,8 @@ pub fn nested(prefix: &str, admin: Admin, config: ConsoleConfig) -> Result<Route
 
 /// The checks every request passes first: the `Host` (when [`ConsoleConfig::loopback_hosts_only`])
 /// and, for the API when [`ConsoleConfig::reads_need_token`], the token.
-async fn guard(
-    State(s): State<Arc<AppState>>,
+async fn guard<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -352,9 +362,9 @@ fn is_loopback_host(host: &str) -> bool {
 ///
 /// # Errors
 /// [`ConsoleError`]: the bind check, a weak token, or the server failing.
-pub async fn serve(
+pub async fn serve<O: OperatorStore>(
     listener: tokio::net::TcpListener,
-    admin: Admin,
+    admin: O,
     config: ConsoleConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ConsoleError> {
@@ -388,15 +398,17 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<AdminError> for ApiError {
-    fn from(e: AdminError) -> Self {
+impl From<OperatorError> for ApiError {
+    fn from(e: OperatorError) -> Self {
         let status = match e.kind {
-            AdminErrorKind::Unavailable | AdminErrorKind::Schema => StatusCode::SERVICE_UNAVAILABLE,
-            AdminErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
-            AdminErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
-            AdminErrorKind::NotFound => StatusCode::NOT_FOUND,
-            AdminErrorKind::Refused => StatusCode::CONFLICT,
-            AdminErrorKind::Other => StatusCode::INTERNAL_SERVER_ERROR,
+            OperatorErrorKind::Unavailable | OperatorErrorKind::Schema => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            OperatorErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            OperatorErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            OperatorErrorKind::NotFound => StatusCode::NOT_FOUND,
+            OperatorErrorKind::Refused => StatusCode::CONFLICT,
+            OperatorErrorKind::Other => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(status, e.to_string())
     }
@@ -463,7 +475,9 @@ async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }
 
-async fn ready(State(s): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+async fn ready<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
+) -> Result<&'static str, ApiError> {
     s.admin.ready().await?;
     Ok("ready")
 }
@@ -475,8 +489,8 @@ struct OverviewQuery {
     exact: bool,
 }
 
-async fn overview(
-    State(s): State<Arc<AppState>>,
+async fn overview<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     query: Result<Query<OverviewQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -491,11 +505,13 @@ async fn overview(
     Ok(json(s.admin.overview_counting(counting).await?))
 }
 
-async fn routes(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+async fn routes<O: OperatorStore>(State(s): State<Arc<AppState<O>>>) -> Result<Response, ApiError> {
     Ok(json(s.admin.routes(ROUTES_COUNT_BOUND).await?))
 }
 
-async fn instances(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+async fn instances<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
+) -> Result<Response, ApiError> {
     Ok(json(s.admin.instances().await?))
 }
 
@@ -548,16 +564,16 @@ fn nonempty(s: Option<String>) -> Option<String> {
     s.filter(|s| !s.is_empty())
 }
 
-async fn dead_letters(
-    State(s): State<Arc<AppState>>,
+async fn dead_letters<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<DeadLetterQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (filter, limit) = query.map_err(bad_query)?.0.filter();
     Ok(json(s.admin.dead_letters(&filter, limit).await?))
 }
 
-async fn dead_letter_groups(
-    State(s): State<Arc<AppState>>,
+async fn dead_letter_groups<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<DeadLetterQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (filter, _) = query.map_err(bad_query)?.0.filter();
@@ -566,8 +582,8 @@ async fn dead_letter_groups(
 
 /// Payloads and headers: only for the token's holder (and only under a role that may read
 /// them, the operator's).
-async fn dead_letter(
-    State(s): State<Arc<AppState>>,
+async fn dead_letter<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
@@ -618,8 +634,8 @@ impl DeadLetterActionBody {
     }
 }
 
-async fn requeue(
-    State(s): State<Arc<AppState>>,
+async fn requeue<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<DeadLetterActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -633,8 +649,8 @@ async fn requeue(
     Ok(json(serde_json::json!({ "requeued": n })))
 }
 
-async fn discard(
-    State(s): State<Arc<AppState>>,
+async fn discard<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<DeadLetterActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -656,8 +672,8 @@ struct ConflictQuery {
     open: Option<bool>,
 }
 
-async fn conflicts(
-    State(s): State<Arc<AppState>>,
+async fn conflicts<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<ConflictQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
@@ -679,8 +695,8 @@ struct ResolveConflictsBody {
     actor: Option<String>,
 }
 
-async fn resolve_conflicts(
-    State(s): State<Arc<AppState>>,
+async fn resolve_conflicts<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<ResolveConflictsBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -693,8 +709,8 @@ async fn resolve_conflicts(
     ))
 }
 
-async fn conflict(
-    State(s): State<Arc<AppState>>,
+async fn conflict<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Response, ApiError> {
@@ -724,24 +740,24 @@ impl ConsumerListQuery {
     }
 }
 
-async fn consumer_dead_letters(
-    State(s): State<Arc<AppState>>,
+async fn consumer_dead_letters<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<ConsumerListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (which, limit) = query.map_err(bad_query)?.0.selection();
     Ok(json(s.admin.consumer_dead_letters(&which, limit).await?))
 }
 
-async fn consumer_dead_letter_groups(
-    State(s): State<Arc<AppState>>,
+async fn consumer_dead_letter_groups<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<ConsumerListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (which, _) = query.map_err(bad_query)?.0.selection();
     Ok(json(s.admin.consumer_dead_letter_groups(&which).await?))
 }
 
-async fn consumer_dead_letter(
-    State(s): State<Arc<AppState>>,
+async fn consumer_dead_letter<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Response, ApiError> {
@@ -798,8 +814,8 @@ impl ConsumerActionBody {
     }
 }
 
-async fn requeue_consumer_dead_letters(
-    State(s): State<Arc<AppState>>,
+async fn requeue_consumer_dead_letters<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<ConsumerActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -813,8 +829,8 @@ async fn requeue_consumer_dead_letters(
     Ok(json(serde_json::json!({ "requeued": n })))
 }
 
-async fn discard_consumer_dead_letters(
-    State(s): State<Arc<AppState>>,
+async fn discard_consumer_dead_letters<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<ConsumerActionBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -835,8 +851,8 @@ struct WorkItemQuery {
     limit: Option<i64>,
 }
 
-async fn work_items(
-    State(s): State<Arc<AppState>>,
+async fn work_items<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<WorkItemQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
@@ -863,8 +879,8 @@ struct ResolveBody {
     actor: Option<String>,
 }
 
-async fn resolve_work_item(
-    State(s): State<Arc<AppState>>,
+async fn resolve_work_item<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     id: Result<Path<i64>, PathRejection>,
     headers: HeaderMap,
     body: Result<Json<ResolveBody>, JsonRejection>,
@@ -902,8 +918,8 @@ struct ReconcileBody {
     actor: Option<String>,
 }
 
-async fn reconcile_work_item(
-    State(s): State<Arc<AppState>>,
+async fn reconcile_work_item<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     id: Result<Path<i64>, PathRejection>,
     headers: HeaderMap,
     body: Result<Json<ReconcileBody>, JsonRejection>,
@@ -943,8 +959,8 @@ struct ReplayBody {
     actor: Option<String>,
 }
 
-async fn replay(
-    State(s): State<Arc<AppState>>,
+async fn replay<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<ReplayBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -1036,16 +1052,18 @@ impl PauseBody {
     }
 }
 
-async fn consumers(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+async fn consumers<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
+) -> Result<Response, ApiError> {
     Ok(json(s.admin.consumers().await?))
 }
 
-async fn pauses(State(s): State<Arc<AppState>>) -> Result<Response, ApiError> {
+async fn pauses<O: OperatorStore>(State(s): State<Arc<AppState<O>>>) -> Result<Response, ApiError> {
     Ok(json(s.admin.pauses().await?))
 }
 
-async fn pause(
-    State(s): State<Arc<AppState>>,
+async fn pause<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<PauseBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -1055,8 +1073,8 @@ async fn pause(
     Ok(json(s.admin.pause(&target, &actor, &reason).await?))
 }
 
-async fn resume(
-    State(s): State<Arc<AppState>>,
+async fn resume<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     headers: HeaderMap,
     body: Result<Json<PauseBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -1076,16 +1094,16 @@ struct AuditQuery {
     before: Option<i64>,
 }
 
-async fn audit_log(
-    State(s): State<Arc<AppState>>,
+async fn audit_log<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
     Ok(json(s.admin.audit(q.before, q.limit.unwrap_or(100)).await?))
 }
 
-async fn trace_event(
-    State(s): State<Arc<AppState>>,
+async fn trace_event<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = id.map_err(bad_path)?;
@@ -1100,8 +1118,8 @@ struct AggregateQuery {
     limit: Option<i64>,
 }
 
-async fn trace_aggregate(
-    State(s): State<Arc<AppState>>,
+async fn trace_aggregate<O: OperatorStore>(
+    State(s): State<Arc<AppState<O>>>,
     query: Result<Query<AggregateQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
@@ -1139,8 +1157,8 @@ action_bodies!(
 
 /// The start of every action: the origin, mode and token checks (before the body is read),
 /// then the body and the audit record's actor.
-fn action<B: ActionBody>(
-    s: &AppState,
+fn action<O, B: ActionBody>(
+    s: &AppState<O>,
     headers: &HeaderMap,
     body: Result<Json<B>, JsonRejection>,
 ) -> Result<(B, Actor), ApiError> {
@@ -1162,7 +1180,7 @@ fn actor(name: Option<&str>, credential: &str) -> Result<Actor, ApiError> {
 
 /// Who may act: checks the origin, the mode and the token, in that order. Returns the token's
 /// fingerprint for the audit record.
-fn authorize(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+fn authorize<O>(s: &AppState<O>, headers: &HeaderMap) -> Result<String, ApiError> {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
         let origin_host = origin
@@ -1187,7 +1205,7 @@ fn authorize(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
 }
 
 /// The token's check; returns its fingerprint (the first 8 hex digits of its SHA-256).
-fn check_token(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+fn check_token<O>(s: &AppState<O>, headers: &HeaderMap) -> Result<String, ApiError> {
     let Some(expected) = &s.token_sha else {
         return Err(ApiError(
             StatusCode::FORBIDDEN,

@@ -10,8 +10,9 @@ use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use outbox_console::{ConsoleConfig, ConsoleError, check_bind, router};
+use outbox_core::operator::Counting;
+use outbox_core::operator::prelude::*;
 use outbox_core::{NewMessage, Payload};
-use outbox_postgres::admin::{Admin, Counting};
 use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
@@ -84,14 +85,14 @@ impl Db {
         Db { pool, schema }
     }
 
-    fn admin(&self) -> Admin {
-        Admin::new(PgStore::new(
+    fn admin(&self) -> PgStore {
+        PgStore::new(
             self.pool.clone(),
             PgStoreConfig {
                 schema: self.schema.clone(),
                 ..PgStoreConfig::default()
             },
-        ))
+        )
     }
 
     async fn count(&self, filter: &str) -> i64 {
@@ -116,7 +117,7 @@ impl Db {
 }
 
 /// A console served on a free loopback port until the returned token is cancelled.
-async fn serve(admin: Admin, config: ConsoleConfig) -> (SocketAddr, CancellationToken) {
+async fn serve(admin: PgStore, config: ConsoleConfig) -> (SocketAddr, CancellationToken) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -1084,13 +1085,13 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     );
     stop.cancel();
 
-    let mark = Admin::new(PgStore::new(
+    let mark = PgStore::new(
         db.pool.clone(),
         PgStoreConfig {
             schema: db.schema.clone(),
             on_publish: outbox_postgres::OnPublish::Mark,
         },
-    ));
+    );
     let (addr, stop) = serve(mark, with_token()).await;
     let (status, e) = call(addr, "POST", path, &[], Some(dry)).await;
     assert_eq!(status, 401, "{e}");
@@ -1285,7 +1286,7 @@ async fn a_route_and_a_consumer_are_paused_and_resumed_with_the_token() {
         ]
     );
     // The relay's claim leaves the paused route's rows alone.
-    let store = db.admin().store().clone();
+    let store = db.admin();
     let params = ClaimParams {
         max_rows: 10,
         max_per_aggregate: 10,

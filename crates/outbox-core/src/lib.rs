@@ -33,6 +33,7 @@ pub mod health;
 pub mod limits;
 pub mod maintenance;
 mod message;
+pub mod operator;
 pub mod relay;
 pub mod secrets;
 mod store;

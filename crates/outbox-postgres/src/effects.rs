@@ -20,17 +20,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use outbox_core::effect::{
     ClaimPurpose, ClaimedWorkItem, WorkItemClaimParams, WorkItemRecordParams, WorkItemStore,
     WorkItemUpdate, metric,
 };
 pub use outbox_core::effect::{EffectsStats, NewWorkItem, WorkItemState, idempotency_key};
+pub use outbox_core::operator::{Resolution, WorkItemRow};
 use outbox_core::{LeaseToken, StoreError, WorkItem};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 use tracing::warn;
-use uuid::Uuid;
 
 use crate::error::store_error;
 use crate::roles::{Component, PermissionDenied, pool_role};
@@ -150,82 +149,6 @@ pub enum EnqueueOutcome {
         /// The existing item's id.
         id: i64,
     },
-}
-
-/// One work item with every column an operator needs.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct WorkItemRow {
-    /// Row id.
-    pub id: i64,
-    /// Kind of effect.
-    pub kind: String,
-    /// The key sent to the provider.
-    pub idempotency_key: String,
-    /// What to do.
-    pub payload: serde_json::Value,
-    /// SHA-256 of the payload's canonical jsonb form (hex when serialised).
-    #[serde(serialize_with = "hex_bytes")]
-    pub payload_sha256: Vec<u8>,
-    /// The event that caused the work.
-    pub event_id: Option<Uuid>,
-    /// The consumer that wrote it.
-    pub consumer_name: Option<String>,
-    /// The state's stored name (see [`WorkItemState::as_str`]).
-    pub state: String,
-    /// Calls made so far.
-    pub attempts: i32,
-    /// Lookups made so far.
-    pub lookups: i32,
-    /// Token of the current lease (call or lookup), if any.
-    pub lease_token: Option<i64>,
-    /// End of the current lease, if any.
-    pub lease_until: Option<DateTime<Utc>>,
-    /// When the next call (pending) or lookup (unknown) is due.
-    pub next_attempt_at: DateTime<Utc>,
-    /// Since when the outcome is unknown (set while `unknown`).
-    pub unknown_since: Option<DateTime<Utc>>,
-    /// The provider's reference, once succeeded.
-    pub reference: Option<String>,
-    /// The latest error or reason.
-    pub last_error: Option<String>,
-    /// Enqueued at.
-    pub created_at: DateTime<Utc>,
-    /// Last change.
-    pub updated_at: DateTime<Utc>,
-    /// When it reached `succeeded` or `failed`.
-    pub resolved_at: Option<DateTime<Utc>>,
-}
-
-fn hex_bytes<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&hex::encode(bytes))
-}
-
-/// An operator's decision about a work item ([`PgEffects::resolve`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
-    /// The operator confirmed with the provider that the effect happened. Only from `unknown`.
-    Succeeded {
-        /// The provider's reference.
-        reference: String,
-    },
-    /// The operator confirmed that it did not happen and must not. Only from `unknown`.
-    Failed {
-        /// Why.
-        reason: String,
-    },
-    /// Call the provider again, with the same key. From `unknown` (the operator knows the
-    /// provider has no record) or `failed`.
-    Resend,
-}
-
-impl Resolution {
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Self::Succeeded { .. } => "succeeded",
-            Self::Failed { .. } => "failed",
-            Self::Resend => "resend",
-        }
-    }
 }
 
 const ROW_COLUMNS: &str = "id, kind, idempotency_key, payload, payload_sha256, event_id, \

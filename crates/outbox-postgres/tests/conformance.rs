@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::TestDb;
 use outbox_core::consumer::{ConsumerDeadLetter, HandlerError};
 use outbox_core::effect::{NewWorkItem, WorkItemState};
+use outbox_core::operator::prelude::*;
 use outbox_core::{NewMessage, StoreError, StoreErrorKind};
 use outbox_postgres::PgStore;
 use outbox_testkit::fixture::{BoxFuture, HeldProducer, StoreFixture, WorkItemView};
@@ -257,9 +258,9 @@ impl StoreFixture for PgFixture {
     }
 
     async fn set_consumer_paused(&self, consumer: &str, paused: bool) {
-        let admin = outbox_postgres::admin::Admin::new(self.db.store());
-        let actor = outbox_postgres::admin::Actor::new("suite", "test").expect("actor");
-        let target = outbox_postgres::admin::PauseTarget::Consumer(consumer.to_owned());
+        let admin = self.db.store();
+        let actor = outbox_core::operator::Actor::new("suite", "test").expect("actor");
+        let target = outbox_core::operator::PauseTarget::Consumer(consumer.to_owned());
         if paused {
             admin
                 .pause(&target, &actor, "engine suite")
@@ -277,3 +278,4 @@ impl StoreFixture for PgFixture {
 
 outbox_testkit::store_suite!(PgFixture);
 outbox_testkit::engine_suite!(PgFixture);
+outbox_testkit::operator_suite!(PgFixture);

@@ -154,16 +154,17 @@ async fn concurrent_deliveries_to_two_instances_give_one_effect() {
     db.drop().await;
 }
 
-/// An operator resolves a conflict (`Admin::resolve_conflicts`, schema 11): it leaves the open
+/// An operator resolves a conflict (`resolve_conflicts`, schema 11): it leaves the open
 /// list and count with who and why, the consumer's effect stays the first payload's; the same
 /// conflicting payload arriving again reopens it, counted.
 #[tokio::test]
 async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
-    use outbox_postgres::admin::{Actor, Admin, AdminErrorKind};
+    use outbox_core::operator::prelude::*;
+    use outbox_core::operator::{Actor, OperatorErrorKind};
     let db = TestDb::new().await;
     let table = effects_table(&db).await;
     let inbox = PgInbox::new(db.schema.clone());
-    let admin = Admin::new(db.store());
+    let admin = db.store();
     let who = Actor::new("oncall", "test").unwrap();
     let id = Uuid::now_v7();
     let first = event(id, "p1", 1, "{\"amount\":100}");
@@ -183,14 +184,14 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
         .unwrap_err();
     assert_eq!(
         e.kind,
-        AdminErrorKind::InvalidRequest,
+        OperatorErrorKind::InvalidRequest,
         "a reason is required: {e}"
     );
     let e = admin
         .resolve_conflicts(&[-1], &who, "checked")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::NotFound, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::NotFound, "{e}");
     let r = admin
         .resolve_conflicts(&[open[0].id], &who, "producer fixed in release 42")
         .await

@@ -1,4 +1,4 @@
-//! A time-range replay (`Admin::replay_range`) against the real PostgreSQL: what it takes (each
+//! A time-range replay (`replay_range`) against the real PostgreSQL: what it takes (each
 //! aggregate extended to its newest version), the dry run, the replay horizon that retention
 //! raises, and its refusals.
 
@@ -9,8 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::{TestDb, msg};
 use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::operator::prelude::*;
+use outbox_core::operator::{Actor, OperatorErrorKind, RangeSelection};
 use outbox_postgres::OnPublish;
-use outbox_postgres::admin::{Actor, Admin, AdminErrorKind, RangeSelection};
 
 /// Writes `aggregate`'s `version` (of `kind`), published, created and published `minutes_ago`.
 async fn published(db: &TestDb, kind: &str, aggregate: &str, version: i64, minutes_ago: i64) {
@@ -44,7 +45,7 @@ fn range(from_minutes_ago: i64, to_minutes_ago: i64) -> RangeSelection {
 #[tokio::test]
 async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_horizon() {
     let db = TestDb::new().await;
-    let admin = Admin::new(db.store_with(OnPublish::Mark));
+    let admin = db.store_with(OnPublish::Mark);
     let who = Actor::new("oncall", "test").unwrap();
     // Before the range: d. In the range (100 to 60 minutes ago): a v1, b v1, order c v1.
     // After it: a v2, which the extension takes along.
@@ -99,22 +100,22 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
         .replay_range(&payments, false, Some(3), &who, " ")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::InvalidRequest, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::InvalidRequest, "{e}");
     let e = admin
         .replay_range(&range(60, 100), true, None, &who, "")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::InvalidRequest, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::InvalidRequest, "{e}");
     let e = admin
         .replay_range(&range(20, 10), true, None, &who, "")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::NotFound, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::NotFound, "{e}");
     let e = admin
         .replay_range(&payments, false, Some(2), &who, "rebuild reporting")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     assert!(e.message.contains("not the 2 expected"), "{e}");
     db.exec(format!(
         "INSERT INTO \"{}\".leases (aggregate_type, aggregate_id, token, lease_until) \
@@ -126,7 +127,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
         .replay_range(&payments, false, Some(3), &who, "rebuild reporting")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     assert!(e.message.contains("payment/b"), "{e}");
     db.exec(format!("DELETE FROM \"{}\".leases", db.schema))
         .await;
@@ -164,7 +165,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
         .replay_range(&range(200, 60), true, None, &who, "")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     assert!(e.message.starts_with("beyond the replay horizon"), "{e}");
     let plan = admin
         .replay_range(&range(170, 60), true, None, &who, "")
@@ -188,7 +189,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
         .replay_range(&range(170, 60), true, None, &who, "")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     assert!(e.message.contains("payment/b"), "{e}");
     db.drop().await;
 }
@@ -196,13 +197,13 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
 #[tokio::test]
 async fn a_time_range_is_refused_in_delete_mode() {
     let db = TestDb::new().await;
-    let admin = Admin::new(db.store());
+    let admin = db.store();
     let who = Actor::new("oncall", "test").unwrap();
     let e = admin
         .replay_range(&range(100, 60), true, None, &who, "")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     assert!(e.message.contains("relay.on_publish"), "{e}");
     db.drop().await;
 }

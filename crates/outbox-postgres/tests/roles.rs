@@ -18,12 +18,13 @@ use login_roles::LoginRoles;
 use outbox_core::consumer::{ConsumerConfig, Handler, HandlerError, InboxStore, OrderingGuard};
 use outbox_core::effect::{Executor, ExecutorConfig, WorkItemStore as _};
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
+use outbox_core::operator::prelude::*;
+use outbox_core::operator::{Actor, DeadLetterSelection, OperatorErrorKind};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{
     ClaimParams, Fingerprint, IncomingEvent, OutboxStore, PublishErrorKind, RequeueParams,
     StoreErrorKind,
 };
-use outbox_postgres::admin::{Actor, Admin, AdminErrorKind, DeadLetterSelection};
 use outbox_postgres::roles::{Component, RoleName, RolePlan, RolesError, check_privileges};
 use outbox_postgres::{
     EffectsError, EnqueueError, EnqueueOutcome, IdempotencyBegin, MigrateError, NewWorkItem,
@@ -1068,7 +1069,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     .await
     .unwrap();
     let who = Actor::new("tester", "roles test").unwrap();
-    let as_reader = Admin::new(store(&reader, &env.schema));
+    let as_reader = store(&reader, &env.schema);
     assert_eq!(
         as_reader
             .trace_event(dead)
@@ -1081,14 +1082,14 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     );
     assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 0);
     let e = as_reader.dead_letter(dead).await.unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
     assert!(e.message.contains("needs the operator grants"), "{e}");
     let e = as_reader
         .discard_dead_letters(&DeadLetterSelection::All, &who, "test")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
-    let as_operator = Admin::new(store(&operator, &env.schema));
+    assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
+    let as_operator = store(&operator, &env.schema);
     let detail = as_operator.dead_letter(dead).await.unwrap();
     assert!(detail.payload.text.unwrap().contains(r#""id":"b""#));
     let d = as_operator
@@ -1106,7 +1107,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
 
     // Every other action under the operator's grants (PostgreSQL checks what each statement
     // touches even when no row matches), each with its record.
-    let by_reason = DeadLetterSelection::Matching(outbox_postgres::admin::DeadLetterFilter {
+    let by_reason = DeadLetterSelection::Matching(outbox_core::operator::DeadLetterFilter {
         reason_group: Some("test".into()),
         ..Default::default()
     });
@@ -1114,7 +1115,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         .requeue_dead_letters(&by_reason, &who, "t")
         .await
         .unwrap();
-    let all_consumers = outbox_postgres::admin::ConsumerSelection::default();
+    let all_consumers = outbox_core::operator::ConsumerSelection::default();
     as_operator
         .requeue_consumer_dead_letters(&all_consumers, &who, "t")
         .await
@@ -1127,7 +1128,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         .reconcile_work_item(id, &who, "t")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     // A replay (mark mode): locks, reads leases and heartbeats, updates the delivery columns.
     PgOutbox::new(env.schema.clone())
         .enqueue(&env.admin, &msg("c", 1))
@@ -1138,16 +1139,16 @@ async fn the_reader_reads_and_only_the_operator_writes() {
          WHERE aggregate_id = 'c'",
     )
     .await;
-    let mark = Admin::new(PgStore::new(
+    let mark = PgStore::new(
         operator.clone(),
         PgStoreConfig {
             schema: env.schema.clone(),
             on_publish: outbox_postgres::OnPublish::Mark,
         },
-    ));
+    );
     let replayed = mark
         .replay(
-            &outbox_postgres::admin::ReplaySelection {
+            &outbox_core::operator::ReplaySelection {
                 aggregate_type: "payment".into(),
                 aggregate_id: "c".into(),
                 from_version: None,
@@ -1170,9 +1171,9 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         "pending again, its first publish time kept"
     );
     // Pause and resume: the reader may list pauses but not pause; the operator may.
-    let route = outbox_postgres::admin::PauseTarget::destination("audit");
+    let route = outbox_core::operator::PauseTarget::destination("audit");
     let e = as_reader.pause(&route, &who, "t").await.unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
     as_operator.pause(&route, &who, "t").await.unwrap();
     assert_eq!(as_reader.pauses().await.unwrap().len(), 1);
     as_operator.resume(&route, &who, "t").await.unwrap();
@@ -1189,7 +1190,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         .resolve_conflicts(&[conflict], &who, "t")
         .await
         .unwrap_err();
-    assert_eq!(e.kind, AdminErrorKind::PermissionDenied, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
     let r = as_operator
         .resolve_conflicts(&[conflict], &who, "t")
         .await

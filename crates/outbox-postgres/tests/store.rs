@@ -798,7 +798,8 @@ async fn wakeup_tasks_stop_when_the_pool_closes() {
 #[tokio::test]
 async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
     use outbox_core::ClaimScope;
-    use outbox_postgres::admin::{Actor, Admin, AdminErrorKind, PauseTarget};
+    use outbox_core::operator::prelude::*;
+    use outbox_core::operator::{Actor, OperatorErrorKind, PauseTarget};
     let db = TestDb::new().await;
     // a: v1 (topic of its type), v2 to "audit", v3 (its type again); b: v1; c: v1 to "audit".
     db.outbox
@@ -815,7 +816,7 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
         .await
         .unwrap();
     let store = db.store();
-    let admin = Admin::new(store.clone());
+    let admin = store.clone();
     let me = Actor::new("tester", "test").unwrap();
     let audit = PauseTarget::destination("audit");
 
@@ -830,12 +831,12 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
         ("route", "destination:audit")
     );
     let again = admin.pause(&audit, &me, "twice").await.unwrap_err();
-    assert_eq!(again.kind, AdminErrorKind::Refused, "{again}");
+    assert_eq!(again.kind, OperatorErrorKind::Refused, "{again}");
     let no_reason = admin
         .pause(&PauseTarget::aggregate_type("payment"), &me, " ")
         .await
         .unwrap_err();
-    assert_eq!(no_reason.kind, AdminErrorKind::InvalidRequest);
+    assert_eq!(no_reason.kind, OperatorErrorKind::InvalidRequest);
 
     // The takeover claim publishes heads alone, never a paused one, and clears its lease.
     let mut taken = Vec::new();
@@ -892,7 +893,7 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
     assert_eq!(listed[0].actor.as_deref(), Some("tester"));
     admin.resume(&audit, &me, "sink back").await.unwrap();
     let gone = admin.resume(&audit, &me, "").await.unwrap_err();
-    assert_eq!(gone.kind, AdminErrorKind::NotFound);
+    assert_eq!(gone.kind, OperatorErrorKind::NotFound);
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     let got: Vec<(String, i64)> = b
         .messages
@@ -917,8 +918,9 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
 /// the next walk from the beginning, within `max_rescan`. Every claim counts as slow here.
 #[tokio::test]
 async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
+    use outbox_core::operator::prelude::*;
+    use outbox_core::operator::{Actor, PauseTarget};
     use outbox_postgres::ClaimWindow;
-    use outbox_postgres::admin::{Actor, Admin, PauseTarget};
     let db = TestDb::new().await;
     let held: Vec<_> = (0..50)
         .map(|i| msg(&format!("h{i}"), 1).with_destination("held"))
@@ -933,7 +935,7 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
         Duration::from_secs(2),
         Duration::from_secs(2),
     ));
-    let admin = Admin::new(db.store());
+    let admin = db.store();
     let me = Actor::new("tester", "test").unwrap();
     admin
         .pause(&PauseTarget::destination("held"), &me, "sink down")

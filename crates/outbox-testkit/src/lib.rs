@@ -9,8 +9,11 @@
 //!   maintenance.
 //! * [`engines`]: the consumer engine, the remote-effect executor and the maintainer,
 //!   unchanged, over any store ([`engine_suite!`]).
-//! * [`memory`]: [`memory::MemoryStore`], an in-memory fake of every store trait, and its
-//!   fixture; it passes the same store suite.
+//! * [`memory`]: [`memory::MemoryStore`], an in-memory fake of every store trait and of the
+//!   operator contract, and its fixture; it passes the same store and operator suites.
+//! * [`operator`]: the operator conformance suite ([`operator_suite!`]): the overview, dead
+//!   letters, conflicts, work items, pauses, the audit, traces and replays of
+//!   [`outbox_core::operator`], for a fixture whose store implements it.
 //!
 //! Brokers:
 //!
@@ -60,6 +63,7 @@ pub mod memory;
 pub mod message;
 pub mod nats_wire;
 pub mod net;
+pub mod operator;
 pub mod source;
 pub mod store;
 pub mod tansu;

@@ -11,6 +11,11 @@
 //! A handler writes on [`MemoryConn`]: effects ([`MemoryConn::effect`]), outbox rows
 //! ([`MemoryConn::enqueue`]) and work items ([`MemoryConn::enqueue_work_item`]), all committed
 //! with the transaction or not at all.
+//!
+//! It also implements the operator contract ([`outbox_core::operator`], in `memory/operator.rs`):
+//! dead letters, conflicts, work items, pauses (a paused route is not claimed), traces and the
+//! audit, so the operator suite ([`crate::operator`]) runs against it too. What it cannot model
+//! (heartbeats, activity rates, kept published rows) is said at each method.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
@@ -35,6 +40,8 @@ use outbox_core::{
     StoreErrorKind, Takeover,
 };
 use tokio::sync::{Notify, OwnedMutexGuard};
+
+mod operator;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -85,6 +92,8 @@ struct Lease {
 struct InboxRow {
     fingerprint: Fingerprint,
     received_at: DateTime<Utc>,
+    /// The event's version as the consumer saw it.
+    aggregate_version: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +107,47 @@ struct DeadLetterRow {
     created_at: DateTime<Utc>,
     /// Order of last update (the engine takes requeued letters least recently updated first).
     updated: u64,
+}
+
+impl DeadLetterRow {
+    fn view(&self, id: i64) -> ConsumerDeadLetter {
+        ConsumerDeadLetter {
+            id,
+            consumer_name: self.consumer.clone(),
+            event_id: self.identity.event_id,
+            aggregate_type: self.identity.aggregate_type.clone(),
+            aggregate_id: self.identity.aggregate_id.clone(),
+            aggregate_version: self.identity.aggregate_version,
+            event_type: self.identity.event_type.clone(),
+            error: self.error.clone(),
+            attempts: self.attempts,
+            state: self.state.as_str().to_owned(),
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// A conflict as the store keeps it: what [`MemoryConflict`] shows, and what the operator
+/// contract reads (id, the event's fields, the received payload, times, resolution).
+#[derive(Debug, Clone)]
+struct ConflictRow {
+    id: i64,
+    consumer: String,
+    event_id: EventId,
+    stored: Fingerprint,
+    received: Fingerprint,
+    aggregate_type: String,
+    aggregate_id: String,
+    aggregate_version: i64,
+    event_type: String,
+    /// The conflicting payload, as received.
+    payload: bytes::Bytes,
+    occurrences: u32,
+    first_seen: DateTime<Utc>,
+    last_seen: DateTime<Utc>,
+    /// Set by an operator's resolution, cleared when the conflicting payload arrives again.
+    resolved_at: Option<DateTime<Utc>>,
+    resolved_audit_id: Option<i64>,
 }
 
 /// A recorded conflict.
@@ -121,7 +171,8 @@ struct ConsumerState {
     inbox: HashMap<(String, EventId), InboxRow>,
     stale: HashSet<(String, EventId)>,
     aggregates: HashMap<(String, String, String), i64>,
-    conflicts: Vec<MemoryConflict>,
+    conflicts: Vec<ConflictRow>,
+    next_conflict: i64,
     dead: BTreeMap<i64, DeadLetterRow>,
     next_dead: i64,
     effects: BTreeMap<String, u64>,
@@ -131,6 +182,7 @@ struct ConsumerState {
 #[derive(Debug, Clone)]
 struct WorkRow {
     item: WorkItem,
+    consumer_name: Option<String>,
     payload_fingerprint: Fingerprint,
     state: WorkItemState,
     lookups: i32,
@@ -140,6 +192,7 @@ struct WorkRow {
     resolved_at: Option<DateTime<Utc>>,
     reference: Option<String>,
     last_error: Option<String>,
+    updated_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Default)]
@@ -159,8 +212,8 @@ struct Inner {
     tokens: AtomicI64,
     sessions: AtomicU64,
     leader: Mutex<Option<u64>>,
-    /// Consumers an operator paused.
-    paused: Mutex<HashSet<String>>,
+    /// The operator's state: audit records, pauses, discarded events (locked last).
+    ops: Mutex<operator::OpsState>,
 }
 
 /// The in-memory fake store. Cheap to clone; clones share the data.
@@ -228,7 +281,7 @@ impl MemoryStore {
                 tokens: AtomicI64::new(1),
                 sessions: AtomicU64::new(1),
                 leader: Mutex::new(None),
-                paused: Mutex::default(),
+                ops: Mutex::default(),
             }),
         }
     }
@@ -320,17 +373,23 @@ impl MemoryStore {
 
     /// Recorded conflicts, oldest first.
     pub fn conflicts(&self) -> Vec<MemoryConflict> {
-        lock(&self.inner.consumer).conflicts.clone()
+        lock(&self.inner.consumer)
+            .conflicts
+            .iter()
+            .map(|c| MemoryConflict {
+                consumer: c.consumer.clone(),
+                event_id: c.event_id,
+                stored: c.stored,
+                received: c.received,
+                occurrences: c.occurrences,
+            })
+            .collect()
     }
 
-    /// Pauses (`true`) or resumes `consumer`, as an operator's `outbox pause --consumer` does.
+    /// Pauses (`true`) or resumes `consumer` directly, without an audit record (a test's
+    /// shortcut; [`PauseOps`](outbox_core::operator::PauseOps) is the operator's way, audited).
     pub fn set_consumer_paused(&self, consumer: &str, paused: bool) {
-        let mut set = lock(&self.inner.paused);
-        if paused {
-            set.insert(consumer.to_owned());
-        } else {
-            set.remove(consumer);
-        }
+        lock(&self.inner.ops).set_consumer_paused(consumer, paused);
     }
 
     /// Consumer dead letters (all states), oldest first.
@@ -339,19 +398,7 @@ impl MemoryStore {
             .dead
             .iter()
             .filter(|(_, d)| consumer.is_none_or(|c| c == d.consumer))
-            .map(|(id, d)| ConsumerDeadLetter {
-                id: *id,
-                consumer_name: d.consumer.clone(),
-                event_id: d.identity.event_id,
-                aggregate_type: d.identity.aggregate_type.clone(),
-                aggregate_id: d.identity.aggregate_id.clone(),
-                aggregate_version: d.identity.aggregate_version,
-                event_type: d.identity.event_type.clone(),
-                error: d.error.clone(),
-                attempts: d.attempts,
-                state: d.state.as_str().to_owned(),
-                created_at: d.created_at,
-            })
+            .map(|(id, d)| d.view(*id))
             .collect()
     }
 
@@ -454,6 +501,7 @@ impl MemoryStore {
             w.items.insert(
                 id,
                 WorkRow {
+                    consumer_name: item.consumer_name,
                     item: WorkItem {
                         id,
                         kind: item.kind,
@@ -472,6 +520,7 @@ impl MemoryStore {
                     resolved_at: None,
                     reference: None,
                     last_error: None,
+                    updated_at: Utc::now(),
                 },
             );
         }
@@ -593,9 +642,22 @@ impl DerefMut for MemoryTx {
 }
 
 impl OutboxStore for MemoryStore {
+    /// A row whose route an operator paused is not handed out: an aggregate whose head is on
+    /// a paused route waits, and a run stops before its first row on one (per-aggregate
+    /// order), as the PostgreSQL claim does.
     async fn claim_batch(&self, p: ClaimParams) -> Result<ClaimedBatch, StoreError> {
         let token = self.token();
         let now = Utc::now();
+        // Read before the outbox is locked (the operator's lock is taken last everywhere): a
+        // pause holds from the next claim on.
+        let paused_routes = lock(&self.inner.ops).paused_routes();
+        let paused = |r: &OutboxRow| {
+            !paused_routes.is_empty()
+                && paused_routes.contains(&outbox_core::operator::route_key(
+                    r.msg.destination.as_deref(),
+                    &r.msg.aggregate_type,
+                ))
+        };
         let mut o = lock(&self.inner.outbox);
         // Per aggregate, its unpublished rows in version order.
         let mut by_agg: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
@@ -609,13 +671,15 @@ impl OutboxStore for MemoryStore {
         }
         if p.scope == ClaimScope::TakeOver {
             // Expired leases with nothing to take over go: no unpublished row left, a dead
-            // head, a head in backoff.
+            // head, a head in backoff, a head on a paused route (its count starts again).
             let rows = &o.rows;
             let takeable = |ids: &Vec<i64>| {
                 ids.iter()
                     .map(|id| &rows[id])
                     .min_by_key(|r| r.msg.aggregate_version)
-                    .is_some_and(|h| h.state == RowState::Pending && h.available_at <= now)
+                    .is_some_and(|h| {
+                        h.state == RowState::Pending && h.available_at <= now && !paused(h)
+                    })
             };
             let keep: HashSet<(String, String)> = by_agg
                 .iter()
@@ -635,7 +699,11 @@ impl OutboxStore for MemoryStore {
                 ClaimScope::Free => lease.is_none_or(|l| l.until <= now && l.takeovers == 0),
                 ClaimScope::TakeOver => lease.is_some_and(|l| l.until <= now && l.takeovers > 0),
             };
-            if head.state == RowState::Pending && head.available_at <= now && eligible {
+            if head.state == RowState::Pending
+                && head.available_at <= now
+                && eligible
+                && !paused(head)
+            {
                 heads.push((agg, ids));
             }
         }
@@ -672,6 +740,7 @@ impl OutboxStore for MemoryStore {
             for (taken, id) in ids.into_iter().enumerate() {
                 let r = &o.rows[&id];
                 if r.state != RowState::Pending
+                    || paused(r)
                     || taken >= p.max_per_aggregate
                     || messages.len() >= p.max_rows
                 {
@@ -884,19 +953,39 @@ impl InboxStore for MemoryStore {
             if outcome == InboxOutcome::Duplicate {
                 return Ok(outcome);
             }
+            let now = Utc::now();
             match s.conflicts.iter_mut().find(|c| {
                 c.consumer == consumer
                     && c.event_id == event.event_id
                     && c.received == event.fingerprint
             }) {
-                Some(c) => c.occurrences += 1,
-                None => s.conflicts.push(MemoryConflict {
-                    consumer: consumer.to_owned(),
-                    event_id: event.event_id,
-                    stored,
-                    received: event.fingerprint,
-                    occurrences: 1,
-                }),
+                // Seen again: counted, and reopened if an operator had resolved it.
+                Some(c) => {
+                    c.occurrences += 1;
+                    c.last_seen = now;
+                    c.resolved_at = None;
+                    c.resolved_audit_id = None;
+                }
+                None => {
+                    s.next_conflict += 1;
+                    s.conflicts.push(ConflictRow {
+                        id: s.next_conflict,
+                        consumer: consumer.to_owned(),
+                        event_id: event.event_id,
+                        stored,
+                        received: event.fingerprint,
+                        aggregate_type: event.aggregate_type.clone(),
+                        aggregate_id: event.aggregate_id.clone(),
+                        aggregate_version: event.aggregate_version,
+                        event_type: event.event_type.clone(),
+                        payload: event.payload.bytes.clone(),
+                        occurrences: 1,
+                        first_seen: now,
+                        last_seen: now,
+                        resolved_at: None,
+                        resolved_audit_id: None,
+                    });
+                }
             }
             return Ok(outcome);
         }
@@ -905,6 +994,7 @@ impl InboxStore for MemoryStore {
             InboxRow {
                 fingerprint: event.fingerprint,
                 received_at: Utc::now(),
+                aggregate_version: event.aggregate_version,
             },
         );
         if guard == OrderingGuard::Off {
@@ -1031,7 +1121,7 @@ impl InboxStore for MemoryStore {
     }
 
     async fn consumer_paused<'a>(&'a self, consumer: &'a str) -> Result<bool, StoreError> {
-        Ok(lock(&self.inner.paused).contains(consumer))
+        Ok(lock(&self.inner.ops).consumer_paused(consumer))
     }
 }
 
@@ -1053,6 +1143,7 @@ impl WorkItemStore for MemoryStore {
                 r.next_attempt_at = now + chrono(reconcile_after);
                 r.lease = None;
                 r.last_error = Some(reason.to_owned());
+                r.updated_at = now;
                 ids.push(r.item.id);
             }
         }
@@ -1082,6 +1173,7 @@ impl WorkItemStore for MemoryStore {
         for r in due.into_iter().take(p.limit) {
             let token = self.token();
             r.lease = Some((token, now + chrono(p.lease)));
+            r.updated_at = now;
             if p.purpose == ClaimPurpose::Call {
                 r.state = WorkItemState::InProgress;
                 r.item.attempts += 1;
@@ -1109,6 +1201,7 @@ impl WorkItemStore for MemoryStore {
         }
         r.lookups += p.lookups_add;
         r.lease = None;
+        r.updated_at = now;
         match p.update {
             WorkItemUpdate::Succeeded { reference } => {
                 r.state = WorkItemState::Succeeded;

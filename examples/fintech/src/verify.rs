@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use outbox::postgres::admin::{Admin, Overview};
+use outbox::operator::Overview;
+use outbox::operator::prelude::*;
 use outbox::postgres::{PgEffects, PgStore};
 use sqlx::PgPool;
 use support::http_client::HttpClient;
@@ -83,11 +84,11 @@ impl Snapshot {
         .fetch_one(reporting)
         .await?;
         let schema = crate::db::schema();
-        let payments_db = Admin::new(PgStore::with_schema(payments.clone(), schema.clone()))
+        let payments_db = PgStore::with_schema(payments.clone(), schema.clone())
             .overview()
             .await
             .context("cannot read the payments database's overview")?;
-        let reporting_db = Admin::new(PgStore::with_schema(reporting.clone(), schema.clone()))
+        let reporting_db = PgStore::with_schema(reporting.clone(), schema.clone())
             .overview()
             .await
             .context("cannot read the reporting database's overview")?;

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
+use outbox::operator::prelude::*;
+use outbox::operator::{ConsumerSelection, Overview};
 use outbox::postgres::PgStore;
-use outbox::postgres::admin::{Admin, ConsumerSelection, Overview};
 use sqlx::PgPool;
 use support::table::{Check, eq};
 
@@ -83,8 +84,8 @@ pub struct Snapshot {
     pub reemitted_stale_at_history: bool,
 }
 
-fn overview(pool: &PgPool) -> Admin {
-    Admin::new(PgStore::with_schema(pool.clone(), crate::db::schema()))
+fn overview(pool: &PgPool) -> PgStore {
+    PgStore::with_schema(pool.clone(), crate::db::schema())
 }
 
 /// Open dead letters of `event_id` at `consumer` in `db` whose error contains `reason`.

@@ -1,18 +1,18 @@
 //! The record of the operator's actions: who, when, what, why, and how many rows it changed.
 //!
-//! Every action of [`Admin`](super::Admin) writes one row into `{schema}.audit` in the
+//! Every action of the operator contract writes one row into `{schema}.audit` in the
 //! transaction that does it (schema version 8), so an action and its record commit together or
 //! not at all; it also logs one line at `info` under the target `outbox::audit` (failures,
 //! which change nothing and write no row, at `warn`). The database role acting needs the
 //! operator grants, which include inserting audit rows and nothing else on that table: a
 //! record cannot be changed or deleted through the tools.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
+use outbox_core::operator::{Actor, AuditEntry, AuditOps, OperatorError, check_limit};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
-use super::{AdminError, AdminErrorKind};
+use super::op_err;
 use crate::schema::Schema;
+use crate::store::PgStore;
 
 const INSERT: &str = "INSERT INTO {s}.audit \
     (actor, via, credential, action, selection, reason, affected) \
@@ -28,89 +28,6 @@ const OF_EVENT: &str = "SELECT id, at, actor, via, credential, db_role, action, 
     OR id IN (SELECT audit_id FROM {s}.discarded_events WHERE event_id = $2) \
     ORDER BY id DESC LIMIT 100";
 
-/// Who acts, as the audit record names them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor {
-    name: String,
-    via: String,
-    credential: Option<String>,
-}
-
-impl Actor {
-    /// `name` acting through `via` (`cli`, `console`, or a service's own name).
-    ///
-    /// # Errors
-    /// [`AdminError`] of kind `InvalidRequest` when `name` is empty or longer than 255
-    /// characters, or `via` empty or longer than 64.
-    pub fn new(name: impl Into<String>, via: impl Into<String>) -> Result<Self, AdminError> {
-        let (name, via) = (name.into(), via.into());
-        let bad = |what: &str| AdminError {
-            operation: "audit",
-            kind: AdminErrorKind::InvalidRequest,
-            message: what.to_owned(),
-        };
-        if name.trim().is_empty() || name.chars().count() > 255 {
-            return Err(bad("an actor's name must have 1 to 255 characters"));
-        }
-        if via.trim().is_empty() || via.chars().count() > 64 {
-            return Err(bad("an actor's `via` must have 1 to 64 characters"));
-        }
-        Ok(Self {
-            name,
-            via,
-            credential: None,
-        })
-    }
-
-    /// How the actor proved who they are (the console token's fingerprint); recorded beside
-    /// the name, which is otherwise only what the actor said.
-    #[must_use]
-    pub fn with_credential(mut self, credential: impl Into<String>) -> Self {
-        self.credential = Some(credential.into());
-        self
-    }
-
-    /// The name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Through what.
-    pub fn via(&self) -> &str {
-        &self.via
-    }
-
-    /// The credential's fingerprint, if one was checked.
-    pub fn credential(&self) -> Option<&str> {
-        self.credential.as_deref()
-    }
-}
-
-/// One recorded action.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AuditEntry {
-    /// Record id (newest is largest).
-    pub id: i64,
-    /// When, by the database clock.
-    pub at: DateTime<Utc>,
-    /// Who, as the tool knew them.
-    pub actor: String,
-    /// Through what (`cli`, `console`, ...).
-    pub via: String,
-    /// The credential's fingerprint, when the tool checked one.
-    pub credential: Option<String>,
-    /// The database role that made the change.
-    pub db_role: String,
-    /// What (`requeue dead letters`, `discard dead letters`, `resolve work item`, ...).
-    pub action: String,
-    /// What it selected: ids, a filter, or `{"all": true}`.
-    pub selection: serde_json::Value,
-    /// Why, as the actor said.
-    pub reason: String,
-    /// How many rows it changed.
-    pub affected: i64,
-}
-
 /// Writes the record of an action on the action's own connection (its transaction); returns
 /// the record's id.
 pub(super) async fn record(
@@ -123,40 +40,15 @@ pub(super) async fn record(
     affected: u64,
 ) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(AssertSqlSafe(schema.render(INSERT)))
-        .bind(&actor.name)
-        .bind(&actor.via)
-        .bind(&actor.credential)
+        .bind(actor.name())
+        .bind(actor.via())
+        .bind(actor.credential())
         .bind(action)
         .bind(selection)
         .bind(reason)
         .bind(i64::try_from(affected).unwrap_or(i64::MAX))
         .fetch_one(conn)
         .await
-}
-
-/// The log line of an action (target `outbox::audit`).
-pub(super) fn log(
-    actor: &Actor,
-    action: &str,
-    selection: &serde_json::Value,
-    reason: &str,
-    outcome: Result<u64, &AdminError>,
-) {
-    let (name, via, credential) = (
-        actor.name.as_str(),
-        actor.via.as_str(),
-        actor.credential.as_deref().unwrap_or(""),
-    );
-    match outcome {
-        Ok(n) => tracing::info!(
-            target: "outbox::audit", actor = name, via, credential, action, %selection, reason,
-            affected = n, "operator action"
-        ),
-        Err(e) => tracing::warn!(
-            target: "outbox::audit", actor = name, via, credential, action, %selection, reason,
-            error = %e, "operator action failed"
-        ),
-    }
 }
 
 fn entry(r: &sqlx::postgres::PgRow) -> Result<AuditEntry, sqlx::Error> {
@@ -205,4 +97,17 @@ pub(super) async fn of_event<'e, E: sqlx::PgExecutor<'e>>(
         .iter()
         .map(entry)
         .collect()
+}
+
+impl AuditOps for PgStore {
+    async fn audit(
+        &self,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<AuditEntry>, OperatorError> {
+        check_limit("audit", limit)?;
+        list(self.pool(), self.schema(), before, limit)
+            .await
+            .map_err(|e| op_err("audit", e))
+    }
 }

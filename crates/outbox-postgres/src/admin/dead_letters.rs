@@ -2,9 +2,9 @@
 //! reason, read whole, requeued or discarded by ids, by filter or all, each action audited.
 //!
 //! **Reasons** are grouped as ServicePulse groups failures: by the error text with its
-//! numbers and UUIDs replaced by `#` and cut at 200 characters, so that
-//! "publish timed out after 5000 ms (event 1f0e…)" of a thousand rows is one group. The key is
-//! computed by the database, so a group's key selects exactly its rows in a filter.
+//! numbers and UUIDs replaced by `#` and cut at 200 characters
+//! ([`outbox_core::operator::reason_key`]), computed here by the database with the same rule,
+//! so that a group's key selects exactly its rows in a filter.
 //!
 //! **Destination** in a filter is the row's own `destination` (the producer's override); rows
 //! without one go where the relay's topic template sends their aggregate type, so filter those
@@ -15,22 +15,24 @@
 //! reason computes the key of each dead row it reads (no index holds it): dead letters are few
 //! next to the outbox, and the read stops at the page's limit.
 
-use chrono::{DateTime, Utc};
 use outbox_core::EventId;
-use serde::{Deserialize, Serialize};
+use outbox_core::operator::{
+    Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
+    DeadLetterGroups, DeadLetterOps, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN,
+    MAX_LIST, OperatorError, PayloadView, check_limit, log_action, require_reason,
+};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{Postgres, Row};
+use sqlx::{AssertSqlSafe, Postgres, Row};
+
+use super::op_err;
+use crate::store::PgStore;
 
 /// The reason key of a dead letter's error text, `{err}` being the column (see the module
 /// docs).
 const REASON_KEY: &str = "left(regexp_replace(coalesce({err}, ''), \
     '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9]+', '#', 'g'), 200)";
-
-/// The most dead letters one group read looks at: computing the reason key costs about 7 µs
-/// a row here (710 ms for 100,000 dead letters on a 10-million-row outbox), and the page reads
-/// the groups every 5 s.
-pub const GROUP_SCAN: i64 = 10_000;
 
 /// The conditions of the outbox's dead rows a [`DeadLetterSelection`] selects (binds `$1` to
 /// `$7`; a condition whose value is not given is left out of the statement, so that each
@@ -111,7 +113,7 @@ fn sql(template: &str, matcher: &str, err_column: &str) -> String {
 }
 
 /// `template` for the dead letters `which` selects.
-pub(super) fn outbox_sql(template: &str, which: &DeadLetterSelection) -> String {
+fn outbox_sql(template: &str, which: &DeadLetterSelection) -> String {
     let none = DeadLetterFilter::default();
     let (ids, f) = match which {
         DeadLetterSelection::Ids(_) => (true, &none),
@@ -134,7 +136,7 @@ pub(super) fn outbox_sql(template: &str, which: &DeadLetterSelection) -> String 
 
 /// `template` for the consumer dead letters `which` selects, among those in `states` (an SQL
 /// list).
-pub(super) fn consumer_sql(template: &str, which: &ConsumerSelection, states: &str) -> String {
+fn consumer_sql(template: &str, which: &ConsumerSelection, states: &str) -> String {
     let given = [
         which.consumer.is_some(),
         which.ids.is_some(),
@@ -152,65 +154,18 @@ pub(super) fn consumer_sql(template: &str, which: &ConsumerSelection, states: &s
     sql(template, &matcher.join(" AND "), "c.error")
 }
 
-pub(super) const OUTBOX_LIST: &str = LIST;
-pub(super) const OUTBOX_GROUPS: &str = GROUPS;
-pub(super) const OUTBOX_DETAIL: &str = DETAIL;
-pub(super) const OUTBOX_REQUEUE: &str = REQUEUE;
-pub(super) const OUTBOX_DISCARD: &str = DISCARD;
-pub(super) const CONSUMER_LIST_SQL: &str = CONSUMER_LIST;
-pub(super) const CONSUMER_GROUPS_SQL: &str = CONSUMER_GROUPS;
-pub(super) const CONSUMER_DETAIL_SQL: &str = CONSUMER_DETAIL;
-pub(super) const CONSUMER_REQUEUE_SQL: &str = CONSUMER_REQUEUE;
-pub(super) const CONSUMER_DISCARD_SQL: &str = CONSUMER_DISCARD;
-
-/// Which outbox dead letters a read or an action is about (every field optional; all given
-/// must hold). See the module docs for what each field compares.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeadLetterFilter {
-    /// The aggregate type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub aggregate_type: Option<String>,
-    /// The event type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event_type: Option<String>,
-    /// The row's own destination (the producer's override).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destination: Option<String>,
-    /// A reason group's key ([`DeadLetterGroup::reason`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason_group: Option<String>,
-    /// Written by the producer at or after this time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_after: Option<DateTime<Utc>>,
-    /// Written by the producer before this time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_before: Option<DateTime<Utc>>,
+/// A selection's values bound to its matcher's placeholders.
+trait BindMatch {
+    /// Binds the matcher's placeholders (`$1` to `$7` of [`MATCH`], `$1` to `$3` of
+    /// [`CONSUMER_MATCH`]).
+    fn bind_match<'q>(
+        &self,
+        q: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments>;
 }
 
-/// Which outbox dead letters an action takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeadLetterSelection {
-    /// These event ids (ids that are not dead letters are skipped, and not counted).
-    Ids(Vec<EventId>),
-    /// Every dead letter matching the filter, in one statement on the server.
-    Matching(DeadLetterFilter),
-    /// Every dead letter.
-    All,
-}
-
-impl DeadLetterSelection {
-    /// The selection as the audit record keeps it.
-    pub(super) fn to_json(&self) -> serde_json::Value {
-        match self {
-            Self::Ids(ids) => serde_json::json!({ "event_ids": ids }),
-            Self::Matching(f) => serde_json::json!({ "filter": f }),
-            Self::All => serde_json::json!({ "all": true }),
-        }
-    }
-
-    /// Binds `$1` to `$7` of [`MATCH`].
-    pub(super) fn bind<'q>(
+impl BindMatch for DeadLetterSelection {
+    fn bind_match<'q>(
         &self,
         q: Query<'q, Postgres, PgArguments>,
     ) -> Query<'q, Postgres, PgArguments> {
@@ -230,24 +185,8 @@ impl DeadLetterSelection {
     }
 }
 
-/// Which consumer dead letters a read or an action is about.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConsumerSelection {
-    /// Only this consumer's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consumer: Option<String>,
-    /// Only these ids; `None` takes every one that matches the rest.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ids: Option<Vec<i64>>,
-    /// Only this reason group ([`ConsumerDeadLetterGroup::reason`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason_group: Option<String>,
-}
-
-impl ConsumerSelection {
-    /// Binds `$1` to `$3` of the consumer matcher.
-    pub(super) fn bind<'q>(
+impl BindMatch for ConsumerSelection {
+    fn bind_match<'q>(
         &self,
         q: Query<'q, Postgres, PgArguments>,
     ) -> Query<'q, Postgres, PgArguments> {
@@ -257,38 +196,10 @@ impl ConsumerSelection {
     }
 }
 
-/// An outbox dead letter as the operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeadLetterView {
-    /// Event id.
-    pub event_id: EventId,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Version.
-    pub aggregate_version: i64,
-    /// Event type.
-    pub event_type: String,
-    /// Attempts made.
-    pub attempts: i32,
-    /// The last error.
-    pub last_error: Option<String>,
-    /// When the producer wrote it.
-    pub created_at: DateTime<Utc>,
-    /// Events of the same aggregate waiting behind it.
-    pub blocked_behind: i64,
-    /// The producer's destination override, if any.
-    pub destination: Option<String>,
-    /// The payload's content type.
-    pub content_type: String,
-    /// The payload's schema version.
-    pub schema_version: i32,
-    /// Its reason group's key.
-    pub reason: String,
-}
+/// Consumer dead-letter states a list shows: not resolved.
+const OPEN_STATES: &str = "'dead', 'requeued'";
 
-pub(super) fn view(r: &PgRow) -> Result<DeadLetterView, sqlx::Error> {
+fn view(r: &PgRow) -> Result<DeadLetterView, sqlx::Error> {
     Ok(DeadLetterView {
         event_id: r.try_get(0)?,
         aggregate_type: r.try_get(1)?,
@@ -306,36 +217,7 @@ pub(super) fn view(r: &PgRow) -> Result<DeadLetterView, sqlx::Error> {
     })
 }
 
-/// Outbox dead letters that share a reason.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeadLetterGroup {
-    /// The reason key (a filter's `reason_group` selects exactly this group).
-    pub reason: String,
-    /// How many (among those read).
-    pub count: i64,
-    /// The oldest one's creation time.
-    pub first_created_at: DateTime<Utc>,
-    /// The newest one's creation time.
-    pub last_created_at: DateTime<Utc>,
-    /// Their aggregate types (at most 10).
-    pub aggregate_types: Vec<String>,
-    /// Their event types (at most 10).
-    pub event_types: Vec<String>,
-    /// The oldest one's error text, as it was.
-    pub example_error: Option<String>,
-}
-
-/// The reason groups of the dead letters matching a filter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeadLetterGroups {
-    /// Largest group first.
-    pub groups: Vec<DeadLetterGroup>,
-    /// `false` when [`GROUP_SCAN`] or more dead letters matched: the groups then count the
-    /// oldest [`GROUP_SCAN`] only.
-    pub complete: bool,
-}
-
-pub(super) fn group(r: &PgRow) -> Result<DeadLetterGroup, sqlx::Error> {
+fn group(r: &PgRow) -> Result<DeadLetterGroup, sqlx::Error> {
     Ok(DeadLetterGroup {
         reason: r.try_get(0)?,
         count: r.try_get(1)?,
@@ -347,24 +229,7 @@ pub(super) fn group(r: &PgRow) -> Result<DeadLetterGroup, sqlx::Error> {
     })
 }
 
-/// Consumer dead letters that share a consumer and a reason.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConsumerDeadLetterGroup {
-    /// The consumer.
-    pub consumer_name: String,
-    /// The reason key (a selection's `reason_group` selects exactly this group).
-    pub reason: String,
-    /// How many (among those read).
-    pub count: i64,
-    /// The oldest one's time.
-    pub first_at: DateTime<Utc>,
-    /// The newest one's time.
-    pub last_at: DateTime<Utc>,
-    /// The oldest one's error text, as it was.
-    pub example_error: String,
-}
-
-pub(super) fn consumer_group(r: &PgRow) -> Result<ConsumerDeadLetterGroup, sqlx::Error> {
+fn consumer_group(r: &PgRow) -> Result<ConsumerDeadLetterGroup, sqlx::Error> {
     Ok(ConsumerDeadLetterGroup {
         consumer_name: r.try_get(0)?,
         reason: r.try_get(1)?,
@@ -375,117 +240,317 @@ pub(super) fn consumer_group(r: &PgRow) -> Result<ConsumerDeadLetterGroup, sqlx:
     })
 }
 
-/// The (consumer, reason) groups of consumer dead letters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConsumerDeadLetterGroups {
-    /// Largest group first.
-    pub groups: Vec<ConsumerDeadLetterGroup>,
-    /// `false` when [`GROUP_SCAN`] or more matched: the groups then count the oldest
-    /// [`GROUP_SCAN`] only.
-    pub complete: bool,
-}
-
-/// A consumer dead letter with its reason group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConsumerDeadLetterView {
-    /// The dead letter.
-    #[serde(flatten)]
-    pub dead_letter: outbox_core::consumer::ConsumerDeadLetter,
-    /// Its reason group's key.
-    pub reason: String,
-}
-
-pub(super) fn consumer_view(r: &PgRow) -> Result<ConsumerDeadLetterView, sqlx::Error> {
+fn consumer_view(r: &PgRow) -> Result<ConsumerDeadLetterView, sqlx::Error> {
     Ok(ConsumerDeadLetterView {
         dead_letter: crate::consumer::dead_letter_from_row(r)?,
         reason: r.try_get(11)?,
     })
 }
 
-/// A payload as the console shows it: as text when it reads as text (UTF-8, no control
-/// characters but whitespace), else as hex.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PayloadView {
-    /// Its size in bytes.
-    pub size: usize,
-    /// SHA-256 of the bytes, hex.
-    pub sha256: String,
-    /// The bytes as text, when they are UTF-8.
-    pub text: Option<String>,
-    /// The bytes as hex, when they are not UTF-8.
-    pub hex: Option<String>,
-}
+impl DeadLetterOps for PgStore {
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: i64,
+    ) -> Result<Vec<DeadLetterView>, OperatorError> {
+        check_limit("dead letters", limit)?;
+        let selection = DeadLetterSelection::Matching(filter.clone());
+        let sql = self.render(&outbox_sql(LIST, &selection));
+        selection
+            .bind_match(sqlx::query(AssertSqlSafe(sql)))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| op_err("dead letters", e))?
+            .iter()
+            .map(view)
+            .collect::<Result<_, _>>()
+            .map_err(|e| op_err("dead letters", e))
+    }
 
-impl PayloadView {
-    /// The view of `bytes`.
-    pub fn of(bytes: Vec<u8>) -> Self {
-        use sha2::Digest as _;
-        let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
-        let size = bytes.len();
-        // Text only when it reads as text: UTF-8 without control characters other than
-        // whitespace (a NUL or an escape is binary to a reader, and hex shows it).
-        let printable = |t: &str| {
-            !t.chars()
-                .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    async fn dead_letter_groups(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<DeadLetterGroups, OperatorError> {
+        let selection = DeadLetterSelection::Matching(filter.clone());
+        let sql = self.render(&outbox_sql(GROUPS, &selection));
+        let groups: Vec<DeadLetterGroup> = selection
+            .bind_match(sqlx::query(AssertSqlSafe(sql)))
+            .bind(GROUP_SCAN)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| op_err("dead letter groups", e))?
+            .iter()
+            .map(group)
+            .collect::<Result<_, _>>()
+            .map_err(|e| op_err("dead letter groups", e))?;
+        let read: i64 = groups.iter().map(|g| g.count).sum();
+        Ok(DeadLetterGroups {
+            groups,
+            complete: read < GROUP_SCAN,
+        })
+    }
+
+    async fn dead_letter(&self, event_id: EventId) -> Result<DeadLetterDetail, OperatorError> {
+        const OP: &str = "dead letter";
+        let mut list = self
+            .dead_letter_rows(&DeadLetterSelection::Ids(vec![event_id]))
+            .await?;
+        let Some(dead_letter) = list.pop() else {
+            return Err(OperatorError::not_found(
+                OP,
+                format!("{event_id} is not an outbox dead letter"),
+            ));
         };
-        match String::from_utf8(bytes) {
-            Ok(text) if printable(&text) => Self {
-                size,
-                sha256,
-                text: Some(text),
-                hex: None,
-            },
-            Ok(text) => Self {
-                size,
-                sha256,
-                text: None,
-                hex: Some(hex::encode(text.into_bytes())),
-            },
-            Err(e) => Self {
-                size,
-                sha256,
-                text: None,
-                hex: Some(hex::encode(e.into_bytes())),
-            },
+        let row = sqlx::query(AssertSqlSafe(self.render(DETAIL)))
+            .bind(event_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| self.action_error(OP, e))?
+            .ok_or_else(|| {
+                OperatorError::not_found(OP, format!("{event_id} is not an outbox dead letter"))
+            })?;
+        let decode = || -> Result<DeadLetterDetail, sqlx::Error> {
+            Ok(DeadLetterDetail {
+                dead_letter,
+                payload: PayloadView::of(row.try_get(0)?),
+                headers: row.try_get(1)?,
+                partition_key: row.try_get(2)?,
+            })
+        };
+        decode().map_err(|e| op_err(OP, e))
+    }
+
+    async fn requeue_dead_letters(
+        &self,
+        which: &DeadLetterSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, OperatorError> {
+        const OP: &str = "requeue dead letters";
+        let selection = which.audit_selection();
+        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let sql = self.render(&outbox_sql(REQUEUE, which));
+        let result = match which
+            .bind_match(sqlx::query(AssertSqlSafe(sql)))
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(r) if r.rows_affected() > 0 => {
+                // Delivered at commit: relays move the requeued events (and the ones parked
+                // behind them) at once.
+                self.wake_relays(&mut tx).await.map(|_| r.rows_affected())
+            }
+            Ok(r) => Ok(r.rows_affected()),
+            Err(e) => Err(e),
         }
+        .map_err(|e| self.action_error(OP, e));
+        self.finish_action(tx, OP, actor, &selection, reason, result)
+            .await
+    }
+
+    async fn discard_dead_letters(
+        &self,
+        which: &DeadLetterSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<Discarded, OperatorError> {
+        const OP: &str = "discard dead letters";
+        let selection = which.audit_selection();
+        require_reason(OP, reason)
+            .inspect_err(|e| log_action(actor, OP, &selection, reason, Err(e)))?;
+        let sql = self.render(&outbox_sql(DISCARD, which));
+        let mut conn = self.pool().begin().await.map_err(|e| op_err(OP, e))?;
+        let result = which
+            .bind_match(sqlx::query(AssertSqlSafe(sql)))
+            .bind(actor.name())
+            .bind(actor.via())
+            .bind(actor.credential())
+            .bind(&selection)
+            .bind(reason)
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|r| {
+                Ok(Discarded {
+                    discarded: u64::try_from(r.try_get::<i64, _>(0)?).unwrap_or(0),
+                    audit_id: r.try_get(1)?,
+                })
+            })
+            .map_err(|e| self.action_error(OP, e));
+        // The events that waited behind the discarded ones may be claimed now, wherever they
+        // lie: the relays' next claims read from the table's start.
+        let result = match result {
+            Ok(d) if d.discarded > 0 => self
+                .wake_relays(&mut conn)
+                .await
+                .map(|_| d)
+                .map_err(|e| self.action_error(OP, e)),
+            other => other,
+        };
+        let result = match result {
+            Ok(d) => conn.commit().await.map(|()| d).map_err(|e| op_err(OP, e)),
+            Err(e) => Err(e),
+        };
+        log_action(
+            actor,
+            OP,
+            &selection,
+            reason,
+            result.as_ref().map(|d| d.discarded),
+        );
+        result
+    }
+
+    async fn consumer_dead_letters(
+        &self,
+        which: &ConsumerSelection,
+        limit: i64,
+    ) -> Result<Vec<ConsumerDeadLetterView>, OperatorError> {
+        check_limit("consumer dead letters", limit)?;
+        let sql = consumer_sql(CONSUMER_LIST, which, OPEN_STATES);
+        which
+            .bind_match(sqlx::query(AssertSqlSafe(self.render(&sql))))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| op_err("consumer dead letters", e))?
+            .iter()
+            .map(consumer_view)
+            .collect::<Result<_, _>>()
+            .map_err(|e| op_err("consumer dead letters", e))
+    }
+
+    async fn consumer_dead_letter_groups(
+        &self,
+        which: &ConsumerSelection,
+    ) -> Result<ConsumerDeadLetterGroups, OperatorError> {
+        let sql = consumer_sql(CONSUMER_GROUPS, which, OPEN_STATES);
+        let groups: Vec<ConsumerDeadLetterGroup> = which
+            .bind_match(sqlx::query(AssertSqlSafe(self.render(&sql))))
+            .bind(GROUP_SCAN)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| op_err("consumer dead letter groups", e))?
+            .iter()
+            .map(consumer_group)
+            .collect::<Result<_, _>>()
+            .map_err(|e| op_err("consumer dead letter groups", e))?;
+        let read: i64 = groups.iter().map(|g| g.count).sum();
+        Ok(ConsumerDeadLetterGroups {
+            groups,
+            complete: read < GROUP_SCAN,
+        })
+    }
+
+    async fn consumer_dead_letter(
+        &self,
+        id: i64,
+    ) -> Result<ConsumerDeadLetterDetail, OperatorError> {
+        const OP: &str = "consumer dead letter";
+        let which = ConsumerSelection {
+            ids: Some(vec![id]),
+            ..ConsumerSelection::default()
+        };
+        let sql = consumer_sql(CONSUMER_LIST, &which, "'dead', 'requeued', 'resolved'");
+        let dead_letter = which
+            .bind_match(sqlx::query(AssertSqlSafe(self.render(&sql))))
+            .bind(1_i64)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| op_err(OP, e))?
+            .as_ref()
+            .map(consumer_view)
+            .transpose()
+            .map_err(|e| op_err(OP, e))?
+            .ok_or_else(|| OperatorError::not_found(OP, format!("no consumer dead letter {id}")))?;
+        let row = sqlx::query(AssertSqlSafe(self.render(CONSUMER_DETAIL)))
+            .bind(id)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| self.action_error(OP, e))?;
+        let decode = || -> Result<ConsumerDeadLetterDetail, sqlx::Error> {
+            Ok(ConsumerDeadLetterDetail {
+                dead_letter,
+                payload: PayloadView::of(row.try_get(0)?),
+                headers: row.try_get(1)?,
+                content_type: row.try_get(2)?,
+            })
+        };
+        decode().map_err(|e| op_err(OP, e))
+    }
+
+    async fn requeue_consumer_dead_letters(
+        &self,
+        which: &ConsumerSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, OperatorError> {
+        self.consumer_action(
+            "requeue consumer dead letters",
+            CONSUMER_REQUEUE,
+            which,
+            actor,
+            reason,
+        )
+        .await
+    }
+
+    async fn discard_consumer_dead_letters(
+        &self,
+        which: &ConsumerSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, OperatorError> {
+        const OP: &str = "discard consumer dead letters";
+        require_reason(OP, reason).inspect_err(|e| {
+            let selection = serde_json::to_value(which).unwrap_or_default();
+            log_action(actor, OP, &selection, reason, Err(e));
+        })?;
+        self.consumer_action(OP, CONSUMER_DISCARD, which, actor, reason)
+            .await
     }
 }
 
-/// An outbox dead letter whole: its row, payload and headers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeadLetterDetail {
-    /// The row.
-    #[serde(flatten)]
-    pub dead_letter: DeadLetterView,
-    /// The payload.
-    pub payload: PayloadView,
-    /// The producer's headers.
-    pub headers: serde_json::Value,
-    /// The partition key, when the producer set one.
-    pub partition_key: Option<String>,
-}
+impl PgStore {
+    async fn dead_letter_rows(
+        &self,
+        selection: &DeadLetterSelection,
+    ) -> Result<Vec<DeadLetterView>, OperatorError> {
+        let sql = self.render(&outbox_sql(LIST, selection));
+        selection
+            .bind_match(sqlx::query(AssertSqlSafe(sql)))
+            .bind(MAX_LIST)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| op_err("dead letter", e))?
+            .iter()
+            .map(view)
+            .collect::<Result<_, _>>()
+            .map_err(|e| op_err("dead letter", e))
+    }
 
-/// A consumer dead letter whole: its row, the payload and headers as received.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ConsumerDeadLetterDetail {
-    /// The row.
-    #[serde(flatten)]
-    pub dead_letter: ConsumerDeadLetterView,
-    /// The payload as received.
-    pub payload: PayloadView,
-    /// The headers as received.
-    pub headers: serde_json::Value,
-    /// The content type as received.
-    pub content_type: Option<String>,
-}
-
-/// What a discard did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Discarded {
-    /// Dead letters discarded (copied into `discarded_events`, removed from the outbox).
-    pub discarded: u64,
-    /// The audit record naming them.
-    pub audit_id: i64,
+    async fn consumer_action(
+        &self,
+        operation: &'static str,
+        template: &str,
+        which: &ConsumerSelection,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<u64, OperatorError> {
+        let selection = serde_json::to_value(which).unwrap_or_default();
+        let mut tx = self
+            .begin_action(operation, actor, &selection, reason)
+            .await?;
+        let sql = self.render(&consumer_sql(template, which, "'dead'"));
+        let result = which
+            .bind_match(sqlx::query(AssertSqlSafe(sql)))
+            .execute(&mut *tx)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(|e| self.action_error(operation, e));
+        self.finish_action(tx, operation, actor, &selection, reason, result)
+            .await
+    }
 }
 
 #[cfg(test)]

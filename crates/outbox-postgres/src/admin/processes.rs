@@ -5,10 +5,15 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use outbox_core::health::HealthReport;
-use serde::Serialize;
-use sqlx::Row;
+use outbox_core::operator::{
+    ConsumerView, Instance, MINUTES, OperatorError, ProcessOps, RouteView, Routes, check_bound,
+    heartbeat_status, minute_slot,
+};
 use sqlx::postgres::PgRow;
-use uuid::Uuid;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{op_err, trace};
+use crate::store::PgStore;
 
 pub(super) const INSTANCES: &str = "SELECT instance_id, kind, name, host, pid, version, \
     started_at, heartbeat_at, interval_ms, stats, stopped_at, \
@@ -62,29 +67,8 @@ pub(super) const CONSUMERS: &str = "WITH names AS ( \
          WHERE c.consumer_name = n.name AND c.resolved_at IS NULL) \
     FROM names n ORDER BY n.name LIMIT 1000";
 
-/// One consumer's numbers on the console.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ConsumerView {
-    /// The consumer's name (its inbox key).
-    pub name: String,
-    /// Its processes whose heartbeat is up.
-    pub instances_up: i64,
-    /// Messages waiting for it at the broker, the largest its running engines last reported
-    /// (`Heartbeat::with_consumer`); `None` when none reports one.
-    pub lag: Option<i64>,
-    /// Whether an operator paused it.
-    pub paused: bool,
-    /// Its open (not resolved) dead letters.
-    pub dead_letters: i64,
-    /// Its open (not resolved) inbox conflicts, as the overview counts them.
-    pub conflicts: i64,
-    /// Effects committed per minute, oldest first, the last being this minute so far
-    /// ([`MINUTES`] entries), summed over its heartbeats.
-    pub processed_per_minute: Vec<i64>,
-}
-
 /// Builds the consumers from their rows and their `consume` rates.
-pub(super) fn consumers(rows: &[PgRow], rates: &[PgRow]) -> Result<Vec<ConsumerView>, sqlx::Error> {
+fn consumers_of(rows: &[PgRow], rates: &[PgRow]) -> Result<Vec<ConsumerView>, sqlx::Error> {
     let mut by_name: BTreeMap<String, ConsumerView> = BTreeMap::new();
     for r in rows {
         let name: String = r.try_get(0)?;
@@ -115,58 +99,17 @@ fn per_minute(rates: &[PgRow]) -> Result<Vec<(String, usize, i64)>, sqlx::Error>
     let mut out = Vec::with_capacity(rates.len());
     for r in rates {
         let ago: i32 = r.try_get(1)?;
-        if let Ok(ago) = usize::try_from(ago)
-            && ago < MINUTES
-        {
-            out.push((r.try_get(0)?, MINUTES - 1 - ago, r.try_get(2)?));
+        if let Some(slot) = minute_slot(i64::from(ago)) {
+            out.push((r.try_get(0)?, slot, r.try_get(2)?));
         }
     }
     Ok(out)
 }
 
-/// How many minutes of publish rates a route shows.
-pub const MINUTES: usize = 15;
-
-/// A process as its heartbeat shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Instance {
-    /// Its instance id (new at every start).
-    pub instance_id: Uuid,
-    /// `relay`, `consumer` or `executor`.
-    pub kind: String,
-    /// The relay's name, the consumer's name, the executor's work-item kind.
-    pub name: String,
-    /// The host it runs on.
-    pub host: String,
-    /// Its process id there.
-    pub pid: i32,
-    /// The toolkit's version it runs.
-    pub version: String,
-    /// When it started.
-    pub started_at: DateTime<Utc>,
-    /// Its last heartbeat.
-    pub heartbeat_at: DateTime<Utc>,
-    /// The age of that heartbeat, by the database clock, seconds.
-    pub heartbeat_age_seconds: f64,
-    /// The interval it announced, milliseconds.
-    pub interval_ms: i32,
-    /// `up` (a heartbeat within two intervals), `late` (within six), `gone` (older), or
-    /// `stopped` (it recorded a clean stop).
-    pub status: &'static str,
-    /// Its own numbers (a relay: `published` since it started, `in_flight`; a consumer: its
-    /// counts, `lag`, `paused`).
-    pub stats: serde_json::Value,
-    /// What its engine said about itself at its last heartbeat (a relay's or a consumer's:
-    /// `crate::heartbeat::Heartbeat::with_health`), its ages as of now: why it is stuck, when
-    /// it is. `None` for a process that does not report one. Taken out of `stats`.
-    pub health: Option<HealthReport>,
-}
-
-pub(super) fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
+fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
     let interval_ms: i32 = r.try_get(8)?;
     let stopped: Option<DateTime<Utc>> = r.try_get(10)?;
     let age: f64 = r.try_get(11)?;
-    let interval = f64::from(interval_ms) / 1000.0;
     let mut stats: serde_json::Value = r.try_get(9)?;
     // A report this version cannot read (another version's) is left in the stats.
     let health = stats
@@ -178,12 +121,7 @@ pub(super) fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
     {
         map.remove(crate::heartbeat::HEALTH);
     }
-    let status = match stopped {
-        Some(_) => "stopped",
-        None if age <= 2.0 * interval => "up",
-        None if age <= 6.0 * interval => "late",
-        None => "gone",
-    };
+    let status = heartbeat_status(stopped.is_some(), age, interval_ms);
     Ok(Instance {
         instance_id: r.try_get(0)?,
         kind: r.try_get(1)?,
@@ -201,75 +139,75 @@ pub(super) fn instance(r: &PgRow) -> Result<Instance, sqlx::Error> {
     })
 }
 
-/// One route's numbers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RouteView {
-    /// The rows' own destination, when they have one.
-    pub destination: Option<String>,
-    /// Otherwise their aggregate type (the relay's topic template makes the destination).
-    pub aggregate_type: Option<String>,
-    /// Pending rows (among the oldest [`Routes::counted_up_to`] pending rows of all routes).
-    pub pending: i64,
-    /// Age of its oldest pending row, seconds (0 when none).
-    pub oldest_pending_age_seconds: f64,
-    /// Dead letters (among the oldest [`Routes::counted_up_to`]).
-    pub dead_letters: i64,
-    /// Broker-confirmed publishes per minute, oldest first, the last being this minute so far
-    /// ([`MINUTES`] entries), summed over every relay's heartbeat.
-    pub published_per_minute: Vec<i64>,
-}
-
-/// The routes' numbers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Routes {
-    /// Busiest (most pending) first.
-    pub routes: Vec<RouteView>,
-    /// The pending and dead counts read at most this many rows each.
-    pub counted_up_to: i64,
-    /// Whether every pending row and every dead letter was read (the counts are exact).
-    pub complete: bool,
-}
-
 /// Builds the routes from the counts' rows and the rates' rows.
-pub(super) fn routes(counts: &[PgRow], rates: &[PgRow], bound: i64) -> Result<Routes, sqlx::Error> {
+fn routes_of(counts: &[PgRow], rates: &[PgRow], bound: i64) -> Result<Routes, sqlx::Error> {
     let mut by_key: BTreeMap<String, RouteView> = BTreeMap::new();
     let mut complete = true;
-    let view = |key: &str| {
-        let (destination, aggregate_type) = match key.split_once(':') {
-            Some(("destination", d)) => (Some(d.to_owned()), None),
-            Some((_, t)) => (None, Some(t.to_owned())),
-            None => (None, Some(key.to_owned())),
-        };
-        RouteView {
-            destination,
-            aggregate_type,
-            pending: 0,
-            oldest_pending_age_seconds: 0.0,
-            dead_letters: 0,
-            published_per_minute: vec![0; MINUTES],
-        }
-    };
     for r in counts {
         let key: String = r.try_get(0)?;
-        let v = by_key.entry(key.clone()).or_insert_with(|| view(&key));
+        let v = by_key
+            .entry(key.clone())
+            .or_insert_with(|| RouteView::of_key(&key));
         v.pending = r.try_get(1)?;
         v.oldest_pending_age_seconds = r.try_get(2)?;
         v.dead_letters = r.try_get(3)?;
         complete = r.try_get(4)?;
     }
     for (key, slot, count) in per_minute(rates)? {
-        let v = by_key.entry(key.clone()).or_insert_with(|| view(&key));
+        let v = by_key
+            .entry(key.clone())
+            .or_insert_with(|| RouteView::of_key(&key));
         v.published_per_minute[slot] += count;
     }
-    let mut routes: Vec<RouteView> = by_key.into_values().collect();
-    routes.sort_by(|a, b| {
-        b.pending
-            .cmp(&a.pending)
-            .then(b.dead_letters.cmp(&a.dead_letters))
-    });
-    Ok(Routes {
-        routes,
-        counted_up_to: bound,
+    Ok(Routes::busiest_first(
+        by_key.into_values().collect(),
+        bound,
         complete,
-    })
+    ))
+}
+
+impl ProcessOps for PgStore {
+    async fn instances(&self) -> Result<Vec<Instance>, OperatorError> {
+        trace::rows(self.pool(), self.schema(), INSTANCES, |q| q, instance)
+            .await
+            .map_err(|e| op_err("instances", e))
+    }
+
+    async fn routes(&self, bound: i64) -> Result<Routes, OperatorError> {
+        const OP: &str = "routes";
+        check_bound(OP, bound)?;
+        let counts = sqlx::query(AssertSqlSafe(
+            self.render(&ROUTES.replace("{key}", &crate::sql::route_key(""))),
+        ))
+        .bind(bound)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| op_err(OP, e))?;
+        let rates = self.rates("publish").await.map_err(|e| op_err(OP, e))?;
+        routes_of(&counts, &rates, bound).map_err(|e| op_err(OP, e))
+    }
+
+    async fn consumers(&self) -> Result<Vec<ConsumerView>, OperatorError> {
+        const OP: &str = "consumers";
+        let rows = sqlx::query(AssertSqlSafe(self.render(CONSUMERS)))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| op_err(OP, e))?;
+        let rates = self.rates("consume").await.map_err(|e| op_err(OP, e))?;
+        consumers_of(&rows, &rates).map_err(|e| op_err(OP, e))
+    }
+}
+
+impl PgStore {
+    /// The `kind` activity of the last [`MINUTES`] minutes.
+    pub(super) async fn rates(
+        &self,
+        kind: &str,
+    ) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
+        sqlx::query(AssertSqlSafe(self.render(RATES)))
+            .bind(i32::try_from(MINUTES).unwrap_or(15))
+            .bind(kind)
+            .fetch_all(self.pool())
+            .await
+    }
 }

@@ -29,7 +29,7 @@
 //! nothing; a replay given `expect_events` (the dry run's count) is refused when the count
 //! changed meanwhile, and any replay is rolled back when fewer rows changed than planned.
 //!
-//! **A time range** ([`RangeSelection`], `Admin::replay_range`): the events written in
+//! **A time range** ([`RangeSelection`], [`ReplayOps::replay_range`]): the events written in
 //! `[created_after, created_before)` that were published, of one aggregate type or destination
 //! when given, across aggregates. Two rules keep it whole and ordered:
 //!
@@ -60,35 +60,14 @@
 //! operator action; narrow it by aggregate type or destination).
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use outbox_core::operator::{
+    Actor, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind, RangePlan,
+    RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed, log_action,
+};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
-/// What to replay: one aggregate's published events from `from_version` (1 when absent) on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplaySelection {
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// The first version to replay (1 when absent).
-    #[serde(default)]
-    pub from_version: Option<i64>,
-}
-
-/// What a replay takes, or took.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ReplayPlan {
-    /// Rows it republishes (a dry run: would republish).
-    pub events: i64,
-    /// The aggregate's lowest version still held, in any state.
-    pub lowest_version_held: Option<i64>,
-    /// Its newest version held.
-    pub newest_version_held: Option<i64>,
-    /// When the first row replayed was first published.
-    pub first_published_at: Option<DateTime<Utc>>,
-    /// `true` for a dry run (nothing changed).
-    pub dry_run: bool,
-}
+use super::op_err;
+use crate::store::{OnPublish, PgStore};
 
 /// The aggregate's unpublished rows, locked: a claim in progress is waited for, a later one
 /// skips the aggregate until the replay commits.
@@ -118,44 +97,6 @@ pub(super) const REPLAY: &str = "UPDATE {s}.events SET state = 'pending', attemp
     available_at = now() \
     WHERE aggregate_type = $1 AND aggregate_id = $2 AND state = 'published' \
       AND aggregate_version >= $3";
-
-/// Most aggregates one time-range replay takes.
-pub const MAX_RANGE_AGGREGATES: i64 = 10_000;
-/// Most events one time-range replay takes.
-pub const MAX_RANGE_EVENTS: i64 = 100_000;
-
-/// What to replay: the published events written in `[created_after, created_before)`, of
-/// `aggregate_type` and/or `destination` when given, each aggregate extended to its newest
-/// version (see the module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RangeSelection {
-    /// Written at or after this time.
-    pub created_after: DateTime<Utc>,
-    /// Written before this time.
-    pub created_before: DateTime<Utc>,
-    /// Only this aggregate type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub aggregate_type: Option<String>,
-    /// Only events with this destination override.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destination: Option<String>,
-}
-
-/// What a time-range replay takes, or took.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RangePlan {
-    /// Rows it republishes (a dry run: would republish), extension included.
-    pub events: i64,
-    /// Of those, the ones written in the range.
-    pub in_range: i64,
-    /// Aggregates it touches.
-    pub aggregates: i64,
-    /// The replay horizon: ranges must start after it (`None` only when its `retention_marks` row was removed by hand: schema 11 seeds it at the migration).
-    pub horizon: Option<DateTime<Utc>>,
-    /// `true` for a dry run (nothing changed).
-    pub dry_run: bool,
-}
 
 /// The replay horizon of a time range.
 pub(super) const HORIZON: &str = "SELECT through FROM {s}.retention_marks WHERE what = 'published'";
@@ -210,4 +151,367 @@ pub(super) fn range_replay() -> String {
          FROM {AGGREGATES} WHERE e.aggregate_type = a.t AND e.aggregate_id = a.i \
            AND e.state = 'published' AND e.aggregate_version >= a.v"
     )
+}
+
+impl ReplayOps for PgStore {
+    async fn replay(
+        &self,
+        which: &ReplaySelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<ReplayPlan, OperatorError> {
+        const OP: &str = "replay";
+        let selection = serde_json::to_value(which).unwrap_or_default();
+        // A refusal changes nothing and writes no record; it is logged.
+        let fail = |e: OperatorError| {
+            log_action(actor, OP, &selection, reason, Err(&e));
+            e
+        };
+        let refuse = |kind, message: String| {
+            fail(OperatorError {
+                operation: OP,
+                kind,
+                message,
+            })
+        };
+        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
+            return Err(refuse(kind, message));
+        }
+        let (t, i) = (&which.aggregate_type, &which.aggregate_id);
+        let from = which.from_version.unwrap_or(1);
+        if from < 1 {
+            return Err(refuse(
+                OperatorErrorKind::InvalidRequest,
+                format!("versions start at 1, not {from}"),
+            ));
+        }
+        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let q = |sql: &str| {
+            sqlx::query(AssertSqlSafe(self.render(sql)))
+                .bind(t.clone())
+                .bind(i.clone())
+        };
+        let err = |e| fail(self.action_error(OP, e));
+        q(LOCK).execute(&mut *tx).await.map_err(err)?;
+        let leased: bool = q(LEASED)
+            .fetch_one(&mut *tx)
+            .await
+            .and_then(|r| r.try_get(0))
+            .map_err(err)?;
+        if leased {
+            return Err(refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "a relay holds {t}/{i} right now (it may be publishing a later version): \
+                     retry once it settled, in a few seconds"
+                ),
+            ));
+        }
+        if let Some(message) = self.replay_cdc_refusal(&mut tx).await.map_err(err)? {
+            return Err(refuse(OperatorErrorKind::Refused, message));
+        }
+        let r = q(PLAN).bind(from).fetch_one(&mut *tx).await.map_err(err)?;
+        let decode = || -> Result<(ReplayPlan, i64), sqlx::Error> {
+            Ok((
+                ReplayPlan {
+                    events: r.try_get(0)?,
+                    lowest_version_held: r.try_get(1)?,
+                    newest_version_held: r.try_get(2)?,
+                    first_published_at: r.try_get(4)?,
+                    dry_run,
+                },
+                r.try_get(3)?,
+            ))
+        };
+        let (plan, held_from) = decode().map_err(|e| fail(op_err(OP, e)))?;
+        let (Some(lowest), Some(newest)) = (plan.lowest_version_held, plan.newest_version_held)
+        else {
+            return Err(fail(OperatorError::not_found(
+                OP,
+                format!(
+                    "nothing of {t}/{i} is held by the outbox (never written here, or deleted by retention)"
+                ),
+            )));
+        };
+        if lowest > from {
+            return Err(refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: {t}/{i} versions below {lowest} are no longer held \
+                     (retention or a discard removed them); replay from version {lowest}, or from \
+                     the broker's retention"
+                ),
+            ));
+        }
+        if from <= newest && held_from != newest - from + 1 {
+            return Err(refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: versions {from} to {newest} of {t}/{i} are not all \
+                     held ({held_from} of {}; retention or a discard removed some)",
+                    newest - from + 1
+                ),
+            ));
+        }
+        if let Some(message) = count_changed(expect_events, plan.events) {
+            return Err(refuse(OperatorErrorKind::Refused, message));
+        }
+        if dry_run {
+            // Nothing changed and nothing to record.
+            let _ = tx.rollback().await;
+            return Ok(plan);
+        }
+        let changed = q(REPLAY).bind(from).execute(&mut *tx).await;
+        let result = self.replayed(&mut tx, OP, changed, plan.events).await;
+        let n = self
+            .finish_action(tx, OP, actor, &selection, reason, result)
+            .await?;
+        Ok(ReplayPlan {
+            events: i64::try_from(n).unwrap_or(i64::MAX),
+            ..plan
+        })
+    }
+
+    async fn replay_range(
+        &self,
+        which: &RangeSelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
+        actor: &Actor,
+        reason: &str,
+    ) -> Result<RangePlan, OperatorError> {
+        const OP: &str = "replay range";
+        let selection = serde_json::to_value(which).unwrap_or_default();
+        let fail = |e: OperatorError| {
+            log_action(actor, OP, &selection, reason, Err(&e));
+            e
+        };
+        let refuse = |kind, message: String| {
+            fail(OperatorError {
+                operation: OP,
+                kind,
+                message,
+            })
+        };
+        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
+            return Err(refuse(kind, message));
+        }
+        if which.created_after >= which.created_before {
+            return Err(refuse(
+                OperatorErrorKind::InvalidRequest,
+                format!(
+                    "an empty range: created_after {} is not before created_before {}",
+                    which.created_after.to_rfc3339(),
+                    which.created_before.to_rfc3339()
+                ),
+            ));
+        }
+        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let err = |e| fail(self.action_error(OP, e));
+        let horizon: Option<DateTime<Utc>> =
+            sqlx::query_scalar(AssertSqlSafe(self.render(HORIZON)))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(err)?;
+        if let Some(h) = horizon
+            && which.created_after <= h
+        {
+            return Err(refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: retention deleted events published up to {}; a \
+                     range must start after it (or replay from the broker's retention)",
+                    h.to_rfc3339()
+                ),
+            ));
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.render(RANGE_AGGREGATES)))
+            .bind(which.created_after)
+            .bind(which.created_before)
+            .bind(which.aggregate_type.as_deref())
+            .bind(which.destination.as_deref())
+            .bind(MAX_RANGE_AGGREGATES + 1)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        if rows.is_empty() {
+            return Err(fail(OperatorError::not_found(
+                OP,
+                "no published event was written in the range (with the filter given)",
+            )));
+        }
+        let mut types = Vec::with_capacity(rows.len());
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut froms = Vec::with_capacity(rows.len());
+        let mut in_range = 0i64;
+        for r in &rows {
+            let decoded = (|| -> Result<(), sqlx::Error> {
+                types.push(r.try_get::<String, _>(0)?);
+                ids.push(r.try_get::<String, _>(1)?);
+                froms.push(r.try_get::<i64, _>(2)?);
+                in_range += r.try_get::<i64, _>(3)?;
+                Ok(())
+            })();
+            decoded.map_err(|e| fail(op_err(OP, e)))?;
+        }
+        let aggregates = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        let too_big = |events: i64| {
+            refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "the range takes {events} event(s) of {} aggregate(s), later versions \
+                     included: more than one replay takes ({} events, {} aggregates); split it \
+                     into shorter ranges",
+                    if aggregates > MAX_RANGE_AGGREGATES {
+                        format!("more than {}", MAX_RANGE_AGGREGATES)
+                    } else {
+                        aggregates.to_string()
+                    },
+                    MAX_RANGE_EVENTS,
+                    MAX_RANGE_AGGREGATES
+                ),
+            )
+        };
+        if aggregates > MAX_RANGE_AGGREGATES || in_range > MAX_RANGE_EVENTS {
+            return Err(too_big(in_range));
+        }
+        let q = |sql: String| {
+            sqlx::query(AssertSqlSafe(self.render(&sql)))
+                .bind(types.clone())
+                .bind(ids.clone())
+                .bind(froms.clone())
+        };
+        q(range_lock()).execute(&mut *tx).await.map_err(err)?;
+        if let Some(held) = q(range_leased())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?
+        {
+            let (t, i): (String, String) = (
+                held.try_get(0).unwrap_or_default(),
+                held.try_get(1).unwrap_or_default(),
+            );
+            return Err(refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "a relay holds {t}/{i} right now (it may be publishing a later version): \
+                     retry once it settled, in a few seconds"
+                ),
+            ));
+        }
+        if let Some(message) = self.replay_cdc_refusal(&mut tx).await.map_err(err)? {
+            return Err(refuse(OperatorErrorKind::Refused, message));
+        }
+        let r = q(range_plan()).fetch_one(&mut *tx).await.map_err(err)?;
+        let (events, gap): (i64, Option<String>) = (|| Ok((r.try_get(0)?, r.try_get(1)?)))()
+            .map_err(|e: sqlx::Error| fail(op_err(OP, e)))?;
+        if let Some(aggregate) = gap {
+            return Err(refuse(
+                OperatorErrorKind::Refused,
+                format!(
+                    "beyond the replay horizon: the versions of {aggregate} from its first one in \
+                     the range to its newest are not all held (retention or a discard removed \
+                     some); replay it alone from a version still held"
+                ),
+            ));
+        }
+        if events > MAX_RANGE_EVENTS {
+            return Err(too_big(events));
+        }
+        let plan = RangePlan {
+            events,
+            in_range,
+            aggregates,
+            horizon,
+            dry_run,
+        };
+        if let Some(message) = count_changed(expect_events, plan.events) {
+            return Err(refuse(OperatorErrorKind::Refused, message));
+        }
+        if dry_run {
+            let _ = tx.rollback().await;
+            return Ok(plan);
+        }
+        let changed = q(range_replay()).execute(&mut *tx).await;
+        let result = self.replayed(&mut tx, OP, changed, plan.events).await;
+        let n = self
+            .finish_action(tx, OP, actor, &selection, reason, result)
+            .await?;
+        Ok(RangePlan {
+            events: i64::try_from(n).unwrap_or(i64::MAX),
+            ..plan
+        })
+    }
+}
+
+impl PgStore {
+    /// Whether a replay may run at all: mark mode, and a reason unless it is a dry run. The
+    /// refusal's kind and message otherwise.
+    pub(super) fn replay_allowed(
+        &self,
+        dry_run: bool,
+        reason: &str,
+    ) -> Result<(), (OperatorErrorKind, String)> {
+        if self.config().on_publish == OnPublish::Delete {
+            return Err((
+                OperatorErrorKind::Refused,
+                "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
+                 can be replayed from it; replay from the broker's retention, or run in mark mode"
+                    .into(),
+            ));
+        }
+        if !dry_run && reason.trim().is_empty() {
+            return Err((
+                OperatorErrorKind::InvalidRequest,
+                "a replay needs a reason (it is kept in the audit record)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The refusal of a replay while a CDC relay runs, if one does.
+    pub(super) async fn replay_cdc_refusal(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let cdc: bool = sqlx::query_scalar(AssertSqlSafe(self.render(CDC_RUNNING)))
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(cdc.then(|| {
+            "a CDC relay is running: it streams inserts only, so it would not see the replayed \
+             rows and could publish a newer version ahead of them. Stop it and run the polling \
+             relay for the replay (docs/guide/src/relay.md, \"CDC relay\")"
+                .to_owned()
+        }))
+    }
+
+    /// A replay's update done: exactly the `planned` rows changed wakes the relays (at commit);
+    /// any other count refuses it (the caller rolls back).
+    pub(super) async fn replayed(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        operation: &'static str,
+        changed: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+        planned: i64,
+    ) -> Result<u64, OperatorError> {
+        match changed {
+            Ok(r) if i64::try_from(r.rows_affected()) == Ok(planned) => self
+                .wake_relays(tx)
+                .await
+                .map(|_| r.rows_affected())
+                .map_err(|e| self.action_error(operation, e)),
+            Ok(r) => Err(OperatorError {
+                operation,
+                kind: OperatorErrorKind::Refused,
+                message: format!(
+                    "{} row(s) changed where {planned} were planned (retention deleted some \
+                     meanwhile): nothing was replayed; dry-run again",
+                    r.rows_affected()
+                ),
+            }),
+            Err(e) => Err(self.action_error(operation, e)),
+        }
+    }
 }

@@ -12,13 +12,16 @@
 //! consumer. Conflicts and consumer dead letters, which are few, are looked up by their event
 //! id index (schema version 8).
 
-use chrono::{DateTime, Utc};
 use outbox_core::EventId;
-use serde::Serialize;
+use outbox_core::operator::{
+    AggregateTrace, ConflictOps, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord,
+    MAX_LIST, OperatorError, TraceOps, TracedEvent, check_limit,
+};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::ConflictView;
+use super::{audit, op_err};
+use crate::store::PgStore;
 
 pub(super) const EVENT: &str = "SELECT id, event_id, aggregate_type, aggregate_id, \
     aggregate_version, event_type, schema_version, content_type, payload_sha256, destination, \
@@ -71,45 +74,6 @@ pub(super) const CONSUMER_DEAD_OF_EVENT: &str = "SELECT id, consumer_name, event
 pub(super) const WORK_ITEMS_OF_EVENT: &str =
     "SELECT * FROM {s}.work_items WHERE event_id = $1 ORDER BY id";
 
-/// An outbox row as a trace shows it (everything but the payload and headers).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TracedEvent {
-    /// The row's storage id.
-    pub id: i64,
-    /// Event id.
-    pub event_id: EventId,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Version.
-    pub aggregate_version: i64,
-    /// Event type.
-    pub event_type: String,
-    /// The payload's schema version.
-    pub schema_version: i32,
-    /// The payload's content type.
-    pub content_type: String,
-    /// SHA-256 of the payload, hex.
-    pub payload_sha256: String,
-    /// The producer's destination override.
-    pub destination: Option<String>,
-    /// The producer's partition key.
-    pub partition_key: Option<String>,
-    /// When the producer wrote it.
-    pub created_at: DateTime<Utc>,
-    /// `pending`, `published` (mark mode) or `dead`.
-    pub state: String,
-    /// Publish attempts that failed.
-    pub attempts: i32,
-    /// Not retried before this time.
-    pub available_at: DateTime<Utc>,
-    /// The last publish error.
-    pub last_error: Option<String>,
-    /// When the broker confirmed it (mark mode).
-    pub published_at: Option<DateTime<Utc>>,
-}
-
 pub(super) fn traced_event(r: &PgRow) -> Result<TracedEvent, sqlx::Error> {
     Ok(TracedEvent {
         id: r.try_get(0)?,
@@ -132,31 +96,6 @@ pub(super) fn traced_event(r: &PgRow) -> Result<TracedEvent, sqlx::Error> {
     })
 }
 
-/// A dead letter an operator discarded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DiscardedEvent {
-    /// Event id.
-    pub event_id: EventId,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Version.
-    pub aggregate_version: i64,
-    /// Event type.
-    pub event_type: String,
-    /// When the producer wrote it.
-    pub created_at: DateTime<Utc>,
-    /// Publish attempts made before it was discarded.
-    pub attempts: i32,
-    /// The last publish error.
-    pub last_error: Option<String>,
-    /// When it was discarded.
-    pub discarded_at: DateTime<Utc>,
-    /// The audit record of the discard (who, why).
-    pub audit_id: i64,
-}
-
 pub(super) fn discarded(r: &PgRow) -> Result<DiscardedEvent, sqlx::Error> {
     Ok(DiscardedEvent {
         event_id: r.try_get(0)?,
@@ -172,21 +111,6 @@ pub(super) fn discarded(r: &PgRow) -> Result<DiscardedEvent, sqlx::Error> {
     })
 }
 
-/// A consumer's inbox record of an event: it was applied (or absorbed as stale) there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct InboxRecord {
-    /// The consumer.
-    pub consumer_name: String,
-    /// SHA-256 of the payload it applied, hex.
-    pub payload_sha256: String,
-    /// `applied`, or `stale` (absorbed by the ordering guard without effect).
-    pub outcome: String,
-    /// When it committed.
-    pub received_at: DateTime<Utc>,
-    /// The event's version as the consumer saw it.
-    pub aggregate_version: i64,
-}
-
 pub(super) fn inbox_record(r: &PgRow) -> Result<InboxRecord, sqlx::Error> {
     Ok(InboxRecord {
         consumer_name: r.try_get(0)?,
@@ -195,51 +119,6 @@ pub(super) fn inbox_record(r: &PgRow) -> Result<InboxRecord, sqlx::Error> {
         received_at: r.try_get(3)?,
         aggregate_version: r.try_get(4)?,
     })
-}
-
-/// Everything this database holds of one event (see the module docs).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct EventTrace {
-    /// The event id traced.
-    pub event_id: EventId,
-    /// Its outbox row, while the outbox holds it.
-    pub outbox: Option<TracedEvent>,
-    /// Its copy, if an operator discarded it.
-    pub discarded: Option<DiscardedEvent>,
-    /// Each consumer's inbox record of it.
-    pub inbox: Vec<InboxRecord>,
-    /// Conflicts: the id arrived at a consumer with another payload.
-    pub conflicts: Vec<ConflictView>,
-    /// Consumer dead letters of it (any state).
-    pub consumer_dead_letters: Vec<outbox_core::consumer::ConsumerDeadLetter>,
-    /// Remote effects it caused.
-    pub work_items: Vec<crate::effects::WorkItemRow>,
-    /// Audit records that name it, newest first.
-    pub audit: Vec<super::AuditEntry>,
-}
-
-/// A consumer's progress on an aggregate (its ordering guard).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConsumerProgress {
-    /// The consumer.
-    pub consumer_name: String,
-    /// The last version it applied.
-    pub last_version: i64,
-}
-
-/// Everything this database holds of one aggregate's events.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AggregateTrace {
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// The outbox's rows of it, lowest version first (at most the limit asked for).
-    pub outbox: Vec<TracedEvent>,
-    /// Its discarded events.
-    pub discarded: Vec<DiscardedEvent>,
-    /// Each consumer's last applied version of it.
-    pub consumers: Vec<ConsumerProgress>,
 }
 
 pub(super) fn progress(r: &PgRow) -> Result<ConsumerProgress, sqlx::Error> {
@@ -266,4 +145,89 @@ pub(super) async fn rows<T>(
         .iter()
         .map(decode)
         .collect()
+}
+
+impl TraceOps for PgStore {
+    async fn trace_event(&self, event_id: EventId) -> Result<EventTrace, OperatorError> {
+        let (pool, schema) = (self.pool(), self.schema());
+        let err = |e| op_err("trace", e);
+        let bind = |q: Query| q.bind(event_id);
+        Ok(EventTrace {
+            event_id,
+            outbox: rows(pool, schema, EVENT, bind, traced_event)
+                .await
+                .map_err(err)?
+                .pop(),
+            discarded: rows(pool, schema, DISCARDED, bind, discarded)
+                .await
+                .map_err(err)?
+                .pop(),
+            inbox: rows(pool, schema, &inbox_of_event(), bind, inbox_record)
+                .await
+                .map_err(err)?,
+            conflicts: self.conflicts(Some(event_id), false, MAX_LIST).await?,
+            consumer_dead_letters: rows(
+                pool,
+                schema,
+                CONSUMER_DEAD_OF_EVENT,
+                bind,
+                crate::consumer::dead_letter_from_row,
+            )
+            .await
+            .map_err(err)?,
+            work_items: rows(
+                pool,
+                schema,
+                WORK_ITEMS_OF_EVENT,
+                bind,
+                crate::effects::row_to_item,
+            )
+            .await
+            .map_err(err)?,
+            audit: audit::of_event(pool, schema, event_id).await.map_err(err)?,
+        })
+    }
+
+    async fn trace_aggregate(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        limit: i64,
+    ) -> Result<AggregateTrace, OperatorError> {
+        check_limit("trace", limit)?;
+        let (pool, schema) = (self.pool(), self.schema());
+        let err = |e| op_err("trace", e);
+        let (t, i) = (aggregate_type.to_owned(), aggregate_id.to_owned());
+        Ok(AggregateTrace {
+            outbox: rows(
+                pool,
+                schema,
+                AGGREGATE_EVENTS,
+                |q| q.bind(t.clone()).bind(i.clone()).bind(limit),
+                traced_event,
+            )
+            .await
+            .map_err(err)?,
+            discarded: rows(
+                pool,
+                schema,
+                AGGREGATE_DISCARDED,
+                |q| q.bind(t.clone()).bind(i.clone()).bind(limit),
+                discarded,
+            )
+            .await
+            .map_err(err)?,
+            consumers: rows(
+                pool,
+                schema,
+                &inbox_of_aggregate(),
+                |q| q.bind(t.clone()).bind(i.clone()),
+                progress,
+            )
+            .await
+            .map_err(err)?,
+            aggregate_type: t,
+            aggregate_id: i,
+        })
+    }
 }

@@ -1,0 +1,119 @@
+//! Inbox conflicts: the same event id arrived at a consumer with another payload than the
+//! first time (G5's loud failure), as the operator reads and resolves them.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::{Actor, OperatorError, PayloadView};
+use crate::EventId;
+
+/// An inbox conflict as the operator sees it: the same event id arrived at a consumer with
+/// another payload than the first time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConflictView {
+    /// The conflict's id.
+    pub id: i64,
+    /// The consumer that saw it.
+    pub consumer_name: String,
+    /// The event id.
+    pub event_id: EventId,
+    /// SHA-256 of the payload recorded first, hex.
+    pub stored_sha256: String,
+    /// SHA-256 of the conflicting payload, hex.
+    pub received_sha256: String,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Aggregate version.
+    pub aggregate_version: i64,
+    /// Event type.
+    pub event_type: String,
+    /// How often this exact conflicting payload arrived.
+    pub occurrences: i32,
+    /// First seen.
+    pub first_seen: DateTime<Utc>,
+    /// Last seen.
+    pub last_seen: DateTime<Utc>,
+    /// When an operator resolved it ([`ConflictOps::resolve_conflicts`]); `None` while open. The
+    /// same conflicting payload arriving again reopens it.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// Who resolved it (the audit record's actor).
+    pub resolved_by: Option<String>,
+    /// Why (the audit record's reason).
+    pub resolution_reason: Option<String>,
+}
+
+/// What [`ConflictOps::resolve_conflicts`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ConflictsResolved {
+    /// Conflicts resolved by this call (ids already resolved are not counted).
+    pub resolved: u64,
+    /// The audit record (written even when every id was resolved already).
+    pub audit_id: i64,
+}
+
+/// A conflict with its payloads, as far as this database holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConflictDetail {
+    /// The conflict.
+    #[serde(flatten)]
+    pub conflict: ConflictView,
+    /// The conflicting payload, as received.
+    pub received_payload: PayloadView,
+    /// The first payload (the one the consumer applied), when this database still holds the
+    /// producer's row with that fingerprint; the inbox keeps only the fingerprint.
+    pub first_payload: Option<PayloadView>,
+}
+
+/// Inbox conflicts.
+pub trait ConflictOps {
+    /// Inbox conflicts, newest first, of `event_id` or of every event, the open ones only
+    /// when `open_only`, at most `limit` (1 to [`MAX_LIST`](super::MAX_LIST)).
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
+    /// store's failure.
+    fn conflicts(
+        &self,
+        event_id: Option<EventId>,
+        open_only: bool,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<ConflictView>, OperatorError>> + Send;
+
+    /// Resolves the inbox conflicts `ids` (1 to [`MAX_LIST`](super::MAX_LIST) of them): an
+    /// operator looked at each and dealt with its cause. Nothing is applied or undone: the
+    /// consumer's effect stays the first payload's, and a conflict only leaves the open list
+    /// (the overview's count, the console's list, `outbox conflicts list --open`), with the
+    /// audit record naming the actor and `reason`. Ids already resolved are left as they are
+    /// (not counted), and the record is written even then. The conflicting payload arriving
+    /// again reopens a conflict, whoever sends it: a producer re-sending, the broker
+    /// redelivering a message whose acknowledgement was lost, or, under
+    /// `ConflictPolicy::Hold`, the held message coming back after each hold delay.
+    ///
+    /// The library never applies the conflicting payload: the consumer's inbox holds one
+    /// effect per event id (G5), and a second effect under the same id would be the double
+    /// effect the inbox exists to prevent.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` (no ids, too many, or no reason), `NotFound`
+    /// (none of the ids is a conflict), `PermissionDenied` when the role may only read;
+    /// otherwise the store's failure. Nothing changed then.
+    fn resolve_conflicts(
+        &self,
+        ids: &[i64],
+        actor: &Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<ConflictsResolved, OperatorError>> + Send;
+
+    /// One conflict with its payloads: the conflicting one, and the first one where the store
+    /// still holds it. Needs a role that may read payloads.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `NotFound` (no such conflict), `PermissionDenied` under a
+    /// role that may not read payloads, or the store's failure.
+    fn conflict(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<ConflictDetail, OperatorError>> + Send;
+}

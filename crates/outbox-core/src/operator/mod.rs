@@ -1,0 +1,293 @@
+//! The operator's reads and actions as a contract every store implements: dead letters
+//! (outbox and consumer), inbox conflicts, work items, pauses, replays, traces, the running
+//! processes and routes, and the audit of every action. The CLI's `status`, `dead-letters`,
+//! `conflicts`, `effects`, `audit`, `trace`, `pause` and `replay` commands and the web console
+//! (`outbox-console`) are written against these traits only, so they work on any store and
+//! never disagree about a number or about what an action does.
+//!
+//! The contract is split by topic, one trait per file ([`OverviewOps`], [`DeadLetterOps`],
+//! [`ConflictOps`], [`WorkItemOps`], [`AuditOps`], [`TraceOps`], [`ReplayOps`],
+//! [`ProcessOps`], [`PauseOps`]); [`OperatorStore`] is all of them, implemented for every type
+//! that implements each. `use outbox_core::operator::prelude::*` brings the traits into scope.
+//!
+//! What every implementation guarantees (the testkit's `operator_suite!` checks it):
+//!
+//! * **Every action is audited**: the change and its [`AuditEntry`] commit together, and a
+//!   refused action changes nothing and records nothing (it is logged, [`log_action`]).
+//! * **Pages are bounded**: a list takes a limit of 1 to [`MAX_LIST`]; a group read looks at
+//!   most [`GROUP_SCAN`] rows and says when it stopped (`complete`).
+//! * **Errors are classed** ([`OperatorErrorKind`]) so that a caller maps them (the console to
+//!   HTTP statuses) without reading messages.
+//! * **Reasons group alike failures**: a dead letter's reason key is its error text with
+//!   numbers and UUIDs replaced by `#`, cut at 200 characters ([`reason_key`]); a store that
+//!   computes it in its database computes exactly this.
+
+mod audit;
+mod conflicts;
+mod dead_letters;
+mod overview;
+mod pauses;
+mod processes;
+mod replay;
+mod trace;
+mod work_items;
+
+use serde::Serialize;
+
+use crate::{StoreError, StoreErrorKind};
+
+pub use audit::{Actor, AuditEntry, AuditOps, log_action};
+pub use conflicts::{ConflictDetail, ConflictOps, ConflictView, ConflictsResolved};
+pub use dead_letters::{
+    ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
+    DeadLetterGroups, DeadLetterOps, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN,
+    reason_key,
+};
+pub use overview::{Overview, OverviewOps, WorkItems};
+pub use pauses::{Pause, PauseOps, PauseTarget, route_key};
+pub use processes::{
+    ConsumerView, Instance, MINUTES, ProcessOps, RouteView, Routes, heartbeat_status, minute_slot,
+};
+pub use replay::{
+    MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, RangePlan, RangeSelection, ReplayOps, ReplayPlan,
+    ReplaySelection,
+};
+pub use trace::{
+    AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TraceOps,
+    TracedEvent,
+};
+pub use work_items::{Resolution, WorkItemOps, WorkItemRow};
+
+/// Every operator trait in scope: `use outbox_core::operator::prelude::*`.
+pub mod prelude {
+    pub use super::{
+        AuditOps, ConflictOps, DeadLetterOps, OperatorStore, OverviewOps, PauseOps, ProcessOps,
+        ReplayOps, TraceOps, WorkItemOps,
+    };
+}
+
+/// The whole operator contract: what the console and the CLI need of a store. Implemented for
+/// every type that implements each topic's trait.
+pub trait OperatorStore:
+    OverviewOps
+    + DeadLetterOps
+    + ConflictOps
+    + WorkItemOps
+    + AuditOps
+    + TraceOps
+    + ReplayOps
+    + ProcessOps
+    + PauseOps
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> OperatorStore for T where
+    T: OverviewOps
+        + DeadLetterOps
+        + ConflictOps
+        + WorkItemOps
+        + AuditOps
+        + TraceOps
+        + ReplayOps
+        + ProcessOps
+        + PauseOps
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The largest page of dead letters one call returns.
+pub const MAX_LIST: i64 = 10_000;
+
+/// How [`OverviewOps::overview_counting`] counts the outbox's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// Every row: one pass over the table, which takes seconds at millions of pending rows
+    /// (2 s at 10 million here). What `outbox status` does.
+    Exact,
+    /// Each count stops at this many rows, so that the overview costs milliseconds at any
+    /// backlog size; a count equal to the bound means "at least". What the console does.
+    UpTo(i64),
+}
+
+/// What went wrong in an operator read or action.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation}: {message}")]
+pub struct OperatorError {
+    /// What was being done (`overview`, `dead letters`, `requeue`, ...).
+    pub operation: &'static str,
+    /// The class of the failure, for a caller that maps it (the console to an HTTP status).
+    pub kind: OperatorErrorKind,
+    /// The store's message.
+    pub message: String,
+}
+
+/// The class of an [`OperatorError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorErrorKind {
+    /// The database could not be reached; retry later.
+    Unavailable,
+    /// The connected role lacks a grant (the message names it); a read-only operator role
+    /// trying an action gets this.
+    PermissionDenied,
+    /// The schema is missing or at another version: run `outbox migrate`.
+    Schema,
+    /// The request itself is invalid (a page size out of range, an unknown state name).
+    InvalidRequest,
+    /// What the request names does not exist (a work item id).
+    NotFound,
+    /// The row's state does not allow the action (a work item that is not `unknown` settled
+    /// by hand); nothing was changed.
+    Refused,
+    /// Anything else the database reported.
+    Other,
+}
+
+/// A payload as the console shows it: as text when it reads as text (UTF-8, no control
+/// characters but whitespace), else as hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PayloadView {
+    /// Its size in bytes.
+    pub size: usize,
+    /// SHA-256 of the bytes, hex.
+    pub sha256: String,
+    /// The bytes as text, when they are UTF-8.
+    pub text: Option<String>,
+    /// The bytes as hex, when they are not UTF-8.
+    pub hex: Option<String>,
+}
+
+impl PayloadView {
+    /// The view of `bytes`.
+    pub fn of(bytes: Vec<u8>) -> Self {
+        use sha2::Digest as _;
+        let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+        let size = bytes.len();
+        // Text only when it reads as text: UTF-8 without control characters other than
+        // whitespace (a NUL or an escape is binary to a reader, and hex shows it).
+        let printable = |t: &str| {
+            !t.chars()
+                .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+        };
+        match String::from_utf8(bytes) {
+            Ok(text) if printable(&text) => Self {
+                size,
+                sha256,
+                text: Some(text),
+                hex: None,
+            },
+            Ok(text) => Self {
+                size,
+                sha256,
+                text: None,
+                hex: Some(hex::encode(text.into_bytes())),
+            },
+            Err(e) => Self {
+                size,
+                sha256,
+                text: None,
+                hex: Some(hex::encode(e.into_bytes())),
+            },
+        }
+    }
+}
+
+impl OperatorError {
+    /// An error of `kind` in `operation`.
+    pub fn new(
+        operation: &'static str,
+        kind: OperatorErrorKind,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            operation,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// `InvalidRequest`: the request itself is wrong.
+    pub fn invalid(operation: &'static str, message: impl Into<String>) -> Self {
+        Self::new(operation, OperatorErrorKind::InvalidRequest, message)
+    }
+
+    /// `NotFound`: what the request names does not exist.
+    pub fn not_found(operation: &'static str, message: impl Into<String>) -> Self {
+        Self::new(operation, OperatorErrorKind::NotFound, message)
+    }
+
+    /// `Refused`: the state does not allow the action; nothing changed.
+    pub fn refused(operation: &'static str, message: impl Into<String>) -> Self {
+        Self::new(operation, OperatorErrorKind::Refused, message)
+    }
+
+    /// A store's error in `operation`, classed by its kind.
+    pub fn store(operation: &'static str, e: &StoreError) -> Self {
+        let kind = match e.kind() {
+            StoreErrorKind::Unavailable => OperatorErrorKind::Unavailable,
+            StoreErrorKind::PermissionDenied => OperatorErrorKind::PermissionDenied,
+            StoreErrorKind::Schema => OperatorErrorKind::Schema,
+            _ => OperatorErrorKind::Other,
+        };
+        Self::new(operation, kind, e.to_string())
+    }
+}
+
+/// Refuses a `limit` outside 1 to [`MAX_LIST`] (`InvalidRequest`).
+///
+/// # Errors
+/// [`OperatorError`] of kind `InvalidRequest`.
+pub fn check_limit(operation: &'static str, limit: i64) -> Result<(), OperatorError> {
+    if (1..=MAX_LIST).contains(&limit) {
+        Ok(())
+    } else {
+        Err(OperatorError::invalid(
+            operation,
+            format!("limit must be between 1 and {MAX_LIST}, not {limit}"),
+        ))
+    }
+}
+
+/// Refuses an action without a reason (`InvalidRequest`): the audit record keeps it.
+///
+/// # Errors
+/// [`OperatorError`] of kind `InvalidRequest`.
+pub fn require_reason(operation: &'static str, reason: &str) -> Result<(), OperatorError> {
+    if reason.trim().is_empty() {
+        Err(OperatorError::invalid(
+            operation,
+            format!("{operation} needs a reason (it is kept in the audit record)"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Refuses a count bound below 1 (`InvalidRequest`).
+///
+/// # Errors
+/// [`OperatorError`] of kind `InvalidRequest`.
+pub fn check_bound(operation: &'static str, bound: i64) -> Result<(), OperatorError> {
+    if bound < 1 {
+        Err(OperatorError::invalid(
+            operation,
+            format!("a count bound must be at least 1, not {bound}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// The refusal of a replay whose count is no longer the dry run's `expected`.
+pub fn count_changed(expected: Option<i64>, events: i64) -> Option<String> {
+    expected.filter(|e| *e != events).map(|expected| {
+        format!("the replay would now take {events} event(s), not the {expected} expected: dry-run again")
+    })
+}

@@ -1,0 +1,182 @@
+//! Paused routes and consumers: what an operator stopped on purpose. What each stops is told
+//! at [`PauseTarget`].
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Actor, OperatorError};
+
+/// The route key of a row: `destination:<destination>` for a row that names its destination,
+/// else `type:<aggregate type>` (the keys [`PauseTarget::Route`] and the routes' view use).
+pub fn route_key(destination: Option<&str>, aggregate_type: &str) -> String {
+    match destination {
+        Some(d) => format!("destination:{d}"),
+        None => format!("type:{aggregate_type}"),
+    }
+}
+
+/// What a pause stops, as the API and the CLI name it.
+///
+/// * A paused **route** (an outbox destination, or an aggregate type's topic for rows without
+///   one) is not claimed by the relay: its rows stay pending, and an aggregate whose next row
+///   goes there waits, its later rows included, whatever their route (per-aggregate order,
+///   G7). A pause holds from the next claim on; a batch already claimed is finished. A relay
+///   that streams the database's log instead of claiming (a change-data-capture relay) cannot hold
+///   a route back: a store refuses a route pause while one runs ([`PauseOps::pause`]). A head
+///   that was suspected of crashing relays (the poison-row rule's takeover count) starts its
+///   count again after the pause.
+/// * A paused **consumer** takes no deliveries from its source (its engine asks its store at most
+///   once a second, [`crate::consumer`]): a batch in progress is finished, then what
+///   the broker holds for the consumer waits there until it is resumed. What the source had
+///   already received stays with it unacknowledged: NATS redelivers it after the ack wait,
+///   RabbitMQ keeps up to the prefetch count with the paused consumer until its
+///   `consumer_timeout` (30 minutes by default) closes the channel and requeues them (each
+///   such return counts as a delivery), Kafka has nothing unacknowledged beyond the uncommitted
+///   offsets. The source is not polled while paused, so its lag is not refreshed either.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseTarget {
+    /// A route, by its key: `destination:` and the rows' destination, or `type:` and the
+    /// aggregate type of rows without a destination (the keys the overview's routes show).
+    Route(String),
+    /// A consumer, by its name.
+    Consumer(String),
+}
+
+impl PauseTarget {
+    /// The route of rows sent to `destination`.
+    pub fn destination(destination: &str) -> Self {
+        Self::Route(format!("destination:{destination}"))
+    }
+
+    /// The route of rows of `aggregate_type` that name no destination.
+    pub fn aggregate_type(aggregate_type: &str) -> Self {
+        Self::Route(format!("type:{aggregate_type}"))
+    }
+
+    /// The `kind` column's value.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Route(_) => "route",
+            Self::Consumer(_) => "consumer",
+        }
+    }
+
+    /// The `name` column's value.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Route(n) | Self::Consumer(n) => n,
+        }
+    }
+
+    /// Checks the name: a route key starts with `destination:` or `type:` followed by a name;
+    /// every name is 1 to 1,024 characters.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` saying what is wrong.
+    pub fn check(&self, operation: &'static str) -> Result<(), OperatorError> {
+        let invalid = |message: String| OperatorError::invalid(operation, message);
+        let name = self.name();
+        if name.is_empty() || name.chars().count() > 1024 {
+            return Err(invalid(format!(
+                "a {} name has 1 to 1,024 characters",
+                self.kind()
+            )));
+        }
+        if let Self::Route(key) = self {
+            let rest = key
+                .strip_prefix("destination:")
+                .or_else(|| key.strip_prefix("type:"));
+            if rest.is_none_or(str::is_empty) {
+                return Err(invalid(format!(
+                    "a route is `destination:<destination>` or `type:<aggregate type>`, not {key:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One pause in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pause {
+    /// `route` or `consumer`.
+    pub kind: String,
+    /// The route's key or the consumer's name.
+    pub name: String,
+    /// Since when.
+    pub paused_at: DateTime<Utc>,
+    /// The pause's audit record.
+    pub audit_id: i64,
+    /// Who paused it (from the audit record).
+    pub actor: Option<String>,
+    /// Why (from the audit record).
+    pub reason: Option<String>,
+}
+
+/// Pauses.
+pub trait PauseOps {
+    /// Every pause in force, by kind (consumers, then routes) and name, with who paused it
+    /// and why.
+    ///
+    /// # Errors
+    /// [`OperatorError`]: the store's failure.
+    fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, OperatorError>> + Send;
+
+    /// Pauses a route or a consumer ([`PauseTarget`]: what each stops, and when), with the
+    /// audit record, whose id the pause keeps. A route is refused while a relay runs that
+    /// cannot hold it back (one that streams the log).
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` (a malformed route key, or no reason),
+    /// `Refused` (paused already, or a relay runs that would not honour it; nothing changed),
+    /// `PermissionDenied` (the role may only read), or the store's failure.
+    fn pause(
+        &self,
+        target: &PauseTarget,
+        actor: &Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Pause, OperatorError>> + Send;
+
+    /// Resumes a paused route or consumer, with the audit record; a resumed route wakes the
+    /// relays at once.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` (a malformed route key), `NotFound` (it is
+    /// not paused), `PermissionDenied` (the role may only read), or the store's failure.
+    fn resume(
+        &self,
+        target: &PauseTarget,
+        actor: &Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), OperatorError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_names_a_destination_or_an_aggregate_type() {
+        assert!(PauseTarget::destination("payments").check("pause").is_ok());
+        assert!(PauseTarget::aggregate_type("order").check("pause").is_ok());
+        for bad in ["payments", "destination:", "type:", "queue:payments", ""] {
+            let e = PauseTarget::Route(bad.into()).check("pause").unwrap_err();
+            assert_eq!(
+                e.kind,
+                super::super::OperatorErrorKind::InvalidRequest,
+                "{bad}"
+            );
+        }
+        assert!(PauseTarget::Consumer(String::new()).check("pause").is_err());
+        assert!(
+            PauseTarget::Consumer("x".repeat(1025))
+                .check("pause")
+                .is_err()
+        );
+        assert_eq!(
+            serde_json::to_value(PauseTarget::destination("p")).unwrap(),
+            serde_json::json!({"route": "destination:p"})
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! The running processes (their heartbeats) and the routes' and consumers' numbers: what the
+//! console's overview shows beside the totals.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::OperatorError;
+use crate::health::HealthReport;
+
+/// One consumer's numbers on the console.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConsumerView {
+    /// The consumer's name (its inbox key).
+    pub name: String,
+    /// Its processes whose heartbeat is up.
+    pub instances_up: i64,
+    /// Messages waiting for it at the broker, the largest its running engines last reported
+    /// (their heartbeats); `None` when none reports one.
+    pub lag: Option<i64>,
+    /// Whether an operator paused it.
+    pub paused: bool,
+    /// Its open (not resolved) dead letters.
+    pub dead_letters: i64,
+    /// Its open (not resolved) inbox conflicts, as the overview counts them.
+    pub conflicts: i64,
+    /// Effects committed per minute, oldest first, the last being this minute so far
+    /// ([`MINUTES`] entries), summed over its heartbeats.
+    pub processed_per_minute: Vec<i64>,
+}
+
+/// How many minutes of publish rates a route shows.
+pub const MINUTES: usize = 15;
+
+/// A process as its heartbeat shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Instance {
+    /// Its instance id (new at every start).
+    pub instance_id: Uuid,
+    /// `relay`, `consumer` or `executor`.
+    pub kind: String,
+    /// The relay's name, the consumer's name, the executor's work-item kind.
+    pub name: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id there.
+    pub pid: i32,
+    /// The toolkit's version it runs.
+    pub version: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// The age of that heartbeat, by the database clock, seconds.
+    pub heartbeat_age_seconds: f64,
+    /// The interval it announced, milliseconds.
+    pub interval_ms: i32,
+    /// `up` (a heartbeat within two intervals), `late` (within six), `gone` (older), or
+    /// `stopped` (it recorded a clean stop).
+    pub status: &'static str,
+    /// Its own numbers (a relay: `published` since it started, `in_flight`; a consumer: its
+    /// counts, `lag`, `paused`).
+    pub stats: serde_json::Value,
+    /// What its engine said about itself at its last heartbeat (a relay's or a consumer's:
+    /// a store's heartbeat), its ages as of now: why it is stuck, when
+    /// it is. `None` for a process that does not report one. Taken out of `stats`.
+    pub health: Option<HealthReport>,
+}
+
+/// One route's numbers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RouteView {
+    /// The rows' own destination, when they have one.
+    pub destination: Option<String>,
+    /// Otherwise their aggregate type (the relay's topic template makes the destination).
+    pub aggregate_type: Option<String>,
+    /// Pending rows (among the oldest [`Routes::counted_up_to`] pending rows of all routes).
+    pub pending: i64,
+    /// Age of its oldest pending row, seconds (0 when none).
+    pub oldest_pending_age_seconds: f64,
+    /// Dead letters (among the oldest [`Routes::counted_up_to`]).
+    pub dead_letters: i64,
+    /// Broker-confirmed publishes per minute, oldest first, the last being this minute so far
+    /// ([`MINUTES`] entries), summed over every relay's heartbeat.
+    pub published_per_minute: Vec<i64>,
+}
+
+/// The routes' numbers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Routes {
+    /// Busiest (most pending) first.
+    pub routes: Vec<RouteView>,
+    /// The pending and dead counts read at most this many rows each.
+    pub counted_up_to: i64,
+    /// Whether every pending row and every dead letter was read (the counts are exact).
+    pub complete: bool,
+}
+
+impl RouteView {
+    /// An empty view of the route `key` ([`route_key`](super::pauses::route_key)'s form; a
+    /// key without a prefix is taken as an aggregate type).
+    pub fn of_key(key: &str) -> Self {
+        let (destination, aggregate_type) = match key.split_once(':') {
+            Some(("destination", d)) => (Some(d.to_owned()), None),
+            Some((_, t)) => (None, Some(t.to_owned())),
+            None => (None, Some(key.to_owned())),
+        };
+        Self {
+            destination,
+            aggregate_type,
+            pending: 0,
+            oldest_pending_age_seconds: 0.0,
+            dead_letters: 0,
+            published_per_minute: vec![0; MINUTES],
+        }
+    }
+}
+
+impl Routes {
+    /// The routes of `views`, busiest (most pending, then most dead) first.
+    pub fn busiest_first(mut views: Vec<RouteView>, counted_up_to: i64, complete: bool) -> Self {
+        views.sort_by(|a, b| {
+            b.pending
+                .cmp(&a.pending)
+                .then(b.dead_letters.cmp(&a.dead_letters))
+        });
+        Self {
+            routes: views,
+            counted_up_to,
+            complete,
+        }
+    }
+}
+
+/// The index of a count `minutes_ago` in a [`MINUTES`] series (oldest first, this minute
+/// last); `None` outside the window.
+pub fn minute_slot(minutes_ago: i64) -> Option<usize> {
+    usize::try_from(minutes_ago)
+        .ok()
+        .filter(|ago| *ago < MINUTES)
+        .map(|ago| MINUTES - 1 - ago)
+}
+
+/// The heartbeat status of a process: `stopped` when it recorded a clean stop, else `up` (its
+/// last heartbeat within two intervals), `late` (within six) or `gone`.
+pub fn heartbeat_status(stopped: bool, age_seconds: f64, interval_ms: i32) -> &'static str {
+    let interval = f64::from(interval_ms) / 1000.0;
+    match stopped {
+        true => "stopped",
+        false if age_seconds <= 2.0 * interval => "up",
+        false if age_seconds <= 6.0 * interval => "late",
+        false => "gone",
+    }
+}
+
+/// The running processes, routes and consumers.
+pub trait ProcessOps {
+    /// The processes that run a heartbeat (relays, consumers, executors), with their status
+    /// ([`heartbeat_status`]). At most 1,000, by kind and name.
+    ///
+    /// # Errors
+    /// [`OperatorError`]: the store's failure.
+    fn instances(&self) -> impl Future<Output = Result<Vec<Instance>, OperatorError>> + Send;
+
+    /// Per route (the rows' destination, or their aggregate type): pending rows and the oldest
+    /// one's age among the oldest `bound` pending rows, dead letters among the oldest `bound`,
+    /// and the publishes per minute of the last [`MINUTES`] minutes, busiest first.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` for a bound below 1; otherwise the store's
+    /// failure.
+    fn routes(&self, bound: i64) -> impl Future<Output = Result<Routes, OperatorError>> + Send;
+
+    /// Per consumer known to the store (a heartbeat, a pause, an open dead letter or conflict,
+    /// recent activity): its processes up, its lag and the effects it committed per minute
+    /// over the last [`MINUTES`] minutes as its engines report them, whether it is paused, its
+    /// open dead letters and conflicts. At most 1,000 consumers, by name.
+    ///
+    /// # Errors
+    /// [`OperatorError`]: the store's failure.
+    fn consumers(&self) -> impl Future<Output = Result<Vec<ConsumerView>, OperatorError>> + Send;
+}

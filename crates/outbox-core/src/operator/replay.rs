@@ -1,0 +1,139 @@
+//! Replays of published events under their original ids ([`ReplayOps`]).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Actor, OperatorError};
+
+/// What to replay: one aggregate's published events from `from_version` (1 when absent) on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaySelection {
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// The first version to replay (1 when absent).
+    #[serde(default)]
+    pub from_version: Option<i64>,
+}
+
+/// What a replay takes, or took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayPlan {
+    /// Rows it republishes (a dry run: would republish).
+    pub events: i64,
+    /// The aggregate's lowest version still held, in any state.
+    pub lowest_version_held: Option<i64>,
+    /// Its newest version held.
+    pub newest_version_held: Option<i64>,
+    /// When the first row replayed was first published.
+    pub first_published_at: Option<DateTime<Utc>>,
+    /// `true` for a dry run (nothing changed).
+    pub dry_run: bool,
+}
+
+/// Most aggregates one time-range replay takes.
+pub const MAX_RANGE_AGGREGATES: i64 = 10_000;
+
+/// Most events one time-range replay takes.
+pub const MAX_RANGE_EVENTS: i64 = 100_000;
+
+/// What to replay: the published events written in `[created_after, created_before)`, of
+/// `aggregate_type` and/or `destination` when given, each aggregate extended to its newest
+/// version (see [`ReplayOps`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeSelection {
+    /// Written at or after this time.
+    pub created_after: DateTime<Utc>,
+    /// Written before this time.
+    pub created_before: DateTime<Utc>,
+    /// Only this aggregate type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate_type: Option<String>,
+    /// Only events with this destination override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+}
+
+/// What a time-range replay takes, or took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RangePlan {
+    /// Rows it republishes (a dry run: would republish), extension included.
+    pub events: i64,
+    /// Of those, the ones written in the range.
+    pub in_range: i64,
+    /// Aggregates it touches.
+    pub aggregates: i64,
+    /// The replay horizon: ranges must start after it (`None` only when its `retention_marks` row was removed by hand: schema 11 seeds it at the migration).
+    pub horizon: Option<DateTime<Utc>>,
+    /// `true` for a dry run (nothing changed).
+    pub dry_run: bool,
+}
+
+/// Replays: one aggregate's published events, or those written in a time range, republished
+/// with their original ids, as far as the store still holds them.
+///
+/// What every store guarantees:
+///
+/// * Only a store that keeps published rows (mark mode) can replay; otherwise a replay is
+///   refused (`Refused`), naming the broker's own retention as the place to replay from.
+/// * A replay makes an aggregate's published rows from a version on pending again (attempts
+///   reset), in one transaction with its audit record, and wakes the relays: they republish
+///   them under their original event ids, in version order, ahead of the aggregate's later
+///   pending versions. Their original publish time is kept, so retention deletes them when it
+///   would have, and the consumers' inboxes still recognise them: consumers with an inbox see
+///   redeliveries, not second effects.
+/// * **Order**: a replay is refused while a relay holds a live lease on the aggregate, and
+///   while a relay runs that streams the log (it would publish a newer version ahead of the
+///   replayed ones).
+/// * **The replay horizon**: a replay never replays part of what was asked. It is refused when
+///   the aggregate's lowest version still held is above the first version asked, when the
+///   versions from there to the newest held are not all held, or when nothing of the aggregate
+///   is held (`NotFound`). A time range is refused when it starts at or before the horizon
+///   (the newest write time among the published rows retention deleted).
+/// * A dry run ([`ReplayPlan`], [`RangePlan`]) changes nothing; a replay given
+///   `expect_events` (the dry run's count) is refused when the count changed meanwhile
+///   ([`count_changed`](super::count_changed)).
+/// * **A time range** ([`RangeSelection`]) takes, for each aggregate with a published event in
+///   `[created_after, created_before)`, that aggregate's published events from its first one
+///   in the range through its newest (per-aggregate extension), at most
+///   [`MAX_RANGE_AGGREGATES`] aggregates and [`MAX_RANGE_EVENTS`] events.
+pub trait ReplayOps {
+    /// Replays one aggregate's published events with their original ids ([`ReplaySelection`];
+    /// see the trait docs): with `dry_run`, only says how many rows it would take;
+    /// otherwise makes them pending again, with the audit record, and wakes the relays.
+    /// `expect_events` (the dry run's count) refuses the replay when the count changed.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `Refused` when the store keeps no published rows, beyond the
+    /// replay horizon, while a relay holds the aggregate or a log-streaming relay runs, or when
+    /// the count changed (nothing changed; the message says why), `NotFound` when nothing of
+    /// the aggregate is held, `InvalidRequest` for a version below 1 or no reason,
+    /// `PermissionDenied` when the role may not act; otherwise the store's failure.
+    fn replay(
+        &self,
+        which: &ReplaySelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
+        actor: &Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<ReplayPlan, OperatorError>> + Send;
+
+    /// Replays the published events written in a time range ([`RangeSelection`]), each
+    /// aggregate extended to its newest version; as [`replay`](Self::replay) otherwise.
+    ///
+    /// # Errors
+    /// As [`replay`](Self::replay), and `Refused` for a range that starts at or before the
+    /// replay horizon or takes more than [`MAX_RANGE_AGGREGATES`] aggregates or
+    /// [`MAX_RANGE_EVENTS`] events, `InvalidRequest` for an empty range.
+    fn replay_range(
+        &self,
+        which: &RangeSelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
+        actor: &Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<RangePlan, OperatorError>> + Send;
+}
