@@ -7,22 +7,19 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use outbox::broker::Registry;
 use outbox::maintenance::{InboxRetention, Maintainer, MaintenanceConfig, ReplayHorizon};
-use outbox::relay::Relay;
 use outbox_core::operator::prelude::*;
 use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
+use outbox_postgres::relay::{
+    CdcRelayOptions, LEASE_REAP_AFTER, PgRelay, RelayMode as PgRelayMode,
+};
 use outbox_postgres::roles::{Component, check_privileges};
-use outbox_postgres::session::{self, PgSession, SessionConfig};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig, Schema};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::CleanupArgs;
 use crate::config::{FileConfig, RelayMode, redact};
-
-/// Relay leases that expired this long ago belong to crashed relays: the maintainer deletes them.
-const LEASE_REAP_AFTER: Duration = Duration::from_secs(600);
 
 /// `outbox migrate`; with `cdc`, also the publication of the CDC relay.
 pub async fn migrate(
@@ -91,24 +88,6 @@ pub async fn migrate(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Mark mode keeps published rows: without its indexes every claim (polling) and every
-/// retention round reads past them, slower as they accumulate. Not a refusal (a relay started
-/// before `outbox migrate` built them still delivers), but said at startup, with the command
-/// that builds them.
-async fn warn_missing_mark_mode_indexes(store: &PgStore) {
-    match outbox_postgres::missing_mark_mode_indexes(store.pool(), store.schema()).await {
-        Ok(missing) if missing.is_empty() => {}
-        Ok(missing) => warn!(
-            missing = %missing.join(", "),
-            "relay.on_publish = \"mark\" without the mark-mode indexes: claims and the \
-             retention of published rows slow down as published rows accumulate. Build them \
-             with `outbox migrate` (with this configuration), which creates them concurrently, \
-             without stopping the relay"
-        ),
-        Err(e) => warn!(error = %e, "cannot check the mark-mode indexes"),
-    }
-}
-
 /// What `outbox relay` runs with, besides the store.
 pub struct RelayRun<'a> {
     /// The broker registry.
@@ -129,7 +108,9 @@ pub struct RelayRun<'a> {
     pub create_slot: bool,
 }
 
-/// `outbox relay`: runs until SIGTERM / Ctrl-C, with one elected lease reaper per schema.
+/// `outbox relay`: the library's relay ([`PgRelay`]) with this configuration, until SIGTERM /
+/// Ctrl-C. The start-up checks run before the broker is connected, so a missing grant or slot
+/// is named before a broker outage is.
 pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
     let RelayRun {
         brokers,
@@ -141,21 +122,19 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
         database_url,
         create_slot,
     } = run;
-    let relay_config = file.relay.to_relay_config()?;
-    let session_config = file.relay.session_config()?;
-    store.check().await.context("cannot start the relay")?;
-    // Fail now, naming every missing grant, rather than at the first claim or settle.
-    check_privileges(store.pool(), store.schema(), Component::Relay)
-        .await
-        .context("cannot start the relay")?;
-    if store.config().on_publish == OnPublish::Mark {
-        warn_missing_mark_mode_indexes(&store).await;
-    }
-    // Leases tied to this relay's database session: taken over as soon as it ends.
-    let (store, session) = match session_config {
-        Some(config) => live_session(store, config, file.relay.claim_window).await?,
-        None => (store, None),
+    let mode = match mode {
+        RelayMode::Polling => PgRelayMode::Polling,
+        RelayMode::Cdc => PgRelayMode::Cdc(CdcRelayOptions {
+            database_url: database_url.to_owned(),
+            cdc: file.relay.cdc_config()?,
+            create_slot,
+            heartbeat_every: file.relay.cdc_heartbeat()?,
+        }),
     };
+    let relay = PgRelay::new(store, file.relay.to_relay_config()?, mode)
+        .with_live_session(file.relay.session_config()?)
+        .with_claim_window(file.relay.claim_window);
+    relay.check().await?;
     let transport = brokers.connect_transport(broker_url, settings).await?;
     let addr = metrics_addr.or(file
         .metrics_addr
@@ -166,90 +145,15 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
         crate::metrics::install(addr)?;
         info!(%addr, "serving Prometheus metrics");
     }
-    let schema = store.schema().clone();
     let shutdown = CancellationToken::new();
     tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
-    // Leases of crashed relays are reaped by one elected relay.
-    let store = Arc::new(store);
-    let reaper = Maintainer::<PgStore>::new(
-        Arc::clone(&store),
-        MaintenanceConfig {
-            lease_reap_after: Some(LEASE_REAP_AFTER),
-            ..Default::default()
-        },
-    )?;
-    let reaping = tokio::spawn(reaper.run(shutdown.clone()));
-    let code = match mode {
-        RelayMode::Polling => {
-            let beat = heartbeat(&store, InstanceKind::Relay, "polling")?;
-            let relay = Arc::new(Relay::new(store, Arc::new(transport), relay_config)?);
-            // Stopped after the relay, so its last beat counts the last batch settled.
-            let beat_stop = CancellationToken::new();
-            let beat = tokio::spawn(
-                beat.with_publish_activity(relay.activity())
-                    .with_health(relay.health())
-                    .run(beat_stop.clone()),
-            );
-            info!(schema = %schema, broker = %redact(broker_url), "relay started");
-            relay.run(shutdown.clone()).await;
-            beat_stop.cancel();
-            let _ = beat.await;
-            ExitCode::SUCCESS
-        }
-        RelayMode::Cdc => {
-            let cdc = CdcRelay {
-                store: &store,
-                database_url,
-                file,
-                create_slot,
-            };
-            let r = cdc
-                .run(Arc::new(transport), relay_config, shutdown.clone())
-                .await;
-            shutdown.cancel();
-            r?
-        }
-    };
-    let _ = reaping.await;
-    // After the last batch was settled: what is left is taken over at once.
-    if let Some(session) = session {
-        session.close().await;
-    }
-    Ok(code)
-}
-
-/// `store` over a pool whose connections the server ends when the relay is cut off
-/// ([`session::relay_connect_options`]), with its claims tied to a new live session (and the
-/// claim window when `claim_window`).
-async fn live_session(
-    store: PgStore,
-    config: SessionConfig,
-    claim_window: bool,
-) -> Result<(PgStore, Option<PgSession>)> {
-    let options = session::relay_connect_options(&store.pool().connect_options(), &config);
-    let pool = PgPoolOptions::new()
-        .max_connections(store.pool().options().get_max_connections())
-        .acquire_timeout(store.pool().options().get_acquire_timeout())
-        .connect_with(options.clone())
-        .await
-        .context("cannot start the relay")?;
-    store.pool().close().await;
-    let session = PgSession::start(
-        &store.pool().connect_options(),
-        store.schema().clone(),
-        config,
-    )
-    .await
-    .context("cannot start the relay's database session")?;
-    let mut store = PgStore::new(pool, store.config().clone()).with_session(session.clone());
-    if claim_window {
-        store = store.with_claim_window(outbox_postgres::ClaimWindow::default());
-    }
-    Ok((store, Some(session)))
+    info!(broker = %redact(broker_url), "connected to the broker");
+    relay.run(Arc::new(transport), shutdown).await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The heartbeat of this process (`outbox_postgres::heartbeat`): the console shows it as up,
-/// late or gone, with what it published per route.
+/// late or gone.
 pub(crate) fn heartbeat(store: &PgStore, kind: InstanceKind, name: &str) -> Result<Heartbeat> {
     Ok(Heartbeat::new(
         store.pool().clone(),
@@ -258,158 +162,6 @@ pub(crate) fn heartbeat(store: &PgStore, kind: InstanceKind, name: &str) -> Resu
         name,
     )?)
 }
-
-/// The CDC relay: the publish engine over the slot, heartbeats, and a watch on the slot that
-/// stops the relay when it is dropped or invalidated.
-struct CdcRelay<'a> {
-    store: &'a Arc<PgStore>,
-    database_url: &'a str,
-    file: &'a FileConfig,
-    create_slot: bool,
-}
-
-/// How often the CDC relay looks at its slot.
-const SLOT_WATCH: Duration = Duration::from_secs(2);
-
-impl CdcRelay<'_> {
-    async fn run(
-        &self,
-        transport: Arc<outbox::broker::BoxTransport>,
-        relay_config: outbox::relay::RelayConfig,
-        shutdown: CancellationToken,
-    ) -> Result<ExitCode> {
-        use outbox_postgres::cdc;
-        let pool = self.store.pool().clone();
-        let schema = self.store.schema().clone();
-        let config = self.file.relay.cdc_config()?;
-        let slot = config.slot_name(&schema);
-        let publication = config.publication_name(&schema);
-        let heartbeat_every = self.file.relay.cdc_heartbeat()?;
-        let published: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
-             WHERE pubname = $1 AND schemaname = $2 AND tablename = 'events')",
-        )
-        .bind(&publication)
-        .bind(schema.as_str())
-        .fetch_one(&pool)
-        .await?;
-        if !published {
-            anyhow::bail!(
-                "cannot start the CDC relay: publication `{publication}` of {schema}.events does \
-                 not exist; run `outbox migrate` with relay.mode = \"cdc\""
-            );
-        }
-        if self.create_slot {
-            if cdc::create_slot(&pool, &slot)
-                .await
-                .context("cannot create the CDC relay's slot")?
-            {
-                info!(%slot, "replication slot created: events committed from now on are streamed");
-            }
-        } else if cdc::slot_state(&pool, &slot).await?.is_none() {
-            anyhow::bail!(
-                "cannot start the CDC relay: replication slot `{slot}` does not exist. On the \
-                 first start, pass --create-slot. If it existed before, it was dropped: recover \
-                 as the guide says (docs/guide/src/relay.md, \"a lost slot\"): drain with the \
-                 polling relay, then start again with --create-slot"
-            );
-        }
-        let mut feed = cdc::CdcFeed::new(
-            self.database_url,
-            pool.clone(),
-            schema.clone(),
-            config,
-            self.store.config().on_publish,
-        )
-        .with_catch_up_claims(relay_config.max_per_aggregate, relay_config.lease);
-        if let Some(session) = self.store.session() {
-            feed = feed.with_session(session.clone());
-        }
-        let feed = Arc::new(feed);
-        let relay = Arc::new(outbox::relay::Relay::with_feed(
-            Arc::clone(&feed),
-            transport,
-            relay_config,
-        )?);
-        if let Some(every) = heartbeat_every {
-            let (pool, stop) = (pool.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(every) => {}
-                    }
-                    if let Err(e) = cdc::heartbeat(&pool).await {
-                        tracing::warn!(error = %e, "could not write a CDC heartbeat");
-                    }
-                }
-            });
-        }
-        // A slot dropped or invalidated while the relay runs stops it: never silent continuity.
-        let watch = {
-            let (pool, stop, slot) = (pool.clone(), shutdown.clone(), slot.clone());
-            let feed = Arc::clone(&feed);
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        () = stop.cancelled() => return None,
-                        () = tokio::time::sleep(SLOT_WATCH) => {}
-                    }
-                    metrics::gauge!(CDC_SLOT_LAG_SECONDS).set(feed.lag().as_secs_f64());
-                    match cdc::slot_state(&pool, &slot).await {
-                        Ok(None) => {
-                            stop.cancel();
-                            return Some(format!("replication slot `{slot}` was dropped"));
-                        }
-                        Ok(Some(s)) if s.wal_status == "lost" => {
-                            stop.cancel();
-                            return Some(format!(
-                                "replication slot `{slot}` was invalidated (wal_status lost: the \
-                                 server removed WAL it still needed, see max_slot_wal_keep_size)"
-                            ));
-                        }
-                        Ok(Some(s)) => {
-                            metrics::gauge!(CDC_SLOT_RETAINED).set(s.retained_bytes as f64);
-                            metrics::gauge!(CDC_SLOT_LAG).set(s.lag_bytes as f64);
-                        }
-                        Err(e) => tracing::warn!(error = %e, "could not read the slot's state"),
-                    }
-                }
-            })
-        };
-        let beat_stop = CancellationToken::new();
-        let beat = tokio::spawn(
-            heartbeat(self.store, InstanceKind::Relay, "cdc")?
-                .with_publish_activity(relay.activity())
-                .with_health(relay.health())
-                .run(beat_stop.clone()),
-        );
-        info!(schema = %schema, %slot, "CDC relay started");
-        relay.run(shutdown.clone()).await;
-        shutdown.cancel();
-        beat_stop.cancel();
-        let _ = beat.await;
-        // The last confirmed position reaches the server before the connection closes.
-        if let Err(e) = feed.shutdown().await {
-            tracing::warn!(error = %e, "closing the replication stream");
-        }
-        if let Ok(Some(reason)) = watch.await {
-            anyhow::bail!(
-                "the CDC relay stopped: {reason}. Recover as the guide says \
-                 (docs/guide/src/relay.md, \"a lost slot\")"
-            );
-        }
-        Ok(ExitCode::SUCCESS)
-    }
-}
-
-/// WAL the CDC relay's slot keeps from being recycled, bytes.
-pub const CDC_SLOT_RETAINED: &str = "outbox_cdc_slot_retained_bytes";
-/// How far the CDC relay's confirmed position is behind the log, bytes.
-pub const CDC_SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
-/// How far the CDC relay's delivery is behind the log in time: the age of the oldest streamed
-/// transaction not confirmed yet, seconds ([`outbox_postgres::cdc::CdcFeed::lag`]).
-pub const CDC_SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 
 /// `outbox console`: the web console on `listen`, reading and acting through the same
 /// operator contract (`outbox_core::operator`) as `status` and `dead-letters`. The token is read from `OUTBOX_CONSOLE_TOKEN` (an

@@ -190,6 +190,38 @@ impl CdcError {
     }
 }
 
+/// The CDC relay's gauges, set by the relay's slot watch (`crate::relay`).
+pub mod metric {
+    /// WAL the CDC relay's slot keeps from being recycled, bytes.
+    pub const SLOT_RETAINED: &str = "outbox_cdc_slot_retained_bytes";
+    /// How far the CDC relay's confirmed position is behind the log, bytes.
+    pub const SLOT_LAG: &str = "outbox_cdc_slot_lag_bytes";
+    /// How far the CDC relay's delivery is behind the log in time: the age of the oldest
+    /// streamed transaction not confirmed yet, seconds ([`super::CdcFeed::lag`]).
+    pub const SLOT_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
+}
+
+/// Whether the publication `name` publishes `<schema>.events` (what a CDC relay checks at its
+/// start).
+///
+/// # Errors
+/// [`CdcError::Database`] when the catalogue cannot be read.
+pub async fn publication_exists(
+    pool: &PgPool,
+    schema: &Schema,
+    name: &str,
+) -> Result<bool, CdcError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+    )
+    .bind(name)
+    .bind(schema.as_str())
+    .bind(TABLE)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Creates the publication of inserts on `<schema>.events` named `name` if it does not exist.
 /// Returns whether it was created.
 ///

@@ -45,6 +45,7 @@ mod inbox;
 pub mod maintenance;
 pub mod migrate;
 mod producer;
+pub mod relay;
 pub mod roles;
 mod schema;
 pub mod session;
