@@ -7,9 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, MarkParams,
-    OutboxMessage, OutboxStats, OutboxStore, PublishError, PublishReceipt, ReleaseParams,
-    RequeueParams, StoreError, Transport,
+    ClaimParams, ClaimedBatch, FailureParams, MarkParams, OutboxMessage, OutboxStats, OutboxStore,
+    PublishError, PublishReceipt, ReleaseParams, StoreError, Transport,
 };
 
 use crate::common::{mean, percentile};
@@ -108,17 +107,6 @@ impl<S: OutboxStore> OutboxStore for TimedStore<S> {
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         self.inner.stats().await
-    }
-
-    async fn dead_letter_list(
-        &self,
-        params: DeadLetterListParams,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.dead_letter_list(params).await
-    }
-
-    async fn dead_letter_requeue(&self, params: RequeueParams) -> Result<u64, StoreError> {
-        self.inner.dead_letter_requeue(params).await
     }
 
     async fn wait_for_work(&self, timeout: Duration) {

@@ -563,9 +563,15 @@ async fn run_batch_applies_requeued_dead_letters_as_documented() {
     let mut t = ConsumerReport::default();
     run_until(&mut c, &mut t, T, "dead-lettered", |t| t.dead_lettered >= 1).await;
     permanent.store(false, std::sync::atomic::Ordering::SeqCst);
-    let n = outbox_postgres::consumer_dead_letter_requeue(&env.db.pool, &env.db.schema, None, None)
-        .await
-        .unwrap();
+    let n = {
+        use outbox_core::operator::DeadLetterOps as _;
+        let actor = outbox_core::operator::Actor::new("test", "test").unwrap();
+        env.db
+            .store()
+            .requeue_consumer_dead_letters(&Default::default(), &actor, "healed")
+            .await
+            .unwrap()
+    };
     assert_eq!(n, 1);
     let after = run_for(&mut c, Duration::from_secs(1)).await;
     let effects = env.effects("ledger").await;

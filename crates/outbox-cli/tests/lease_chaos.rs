@@ -17,9 +17,8 @@ use outbox::broker::BoxTransport;
 use outbox_core::Backoff;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{
-    ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams, MarkParams,
-    OutboxMessage, OutboxStats, OutboxStore, PublishError, PublishReceipt, ReleaseParams,
-    RequeueParams, StoreError, Transport,
+    ClaimParams, ClaimedBatch, FailureParams, MarkParams, OutboxMessage, OutboxStats, OutboxStore,
+    PublishError, PublishReceipt, ReleaseParams, StoreError, Transport,
 };
 use outbox_postgres::PgStore;
 
@@ -61,17 +60,6 @@ impl OutboxStore for PausingStore {
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         self.inner.stats().await
-    }
-
-    async fn dead_letter_list(
-        &self,
-        params: DeadLetterListParams,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.dead_letter_list(params).await
-    }
-
-    async fn dead_letter_requeue(&self, params: RequeueParams) -> Result<u64, StoreError> {
-        self.inner.dead_letter_requeue(params).await
     }
 }
 

@@ -51,9 +51,8 @@ pub use message::{
     OutboxMessage, Payload, TRACEPARENT_HEADER, headers_from_json,
 };
 pub use store::{
-    ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams,
-    LeaseToken, Liveness, MarkParams, OutboxStats, OutboxStore, ReleaseParams, RequeueParams,
-    Takeover, UndecodableRow,
+    ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, Liveness, MarkParams,
+    OutboxStats, OutboxStore, ReleaseParams, Takeover, UndecodableRow,
 };
 pub use transport::{PublishError, PublishErrorKind, PublishReceipt, Transport};
 pub use wire::{DecodeError, EventIdentity, IncomingEvent};

@@ -10,8 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-
 use crate::error::StoreError;
 use crate::message::{EventId, OutboxMessage};
 
@@ -223,44 +221,6 @@ pub struct ReleaseParams<'a> {
     pub ids: &'a [i64],
 }
 
-/// Parameters of [`Store::dead_letter_list`].
-#[derive(Debug, Clone)]
-pub struct DeadLetterListParams {
-    /// At most this many, oldest first.
-    pub limit: i64,
-}
-
-/// Parameters of [`Store::dead_letter_requeue`].
-#[derive(Debug, Clone)]
-pub struct RequeueParams {
-    /// Requeue these event ids; `None` requeues every dead letter.
-    pub event_ids: Option<Vec<EventId>>,
-}
-
-/// A row that exhausted its attempts or was refused for good. Its aggregate's later events wait
-/// behind it until it is requeued. (Serialised as the console's API shows it.)
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeadLetter {
-    /// Event id.
-    pub event_id: EventId,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Version.
-    pub aggregate_version: i64,
-    /// Event type.
-    pub event_type: String,
-    /// Attempts made.
-    pub attempts: i32,
-    /// The last error.
-    pub last_error: Option<String>,
-    /// When the producer wrote it.
-    pub created_at: DateTime<Utc>,
-    /// Events of the same aggregate waiting behind it.
-    pub blocked_behind: i64,
-}
-
 /// Numbers for metrics and `outbox status`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutboxStats {
@@ -340,24 +300,6 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// # Errors
     /// [`StoreError`] on an outage.
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
-
-    /// Lists dead letters, oldest first.
-    ///
-    /// # Errors
-    /// [`StoreError`] on an outage.
-    fn dead_letter_list(
-        &self,
-        params: DeadLetterListParams,
-    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
-
-    /// Makes dead letters pending again with a fresh attempt count. Returns how many.
-    ///
-    /// # Errors
-    /// [`StoreError`] on an outage.
-    fn dead_letter_requeue(
-        &self,
-        params: RequeueParams,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Waits until new work may be available or `timeout` passed. The default sleeps; stores
     /// with a wake-up channel return early when a producer signalled.

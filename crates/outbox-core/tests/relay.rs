@@ -113,11 +113,14 @@ async fn retryable_errors_dead_letter_after_max_attempts() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(r.run_batch().await.unwrap().dead_lettered, 1);
-    let dead = r
-        .store()
-        .dead_letter_list(outbox_core::DeadLetterListParams { limit: 10 })
-        .await
-        .unwrap();
+    // Through the operator contract.
+    let dead = outbox_core::operator::DeadLetterOps::dead_letters(
+        r.store().as_ref(),
+        &outbox_core::operator::DeadLetterFilter::default(),
+        10,
+    )
+    .await
+    .unwrap();
     assert_eq!(dead.len(), 1);
     assert!(
         dead[0]

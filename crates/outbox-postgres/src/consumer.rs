@@ -32,10 +32,9 @@ use outbox_core::consumer::{
     NewConsumerDeadLetter, OrderingGuard, RawMessage, RequeuedDeadLetter,
 };
 use outbox_core::{IncomingEvent, StoreError};
-use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
+use sqlx::{PgConnection, Postgres, Row, Transaction};
 
 use crate::roles::Component;
-use crate::schema::Schema;
 use crate::store::PgStore;
 
 /// The core's consumer engine on PostgreSQL: handlers receive the inbox transaction's
@@ -55,14 +54,6 @@ pub(crate) const SETTLE_REQUEUED: &str = "UPDATE {s}.consumer_dead_letters SET s
     WHERE id = $1 AND state = 'requeued'";
 pub(crate) const COUNT_DEAD: &str = "SELECT count(*) FROM {s}.consumer_dead_letters \
     WHERE consumer_name = $1 AND state <> 'resolved'";
-const LIST_DEAD: &str = "SELECT id, consumer_name, event_id, aggregate_type, aggregate_id, \
-    aggregate_version, event_type, error, attempts, state, created_at \
-    FROM {s}.consumer_dead_letters WHERE state <> 'resolved' \
-    AND ($1::text IS NULL OR consumer_name = $1) ORDER BY id LIMIT $2";
-const REQUEUE_DEAD: &str = "UPDATE {s}.consumer_dead_letters SET state = 'requeued', \
-    updated_at = now() WHERE state = 'dead' AND ($1::text IS NULL OR consumer_name = $1) \
-    AND ($2::int8[] IS NULL OR id = ANY($2))";
-
 /// Text for a readable column: PostgreSQL's text and jsonb cannot hold NUL, so NUL (only ever
 /// in hostile or broken messages) shows as U+FFFD. The bytes are kept in the byte columns.
 fn readable(s: &str) -> String {
@@ -305,25 +296,6 @@ impl InboxStore for PgStore {
     }
 }
 
-/// Lists consumer dead letters that are not resolved, oldest first, optionally for one
-/// consumer.
-///
-/// # Errors
-/// [`sqlx::Error`].
-pub async fn consumer_dead_letter_list<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    schema: &Schema,
-    consumer: Option<&str>,
-    limit: i64,
-) -> Result<Vec<ConsumerDeadLetter>, sqlx::Error> {
-    let rows = sqlx::query(AssertSqlSafe(schema.render(LIST_DEAD)))
-        .bind(consumer)
-        .bind(limit)
-        .fetch_all(executor)
-        .await?;
-    rows.iter().map(dead_letter_from_row).collect()
-}
-
 /// A consumer dead letter from the columns `id, consumer_name, event_id, aggregate_type,
 /// aggregate_id, aggregate_version, event_type, error, attempts, state, created_at`, in that
 /// order.
@@ -343,23 +315,4 @@ pub(crate) fn dead_letter_from_row(
         state: r.try_get(9)?,
         created_at: r.try_get(10)?,
     })
-}
-
-/// Marks dead letters for the consumer engine to apply again (through the inbox). `ids: None`
-/// requeues every open dead letter (of `consumer`, when given). Returns how many.
-///
-/// # Errors
-/// [`sqlx::Error`].
-pub async fn consumer_dead_letter_requeue<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    schema: &Schema,
-    consumer: Option<&str>,
-    ids: Option<&[i64]>,
-) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(AssertSqlSafe(schema.render(REQUEUE_DEAD)))
-        .bind(consumer)
-        .bind(ids)
-        .execute(executor)
-        .await?
-        .rows_affected())
 }

@@ -55,7 +55,7 @@ mod version;
 mod window;
 
 pub use connect::{ConnectError, connect};
-pub use consumer::{PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue};
+pub use consumer::PgConsumer;
 pub use effects::{
     EffectsError, EnqueueOutcome, NewWorkItem, PgEffects, Resolution, WorkItemRow, idempotency_key,
 };

@@ -322,19 +322,6 @@ fn stats(mark: bool) -> String {
         .replace("{scope}", scope)
 }
 
-pub(crate) const DEAD_LIST: &str = "SELECT e.event_id, e.aggregate_type, e.aggregate_id, \
-    e.aggregate_version, e.event_type, e.attempts, e.last_error, e.created_at, \
-    (SELECT count(*) FROM {s}.events b WHERE b.aggregate_type = e.aggregate_type \
-       AND b.aggregate_id = e.aggregate_id AND b.aggregate_version > e.aggregate_version \
-       AND b.state = 'pending') \
-    FROM {s}.events e WHERE e.state = 'dead' ORDER BY e.id LIMIT $1";
-
-pub(crate) const DEAD_REQUEUE_SOME: &str = "UPDATE {s}.events SET state = 'pending', \
-    attempts = 0, available_at = now() WHERE state = 'dead' AND event_id = ANY($1)";
-
-pub(crate) const DEAD_REQUEUE_ALL: &str = "UPDATE {s}.events SET state = 'pending', \
-    attempts = 0, available_at = now() WHERE state = 'dead'";
-
 /// Whether the route of the events row `e` is paused (migration 10): the route's key as the
 /// `pauses` and `activity` tables write it, looked up by the primary key of `pauses` (one
 /// index probe per row; the table holds a handful of rows).
@@ -418,9 +405,6 @@ pub(crate) struct Sql {
     pub release: Arc<str>,
     pub stats: Arc<str>,
     pub stats_mark: Arc<str>,
-    pub dead_list: Arc<str>,
-    pub dead_requeue_some: Arc<str>,
-    pub dead_requeue_all: Arc<str>,
     pub lease_reap: Arc<str>,
     pub inbox_purge: Arc<str>,
     pub work_item_purge: Arc<str>,
@@ -458,9 +442,6 @@ impl Sql {
             release: r(RELEASE),
             stats: r(&stats(false)),
             stats_mark: r(&stats(true)),
-            dead_list: r(DEAD_LIST),
-            dead_requeue_some: r(DEAD_REQUEUE_SOME),
-            dead_requeue_all: r(DEAD_REQUEUE_ALL),
             lease_reap: r(LEASE_REAP),
             inbox_purge: r(INBOX_PURGE),
             work_item_purge: r(WORK_ITEM_PURGE),

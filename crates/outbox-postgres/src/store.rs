@@ -11,10 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimParams, ClaimScope, ClaimedBatch, ContentType, DeadLetter, DeadLetterListParams,
-    FailureParams, Fingerprint, LeaseToken, Liveness, MarkParams, OutboxMessage, OutboxStats,
-    OutboxStore, Payload, ReleaseParams, RequeueParams, StoreError, StoreErrorKind, Takeover,
-    UndecodableRow,
+    ClaimParams, ClaimScope, ClaimedBatch, ContentType, FailureParams, Fingerprint, LeaseToken,
+    Liveness, MarkParams, OutboxMessage, OutboxStats, OutboxStore, Payload, ReleaseParams,
+    StoreError, StoreErrorKind, Takeover, UndecodableRow,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Row};
@@ -635,54 +634,6 @@ impl OutboxStore for PgStore {
             .await
             .map_err(self.err(Component::Reader, "stats"))?;
         stats_from_row(&r).map_err(|e| store_error("stats", e))
-    }
-
-    async fn dead_letter_list(
-        &self,
-        params: DeadLetterListParams,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        let rows = sqlx::query(self.q(&self.sql.dead_list))
-            .bind(params.limit)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.err(Component::Reader, "dead letters"))?;
-        rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    event_id: r.try_get(0)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    aggregate_version: r.try_get(3)?,
-                    event_type: r.try_get(4)?,
-                    attempts: r.try_get(5)?,
-                    last_error: r.try_get(6)?,
-                    created_at: r.try_get(7)?,
-                    blocked_behind: r.try_get(8)?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(|e| store_error("dead letters: decoding", e))
-    }
-
-    async fn dead_letter_requeue(&self, params: RequeueParams) -> Result<u64, StoreError> {
-        let q = match &params.event_ids {
-            Some(ids) => sqlx::query(self.q(&self.sql.dead_requeue_some)).bind(ids.clone()),
-            None => sqlx::query(self.q(&self.sql.dead_requeue_all)),
-        };
-        let n = q
-            .execute(&self.pool)
-            .await
-            .map_err(self.err(Component::Operator, "requeue"))?
-            .rows_affected();
-        if n > 0 {
-            // Wake relays so requeued events (and the ones parked behind them) move at once.
-            let _ = sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(self.config.schema.wakeup_channel())
-                .bind(RESCAN)
-                .execute(&self.pool)
-                .await;
-        }
-        Ok(n)
     }
 
     async fn wait_for_work(&self, timeout: Duration) {

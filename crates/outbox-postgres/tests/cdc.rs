@@ -551,8 +551,9 @@ mod relay {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use outbox_core::PublishErrorKind;
+    use outbox_core::operator::DeadLetterOps as _;
     use outbox_core::relay::{Relay, RelayConfig};
-    use outbox_core::{OutboxStore as _, PublishErrorKind, RequeueParams};
     use outbox_postgres::OnPublish;
     use outbox_postgres::cdc::{CdcEvent, CdcFeed, CdcStream};
     use outbox_testkit::fakes::FakeTransport;
@@ -786,7 +787,11 @@ mod relay {
         assert_eq!(db.count("aggregate_id = 'b'").await, 3);
         let store = Arc::new(db.store());
         store
-            .dead_letter_requeue(RequeueParams { event_ids: None })
+            .requeue_dead_letters(
+                &outbox_core::operator::DeadLetterSelection::All,
+                &outbox_core::operator::Actor::new("test", "test").unwrap(),
+                "test",
+            )
             .await
             .unwrap();
         let mut tx = db.pool.begin().await.unwrap();
@@ -922,7 +927,11 @@ mod relay {
 
         let store = Arc::new(db.store());
         store
-            .dead_letter_requeue(RequeueParams { event_ids: None })
+            .requeue_dead_letters(
+                &outbox_core::operator::DeadLetterSelection::All,
+                &outbox_core::operator::Actor::new("test", "test").unwrap(),
+                "test",
+            )
             .await
             .unwrap();
         // Requeued while no relay runs: the next CDC relay's catch-up delivers them, in order.
@@ -1219,7 +1228,11 @@ mod relay {
 
         let store = db.store();
         store
-            .dead_letter_requeue(RequeueParams { event_ids: None })
+            .requeue_dead_letters(
+                &outbox_core::operator::DeadLetterSelection::All,
+                &outbox_core::operator::Actor::new("test", "test").unwrap(),
+                "test",
+            )
             .await
             .unwrap();
         run_until(&db, &config, &transport, |t| t.acked_for("b").len() >= 5).await;

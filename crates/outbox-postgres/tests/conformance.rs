@@ -203,58 +203,44 @@ impl StoreFixture for PgFixture {
     }
 
     async fn consumer_dead_letters(&self, consumer: &str) -> Vec<ConsumerDeadLetter> {
-        let mut all = outbox_postgres::consumer_dead_letter_list(
-            &self.db.pool,
-            &self.db.schema,
-            Some(consumer),
-            i64::MAX,
-        )
-        .await
-        .expect("list dead letters");
-        // The operator list hides resolved letters; the suites want every state.
-        let resolved: Vec<i64> = sqlx::query_scalar(self.sql(
-            "SELECT id FROM {s}.consumer_dead_letters WHERE consumer_name = $1 AND state = 'resolved'",
+        // Every state (the operator's list hides resolved letters).
+        sqlx::query(self.sql(
+            "SELECT id, consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, \
+             event_type, error, attempts, state, created_at FROM {s}.consumer_dead_letters \
+             WHERE consumer_name = $1 ORDER BY id",
         ))
         .bind(consumer)
         .fetch_all(&self.db.pool)
         .await
-        .expect("resolved dead letters");
-        for id in resolved {
-            let row = sqlx::query(self.sql(
-                "SELECT consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, \
-                 event_type, error, attempts, state, created_at FROM {s}.consumer_dead_letters WHERE id = $1",
-            ))
-            .bind(id)
-            .fetch_one(&self.db.pool)
-            .await
-            .expect("dead letter");
-            all.push(ConsumerDeadLetter {
-                id,
-                consumer_name: row.get(0),
-                event_id: row.get(1),
-                aggregate_type: row.get(2),
-                aggregate_id: row.get(3),
-                aggregate_version: row.get(4),
-                event_type: row.get(5),
-                error: row.get(6),
-                attempts: row.get(7),
-                state: row.get(8),
-                created_at: row.get(9),
-            });
-        }
-        all.sort_by_key(|d| d.id);
-        all
+        .expect("dead letters")
+        .iter()
+        .map(|row| ConsumerDeadLetter {
+            id: row.get(0),
+            consumer_name: row.get(1),
+            event_id: row.get(2),
+            aggregate_type: row.get(3),
+            aggregate_id: row.get(4),
+            aggregate_version: row.get(5),
+            event_type: row.get(6),
+            error: row.get(7),
+            attempts: row.get(8),
+            state: row.get(9),
+            created_at: row.get(10),
+        })
+        .collect()
     }
 
     async fn requeue_consumer_dead_letters(&self, consumer: &str) -> u64 {
-        outbox_postgres::consumer_dead_letter_requeue(
-            &self.db.pool,
-            &self.db.schema,
-            Some(consumer),
-            None,
-        )
-        .await
-        .expect("requeue")
+        let which = outbox_core::operator::ConsumerSelection {
+            consumer: Some(consumer.to_owned()),
+            ..Default::default()
+        };
+        let actor = outbox_core::operator::Actor::new("suite", "test").expect("actor");
+        self.db
+            .store()
+            .requeue_consumer_dead_letters(&which, &actor, "suite")
+            .await
+            .expect("requeue")
     }
 
     async fn set_consumer_paused(&self, consumer: &str, paused: bool) {

@@ -19,11 +19,10 @@ use outbox_core::consumer::{ConsumerConfig, Handler, HandlerError, InboxStore, O
 use outbox_core::effect::{Executor, ExecutorConfig, WorkItemStore as _};
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::operator::prelude::*;
-use outbox_core::operator::{Actor, DeadLetterSelection, OperatorErrorKind};
+use outbox_core::operator::{Actor, ConsumerSelection, DeadLetterSelection, OperatorErrorKind};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{
-    ClaimParams, Fingerprint, IncomingEvent, OutboxStore, PublishErrorKind, RequeueParams,
-    StoreErrorKind,
+    ClaimParams, Fingerprint, IncomingEvent, OutboxStore, PublishErrorKind, StoreErrorKind,
 };
 use outbox_postgres::roles::{Component, RoleName, RolePlan, RolesError, check_privileges};
 use outbox_postgres::{
@@ -823,10 +822,17 @@ async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
 
     // The operator requeues the dead letter; the consumer applies it under its own role.
     let operator = env.pool(Component::Operator).await;
-    let n =
-        outbox_postgres::consumer_dead_letter_requeue(&operator, &env.schema, Some("ledger"), None)
-            .await
-            .unwrap();
+    let n = store(&operator, &env.schema)
+        .requeue_consumer_dead_letters(
+            &ConsumerSelection {
+                consumer: Some("ledger".into()),
+                ..Default::default()
+            },
+            &Actor::new("alice", "test").unwrap(),
+            "healed",
+        )
+        .await
+        .unwrap();
     assert_eq!(n, 1);
     heal.store(true, Ordering::SeqCst);
     assert_eq!(consumer.process_requeued().await.unwrap(), 1);
@@ -1023,10 +1029,14 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     // The reader's writes are refused, each saying which grants it needs.
     let reader_role = env.role(Component::Reader);
     let e = reader_store
-        .dead_letter_requeue(RequeueParams { event_ids: None })
+        .requeue_dead_letters(
+            &DeadLetterSelection::All,
+            &Actor::new("reader", "test").unwrap(),
+            "test",
+        )
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::PermissionDenied, "{e}");
+    assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
     assert!(
         e.to_string()
             .contains(&format!("role `{reader_role}` needs the operator grants")),
@@ -1042,7 +1052,11 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     // The operator's are not.
     let operator = env.pool(Component::Operator).await;
     let n = store(&operator, &env.schema)
-        .dead_letter_requeue(RequeueParams { event_ids: None })
+        .requeue_dead_letters(
+            &DeadLetterSelection::All,
+            &Actor::new("operator", "test").unwrap(),
+            "test",
+        )
         .await
         .unwrap();
     assert_eq!(n, 1);
@@ -1080,7 +1094,10 @@ async fn the_reader_reads_and_only_the_operator_writes() {
             .state,
         "dead"
     );
-    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 0);
+    // The reader reads the audit: one record, the operator's requeue above.
+    let audit = as_reader.audit(None, 10).await.unwrap();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0].action, "requeue dead letters");
     let e = as_reader.dead_letter(dead).await.unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
     assert!(e.message.contains("needs the operator grants"), "{e}");
@@ -1098,7 +1115,8 @@ async fn the_reader_reads_and_only_the_operator_writes() {
         .unwrap();
     assert_eq!(d.discarded, 1);
     let audit = as_reader.audit(None, 10).await.unwrap();
-    assert_eq!(audit.len(), 1);
+    assert_eq!(audit.len(), 2, "the requeue and the discard");
+    assert_eq!(audit[0].action, "discard dead letters");
     assert_eq!(audit[0].db_role, env.role(Component::Operator).as_str());
     assert_eq!(
         (audit[0].actor.as_str(), audit[0].via.as_str()),
@@ -1203,7 +1221,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
             .unwrap()
             .is_empty()
     );
-    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 8);
+    assert_eq!(as_reader.audit(None, 10).await.unwrap().len(), 9);
     env.cleanup().await;
 }
 

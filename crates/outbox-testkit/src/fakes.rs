@@ -19,11 +19,10 @@ use outbox_core::effect::{
     ClaimedWorkItem, EffectsStats, WorkItemClaimParams, WorkItemRecordParams, WorkItemStore,
 };
 use outbox_core::{
-    CallOutcome, ClaimParams, ClaimedBatch, DeadLetter, DeadLetterListParams, DecodeError,
-    EventIdentity, FailureParams, Fingerprint, IncomingEvent, LookupOutcome, MarkParams,
-    OutboxMessage, OutboxStats, OutboxStore, Payload, PublishError, PublishErrorKind,
-    PublishReceipt, ReleaseParams, RemoteEffect, RequeueParams, StoreError, StoreErrorKind,
-    Transport, WorkItem, wire,
+    CallOutcome, ClaimParams, ClaimedBatch, DecodeError, EventIdentity, FailureParams, Fingerprint,
+    IncomingEvent, LookupOutcome, MarkParams, OutboxMessage, OutboxStats, OutboxStore, Payload,
+    PublishError, PublishErrorKind, PublishReceipt, ReleaseParams, RemoteEffect, StoreError,
+    StoreErrorKind, Transport, WorkItem, wire,
 };
 use uuid::Uuid;
 
@@ -748,17 +747,6 @@ impl<S: OutboxStore> OutboxStore for FaultyStore<S> {
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         self.check("stats")?;
         self.inner.stats().await
-    }
-    async fn dead_letter_list(
-        &self,
-        p: DeadLetterListParams,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        self.check("dead letters")?;
-        self.inner.dead_letter_list(p).await
-    }
-    async fn dead_letter_requeue(&self, p: RequeueParams) -> Result<u64, StoreError> {
-        self.check("requeue")?;
-        self.inner.dead_letter_requeue(p).await
     }
     async fn wait_for_work(&self, timeout: Duration) {
         self.inner.wait_for_work(timeout).await

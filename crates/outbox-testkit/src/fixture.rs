@@ -10,6 +10,7 @@ use std::time::Duration;
 use outbox_core::consumer::{ConsumerDeadLetter, HandlerError, InboxStore};
 use outbox_core::effect::{NewWorkItem, WorkItemState, WorkItemStore};
 use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::operator::OperatorStore;
 use outbox_core::{NewMessage, OutboxStore, StoreError};
 
 /// A boxed future, for the object-safe parts of a fixture.
@@ -43,7 +44,7 @@ pub struct WorkItemView {
 /// need. Every method panics on an unexpected database error (it is test set-up).
 pub trait StoreFixture: Send + Sync + Sized + 'static {
     /// The store under test.
-    type Store: OutboxStore + InboxStore + WorkItemStore + MaintenanceStore + Clone;
+    type Store: OutboxStore + InboxStore + WorkItemStore + MaintenanceStore + OperatorStore + Clone;
 
     /// A fixture with an empty store of its own (its own schema, database or instance).
     fn new() -> impl Future<Output = Self> + Send;

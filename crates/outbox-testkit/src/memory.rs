@@ -34,10 +34,9 @@ use outbox_core::effect::{
 };
 use outbox_core::maintenance::MaintenanceStore;
 use outbox_core::{
-    ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, EventId,
-    EventIdentity, FailureParams, Fingerprint, IncomingEvent, LeaseToken, MarkParams, NewMessage,
-    OutboxMessage, OutboxStats, OutboxStore, ReleaseParams, RequeueParams, StoreError,
-    StoreErrorKind, Takeover,
+    ClaimParams, ClaimScope, ClaimedBatch, EventId, EventIdentity, FailureParams, Fingerprint,
+    IncomingEvent, LeaseToken, MarkParams, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    ReleaseParams, StoreError, StoreErrorKind, Takeover,
 };
 use tokio::sync::{Notify, OwnedMutexGuard};
 
@@ -846,60 +845,6 @@ impl OutboxStore for MemoryStore {
             }
         }
         Ok(s)
-    }
-
-    async fn dead_letter_list(
-        &self,
-        p: DeadLetterListParams,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        let o = lock(&self.inner.outbox);
-        Ok(o.rows
-            .values()
-            .filter(|r| r.state == RowState::Dead)
-            .take(usize::try_from(p.limit).unwrap_or(0))
-            .map(|r| DeadLetter {
-                event_id: r.msg.event_id,
-                aggregate_type: r.msg.aggregate_type.clone(),
-                aggregate_id: r.msg.aggregate_id.clone(),
-                aggregate_version: r.msg.aggregate_version,
-                event_type: r.msg.event_type.clone(),
-                attempts: r.msg.attempts,
-                last_error: r.last_error.clone(),
-                created_at: r.msg.created_at,
-                blocked_behind: o
-                    .rows
-                    .values()
-                    .filter(|b| {
-                        b.state == RowState::Pending
-                            && b.msg.aggregate_type == r.msg.aggregate_type
-                            && b.msg.aggregate_id == r.msg.aggregate_id
-                            && b.msg.aggregate_version > r.msg.aggregate_version
-                    })
-                    .count() as i64,
-            })
-            .collect())
-    }
-
-    async fn dead_letter_requeue(&self, p: RequeueParams) -> Result<u64, StoreError> {
-        let mut o = lock(&self.inner.outbox);
-        let mut n = 0;
-        for r in o.rows.values_mut() {
-            let chosen = p
-                .event_ids
-                .as_ref()
-                .is_none_or(|ids| ids.contains(&r.msg.event_id));
-            if r.state == RowState::Dead && chosen {
-                r.state = RowState::Pending;
-                r.msg.attempts = 0;
-                r.available_at = Utc::now();
-                n += 1;
-            }
-        }
-        drop(o);
-        if n > 0 {
-            self.inner.wake.notify_waiters();
-        }
-        Ok(n)
     }
 
     async fn wait_for_work(&self, timeout: Duration) {

@@ -19,9 +19,10 @@ use outbox_core::effect::{
     WorkItemStore, WorkItemUpdate,
 };
 use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::operator::{Actor, DeadLetterFilter, DeadLetterOps as _, DeadLetterSelection};
 use outbox_core::{
-    ClaimParams, ClaimScope, DeadLetterListParams, EventIdentity, FailureParams, IncomingEvent,
-    MarkParams, NewMessage, OutboxStore, Payload, ReleaseParams, RequeueParams,
+    ClaimParams, ClaimScope, EventIdentity, FailureParams, IncomingEvent, MarkParams, NewMessage,
+    OutboxStore, Payload, ReleaseParams,
 };
 use uuid::Uuid;
 
@@ -429,7 +430,7 @@ pub async fn dead_letters_and_backoff_park_only_their_aggregate<F: StoreFixture>
         .await
         .unwrap();
     let dead = store
-        .dead_letter_list(DeadLetterListParams { limit: 10 })
+        .dead_letters(&DeadLetterFilter::default(), 10)
         .await
         .unwrap();
     assert_eq!(dead.len(), 1);
@@ -440,9 +441,11 @@ pub async fn dead_letters_and_backoff_park_only_their_aggregate<F: StoreFixture>
     assert_eq!((stats.dead, stats.pending), (1, 1));
 
     let n = store
-        .dead_letter_requeue(RequeueParams {
-            event_ids: Some(vec![dead[0].event_id]),
-        })
+        .requeue_dead_letters(
+            &DeadLetterSelection::Ids(vec![dead[0].event_id]),
+            &Actor::new("suite", "test").unwrap(),
+            "store suite",
+        )
         .await
         .unwrap();
     assert_eq!(n, 1);

@@ -378,17 +378,19 @@ impl Env {
 
     /// Open consumer dead letters `(event_id, error)` of `consumer`.
     pub async fn dead_letters(&self, consumer: &str) -> Vec<(Option<Uuid>, String)> {
-        outbox_postgres::consumer_dead_letter_list(
-            &self.db.pool,
-            &self.db.schema,
-            Some(consumer),
-            1000,
-        )
-        .await
-        .expect("dead letters")
-        .into_iter()
-        .map(|d| (d.event_id, d.error))
-        .collect()
+        use outbox_core::operator::DeadLetterOps as _;
+        let which = outbox_core::operator::ConsumerSelection {
+            consumer: Some(consumer.to_owned()),
+            ..Default::default()
+        };
+        self.db
+            .store()
+            .consumer_dead_letters(&which, 1000)
+            .await
+            .expect("dead letters")
+            .into_iter()
+            .map(|d| (d.dead_letter.event_id, d.dead_letter.error))
+            .collect()
     }
 
     pub async fn cleanup(self) {
