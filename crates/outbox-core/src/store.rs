@@ -247,6 +247,13 @@ pub struct OutboxStats {
 ///   returned in the same batch before it, and its aggregate has no live lease held by another
 ///   claim. Dead letters block their aggregate.
 /// * Rows in backoff (`retry_after` not yet elapsed) are not returned.
+/// * A row whose route is paused ([`crate::operator::PauseOps`], [`crate::operator::route_key`])
+///   is not returned, and its aggregate's later rows wait behind it whatever their route; a
+///   run stops before its first paused row. The store reads the pauses inside the claim itself,
+///   not from [`ClaimParams`]: a pause committed before the claim holds from that claim on, with
+///   no window between a relay reading the pauses and claiming. A relay that streams the log
+///   instead of claiming cannot hold a route back, and the operator contract refuses a route
+///   pause while one runs.
 /// * Concurrent claims from several relays never return the same aggregate twice while a lease
 ///   is live.
 /// * A claim that takes an aggregate over from an expired, unsettled lease reports it in

@@ -2058,7 +2058,6 @@ macro_rules! operator_suite {
             consumer_dead_letters_are_listed_grouped_requeued_and_discarded,
             conflicts_are_listed_resolved_and_reopened,
             work_items_are_counted_listed_resolved_and_reconciled,
-            a_paused_route_is_not_claimed_and_holds_its_aggregates,
             pauses_are_checked_and_a_paused_consumer_shows_everywhere,
             the_audit_lists_newest_first_and_pages_with_before,
             traces_show_an_event_and_an_aggregate_everywhere,

@@ -28,6 +28,9 @@ use uuid::Uuid;
 
 use crate::fakes::{decode_wire, event_message, wire_message};
 use crate::fixture::StoreFixture;
+/// A paused route holds its rows and their aggregates back from claims (the claim contract's
+/// pause rule), and a resume hands them out again; paused by the operator contract.
+pub use crate::operator::a_paused_route_is_not_claimed_and_holds_its_aggregates;
 
 /// A `payment` event of aggregate `agg` at `version` with an empty JSON object.
 pub fn msg(agg: &str, version: i64) -> NewMessage {
@@ -1205,6 +1208,7 @@ macro_rules! store_suite {
             takeovers_are_counted_per_head_and_end_with_a_settled_claim,
             solo_takeovers_hand_out_one_expired_head_at_a_time,
             dead_letters_and_backoff_park_only_their_aggregate,
+            a_paused_route_is_not_claimed_and_holds_its_aggregates,
             a_late_commit_is_claimed_after_later_ones,
             a_claimed_row_is_what_the_producer_wrote,
             inbox_absorbs_duplicates_and_records_conflicts,
