@@ -34,26 +34,13 @@ use outbox_core::consumer::{
 use outbox_core::{IncomingEvent, StoreError};
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-use crate::roles::Component;
+use crate::permission::Component;
 use crate::store::PgStore;
 
 /// The core's consumer engine on PostgreSQL: handlers receive the inbox transaction's
 /// `sqlx::PgConnection`.
 pub type PgConsumer<Src, H> = Consumer<PgStore, Src, H>;
 
-pub(crate) const INSERT_DEAD: &str = "INSERT INTO {s}.consumer_dead_letters (consumer_name, \
-    event_id, aggregate_type, aggregate_id, aggregate_version, event_type, content_type, payload, \
-    headers, error, attempts, header_names, header_values, content_type_bytes, broker_metadata) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15::jsonb)";
-pub(crate) const TAKE_REQUEUED: &str = "SELECT id, payload, headers::text, content_type, attempts, \
-    header_names, header_values, content_type_bytes, broker_metadata::text \
-    FROM {s}.consumer_dead_letters WHERE consumer_name = $1 AND state = 'requeued' \
-    ORDER BY updated_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-pub(crate) const SETTLE_REQUEUED: &str = "UPDATE {s}.consumer_dead_letters SET state = $2, \
-    error = coalesce($3, error), attempts = attempts + 1, updated_at = now() \
-    WHERE id = $1 AND state = 'requeued'";
-pub(crate) const COUNT_DEAD: &str = "SELECT count(*) FROM {s}.consumer_dead_letters \
-    WHERE consumer_name = $1 AND state <> 'resolved'";
 /// Text for a readable column: PostgreSQL's text and jsonb cannot hold NUL, so NUL (only ever
 /// in hostile or broken messages) shows as U+FFFD. The bytes are kept in the byte columns.
 fn readable(s: &str) -> String {

@@ -32,7 +32,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 use tracing::warn;
 
 use crate::error::store_error;
-use crate::roles::{Component, PermissionDenied, pool_role};
+use crate::permission::{Component, PermissionDenied, pool_role};
 use crate::schema::Schema;
 use crate::store::PgStore;
 

@@ -2,7 +2,7 @@
 
 use outbox_core::{EventId, MessageError, StoreError, StoreErrorKind};
 
-use crate::roles::{Component, PermissionDenied};
+use crate::permission::{Component, PermissionDenied};
 
 /// Why [`crate::PgOutbox::enqueue`] failed. The caller's transaction should be rolled back on
 /// any of these (PostgreSQL aborts it anyway after a failed statement).

@@ -44,6 +44,7 @@ pub mod heartbeat;
 mod inbox;
 pub mod maintenance;
 pub mod migrate;
+mod permission;
 mod producer;
 pub mod relay;
 pub mod roles;

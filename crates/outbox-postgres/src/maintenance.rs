@@ -33,7 +33,7 @@ use outbox_core::maintenance::MaintenanceStore;
 use sqlx::PgConnection;
 
 use crate::error::store_error;
-use crate::roles::Component;
+use crate::permission::Component;
 use crate::store::PgStore;
 
 const ELECT: &str =

@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 
 use crate::error::MigrateError;
-use crate::roles::{Component, PermissionDenied};
+use crate::permission::{Component, PermissionDenied};
 use crate::schema::Schema;
 use crate::sql::MARK_MODE_INDEXES;
 

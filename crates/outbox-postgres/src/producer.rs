@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::error::{EnqueueError, IdempotencyError};
-use crate::roles::{Component, PermissionDenied};
+use crate::permission::{Component, PermissionDenied};
 use crate::schema::Schema;
 use crate::sql::Sql;
 

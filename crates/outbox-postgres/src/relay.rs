@@ -51,7 +51,8 @@ use tracing::{info, warn};
 
 use crate::cdc::{self, CdcConfig, CdcError, CdcFeed};
 use crate::heartbeat::{Heartbeat, InstanceKind, InvalidName};
-use crate::roles::{Component, RolesError, check_privileges};
+use crate::permission::Component;
+use crate::roles::{RolesError, check_privileges};
 use crate::session::{self, PgSession, SessionConfig};
 use crate::{ClaimWindow, OnPublish, PgStore};
 

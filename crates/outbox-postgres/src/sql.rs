@@ -322,6 +322,28 @@ fn stats(mark: bool) -> String {
         .replace("{scope}", scope)
 }
 
+/// A consumer dead letter, with the message as received (`crate::consumer`).
+const INSERT_DEAD: &str = "INSERT INTO {s}.consumer_dead_letters (consumer_name, \
+    event_id, aggregate_type, aggregate_id, aggregate_version, event_type, content_type, payload, \
+    headers, error, attempts, header_names, header_values, content_type_bytes, broker_metadata) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15::jsonb)";
+/// Requeued consumer dead letters of consumer `$1`, for its engine to apply again.
+const TAKE_REQUEUED: &str = "SELECT id, payload, headers::text, content_type, attempts, \
+    header_names, header_values, content_type_bytes, broker_metadata::text \
+    FROM {s}.consumer_dead_letters WHERE consumer_name = $1 AND state = 'requeued' \
+    ORDER BY updated_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+/// A requeued consumer dead letter settled (`$2`: its new state).
+const SETTLE_REQUEUED: &str = "UPDATE {s}.consumer_dead_letters SET state = $2, \
+    error = coalesce($3, error), attempts = attempts + 1, updated_at = now() \
+    WHERE id = $1 AND state = 'requeued'";
+/// Open consumer dead letters of consumer `$1`.
+const COUNT_DEAD: &str = "SELECT count(*) FROM {s}.consumer_dead_letters \
+    WHERE consumer_name = $1 AND state <> 'resolved'";
+
+/// Whether the consumer `$1` is paused (what its engine asks, `crate::consumer`; paused through the operator contract, `crate::admin`).
+const CONSUMER_PAUSED: &str =
+    "SELECT EXISTS (SELECT 1 FROM {s}.pauses WHERE kind = 'consumer' AND name = $1)";
+
 /// Whether the route of the events row `e` is paused (migration 10): the route's key as the
 /// `pauses` and `activity` tables write it, looked up by the primary key of `pauses` (one
 /// index probe per row; the table holds a handful of rows).
@@ -446,11 +468,11 @@ impl Sql {
             inbox_purge: r(INBOX_PURGE),
             work_item_purge: r(WORK_ITEM_PURGE),
             published_purge: r(PUBLISHED_PURGE),
-            insert_dead: r(crate::consumer::INSERT_DEAD),
-            take_requeued: r(crate::consumer::TAKE_REQUEUED),
-            settle_requeued: r(crate::consumer::SETTLE_REQUEUED),
-            count_dead: r(crate::consumer::COUNT_DEAD),
-            consumer_paused: r(crate::admin::CONSUMER_PAUSED),
+            insert_dead: r(INSERT_DEAD),
+            take_requeued: r(TAKE_REQUEUED),
+            settle_requeued: r(SETTLE_REQUEUED),
+            count_dead: r(COUNT_DEAD),
+            consumer_paused: r(CONSUMER_PAUSED),
             next_id: r("SELECT coalesce(max(id), 0) + 1 FROM {s}.events"),
         }
     }

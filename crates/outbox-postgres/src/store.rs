@@ -25,7 +25,7 @@ use uuid::Uuid;
 use crate::effects::PgEffects;
 use crate::error::{store_error, store_error_as};
 use crate::inbox::PgInbox;
-use crate::roles::{Component, pool_role};
+use crate::permission::{Component, pool_role};
 use crate::schema::{RESCAN, Schema, TAKEOVER};
 use crate::session::PgSession;
 use crate::sql::Sql;

@@ -40,10 +40,8 @@ mod work_items;
 use outbox_core::operator::{Actor, OperatorError, OperatorErrorKind, log_action};
 use sqlx::{PgConnection, Postgres, Transaction};
 
-pub(crate) use pauses::CONSUMER_PAUSED;
-
 use crate::effects::EffectsError;
-use crate::roles::{Component, PermissionDenied, pool_role};
+use crate::permission::{Component, PermissionDenied, pool_role};
 use crate::store::PgStore;
 
 /// The operator error of a database failure in `operation`, classed by its SQLSTATE.

@@ -29,10 +29,6 @@ pub(super) const INSERT: &str = "INSERT INTO {s}.pauses (kind, name, audit_id) \
 /// Resumes `$1`/`$2`.
 pub(super) const DELETE: &str = "DELETE FROM {s}.pauses WHERE kind = $1 AND name = $2";
 
-/// Whether the consumer `$1` is paused (what its engine asks, `crate::consumer`).
-pub(crate) const CONSUMER_PAUSED: &str =
-    "SELECT EXISTS (SELECT 1 FROM {s}.pauses WHERE kind = 'consumer' AND name = $1)";
-
 fn pause(r: &PgRow) -> Result<Pause, sqlx::Error> {
     Ok(Pause {
         kind: r.try_get(0)?,

@@ -10,7 +10,7 @@ use outbox_core::operator::{
 use sqlx::AssertSqlSafe;
 
 use super::effects_err;
-use crate::roles::pool_role;
+use crate::permission::pool_role;
 use crate::store::PgStore;
 
 /// A work item's state.
