@@ -56,6 +56,7 @@ pub mod amqp;
 pub mod engines;
 pub mod env;
 pub mod fakes;
+pub mod feed;
 pub mod fixture;
 pub mod fuzz;
 pub mod harness;

@@ -1,0 +1,234 @@
+//! The feed suite (`outbox_testkit::feed`) on PostgreSQL's two feeds against the real server:
+//! the polling feed over [`PgStore`] and the CDC feed over a logical replication slot. Both
+//! are held to the rules the publish engine relies on; the memory store's polling feed runs the
+//! same cases.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{TestDb, database_url};
+use outbox_core::operator::{Actor, DeadLetterOps as _, DeadLetterSelection};
+use outbox_core::relay::PollingFeed;
+use outbox_core::{NewMessage, OutboxStore as _};
+use outbox_postgres::cdc::{CdcConfig, CdcFeed, create_slot, ensure_publication, remove};
+use outbox_postgres::{OnPublish, PgStore};
+use outbox_testkit::feed::FeedFixture;
+use outbox_testkit::fixture::{BoxFuture, HeldProducer};
+use sqlx::{Postgres, Transaction};
+
+struct HeldPg(Transaction<'static, Postgres>);
+
+impl HeldProducer for HeldPg {
+    fn commit(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.0.commit().await.expect("held producer commits") })
+    }
+}
+
+/// What both fixtures share: a fresh schema and its store.
+struct Outbox {
+    db: TestDb,
+    store: PgStore,
+}
+
+impl Outbox {
+    async fn new() -> Self {
+        let db = TestDb::new().await;
+        let store = db.store();
+        Self { db, store }
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) {
+        self.db
+            .outbox
+            .enqueue_batch(&self.db.pool, &messages)
+            .await
+            .expect("enqueue");
+    }
+
+    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+        let mut tx = self.db.pool.begin().await.expect("begin");
+        self.db
+            .outbox
+            .enqueue_batch(&mut *tx, &messages)
+            .await
+            .expect("enqueue");
+        Box::new(HeldPg(tx))
+    }
+
+    async fn unpublished(&self) -> usize {
+        let s = self.store.stats().await.expect("stats");
+        usize::try_from(s.pending + s.dead).expect("counts")
+    }
+
+    async fn requeue_all(&self) -> u64 {
+        self.store
+            .requeue_dead_letters(
+                &DeadLetterSelection::All,
+                &Actor::new("suite", "test").expect("actor"),
+                "feed suite",
+            )
+            .await
+            .expect("requeue")
+    }
+}
+
+/// The polling feed over the store.
+struct Polling {
+    outbox: Outbox,
+    feed: Arc<PollingFeed<PgStore>>,
+}
+
+impl FeedFixture for Polling {
+    type Feed = PollingFeed<PgStore>;
+
+    async fn new() -> Self {
+        let outbox = Outbox::new().await;
+        let feed = Arc::new(PollingFeed::new(
+            Arc::new(outbox.store.clone()),
+            100,
+            Duration::from_secs(30),
+        ));
+        Self { outbox, feed }
+    }
+
+    fn feed(&self) -> Arc<Self::Feed> {
+        Arc::clone(&self.feed)
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) {
+        self.outbox.enqueue(messages).await;
+    }
+
+    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+        self.outbox.enqueue_held(messages).await
+    }
+
+    async fn unpublished(&self) -> usize {
+        self.outbox.unpublished().await
+    }
+
+    async fn requeue_all(&self) -> u64 {
+        self.outbox.requeue_all().await
+    }
+
+    async fn cleanup(&self) {
+        common::exec(
+            &self.outbox.db.pool,
+            format!("DROP SCHEMA \"{}\" CASCADE", self.outbox.db.schema),
+        )
+        .await;
+    }
+}
+
+/// The CDC feed over a slot of its own (created before anything is written, so the stream
+/// holds every event), removed at the end.
+struct Cdc {
+    outbox: Outbox,
+    feed: Arc<CdcFeed>,
+    slot: String,
+    publication: String,
+    removed: std::sync::atomic::AtomicBool,
+}
+
+/// A failed case's slot is removed too (on a thread of its own: the case's runtime is
+/// unwinding): a slot left behind would pin the server's WAL for good.
+impl Drop for Cdc {
+    fn drop(&mut self) {
+        if self.removed.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let (slot, publication) = (self.slot.clone(), self.publication.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                if let Ok(pool) = sqlx::PgPool::connect(&database_url()).await {
+                    let _ = remove(&pool, &slot, &publication, Duration::from_secs(10)).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+impl FeedFixture for Cdc {
+    type Feed = CdcFeed;
+
+    async fn new() -> Self {
+        let outbox = Outbox::new().await;
+        let (db, config) = (&outbox.db, CdcConfig::default());
+        let slot = config.slot_name(&db.schema);
+        let publication = config.publication_name(&db.schema);
+        ensure_publication(&db.pool, &db.schema, &publication)
+            .await
+            .expect("publication");
+        create_slot(&db.pool, &slot)
+            .await
+            .expect("slot (wal_level = logical: .ci/services sets it)");
+        let feed = Arc::new(
+            CdcFeed::new(
+                &database_url(),
+                db.pool.clone(),
+                db.schema.clone(),
+                config,
+                OnPublish::Delete,
+            )
+            .with_catch_up_claims(100, Duration::from_secs(30)),
+        );
+        Self {
+            outbox,
+            feed,
+            slot,
+            publication,
+            removed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn feed(&self) -> Arc<Self::Feed> {
+        Arc::clone(&self.feed)
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) {
+        self.outbox.enqueue(messages).await;
+    }
+
+    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+        self.outbox.enqueue_held(messages).await
+    }
+
+    async fn unpublished(&self) -> usize {
+        self.outbox.unpublished().await
+    }
+
+    async fn requeue_all(&self) -> u64 {
+        self.outbox.requeue_all().await
+    }
+
+    async fn cleanup(&self) {
+        let _ = self.feed.shutdown().await;
+        let db = &self.outbox.db;
+        remove(
+            &db.pool,
+            &self.slot,
+            &self.publication,
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("remove the slot and the publication");
+        self.removed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        common::exec(&db.pool, format!("DROP SCHEMA \"{}\" CASCADE", db.schema)).await;
+    }
+}
+
+mod polling {
+    outbox_testkit::feed_suite!(super::Polling);
+}
+
+mod cdc {
+    outbox_testkit::feed_suite!(super::Cdc);
+}
