@@ -442,10 +442,8 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
             mode,
             create_slot,
         } => {
-            let mut store = outbox_postgres::PgStore::new(pool, store_config);
-            if file.relay.claim_window {
-                store = store.with_claim_window(outbox_postgres::ClaimWindow::default());
-            }
+            // The claim window, the live session and the checks: `commands::relay` (PgRelay).
+            let store = outbox_postgres::PgStore::new(pool, store_config);
             let broker_url = broker_url(&resolved)?;
             let run = commands::RelayRun {
                 brokers: &brokers,

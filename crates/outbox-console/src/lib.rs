@@ -408,7 +408,8 @@ impl From<OperatorError> for ApiError {
             OperatorErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             OperatorErrorKind::NotFound => StatusCode::NOT_FOUND,
             OperatorErrorKind::Refused => StatusCode::CONFLICT,
-            OperatorErrorKind::Other => StatusCode::INTERNAL_SERVER_ERROR,
+            // `Other`, and any class a later release adds.
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(status, e.to_string())
     }

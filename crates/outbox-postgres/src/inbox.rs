@@ -367,7 +367,7 @@ impl PgInbox {
     }
 
     /// Number of open conflicts: recorded and not resolved by an operator (the overview's
-    /// count; `Admin::resolve_conflicts`).
+    /// count; `ConflictOps::resolve_conflicts`).
     ///
     /// # Errors
     /// [`sqlx::Error`].

@@ -26,9 +26,11 @@
 //! mode, the publication of the outbox table exists and the slot exists (or is created when
 //! [`CdcRelayOptions::create_slot`]).
 //!
-//! **While it runs**: with a live session ([`PgRelay::with_live_session`], the default), its
-//! pool is rebuilt over connections that the server ends when the relay is cut off
-//! ([`session::relay_connect_options`]) and every claim is tied to the session
+//! **While it runs**: with a live session ([`PgRelay::with_live_session`], the default), the
+//! relay claims over a pool of its own, opened with the given pool's connect options and size
+//! plus the server-side timeouts that end its connections when it is cut off
+//! ([`session::relay_connect_options`]); the given pool is left as it is (a service may share
+//! it with its producers), and the store's settings are kept. Every claim is tied to the session
 //! ([`PgSession`]); one relay per schema is elected to delete leases that expired
 //! [`PgRelay::with_lease_reaper`] ago (crashed relays'); a heartbeat (`instances`, name
 //! `polling` or `cdc`) carries the relay's publishes per route and its health. A CDC relay also
@@ -94,22 +96,22 @@ pub struct CdcRelayOptions {
 #[non_exhaustive]
 pub enum RelayError {
     /// The database is unreachable, or the schema is missing or at another version.
-    #[error("cannot start the relay: {0}")]
+    #[error("cannot start the relay")]
     Store(#[source] StoreError),
-    /// The pool's role lacks grants the relay needs (the message names each).
-    #[error("cannot start the relay: {0}")]
+    /// The pool's role lacks grants the relay needs (the source names each).
+    #[error("cannot start the relay")]
     Privileges(#[from] RolesError),
     /// A setting is invalid.
-    #[error("invalid relay configuration: {0}")]
+    #[error("invalid relay configuration")]
     Config(#[from] ConfigError),
     /// The live session could not be started.
-    #[error("cannot start the relay's database session: {0}")]
+    #[error("cannot start the relay's database session")]
     Session(#[source] StoreError),
-    /// The relay's pool could not be rebuilt for its live session.
-    #[error("cannot start the relay: {0}")]
+    /// The relay's pool for its live session could not be opened.
+    #[error("cannot start the relay")]
     Database(#[from] sqlx::Error),
     /// The heartbeat's name was refused.
-    #[error("cannot start the relay: {0}")]
+    #[error("cannot start the relay")]
     Heartbeat(#[from] InvalidName),
     /// CDC: the publication of the outbox table does not exist.
     #[error(
@@ -133,8 +135,11 @@ pub enum RelayError {
         /// The slot's name.
         slot: String,
     },
-    /// CDC: the slot or the stream failed (creating the slot, reading its state).
-    #[error("CDC relay: {0}")]
+    /// CDC: the slot could not be created.
+    #[error("cannot create the CDC relay's slot")]
+    CreateSlot(#[source] CdcError),
+    /// CDC: the publication or the slot could not be read.
+    #[error("cannot start the CDC relay")]
     Cdc(#[from] CdcError),
     /// CDC: the slot was dropped or invalidated while the relay ran; it stopped.
     #[error(
@@ -150,6 +155,8 @@ pub enum RelayError {
 /// A relay over a [`PgStore`], ready to [`run`](Self::run) (see the module docs).
 #[derive(Debug)]
 pub struct PgRelay {
+    /// Whether [`PgRelay::check`] passed: [`PgRelay::run`] does not make the checks again.
+    checked: std::sync::atomic::AtomicBool,
     store: PgStore,
     config: RelayConfig,
     mode: RelayMode,
@@ -163,6 +170,7 @@ impl PgRelay {
     /// window, and the lease reaper at [`LEASE_REAP_AFTER`].
     pub fn new(store: PgStore, config: RelayConfig, mode: RelayMode) -> Self {
         Self {
+            checked: std::sync::atomic::AtomicBool::new(false),
             store,
             config,
             mode,
@@ -181,7 +189,8 @@ impl PgRelay {
         self
     }
 
-    /// Claims through the claim window ([`ClaimWindow`], polling mode).
+    /// Claims through the claim window ([`ClaimWindow`], polling mode); the store's own
+    /// setting is kept when this is off.
     #[must_use]
     pub fn with_claim_window(mut self, on: bool) -> Self {
         self.claim_window = on;
@@ -212,11 +221,15 @@ impl PgRelay {
         if let RelayMode::Cdc(options) = &self.mode {
             check_slot(store, options).await?;
         }
+        self.checked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// Runs the relay until `shutdown` is cancelled (see the module docs), after
-    /// [`check`](Self::check).
+    /// [`check`](Self::check) unless it passed already. `shutdown` itself is only watched: a
+    /// relay that stops on its own (an invalid configuration, a lost slot) returns its error
+    /// and cancels nothing the caller shares with other work.
     ///
     /// # Errors
     /// What [`check`](Self::check) returns; [`RelayError::Session`] or
@@ -228,7 +241,12 @@ impl PgRelay {
         transport: Arc<T>,
         shutdown: CancellationToken,
     ) -> Result<(), RelayError> {
-        self.check().await?;
+        if !self.checked.load(std::sync::atomic::Ordering::Relaxed) {
+            self.check().await?;
+        }
+        // The relay's own stop: the caller's token stops it, and a relay that stops on its
+        // own stops its helpers, not the caller's other work.
+        let shutdown = shutdown.child_token();
         let (store, session) = match self.session {
             Some(config) => live_session(self.store, config).await?,
             None => (self.store, None),
@@ -361,7 +379,10 @@ async fn check_slot(store: &PgStore, options: &CdcRelayOptions) -> Result<(), Re
         });
     }
     if options.create_slot {
-        if cdc::create_slot(pool, &slot).await? {
+        if cdc::create_slot(pool, &slot)
+            .await
+            .map_err(RelayError::CreateSlot)?
+        {
             info!(%slot, "replication slot created: events committed from now on are streamed");
         }
     } else if cdc::slot_state(pool, &slot).await?.is_none() {
@@ -418,27 +439,27 @@ async fn watch_slot(
     }
 }
 
-/// `store` over a pool whose connections the server ends when the relay is cut off
-/// ([`session::relay_connect_options`]), with its claims tied to a new live session.
+/// `store` over a pool of its own whose connections the server ends when the relay is cut off
+/// ([`session::relay_connect_options`]), with its claims tied to a new live session. The given
+/// pool is left open (its other users keep it).
 async fn live_session(
     store: PgStore,
     config: SessionConfig,
 ) -> Result<(PgStore, Option<PgSession>), RelayError> {
-    let options = session::relay_connect_options(&store.pool().connect_options(), &config);
+    let given = store.pool();
+    let options = session::relay_connect_options(&given.connect_options(), &config);
     let pool = PgPoolOptions::new()
-        .max_connections(store.pool().options().get_max_connections())
-        .acquire_timeout(store.pool().options().get_acquire_timeout())
+        .max_connections(given.options().get_max_connections())
+        .min_connections(given.options().get_min_connections())
+        .acquire_timeout(given.options().get_acquire_timeout())
+        .idle_timeout(given.options().get_idle_timeout())
+        .max_lifetime(given.options().get_max_lifetime())
         .connect_with(options)
         .await?;
-    store.pool().close().await;
-    let session = PgSession::start(
-        &store.pool().connect_options(),
-        store.schema().clone(),
-        config,
-    )
-    .await
-    .map_err(RelayError::Session)?;
-    let store = PgStore::new(pool, store.config().clone()).with_session(session.clone());
+    let session = PgSession::start(&given.connect_options(), store.schema().clone(), config)
+        .await
+        .map_err(RelayError::Session)?;
+    let store = store.over_pool(pool).with_session(session.clone());
     Ok((store, Some(session)))
 }
 

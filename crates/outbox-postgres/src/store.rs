@@ -115,6 +115,17 @@ impl PgStore {
         }
     }
 
+    /// This store over `pool` instead, its settings kept (claim window, ceiling, session); the
+    /// wake-up listener starts anew on the new pool. What the relay does to put its claims on
+    /// connections with its live session's server-side timeouts.
+    pub(crate) fn over_pool(&self, pool: PgPool) -> Self {
+        Self {
+            pool,
+            wakeups: Arc::new(OnceCell::new()),
+            ..self.clone()
+        }
+    }
+
     /// This store's claims tied to `session` ([`crate::session`]): each lease names the
     /// session's owner, another relay takes it over as soon as the session ends (not when the
     /// lease runs out), and the publish engine starts no publish of a batch once its session is

@@ -80,6 +80,17 @@ fn assert_in_order(transport: &FakeTransport, aggregates: usize, versions: i64) 
     }
 }
 
+/// Live sessions registered in the schema (relays whose leases are tied to a session).
+async fn owners(db: &TestDb) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".lease_owners",
+        db.schema
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
 /// The relay's heartbeat row: its name and whether it recorded a clean stop.
 async fn heartbeat(db: &TestDb) -> Vec<(String, bool)> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -97,14 +108,18 @@ async fn a_polling_relay_runs_from_the_library_api_alone() {
     write_events(&db, 20, 5).await;
     let transport = Arc::new(FakeTransport::new());
     let shutdown = CancellationToken::new();
-    let relay = PgRelay::new(
-        own_store(&db.schema).await,
-        relay_config(),
-        RelayMode::Polling,
-    );
+    let store = own_store(&db.schema).await;
+    // A service's pool, shared with its producers: the relay leaves it open.
+    let shared = store.pool().clone();
+    let relay = PgRelay::new(store, relay_config(), RelayMode::Polling);
     relay.check().await.expect("the start-up checks pass");
     let running = tokio::spawn(relay.run(Arc::clone(&transport), shutdown.clone()));
     wait_acked(&transport, 100).await;
+    assert_eq!(
+        owners(&db).await,
+        1,
+        "the relay's live session is registered"
+    );
     // Written while it runs.
     db.outbox.enqueue(&db.pool, &msg("late", 1)).await.unwrap();
     wait_acked(&transport, 101).await;
@@ -117,14 +132,16 @@ async fn a_polling_relay_runs_from_the_library_api_alone() {
     assert_in_order(&transport, 20, 5);
     assert_eq!(db.count("true").await, 0, "delete mode: nothing left");
     assert_eq!(heartbeat(&db).await, vec![("polling".to_owned(), true)]);
-    let leases: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM \"{}\".lease_owners",
-        db.schema
-    )))
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(leases, 0, "the live session resigned at the stop");
+    assert_eq!(
+        owners(&db).await,
+        0,
+        "the live session resigned at the stop"
+    );
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&shared)
+        .await
+        .expect("the service's own pool is still open");
+    assert_eq!(one, 1);
     db.drop().await;
 }
 
@@ -212,6 +229,11 @@ async fn a_cdc_relay_runs_from_the_library_api_alone() {
     write_events(&db, 10, 3).await;
     let running = tokio::spawn(relay.run(Arc::clone(&transport), shutdown.clone()));
     wait_acked(&transport, 30).await;
+    assert_eq!(
+        owners(&db).await,
+        1,
+        "the CDC relay's live session is registered"
+    );
     db.outbox.enqueue(&db.pool, &msg("late", 1)).await.unwrap();
     wait_acked(&transport, 31).await;
     shutdown.cancel();
@@ -223,6 +245,11 @@ async fn a_cdc_relay_runs_from_the_library_api_alone() {
         .await
         .unwrap();
     stopped.expect("a clean stop");
+    assert_eq!(
+        owners(&db).await,
+        0,
+        "the live session resigned at the stop"
+    );
     assert_in_order(&transport, 10, 3);
     assert_eq!(db.count("true").await, 0, "delete mode: nothing left");
     assert_eq!(heartbeat(&db).await, vec![("cdc".to_owned(), true)]);

@@ -371,7 +371,7 @@ impl MemoryStore {
     }
 
     /// Recorded conflicts, oldest first.
-    pub fn conflicts(&self) -> Vec<MemoryConflict> {
+    pub fn conflict_records(&self) -> Vec<MemoryConflict> {
         lock(&self.inner.consumer)
             .conflicts
             .iter()
@@ -392,7 +392,7 @@ impl MemoryStore {
     }
 
     /// Consumer dead letters (all states), oldest first.
-    pub fn consumer_dead_letters(&self, consumer: Option<&str>) -> Vec<ConsumerDeadLetter> {
+    pub fn consumer_dead_letter_records(&self, consumer: Option<&str>) -> Vec<ConsumerDeadLetter> {
         lock(&self.inner.consumer)
             .dead
             .iter()
@@ -472,7 +472,7 @@ impl MemoryStore {
     }
 
     /// Every work item, by id.
-    pub fn work_items(&self) -> Vec<crate::fixture::WorkItemView> {
+    pub fn work_item_views(&self) -> Vec<crate::fixture::WorkItemView> {
         lock(&self.inner.work)
             .items
             .values()
@@ -1393,7 +1393,7 @@ impl crate::fixture::StoreFixture for MemoryFixture {
     }
 
     async fn work_items(&self) -> Vec<crate::fixture::WorkItemView> {
-        self.store.work_items()
+        self.store.work_item_views()
     }
 
     async fn age_work_items(&self, by: Duration) {
@@ -1413,7 +1413,7 @@ impl crate::fixture::StoreFixture for MemoryFixture {
     }
 
     async fn conflict_count(&self) -> usize {
-        self.store.conflicts().len()
+        self.store.conflict_records().len()
     }
 
     async fn expire_relay_leases(&self) {
@@ -1429,18 +1429,45 @@ impl crate::fixture::StoreFixture for MemoryFixture {
     }
 
     async fn consumer_dead_letters(&self, consumer: &str) -> Vec<ConsumerDeadLetter> {
-        self.store.consumer_dead_letters(Some(consumer))
+        self.store.consumer_dead_letter_records(Some(consumer))
     }
 
     async fn requeue_consumer_dead_letters(&self, consumer: &str) -> u64 {
-        self.store
-            .consumer_dead_letter_requeue(Some(consumer), None)
-            .await
+        // Through the operator contract, audited, as on every store.
+        let which = outbox_core::operator::ConsumerSelection {
+            consumer: Some(consumer.to_owned()),
+            ..Default::default()
+        };
+        outbox_core::operator::DeadLetterOps::requeue_consumer_dead_letters(
+            &self.store,
+            &which,
+            &suite_actor(),
+            "suite",
+        )
+        .await
+        .expect("requeue")
     }
 
     async fn set_consumer_paused(&self, consumer: &str, paused: bool) {
-        self.store.set_consumer_paused(consumer, paused);
+        use outbox_core::operator::PauseOps as _;
+        let target = outbox_core::operator::PauseTarget::Consumer(consumer.to_owned());
+        if paused {
+            self.store
+                .pause(&target, &suite_actor(), "engine suite")
+                .await
+                .expect("pause");
+        } else {
+            self.store
+                .resume(&target, &suite_actor(), "")
+                .await
+                .expect("resume");
+        }
     }
 
     async fn cleanup(&self) {}
+}
+
+/// Who the suites' operator actions are recorded under.
+fn suite_actor() -> outbox_core::operator::Actor {
+    outbox_core::operator::Actor::new("suite", "test").expect("actor")
 }

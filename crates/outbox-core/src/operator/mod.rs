@@ -109,8 +109,8 @@ pub const MAX_LIST: i64 = 10_000;
 /// How [`OverviewOps::overview_counting`] counts the outbox's rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counting {
-    /// Every row: one pass over the table, which takes seconds at millions of pending rows
-    /// (2 s at 10 million here). What `outbox status` does.
+    /// Every row: its cost grows with the backlog (seconds at millions of pending rows).
+    /// What `outbox status` does.
     Exact,
     /// Each count stops at this many rows, so that the overview costs milliseconds at any
     /// backlog size; a count equal to the bound means "at least". What the console does.
@@ -131,6 +131,7 @@ pub struct OperatorError {
 
 /// The class of an [`OperatorError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OperatorErrorKind {
     /// The database could not be reached; retry later.
     Unavailable,

@@ -24,7 +24,7 @@ pub struct Overview {
     pub dead_letters: i64,
     /// Rows kept as published (mark mode; 0 in delete mode).
     pub published_retained: i64,
-    /// Inbox conflicts recorded (same event id, different payload).
+    /// Open inbox conflicts (same event id, different payload; not resolved by an operator).
     pub inbox_conflicts: i64,
     /// Consumer dead letters not resolved.
     pub consumer_dead_letters: i64,

@@ -28,11 +28,9 @@ pub fn route_key(destination: Option<&str>, aggregate_type: &str) -> String {
 /// * A paused **consumer** takes no deliveries from its source (its engine asks its store at most
 ///   once a second, [`crate::consumer`]): a batch in progress is finished, then what
 ///   the broker holds for the consumer waits there until it is resumed. What the source had
-///   already received stays with it unacknowledged: NATS redelivers it after the ack wait,
-///   RabbitMQ keeps up to the prefetch count with the paused consumer until its
-///   `consumer_timeout` (30 minutes by default) closes the channel and requeues them (each
-///   such return counts as a delivery), Kafka has nothing unacknowledged beyond the uncommitted
-///   offsets. The source is not polled while paused, so its lag is not refreshed either.
+///   already received stays with it unacknowledged, and each broker does with that what its
+///   own redelivery rules say (each transport's docs tell). The source is not polled while
+///   paused, so its lag is not refreshed either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PauseTarget {

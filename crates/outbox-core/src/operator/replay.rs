@@ -66,7 +66,8 @@ pub struct RangePlan {
     pub in_range: i64,
     /// Aggregates it touches.
     pub aggregates: i64,
-    /// The replay horizon: ranges must start after it (`None` only when its `retention_marks` row was removed by hand: schema 11 seeds it at the migration).
+    /// The replay horizon: ranges must start after it (`None` when the store keeps no
+    /// horizon, see its docs).
     pub horizon: Option<DateTime<Utc>>,
     /// `true` for a dry run (nothing changed).
     pub dry_run: bool,

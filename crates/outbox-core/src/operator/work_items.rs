@@ -17,7 +17,8 @@ pub struct WorkItemRow {
     pub idempotency_key: String,
     /// What to do.
     pub payload: serde_json::Value,
-    /// SHA-256 of the payload's canonical jsonb form (hex when serialised).
+    /// SHA-256 of the payload's canonical form, as the store computes it to compare payloads
+    /// under one key (hex when serialised).
     #[serde(serialize_with = "hex_bytes")]
     pub payload_sha256: Vec<u8>,
     /// The event that caused the work.

@@ -18,7 +18,7 @@ use crate::store::{OnPublish, PgStore, stats_from_row};
 const COUNT_CONSUMER_DEAD: &str =
     "SELECT count(*) FROM {s}.consumer_dead_letters WHERE state <> 'resolved'";
 
-/// The outbox numbers of [`Admin::overview_counting`] with [`Counting::UpTo`], each count
+/// The outbox numbers of [`OverviewOps::overview_counting`] with [`Counting::UpTo`], each count
 /// stopped at `$1` rows: the pending rows through the table's order, the retrying and dead
 /// ones through their partial indexes (migration 7), in-flight rows from the leases. `{published}`
 /// counts kept published rows in mark mode (their index), and is 0 in delete mode.

@@ -995,7 +995,7 @@ impl CdcFeed {
                 return Ok(false);
             }
         }
-        // Pauses are honoured by the polling relay's claim only; `Admin::pause` refuses a
+        // Pauses are honoured by the polling relay's claim only; `PauseOps::pause` refuses a
         // route while a CDC relay runs, but one may have been paused before this relay
         // started. Said loudly, not refused: stopping every route for one would be worse.
         // Only a warning depends on it, so a failed read is one too. Once per start, not at

@@ -1278,7 +1278,7 @@ impl ProcessOps for MemoryStore {
 }
 
 impl PauseOps for MemoryStore {
-    /// Every pause in force: routes, then consumers, each by name.
+    /// Every pause in force, by kind (consumers, then routes) and name.
     async fn pauses(&self) -> Result<Vec<Pause>, OperatorError> {
         let ops = lock(&self.inner.ops);
         let mut pauses = Vec::with_capacity(ops.pauses.len());
