@@ -378,15 +378,186 @@ fn cut_at_paused_routes(messages: &mut Vec<OutboxMessage>, paused: &HashSet<i64>
     });
 }
 
-impl OutboxStore for PgStore {
-    async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
-        let max_rows = params.max_rows.max(1);
+/// One claim statement's inputs, as [`PgStore::claim_batch`] decided them.
+struct Claim<'a> {
+    params: &'a ClaimParams,
+    max_rows: usize,
+    /// The claim ceiling, for a [`ClaimScope::All`] claim.
+    ceiling: Option<i64>,
+    /// Whether the claim starts where the claim window says.
+    windowed: bool,
+    /// The window's start (the table's start when not windowed).
+    start: i64,
+    /// The live session's owner the leases name.
+    owner: Option<i32>,
+}
+
+/// A claim's rows decoded: the events in aggregate and version order (runs cut before a
+/// paused route), the rows that cannot be published as stored, and the takeovers.
+struct Claimed {
+    messages: Vec<OutboxMessage>,
+    undecodable: Vec<UndecodableRow>,
+    takeovers: Vec<Takeover>,
+}
+
+impl PgStore {
+    /// The owner a claim's leases name and its liveness, when the claims are tied to a live
+    /// session.
+    ///
+    /// # Errors
+    /// `Unavailable` while the session is being re-established.
+    fn claim_owner(&self) -> Result<(Option<i32>, Option<Arc<Liveness>>), StoreError> {
+        match &self.session {
+            Some(session) => match session.current() {
+                Some((owner, liveness)) => Ok((Some(owner), Some(liveness))),
+                None => Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "claim: the relay's database session is being re-established",
+                )),
+            },
+            None => Ok((None, None)),
+        }
+    }
+
+    /// Runs the claim statement in its transaction; returns its rows and, for a normal claim,
+    /// how long the statement took (the claim window's measure).
+    async fn run_claim(&self, c: &Claim<'_>) -> Result<(Vec<PgRow>, Duration), sqlx::Error> {
+        let params = c.params;
         // Heads to lease: enough aggregates to fill the batch at the rows-per-aggregate seen in
         // the last claim, so a backlog of long runs does not lease (and scan) ten times more
         // aggregates than the batch can carry.
         let per_head = (self.rows_per_head_x100.load(Ordering::Relaxed).max(100) as usize)
             .min(params.max_per_aggregate.max(1) * 100);
-        let heads = (max_rows * 100).div_ceil(per_head).clamp(1, max_rows);
+        let heads = (c.max_rows * 100).div_ceil(per_head).clamp(1, c.max_rows);
+        // With an owner, the claim's transaction first holds its lock in shared mode: no sweep
+        // can declare it gone until the claim ends (`crate::session`).
+        let begin = |base: &str| match (c.owner, &self.session) {
+            (Some(owner), Some(session)) => format!(
+                "{base}; SELECT pg_advisory_xact_lock_shared({}, {owner})",
+                session.class()
+            ),
+            _ => base.to_owned(),
+        };
+        let query = match params.scope {
+            ClaimScope::TakeOver => sqlx::query(self.q(&self.sql.claim_takeover))
+                .bind(millis(params.lease))
+                .bind(c.owner),
+            scope => {
+                let sql = match (scope == ClaimScope::Free, c.windowed) {
+                    _ if c.ceiling.is_some() => &self.sql.claim_below,
+                    (true, false) => &self.sql.claim_free,
+                    (false, false) => &self.sql.claim,
+                    (true, true) => &self.sql.claim_free_from,
+                    (false, true) => &self.sql.claim_from,
+                };
+                let q = sqlx::query(self.q(sql))
+                    .bind(i64::try_from(c.max_rows).unwrap_or(i64::MAX))
+                    .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
+                    .bind(millis(params.lease))
+                    .bind(i64::try_from(heads).unwrap_or(i64::MAX))
+                    .bind(c.owner);
+                match c.ceiling {
+                    Some(ceiling) => q.bind(ceiling),
+                    None if c.windowed => q.bind(c.start),
+                    None => q,
+                }
+            }
+        };
+        if params.scope == ClaimScope::TakeOver && c.owner.is_none() {
+            // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
+            return Ok((query.fetch_all(&self.pool).await?, Duration::ZERO));
+        }
+        let base = if params.scope == ClaimScope::TakeOver {
+            "BEGIN"
+        } else {
+            crate::sql::CLAIM_BEGIN
+        };
+        let mut tx = self.pool.begin_with(AssertSqlSafe(begin(base))).await?;
+        let started = std::time::Instant::now();
+        let rows = query.fetch_all(&mut *tx).await?;
+        let elapsed = match params.scope {
+            ClaimScope::TakeOver => Duration::ZERO,
+            _ => started.elapsed(),
+        };
+        tx.commit().await?;
+        Ok((rows, elapsed))
+    }
+
+    /// Learns the rows per aggregate of a claim, for the next claim's number of heads.
+    fn learn_rows_per_head(&self, messages: &[OutboxMessage]) {
+        let aggregates = messages
+            .windows(2)
+            .filter(|w| {
+                w[0].aggregate_type != w[1].aggregate_type || w[0].aggregate_id != w[1].aggregate_id
+            })
+            .count()
+            + 1;
+        let ratio = (messages.len() * 100 / aggregates) as u64;
+        self.rows_per_head_x100.store(ratio, Ordering::Relaxed);
+    }
+}
+
+/// A claim's rows decoded one at a time: a row that cannot be published as stored is set aside
+/// with its reason (the relay dead-letters it), never a failed claim; a paused route's row is
+/// neither handed out nor dead-lettered (it waits with its route), and its aggregate's run is
+/// cut before it.
+///
+/// # Errors
+/// [`StoreError`] when a column of the claim itself cannot be read.
+fn claimed(rows: &[PgRow]) -> Result<Claimed, StoreError> {
+    let column = |e| store_error("claim: decoding a row", e);
+    let mut messages = Vec::with_capacity(rows.len());
+    let mut undecodable = Vec::new();
+    let mut takeovers = Vec::new();
+    let mut paused = HashSet::new();
+    for row in rows {
+        let decoded = decode_row(row).map_err(column)?;
+        let id = match &decoded {
+            Ok(m) => m.id,
+            Err(u) => u.id,
+        };
+        if row.try_get::<bool, _>("route_paused").map_err(column)? {
+            paused.insert(id);
+        }
+        let count: i32 = row.try_get("lease_takeovers").map_err(column)?;
+        let head: i64 = row.try_get("lease_head").map_err(column)?;
+        if count > 0 && head == id {
+            let orphaned_ms: Option<i32> = row.try_get("lease_orphaned_ms").map_err(column)?;
+            takeovers.push(Takeover {
+                head,
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+                orphaned_for: orphaned_ms
+                    .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            });
+        }
+        match decoded {
+            Ok(m) => messages.push(m),
+            Err(u) => undecodable.push(u),
+        }
+    }
+    if !paused.is_empty() {
+        undecodable.retain(|u| !paused.contains(&u.id));
+    }
+    messages.sort_by(|a, b| {
+        (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
+            &b.aggregate_type,
+            &b.aggregate_id,
+            b.aggregate_version,
+        ))
+    });
+    if !paused.is_empty() {
+        cut_at_paused_routes(&mut messages, &paused);
+    }
+    Ok(Claimed {
+        messages,
+        undecodable,
+        takeovers,
+    })
+}
+
+impl OutboxStore for PgStore {
+    async fn claim_batch(&self, params: ClaimParams) -> Result<ClaimedBatch, StoreError> {
+        let max_rows = params.max_rows.max(1);
         let ceiling = self.ceiling.filter(|_| params.scope == ClaimScope::All);
         let windowed =
             params.scope != ClaimScope::TakeOver && ceiling.is_none() && self.window.enabled();
@@ -407,80 +578,16 @@ impl OutboxStore for PgStore {
         } else {
             None
         };
-        // The owner the leases will name, and its liveness for the batch.
-        let (owner, liveness): (Option<i32>, Option<Arc<Liveness>>) = match &self.session {
-            Some(session) => match session.current() {
-                Some((owner, liveness)) => (Some(owner), Some(liveness)),
-                None => {
-                    return Err(StoreError::new(
-                        StoreErrorKind::Unavailable,
-                        "claim: the relay's database session is being re-established",
-                    ));
-                }
-            },
-            None => (None, None),
+        let (owner, liveness) = self.claim_owner()?;
+        let claim = Claim {
+            params: &params,
+            max_rows,
+            ceiling,
+            windowed,
+            start,
+            owner,
         };
-        // With an owner, the claim's transaction first holds its lock in shared mode: no sweep
-        // can declare it gone until the claim ends (`crate::session`).
-        let begin = |base: &str| match (owner, &self.session) {
-            (Some(owner), Some(session)) => format!(
-                "{base}; SELECT pg_advisory_xact_lock_shared({}, {owner})",
-                session.class()
-            ),
-            _ => base.to_owned(),
-        };
-        let mut elapsed = Duration::ZERO;
-        let query = match params.scope {
-            ClaimScope::TakeOver => sqlx::query(self.q(&self.sql.claim_takeover))
-                .bind(millis(params.lease))
-                .bind(owner),
-            scope => {
-                let sql = match (scope == ClaimScope::Free, windowed) {
-                    _ if ceiling.is_some() => &self.sql.claim_below,
-                    (true, false) => &self.sql.claim_free,
-                    (false, false) => &self.sql.claim,
-                    (true, true) => &self.sql.claim_free_from,
-                    (false, true) => &self.sql.claim_from,
-                };
-                let q = sqlx::query(self.q(sql))
-                    .bind(i64::try_from(max_rows).unwrap_or(i64::MAX))
-                    .bind(i64::try_from(params.max_per_aggregate).unwrap_or(i64::MAX))
-                    .bind(millis(params.lease))
-                    .bind(i64::try_from(heads).unwrap_or(i64::MAX))
-                    .bind(owner);
-                match ceiling {
-                    Some(ceiling) => q.bind(ceiling),
-                    None if windowed => q.bind(start),
-                    None => q,
-                }
-            }
-        };
-        let rows = if params.scope == ClaimScope::TakeOver && owner.is_none() {
-            // Reads the small leases table, which has no index on expiry: see CLAIM_BEGIN.
-            query.fetch_all(&self.pool).await
-        } else if params.scope == ClaimScope::TakeOver {
-            async {
-                let mut tx = self.pool.begin_with(AssertSqlSafe(begin("BEGIN"))).await?;
-                let rows = query.fetch_all(&mut *tx).await?;
-                tx.commit().await?;
-                Ok(rows)
-            }
-            .await
-        } else {
-            async {
-                let mut tx = self
-                    .pool
-                    .begin_with(AssertSqlSafe(begin(crate::sql::CLAIM_BEGIN)))
-                    .await?;
-                let started = std::time::Instant::now();
-                let rows = query.fetch_all(&mut *tx).await?;
-                elapsed = started.elapsed();
-                tx.commit().await?;
-                Ok(rows)
-            }
-            .await
-        }
-        .map_err(|e| {
+        let (rows, elapsed) = self.run_claim(&claim).await.map_err(|e| {
             if windowed && full {
                 // The walk from the beginning this claim owed did not happen: the next one.
                 self.window.rescan_now();
@@ -517,71 +624,13 @@ impl OutboxStore for PgStore {
                 std::time::Instant::now() + params.lease,
             );
         }
-        // One row at a time: a row that cannot be published as stored is set aside with its
-        // reason (the relay dead-letters it), never a failed claim.
-        let mut messages = Vec::with_capacity(rows.len());
-        let mut undecodable = Vec::new();
-        let mut takeovers = Vec::new();
-        let mut paused = HashSet::new();
-        for row in &rows {
-            let decoded = decode_row(row).map_err(|e| store_error("claim: decoding a row", e))?;
-            let id = match &decoded {
-                Ok(m) => m.id,
-                Err(u) => u.id,
-            };
-            if row
-                .try_get::<bool, _>("route_paused")
-                .map_err(|e| store_error("claim: decoding a row", e))?
-            {
-                paused.insert(id);
-            }
-            let count: i32 = row
-                .try_get("lease_takeovers")
-                .map_err(|e| store_error("claim: decoding a row", e))?;
-            let head: i64 = row
-                .try_get("lease_head")
-                .map_err(|e| store_error("claim: decoding a row", e))?;
-            if count > 0 && head == id {
-                let orphaned_ms: Option<i32> = row
-                    .try_get("lease_orphaned_ms")
-                    .map_err(|e| store_error("claim: decoding a row", e))?;
-                takeovers.push(Takeover {
-                    head,
-                    count: u32::try_from(count).unwrap_or(u32::MAX),
-                    orphaned_for: orphaned_ms
-                        .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-                });
-            }
-            match decoded {
-                Ok(m) => messages.push(m),
-                Err(u) => undecodable.push(u),
-            }
-        }
-        if !paused.is_empty() {
-            // A paused route's row is not dead-lettered either: it waits with its route.
-            undecodable.retain(|u| !paused.contains(&u.id));
-        }
-        messages.sort_by(|a, b| {
-            (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
-                &b.aggregate_type,
-                &b.aggregate_id,
-                b.aggregate_version,
-            ))
-        });
-        if !paused.is_empty() {
-            cut_at_paused_routes(&mut messages, &paused);
-        }
+        let Claimed {
+            messages,
+            undecodable,
+            takeovers,
+        } = claimed(&rows)?;
         if !messages.is_empty() && params.scope != ClaimScope::TakeOver {
-            let aggregates = messages
-                .windows(2)
-                .filter(|w| {
-                    w[0].aggregate_type != w[1].aggregate_type
-                        || w[0].aggregate_id != w[1].aggregate_id
-                })
-                .count()
-                + 1;
-            let ratio = (messages.len() * 100 / aggregates) as u64;
-            self.rows_per_head_x100.store(ratio, Ordering::Relaxed);
+            self.learn_rows_per_head(&messages);
         }
         Ok(ClaimedBatch {
             token,

@@ -327,53 +327,20 @@ impl ReplayOps for PgStore {
                 ),
             ));
         }
-        let rows = sqlx::query(AssertSqlSafe(self.render(RANGE_AGGREGATES)))
-            .bind(which.created_after)
-            .bind(which.created_before)
-            .bind(which.aggregate_type.as_deref())
-            .bind(which.destination.as_deref())
-            .bind(MAX_RANGE_AGGREGATES + 1)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?;
-        if rows.is_empty() {
+        let Some(found) = self.range_aggregates(&mut tx, which).await.map_err(err)? else {
             return Err(fail(OperatorError::not_found(
                 OP,
                 "no published event was written in the range (with the filter given)",
             )));
-        }
-        let mut types = Vec::with_capacity(rows.len());
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut froms = Vec::with_capacity(rows.len());
-        let mut in_range = 0i64;
-        for r in &rows {
-            let decoded = (|| -> Result<(), sqlx::Error> {
-                types.push(r.try_get::<String, _>(0)?);
-                ids.push(r.try_get::<String, _>(1)?);
-                froms.push(r.try_get::<i64, _>(2)?);
-                in_range += r.try_get::<i64, _>(3)?;
-                Ok(())
-            })();
-            decoded.map_err(|e| fail(op_err(OP, e)))?;
-        }
-        let aggregates = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-        let too_big = |events: i64| {
-            refuse(
-                OperatorErrorKind::Refused,
-                format!(
-                    "the range takes {events} event(s) of {} aggregate(s), later versions \
-                     included: more than one replay takes ({} events, {} aggregates); split it \
-                     into shorter ranges",
-                    if aggregates > MAX_RANGE_AGGREGATES {
-                        format!("more than {}", MAX_RANGE_AGGREGATES)
-                    } else {
-                        aggregates.to_string()
-                    },
-                    MAX_RANGE_EVENTS,
-                    MAX_RANGE_AGGREGATES
-                ),
-            )
         };
+        let RangeAggregates {
+            types,
+            ids,
+            froms,
+            in_range,
+        } = found;
+        let aggregates = i64::try_from(types.len()).unwrap_or(i64::MAX);
+        let too_big = |events: i64| refuse(OperatorErrorKind::Refused, too_big(events, aggregates));
         if aggregates > MAX_RANGE_AGGREGATES || in_range > MAX_RANGE_EVENTS {
             return Err(too_big(in_range));
         }
@@ -513,5 +480,63 @@ impl PgStore {
             }),
             Err(e) => Err(self.action_error(operation, e)),
         }
+    }
+}
+
+/// The aggregates of a time range ([`RANGE_AGGREGATES`]) as the replay binds them: each one's
+/// type, id and first version in the range, and how many events the range holds.
+struct RangeAggregates {
+    types: Vec<String>,
+    ids: Vec<String>,
+    froms: Vec<i64>,
+    in_range: i64,
+}
+
+/// The refusal of a range too big for one replay.
+fn too_big(events: i64, aggregates: i64) -> String {
+    let aggregates = if aggregates > MAX_RANGE_AGGREGATES {
+        format!("more than {MAX_RANGE_AGGREGATES}")
+    } else {
+        aggregates.to_string()
+    };
+    format!(
+        "the range takes {events} event(s) of {aggregates} aggregate(s), later versions \
+         included: more than one replay takes ({MAX_RANGE_EVENTS} events, \
+         {MAX_RANGE_AGGREGATES} aggregates); split it into shorter ranges"
+    )
+}
+
+impl PgStore {
+    /// The aggregates with a published event in the range (at most one more than a replay
+    /// takes, so that a bigger range is told apart); `None` when there is none.
+    async fn range_aggregates(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        which: &RangeSelection,
+    ) -> Result<Option<RangeAggregates>, sqlx::Error> {
+        let rows = sqlx::query(AssertSqlSafe(self.render(RANGE_AGGREGATES)))
+            .bind(which.created_after)
+            .bind(which.created_before)
+            .bind(which.aggregate_type.as_deref())
+            .bind(which.destination.as_deref())
+            .bind(MAX_RANGE_AGGREGATES + 1)
+            .fetch_all(&mut **tx)
+            .await?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut found = RangeAggregates {
+            types: Vec::with_capacity(rows.len()),
+            ids: Vec::with_capacity(rows.len()),
+            froms: Vec::with_capacity(rows.len()),
+            in_range: 0,
+        };
+        for r in &rows {
+            found.types.push(r.try_get(0)?);
+            found.ids.push(r.try_get(1)?);
+            found.froms.push(r.try_get(2)?);
+            found.in_range += r.try_get::<i64, _>(3)?;
+        }
+        Ok(Some(found))
     }
 }
