@@ -787,39 +787,10 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         ConsumerError,
     > {
         if self.check_paused().await {
-            // Paused by an operator: nothing is taken from the source (the broker keeps it,
-            // and gets back what the source had received ahead) and no requeued dead letter
-            // is applied; the batch's wait passes idle (never less than 100 ms, whatever
-            // `batch_wait` says).
-            self.source.release().await;
-            tokio::time::sleep(
-                self.config
-                    .batch_wait
-                    .clamp(Duration::from_millis(100), PAUSE_CHECK_INTERVAL),
-            )
-            .await;
+            self.wait_paused().await;
             return Ok((ConsumerReport::default(), None));
         }
-        // Requeued dead letters: looked for whenever the consumer is idle, and at least every
-        // `housekeeping_interval` under load (one indexed query).
-        let mut requeued_resolved = 0;
-        let due = self
-            .last_requeue_check
-            .is_none_or(|t| t.elapsed() >= self.config.housekeeping_interval);
-        if self.idle || due {
-            self.last_requeue_check = Some(Instant::now());
-            match self.process_requeued().await {
-                Ok(n) => {
-                    requeued_resolved = n;
-                    if n > 0 {
-                        self.stats.health.progressed();
-                    }
-                }
-                Err(e) => {
-                    warn!(consumer = %self.config.name, error = %e, "could not process requeued dead letters")
-                }
-            }
-        }
+        let requeued_resolved = self.requeued_housekeeping().await;
         let deliveries = (self
             .source
             .next_batch(self.config.batch_size.max(1), self.config.batch_wait)
@@ -886,40 +857,45 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
                 }
             }
         };
-        for v in verdicts {
-            let label = ("consumer", name.clone());
-            match v {
-                Verdict::Processed => {
-                    report.processed += 1;
-                    metrics::counter!(metric::PROCESSED, &[label]).increment(1);
+        count_verdicts(&mut report, verdicts, &name);
+        Ok((report, Some(settle)))
+    }
+
+    /// Paused by an operator: nothing is taken from the source (the broker keeps it, and gets
+    /// back what the source had received ahead) and no requeued dead letter is applied; the
+    /// batch's wait passes idle (never less than 100 ms, whatever `batch_wait` says).
+    async fn wait_paused(&mut self) {
+        self.source.release().await;
+        tokio::time::sleep(
+            self.config
+                .batch_wait
+                .clamp(Duration::from_millis(100), PAUSE_CHECK_INTERVAL),
+        )
+        .await;
+    }
+
+    /// Requeued dead letters: looked for whenever the consumer is idle, and at least every
+    /// `housekeeping_interval` under load (one indexed query). Returns how many were settled.
+    async fn requeued_housekeeping(&mut self) -> usize {
+        let due = self
+            .last_requeue_check
+            .is_none_or(|t| t.elapsed() >= self.config.housekeeping_interval);
+        if !(self.idle || due) {
+            return 0;
+        }
+        self.last_requeue_check = Some(Instant::now());
+        match self.process_requeued().await {
+            Ok(n) => {
+                if n > 0 {
+                    self.stats.health.progressed();
                 }
-                Verdict::Duplicate => {
-                    report.duplicates += 1;
-                    metrics::counter!(metric::DUPLICATES, &[label]).increment(1);
-                }
-                Verdict::Stale => {
-                    report.stale += 1;
-                    metrics::counter!(metric::STALE, &[label]).increment(1);
-                }
-                Verdict::Conflict | Verdict::ConflictHeld(_) => {
-                    report.conflicts += 1;
-                    metrics::counter!(metric::CONFLICTS, &[label]).increment(1);
-                }
-                Verdict::DeadLettered(reason) => {
-                    report.dead_lettered += 1;
-                    metrics::counter!(
-                        metric::DEAD_LETTERED,
-                        &[label, ("reason", reason.to_owned())]
-                    )
-                    .increment(1);
-                }
-                Verdict::Nack(_) => {
-                    report.nacked += 1;
-                    metrics::counter!(metric::RETRIES, &[label]).increment(1);
-                }
+                n
+            }
+            Err(e) => {
+                warn!(consumer = %self.config.name, error = %e, "could not process requeued dead letters");
+                0
             }
         }
-        Ok((report, Some(settle)))
     }
 
     /// Writes and commits; returns one verdict per delivery (`attempts` holds each one's
@@ -1278,6 +1254,43 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     async fn settled(&self, settling: tokio::task::JoinHandle<()>) {
         if let Err(e) = settling.await {
             error!(consumer = %self.config.name, error = %e, "the acks of a committed batch failed; the broker will redeliver and the inbox absorbs it");
+        }
+    }
+}
+
+/// Counts a batch's verdicts into its report and the consumer's metrics.
+fn count_verdicts(report: &mut ConsumerReport, verdicts: Vec<Verdict>, name: &str) {
+    for v in verdicts {
+        let label = ("consumer", name.to_owned());
+        match v {
+            Verdict::Processed => {
+                report.processed += 1;
+                metrics::counter!(metric::PROCESSED, &[label]).increment(1);
+            }
+            Verdict::Duplicate => {
+                report.duplicates += 1;
+                metrics::counter!(metric::DUPLICATES, &[label]).increment(1);
+            }
+            Verdict::Stale => {
+                report.stale += 1;
+                metrics::counter!(metric::STALE, &[label]).increment(1);
+            }
+            Verdict::Conflict | Verdict::ConflictHeld(_) => {
+                report.conflicts += 1;
+                metrics::counter!(metric::CONFLICTS, &[label]).increment(1);
+            }
+            Verdict::DeadLettered(reason) => {
+                report.dead_lettered += 1;
+                metrics::counter!(
+                    metric::DEAD_LETTERED,
+                    &[label, ("reason", reason.to_owned())]
+                )
+                .increment(1);
+            }
+            Verdict::Nack(_) => {
+                report.nacked += 1;
+                metrics::counter!(metric::RETRIES, &[label]).increment(1);
+            }
         }
     }
 }
