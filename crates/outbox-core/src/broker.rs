@@ -26,7 +26,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
-use crate::message::OutboxMessage;
+use crate::message::{OutboxMessage, ReservedHeaders};
 use crate::transport::{PublishError, PublishReceipt, Transport};
 use crate::wire::{DecodeError, EventIdentity, IncomingEvent};
 
@@ -444,6 +444,11 @@ pub struct BrokerEntry {
     pub schemes: &'static [&'static str],
     /// The settings sections it reads (and owns).
     pub sections: &'static [&'static str],
+    /// The header names its wire binding sets itself (its attribute prefix, its own protocol
+    /// headers): its transport refuses a message that carries one as a user header, and a
+    /// producer that may publish to this broker refuses them at enqueue
+    /// ([`Registry::reserved_headers`]).
+    pub reserved_headers: ReservedHeaders,
     /// Checks its sections and the file overrides without connecting.
     pub check: fn(&BrokerSettings) -> Result<(), BrokerError>,
     /// Connects its transport.
@@ -614,6 +619,13 @@ impl Registry {
         }
     }
 
+    /// The header names any registered broker reserves, one set per entry: what a producer
+    /// that does not know which of them will carry its events refuses
+    /// ([`NewMessage::validate_reserving`](crate::NewMessage::validate_reserving)).
+    pub fn reserved_headers(&self) -> Vec<ReservedHeaders> {
+        self.entries.iter().map(|e| e.reserved_headers).collect()
+    }
+
     /// The entry serving `url`'s scheme.
     ///
     /// # Errors
@@ -714,10 +726,48 @@ mod tests {
         title: "Fake",
         schemes: &["fake", "fakes"],
         sections: &["fake"],
+        reserved_headers: ReservedHeaders {
+            prefixes: &["fake-"],
+            names: &["fake"],
+        },
         check,
         transport,
         source,
     };
+    static OTHER: BrokerEntry = BrokerEntry {
+        name: "other",
+        title: "Other",
+        schemes: &["other"],
+        sections: &["other"],
+        reserved_headers: ReservedHeaders {
+            prefixes: &["other_"],
+            names: &[],
+        },
+        check,
+        transport,
+        source,
+    };
+
+    #[test]
+    fn the_registry_unites_its_entries_rules() {
+        let r = Registry::new(&[&FAKE, &OTHER]);
+        let reserved = r.reserved_headers();
+        let msg = |name: &str| {
+            crate::NewMessage::new("a", "b", 1, "C", crate::Payload::json(&1).unwrap())
+                .with_header(name, "x")
+        };
+        for name in ["fake-id", "FAKE", "other_x"] {
+            assert!(
+                matches!(
+                    msg(name).validate_reserving(&reserved),
+                    Err(crate::MessageError::BadHeaderName(_))
+                ),
+                "{name}"
+            );
+        }
+        assert_eq!(msg("fakes").validate_reserving(&reserved), Ok(()));
+        assert!(Registry::new(&[]).reserved_headers().is_empty());
+    }
 
     #[tokio::test]
     async fn an_unknown_scheme_names_the_supported_ones() {

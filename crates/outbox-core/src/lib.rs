@@ -48,7 +48,7 @@ pub use effect::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use message::{
     ContentType, EventId, Fingerprint, MAX_HEADER_NAME_LEN, MessageError, NewMessage,
-    OutboxMessage, Payload, TRACEPARENT_HEADER, headers_from_json,
+    OutboxMessage, Payload, ReservedHeaders, TRACEPARENT_HEADER, headers_from_json,
 };
 pub use store::{
     ClaimParams, ClaimScope, ClaimedBatch, DeadLetter, DeadLetterListParams, FailureParams,

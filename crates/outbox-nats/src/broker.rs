@@ -11,7 +11,7 @@ use outbox_core::broker::{
 
 use crate::{
     NatsConfig, NatsConnectError, NatsConsumerConfig, NatsConsumerError, NatsSecurity, NatsSource,
-    NatsTransport,
+    NatsTransport, RESERVED_HEADERS,
 };
 
 /// The registry entry of NATS JetStream.
@@ -20,6 +20,7 @@ pub static BROKER: BrokerEntry = BrokerEntry {
     title: Nats::TITLE,
     schemes: &["nats", "tls"],
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
+    reserved_headers: RESERVED_HEADERS,
     check: broker::check::<Nats>,
     transport: broker::transport::<Nats>,
     source: broker::source::<Nats>,

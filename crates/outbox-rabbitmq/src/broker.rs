@@ -11,7 +11,8 @@ use outbox_core::broker::{
 
 use crate::tls::RabbitTls;
 use crate::{
-    RabbitConfig, RabbitConnectError, RabbitConsumerConfig, RabbitSource, RabbitTransport,
+    RESERVED_HEADERS, RabbitConfig, RabbitConnectError, RabbitConsumerConfig, RabbitSource,
+    RabbitTransport,
 };
 
 /// The registry entry of RabbitMQ.
@@ -20,6 +21,7 @@ pub static BROKER: BrokerEntry = BrokerEntry {
     title: Rabbit::TITLE,
     schemes: &["amqp", "amqps"],
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
+    reserved_headers: RESERVED_HEADERS,
     check: broker::check::<Rabbit>,
     transport: broker::transport::<Rabbit>,
     source: broker::source::<Rabbit>,

@@ -127,7 +127,10 @@ pub use config::{
     TEMPLATE_PLACEHOLDERS,
 };
 pub use consumer::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
-pub use encode::{CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, sanitize_routing_key_part};
+pub use encode::{
+    CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, RESERVED_HEADERS,
+    sanitize_routing_key_part,
+};
 pub use error::RabbitConnectError;
 pub use tls::RabbitTls;
 pub use transport::RabbitTransport;

@@ -64,6 +64,20 @@ pub fn brokers() -> broker::Registry {
     ])
 }
 
+/// The header names any broker of this build reserves for its own headers, one set per broker
+/// ([`broker::Registry::reserved_headers`]): what a producer that does not know which broker
+/// will carry its events refuses, e.g.
+/// `PgOutbox::new(schema).reserve_headers(outbox::reserved_headers())`.
+///
+/// ```
+/// let msg = outbox::NewMessage::new("payment", "p-1", 1, "PaymentCreated",
+///     outbox::Payload::json(&1).unwrap());
+/// assert!(msg.validate_reserving(&outbox::reserved_headers()).is_ok());
+/// ```
+pub fn reserved_headers() -> Vec<ReservedHeaders> {
+    brokers().reserved_headers()
+}
+
 /// Cancels `token` on SIGTERM or Ctrl-C, so a relay, consumer or executor finishes its current
 /// batch and stops (their `run` methods take the token). Returns without cancelling if the
 /// signal handlers cannot be installed (logged).
@@ -80,6 +94,27 @@ pub async fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
         _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: finishing the current batch, then stopping"),
     }
     token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    /// The producer's default (the events table's rule) refuses what every broker of the build
+    /// reserves, so a plain `PgOutbox::new` never lets a header through that a transport would
+    /// refuse at publish.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_tables_rule_covers_every_brokers_reserved_headers() {
+        let table = outbox_postgres::RESERVED_HEADERS;
+        for entry in crate::brokers().entries() {
+            let r = entry.reserved_headers;
+            for p in r.prefixes {
+                assert!(table.reserves(&format!("{p}x")), "{}: {p}", entry.name);
+            }
+            for n in r.names {
+                assert!(table.reserves(n), "{}: {n}", entry.name);
+            }
+        }
+    }
 }
 
 /// The guide (`docs/guide`, an mdBook) and the README, one module per chapter, so that
