@@ -316,8 +316,8 @@ impl FileConfig {
             (file::CA, &flags.broker_ca_file),
             (file::CERT, &flags.broker_cert_file),
             (file::KEY, &flags.broker_key_file),
-            (file::NATS_CREDENTIALS, &flags.nats_credentials_file),
-            (file::NATS_NKEY_SEED, &flags.nats_nkey_file),
+            (outbox::nats::CREDENTIALS_FILE, &flags.nats_credentials_file),
+            (outbox::nats::NKEY_SEED_FILE, &flags.nats_nkey_file),
         ] {
             if let Some(p) = path {
                 s.set_file(kind, p.clone());

@@ -306,7 +306,11 @@ impl BrokerError {
     }
 }
 
-/// Well-known TLS and credential files that override a broker section's own keys.
+/// The TLS files every TLS-speaking broker understands, which override a broker section's own
+/// keys. A broker with files of its own (a credentials file its protocol defines) exports
+/// their kinds as constants of its crate and lists them in its [`Backend::FILES`];
+/// [`BrokerSettings::set_file`] takes any kind, and an entry refuses the kinds it does not
+/// list.
 pub mod file {
     /// PEM certificate authorities trusted for the broker's certificate.
     pub const CA: &str = "ca_file";
@@ -314,10 +318,6 @@ pub mod file {
     pub const CERT: &str = "cert_file";
     /// PEM private key of the client certificate.
     pub const KEY: &str = "key_file";
-    /// A NATS `.creds` file (user JWT and NKey seed).
-    pub const NATS_CREDENTIALS: &str = "credentials_file";
-    /// A NATS user NKey seed file.
-    pub const NATS_NKEY_SEED: &str = "nkey_seed_file";
 }
 
 /// The settings brokers read: named sections (each a table of keys, as parsed from the
@@ -345,7 +345,7 @@ impl BrokerSettings {
         self
     }
 
-    /// Sets a file override (`kind` one of [`file`]).
+    /// Sets a file override: `kind` is one of [`file`] or a kind a broker crate exports.
     pub fn set_file(&mut self, kind: &'static str, path: PathBuf) {
         self.files.insert(kind, path);
     }
@@ -479,7 +479,7 @@ pub trait Backend: 'static {
     const NAME: &'static str;
     /// The broker's name in messages (`NATS`), as [`BrokerEntry::title`].
     const TITLE: &'static str;
-    /// The file overrides ([`file`]) it uses; any other is refused.
+    /// The file overrides it uses ([`file`], and kinds of its own); any other is refused.
     const FILES: &'static [&'static str];
     /// The transport's configuration.
     type TransportConfig: Send;
@@ -813,9 +813,15 @@ mod tests {
         let e = s.section::<S>("x").unwrap_err();
         assert!(e.to_string().contains("streem"), "{e}");
         assert_eq!(s.section::<S>("absent").unwrap().stream, "");
+        // A broker's own file kind travels like the TLS ones.
+        const SEED: &str = "seed_file";
         let mut s = BrokerSettings::new();
-        s.set_file(file::NATS_NKEY_SEED, "/seed".into());
-        assert!(s.accept_files("rabbitmq", &[file::CA]).is_err());
-        assert!(s.accept_files("nats", &[file::NATS_NKEY_SEED]).is_ok());
+        s.set_file(SEED, "/seed".into());
+        let e = s.accept_files("other", &[file::CA]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration `other.seed_file`: other does not use a seed_file"
+        );
+        assert!(s.accept_files("fake", &[file::CA, SEED]).is_ok());
     }
 }

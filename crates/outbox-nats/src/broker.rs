@@ -26,6 +26,14 @@ pub static BROKER: BrokerEntry = BrokerEntry {
     source: broker::source::<Nats>,
 };
 
+/// File override kind (`BrokerSettings::set_file`) of a NATS `.creds` file: the user JWT and
+/// NKey seed (the section's `security.credentials_file`).
+pub const CREDENTIALS_FILE: &str = "credentials_file";
+
+/// File override kind of a NATS user NKey seed file (the section's
+/// `security.nkey_seed_file`).
+pub const NKEY_SEED_FILE: &str = "nkey_seed_file";
+
 const TRANSPORT_SECTION: &str = "nats";
 const SOURCE_SECTION: &str = "nats_consumer";
 
@@ -38,8 +46,8 @@ fn apply_files(security: &mut NatsSecurity, settings: &BrokerSettings) {
             file::CA => &mut security.ca_file,
             file::CERT => &mut security.cert_file,
             file::KEY => &mut security.key_file,
-            file::NATS_CREDENTIALS => &mut security.credentials_file,
-            file::NATS_NKEY_SEED => &mut security.nkey_seed_file,
+            CREDENTIALS_FILE => &mut security.credentials_file,
+            NKEY_SEED_FILE => &mut security.nkey_seed_file,
             _ => continue,
         };
         *target = Some(path.clone());
@@ -53,8 +61,8 @@ impl Backend for Nats {
         file::CA,
         file::CERT,
         file::KEY,
-        file::NATS_CREDENTIALS,
-        file::NATS_NKEY_SEED,
+        CREDENTIALS_FILE,
+        NKEY_SEED_FILE,
     ];
     type TransportConfig = NatsConfig;
     type SourceConfig = NatsConsumerConfig;
@@ -104,5 +112,33 @@ impl Backend for Nats {
         config: NatsConsumerConfig,
     ) -> Result<NatsSource, NatsConsumerError> {
         NatsSource::connect(url, config).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_credential_files_are_nats_own() {
+        for (kind, path) in [
+            (CREDENTIALS_FILE, "/secrets/x.creds"),
+            (NKEY_SEED_FILE, "/secrets/seed"),
+        ] {
+            let mut settings = BrokerSettings::new();
+            settings.set_file(kind, path.into());
+            assert!(settings.accept_files(Nats::NAME, Nats::FILES).is_ok());
+            for security in [
+                Nats::transport_config(&settings).unwrap().security,
+                Nats::source_config(&settings, None).unwrap().security,
+            ] {
+                let set = if kind == CREDENTIALS_FILE {
+                    security.credentials_file
+                } else {
+                    security.nkey_seed_file
+                };
+                assert_eq!(set.as_deref(), Some(std::path::Path::new(path)), "{kind}");
+            }
+        }
     }
 }

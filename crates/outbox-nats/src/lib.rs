@@ -102,7 +102,7 @@ mod security;
 mod subject;
 mod transport;
 
-pub use broker::BROKER;
+pub use broker::{BROKER, CREDENTIALS_FILE, NKEY_SEED_FILE};
 pub use config::{NatsConfig, NatsConfigError};
 pub use consumer::{
     MAX_PREFETCH, NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery,

@@ -107,7 +107,8 @@ mod tests {
     #[tokio::test]
     async fn a_file_rabbitmq_has_no_use_for_is_refused_before_connecting() {
         let mut settings = BrokerSettings::new();
-        settings.set_file(file::NATS_CREDENTIALS, "/secrets/x.creds".into());
+        // A kind another broker defines (a credentials file of its protocol).
+        settings.set_file("credentials_file", "/secrets/x.creds".into());
         let opts = SourceOptions {
             consumer: "reporting".into(),
         };
