@@ -371,10 +371,10 @@ pub fn resolve(
     })
 }
 
-/// A URL with every secret masked, for messages: the one redaction of the toolkit,
-/// [`outbox_core::secrets::redact_url`].
+/// A URL with every secret masked, for messages: the one redaction of the toolkit, with the URL
+/// rules of every backend of the binary ([`outbox::secrets::redact_url`]).
 pub fn redact(url: &str) -> String {
-    outbox_core::secrets::redact_url(url)
+    outbox::secrets::redact_url(url)
 }
 
 /// TLS and authentication of the broker connection. Each flag (or its environment variable)

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use crate::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
 use crate::message::{OutboxMessage, ReservedHeaders};
+use crate::secrets::{Redactor, UrlRules};
 use crate::transport::{PublishError, PublishReceipt, Transport};
 use crate::wire::{DecodeError, EventIdentity, IncomingEvent};
 
@@ -296,11 +297,22 @@ impl BrokerError {
         }
     }
 
-    /// A [`BrokerError::Connect`] for `broker` (its title) at `url` (redacted here).
+    /// A [`BrokerError::Connect`] for `broker` (its title) at `url`, redacted here by the
+    /// generic rules ([`crate::secrets::redact_url`]).
     pub fn connect(broker: &'static str, url: &str, reason: impl std::fmt::Display) -> Self {
+        Self::connect_redacted(broker, crate::secrets::redact_url(url), reason)
+    }
+
+    /// A [`BrokerError::Connect`] for `broker` (its title) at `address`, which the caller
+    /// redacted (with its broker's [`UrlRules`]).
+    pub fn connect_redacted(
+        broker: &'static str,
+        address: String,
+        reason: impl std::fmt::Display,
+    ) -> Self {
         Self::Connect {
             broker,
-            address: crate::secrets::redact_url(url),
+            address,
             reason: reason.to_string(),
         }
     }
@@ -449,6 +461,8 @@ pub struct BrokerEntry {
     /// producer that may publish to this broker refuses them at enqueue
     /// ([`Registry::reserved_headers`]).
     pub reserved_headers: ReservedHeaders,
+    /// How its URLs carry credentials beyond the generic rules ([`Backend::URL_RULES`]).
+    pub url_rules: UrlRules,
     /// Checks its sections and the file overrides without connecting.
     pub check: fn(&BrokerSettings) -> Result<(), BrokerError>,
     /// Connects its transport.
@@ -461,18 +475,36 @@ pub struct BrokerEntry {
 /// configurations, and how each side connects. The entry's functions are then [`check`],
 /// [`transport`] and [`source`] instantiated for it, which do what every broker does the same
 /// way: refuse file overrides outside [`Backend::FILES`], check both sections, connect, and
-/// report a connect error as [`BrokerError::Connect`] with the URL redacted.
+/// report a connect error as [`BrokerError::Connect`] with the URL redacted by
+/// [`Backend::URL_RULES`].
+///
+/// The entry of a made-up broker, "Acme MQ", whose binding writes `acme-*` headers and whose
+/// URLs may name a user alone:
 ///
 /// ```ignore
 /// pub static BROKER: BrokerEntry = BrokerEntry {
-///     name: "nats",
-///     title: "NATS",
-///     schemes: &["nats", "tls"],
-///     sections: &["nats", "nats_consumer"],
-///     check: broker::check::<Nats>,
-///     transport: broker::transport::<Nats>,
-///     source: broker::source::<Nats>,
+///     name: Acme::NAME,
+///     title: Acme::TITLE,
+///     schemes: &["acme", "acmes"],
+///     sections: &["acme", "acme_consumer"],
+///     reserved_headers: ReservedHeaders { prefixes: &["acme-"], names: &[] },
+///     url_rules: Acme::URL_RULES,
+///     check: broker::check::<Acme>,
+///     transport: broker::transport::<Acme>,
+///     source: broker::source::<Acme>,
 /// };
+///
+/// impl Backend for Acme {
+///     const NAME: &'static str = "acme";
+///     const TITLE: &'static str = "Acme MQ";
+///     const FILES: &'static [&'static str] = &[file::CA, CREDENTIALS_FILE];
+///     const URL_RULES: UrlRules = UrlRules {
+///         schemes: &["acme", "acmes"],
+///         lone_userinfo_is_user: true,
+///         shown_params: &["heartbeat"],
+///     };
+///     // The configurations, the transport, the source and how they connect ...
+/// }
 /// ```
 pub trait Backend: 'static {
     /// The broker's short name (`nats`), as [`BrokerEntry::name`].
@@ -481,6 +513,10 @@ pub trait Backend: 'static {
     const TITLE: &'static str;
     /// The file overrides it uses ([`file`], and kinds of its own); any other is refused.
     const FILES: &'static [&'static str];
+    /// How its URLs carry credentials, for the redaction of its connect errors; the generic
+    /// rules ([`UrlRules::NONE`]) unless it says more. Its entry gives the same value as
+    /// [`BrokerEntry::url_rules`].
+    const URL_RULES: UrlRules = UrlRules::NONE;
     /// The transport's configuration.
     type TransportConfig: Send;
     /// The delivery source's configuration.
@@ -553,7 +589,7 @@ pub fn transport<'a, B: Backend>(
         B::connect_transport(url, config)
             .await
             .map(BoxTransport::new)
-            .map_err(|e| BrokerError::connect(B::TITLE, url, e))
+            .map_err(|e| BrokerError::connect_redacted(B::TITLE, B::URL_RULES.redact(url), e))
     })
 }
 
@@ -572,7 +608,7 @@ pub fn source<'a, B: Backend>(
         B::connect_source(url, config)
             .await
             .map(BoxSource::new)
-            .map_err(|e| BrokerError::connect(B::TITLE, url, e))
+            .map_err(|e| BrokerError::connect_redacted(B::TITLE, B::URL_RULES.redact(url), e))
     })
 }
 
@@ -624,6 +660,12 @@ impl Registry {
     /// ([`NewMessage::validate_reserving`](crate::NewMessage::validate_reserving)).
     pub fn reserved_headers(&self) -> Vec<ReservedHeaders> {
         self.entries.iter().map(|e| e.reserved_headers).collect()
+    }
+
+    /// A [`Redactor`] with every registered broker's [`UrlRules`]. Add a store's or an
+    /// adapter's rules with [`Redactor::with`].
+    pub fn redactor(&self) -> Redactor {
+        Redactor::new(self.entries.iter().map(|e| e.url_rules))
     }
 
     /// The entry serving `url`'s scheme.
@@ -730,6 +772,11 @@ mod tests {
             prefixes: &["fake-"],
             names: &["fake"],
         },
+        url_rules: UrlRules {
+            schemes: &["fake", "fakes"],
+            lone_userinfo_is_user: true,
+            shown_params: &["mode"],
+        },
         check,
         transport,
         source,
@@ -743,6 +790,7 @@ mod tests {
             prefixes: &["other_"],
             names: &[],
         },
+        url_rules: UrlRules::NONE,
         check,
         transport,
         source,
@@ -767,6 +815,37 @@ mod tests {
         }
         assert_eq!(msg("fakes").validate_reserving(&reserved), Ok(()));
         assert!(Registry::new(&[]).reserved_headers().is_empty());
+        let redactor = r.redactor();
+        assert_eq!(
+            redactor.redact("fake://u@h?mode=a&k=v,other://t0k@h?mode=a"),
+            "fake://u@h?mode=a&k=***,other://***@h?mode=***"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Never;
+    impl std::fmt::Display for Never {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("never connects")
+        }
+    }
+
+    #[test]
+    fn connect_errors_are_redacted_by_the_brokers_rules() {
+        let e = BrokerError::connect("Fake", "fake://user@h?mode=a", Never);
+        assert_eq!(
+            e.to_string(),
+            "cannot connect to Fake at fake://***@h?mode=***: never connects"
+        );
+        let e = BrokerError::connect_redacted(
+            "Fake",
+            FAKE.url_rules.redact("fake://user:pw@h?mode=a"),
+            Never,
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot connect to Fake at fake://user:***@h?mode=a: never connects"
+        );
     }
 
     #[tokio::test]

@@ -7,6 +7,11 @@
 //! `sasl.*` property) unless its own section sets it. File overrides (`ca_file`, `cert_file`,
 //! `key_file`) become `ssl.ca.location`, `ssl.certificate.location` and `ssl.key.location` in
 //! both, and make TLS required (`security.protocol = ssl` unless it says `sasl_ssl`).
+//!
+//! The entry declares the header names the CloudEvents format sets itself
+//! ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)). A `kafka://` URL carries no credentials
+//! (SASL is configured in the properties, and [`bootstrap_servers`](crate::bootstrap_servers)
+//! refuses user info), so the generic URL redaction is Kafka's.
 
 use outbox_core::broker::{
     self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
@@ -25,6 +30,7 @@ pub static BROKER: BrokerEntry = BrokerEntry {
     schemes: &["kafka"],
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
     reserved_headers: RESERVED_HEADERS,
+    url_rules: Kafka::URL_RULES,
     check: broker::check::<Kafka>,
     transport: broker::transport::<Kafka>,
     source: broker::source::<Kafka>,

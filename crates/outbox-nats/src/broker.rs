@@ -3,11 +3,15 @@
 //! `nats_consumer` ([`NatsConsumerConfig`], the delivery source). The source inherits the
 //! transport section's `security` unless its own section sets one, and uses the consumer's name
 //! as its durable name unless the section sets `durable_name`. File overrides (`ca_file`,
-//! `cert_file`, `key_file`, `credentials_file`, `nkey_seed_file`) replace the `security` keys.
+//! `cert_file`, `key_file`, and NATS's own [`CREDENTIALS_FILE`] and [`NKEY_SEED_FILE`]) replace
+//! the `security` keys. The entry also declares the header names the transport sets itself
+//! ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)) and how NATS URLs carry credentials: a lone
+//! value before `@` is a token (`nats://TOKEN@host`), which the generic redaction masks.
 
 use outbox_core::broker::{
     self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
 };
+use outbox_core::secrets::UrlRules;
 
 use crate::{
     NatsConfig, NatsConnectError, NatsConsumerConfig, NatsConsumerError, NatsSecurity, NatsSource,
@@ -18,9 +22,10 @@ use crate::{
 pub static BROKER: BrokerEntry = BrokerEntry {
     name: Nats::NAME,
     title: Nats::TITLE,
-    schemes: &["nats", "tls"],
+    schemes: SCHEMES,
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
     reserved_headers: RESERVED_HEADERS,
+    url_rules: Nats::URL_RULES,
     check: broker::check::<Nats>,
     transport: broker::transport::<Nats>,
     source: broker::source::<Nats>,
@@ -33,6 +38,9 @@ pub const CREDENTIALS_FILE: &str = "credentials_file";
 /// File override kind of a NATS user NKey seed file (the section's
 /// `security.nkey_seed_file`).
 pub const NKEY_SEED_FILE: &str = "nkey_seed_file";
+
+/// `nats://` and `tls://` (NATS over TLS).
+const SCHEMES: &[&str] = &["nats", "tls"];
 
 const TRANSPORT_SECTION: &str = "nats";
 const SOURCE_SECTION: &str = "nats_consumer";
@@ -64,6 +72,13 @@ impl Backend for Nats {
         CREDENTIALS_FILE,
         NKEY_SEED_FILE,
     ];
+    /// A lone value before `@` is a token, and NATS URLs have no harmless parameters: the
+    /// generic rules, which mask both, are NATS's.
+    const URL_RULES: UrlRules = UrlRules {
+        schemes: SCHEMES,
+        lone_userinfo_is_user: false,
+        shown_params: &[],
+    };
     type TransportConfig = NatsConfig;
     type SourceConfig = NatsConsumerConfig;
     type Transport = NatsTransport;
@@ -117,7 +132,23 @@ impl Backend for Nats {
 
 #[cfg(test)]
 mod tests {
+    use outbox_core::broker::Registry;
+
     use super::*;
+
+    #[test]
+    fn nats_urls_are_redacted_with_a_token_masked_whole() {
+        let r = Registry::new(&[&BROKER]).redactor();
+        assert_eq!(r.redact("nats://s3cr3t@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(r.redact("TLS://s3cr3t@nats:4222"), "TLS://***@nats:4222");
+        assert_eq!(
+            r.redact("nats://a:pw@h1:4222,nats://tok@h2:4222,nats://h3:4222"),
+            "nats://a:***@h1:4222,nats://***@h2:4222,nats://h3:4222"
+        );
+        assert_eq!(r.redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(r.secrets("nats://s3cr3t@h"), vec!["s3cr3t".to_owned()]);
+        assert!(r.secrets("nats://h:4222").is_empty());
+    }
 
     #[test]
     fn the_credential_files_are_nats_own() {

@@ -53,7 +53,7 @@ mod store;
 mod version;
 mod window;
 
-pub use connect::{ConnectError, connect};
+pub use connect::{ConnectError, URL_RULES, connect};
 pub use consumer::{PgConsumer, consumer_dead_letter_list, consumer_dead_letter_requeue};
 pub use effects::{
     EffectsError, EnqueueOutcome, NewWorkItem, PgEffects, Resolution, WorkItemRow, idempotency_key,

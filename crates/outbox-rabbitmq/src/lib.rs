@@ -121,7 +121,7 @@ mod link;
 mod tls;
 mod transport;
 
-pub use broker::BROKER;
+pub use broker::{BROKER, URL_RULES};
 pub use config::{
     MAX_IN_FLIGHT, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfig, RabbitConfigError,
     TEMPLATE_PLACEHOLDERS,
