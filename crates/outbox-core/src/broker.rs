@@ -1,19 +1,25 @@
 //! Brokers chosen at runtime by URL scheme: the [`Registry`] of [`BrokerEntry`]s and the
 //! type-erased transport and delivery source it hands out.
 //!
-//! Each transport crate exports one `BrokerEntry` (for NATS, `outbox_nats::BROKER`: schemes
-//! `nats` and `tls`); the facade crate `outbox` lists the entries of the transports it was built
+//! Each transport crate exports one `BrokerEntry` (`outbox_<broker>::BROKER`, naming the URL
+//! schemes it serves); the facade crate `outbox` lists the entries of the transports it was built
 //! with (`outbox::brokers()`), and the CLI, the benchmarks and the tests connect through that
 //! one registry. Adding a transport is one crate plus one registry line. An unknown scheme is
 //! [`BrokerError::UnknownScheme`] and a URL without one [`BrokerError::NoScheme`], both naming
 //! the supported ones.
 //!
 //! Settings travel as named sections ([`BrokerSettings`]): an entry reads its own sections
-//! (the NATS entry reads `nats` for the transport and `nats_consumer` for the delivery source)
+//! (typically one named after the broker for the transport and one for the delivery source)
 //! and refuses unknown keys in them, so a typo in any section is reported at startup, whatever
 //! broker the URL names. TLS and credential files given on the command line
 //! ([`BrokerSettings::set_file`]) override the sections' own keys; an entry refuses a file kind
 //! it has no use for.
+//!
+//! What the rest of the toolkit must know of a broker without connecting to it comes from its
+//! entry too, so that the core holds no broker's names: the header names its wire binding sets
+//! itself ([`BrokerEntry::reserved_headers`], which producers must not use; their union over a
+//! build is [`Registry::reserved_headers`]) and how its URLs carry credentials
+//! ([`BrokerEntry::url_rules`], for redaction; [`Registry::redactor`]).
 //!
 //! The erased types ([`BoxTransport`], [`BoxSource`], [`BoxDelivery`]) implement the same
 //! traits as the concrete ones, so the engines run on them unchanged; the cost is one boxed
@@ -244,12 +250,14 @@ impl DeliverySource for BoxSource {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
-    /// The URL has no `scheme://` (empty, or a typo such as `nats//host`).
-    #[error("broker URL `{url}` has no scheme: use one of {supported} (e.g. nats://host:4222)")]
+    /// The URL has no `scheme://` (empty, or a typo such as `scheme//host`).
+    #[error(
+        "broker URL `{url}` has no scheme: write `<scheme>://host:port` with one of {supported}"
+    )]
     NoScheme {
         /// The URL as given, redacted (empty when none was).
         url: String,
-        /// The supported schemes, e.g. `nats://, tls://, amqp://, amqps://`.
+        /// The supported schemes, as [`Registry::supported`] lists them.
         supported: String,
     },
     /// No registered broker serves the URL's scheme.
@@ -257,7 +265,7 @@ pub enum BrokerError {
     UnknownScheme {
         /// The scheme found (`foo`), or the whole (redacted) URL when it has none.
         scheme: String,
-        /// The supported schemes, e.g. `nats://, tls://, amqp://, amqps://`.
+        /// The supported schemes, as [`Registry::supported`] lists them.
         supported: String,
     },
     /// A settings section no registered broker owns (a typo, or a transport not in this build).
@@ -271,7 +279,7 @@ pub enum BrokerError {
     /// A setting is invalid; `key` is `section.key`.
     #[error("invalid configuration `{key}`: {reason}")]
     Config {
-        /// The key, e.g. `nats.stream`.
+        /// The key, e.g. `<section>.stream`.
         key: String,
         /// What is wrong.
         reason: String,
@@ -279,7 +287,7 @@ pub enum BrokerError {
     /// The broker could not be reached or refused the set-up.
     #[error("cannot connect to {broker} at {address}: {reason}")]
     Connect {
-        /// The broker's title (`NATS`).
+        /// The broker's title ([`BrokerEntry::title`]).
         broker: &'static str,
         /// The URL, redacted.
         address: String,
@@ -448,9 +456,9 @@ pub type SourceConnector = for<'a> fn(
 /// One broker of the registry, exported by its transport crate.
 #[derive(Debug)]
 pub struct BrokerEntry {
-    /// The broker's short name (`nats`), lower case.
+    /// The broker's short name, lower case ([`Backend::NAME`]).
     pub name: &'static str,
-    /// The name in messages (`NATS`).
+    /// The name in messages ([`Backend::TITLE`]).
     pub title: &'static str,
     /// URL schemes it serves, lower case, without `://`.
     pub schemes: &'static [&'static str],
@@ -507,9 +515,9 @@ pub struct BrokerEntry {
 /// }
 /// ```
 pub trait Backend: 'static {
-    /// The broker's short name (`nats`), as [`BrokerEntry::name`].
+    /// The broker's short name, lower case, as [`BrokerEntry::name`].
     const NAME: &'static str;
-    /// The broker's name in messages (`NATS`), as [`BrokerEntry::title`].
+    /// The broker's name in messages, as [`BrokerEntry::title`].
     const TITLE: &'static str;
     /// The file overrides it uses ([`file`], and kinds of its own); any other is refused.
     const FILES: &'static [&'static str];
@@ -641,7 +649,7 @@ impl Registry {
         &self.entries
     }
 
-    /// The supported schemes as `nats://, tls://, …`.
+    /// The supported schemes as `a://, b://, …`, in the order of the entries.
     pub fn supported(&self) -> String {
         let all: Vec<String> = self
             .entries

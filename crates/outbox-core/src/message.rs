@@ -188,8 +188,8 @@ impl Payload {
     }
 }
 
-/// SHA-256 of a payload's exact bytes. Stored with the outbox row (computed by the database in
-/// PostgreSQL, so plain-SQL producers get it too) and compared by the consumer inbox to tell a
+/// SHA-256 of a payload's exact bytes. Stored with the outbox row (a store may compute it
+/// itself, so that plain-SQL producers get it too) and compared by the consumer inbox to tell a
 /// redelivery from a conflicting reuse of an event id.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
@@ -648,12 +648,11 @@ impl OutboxMessage {
 
     /// Checks that the row can be published as it is: the rules of [`NewMessage::validate`]
     /// but the payload's (field lengths, versions, a printable media type, header names and
-    /// values). An enqueue never writes a row that breaks them, and the PostgreSQL store's
-    /// constraints refuse one from any other producer; a row that still does (written before
-    /// those constraints, or by hand) is dead-lettered by the relay with this reason instead
-    /// of being sent to a broker that would misread or refuse it. The payload is not parsed:
-    /// that would cost every event a parse, and a consumer dead-letters a payload it cannot
-    /// read.
+    /// values). An enqueue never writes a row that breaks them, and a store's own constraints
+    /// may refuse one from any other producer; a row that still does (written before those
+    /// constraints, or by hand) is dead-lettered by the relay with this reason instead of being
+    /// sent to a broker that would misread or refuse it. The payload is not parsed: that would
+    /// cost every event a parse, and a consumer dead-letters a payload it cannot read.
     ///
     /// # Errors
     /// The first [`MessageError`] found.

@@ -28,11 +28,11 @@ pub fn route_key(destination: Option<&str>, aggregate_type: &str) -> String {
 /// * A paused **consumer** takes no deliveries from its source (its engine asks its store at most
 ///   once a second, [`crate::consumer`]): a batch in progress is finished, then what
 ///   the broker holds for the consumer waits there until it is resumed. What the source had
-///   already received stays with it unacknowledged: NATS redelivers it after the ack wait,
-///   RabbitMQ keeps up to the prefetch count with the paused consumer until its
-///   `consumer_timeout` (30 minutes by default) closes the channel and requeues them (each
-///   such return counts as a delivery), Kafka has nothing unacknowledged beyond the uncommitted
-///   offsets. The source is not polled while paused, so its lag is not refreshed either.
+///   already received stays with it unacknowledged until the broker takes it back by its own
+///   rules (after an ack wait, when a consumer timeout closes the channel, where each such
+///   return may count as a delivery, or not at all where only offsets are uncommitted; the
+///   guide's console chapter says which for each broker). The source is not polled while
+///   paused, so its lag is not refreshed either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PauseTarget {
