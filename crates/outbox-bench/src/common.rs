@@ -92,7 +92,7 @@ pub fn run_header(env: &Env) -> String {
 
 /// The URL with every credential hidden (the toolkit's one redaction function).
 pub fn redact(url: &str) -> String {
-    outbox_core::secrets::redact_url(url)
+    outbox::secrets::redact_url(url)
 }
 
 pub async fn connect_pool(env: &Env, size: u32) -> Result<PgPool> {

@@ -316,8 +316,8 @@ impl FileConfig {
             (file::CA, &flags.broker_ca_file),
             (file::CERT, &flags.broker_cert_file),
             (file::KEY, &flags.broker_key_file),
-            (file::NATS_CREDENTIALS, &flags.nats_credentials_file),
-            (file::NATS_NKEY_SEED, &flags.nats_nkey_file),
+            (outbox::nats::CREDENTIALS_FILE, &flags.nats_credentials_file),
+            (outbox::nats::NKEY_SEED_FILE, &flags.nats_nkey_file),
         ] {
             if let Some(p) = path {
                 s.set_file(kind, p.clone());
@@ -371,10 +371,10 @@ pub fn resolve(
     })
 }
 
-/// A URL with every secret masked, for messages: the one redaction of the toolkit,
-/// [`outbox_core::secrets::redact_url`].
+/// A URL with every secret masked, for messages: the one redaction of the toolkit, with the URL
+/// rules of every backend of the binary ([`outbox::secrets::redact_url`]).
 pub fn redact(url: &str) -> String {
-    outbox_core::secrets::redact_url(url)
+    outbox::secrets::redact_url(url)
 }
 
 /// TLS and authentication of the broker connection. Each flag (or its environment variable)

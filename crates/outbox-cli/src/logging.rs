@@ -1,6 +1,7 @@
 //! Log output that cannot carry the process's secrets.
 //!
-//! The toolkit's own code logs only redacted URLs ([`outbox_core::secrets::redact_url`]), and
+//! The toolkit's own code logs only redacted URLs ([`outbox::secrets::redact_url`], with the
+//! URL rules each backend declares), and
 //! the NATS crates hand credentials to the client through options, not inside addresses. This
 //! module is the safety net for text the toolkit does not format: a client library's debug line
 //! that prints its connection address, an error message that quotes its input. Every secret
@@ -47,9 +48,11 @@ const URL_VARIABLES: &[&str] = &[
     "OUTBOX_PROVIDER_URL",
 ];
 
-/// Builds the scrubber from every URL the process may use, plus `PGPASSWORD`.
+/// Builds the scrubber from every URL the process may use, plus `PGPASSWORD`. The secrets of a
+/// URL are what the rules of its backend say they are ([`outbox::secrets::redactor`]): a user
+/// name its protocol shows is not masked wherever it occurs.
 pub fn scrubber<'a>(urls: impl IntoIterator<Item = &'a str>) -> Scrubber {
-    let mut s = Scrubber::default();
+    let mut s = Scrubber::new(outbox::secrets::redactor());
     for url in urls {
         s.add_url(url);
     }

@@ -1,19 +1,25 @@
 //! Brokers chosen at runtime by URL scheme: the [`Registry`] of [`BrokerEntry`]s and the
 //! type-erased transport and delivery source it hands out.
 //!
-//! Each transport crate exports one `BrokerEntry` (for NATS, `outbox_nats::BROKER`: schemes
-//! `nats` and `tls`); the facade crate `outbox` lists the entries of the transports it was built
+//! Each transport crate exports one `BrokerEntry` (`outbox_<broker>::BROKER`, naming the URL
+//! schemes it serves); the facade crate `outbox` lists the entries of the transports it was built
 //! with (`outbox::brokers()`), and the CLI, the benchmarks and the tests connect through that
 //! one registry. Adding a transport is one crate plus one registry line. An unknown scheme is
 //! [`BrokerError::UnknownScheme`] and a URL without one [`BrokerError::NoScheme`], both naming
 //! the supported ones.
 //!
 //! Settings travel as named sections ([`BrokerSettings`]): an entry reads its own sections
-//! (the NATS entry reads `nats` for the transport and `nats_consumer` for the delivery source)
+//! (typically one named after the broker for the transport and one for the delivery source)
 //! and refuses unknown keys in them, so a typo in any section is reported at startup, whatever
 //! broker the URL names. TLS and credential files given on the command line
 //! ([`BrokerSettings::set_file`]) override the sections' own keys; an entry refuses a file kind
 //! it has no use for.
+//!
+//! What the rest of the toolkit must know of a broker without connecting to it comes from its
+//! entry too, so that the core holds no broker's names: the header names its wire binding sets
+//! itself ([`BrokerEntry::reserved_headers`], which producers must not use; their union over a
+//! build is [`Registry::reserved_headers`]) and how its URLs carry credentials
+//! ([`BrokerEntry::url_rules`], for redaction; [`Registry::redactor`]).
 //!
 //! The erased types ([`BoxTransport`], [`BoxSource`], [`BoxDelivery`]) implement the same
 //! traits as the concrete ones, so the engines run on them unchanged; the cost is one boxed
@@ -26,7 +32,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
-use crate::message::OutboxMessage;
+use crate::message::{OutboxMessage, ReservedHeaders};
+use crate::secrets::{Redactor, UrlRules};
 use crate::transport::{PublishError, PublishReceipt, Transport};
 use crate::wire::{DecodeError, EventIdentity, IncomingEvent};
 
@@ -243,12 +250,14 @@ impl DeliverySource for BoxSource {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
-    /// The URL has no `scheme://` (empty, or a typo such as `nats//host`).
-    #[error("broker URL `{url}` has no scheme: use one of {supported} (e.g. nats://host:4222)")]
+    /// The URL has no `scheme://` (empty, or a typo such as `scheme//host`).
+    #[error(
+        "broker URL `{url}` has no scheme: write `<scheme>://host:port` with one of {supported}"
+    )]
     NoScheme {
         /// The URL as given, redacted (empty when none was).
         url: String,
-        /// The supported schemes, e.g. `nats://, tls://, amqp://, amqps://`.
+        /// The supported schemes, as [`Registry::supported`] lists them.
         supported: String,
     },
     /// No registered broker serves the URL's scheme.
@@ -256,7 +265,7 @@ pub enum BrokerError {
     UnknownScheme {
         /// The scheme found (`foo`), or the whole (redacted) URL when it has none.
         scheme: String,
-        /// The supported schemes, e.g. `nats://, tls://, amqp://, amqps://`.
+        /// The supported schemes, as [`Registry::supported`] lists them.
         supported: String,
     },
     /// A settings section no registered broker owns (a typo, or a transport not in this build).
@@ -270,7 +279,7 @@ pub enum BrokerError {
     /// A setting is invalid; `key` is `section.key`.
     #[error("invalid configuration `{key}`: {reason}")]
     Config {
-        /// The key, e.g. `nats.stream`.
+        /// The key, e.g. `<section>.stream`.
         key: String,
         /// What is wrong.
         reason: String,
@@ -278,7 +287,7 @@ pub enum BrokerError {
     /// The broker could not be reached or refused the set-up.
     #[error("cannot connect to {broker} at {address}: {reason}")]
     Connect {
-        /// The broker's title (`NATS`).
+        /// The broker's title ([`BrokerEntry::title`]).
         broker: &'static str,
         /// The URL, redacted.
         address: String,
@@ -296,17 +305,32 @@ impl BrokerError {
         }
     }
 
-    /// A [`BrokerError::Connect`] for `broker` (its title) at `url` (redacted here).
+    /// A [`BrokerError::Connect`] for `broker` (its title) at `url`, redacted here by the
+    /// generic rules ([`crate::secrets::redact_url`]).
     pub fn connect(broker: &'static str, url: &str, reason: impl std::fmt::Display) -> Self {
+        Self::connect_redacted(broker, crate::secrets::redact_url(url), reason)
+    }
+
+    /// A [`BrokerError::Connect`] for `broker` (its title) at `address`, which the caller
+    /// redacted (with its broker's [`UrlRules`]).
+    pub fn connect_redacted(
+        broker: &'static str,
+        address: String,
+        reason: impl std::fmt::Display,
+    ) -> Self {
         Self::Connect {
             broker,
-            address: crate::secrets::redact_url(url),
+            address,
             reason: reason.to_string(),
         }
     }
 }
 
-/// Well-known TLS and credential files that override a broker section's own keys.
+/// The TLS files every TLS-speaking broker understands, which override a broker section's own
+/// keys. A broker with files of its own (a credentials file its protocol defines) exports
+/// their kinds as constants of its crate and lists them in its [`Backend::FILES`];
+/// [`BrokerSettings::set_file`] takes any kind, and an entry refuses the kinds it does not
+/// list.
 pub mod file {
     /// PEM certificate authorities trusted for the broker's certificate.
     pub const CA: &str = "ca_file";
@@ -314,10 +338,6 @@ pub mod file {
     pub const CERT: &str = "cert_file";
     /// PEM private key of the client certificate.
     pub const KEY: &str = "key_file";
-    /// A NATS `.creds` file (user JWT and NKey seed).
-    pub const NATS_CREDENTIALS: &str = "credentials_file";
-    /// A NATS user NKey seed file.
-    pub const NATS_NKEY_SEED: &str = "nkey_seed_file";
 }
 
 /// The settings brokers read: named sections (each a table of keys, as parsed from the
@@ -345,7 +365,7 @@ impl BrokerSettings {
         self
     }
 
-    /// Sets a file override (`kind` one of [`file`]).
+    /// Sets a file override: `kind` is one of [`file`] or a kind a broker crate exports.
     pub fn set_file(&mut self, kind: &'static str, path: PathBuf) {
         self.files.insert(kind, path);
     }
@@ -436,14 +456,21 @@ pub type SourceConnector = for<'a> fn(
 /// One broker of the registry, exported by its transport crate.
 #[derive(Debug)]
 pub struct BrokerEntry {
-    /// The broker's short name (`nats`), lower case.
+    /// The broker's short name, lower case ([`Backend::NAME`]).
     pub name: &'static str,
-    /// The name in messages (`NATS`).
+    /// The name in messages ([`Backend::TITLE`]).
     pub title: &'static str,
     /// URL schemes it serves, lower case, without `://`.
     pub schemes: &'static [&'static str],
     /// The settings sections it reads (and owns).
     pub sections: &'static [&'static str],
+    /// The header names its wire binding sets itself (its attribute prefix, its own protocol
+    /// headers): its transport refuses a message that carries one as a user header, and a
+    /// producer that may publish to this broker refuses them at enqueue
+    /// ([`Registry::reserved_headers`]).
+    pub reserved_headers: ReservedHeaders,
+    /// How its URLs carry credentials beyond the generic rules ([`Backend::URL_RULES`]).
+    pub url_rules: UrlRules,
     /// Checks its sections and the file overrides without connecting.
     pub check: fn(&BrokerSettings) -> Result<(), BrokerError>,
     /// Connects its transport.
@@ -456,26 +483,48 @@ pub struct BrokerEntry {
 /// configurations, and how each side connects. The entry's functions are then [`check`],
 /// [`transport`] and [`source`] instantiated for it, which do what every broker does the same
 /// way: refuse file overrides outside [`Backend::FILES`], check both sections, connect, and
-/// report a connect error as [`BrokerError::Connect`] with the URL redacted.
+/// report a connect error as [`BrokerError::Connect`] with the URL redacted by
+/// [`Backend::URL_RULES`].
+///
+/// The entry of a made-up broker, "Acme MQ", whose binding writes `acme-*` headers and whose
+/// URLs may name a user alone:
 ///
 /// ```ignore
 /// pub static BROKER: BrokerEntry = BrokerEntry {
-///     name: "nats",
-///     title: "NATS",
-///     schemes: &["nats", "tls"],
-///     sections: &["nats", "nats_consumer"],
-///     check: broker::check::<Nats>,
-///     transport: broker::transport::<Nats>,
-///     source: broker::source::<Nats>,
+///     name: Acme::NAME,
+///     title: Acme::TITLE,
+///     schemes: &["acme", "acmes"],
+///     sections: &["acme", "acme_consumer"],
+///     reserved_headers: ReservedHeaders { prefixes: &["acme-"], names: &[] },
+///     url_rules: Acme::URL_RULES,
+///     check: broker::check::<Acme>,
+///     transport: broker::transport::<Acme>,
+///     source: broker::source::<Acme>,
 /// };
+///
+/// impl Backend for Acme {
+///     const NAME: &'static str = "acme";
+///     const TITLE: &'static str = "Acme MQ";
+///     const FILES: &'static [&'static str] = &[file::CA, CREDENTIALS_FILE];
+///     const URL_RULES: UrlRules = UrlRules {
+///         schemes: &["acme", "acmes"],
+///         lone_userinfo_is_user: true,
+///         shown_params: &["heartbeat"],
+///     };
+///     // The configurations, the transport, the source and how they connect ...
+/// }
 /// ```
 pub trait Backend: 'static {
-    /// The broker's short name (`nats`), as [`BrokerEntry::name`].
+    /// The broker's short name, lower case, as [`BrokerEntry::name`].
     const NAME: &'static str;
-    /// The broker's name in messages (`NATS`), as [`BrokerEntry::title`].
+    /// The broker's name in messages, as [`BrokerEntry::title`].
     const TITLE: &'static str;
-    /// The file overrides ([`file`]) it uses; any other is refused.
+    /// The file overrides it uses ([`file`], and kinds of its own); any other is refused.
     const FILES: &'static [&'static str];
+    /// How its URLs carry credentials, for the redaction of its connect errors; the generic
+    /// rules ([`UrlRules::NONE`]) unless it says more. Its entry gives the same value as
+    /// [`BrokerEntry::url_rules`].
+    const URL_RULES: UrlRules = UrlRules::NONE;
     /// The transport's configuration.
     type TransportConfig: Send;
     /// The delivery source's configuration.
@@ -548,7 +597,7 @@ pub fn transport<'a, B: Backend>(
         B::connect_transport(url, config)
             .await
             .map(BoxTransport::new)
-            .map_err(|e| BrokerError::connect(B::TITLE, url, e))
+            .map_err(|e| BrokerError::connect_redacted(B::TITLE, B::URL_RULES.redact(url), e))
     })
 }
 
@@ -567,7 +616,7 @@ pub fn source<'a, B: Backend>(
         B::connect_source(url, config)
             .await
             .map(BoxSource::new)
-            .map_err(|e| BrokerError::connect(B::TITLE, url, e))
+            .map_err(|e| BrokerError::connect_redacted(B::TITLE, B::URL_RULES.redact(url), e))
     })
 }
 
@@ -600,7 +649,7 @@ impl Registry {
         &self.entries
     }
 
-    /// The supported schemes as `nats://, tls://, …`.
+    /// The supported schemes as `a://, b://, …`, in the order of the entries.
     pub fn supported(&self) -> String {
         let all: Vec<String> = self
             .entries
@@ -612,6 +661,19 @@ impl Registry {
         } else {
             all.join(", ")
         }
+    }
+
+    /// The header names any registered broker reserves, one set per entry: what a producer
+    /// that does not know which of them will carry its events refuses
+    /// ([`NewMessage::validate_reserving`](crate::NewMessage::validate_reserving)).
+    pub fn reserved_headers(&self) -> Vec<ReservedHeaders> {
+        self.entries.iter().map(|e| e.reserved_headers).collect()
+    }
+
+    /// A [`Redactor`] with every registered broker's [`UrlRules`]. Add a store's or an
+    /// adapter's rules with [`Redactor::with`].
+    pub fn redactor(&self) -> Redactor {
+        Redactor::new(self.entries.iter().map(|e| e.url_rules))
     }
 
     /// The entry serving `url`'s scheme.
@@ -714,10 +776,85 @@ mod tests {
         title: "Fake",
         schemes: &["fake", "fakes"],
         sections: &["fake"],
+        reserved_headers: ReservedHeaders {
+            prefixes: &["fake-"],
+            names: &["fake"],
+        },
+        url_rules: UrlRules {
+            schemes: &["fake", "fakes"],
+            lone_userinfo_is_user: true,
+            shown_params: &["mode"],
+        },
         check,
         transport,
         source,
     };
+    static OTHER: BrokerEntry = BrokerEntry {
+        name: "other",
+        title: "Other",
+        schemes: &["other"],
+        sections: &["other"],
+        reserved_headers: ReservedHeaders {
+            prefixes: &["other_"],
+            names: &[],
+        },
+        url_rules: UrlRules::NONE,
+        check,
+        transport,
+        source,
+    };
+
+    #[test]
+    fn the_registry_unites_its_entries_rules() {
+        let r = Registry::new(&[&FAKE, &OTHER]);
+        let reserved = r.reserved_headers();
+        let msg = |name: &str| {
+            crate::NewMessage::new("a", "b", 1, "C", crate::Payload::json(&1).unwrap())
+                .with_header(name, "x")
+        };
+        for name in ["fake-id", "FAKE", "other_x"] {
+            assert!(
+                matches!(
+                    msg(name).validate_reserving(&reserved),
+                    Err(crate::MessageError::BadHeaderName(_))
+                ),
+                "{name}"
+            );
+        }
+        assert_eq!(msg("fakes").validate_reserving(&reserved), Ok(()));
+        assert!(Registry::new(&[]).reserved_headers().is_empty());
+        let redactor = r.redactor();
+        assert_eq!(
+            redactor.redact("fake://u@h?mode=a&k=v,other://t0k@h?mode=a"),
+            "fake://u@h?mode=a&k=***,other://***@h?mode=***"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Never;
+    impl std::fmt::Display for Never {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("never connects")
+        }
+    }
+
+    #[test]
+    fn connect_errors_are_redacted_by_the_brokers_rules() {
+        let e = BrokerError::connect("Fake", "fake://user@h?mode=a", Never);
+        assert_eq!(
+            e.to_string(),
+            "cannot connect to Fake at fake://***@h?mode=***: never connects"
+        );
+        let e = BrokerError::connect_redacted(
+            "Fake",
+            FAKE.url_rules.redact("fake://user:pw@h?mode=a"),
+            Never,
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot connect to Fake at fake://user:***@h?mode=a: never connects"
+        );
+    }
 
     #[tokio::test]
     async fn an_unknown_scheme_names_the_supported_ones() {
@@ -763,9 +900,15 @@ mod tests {
         let e = s.section::<S>("x").unwrap_err();
         assert!(e.to_string().contains("streem"), "{e}");
         assert_eq!(s.section::<S>("absent").unwrap().stream, "");
+        // A broker's own file kind travels like the TLS ones.
+        const SEED: &str = "seed_file";
         let mut s = BrokerSettings::new();
-        s.set_file(file::NATS_NKEY_SEED, "/seed".into());
-        assert!(s.accept_files("rabbitmq", &[file::CA]).is_err());
-        assert!(s.accept_files("nats", &[file::NATS_NKEY_SEED]).is_ok());
+        s.set_file(SEED, "/seed".into());
+        let e = s.accept_files("other", &[file::CA]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration `other.seed_file`: other does not use a seed_file"
+        );
+        assert!(s.accept_files("fake", &[file::CA, SEED]).is_ok());
     }
 }

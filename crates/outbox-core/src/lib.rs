@@ -1,10 +1,12 @@
 //! Core of the outbox toolkit: the message model, the traits a store or a broker implements, and
 //! the engines written once against them.
 //!
-//! This crate has no database or broker dependency. A store crate (`outbox-postgres`) implements
-//! [`OutboxStore`] (and the inbox, work-item and maintenance store traits); a transport crate
-//! (`outbox-nats`, `outbox-rabbitmq`) implements [`Transport`] and
-//! [`consumer::DeliverySource`]; the engines move events between them:
+//! This crate has no database or broker dependency, and no knowledge of one: a store crate
+//! (`outbox-<database>`) implements [`OutboxStore`] (and the inbox, work-item and maintenance
+//! store traits); a transport crate (`outbox-<broker>`) implements [`Transport`] and
+//! [`consumer::DeliverySource`], and tells the core what it needs to know of its broker through
+//! its registry entry ([`broker::BrokerEntry`]: URL schemes, settings, file kinds, reserved
+//! header names, how its URLs carry credentials); the engines move events between them:
 //!
 //! * [`relay::Relay`], the publish engine, fed by a [`relay::Feed`] (polling claims, or a log);
 //! * the consumer engine in [`consumer`];
@@ -48,7 +50,7 @@ pub use effect::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
 pub use error::{ConfigError, StoreError, StoreErrorKind};
 pub use message::{
     ContentType, EventId, Fingerprint, MAX_HEADER_NAME_LEN, MessageError, NewMessage,
-    OutboxMessage, Payload, TRACEPARENT_HEADER, headers_from_json,
+    OutboxMessage, Payload, ReservedHeaders, TRACEPARENT_HEADER, headers_from_json,
 };
 pub use store::{
     ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, Liveness, MarkParams,

@@ -17,10 +17,13 @@ use crate::message::{MessageError, NewMessage};
 ///
 /// | limit | default | why |
 /// |---|---|---|
-/// | `max_payload_bytes` | 4 MiB | four times NATS's default `max_payload`, a quarter of the RabbitMQ transport's `max_message_bytes`: an integration event is a fact, not a file |
+/// | `max_payload_bytes` | 4 MiB | an integration event is a fact, not a file; four times the 1 MiB a broker commonly accepts by default, so a larger limit there is a deliberate choice on both sides |
 /// | `max_headers` | 64 | trace context and a few routing headers need a handful |
 /// | `max_header_value_bytes` | 8 KiB | the W3C `baggage` limit (8,192 bytes) fits |
-/// | `max_headers_bytes` | 32 KiB | names and values together; NATS counts headers into `max_payload` |
+/// | `max_headers_bytes` | 32 KiB | names and values together; a broker may count headers into its message size limit |
+///
+/// A transport refuses at publish what its broker cannot carry (each transport crate states its
+/// own limit); these bounds make the common case fail at enqueue instead, in the producer's code.
 ///
 /// ```
 /// use outbox_core::limits::MessageLimits;

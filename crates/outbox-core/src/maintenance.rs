@@ -1,6 +1,6 @@
 //! Maintenance jobs, run by one elected instance: inbox retention that cannot delete a dedup
 //! identity inside the replay horizon (G9), deletion of old settled work items, retention of
-//! published outbox rows (stores that keep them, e.g. PostgreSQL's mark mode), and reaping of
+//! published outbox rows (stores that keep them, in a mark mode), and reaping of
 //! relay leases left behind by crashed relays. Written once against [`MaintenanceStore`].
 //!
 //! An inbox row is what makes a redelivery harmless. Deleting it while the same event can still
@@ -13,10 +13,11 @@
 //! # Election
 //!
 //! Every process may run a maintainer; each round, a maintainer asks its store to elect it on a
-//! dedicated session ([`MaintenanceStore::maintainer_elect`]; PostgreSQL uses a session advisory
-//! lock). Leadership lives as long as that session: if the leader dies or its connection breaks,
-//! the store releases it and another instance takes over at its next round. A leader that loses
-//! its session stops deleting at once (its next statement fails) and competes again.
+//! dedicated session ([`MaintenanceStore::maintainer_elect`], e.g. a database session holding an
+//! advisory lock). Leadership lives as long as that session: if the leader dies or its
+//! connection breaks, the store releases it and another instance takes over at its next round. A
+//! leader that loses its session stops deleting at once (its next statement fails) and competes
+//! again.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,8 +31,8 @@ use crate::error::{ConfigError, StoreError};
 /// The windows during which an already-processed event can be delivered again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayHorizon {
-    /// How long the broker keeps messages a consumer may re-read (JetStream stream `max_age`,
-    /// a replayable queue's retention). Use the stream's configured value, not a hope.
+    /// How long the broker keeps messages a consumer may re-read (a stream's maximum age, a
+    /// replayable queue's retention). Use the stream's configured value, not a hope.
     pub broker_retention: Duration,
     /// How long published outbox rows are kept and can be republished (mark mode, replays).
     pub outbox_retention: Duration,
@@ -105,7 +106,7 @@ pub struct MaintenanceConfig {
     /// Delete `succeeded` work items resolved more than this long ago. Items in any other state
     /// (pending, in progress, unknown, and failed ones an operator may still resend) are kept.
     pub work_items_keep: Option<Duration>,
-    /// Delete published outbox rows kept by the store (PostgreSQL's mark mode) that were
+    /// Delete published outbox rows kept by the store (in a mark mode) that were
     /// published more than this long ago. Pending and dead rows are never touched. With
     /// [`MaintenanceConfig::inbox`] set, it may not exceed the horizon's `outbox_retention`:
     /// a published row can be replayed while it is kept, so the inbox must remember it as long.
@@ -172,8 +173,8 @@ impl MaintenanceConfig {
 
 /// The store side of maintenance. Every delete works in batches of at most `limit` rows.
 pub trait MaintenanceStore: Send + Sync + 'static {
-    /// A dedicated session that carries leadership (for PostgreSQL, a connection outside the
-    /// pool holding a session advisory lock).
+    /// A dedicated session that carries leadership (for example a database connection outside
+    /// the pool, holding a session-level lock).
     type Session: Send;
 
     /// Opens a session.

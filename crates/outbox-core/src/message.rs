@@ -49,9 +49,10 @@ pub enum MessageError {
     /// `schema_version` must be at least 1.
     #[error("schema_version must be >= 1, got {0}")]
     BadSchemaVersion(i32),
-    /// A header name is not an HTTP-style token, or uses the reserved `ce-`/`ce_` prefix.
+    /// A header name is not an HTTP-style token, or is one a transport's binding reserves for
+    /// the headers it sets itself ([`ReservedHeaders`]).
     #[error(
-        "header name `{0}` is invalid: use 1..=128 ASCII letters, digits or -_. and no `ce-`/`ce_` prefix"
+        "header name `{0}` is invalid: use 1..=128 ASCII letters, digits or -_. and no name a transport reserves for its own headers"
     )]
     BadHeaderName(String),
     /// A header value contains a control character (CR, LF, NUL ...).
@@ -187,8 +188,8 @@ impl Payload {
     }
 }
 
-/// SHA-256 of a payload's exact bytes. Stored with the outbox row (computed by the database in
-/// PostgreSQL, so plain-SQL producers get it too) and compared by the consumer inbox to tell a
+/// SHA-256 of a payload's exact bytes. Stored with the outbox row (a store may compute it
+/// itself, so that plain-SQL producers get it too) and compared by the consumer inbox to tell a
 /// redelivery from a conflicting reuse of an event id.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
@@ -363,9 +364,34 @@ impl NewMessage {
     /// media type), and that a payload whose content type says JSON is one valid JSON
     /// document. Size limits are [`MessageLimits::check`](crate::limits::MessageLimits::check)'s.
     ///
+    /// No header name is reserved here: the core knows no binding. A producer refuses the names
+    /// of the brokers its events may meet with [`NewMessage::validate_reserving`].
+    ///
     /// # Errors
     /// The first [`MessageError`] found.
     pub fn validate(&self) -> Result<(), MessageError> {
+        self.validate_reserving(&[])
+    }
+
+    /// [`NewMessage::validate`], and no header name that one of `reserved` reserves
+    /// ([`MessageError::BadHeaderName`]). A producer that does not know which broker will carry
+    /// the event passes every broker's reservations: the union over a registry
+    /// ([`Registry::reserved_headers`](crate::broker::Registry::reserved_headers)), or its
+    /// store's own rule.
+    ///
+    /// ```
+    /// use outbox_core::{MessageError, NewMessage, Payload, ReservedHeaders};
+    /// // The reservations of a made-up binding that writes `acme-*` headers and `x-acme`.
+    /// const ACME: ReservedHeaders = ReservedHeaders { prefixes: &["acme-"], names: &["x-acme"] };
+    /// let msg = NewMessage::new("payment", "p-1", 1, "PaymentCreated", Payload::json(&1).unwrap())
+    ///     .with_header("ACME-Id", "spoofed");
+    /// assert!(msg.validate().is_ok());
+    /// assert!(matches!(msg.validate_reserving(&[ACME]), Err(MessageError::BadHeaderName(_))));
+    /// ```
+    ///
+    /// # Errors
+    /// The first [`MessageError`] found.
+    pub fn validate_reserving(&self, reserved: &[ReservedHeaders]) -> Result<(), MessageError> {
         check_fields(Fields {
             aggregate_type: &self.aggregate_type,
             aggregate_id: &self.aggregate_id,
@@ -376,6 +402,7 @@ impl NewMessage {
             destination: self.destination.as_deref(),
             partition_key: self.partition_key.as_deref(),
             headers: &self.headers,
+            reserved,
         })?;
         if self.payload.content_type.is_json() {
             serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload.bytes).map_err(|e| {
@@ -400,6 +427,7 @@ struct Fields<'a> {
     destination: Option<&'a str>,
     partition_key: Option<&'a str>,
     headers: &'a BTreeMap<String, String>,
+    reserved: &'a [ReservedHeaders],
 }
 
 /// Checks [`Fields`]: lengths, versions, the content type, every header. The payload is not
@@ -424,6 +452,9 @@ fn check_fields(f: Fields<'_>) -> Result<(), MessageError> {
     }
     for (name, value) in f.headers {
         validate_header(name, value)?;
+        if f.reserved.iter().any(|r| r.reserves(name)) {
+            return Err(MessageError::BadHeaderName(name.clone()));
+        }
     }
     Ok(())
 }
@@ -478,22 +509,61 @@ fn check_len(field: &'static str, value: &str) -> Result<(), MessageError> {
     Ok(())
 }
 
-/// Checks one user header; the transports rely on this to build protocol headers safely.
+/// Header names a transport's wire binding writes itself, so that a producer's own header may
+/// not take one: prefixes and whole names, compared ignoring ASCII case.
+///
+/// The core reserves none. Each transport crate declares its binding's in its registry entry
+/// ([`BrokerEntry::reserved_headers`](crate::broker::BrokerEntry::reserved_headers)) and refuses
+/// them when it publishes; a check that does not know which broker will carry a message (a
+/// producer's enqueue, a store reading its rows back) refuses those of every broker it may
+/// meet ([`NewMessage::validate_reserving`], [`OutboxMessage::check_publishable_reserving`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReservedHeaders {
+    /// Reserved prefixes (a binding's attribute prefix, such as CloudEvents' `ce-`).
+    pub prefixes: &'static [&'static str],
+    /// Reserved whole names.
+    pub names: &'static [&'static str],
+}
+
+impl ReservedHeaders {
+    /// Nothing reserved: a binding that carries its attributes in native protocol properties.
+    pub const NONE: Self = Self {
+        prefixes: &[],
+        names: &[],
+    };
+
+    /// Whether `name` starts with one of the prefixes or is one of the names, in any ASCII
+    /// case.
+    ///
+    /// ```
+    /// use outbox_core::ReservedHeaders;
+    /// let r = ReservedHeaders { prefixes: &["acme-"], names: &["x-acme"] };
+    /// assert!(r.reserves("Acme-Id") && r.reserves("X-ACME"));
+    /// assert!(!r.reserves("acme") && !r.reserves("x-acme-2") && !r.reserves("traceparent"));
+    /// ```
+    pub fn reserves(&self, name: &str) -> bool {
+        let name = name.as_bytes();
+        self.prefixes.iter().any(|p| {
+            name.get(..p.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(p.as_bytes()))
+        }) || self
+            .names
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+    }
+}
+
+/// Checks one user header's syntax; the transports rely on this to build protocol headers
+/// safely. Reserved names are the caller's ([`ReservedHeaders`]).
 ///
 /// # Errors
 /// [`MessageError::BadHeaderName`] or [`MessageError::BadHeaderValue`].
 pub(crate) fn validate_header(name: &str, value: &str) -> Result<(), MessageError> {
-    let lower = name.to_ascii_lowercase();
     let ok_name = !name.is_empty()
         && name.len() <= MAX_HEADER_NAME_LEN
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && !lower.starts_with("ce-")
-        && !lower.starts_with("ce_")
-        && !lower.starts_with("cloudevents")
-        && !lower.starts_with("nats-")
-        && lower != "content-type";
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if !ok_name {
         return Err(MessageError::BadHeaderName(name.to_owned()));
     }
@@ -578,16 +648,28 @@ impl OutboxMessage {
 
     /// Checks that the row can be published as it is: the rules of [`NewMessage::validate`]
     /// but the payload's (field lengths, versions, a printable media type, header names and
-    /// values). An enqueue never writes a row that breaks them, and the PostgreSQL store's
-    /// constraints refuse one from any other producer; a row that still does (written before
-    /// those constraints, or by hand) is dead-lettered by the relay with this reason instead
-    /// of being sent to a broker that would misread or refuse it. The payload is not parsed:
-    /// that would cost every event a parse, and a consumer dead-letters a payload it cannot
-    /// read.
+    /// values). An enqueue never writes a row that breaks them, and a store's own constraints
+    /// may refuse one from any other producer; a row that still does (written before those
+    /// constraints, or by hand) is dead-lettered by the relay with this reason instead of being
+    /// sent to a broker that would misread or refuse it. The payload is not parsed: that would
+    /// cost every event a parse, and a consumer dead-letters a payload it cannot read.
     ///
     /// # Errors
     /// The first [`MessageError`] found.
     pub fn check_publishable(&self) -> Result<(), MessageError> {
+        self.check_publishable_reserving(&[])
+    }
+
+    /// [`OutboxMessage::check_publishable`], and no header name that one of `reserved`
+    /// reserves: what a store that reads rows for any broker refuses (the same set its
+    /// producers refuse).
+    ///
+    /// # Errors
+    /// The first [`MessageError`] found.
+    pub fn check_publishable_reserving(
+        &self,
+        reserved: &[ReservedHeaders],
+    ) -> Result<(), MessageError> {
         check_fields(Fields {
             aggregate_type: &self.aggregate_type,
             aggregate_id: &self.aggregate_id,
@@ -598,6 +680,7 @@ impl OutboxMessage {
             destination: self.destination.as_deref(),
             partition_key: self.partition_key.as_deref(),
             headers: &self.headers,
+            reserved,
         })
     }
 }
@@ -668,7 +751,7 @@ mod tests {
         );
         assert!(matches!(
             row(&|m| {
-                m.headers.insert("ce-id".into(), "x".into());
+                m.headers.insert("x y".into(), "x".into());
             }),
             Err(MessageError::BadHeaderName(_))
         ));
@@ -698,6 +781,61 @@ mod tests {
         }
     }
 
+    /// A made-up binding's reservations: `acme-*` attribute headers and its own `x-acme`.
+    const ACME: ReservedHeaders = ReservedHeaders {
+        prefixes: &["acme-"],
+        names: &["x-acme"],
+    };
+    const OTHER: ReservedHeaders = ReservedHeaders {
+        prefixes: &["other_"],
+        names: &[],
+    };
+
+    #[test]
+    fn reserved_names_are_refused_only_when_reserved() {
+        let bad = |r: Result<(), MessageError>| matches!(r, Err(MessageError::BadHeaderName(_)));
+        for name in [
+            "acme-id",
+            "ACME-Type",
+            "x-acme",
+            "X-Acme",
+            "other_x",
+            "OTHER_",
+        ] {
+            let m = msg().with_header(name, "x");
+            // The core reserves nothing of its own.
+            assert_eq!(m.validate(), Ok(()), "{name}");
+            assert!(bad(m.validate_reserving(&[ACME, OTHER])), "{name}");
+            let row = OutboxMessage {
+                id: 1,
+                event_id: m.event_id,
+                aggregate_type: m.aggregate_type.clone(),
+                aggregate_id: m.aggregate_id.clone(),
+                aggregate_version: 1,
+                event_type: m.event_type.clone(),
+                schema_version: 1,
+                fingerprint: m.payload.fingerprint(),
+                payload: m.payload.clone(),
+                headers: m.headers.clone(),
+                destination: None,
+                partition_key: None,
+                created_at: chrono::Utc::now(),
+                attempts: 0,
+            };
+            assert_eq!(row.check_publishable(), Ok(()), "{name}");
+            assert!(
+                bad(row.check_publishable_reserving(&[OTHER, ACME])),
+                "{name}"
+            );
+        }
+        for name in ["acme", "x-acme-2", "xacme-", "other", "traceparent"] {
+            let m = msg().with_header(name, "x");
+            assert_eq!(m.validate_reserving(&[ACME, OTHER]), Ok(()), "{name}");
+        }
+        assert!(ReservedHeaders::NONE == ReservedHeaders::default());
+        assert!(!ReservedHeaders::NONE.reserves(""));
+    }
+
     #[test]
     fn fingerprint_is_sha256_of_exact_bytes() {
         let fp = Fingerprint::of(b"abc");
@@ -717,10 +855,18 @@ mod tests {
         let mut m = msg();
         m.aggregate_version = 0;
         assert_eq!(m.validate(), Err(MessageError::BadVersion(0)));
-        let m = msg().with_header("ce-id", "x");
-        assert!(matches!(m.validate(), Err(MessageError::BadHeaderName(_))));
-        let m = msg().with_header("Content-Type", "text/plain");
-        assert!(matches!(m.validate(), Err(MessageError::BadHeaderName(_))));
+        for name in ["", "a b", "a:b", "é", &"a".repeat(MAX_HEADER_NAME_LEN + 1)] {
+            let m = msg().with_header(name, "x");
+            assert!(
+                matches!(m.validate(), Err(MessageError::BadHeaderName(_))),
+                "{name:?}"
+            );
+        }
+        let m = msg().with_header("x-acme", "text/plain");
+        assert!(matches!(
+            m.validate_reserving(&[ACME]),
+            Err(MessageError::BadHeaderName(_))
+        ));
         let m = msg().with_header("x", "a\r\nb");
         assert!(matches!(m.validate(), Err(MessageError::BadHeaderValue(_))));
         let mut m = msg();

@@ -69,13 +69,13 @@ pub struct ClaimedBatch {
     /// aggregate in `messages` after it are not published.
     pub undecodable: Vec<UndecodableRow>,
     /// The liveness of the claim's owner, when the store ties its leases to something that can
-    /// end before their clock does (a PostgreSQL relay's database session); `None`: the lease
+    /// end before their clock does (the relay's database session); `None`: the lease
     /// ends by its clock only.
     pub liveness: Option<Arc<Liveness>>,
 }
 
 /// What the holder of a claim knows of its own ownership, when the store ties it to a live
-/// session (`outbox_postgres::session`): another relay may take the claim's aggregates over
+/// session (a store crate's session keeper): another relay may take the claim's aggregates over
 /// the moment the session ends, long before the lease's clock runs out.
 ///
 /// The session keeper proves the session alive at intervals and [`Liveness::confirm`]s, each

@@ -1,5 +1,6 @@
 //! The rustls client configuration of every TLS client of the toolkit that speaks rustls
-//! directly (the NATS transport and source, the HTTP payout adapter): trusted authorities from
+//! directly (a transport whose client library takes a rustls configuration, the HTTP payout
+//! adapter): trusted authorities from
 //! a PEM file or, without one, the system's trust store; an optional client certificate for
 //! mutual TLS; the `ring` provider named explicitly, so nothing depends on a process-wide
 //! default provider. Feature `rustls`.

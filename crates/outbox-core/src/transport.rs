@@ -9,8 +9,8 @@ use crate::message::OutboxMessage;
 /// What a broker said when it durably accepted a message.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PublishReceipt {
-    /// The broker recognised the event id as already stored (NATS `Nats-Msg-Id` dedup window).
-    /// Brokers without dedup always report `false`.
+    /// The broker recognised the event id as already stored (within its dedup window, for a
+    /// broker that deduplicates by message id). Brokers without dedup always report `false`.
     pub duplicate: bool,
 }
 
@@ -66,14 +66,16 @@ impl PublishError {
 /// # Contract (checked by each transport's conformance tests)
 ///
 /// * [`Transport::publish`] returns `Ok` only after the broker acknowledged the message
-///   durably (JetStream `PublishAck`, AMQP publisher confirm `Ack` and not returned). Anything
+///   durably (the broker's own confirmation that it stored the message, a mandatory message not
+///   returned as unroutable, a record stored by every in-sync replica). Anything
 ///   else is an `Err`; the relay then keeps the row pending and retries it later.
 /// * The event id is carried as the broker's own message id / dedup key where one exists.
 /// * Calls may run concurrently (the relay pipelines different aggregates); the transport
 ///   bounds how many are in flight.
 /// * `publish` never alters the message: a republish is byte-identical.
 pub trait Transport: Send + Sync + 'static {
-    /// A short name for logs and metrics labels (`nats`, `rabbitmq`).
+    /// A short name for logs and metrics labels: the broker's, as its registry entry's
+    /// [`name`](crate::broker::BrokerEntry::name).
     fn name(&self) -> &'static str;
 
     /// Publishes one message and waits for the broker's durable acknowledgement.

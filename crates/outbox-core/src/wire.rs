@@ -1,14 +1,13 @@
 //! The wire format: CloudEvents 1.0 in binary content mode.
 //!
 //! The payload bytes are the message body, unchanged. The event's attributes travel as protocol
-//! headers; this module lists them once, and each transport maps them to its protocol binding:
-//!
-//! * NATS (JetStream): header `ce-<name>` for every attribute, values percent-encoded as the
-//!   binding prescribes; `datacontenttype` both as `ce-datacontenttype` and as `Content-Type`
-//!   (readers of either convention find it); `Nats-Msg-Id` = event id.
-//! * RabbitMQ (AMQP 0-9-1, following the AMQP binding): header `cloudEvents_<name>` for every
-//!   attribute, `datacontenttype` as the AMQP `content_type` property, `message_id` = event id,
-//!   `type` = event type, `timestamp` = created_at, delivery mode 2 (persistent).
+//! headers; this module lists them once, and each transport maps them to its protocol's
+//! CloudEvents binding: every attribute as a header named with the binding's prefix (the HTTP
+//! binding's `ce-<name>`, for example), `datacontenttype` as the protocol's own content type
+//! where it has one, the event id as the broker's message id or dedup key where it has one.
+//! Each transport crate documents its binding ("Wire format") and declares the header names it
+//! sets itself ([`crate::broker::BrokerEntry::reserved_headers`]), which user headers may not
+//! take.
 //!
 //! | attribute          | value                                          |
 //! |--------------------|------------------------------------------------|
@@ -32,7 +31,7 @@
 //! # Bounded decoding
 //!
 //! [`decode`] trusts nothing it receives. Every attribute is text without control characters
-//! (NUL above all: PostgreSQL refuses it in text) and at most [`MAX_ATTRIBUTE_CHARS`]
+//! (NUL above all: a database may refuse it in text) and at most [`MAX_ATTRIBUTE_CHARS`]
 //! characters long: the producer's own limit, and what the inbox can index (see there). An
 //! attribute repeated, not UTF-8, too long, empty where it is required or unparsable is a
 //! [`DecodeError`]: the consumer dead-letters the message instead of failing on it.
@@ -51,11 +50,11 @@ pub const DEFAULT_SOURCE: &str = "/outbox";
 /// type and id, event type, partition key and content type (`NewMessage::validate`), so every
 /// event a producer could write decodes.
 ///
-/// It is also what the inbox can index. PostgreSQL's btree keys hold at most 2,704 bytes; the
-/// ordering guard's key is (consumer, aggregate type, aggregate id). Two attributes of 255
-/// four-byte characters are 2,040 bytes, which leaves room for a consumer name of 150 such
-/// characters (any ASCII name up to the inbox's 255). A key the database still refuses (an
-/// even longer consumer name) is dead-lettered by the consumer engine, never retried for ever.
+/// It is also what an inbox store must be able to index: the ordering guard's key is
+/// (consumer, aggregate type, aggregate id), so a store whose index keys are bounded in bytes
+/// needs room for two attributes of 255 four-byte characters (2,040 bytes) beside the consumer
+/// name; each store crate states its bound. A key the store still refuses (an even longer
+/// consumer name) is dead-lettered by the consumer engine, never retried for ever.
 pub const MAX_ATTRIBUTE_CHARS: usize = 255;
 
 /// Attribute names (without protocol prefix).
@@ -224,8 +223,8 @@ pub enum DecodeError {
         max: usize,
     },
     /// The message breaks its protocol's own rules, which the transport found before any
-    /// attribute was decoded: headers that cannot be read as headers at all (NATS: a header
-    /// line without `:`, a name that is not printable ASCII; nothing in them can be trusted), a
+    /// attribute was decoded: headers that cannot be read as headers at all (a header line
+    /// without `:`, a name that is not printable ASCII; nothing in them can be trusted), a
     /// header name or a protocol property that is not UTF-8 text, a header nested deeper than
     /// the transport reads, an attribute carried as a protocol type that is not text. The reason names the place; it is printable and bounded (values in it
     /// are [`excerpt`]s).

@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use outbox::secrets::redact_url as redact;
 use outbox_core::broker::{BoxSource, BoxTransport, BrokerSettings, SourceOptions};
 use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::secrets::redact_url as redact;
 use outbox_core::{NewMessage, OutboxStore, Payload};
 use outbox_nats::{NatsConfig, NatsTransport};
 use outbox_postgres::{PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker, Schema};

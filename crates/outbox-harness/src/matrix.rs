@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use outbox::secrets::redact_url as redact;
 use outbox_core::broker::{BrokerSettings, Registry, SourceOptions};
-use outbox_core::secrets::redact_url as redact;
 use outbox_http::HttpPayoutProvider;
 use outbox_postgres::Schema;
 use serde_json::json;

@@ -59,6 +59,17 @@ macro_rules! bail {
 /// The body of the 404 that a lookup gets for a key without a payout. Only this exact body
 /// means "no payout for this key"; any other 404 (a wrong base URL) is an unknown outcome.
 pub const NO_PAYOUT_FOR_KEY: &str = "no payout for this key";
+
+/// How an HTTP URL carries credentials, for redaction
+/// ([`outbox_core::secrets::Redactor`]): `http(s)://user:password@host`, where a lone value
+/// before `@` is a user name (shown). No query parameter is known to be harmless, so every
+/// value is masked (a provider URL has none anyway: [`HttpPayoutProvider::with_tls`] refuses a
+/// query).
+pub const URL_RULES: outbox_core::secrets::UrlRules = outbox_core::secrets::UrlRules {
+    schemes: &["http", "https"],
+    lone_userinfo_is_user: true,
+    shown_params: &[],
+};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
@@ -158,7 +169,7 @@ impl HttpPayoutProvider {
     /// files are given for an `http://` URL, or when a TLS file cannot be read or parsed.
     pub fn with_tls(base_url: &str, tls: &ProviderTls) -> Result<Self> {
         let expected = "expected https://host[:port] (or http:// on a trusted network)";
-        let shown = outbox_core::secrets::redact_url(base_url);
+        let shown = URL_RULES.redact(base_url);
         if base_url.contains('#') {
             bail!("invalid provider URL `{shown}`: a fragment is not allowed; {expected}");
         }
@@ -537,6 +548,27 @@ mod tests {
 
     use super::*;
     use outbox_stand_in::{ProviderArgs, ProviderServer};
+
+    #[test]
+    fn provider_urls_keep_the_user_and_mask_the_rest() {
+        assert_eq!(
+            URL_RULES.redact("https://ops:pw@pay.example/x#frag"),
+            "https://ops:***@pay.example/x#***"
+        );
+        assert_eq!(
+            URL_RULES.redact("http://ops@pay:8080"),
+            "http://ops@pay:8080"
+        );
+        assert_eq!(
+            URL_RULES.redact("HTTPS://h/x?token=t"),
+            "HTTPS://h/x?token=***"
+        );
+        let e =
+            HttpPayoutProvider::with_tls("https://ops:hunter2@h/x?k=t0k", &ProviderTls::default())
+                .unwrap_err()
+                .to_string();
+        assert!(!e.contains("hunter2") && !e.contains("t0k"), "{e}");
+    }
 
     /// A provider serving in this process on a free port.
     struct Running {

@@ -7,6 +7,11 @@
 //! `sasl.*` property) unless its own section sets it. File overrides (`ca_file`, `cert_file`,
 //! `key_file`) become `ssl.ca.location`, `ssl.certificate.location` and `ssl.key.location` in
 //! both, and make TLS required (`security.protocol = ssl` unless it says `sasl_ssl`).
+//!
+//! The entry declares the header names the CloudEvents format sets itself
+//! ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)). A `kafka://` URL carries no credentials
+//! (SASL is configured in the properties, and [`bootstrap_servers`](crate::bootstrap_servers)
+//! refuses user info), so the generic URL redaction is Kafka's.
 
 use outbox_core::broker::{
     self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
@@ -15,7 +20,7 @@ use outbox_core::broker::{
 use crate::config::Properties;
 use crate::{
     KafkaConfig, KafkaConnectError, KafkaConsumerConfig, KafkaConsumerError, KafkaSource,
-    KafkaTransport,
+    KafkaTransport, RESERVED_HEADERS,
 };
 
 /// The registry entry of Kafka.
@@ -24,6 +29,8 @@ pub static BROKER: BrokerEntry = BrokerEntry {
     title: Kafka::TITLE,
     schemes: &["kafka"],
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
+    reserved_headers: RESERVED_HEADERS,
+    url_rules: Kafka::URL_RULES,
     check: broker::check::<Kafka>,
     transport: broker::transport::<Kafka>,
     source: broker::source::<Kafka>,
@@ -205,5 +212,39 @@ mod tests {
         s.set_file(file::CA, "/ca.pem".into());
         let e = Kafka::transport_config(&s).unwrap_err();
         assert!(e.to_string().contains("TLS required"), "{e}");
+    }
+
+    #[test]
+    fn every_header_the_cloudevents_format_sets_is_reserved() {
+        let payload = outbox_core::Payload::json(&1).unwrap();
+        let mut m = outbox_core::OutboxMessage {
+            id: 1,
+            event_id: uuid::Uuid::now_v7(),
+            aggregate_type: "payment".into(),
+            aggregate_id: "p-1".into(),
+            aggregate_version: 1,
+            event_type: "PaymentCreated".into(),
+            schema_version: 1,
+            fingerprint: payload.fingerprint(),
+            payload,
+            headers: Default::default(),
+            destination: None,
+            partition_key: None,
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        };
+        let headers = crate::wire_headers(&m, "/outbox").unwrap();
+        assert!(!headers.is_empty());
+        for (name, _) in headers {
+            assert!(BROKER.reserved_headers.reserves(&name), "{name}");
+        }
+        for name in ["ce_id", "CE-Type", "Content-Type"] {
+            m.headers = [(name.to_owned(), "x".to_owned())].into();
+            let e = crate::wire_headers(&m, "/outbox").unwrap_err();
+            assert_eq!(e.kind, outbox_core::PublishErrorKind::Invalid, "{name}");
+        }
+        for name in ["traceparent", "id", "cex"] {
+            assert!(!BROKER.reserved_headers.reserves(name), "{name}");
+        }
     }
 }

@@ -52,8 +52,10 @@
 //! | `content-type`        | payload content type                                        |
 //! | user headers          | each of the message's headers, name and value unchanged     |
 //!
-//! User header names that collide with the binding (`ce_*`, `ce-*`, `content-type`, any case)
-//! are refused as [`PublishErrorKind::Invalid`](outbox_core::PublishErrorKind::Invalid).
+//! User header names that collide with the binding (`ce_*`, `ce-*`, `content-type`, any case:
+//! [`RESERVED_HEADERS`]) are refused as [`PublishErrorKind::Invalid`](outbox_core::PublishErrorKind::Invalid).
+//! The registry entry [`BROKER`] declares them, so a producer that reserves the registry's
+//! names refuses them already at enqueue time.
 //!
 //! # Duplicates
 //!
@@ -157,7 +159,8 @@ pub use consumer::{KafkaConsumerError, KafkaDelivery, KafkaSource, decode_raw};
 pub use debezium::{DebeziumPayload, WireFormat};
 pub use topic::{MAX_TOPIC_CHARS, check_name as check_topic_name, sanitize_token};
 pub use transport::{
-    CE_PREFIX, CONTENT_TYPE_HEADER, KafkaConnectError, KafkaTransport, wire_headers,
+    CE_PREFIX, CONTENT_TYPE_HEADER, KafkaConnectError, KafkaTransport, RESERVED_HEADERS,
+    wire_headers,
 };
 
 /// The librdkafka binding this crate is built on, re-exported so callers (and tests) can use

@@ -11,7 +11,8 @@ use futures::future::{BoxFuture, Shared};
 use outbox_core::secrets::redact_url;
 use outbox_core::wire::{self, attr};
 use outbox_core::{
-    EventId, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport,
+    EventId, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, ReservedHeaders,
+    Transport,
 };
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -30,6 +31,17 @@ use crate::topic;
 pub const CE_PREFIX: &str = "ce_";
 /// Header carrying the payload media type (the binding's `datacontenttype`).
 pub const CONTENT_TYPE_HEADER: &str = "content-type";
+
+/// The header names the CloudEvents format sets itself, so that a user header may not take one
+/// (any case): the binding's prefix [`CE_PREFIX`], the `ce-` of the other bindings (so that no
+/// reader of either convention mistakes a user header for an attribute), and
+/// [`CONTENT_TYPE_HEADER`]. [`BROKER`](crate::BROKER) gives them to the registry, so producers
+/// refuse them at enqueue. (The Debezium format's `id` header depends on the configuration; it is
+/// refused at publish only, see [`crate::debezium`].)
+pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
+    prefixes: &[CE_PREFIX, "ce-"],
+    names: &[CONTENT_TYPE_HEADER],
+};
 
 /// librdkafka's default `message.max.bytes`, the client's limit on one record.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
@@ -770,8 +782,7 @@ pub(crate) fn classify(e: &KafkaError) -> PublishErrorKind {
 
 /// True for a user header name that would collide with a header this transport sets.
 fn is_reserved_header(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.starts_with("ce_") || lower.starts_with("ce-") || lower == CONTENT_TYPE_HEADER
+    RESERVED_HEADERS.reserves(name)
 }
 
 /// The headers `message` is published with (CloudEvents `source` = `source`), in order:

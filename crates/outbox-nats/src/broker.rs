@@ -3,27 +3,44 @@
 //! `nats_consumer` ([`NatsConsumerConfig`], the delivery source). The source inherits the
 //! transport section's `security` unless its own section sets one, and uses the consumer's name
 //! as its durable name unless the section sets `durable_name`. File overrides (`ca_file`,
-//! `cert_file`, `key_file`, `credentials_file`, `nkey_seed_file`) replace the `security` keys.
+//! `cert_file`, `key_file`, and NATS's own [`CREDENTIALS_FILE`] and [`NKEY_SEED_FILE`]) replace
+//! the `security` keys. The entry also declares the header names the transport sets itself
+//! ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)) and how NATS URLs carry credentials: a lone
+//! value before `@` is a token (`nats://TOKEN@host`), which the generic redaction masks.
 
 use outbox_core::broker::{
     self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
 };
+use outbox_core::secrets::UrlRules;
 
 use crate::{
     NatsConfig, NatsConnectError, NatsConsumerConfig, NatsConsumerError, NatsSecurity, NatsSource,
-    NatsTransport,
+    NatsTransport, RESERVED_HEADERS,
 };
 
 /// The registry entry of NATS JetStream.
 pub static BROKER: BrokerEntry = BrokerEntry {
     name: Nats::NAME,
     title: Nats::TITLE,
-    schemes: &["nats", "tls"],
+    schemes: SCHEMES,
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
+    reserved_headers: RESERVED_HEADERS,
+    url_rules: Nats::URL_RULES,
     check: broker::check::<Nats>,
     transport: broker::transport::<Nats>,
     source: broker::source::<Nats>,
 };
+
+/// File override kind (`BrokerSettings::set_file`) of a NATS `.creds` file: the user JWT and
+/// NKey seed (the section's `security.credentials_file`).
+pub const CREDENTIALS_FILE: &str = "credentials_file";
+
+/// File override kind of a NATS user NKey seed file (the section's
+/// `security.nkey_seed_file`).
+pub const NKEY_SEED_FILE: &str = "nkey_seed_file";
+
+/// `nats://` and `tls://` (NATS over TLS).
+const SCHEMES: &[&str] = &["nats", "tls"];
 
 const TRANSPORT_SECTION: &str = "nats";
 const SOURCE_SECTION: &str = "nats_consumer";
@@ -37,8 +54,8 @@ fn apply_files(security: &mut NatsSecurity, settings: &BrokerSettings) {
             file::CA => &mut security.ca_file,
             file::CERT => &mut security.cert_file,
             file::KEY => &mut security.key_file,
-            file::NATS_CREDENTIALS => &mut security.credentials_file,
-            file::NATS_NKEY_SEED => &mut security.nkey_seed_file,
+            CREDENTIALS_FILE => &mut security.credentials_file,
+            NKEY_SEED_FILE => &mut security.nkey_seed_file,
             _ => continue,
         };
         *target = Some(path.clone());
@@ -52,9 +69,16 @@ impl Backend for Nats {
         file::CA,
         file::CERT,
         file::KEY,
-        file::NATS_CREDENTIALS,
-        file::NATS_NKEY_SEED,
+        CREDENTIALS_FILE,
+        NKEY_SEED_FILE,
     ];
+    /// A lone value before `@` is a token, and NATS URLs have no harmless parameters: the
+    /// generic rules, which mask both, are NATS's.
+    const URL_RULES: UrlRules = UrlRules {
+        schemes: SCHEMES,
+        lone_userinfo_is_user: false,
+        shown_params: &[],
+    };
     type TransportConfig = NatsConfig;
     type SourceConfig = NatsConsumerConfig;
     type Transport = NatsTransport;
@@ -103,5 +127,49 @@ impl Backend for Nats {
         config: NatsConsumerConfig,
     ) -> Result<NatsSource, NatsConsumerError> {
         NatsSource::connect(url, config).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::broker::Registry;
+
+    use super::*;
+
+    #[test]
+    fn nats_urls_are_redacted_with_a_token_masked_whole() {
+        let r = Registry::new(&[&BROKER]).redactor();
+        assert_eq!(r.redact("nats://s3cr3t@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(r.redact("TLS://s3cr3t@nats:4222"), "TLS://***@nats:4222");
+        assert_eq!(
+            r.redact("nats://a:pw@h1:4222,nats://tok@h2:4222,nats://h3:4222"),
+            "nats://a:***@h1:4222,nats://***@h2:4222,nats://h3:4222"
+        );
+        assert_eq!(r.redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(r.secrets("nats://s3cr3t@h"), vec!["s3cr3t".to_owned()]);
+        assert!(r.secrets("nats://h:4222").is_empty());
+    }
+
+    #[test]
+    fn the_credential_files_are_nats_own() {
+        for (kind, path) in [
+            (CREDENTIALS_FILE, "/secrets/x.creds"),
+            (NKEY_SEED_FILE, "/secrets/seed"),
+        ] {
+            let mut settings = BrokerSettings::new();
+            settings.set_file(kind, path.into());
+            assert!(settings.accept_files(Nats::NAME, Nats::FILES).is_ok());
+            for security in [
+                Nats::transport_config(&settings).unwrap().security,
+                Nats::source_config(&settings, None).unwrap().security,
+            ] {
+                let set = if kind == CREDENTIALS_FILE {
+                    security.credentials_file
+                } else {
+                    security.nkey_seed_file
+                };
+                assert_eq!(set.as_deref(), Some(std::path::Path::new(path)), "{kind}");
+            }
+        }
     }
 }

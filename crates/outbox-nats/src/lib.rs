@@ -49,8 +49,10 @@
 //! printable ASCII `0x21..=0x7E`, plus space, `"` and `%`, is written as `%XX`. A consumer
 //! decodes them; plain values (ids, versions, times, hex) are never changed by the encoding.
 //! User header names that collide with the headers above (`ce-*`, `ce_*`, `nats-*`,
-//! `content-type`, any case) are refused as [`PublishErrorKind::Invalid`](outbox_core::PublishErrorKind::Invalid)
-//! (the core's message validation already refuses most of them at enqueue time).
+//! `content-type`, any case: [`RESERVED_HEADERS`]) are refused as [`PublishErrorKind::Invalid`](outbox_core::PublishErrorKind::Invalid).
+//! The registry entry [`BROKER`] declares them, so a producer that reserves the registry's
+//! names refuses them already at enqueue time (the PostgreSQL producer refuses them by
+//! default).
 //!
 //! # Deduplication
 //!
@@ -100,7 +102,7 @@ mod security;
 mod subject;
 mod transport;
 
-pub use broker::BROKER;
+pub use broker::{BROKER, CREDENTIALS_FILE, NKEY_SEED_FILE};
 pub use config::{NatsConfig, NatsConfigError};
 pub use consumer::{
     MAX_PREFETCH, NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery,
@@ -110,6 +112,7 @@ pub use header_block::{RAW_HEADER_BLOCK, raw_header_block};
 pub use security::{NatsSecurity, NatsSecurityError};
 pub use transport::{
     CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, NatsConnectError, NatsTransport,
+    RESERVED_HEADERS,
 };
 
 /// The async-nats client library this transport is built on, re-exported so callers can build

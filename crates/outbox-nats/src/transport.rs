@@ -12,7 +12,9 @@ use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
 use outbox_core::secrets::redact_url;
 use outbox_core::wire;
-use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
+use outbox_core::{
+    OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, ReservedHeaders, Transport,
+};
 use tokio::sync::Semaphore;
 
 use crate::client::{ClientConnectError, connect_client, logged_connect_options};
@@ -26,6 +28,16 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
 /// Prefix of the CloudEvents attribute headers.
 pub const CE_PREFIX: &str = "ce-";
+
+/// The header names this transport sets itself, so that a user header may not take one (any
+/// case): the CloudEvents attribute prefix [`CE_PREFIX`] and the Kafka binding's `ce_` (so that
+/// no reader of either convention mistakes a user header for an attribute), the server's own
+/// `Nats-` headers ([`MSG_ID_HEADER`], `Nats-Expected-Stream` …) and [`CONTENT_TYPE_HEADER`].
+/// [`BROKER`](crate::BROKER) gives them to the registry, so producers refuse them at enqueue.
+pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
+    prefixes: &[CE_PREFIX, "ce_", "nats-"],
+    names: &["content-type"],
+};
 
 /// Why [`NatsTransport`] could not start.
 #[derive(Debug, thiserror::Error)]
@@ -393,11 +405,7 @@ fn invalid(message: &OutboxMessage, header: &str, e: impl std::fmt::Display) -> 
 
 /// True for a user header name that would collide with a header this transport sets.
 fn is_reserved_header(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.starts_with("ce-")
-        || lower.starts_with("ce_")
-        || lower.starts_with("nats-")
-        || lower == "content-type"
+    RESERVED_HEADERS.reserves(name)
 }
 
 pub(crate) fn build_headers(
@@ -561,10 +569,23 @@ mod tests {
     }
 
     #[test]
+    fn every_header_the_transport_sets_is_reserved() {
+        let mut m = message();
+        m.headers.clear();
+        for (name, _) in build_headers(&m, "/outbox").unwrap() {
+            assert!(RESERVED_HEADERS.reserves(&name), "{name}");
+        }
+        for name in ["traceparent", "tracestate", "x-ce-id", "content-type-2"] {
+            assert!(!RESERVED_HEADERS.reserves(name), "{name}");
+        }
+    }
+
+    #[test]
     fn reserved_user_headers_are_invalid() {
         for name in [
             "Content-Type",
             "ce-id",
+            "CE_type",
             "Nats-Msg-Id",
             "nats-expected-stream",
         ] {

@@ -817,7 +817,9 @@ fn message_of(s: &StoredRow) -> Result<OutboxMessage, String> {
         created_at,
         attempts: s.attempts,
     };
-    message.check_publishable().map_err(|e| e.to_string())?;
+    message
+        .check_publishable_reserving(&[crate::RESERVED_HEADERS])
+        .map_err(|e| e.to_string())?;
     Ok(message)
 }
 
@@ -1484,7 +1486,11 @@ mod tests {
                             "the stream stopped on {e} for a row whose key was readable"
                         ),
                         Ok(Ok(m)) => {
-                            prop_assert!(m.check_publishable().is_ok(), "{m:?}");
+                            prop_assert!(
+                                m.check_publishable_reserving(&[crate::RESERVED_HEADERS])
+                                    .is_ok(),
+                                "{m:?}"
+                            );
                             if !touched.contains(&0) {
                                 prop_assert_eq!(
                                     m.id,

@@ -2,7 +2,35 @@
 
 use std::time::Duration;
 
+use outbox_core::secrets::UrlRules;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+
+/// How a PostgreSQL URL carries credentials, for redaction
+/// ([`outbox_core::secrets::Redactor`]): `postgres://user:password@host/db`, where a lone value
+/// before `@` is the user name (shown: libpq then takes the password from elsewhere), and the
+/// connection parameters of libpq and sqlx that are never secret (`sslmode`, `sslrootcert`,
+/// `application_name`, `target_session_attrs` …) are shown. Any other parameter's value
+/// (`password`, `sslpassword`, one this list does not know) is masked.
+pub const URL_RULES: UrlRules = UrlRules {
+    schemes: &["postgres", "postgresql"],
+    lone_userinfo_is_user: true,
+    shown_params: &[
+        "application_name",
+        "connect_timeout",
+        "dbname",
+        "host",
+        "hostaddr",
+        "port",
+        "sslcert",
+        "sslkey",
+        "sslmode",
+        "sslnegotiation",
+        "sslrootcert",
+        "statement-cache-capacity",
+        "target_session_attrs",
+        "user",
+    ],
+};
 
 /// Why [`connect`] failed. The address is redacted (no password, no secret query value).
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +57,7 @@ pub async fn connect(
 ) -> Result<PgPool, ConnectError> {
     use sqlx::Connection;
     let fail = |reason: String| ConnectError {
-        address: outbox_core::secrets::redact_url(url),
+        address: URL_RULES.redact(url),
         reason,
     };
     let probe = tokio::time::timeout(timeout, sqlx::PgConnection::connect(url))

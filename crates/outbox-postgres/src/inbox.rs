@@ -28,6 +28,16 @@
 //! transaction, then inserts nothing if it committed (→ `Duplicate`, no second effect) or
 //! inserts if it rolled back (→ `New`). This holds under READ COMMITTED, the default; nothing
 //! here needs SERIALIZABLE.
+//!
+//! # Key sizes
+//!
+//! The ordering guard's key is (consumer, aggregate type, aggregate id), a btree index, and
+//! PostgreSQL's btree keys hold at most 2,704 bytes. The wire format bounds every attribute at
+//! [`MAX_ATTRIBUTE_CHARS`](outbox_core::wire::MAX_ATTRIBUTE_CHARS) (255) characters: two of
+//! them in four-byte characters are 2,040 bytes, which leaves room for a consumer name of 150
+//! such characters (any ASCII name up to the inbox's 255). A key the index still refuses (an
+//! even longer consumer name) is an `InvalidData` store error, which the consumer engine
+//! dead-letters instead of retrying it for ever.
 
 use std::sync::Arc;
 

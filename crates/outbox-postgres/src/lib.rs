@@ -55,7 +55,7 @@ mod store;
 mod version;
 mod window;
 
-pub use connect::{ConnectError, connect};
+pub use connect::{ConnectError, URL_RULES, connect};
 pub use consumer::PgConsumer;
 pub use effects::{
     EffectsError, EnqueueOutcome, NewWorkItem, PgEffects, Resolution, WorkItemRow, idempotency_key,
@@ -66,7 +66,7 @@ pub use migrate::{
     MigrateReport, UnpublishablePending, UnpublishableRowReport, check_schema, migrate,
     migrate_mark_mode, missing_mark_mode_indexes, unpublishable_pending,
 };
-pub use producer::{IdempotencyBegin, PgOutbox, RelayWaker};
+pub use producer::{IdempotencyBegin, PgOutbox, RESERVED_HEADERS, RelayWaker};
 pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::limits::MessageLimits;
-use outbox_core::{Fingerprint, NewMessage};
+use outbox_core::{Fingerprint, NewMessage, ReservedHeaders};
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool};
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -14,6 +14,22 @@ use crate::error::{EnqueueError, IdempotencyError};
 use crate::permission::{Component, PermissionDenied};
 use crate::schema::Schema;
 use crate::sql::Sql;
+
+/// The header names the events table refuses in a pending row (migration 12, the
+/// `events_publishable` constraint), in any case: prefixes `ce-`, `ce_`, `cloudevents` and
+/// `nats-`, and the name `content-type`. They are the names the transports of the toolkit set
+/// themselves when that migration was written (each transport declares its own in its registry
+/// entry), fixed in the schema so that a plain-SQL producer cannot write a row the relay could
+/// not publish to any of them.
+///
+/// [`PgOutbox`] refuses them before any SQL runs, and the relay dead-letters a row that holds
+/// one (written before the constraint). A broker that reserves other names is served by
+/// [`PgOutbox::reserve_headers`] with the registry's reservations; the table does not know them,
+/// and that broker's transport refuses such a row at publish.
+pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
+    prefixes: &["ce-", "ce_", "cloudevents", "nats-"],
+    names: &["content-type"],
+};
 
 /// The producer API for one schema. Cheap to clone; build it once at startup.
 ///
@@ -36,10 +52,12 @@ use crate::sql::Sql;
 ///
 /// # Limits
 ///
-/// Every message is checked before any SQL runs: [`NewMessage::validate`] (field lengths,
-/// header names and values, a printable media type, valid JSON when the content type says
-/// JSON) and the size limits of [`MessageLimits`] (payload, header count and sizes; defaults
-/// in its docs, set others with [`PgOutbox::with_limits`]). A refused message is an
+/// Every message is checked before any SQL runs: [`NewMessage::validate_reserving`] (field
+/// lengths, header names and values, a printable media type, valid JSON when the content type
+/// says JSON, and no header name the table reserves, [`RESERVED_HEADERS`], or that
+/// [`PgOutbox::reserve_headers`] added) and the size limits of [`MessageLimits`] (payload, header
+/// count and sizes; defaults in its docs, set others with [`PgOutbox::with_limits`]). A refused
+/// message is an
 /// [`EnqueueError::Invalid`] naming the rule, and nothing is written. Producers that write the
 /// table with plain SQL bypass these checks and must keep their own bounds.
 ///
@@ -73,6 +91,7 @@ pub struct PgOutbox {
     schema: Schema,
     sql: Arc<Sql>,
     limits: MessageLimits,
+    reserved_headers: Vec<ReservedHeaders>,
     delete_in_transaction: bool,
 }
 
@@ -94,6 +113,7 @@ impl PgOutbox {
             schema,
             sql,
             limits: MessageLimits::default(),
+            reserved_headers: vec![RESERVED_HEADERS],
             delete_in_transaction: false,
         }
     }
@@ -136,9 +156,35 @@ impl PgOutbox {
         &self.limits
     }
 
+    /// Also refuses, at enqueue, the header names of `reserved`, besides the table's own
+    /// ([`RESERVED_HEADERS`]): typically every broker's of the build, so that a broker whose
+    /// binding reserves names the table does not know refuses them here rather than at publish.
+    ///
+    /// ```
+    /// use outbox_core::{NewMessage, Payload, ReservedHeaders};
+    /// use outbox_postgres::{PgOutbox, RESERVED_HEADERS, Schema};
+    /// // A broker of the build, as `outbox::brokers().reserved_headers()` lists them.
+    /// const ACME: ReservedHeaders = ReservedHeaders { prefixes: &["acme-"], names: &[] };
+    /// let outbox = PgOutbox::new(Schema::new("outbox").unwrap()).reserve_headers([ACME]);
+    /// assert_eq!(outbox.reserved_headers(), &[RESERVED_HEADERS, ACME]);
+    /// ```
+    pub fn reserve_headers(mut self, reserved: impl IntoIterator<Item = ReservedHeaders>) -> Self {
+        for r in reserved {
+            if !self.reserved_headers.contains(&r) {
+                self.reserved_headers.push(r);
+            }
+        }
+        self
+    }
+
+    /// The header names every enqueue refuses: the table's, then those added.
+    pub fn reserved_headers(&self) -> &[ReservedHeaders] {
+        &self.reserved_headers
+    }
+
     /// Validation and limits, before any SQL runs.
     fn check(&self, message: &NewMessage) -> Result<(), EnqueueError> {
-        message.validate()?;
+        message.validate_reserving(&self.reserved_headers)?;
         self.limits.check(message)?;
         Ok(())
     }

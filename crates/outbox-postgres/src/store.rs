@@ -344,7 +344,9 @@ fn decode_row(row: &PgRow) -> Result<Result<OutboxMessage, UndecodableRow>, sqlx
                 .map_err(column)?,
             attempts: row.try_get("attempts").map_err(column)?,
         };
-        message.check_publishable().map_err(|e| e.to_string())?;
+        message
+            .check_publishable_reserving(&[crate::RESERVED_HEADERS])
+            .map_err(|e| e.to_string())?;
         Ok(message)
     })();
     Ok(message.map_err(|reason| UndecodableRow {

@@ -176,7 +176,7 @@ async fn a_row_the_bridge_lets_in_is_a_row_the_relay_publishes_as_mapped() {
             "{r:?}: {:?}",
             m.headers
         );
-        m.check_publishable()
+        m.check_publishable_reserving(&[outbox_postgres::RESERVED_HEADERS])
             .unwrap_or_else(|e| panic!("{r:?}: {e}"));
         db.exec(format!("DELETE FROM \"{}\".events", db.schema))
             .await;

@@ -3,26 +3,54 @@
 //! `rabbitmq_consumer` ([`RabbitConsumerConfig`], the delivery source). The source inherits the
 //! transport section's `tls` unless its own section sets one, and consumes a queue named after
 //! the consumer unless the section sets `queue`. File overrides (`ca_file`, `cert_file`,
-//! `key_file`) replace the `tls` keys; NATS credential files are refused.
+//! `key_file`) replace the `tls` keys; any other file kind (another broker's credentials file)
+//! is refused.
+//!
+//! The entry also declares the header names the transport sets itself
+//! ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)) and how AMQP URIs carry credentials
+//! ([`URL_RULES`]).
 
 use outbox_core::broker::{
     self, Backend, BrokerEntry, BrokerError, BrokerSettings, SourceOptions, file,
 };
+use outbox_core::secrets::UrlRules;
 
 use crate::tls::RabbitTls;
 use crate::{
-    RabbitConfig, RabbitConnectError, RabbitConsumerConfig, RabbitSource, RabbitTransport,
+    RESERVED_HEADERS, RabbitConfig, RabbitConnectError, RabbitConsumerConfig, RabbitSource,
+    RabbitTransport,
 };
 
 /// The registry entry of RabbitMQ.
 pub static BROKER: BrokerEntry = BrokerEntry {
     name: Rabbit::NAME,
     title: Rabbit::TITLE,
-    schemes: &["amqp", "amqps"],
+    schemes: SCHEMES,
     sections: &[TRANSPORT_SECTION, SOURCE_SECTION],
+    reserved_headers: RESERVED_HEADERS,
+    url_rules: URL_RULES,
     check: broker::check::<Rabbit>,
     transport: broker::transport::<Rabbit>,
     source: broker::source::<Rabbit>,
+};
+
+/// `amqp://` and `amqps://` (AMQP over TLS).
+const SCHEMES: &[&str] = &["amqp", "amqps"];
+
+/// How an AMQP URI carries credentials: `amqp://user:password@host/vhost`, where a lone value
+/// before `@` is the user name (shown; the password then defaults); the URI's query parameters
+/// are connection settings that are never secret (`heartbeat`, `channel_max`, `frame_max`,
+/// `connection_timeout`, `auth_mechanism`), shown. Any other parameter's value is masked.
+pub const URL_RULES: UrlRules = UrlRules {
+    schemes: SCHEMES,
+    lone_userinfo_is_user: true,
+    shown_params: &[
+        "auth_mechanism",
+        "channel_max",
+        "connection_timeout",
+        "frame_max",
+        "heartbeat",
+    ],
 };
 
 const TRANSPORT_SECTION: &str = "rabbitmq";
@@ -47,6 +75,7 @@ impl Backend for Rabbit {
     const NAME: &'static str = "rabbitmq";
     const TITLE: &'static str = "RabbitMQ";
     const FILES: &'static [&'static str] = &[file::CA, file::CERT, file::KEY];
+    const URL_RULES: UrlRules = URL_RULES;
     type TransportConfig = RabbitConfig;
     type SourceConfig = RabbitConsumerConfig;
     type Transport = RabbitTransport;
@@ -105,7 +134,8 @@ mod tests {
     #[tokio::test]
     async fn a_file_rabbitmq_has_no_use_for_is_refused_before_connecting() {
         let mut settings = BrokerSettings::new();
-        settings.set_file(file::NATS_CREDENTIALS, "/secrets/x.creds".into());
+        // A kind another broker defines (a credentials file of its protocol).
+        settings.set_file("credentials_file", "/secrets/x.creds".into());
         let opts = SourceOptions {
             consumer: "reporting".into(),
         };
@@ -122,6 +152,28 @@ mod tests {
                 "{e:?}"
             );
         }
+    }
+
+    #[test]
+    fn amqp_uris_show_the_user_and_the_connection_settings() {
+        let r = outbox_core::broker::Registry::new(&[&BROKER]).redactor();
+        assert_eq!(
+            r.redact("amqps://guest:gu%40st@mq/%2f"),
+            "amqps://guest:***@mq/%2f"
+        );
+        assert_eq!(r.redact("amqp://guest@mq/%2f"), "amqp://guest@mq/%2f");
+        assert_eq!(
+            r.redact("AMQP://u@h/%2f?heartbeat=10&password=pw&frame_max=8192"),
+            "AMQP://u@h/%2f?heartbeat=10&password=***&frame_max=8192"
+        );
+        let secrets = r.secrets("amqp://u:p%40ss@h/%2f?password=q%20w&heartbeat=10");
+        for want in ["p%40ss", "p@ss", "q%20w", "q w"] {
+            assert!(secrets.contains(&want.to_owned()), "{want} missing");
+        }
+        assert!(!secrets.contains(&"10".to_owned()), "{secrets:?}");
+        assert!(r.secrets("amqp://guest@mq/%2f").is_empty());
+        // The same rules redact the registry's connect errors.
+        assert_eq!(Rabbit::URL_RULES, BROKER.url_rules);
     }
 
     #[test]

@@ -7,12 +7,23 @@
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, wire};
+use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, ReservedHeaders, wire};
 
 use crate::config::{MAX_SHORT_STRING, RabbitConfig};
 
 /// Header name prefix of the CloudEvents AMQP binding.
 pub const CLOUDEVENTS_HEADER_PREFIX: &str = "cloudEvents_";
+
+/// The header names this transport sets itself, so that a user header may not take one: every
+/// name starting with `cloudEvents`, in any case (the binding's attributes are exactly
+/// [`CLOUDEVENTS_HEADER_PREFIX`]`<name>`, and a user header in another case or separator would
+/// only confuse a reader). The content type, the event id and the event type travel as AMQP
+/// properties, which no header shadows. [`BROKER`](crate::BROKER) gives them to the registry,
+/// so producers refuse them at enqueue.
+pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
+    prefixes: &["cloudevents"],
+    names: &[],
+};
 
 /// AMQP delivery mode "persistent".
 pub const DELIVERY_MODE_PERSISTENT: u8 = 2;
@@ -86,9 +97,10 @@ pub(crate) fn envelope(
         );
     }
     for (name, value) in &msg.headers {
-        // Producers going through `NewMessage::validate` cannot create these; rows written by
-        // plain SQL can, and a user header must never shadow a CloudEvents attribute.
-        if name.is_empty() || name.to_ascii_lowercase().starts_with("cloudevents") {
+        // Producers that reserve the registry's header names cannot create these; other
+        // producers (plain SQL, one that reserves nothing) can, and a user header must never
+        // shadow a CloudEvents attribute.
+        if name.is_empty() || RESERVED_HEADERS.reserves(name) {
             return Err(invalid(format!(
                 "header name `{name}` is empty or uses the reserved `cloudEvents` prefix"
             )));
@@ -224,10 +236,27 @@ mod tests {
         let err = envelope(&m, &RabbitConfig::default()).unwrap_err();
         assert_eq!(err.kind, PublishErrorKind::Invalid);
 
+        for name in ["cloudEvents_id", "CLOUDEVENTS-x", "cloudevents"] {
+            let mut m = msg();
+            m.headers.insert(name.into(), "spoof".into());
+            let err = envelope(&m, &RabbitConfig::default()).unwrap_err();
+            assert_eq!(err.kind, PublishErrorKind::Invalid, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_header_the_transport_sets_is_reserved() {
         let mut m = msg();
-        m.headers.insert("cloudEvents_id".into(), "spoof".into());
-        let err = envelope(&m, &RabbitConfig::default()).unwrap_err();
-        assert_eq!(err.kind, PublishErrorKind::Invalid);
+        m.headers.clear();
+        let e = envelope(&m, &RabbitConfig::default()).unwrap();
+        let headers = e.properties.headers().as_ref().unwrap().inner();
+        assert!(!headers.is_empty());
+        for name in headers.keys() {
+            assert!(RESERVED_HEADERS.reserves(name.as_str()), "{name}");
+        }
+        for name in ["traceparent", "content-type", "ce-id", "x-cloudevents"] {
+            assert!(!RESERVED_HEADERS.reserves(name), "{name}");
+        }
     }
 
     #[test]

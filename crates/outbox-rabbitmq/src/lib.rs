@@ -121,13 +121,16 @@ mod link;
 mod tls;
 mod transport;
 
-pub use broker::BROKER;
+pub use broker::{BROKER, URL_RULES};
 pub use config::{
     MAX_IN_FLIGHT, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfig, RabbitConfigError,
     TEMPLATE_PLACEHOLDERS,
 };
 pub use consumer::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
-pub use encode::{CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, sanitize_routing_key_part};
+pub use encode::{
+    CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, RESERVED_HEADERS,
+    sanitize_routing_key_part,
+};
 pub use error::RabbitConnectError;
 pub use tls::RabbitTls;
 pub use transport::RabbitTransport;

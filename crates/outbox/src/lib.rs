@@ -19,9 +19,50 @@
 //! `outbox::consumer::Consumer` ...); the backends are modules (`outbox::postgres`,
 //! `outbox::nats`, `outbox::rabbitmq`, `outbox::kafka`, `outbox::http`). [`brokers`] lists the transports of this
 //! build by URL scheme, for services that pick their broker from configuration.
+//!
+//! The core knows no backend; what it must know of one (URL schemes, the header names a
+//! broker's binding reserves, how a URL carries credentials) each backend crate declares, and
+//! this crate gathers for the build: [`brokers`], [`reserved_headers`] and
+//! [`secrets::redactor`] (which [`secrets::redact_url`] applies).
 #![forbid(unsafe_code)]
 
 pub use outbox_core::*;
+
+/// Keeping credentials out of logs and messages: everything of [`outbox_core::secrets`], with
+/// [`redact_url`](secrets::redact_url) and [`url_secrets`](secrets::url_secrets) applying the
+/// URL rules of every backend of this build ([`redactor`](secrets::redactor)), so that a user
+/// name and harmless connection settings stay readable where the backend's protocol says so.
+pub mod secrets {
+    pub use outbox_core::secrets::*;
+
+    /// A [`Redactor`] with the URL rules of every backend of this build: the brokers of
+    /// [`brokers`](crate::brokers), the store and the HTTP adapter when built in.
+    ///
+    /// ```
+    /// let r = outbox::secrets::redactor();
+    /// assert_eq!(r.redact("foo://user:pw@h?password=pw"), "foo://user:***@h?password=***");
+    /// ```
+    pub fn redactor() -> Redactor {
+        let r = crate::brokers().redactor();
+        #[cfg(feature = "postgres")]
+        let r = r.with(outbox_postgres::URL_RULES);
+        #[cfg(feature = "http")]
+        let r = r.with(outbox_http::URL_RULES);
+        r
+    }
+
+    /// `url` (or a comma-separated list of URLs) with every secret masked, by the rules of the
+    /// URL's backend when it is one of this build's ([`redactor`]), else by the generic rules
+    /// ([`outbox_core::secrets::redact_url`]).
+    pub fn redact_url(url: &str) -> String {
+        redactor().redact(url)
+    }
+
+    /// Every secret [`redact_url`] would mask in `url`, as written and percent-decoded.
+    pub fn url_secrets(url: &str) -> Vec<String> {
+        redactor().secrets(url)
+    }
+}
 
 /// PostgreSQL store and producer API.
 #[cfg(feature = "postgres")]
@@ -64,6 +105,20 @@ pub fn brokers() -> broker::Registry {
     ])
 }
 
+/// The header names any broker of this build reserves for its own headers, one set per broker
+/// ([`broker::Registry::reserved_headers`]): what a producer that does not know which broker
+/// will carry its events refuses, e.g.
+/// `PgOutbox::new(schema).reserve_headers(outbox::reserved_headers())`.
+///
+/// ```
+/// let msg = outbox::NewMessage::new("payment", "p-1", 1, "PaymentCreated",
+///     outbox::Payload::json(&1).unwrap());
+/// assert!(msg.validate_reserving(&outbox::reserved_headers()).is_ok());
+/// ```
+pub fn reserved_headers() -> Vec<ReservedHeaders> {
+    brokers().reserved_headers()
+}
+
 /// Cancels `token` on SIGTERM or Ctrl-C, so a relay, consumer or executor finishes its current
 /// batch and stops (their `run` methods take the token). Returns without cancelling if the
 /// signal handlers cannot be installed (logged).
@@ -80,6 +135,71 @@ pub async fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
         _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: finishing the current batch, then stopping"),
     }
     token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    /// The producer's default (the events table's rule) refuses what every broker of the build
+    /// reserves, so a plain `PgOutbox::new` never lets a header through that a transport would
+    /// refuse at publish.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_tables_rule_covers_every_brokers_reserved_headers() {
+        let table = outbox_postgres::RESERVED_HEADERS;
+        for entry in crate::brokers().entries() {
+            let r = entry.reserved_headers;
+            for p in r.prefixes {
+                assert!(table.reserves(&format!("{p}x")), "{}: {p}", entry.name);
+            }
+            for n in r.names {
+                assert!(table.reserves(n), "{}: {n}", entry.name);
+            }
+        }
+    }
+
+    /// The build's redaction, URL by URL, as each backend's protocol reads it.
+    #[test]
+    fn the_builds_redaction_follows_each_backends_rules() {
+        let cases: &[(&str, &str, bool)] = &[
+            // (url, redacted, whether this build's features decide it)
+            ("foo://tok@h?x=1", "foo://***@h?x=***", true),
+            (
+                "postgres://app@db/pay?sslmode=require&password=pw",
+                "postgres://app@db/pay?sslmode=require&password=***",
+                cfg!(feature = "postgres"),
+            ),
+            (
+                "postgresql://app:pw@db/pay?application_name=relay",
+                "postgresql://app:***@db/pay?application_name=relay",
+                cfg!(feature = "postgres"),
+            ),
+            ("nats://t0k@h:4222", "nats://***@h:4222", true),
+            ("tls://u:pw@h:4222", "tls://u:***@h:4222", true),
+            (
+                "amqp://guest@mq/%2f?heartbeat=5",
+                "amqp://guest@mq/%2f?heartbeat=5",
+                cfg!(feature = "rabbitmq"),
+            ),
+            ("kafka://h:9092", "kafka://h:9092", true),
+            (
+                "https://ops@pay/x",
+                "https://ops@pay/x",
+                cfg!(feature = "http"),
+            ),
+        ];
+        for (url, redacted, decided) in cases {
+            if *decided {
+                assert_eq!(crate::secrets::redact_url(url), *redacted, "{url}");
+            }
+            // A backend's rules only ever show more: what they mask, the generic rules mask.
+            for secret in crate::secrets::url_secrets(url) {
+                assert!(
+                    outbox_core::secrets::url_secrets(url).contains(&secret),
+                    "{url}: {secret}"
+                );
+            }
+        }
+    }
 }
 
 /// The guide (`docs/guide`, an mdBook) and the README, one module per chapter, so that

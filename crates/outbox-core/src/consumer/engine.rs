@@ -828,7 +828,8 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
         }
         let name = self.config.name.clone();
         // Settle all deliveries of the batch concurrently: an ack waits for the broker's
-        // confirmation and a RabbitMQ nack waits out its (capped) delay, so doing them one by
+        // confirmation and a nack may wait out its (capped) delay where the broker has no
+        // delayed redelivery, so doing them one by
         // one would cost a round trip or a delay per delivery.
         let settles: Vec<_> = deliveries
             .into_iter()
@@ -1188,8 +1189,9 @@ impl<S: InboxStore, Src: DeliverySource, H: Handler<S::Conn>> Consumer<S, Src, H
     /// Gives back what the source received ahead of the batches it handed out
     /// ([`DeliverySource::release`]). [`Consumer::run`] does it itself; a caller driving the
     /// consumer with [`Consumer::run_batch`] calls it before dropping the consumer, so those
-    /// messages come again soon (a NATS source: 5 s later) rather than after the broker's ack
-    /// wait. Harmless at any time: the next batch asks the source for messages again.
+    /// messages come again soon (after a short delay the source chooses) rather than after the
+    /// broker's ack wait. Harmless at any time: the next batch asks the source for messages
+    /// again.
     pub async fn release(&mut self) {
         self.source.release().await;
     }

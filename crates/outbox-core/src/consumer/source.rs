@@ -1,13 +1,15 @@
 //! The broker side of a consumer: one trait pair every transport implements, so the inbox
-//! runner (in the store crate) works the same over NATS JetStream and RabbitMQ.
+//! runner (in the store crate) works the same over every broker.
 //!
 //! # Contract (checked by each transport's tests)
 //!
 //! * A [`Delivery`] is acknowledged only by [`Delivery::ack`], which the runner calls after
 //!   the inbox + effect transaction committed. Dropping a delivery without ack or nack must
-//!   leave it to be redelivered (ack-wait expiry on NATS, channel close on RabbitMQ).
+//!   leave it to be redelivered (by the broker's own rule: an ack wait expiring, the channel
+//!   closing).
 //! * [`Delivery::nack`] asks for a redelivery after `delay` where the broker supports a delay
-//!   (NATS `Nak` with delay); otherwise the transport requeues it after waiting, bounded.
+//!   (a negative acknowledgement that carries a delay); otherwise the transport requeues it
+//!   after waiting, bounded.
 //! * [`Delivery::event`] is the decoded wire format, or why the message is malformed; a
 //!   malformed message is still a delivery (the runner dead-letters it, then acks it).
 //! * [`Delivery::raw`] is the message as received, everything the transport could read: the
@@ -41,20 +43,22 @@ pub struct RawMessage {
     pub headers: BTreeMap<String, String>,
     /// The protocol's content type, if any.
     pub content_type: Option<String>,
-    /// Every header whose value is *not* valid UTF-8, byte for byte (AMQP long strings and byte
-    /// arrays can carry any bytes), and every header whose *name* is not (a Kafka header name
-    /// is bytes on the wire), under the key [`RawMessage::header_key`] gives its name. A header
+    /// Every header whose value is *not* valid UTF-8, byte for byte (a protocol's header value
+    /// may carry any bytes), and every header whose *name* is not (a protocol's header name may
+    /// be bytes on the wire), under the key [`RawMessage::header_key`] gives its name. A header
     /// is either here or in `headers`, never in both; a decoder refuses a CloudEvents attribute
     /// found here.
     pub binary_headers: BTreeMap<String, Bytes>,
-    /// What the broker said about the delivery (NATS: subject, stream, sequences; RabbitMQ:
-    /// exchange, routing key, message properties), for the operator reading a dead letter.
+    /// What the broker said about the delivery (subject or routing key, stream or exchange,
+    /// sequences, message properties), for the operator reading a dead letter.
     /// Never decoded.
     pub metadata: BTreeMap<String, String>,
 }
 
 /// Starts the key of a header whose name is not kept as it is (see [`RawMessage::header_key`]).
-/// No header name read through librdkafka can hold it (names are read as C strings).
+/// Chosen because a header name can hardly hold it (a client library that reads names as C
+/// strings cannot); a name that does start with it is escaped like any other, so keys stay
+/// lossless.
 pub const HEADER_KEY_ESCAPE: char = '\0';
 
 impl RawMessage {
@@ -175,8 +179,8 @@ pub trait Delivery: Send + Sync + 'static {
     fn nack(self, delay: Duration) -> impl Future<Output = Result<(), SourceError>> + Send;
 }
 
-/// Where a consumer's deliveries come from (a JetStream durable pull consumer, a RabbitMQ
-/// queue).
+/// Where a consumer's deliveries come from (a durable consumer of a stream, a queue, a member
+/// of a consumer group).
 pub trait DeliverySource: Send + 'static {
     /// The delivery type.
     type Delivery: Delivery;
@@ -213,8 +217,8 @@ pub trait DeliverySource: Send + 'static {
     /// `EventIdentity::default()`.)
     fn identify(&self, raw: &RawMessage) -> EventIdentity;
 
-    /// Gives back what the source received ahead of the batches it handed out (a NATS source
-    /// that prefetches), so the broker delivers it again soon (a NATS source: 5 s later)
+    /// Gives back what the source received ahead of the batches it handed out (a source that
+    /// prefetches), so the broker delivers it again soon (after a short delay the source chooses)
     /// instead of after its ack wait, and stops asking for more until the next
     /// [`DeliverySource::next_batch`]. The runner calls it when `run` stops, while it is
     /// paused and after an error. Deliveries already handed out are not affected. Best

@@ -1,5 +1,5 @@
 //! A consumer engine's running numbers, shared with whatever reports them: a heartbeat that
-//! writes them beside the process (`outbox_postgres::heartbeat::Heartbeat::with_consumer`),
+//! writes them beside the process (a store crate's heartbeat),
 //! so that the operator's console shows each consumer's lag and throughput as the engine
 //! itself counts them, and, when it is stuck, why ([`ConsumerStats::health`]).
 

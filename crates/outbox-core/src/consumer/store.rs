@@ -4,7 +4,7 @@
 //! An inbox store owns transactions on the consumer's own database. The consumer engine begins
 //! one, records the delivery's identity `(consumer, event_id)` with its payload fingerprint in
 //! it, lets the user's handler write its effect on the same transaction (the handler receives
-//! [`InboxStore::Conn`], for PostgreSQL the sqlx connection of the transaction), commits, and only
+//! [`InboxStore::Conn`], the database connection of the transaction), commits, and only
 //! then acknowledges the broker.
 //!
 //! # What an implementation must guarantee (checked by the store conformance suite)
@@ -12,7 +12,7 @@
 //! * Recording is atomic with the transaction: a rolled-back transaction leaves no identity.
 //! * Two transactions recording the same `(consumer, event_id)` meet: the second waits for the
 //!   first, then sees [`InboxOutcome::Duplicate`] (or `Conflict`) if it committed, or records the
-//!   event itself if it rolled back. READ COMMITTED suffices for PostgreSQL's primary key.
+//!   event itself if it rolled back. A unique key under READ COMMITTED suffices for this.
 //! * A known id with a different fingerprint is [`InboxOutcome::Conflict`], and the conflict is
 //!   written in the same transaction.
 //! * With an ordering guard, versions per `(consumer, aggregate)` are tracked in the same
@@ -192,8 +192,8 @@ pub struct ConsumerDeadLetter {
 /// The consumer's view of its database: transactions, the inbox and its dead letters. See the
 /// [module docs](self) for the contract.
 pub trait InboxStore: Send + Sync + 'static {
-    /// The connection the user's handler writes its effect on (for PostgreSQL,
-    /// `sqlx::PgConnection`).
+    /// The connection the user's handler writes its effect on (the database driver's
+    /// connection type).
     type Conn: Send;
     /// An open transaction; dereferences to its connection. Dropping it without
     /// [`InboxStore::commit`] rolls it back (as `sqlx::Transaction` does), so an error path may

@@ -17,8 +17,8 @@
 //! answering lookups truthfully). The crash matrix shows both sides of that boundary.
 //!
 //! This module holds the provider-facing contract ([`RemoteEffect`]), the store-facing one
-//! ([`WorkItemStore`]) and the [`Executor`] written once against both; the PostgreSQL work-item
-//! table and the enqueue on the consumer's transaction live in `outbox_postgres::effects`.
+//! ([`WorkItemStore`]) and the [`Executor`] written once against both; a store's work-item
+//! table and the enqueue on the consumer's transaction live in its store crate.
 
 mod executor;
 mod store;
@@ -42,8 +42,8 @@ pub fn idempotency_key(kind: &str, consumer_name: &str, event_id: Uuid) -> Strin
     format!("{kind}:{consumer_name}:{event_id}")
 }
 
-/// A work item to enqueue, in the consumer's transaction, with the store crate's API (for
-/// PostgreSQL `outbox_postgres::PgEffects::enqueue`).
+/// A work item to enqueue, in the consumer's transaction, with the store crate's API (see
+/// [`Executor`], "The path of one effect").
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewWorkItem {
     /// The kind of effect (`payout`); one executor serves one kind. 1 to 255 bytes.

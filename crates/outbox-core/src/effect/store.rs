@@ -1,7 +1,7 @@
 //! The database side of remote effects: the [`WorkItemStore`] trait the executor runs against.
 //!
 //! Writing a work item happens in the consumer's own transaction with the store crate's API
-//! (for PostgreSQL, `outbox_postgres::PgEffects::enqueue`); this trait is what the executor needs
+//! ([`NewWorkItem`](super::NewWorkItem)); this trait is what the executor needs
 //! afterwards: claim due items under a lease, write results fenced by that lease, send items
 //! whose lease expired to `unknown`, and count the open backlog.
 //!

@@ -28,8 +28,10 @@ pub fn route_key(destination: Option<&str>, aggregate_type: &str) -> String {
 /// * A paused **consumer** takes no deliveries from its source (its engine asks its store at most
 ///   once a second, [`crate::consumer`]): a batch in progress is finished, then what
 ///   the broker holds for the consumer waits there until it is resumed. What the source had
-///   already received stays with it unacknowledged, and each broker does with that what its
-///   own redelivery rules say (each transport's docs tell). The source is not polled while
+///   already received stays with it unacknowledged until the broker takes it back by its own
+///   rules (after an ack wait, when a consumer timeout closes the channel, where each such
+///   return may count as a delivery, or not at all where only offsets are uncommitted; the
+///   guide's console chapter says which for each broker). The source is not polled while
 ///   paused, so its lag is not refreshed either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -25,7 +25,7 @@
 //! stale mark changes nothing.
 //!
 //! A store may also tie a claim to a session that can end before the lease's clock does
-//! ([`FeedBatch::liveness`], a PostgreSQL relay's database session): another relay then takes
+//! ([`FeedBatch::liveness`], e.g. the relay's database session): another relay then takes
 //! the aggregates over as soon as the session is gone, and the engine starts a publish only
 //! while the session's [`Liveness`](crate::Liveness) allows it. The old owner's publishes can
 //! then overlap the new owner's by at most the session's window (plus one publish in flight),
@@ -110,7 +110,7 @@ pub mod metric {
 }
 
 /// Relay settings. Defaults suit a service publishing up to tens of thousands of events a
-/// second from one PostgreSQL database.
+/// second from one database.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Rows per batch.
