@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use outbox::Backoff;
 use outbox::IncomingEvent;
-use outbox::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
+use outbox::consumer::{Handler, HandlerError, OrderingGuard};
 use outbox::effect::{Executor, ExecutorConfig};
 use outbox::http::HttpPayoutProvider;
 use outbox::postgres::{NewWorkItem, PgConsumer, PgEffects, PgStore};
@@ -91,13 +91,8 @@ pub async fn run(common: &Common, provider_url: &str, shutdown: CancellationToke
         CaptureIntent {
             effects: PgEffects::new(schema.clone()),
         },
-        ConsumerConfig {
-            // Only version 2 of each payment arrives here: no ordering guard.
-            ordering: OrderingGuard::Off,
-            batch_size: 50,
-            batch_wait: Duration::from_millis(100),
-            ..ConsumerConfig::new(CAPTURE_CONSUMER)
-        },
+        // Only version 2 of each payment arrives here: no ordering guard.
+        support::consumer::config(CAPTURE_CONSUMER, OrderingGuard::Off),
     )?;
 
     let provider = HttpPayoutProvider::new(provider_url)?;

@@ -7,7 +7,7 @@
 //! * **reporting** (the reporting service's own database): `payment_report` and the
 //!   toolkit's schema `outbox`, of which it uses the inbox.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use sqlx::PgPool;
 
 pub use support::database::{connect, schema};
@@ -17,13 +17,12 @@ pub use support::database::{connect, schema};
 /// # Errors
 /// Any database error.
 pub async fn migrate_payments(pool: &PgPool) -> Result<()> {
-    outbox::postgres::migrate(pool, &schema())
-        .await
-        .context("cannot migrate the outbox schema of the payments database")?;
     // `version` is the aggregate's own version: 1 with PaymentCreated, incremented by the
     // UPDATE that captures (docs/guide/src/producer.md, "Version modes": the aggregate's own row).
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS payments (
+    support::database::migrate(
+        pool,
+        "payments",
+        &["CREATE TABLE IF NOT EXISTS payments (
              id          text        PRIMARY KEY,
              account     text        NOT NULL,
              amount      bigint      NOT NULL CHECK (amount > 0),
@@ -31,12 +30,9 @@ pub async fn migrate_payments(pool: &PgPool) -> Result<()> {
              version     bigint      NOT NULL,
              created_at  timestamptz NOT NULL DEFAULT now(),
              captured_at timestamptz
-         )",
+         )"],
     )
-    .execute(pool)
     .await
-    .context("cannot create the payments table")?;
-    Ok(())
 }
 
 /// The reporting database: the toolkit's migrations (for the inbox), then the report table.
@@ -44,23 +40,19 @@ pub async fn migrate_payments(pool: &PgPool) -> Result<()> {
 /// # Errors
 /// Any database error.
 pub async fn migrate_reporting(pool: &PgPool) -> Result<()> {
-    outbox::postgres::migrate(pool, &schema())
-        .await
-        .context("cannot migrate the outbox schema of the reporting database")?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS payment_report (
+    support::database::migrate(
+        pool,
+        "reporting",
+        &["CREATE TABLE IF NOT EXISTS payment_report (
              payment_id  text        PRIMARY KEY,
              account     text        NOT NULL,
              amount      bigint      NOT NULL,
              status      text        NOT NULL,
              events      integer     NOT NULL,
              updated_at  timestamptz NOT NULL DEFAULT now()
-         )",
+         )"],
     )
-    .execute(pool)
     .await
-    .context("cannot create the payment_report table")?;
-    Ok(())
 }
 
 /// Refuses to start a process on a database that `fintech migrate` (or `run`) did not prepare.

@@ -14,39 +14,20 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::{Result, bail};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::http_client::{Answer, HttpClient};
+use support::load::Load;
 
-/// What to send.
-#[derive(Debug, Clone)]
-pub struct LoadConfig {
-    /// Base URL of the payments API.
-    pub api: String,
-    /// Payments to create.
-    pub payments: u64,
-    /// Concurrent clients.
-    pub clients: u64,
-    /// Payments started per second across all clients; 0: as fast as the API answers.
-    pub rate: f64,
-    /// Prefix of every idempotency key (unique per run).
-    pub tag: String,
-    /// How long one command may keep failing before the run gives up.
-    pub retry_for: Duration,
-}
-
-/// Counters the chaos schedule and the progress lines read while the load runs.
+/// Counters the chaos schedule and the progress lines read while the load runs (the retries
+/// are counted by the [`Load`]).
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Payments whose create was answered 201.
     pub created: AtomicU64,
     /// Payments whose capture was answered 200.
     pub captured: AtomicU64,
-    /// Requests sent again after a failure without an answer or a 5xx.
-    pub retries: AtomicU64,
 }
 
 /// What the load did, for the verification.
@@ -73,11 +54,8 @@ pub struct LoadReport {
 ///
 /// # Errors
 /// The API cannot be reached.
-pub async fn probe_bad_requests(
-    http: &HttpClient,
-    config: &LoadConfig,
-    report: &mut LoadReport,
-) -> Result<()> {
+pub async fn probe_bad_requests(load: &Load, report: &mut LoadReport) -> Result<()> {
+    let (http, config) = (&load.http, &load.config);
     let url = format!("{}/payments", config.api);
     let key = format!("{}-probe-1", config.tag);
     let good = json!({ "account": "acc-probe", "amount": 500 });
@@ -160,42 +138,34 @@ pub async fn probe_bad_requests(
     Ok(())
 }
 
-/// Runs the clients to the end (`support::load::run_clients`).
+/// Runs the clients to the end (`Load::run_clients`): payment `i` of the load is created, and
+/// captured unless `i` is a multiple of 10.
 ///
 /// # Errors
 /// A command kept failing for `retry_for`, or an answer broke the API's contract.
 pub async fn drive(
-    http: HttpClient,
-    config: LoadConfig,
+    load: Arc<Load>,
     progress: Arc<Progress>,
     report: Arc<Mutex<LoadReport>>,
 ) -> Result<()> {
-    let (total, clients, rate) = (config.payments, config.clients, config.rate);
-    let config = Arc::new(config);
-    support::load::run_clients(total, clients, rate, move |i| {
-        let (http, config, progress, report) = (
-            http.clone(),
-            Arc::clone(&config),
-            Arc::clone(&progress),
-            Arc::clone(&report),
-        );
-        async move { one_payment(&http, &config, &progress, &report, i).await }
+    load.run_clients(move |load, i| {
+        let (progress, report) = (Arc::clone(&progress), Arc::clone(&report));
+        async move { one_payment(&load, &progress, &report, i).await }
     })
     .await
 }
 
 async fn one_payment(
-    http: &HttpClient,
-    config: &LoadConfig,
+    load: &Load,
     progress: &Progress,
     report: &Mutex<LoadReport>,
     i: u64,
 ) -> Result<()> {
+    let config = &load.config;
     let create_key = format!("{}-create-{i}", config.tag);
     let body = json!({ "account": format!("acc-{:03}", i % 97), "amount": 100 + (i % 4900) });
     let url = format!("{}/payments", config.api);
-    let (created, retried) =
-        command(http, config, progress, &url, &create_key, Some(&body)).await?;
+    let (created, retried) = load.command(&url, &create_key, Some(&body)).await?;
     if created.status != StatusCode::CREATED {
         bail!(
             "create {create_key}: expected 201, got {} {}",
@@ -215,7 +185,7 @@ async fn one_payment(
         }
     }
     if i.is_multiple_of(25) {
-        let (again, _) = command(http, config, progress, &url, &create_key, Some(&body)).await?;
+        let (again, _) = load.command(&url, &create_key, Some(&body)).await?;
         let mut r = report.lock().expect("report lock");
         r.replay_probes += 1;
         if again.status == StatusCode::CREATED && again.replayed && again.body == created.body {
@@ -225,7 +195,7 @@ async fn one_payment(
     if !i.is_multiple_of(10) {
         let capture_key = format!("{}-capture-{i}", config.tag);
         let url = format!("{}/payments/{id}/capture", config.api);
-        let (captured, _) = command(http, config, progress, &url, &capture_key, None).await?;
+        let (captured, _) = load.command(&url, &capture_key, None).await?;
         if captured.status != StatusCode::OK || captured.body["status"] != "captured" {
             bail!(
                 "capture {capture_key}: expected 200, got {} {}",
@@ -237,19 +207,4 @@ async fn one_payment(
         report.lock().expect("report lock").captured.insert(id);
     }
     Ok(())
-}
-
-/// Sends one command until it is answered with something other than a 5xx, always with the
-/// same key (`support::load::post_until_answered`). Returns the answer and whether it took
-/// more than one attempt.
-async fn command(
-    http: &HttpClient,
-    config: &LoadConfig,
-    progress: &Progress,
-    url: &str,
-    key: &str,
-    body: Option<&Value>,
-) -> Result<(Answer, bool)> {
-    support::load::post_until_answered(http, url, key, body, config.retry_for, &progress.retries)
-        .await
 }

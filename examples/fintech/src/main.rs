@@ -32,13 +32,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use support::run::DEFAULT_BROKER_URL;
 
 use crate::topology::{AGGREGATE, Topology};
-
-/// Default PostgreSQL server (its database is used only to create the run's databases).
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-/// Default broker.
-pub const DEFAULT_BROKER_URL: &str = "nats://127.0.0.1:4222";
 
 /// The payments service of the FinTech example, and its one-command story.
 #[derive(Parser, Debug)]

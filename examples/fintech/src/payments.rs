@@ -12,7 +12,9 @@
 //!
 //! Every command runs in **one** transaction, the service's own: the idempotency record of the
 //! request key, the business row, the outbox intent (`PgOutbox::enqueue` on the same
-//! transaction) and the stored response commit together or not at all.
+//! transaction) and the stored response commit together or not at all. The transaction's frame
+//! is `support::api::OutboxApi` (`begin`: the key's record; `finish`: the intent, the stored
+//! response, the commit); each handler writes its business row in between.
 //!
 //! * **Request idempotency** (`PgOutbox::idempotency_begin` / `idempotency_complete`): a retry
 //!   with the same key and the same request returns the first answer (with the header
@@ -26,7 +28,6 @@
 //!   invalid amount or account 422.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use anyhow::Result;
 use axum::Router;
@@ -35,12 +36,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use outbox::postgres::{PgOutbox, RelayWaker};
-use outbox::{Fingerprint, NewMessage, Payload};
+use outbox::{NewMessage, Payload};
 use serde::Deserialize;
 use serde_json::json;
-use sqlx::PgPool;
-use support::api::{ApiError, answer, error, idempotency_key, parse_body, stored, unavailable};
+use support::api::{
+    ApiError, Begun, OutboxApi, error, idempotency_key, parse_body, stored, unavailable,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
@@ -53,14 +54,6 @@ const SCOPE_CAPTURE: &str = "capture-payment";
 /// Longest accepted account name.
 const MAX_ACCOUNT_LEN: usize = 64;
 
-/// What every handler shares.
-#[derive(Clone)]
-struct App {
-    pool: PgPool,
-    outbox: PgOutbox,
-    waker: RelayWaker,
-}
-
 /// Serves the API on `listen` until `shutdown`.
 ///
 /// # Errors
@@ -68,19 +61,13 @@ struct App {
 pub async fn serve(common: &Common, listen: SocketAddr, shutdown: CancellationToken) -> Result<()> {
     let pool = crate::db::connect(&common.payments_url, 16).await?;
     crate::db::check(&pool, "public.payments").await?;
-    let outbox = PgOutbox::new(crate::db::schema());
-    // Wake-ups after commit, coalesced: relays also poll, so a lost one only costs latency.
-    let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(20));
-    let app = App {
-        pool,
-        outbox,
-        waker,
-    };
+    // The outbox on the payments database, and wake-ups for the relays after each commit.
+    let app = OutboxApi::new(pool);
     support::api::serve(router(app), listen, "payments API", shutdown).await?;
     Ok(())
 }
 
-fn router(app: App) -> Router {
+fn router(app: OutboxApi) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/payments", post(create_payment))
@@ -106,7 +93,7 @@ struct CapturePayment {}
 
 /// `POST /payments`.
 async fn create_payment(
-    State(app): State<App>,
+    State(app): State<OutboxApi>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -130,14 +117,12 @@ async fn create_payment(
             format!("account must be 1 to {MAX_ACCOUNT_LEN} printable characters"),
         ));
     }
-    // The request as the key remembers it (serde_json sorts object keys: canonical bytes).
+    // The request as the key remembers it.
     let request = json!({ "account": req.account, "amount": req.amount });
-    let fingerprint = Fingerprint::of(request.to_string().as_bytes());
-
-    let mut tx = app.pool.begin().await.map_err(unavailable)?;
-    if let Some(first) = begin_idempotent(&app, &mut tx, SCOPE_CREATE, &key, fingerprint).await? {
-        return Ok(answer(&first, true));
-    }
+    let mut tx = match app.begin(SCOPE_CREATE, &key, &request).await? {
+        Begun::New(tx) => tx,
+        Begun::Replay(first) => return Ok(first),
+    };
     let id = format!("pay_{}", uuid::Uuid::now_v7().simple());
     sqlx::query(
         "INSERT INTO payments (id, account, amount, status, version) \
@@ -151,38 +136,28 @@ async fn create_payment(
     .map_err(unavailable)?;
     // A new aggregate's row starts at version 1, and so does its first event.
     let event = event(&id, 1, PAYMENT_CREATED, &req.account, req.amount)?;
-    app.outbox
-        .enqueue(&mut *tx, &event)
-        .await
-        .map_err(unavailable)?;
     let body = json!({
         "id": id, "account": req.account, "amount": req.amount, "status": "created", "version": 1,
     });
     let response = stored(StatusCode::CREATED, body);
-    app.outbox
-        .idempotency_complete(&mut tx, SCOPE_CREATE, &key, &response)
-        .await
-        .map_err(unavailable)?;
-    tx.commit().await.map_err(unavailable)?;
-    app.waker.wake();
-    Ok(answer(&response, false))
+    // The intent and the stored answer on the same transaction as the row, then commit.
+    app.finish(tx, &event, SCOPE_CREATE, &key, response).await
 }
 
 /// `POST /payments/{id}/capture`.
 async fn capture_payment(
-    State(app): State<App>,
+    State(app): State<OutboxApi>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     parse_body::<CapturePayment>(&headers, &body)?;
-    let fingerprint = Fingerprint::of(json!({ "capture": id }).to_string().as_bytes());
-
-    let mut tx = app.pool.begin().await.map_err(unavailable)?;
-    if let Some(first) = begin_idempotent(&app, &mut tx, SCOPE_CAPTURE, &key, fingerprint).await? {
-        return Ok(answer(&first, true));
-    }
+    let request = json!({ "capture": id });
+    let mut tx = match app.begin(SCOPE_CAPTURE, &key, &request).await? {
+        Begun::New(tx) => tx,
+        Begun::Replay(first) => return Ok(first),
+    };
     // The aggregate's own row gives the version: the UPDATE that captures increments it, under
     // the row lock that orders this payment's commits.
     let row: Option<(i64, String, i64)> = sqlx::query_as(
@@ -210,34 +185,11 @@ async fn capture_payment(
         });
     };
     let event = event(&id, version, PAYMENT_CAPTURED, &account, amount)?;
-    app.outbox
-        .enqueue(&mut *tx, &event)
-        .await
-        .map_err(unavailable)?;
     let body = json!({
         "id": id, "account": account, "amount": amount, "status": "captured", "version": version,
     });
     let response = stored(StatusCode::OK, body);
-    app.outbox
-        .idempotency_complete(&mut tx, SCOPE_CAPTURE, &key, &response)
-        .await
-        .map_err(unavailable)?;
-    tx.commit().await.map_err(unavailable)?;
-    app.waker.wake();
-    Ok(answer(&response, false))
-}
-
-/// Records the key in `tx` (`PgOutbox::idempotency_begin`, through `support::api`): `None`
-/// new, `Some(first)` the first answer to replay, `Err` a 422 (key reused with another request)
-/// or a 503.
-async fn begin_idempotent(
-    app: &App,
-    tx: &mut sqlx::PgConnection,
-    scope: &str,
-    key: &str,
-    fingerprint: Fingerprint,
-) -> Result<Option<serde_json::Value>, ApiError> {
-    support::api::begin_idempotent(&app.outbox, tx, scope, key, fingerprint).await
+    app.finish(tx, &event, SCOPE_CAPTURE, &key, response).await
 }
 
 /// The integration event of `payment` at `version`.
@@ -256,7 +208,10 @@ fn event(
 }
 
 /// `GET /payments/{id}`.
-async fn get_payment(State(app): State<App>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn get_payment(
+    State(app): State<OutboxApi>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let row: Option<(String, i64, String, i64)> =
         sqlx::query_as("SELECT account, amount, status, version FROM payments WHERE id = $1")
             .bind(&id)

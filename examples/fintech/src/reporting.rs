@@ -8,11 +8,9 @@
 //! inbox; the ordering guard `Wait` applies a payment's `PaymentCaptured` only after its
 //! `PaymentCreated`.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use outbox::IncomingEvent;
-use outbox::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
+use outbox::consumer::{Handler, HandlerError, OrderingGuard};
 use outbox::postgres::{PgConsumer, PgStore};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -114,13 +112,8 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
         PgStore::with_schema(pool, crate::db::schema()),
         source,
         Reporting,
-        ConsumerConfig {
-            ordering: OrderingGuard::Wait,
-            gap_delay: Duration::from_millis(200),
-            batch_size: 50,
-            batch_wait: Duration::from_millis(100),
-            ..ConsumerConfig::new(REPORTING_CONSUMER)
-        },
+        // `Wait`: a payment's `PaymentCaptured` is applied only after its `PaymentCreated`.
+        support::consumer::config(REPORTING_CONSUMER, OrderingGuard::Wait),
     )?;
     support::child::serve_until_stopped("reporting consumer", consumer.run(shutdown)).await;
     Ok(())

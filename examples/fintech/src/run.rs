@@ -24,15 +24,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hyper::Method;
-use support::database::FreshDatabases;
 use support::http_client::HttpClient;
-use support::run::{ModeArgs, Plan};
+use support::load::Load;
+use support::run::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, ModeArgs, Plan, Sandbox};
 use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
 
-use crate::load::{LoadConfig, LoadReport, Progress};
+use crate::load::{LoadReport, Progress};
 use crate::topology::{AGGREGATE, CAPTURE_CONSUMER, REPORTING_CONSUMER, Topology};
 use crate::verify::{RunFacts, Snapshot};
-use crate::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL};
 
 /// Options of `fintech run`.
 #[derive(clap::Args, Debug)]
@@ -145,50 +144,30 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let topology = Topology::new("fintech", AGGREGATE, &name, true)?;
     let payments_db = format!("fintech_{pid}_payments");
     let reporting_db = format!("fintech_{pid}_reporting");
-    let brokers = outbox::brokers();
-    let broker = brokers.find(&args.broker_url)?.name;
+    let broker = outbox::brokers().find(&args.broker_url)?.name;
     println!(
         "fintech run ({} mode): {} payments from {} clients, {} round(s) of kills",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
-    println!(
-        "  postgres {} (databases {payments_db}, {reporting_db})",
-        outbox::secrets::redact_url(&args.database_url)
-    );
-    println!(
-        "  broker   {} ({broker}: {})",
-        outbox::secrets::redact_url(&args.broker_url),
-        if broker == "nats" {
-            topology.stream()
-        } else {
-            topology.prefix()
-        }
-    );
-
-    let dbs = FreshDatabases::create(
+    let sandbox = Sandbox::create(
         &args.database_url,
         &[payments_db.clone(), reporting_db.clone()],
+        &args.broker_url,
+        broker,
+        &topology,
     )
     .await?;
-    let payments_url = dbs.url(&payments_db)?;
-    let reporting_url = dbs.url(&reporting_db)?;
+    let payments_url = sandbox.url(&payments_db)?;
+    let reporting_url = sandbox.url(&reporting_db)?;
 
     let result = story(&args, &plan, &topology, &payments_url, &reporting_url).await;
 
     if args.keep {
         println!("kept: databases {payments_db}, {reporting_db}; broker objects of {name}");
     } else {
-        dbs.drop_all().await;
-        if let Err(e) = topology
-            .delete_broker_objects(
-                broker,
-                &args.broker_url,
-                &[REPORTING_CONSUMER, CAPTURE_CONSUMER],
-            )
-            .await
-        {
-            eprintln!("warning: cannot delete the run's broker objects: {e:#}");
-        }
+        sandbox
+            .remove(&[REPORTING_CONSUMER, CAPTURE_CONSUMER])
+            .await;
     }
     result
 }
@@ -206,9 +185,7 @@ async fn story(
     crate::db::migrate_payments(&payments).await?;
     crate::db::migrate_reporting(&reporting).await?;
 
-    let dir = std::env::temp_dir().join(format!("fintech-{}", std::process::id()));
-    let sup = Supervisor::new(dir)?;
-    println!("  logs     {}", sup.dir().display());
+    let sup = Supervisor::for_run("fintech")?;
     let mut cluster = Cluster {
         sup,
         common: vec![
@@ -250,28 +227,19 @@ async fn drive(
     for kind in [Kind::Relay, Kind::Reporting, Kind::Capture, Kind::Payments] {
         cluster.start(kind).await?;
     }
-    let api = format!("http://{}", cluster.api_addr);
     let provider_url = format!("http://{}", cluster.provider_addr);
     let http = HttpClient::new(Duration::from_secs(3));
-    let config = LoadConfig {
-        api: api.clone(),
-        payments: plan.commands,
-        clients: plan.clients,
-        rate: plan.rate,
-        tag: format!("run{}", std::process::id()),
-        retry_for: Duration::from_secs(60),
-    };
+    let load = Arc::new(Load::new(http.clone(), plan.load(cluster.api_addr)));
     let report = Arc::new(Mutex::new(LoadReport::default()));
     {
         let mut r = LoadReport::default();
-        crate::load::probe_bad_requests(&http, &config, &mut r).await?;
+        crate::load::probe_bad_requests(&load, &mut r).await?;
         let mut shared = report.lock().expect("report lock");
         *shared = r;
     }
     let progress = Arc::new(Progress::default());
-    let load = tokio::spawn(crate::load::drive(
-        http.clone(),
-        config,
+    let driving = tokio::spawn(crate::load::drive(
+        Arc::clone(&load),
         Arc::clone(&progress),
         Arc::clone(&report),
     ));
@@ -288,7 +256,7 @@ async fn drive(
     let mut kills = 0i64;
     let mut last_line = Instant::now();
     loop {
-        if load.is_finished() {
+        if driving.is_finished() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -326,11 +294,11 @@ async fn drive(
                 "load: {} created, {} captured, {} requests retried",
                 progress.created.load(Ordering::Relaxed),
                 progress.captured.load(Ordering::Relaxed),
-                progress.retries.load(Ordering::Relaxed)
+                load.retries()
             ));
         }
     }
-    load.await.context("the load driver panicked")??;
+    driving.await.context("the load driver panicked")??;
     if let Some(since) = slow {
         // The load ended first: the captures it made are still being called.
         while since.elapsed() < SLOW_AT_MOST && unknown_outcomes(payments).await.unwrap_or(0) == 0 {
@@ -349,7 +317,7 @@ async fn drive(
         "load done: {} created, {} captured, {} requests retried with the same key",
         progress.created.load(Ordering::Relaxed),
         progress.captured.load(Ordering::Relaxed),
-        progress.retries.load(Ordering::Relaxed)
+        load.retries()
     ));
 
     // Drain.
@@ -368,7 +336,7 @@ async fn drive(
     };
     println!(
         "requests retried with the same key: {}; creates whose retry was answered as a replay: {}",
-        progress.retries.load(Ordering::Relaxed),
+        load.retries(),
         report.replayed_after_failure
     );
     Ok(crate::verify::checks(&snapshot, &report, &facts))

@@ -13,7 +13,8 @@
 //! Each command is **one** transaction, the service's own: the request's idempotency record
 //! (`PgOutbox::idempotency_begin`), the bet row, the intent (`PgOutbox::enqueue(&mut *tx, …)`:
 //! `BetAccepted` or `BetSettled`) and the stored answer (`idempotency_complete`) commit together
-//! or not at all. A retry with the same key replays the first answer
+//! or not at all; `support::api::OutboxApi` begins and finishes that transaction, each handler
+//! writes the bet row in between. A retry with the same key replays the first answer
 //! (`Idempotent-Replayed: true`); the same key with another request is 422.
 //!
 //! The settlement's version comes from the bet's own row: `UPDATE bets SET status = …,
@@ -23,7 +24,6 @@
 //! bet pays `stake * odds`, in minor units rounded down.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use anyhow::Result;
 use axum::Router;
@@ -32,12 +32,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use outbox::postgres::{PgOutbox, RelayWaker};
-use outbox::{Fingerprint, NewMessage, Payload};
+use outbox::{NewMessage, Payload};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sqlx::PgPool;
-use support::api::{ApiError, answer, error, idempotency_key, parse_body, stored, unavailable};
+use support::api::{
+    ApiError, Begun, OutboxApi, error, idempotency_key, parse_body, stored, unavailable,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
@@ -93,14 +93,6 @@ pub fn payout_of(stake: i64, odds_x100: i64) -> i64 {
     stake * odds_x100 / 100
 }
 
-/// Shared by the handlers.
-#[derive(Clone)]
-struct App {
-    pool: PgPool,
-    outbox: PgOutbox,
-    waker: RelayWaker,
-}
-
 /// Serves the API on `listen` until `shutdown`.
 ///
 /// # Errors
@@ -108,19 +100,13 @@ struct App {
 pub async fn serve(common: &Common, listen: SocketAddr, shutdown: CancellationToken) -> Result<()> {
     let pool = crate::db::connect(&common.bets_url, 16).await?;
     crate::db::check(&pool, "public.bets").await?;
-    let outbox = PgOutbox::new(crate::db::schema());
-    // Coalesced wake-ups after commit; the relay polls as well.
-    let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(20));
     let router = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/bets", post(place_bet))
         .route("/bets/{id}", get(get_bet))
         .route("/bets/{id}/settle", post(settle_bet))
-        .with_state(App {
-            pool,
-            outbox,
-            waker,
-        });
+        // The outbox on the bets database, and wake-ups for the relays after each commit.
+        .with_state(OutboxApi::new(pool));
     support::api::serve(router, listen, "bets API", shutdown).await
 }
 
@@ -170,47 +156,9 @@ fn bet_body(bet: &BetEvent, status: &str, version: i64) -> Value {
     body
 }
 
-/// Begins the command's transaction with its idempotency record: `Ok(Err(replay))` when the
-/// key already answered.
-async fn begin(
-    app: &App,
-    scope: &str,
-    key: &str,
-    request: &Value,
-) -> Result<Result<sqlx::Transaction<'static, sqlx::Postgres>, Response>, ApiError> {
-    let mut tx = app.pool.begin().await.map_err(unavailable)?;
-    let fingerprint = Fingerprint::of(request.to_string().as_bytes());
-    match support::api::begin_idempotent(&app.outbox, &mut tx, scope, key, fingerprint).await? {
-        Some(first) => Ok(Err(answer(&first, true))),
-        None => Ok(Ok(tx)),
-    }
-}
-
-/// Ends the command: the intent, the stored answer, commit, and a wake-up for the relay.
-async fn finish(
-    app: &App,
-    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    intent: NewMessage,
-    scope: &str,
-    key: &str,
-    response: Value,
-) -> Result<Response, ApiError> {
-    app.outbox
-        .enqueue(&mut *tx, &intent)
-        .await
-        .map_err(unavailable)?;
-    app.outbox
-        .idempotency_complete(&mut tx, scope, key, &response)
-        .await
-        .map_err(unavailable)?;
-    tx.commit().await.map_err(unavailable)?;
-    app.waker.wake();
-    Ok(answer(&response, false))
-}
-
 /// `POST /bets`: the bet row and `BetAccepted` (version 1) in one transaction.
 async fn place_bet(
-    State(app): State<App>,
+    State(app): State<OutboxApi>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -236,9 +184,9 @@ async fn place_bet(
     let request = json!({
         "player": req.player, "market": req.market, "stake": req.stake, "odds_x100": odds_x100,
     });
-    let mut tx = match begin(&app, SCOPE_PLACE, &key, &request).await? {
-        Ok(tx) => tx,
-        Err(replay) => return Ok(replay),
+    let mut tx = match app.begin(SCOPE_PLACE, &key, &request).await? {
+        Begun::New(tx) => tx,
+        Begun::Replay(first) => return Ok(first),
     };
     let bet = BetEvent {
         id: format!("bet_{}", uuid::Uuid::now_v7().simple()),
@@ -265,13 +213,13 @@ async fn place_bet(
         .message(1, BET_ACCEPTED)
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let response = stored(StatusCode::CREATED, bet_body(&bet, "accepted", 1));
-    finish(&app, tx, intent, SCOPE_PLACE, &key, response).await
+    app.finish(tx, &intent, SCOPE_PLACE, &key, response).await
 }
 
 /// `POST /bets/{id}/settle`: the bet's state and `BetSettled` (the row's next version) in one
 /// transaction.
 async fn settle_bet(
-    State(app): State<App>,
+    State(app): State<OutboxApi>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -285,9 +233,9 @@ async fn settle_bet(
         )));
     }
     let request = json!({ "settle": id, "outcome": req.outcome });
-    let mut tx = match begin(&app, SCOPE_SETTLE, &key, &request).await? {
-        Ok(tx) => tx,
-        Err(replay) => return Ok(replay),
+    let mut tx = match app.begin(SCOPE_SETTLE, &key, &request).await? {
+        Begun::New(tx) => tx,
+        Begun::Replay(first) => return Ok(first),
     };
     // The bet's own row gives the version and settles it once; the payout is computed by the
     // database from the accepted stake and odds.
@@ -330,7 +278,7 @@ async fn settle_bet(
         .message(version, BET_SETTLED)
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let response = stored(StatusCode::OK, bet_body(&bet, &req.outcome, version));
-    finish(&app, tx, intent, SCOPE_SETTLE, &key, response).await
+    app.finish(tx, &intent, SCOPE_SETTLE, &key, response).await
 }
 
 /// A bet as `GET /bets/{id}` reads it.
@@ -346,7 +294,10 @@ struct BetRow {
 }
 
 /// `GET /bets/{id}`.
-async fn get_bet(State(app): State<App>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn get_bet(
+    State(app): State<OutboxApi>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let row: Option<BetRow> = sqlx::query_as(
         "SELECT player, market, stake, odds_x100, status, payout, version FROM bets WHERE id = $1",
     )

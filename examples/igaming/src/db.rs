@@ -9,7 +9,7 @@
 //!   `ledger_entries`, the two entries of each posting (debit the house, credit the player), and
 //!   the toolkit's schema for the payout consumer's inbox.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use sqlx::PgPool;
 pub use support::database::{connect, schema};
 
@@ -23,27 +23,13 @@ pub fn player_account(player: &str) -> String {
     format!("player:{player}")
 }
 
-/// The toolkit's migrations, then `tables`, each statement in turn.
-async fn migrate(pool: &PgPool, what: &str, tables: &[&str]) -> Result<()> {
-    outbox::postgres::migrate(pool, &schema())
-        .await
-        .with_context(|| format!("cannot migrate the outbox schema of the {what} database"))?;
-    for sql in tables {
-        sqlx::query(sqlx::AssertSqlSafe(*sql))
-            .execute(pool)
-            .await
-            .with_context(|| format!("cannot create the tables of the {what} database"))?;
-    }
-    Ok(())
-}
-
 /// The bets database. `odds_x100` holds the decimal odds in hundredths (2.50 is 250); a won
 /// bet pays `stake * odds_x100 / 100` minor units, rounded down.
 ///
 /// # Errors
 /// Any database error.
 pub async fn migrate_bets(pool: &PgPool) -> Result<()> {
-    migrate(
+    support::database::migrate(
         pool,
         "bets",
         &["CREATE TABLE IF NOT EXISTS bets (
@@ -67,7 +53,7 @@ pub async fn migrate_bets(pool: &PgPool) -> Result<()> {
 /// # Errors
 /// Any database error.
 pub async fn migrate_history(pool: &PgPool) -> Result<()> {
-    migrate(
+    support::database::migrate(
         pool,
         "history",
         &[
@@ -99,7 +85,7 @@ pub async fn migrate_history(pool: &PgPool) -> Result<()> {
 /// # Errors
 /// Any database error.
 pub async fn migrate_ledger(pool: &PgPool) -> Result<()> {
-    migrate(
+    support::database::migrate(
         pool,
         "ledger",
         &[

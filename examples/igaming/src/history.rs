@@ -8,11 +8,9 @@
 //! totals never count an event twice. The ordering guard `Wait` applies a bet's `BetSettled`
 //! only after its `BetAccepted`.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use outbox::IncomingEvent;
-use outbox::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
+use outbox::consumer::{Handler, HandlerError, OrderingGuard};
 use outbox::postgres::{PgConsumer, PgStore};
 use tokio_util::sync::CancellationToken;
 
@@ -128,13 +126,8 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
         PgStore::with_schema(pool, crate::db::schema()),
         source,
         History,
-        ConsumerConfig {
-            ordering: OrderingGuard::Wait,
-            gap_delay: Duration::from_millis(200),
-            batch_size: 50,
-            batch_wait: Duration::from_millis(100),
-            ..ConsumerConfig::new(HISTORY_CONSUMER)
-        },
+        // `Wait`: a bet's `BetSettled` is applied only after its `BetAccepted`.
+        support::consumer::config(HISTORY_CONSUMER, OrderingGuard::Wait),
     )?;
     support::child::serve_until_stopped("history consumer", consumer.run(shutdown)).await;
     Ok(())

@@ -3,50 +3,30 @@
 //! Bet `i` is placed by player `p-<i mod 53>` on market `m-<i mod 7>` at one of a few odds;
 //! nine in ten bets are settled, every other one of those won. Each command has its own
 //! `Idempotency-Key` and is sent again **with the same key** when it got no answer or a 5xx
-//! (`support::load::post_until_answered`): a retry of a command that committed is answered
+//! (`support::load::Load::command`): a retry of a command that committed is answered
 //! with the first answer. Every 25th placement is sent again after its answer and must come
 //! back identical, marked as a replay; a few bad requests must get their documented 4xx.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::{Result, bail};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::http_client::{Answer, HttpClient};
-use support::load::post_until_answered;
+use support::load::Load;
 
 /// The odds the punters pick from.
 const ODDS: [f64; 5] = [1.5, 1.91, 2.5, 3.75, 11.0];
 
-/// What to send.
-#[derive(Debug, Clone)]
-pub struct LoadConfig {
-    /// Base URL of the bets API.
-    pub api: String,
-    /// Bets to place.
-    pub bets: u64,
-    /// Concurrent clients.
-    pub clients: u64,
-    /// Bets started per second across all clients; 0: as fast as the API answers.
-    pub rate: f64,
-    /// Prefix of every idempotency key (unique per run).
-    pub tag: String,
-    /// How long one command may keep failing before the run gives up.
-    pub retry_for: Duration,
-}
-
-/// Counters read while the load runs (kill schedule, progress lines).
+/// Counters read while the load runs (kill schedule, progress lines); the retries are counted
+/// by the [`Load`].
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Bets whose placement was answered 201.
     pub placed: AtomicU64,
     /// Bets whose settlement was answered 200.
     pub settled: AtomicU64,
-    /// Requests sent again after a failure without an answer or a 5xx.
-    pub retries: AtomicU64,
 }
 
 /// What the load did, for the verification.
@@ -71,11 +51,8 @@ pub struct LoadReport {
 ///
 /// # Errors
 /// The API cannot be reached.
-pub async fn probe_bad_requests(
-    http: &HttpClient,
-    config: &LoadConfig,
-    report: &mut LoadReport,
-) -> Result<()> {
+pub async fn probe_bad_requests(load: &Load, report: &mut LoadReport) -> Result<()> {
+    let (http, config) = (&load.http, &load.config);
     let bets = format!("{}/bets", config.api);
     let bet = json!({ "player": "p-probe", "market": "m-probe", "stake": 500, "odds": 2.0 });
     let key = |what: &str| format!("{}-probe-{what}", config.tag);
@@ -159,55 +136,29 @@ pub async fn probe_bad_requests(
     Ok(())
 }
 
-/// Runs the clients to the end.
+/// Runs the clients to the end (`Load::run_clients`).
 ///
 /// # Errors
 /// A command kept failing for `retry_for`, or an answer broke the API's contract.
 pub async fn drive(
-    http: HttpClient,
-    config: LoadConfig,
+    load: Arc<Load>,
     progress: Arc<Progress>,
     report: Arc<Mutex<LoadReport>>,
 ) -> Result<()> {
-    let (bets, clients, rate) = (config.bets, config.clients, config.rate);
-    let config = Arc::new(config);
-    support::load::run_clients(bets, clients, rate, move |i| {
-        let http = http.clone();
-        let config = Arc::clone(&config);
-        let progress = Arc::clone(&progress);
-        let report = Arc::clone(&report);
-        async move { one_bet(&http, &config, &progress, &report, i).await }
+    load.run_clients(move |load, i| {
+        let (progress, report) = (Arc::clone(&progress), Arc::clone(&report));
+        async move { one_bet(&load, &progress, &report, i).await }
     })
     .await
 }
 
-/// Sends a command of the load (retried with the same key).
-async fn send(
-    http: &HttpClient,
-    config: &LoadConfig,
-    progress: &Progress,
-    url: &str,
-    key: &str,
-    body: &Value,
-) -> Result<(Answer, bool)> {
-    post_until_answered(
-        http,
-        url,
-        key,
-        Some(body),
-        config.retry_for,
-        &progress.retries,
-    )
-    .await
-}
-
 async fn one_bet(
-    http: &HttpClient,
-    config: &LoadConfig,
+    load: &Load,
     progress: &Progress,
     report: &Mutex<LoadReport>,
     i: u64,
 ) -> Result<()> {
+    let config = &load.config;
     let place_key = format!("{}-place-{i}", config.tag);
     let url = format!("{}/bets", config.api);
     let body = json!({
@@ -216,7 +167,7 @@ async fn one_bet(
         "stake": 100 + (i * 37) % 9900,
         "odds": ODDS[(i % ODDS.len() as u64) as usize],
     });
-    let (placed, retried) = send(http, config, progress, &url, &place_key, &body).await?;
+    let (placed, retried) = load.command(&url, &place_key, Some(&body)).await?;
     let id = match (placed.status, placed.body["id"].as_str()) {
         (StatusCode::CREATED, Some(id)) => id.to_owned(),
         _ => bail!(
@@ -232,7 +183,7 @@ async fn one_bet(
         r.replayed_after_failure += u64::from(retried && placed.replayed);
     }
     if i.is_multiple_of(25) {
-        let (again, _) = send(http, config, progress, &url, &place_key, &body).await?;
+        let (again, _) = load.command(&url, &place_key, Some(&body)).await?;
         let same =
             again.status == StatusCode::CREATED && again.replayed && again.body == placed.body;
         let mut r = report.lock().expect("report lock");
@@ -245,15 +196,8 @@ async fn one_bet(
     let outcome = if i.is_multiple_of(2) { "won" } else { "lost" };
     let settle_key = format!("{}-settle-{i}", config.tag);
     let url = format!("{}/bets/{id}/settle", config.api);
-    let (settled, _) = send(
-        http,
-        config,
-        progress,
-        &url,
-        &settle_key,
-        &json!({ "outcome": outcome }),
-    )
-    .await?;
+    let body = json!({ "outcome": outcome });
+    let (settled, _) = load.command(&url, &settle_key, Some(&body)).await?;
     if settled.status != StatusCode::OK || settled.body["status"] != outcome {
         bail!(
             "settle {settle_key}: expected 200 {outcome}, got {} {}",

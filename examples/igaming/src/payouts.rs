@@ -17,11 +17,9 @@
 //!   permanent error: the delivery becomes a consumer dead letter with the reason, never a
 //!   second payout.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use outbox::IncomingEvent;
-use outbox::consumer::{ConsumerConfig, Handler, HandlerError, OrderingGuard};
+use outbox::consumer::{Handler, HandlerError, OrderingGuard};
 use outbox::postgres::{PgConsumer, PgStore};
 use tokio_util::sync::CancellationToken;
 
@@ -107,13 +105,8 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
         PgStore::with_schema(pool, crate::db::schema()),
         source,
         Payouts,
-        ConsumerConfig {
-            // Only version 2 of each bet arrives here: no ordering guard.
-            ordering: OrderingGuard::Off,
-            batch_size: 50,
-            batch_wait: Duration::from_millis(100),
-            ..ConsumerConfig::new(PAYOUTS_CONSUMER)
-        },
+        // Only version 2 of each bet arrives here: no ordering guard.
+        support::consumer::config(PAYOUTS_CONSUMER, OrderingGuard::Off),
     )?;
     support::child::serve_until_stopped("payout consumer", consumer.run(shutdown)).await;
     Ok(())

@@ -23,17 +23,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use sqlx::PgPool;
-use support::database::FreshDatabases;
 use support::http_client::HttpClient;
-use support::run::{ModeArgs, Plan};
+use support::load::Load;
+use support::run::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, ModeArgs, Plan, Sandbox};
 use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
 use support::table::Check;
 
 use crate::conflict::Injected;
-use crate::load::{LoadConfig, LoadReport, Progress};
+use crate::load::{LoadReport, Progress};
 use crate::topology::{HISTORY_CONSUMER, PAYOUTS_CONSUMER, Topology};
 use crate::verify::{RunFacts, Snapshot};
-use crate::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL};
 
 /// Options of `igaming run`.
 #[derive(clap::Args, Debug)]
@@ -145,25 +144,18 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         "igaming run ({} mode): {} bets from {} clients, {} round(s) of kills, one re-sent and one re-emitted event",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
-    println!(
-        "  postgres {} (databases {})",
-        outbox::secrets::redact_url(&args.database_url),
-        names.join(", ")
-    );
-    println!(
-        "  broker   {} ({broker}: {})",
-        outbox::secrets::redact_url(&args.broker_url),
-        if broker == "nats" {
-            topology.stream()
-        } else {
-            topology.prefix()
-        }
-    );
-    let dbs = FreshDatabases::create(&args.database_url, &names).await?;
+    let sandbox = Sandbox::create(
+        &args.database_url,
+        &names,
+        &args.broker_url,
+        broker,
+        &topology,
+    )
+    .await?;
     let urls = [
-        dbs.url(&names[0])?,
-        dbs.url(&names[1])?,
-        dbs.url(&names[2])?,
+        sandbox.url(&names[0])?,
+        sandbox.url(&names[1])?,
+        sandbox.url(&names[2])?,
     ];
 
     let result = story(&args, &plan, &topology, &urls).await;
@@ -175,14 +167,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             topology.prefix()
         );
     } else {
-        dbs.drop_all().await;
-        let consumers = [HISTORY_CONSUMER, PAYOUTS_CONSUMER];
-        if let Err(e) = topology
-            .delete_broker_objects(broker, &args.broker_url, &consumers)
-            .await
-        {
-            eprintln!("warning: cannot delete the run's broker objects: {e:#}");
-        }
+        sandbox.remove(&[HISTORY_CONSUMER, PAYOUTS_CONSUMER]).await;
     }
     result
 }
@@ -203,9 +188,7 @@ async fn story(
     crate::db::migrate_history(&pools.history).await?;
     crate::db::migrate_ledger(&pools.ledger).await?;
 
-    let sup =
-        Supervisor::new(std::env::temp_dir().join(format!("igaming-{}", std::process::id())))?;
-    println!("  logs     {}", sup.dir().display());
+    let sup = Supervisor::for_run("igaming")?;
     let mut common = Vec::new();
     for (flag, value) in [
         ("--bets-url", urls[0].as_str()),
@@ -244,21 +227,13 @@ async fn drive(
         cluster.start(kind).await?;
     }
     let http = HttpClient::new(Duration::from_secs(3));
-    let config = LoadConfig {
-        api: format!("http://{}", cluster.api),
-        bets: plan.commands,
-        clients: plan.clients,
-        rate: plan.rate,
-        tag: format!("run{}", std::process::id()),
-        retry_for: Duration::from_secs(60),
-    };
+    let load = Arc::new(Load::new(http, plan.load(cluster.api)));
     let mut first = LoadReport::default();
-    crate::load::probe_bad_requests(&http, &config, &mut first).await?;
+    crate::load::probe_bad_requests(&load, &mut first).await?;
     let report = Arc::new(Mutex::new(first));
     let progress = Arc::new(Progress::default());
-    let load = tokio::spawn(crate::load::drive(
-        http.clone(),
-        config,
+    let driving = tokio::spawn(crate::load::drive(
+        Arc::clone(&load),
         Arc::clone(&progress),
         Arc::clone(&report),
     ));
@@ -270,7 +245,7 @@ async fn drive(
     let inject_at = plan.commands * 3 / 5;
     let mut injected: Option<Injected> = None;
     let mut last_line = Instant::now();
-    while !load.is_finished() {
+    while !driving.is_finished() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         cluster.sup.check_alive()?;
         let placed = progress.placed.load(Ordering::Relaxed);
@@ -287,11 +262,11 @@ async fn drive(
                 "load: {} bets placed, {} settled, {} requests retried",
                 placed,
                 progress.settled.load(Ordering::Relaxed),
-                progress.retries.load(Ordering::Relaxed)
+                load.retries()
             ));
         }
     }
-    load.await.context("the load driver panicked")??;
+    driving.await.context("the load driver panicked")??;
     // Kills not reached (a tiny --bets): now; the drain still has to survive them.
     while let Some(kind) = schedule.next_remaining() {
         cluster.kill_and_restart(kind).await?;
@@ -301,7 +276,7 @@ async fn drive(
         "load done: {} bets placed, {} settled, {} requests retried with the same key",
         progress.placed.load(Ordering::Relaxed),
         progress.settled.load(Ordering::Relaxed),
-        progress.retries.load(Ordering::Relaxed)
+        load.retries()
     ));
     let deadline = Instant::now() + plan.drain_timeout;
     let injected = loop {
@@ -340,7 +315,7 @@ async fn drive(
     let report = report.lock().expect("report lock");
     println!(
         "requests retried with the same key: {}; placements whose retry was answered as a replay: {}",
-        progress.retries.load(Ordering::Relaxed),
+        load.retries(),
         report.replayed_after_failure
     );
     println!(

@@ -1,9 +1,12 @@
 //! HTTP plumbing of an example's axum API with request idempotency: error answers, the
 //! `Idempotency-Key` header, JSON bodies, answers stored under a key and replayed, and the
-//! mapping of the toolkit's `idempotency_begin` to HTTP.
+//! frame of a command's one transaction ([`OutboxApi`]): begun with the key's record
+//! (`PgOutbox::idempotency_begin`, mapped to HTTP), ended with the outbox intent
+//! (`PgOutbox::enqueue` on the same transaction), the stored answer (`idempotency_complete`),
+//! the commit and a wake-up for the relays.
 //!
-//! The command itself (its one transaction: `idempotency_begin`, the business rows, the outbox
-//! intent, `idempotency_complete`, commit) stays in each example's handlers.
+//! What a command does in between (its checks, its business rows, which event it emits with
+//! which payload and version) stays in each example's handlers.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,9 +14,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use outbox::Fingerprint;
-use outbox::postgres::{IdempotencyBegin, IdempotencyError, PgOutbox};
+use outbox::postgres::{IdempotencyBegin, IdempotencyError, PgOutbox, RelayWaker};
+use outbox::{Fingerprint, NewMessage};
 use serde_json::{Value, json};
+use sqlx::{PgPool, Postgres, Transaction};
 use tracing::warn;
 
 /// Longest accepted `Idempotency-Key`.
@@ -118,26 +122,89 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Records the key in `tx` (`PgOutbox::idempotency_begin`). `None`: new, run the command.
-/// `Some(first)`: the stored first answer, to replay.
-///
-/// # Errors
-/// The 422 of a key reused with another request, or the 503 of a database error.
-pub async fn begin_idempotent(
-    outbox: &PgOutbox,
-    tx: &mut sqlx::PgConnection,
-    scope: &str,
-    key: &str,
-    fingerprint: Fingerprint,
-) -> Result<Option<Value>, ApiError> {
-    match outbox.idempotency_begin(tx, scope, key, fingerprint).await {
-        Ok(IdempotencyBegin::New) => Ok(None),
-        Ok(IdempotencyBegin::Replay(first)) => Ok(Some(first)),
-        Err(IdempotencyError::Conflict { .. }) => Err(error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("Idempotency-Key `{key}` was already used with a different request"),
-        )),
-        Err(e) => Err(unavailable(e)),
+/// What the handlers of an example's command API share (its axum state): the service's own
+/// database, its outbox on the toolkit's schema, and the relay waker. Cheap to clone.
+#[derive(Clone)]
+pub struct OutboxApi {
+    /// The service's own database: its business rows, the outbox, the idempotency keys.
+    pub pool: PgPool,
+    outbox: PgOutbox,
+    waker: RelayWaker,
+}
+
+/// How a command begins ([`OutboxApi::begin`]).
+pub enum Begun {
+    /// A new request: the command's transaction, with the key recorded in it.
+    New(Transaction<'static, Postgres>),
+    /// The key already answered this request: the first answer, replayed
+    /// (`Idempotent-Replayed: true`).
+    Replay(Response),
+}
+
+impl OutboxApi {
+    /// The API of the service whose database is `pool`: the outbox on the toolkit's schema
+    /// ([`crate::database::schema`]) and a relay waker, which sends the wake-ups after commit,
+    /// coalesced to one per 20 ms (relays also poll, so a lost one only costs latency).
+    pub fn new(pool: PgPool) -> Self {
+        let outbox = PgOutbox::new(crate::database::schema());
+        let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(20));
+        Self {
+            pool,
+            outbox,
+            waker,
+        }
+    }
+
+    /// Begins a command: its transaction, and in it the record of `key` under `scope` with the
+    /// fingerprint of `request` (`PgOutbox::idempotency_begin`; serde_json sorts object keys,
+    /// so the bytes are canonical).
+    ///
+    /// # Errors
+    /// The 422 of a key reused with another request, or the 503 of a database error.
+    pub async fn begin(&self, scope: &str, key: &str, request: &Value) -> Result<Begun, ApiError> {
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        let fingerprint = Fingerprint::of(request.to_string().as_bytes());
+        match self
+            .outbox
+            .idempotency_begin(&mut tx, scope, key, fingerprint)
+            .await
+        {
+            Ok(IdempotencyBegin::New) => Ok(Begun::New(tx)),
+            Ok(IdempotencyBegin::Replay(first)) => Ok(Begun::Replay(answer(&first, true))),
+            Err(IdempotencyError::Conflict { .. }) => Err(error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("Idempotency-Key `{key}` was already used with a different request"),
+            )),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Ends a command begun with `key` under `scope`: the outbox intent on the command's
+    /// transaction (`PgOutbox::enqueue(&mut *tx, …)`), `response` stored under the key
+    /// (`idempotency_complete`, made with [`stored`]), commit, a wake-up for the relays. The
+    /// business rows written on `tx` commit with them or not at all. Returns the answer.
+    ///
+    /// # Errors
+    /// The 503 of a database error (nothing committed: the client retries with the same key).
+    pub async fn finish(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        intent: &NewMessage,
+        scope: &str,
+        key: &str,
+        response: Value,
+    ) -> Result<Response, ApiError> {
+        self.outbox
+            .enqueue(&mut *tx, intent)
+            .await
+            .map_err(unavailable)?;
+        self.outbox
+            .idempotency_complete(&mut tx, scope, key, &response)
+            .await
+            .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        self.waker.wake();
+        Ok(answer(&response, false))
     }
 }
 

@@ -1,5 +1,6 @@
-//! PostgreSQL of a run: connections, the check that a process's database was migrated, and the
-//! fresh databases of a run (created at its start, dropped at its end unless kept).
+//! PostgreSQL of a run: connections, the migration of a service's database and the check that a
+//! process's database was migrated, and the fresh databases of a run (created at its start,
+//! dropped at its end unless kept).
 
 use std::time::Duration;
 
@@ -21,6 +22,26 @@ pub fn schema() -> Schema {
 /// The server is unreachable, the database does not exist, authentication failed.
 pub async fn connect(url: &str, max: u32) -> Result<PgPool> {
     Ok(outbox::postgres::connect(url, max, Duration::from_secs(5)).await?)
+}
+
+/// Migrates a service's database: the toolkit's schema first ([`OUTBOX_SCHEMA`], with the
+/// library's `outbox::postgres::migrate`), then the service's own `tables`, each statement in
+/// turn (`CREATE TABLE IF NOT EXISTS …`, so a second migration changes nothing). `what` names
+/// the database in errors (`payments`, `ledger`).
+///
+/// # Errors
+/// Any database error, naming the step that failed.
+pub async fn migrate(pool: &PgPool, what: &str, tables: &[&str]) -> Result<()> {
+    outbox::postgres::migrate(pool, &schema())
+        .await
+        .with_context(|| format!("cannot migrate the outbox schema of the {what} database"))?;
+    for sql in tables {
+        sqlx::query(sqlx::AssertSqlSafe(*sql))
+            .execute(pool)
+            .await
+            .with_context(|| format!("cannot create the tables of the {what} database"))?;
+    }
+    Ok(())
 }
 
 /// Refuses to start a process on a database that was not migrated: the toolkit's schema and

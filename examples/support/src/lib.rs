@@ -8,13 +8,14 @@
 //! |---|---|
 //! | [`child`] | the process side of a child: readiness line, parent watch (exit when stdin closes), logging, `main` |
 //! | [`supervise`] | the parent side: start children of `current_exe`, SIGKILL and restart them, the kill schedule, the drain deadline |
-//! | [`database`] | connections, the schema check, fresh per-run databases and their removal |
+//! | [`database`] | connections, a service database's migration and its check, fresh per-run databases and their removal |
 //! | [`topology`] | a deployment's broker objects (NATS stream / RabbitMQ exchange and queues) and demo timings, and their removal |
 //! | [`relay`] | the toolkit's polling relay as both examples run it (the shape of `outbox relay`) |
-//! | [`run`] | the one-command run's mode (`--short`, `--long`) and its overrides |
-//! | [`api`] | HTTP plumbing of an axum API with `Idempotency-Key`: error answers, header and body parsing, stored answers |
+//! | [`consumer`] | the settings every consumer of the examples shares (batches; the ordering guard is each one's choice) |
+//! | [`run`] | the one-command run's mode (`--short`, `--long`), its overrides, the default services, the run's own databases and broker objects |
+//! | [`api`] | HTTP plumbing of an axum API with `Idempotency-Key`: error answers, header and body parsing, stored answers, a command's transaction begun and finished |
 //! | [`http_client`] | a small JSON-over-HTTP client for the load drivers and the verification |
-//! | [`load`] | concurrent clients at a rate, and the retry-with-the-same-key loop |
+//! | [`load`] | what a load sends, concurrent clients at a rate, and the retry-with-the-same-key loop |
 //! | [`table`] | the `VERIFICATION` table: checks, printing, the exit status, and parsing it back in tests |
 //!
 //! The stories themselves (APIs, handlers, schemas, the checks) stay in each example.
@@ -22,6 +23,7 @@
 
 pub mod api;
 pub mod child;
+pub mod consumer;
 pub mod database;
 pub mod http_client;
 pub mod load;

@@ -1,9 +1,21 @@
 //! The mode of an example's one-command run (`fintech run`, `igaming run`) and its overrides:
-//! the options both runs share, and the numbers they resolve to.
+//! the options both runs share, the numbers they resolve to, the services a run uses by
+//! default, and the run's own databases and broker objects ([`Sandbox`]).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
+
+use crate::database::FreshDatabases;
+use crate::load::LoadConfig;
+use crate::topology::Topology;
+
+/// The PostgreSQL server a run uses by default: its database serves only to create the run's
+/// own databases.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// The broker the examples use by default.
+pub const DEFAULT_BROKER_URL: &str = "nats://127.0.0.1:4222";
 
 /// The mode of a run and its overrides, flattened into each example's `run` options. The
 /// number of commands has a flag of the example's own (`--payments`, `--bets`).
@@ -72,6 +84,21 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The load of this plan against the API at `api`: the plan's numbers, idempotency keys
+    /// prefixed `run<pid>` (unique per run), and a minute for each command to get an answer.
+    pub fn load(&self, api: SocketAddr) -> LoadConfig {
+        LoadConfig {
+            api: format!("http://{api}"),
+            commands: self.commands,
+            clients: self.clients,
+            rate: self.rate,
+            tag: format!("run{}", std::process::id()),
+            retry_for: Duration::from_secs(60),
+        }
+    }
+}
+
 impl ModeArgs {
     /// The plan of the chosen mode (`short` unless `--long`) with the overrides applied;
     /// `commands` is the example's own count flag, named `--{flag}`, counting `unit`.
@@ -93,5 +120,75 @@ impl ModeArgs {
         };
         crate::load::check_numbers(flag, unit, plan.commands, plan.clients, plan.rate)?;
         Ok(plan)
+    }
+}
+
+/// A run's own databases and broker objects, apart from every other run's: fresh databases on
+/// the PostgreSQL server, and the stream or exchange of the run's deployment name (which the
+/// run's relay creates). Created at the run's start, removed at its end unless kept.
+pub struct Sandbox {
+    databases: FreshDatabases,
+    topology: Topology,
+    broker: &'static str,
+    broker_url: String,
+}
+
+impl Sandbox {
+    /// Prints where the run keeps its state (the server of `database_url` with the databases
+    /// `names`; the broker of `broker_url`, the registry entry `broker`, with `topology`'s
+    /// stream on NATS or exchange on RabbitMQ), then creates the databases (dropped first if a
+    /// former run left them).
+    ///
+    /// # Errors
+    /// The server is unreachable or the role may not create databases.
+    pub async fn create(
+        database_url: &str,
+        names: &[String],
+        broker_url: &str,
+        broker: &'static str,
+        topology: &Topology,
+    ) -> Result<Self> {
+        println!(
+            "  postgres {} (databases {})",
+            outbox::secrets::redact_url(database_url),
+            names.join(", ")
+        );
+        println!(
+            "  broker   {} ({broker}: {})",
+            outbox::secrets::redact_url(broker_url),
+            if broker == "nats" {
+                topology.stream()
+            } else {
+                topology.prefix()
+            }
+        );
+        Ok(Self {
+            databases: FreshDatabases::create(database_url, names).await?,
+            topology: topology.clone(),
+            broker,
+            broker_url: broker_url.to_owned(),
+        })
+    }
+
+    /// The URL of the run's database `name` (one of those created).
+    ///
+    /// # Errors
+    /// The server URL is not a URL.
+    pub fn url(&self, name: &str) -> Result<String> {
+        self.databases.url(name)
+    }
+
+    /// Drops the run's databases and deletes its broker objects: the NATS stream, or the
+    /// RabbitMQ queues of `consumers` and the exchange. A failure is a warning: the run's
+    /// result stands.
+    pub async fn remove(&self, consumers: &[&str]) {
+        self.databases.drop_all().await;
+        if let Err(e) = self
+            .topology
+            .delete_broker_objects(self.broker, &self.broker_url, consumers)
+            .await
+        {
+            eprintln!("warning: cannot delete the run's broker objects: {e:#}");
+        }
     }
 }

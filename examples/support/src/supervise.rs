@@ -61,6 +61,18 @@ impl<K: ProcessKind> Supervisor<K> {
         })
     }
 
+    /// The children of the one-command run of `app` (`fintech`, `igaming`), with their logs in
+    /// `<temp dir>/<app>-<pid>`, which it prints (the run's `logs` line).
+    ///
+    /// # Errors
+    /// As [`Supervisor::new`].
+    pub fn for_run(app: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("{app}-{}", std::process::id()));
+        let sup = Self::new(dir)?;
+        println!("  logs     {}", sup.dir.display());
+        Ok(sup)
+    }
+
     /// The run directory (the children's logs).
     pub fn dir(&self) -> &Path {
         &self.dir
