@@ -14,7 +14,9 @@ use outbox_postgres::PgStore;
 use outbox_testkit::fixture::{BoxFuture, HeldProducer, StoreFixture, WorkItemView};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
-struct PgFixture {
+/// The store over a fresh schema; `MARK`: published rows are kept (mark mode) instead of
+/// deleted, as `relay.on_publish = "mark"` runs it.
+struct PgFixture<const MARK: bool = false> {
     db: TestDb,
 }
 
@@ -26,7 +28,7 @@ impl HeldProducer for HeldPg {
     }
 }
 
-impl PgFixture {
+impl<const MARK: bool> PgFixture<MARK> {
     fn sql(&self, template: &str) -> AssertSqlSafe<String> {
         AssertSqlSafe(template.replace("{s}", &format!("\"{}\"", self.db.schema)))
     }
@@ -46,7 +48,7 @@ impl PgFixture {
     }
 }
 
-impl StoreFixture for PgFixture {
+impl<const MARK: bool> StoreFixture for PgFixture<MARK> {
     type Store = PgStore;
 
     async fn new() -> Self {
@@ -58,7 +60,11 @@ impl StoreFixture for PgFixture {
     }
 
     fn store(&self) -> PgStore {
-        self.db.store()
+        self.db.store_with(if MARK {
+            outbox_postgres::OnPublish::Mark
+        } else {
+            outbox_postgres::OnPublish::Delete
+        })
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) {
@@ -244,7 +250,7 @@ impl StoreFixture for PgFixture {
     }
 
     async fn set_consumer_paused(&self, consumer: &str, paused: bool) {
-        let admin = self.db.store();
+        let admin = self.store();
         let actor = outbox_core::operator::Actor::new("suite", "test").expect("actor");
         let target = outbox_core::operator::PauseTarget::Consumer(consumer.to_owned());
         if paused {
@@ -265,3 +271,9 @@ impl StoreFixture for PgFixture {
 outbox_testkit::store_suite!(PgFixture);
 outbox_testkit::engine_suite!(PgFixture);
 outbox_testkit::operator_suite!(PgFixture);
+
+/// The operator's reads and actions on a store that keeps published rows (mark mode): the
+/// replays it allows, and every other case with published rows kept.
+mod mark_mode {
+    outbox_testkit::operator_suite!(super::PgFixture<true>);
+}
