@@ -1303,3 +1303,35 @@ async fn a_role_without_grants_is_told_so_not_to_migrate() {
     }
     env.cleanup().await;
 }
+
+/// The library's relay makes the binary's start-up check of its grants: under a role that may
+/// only read, `PgRelay` refuses to start, naming the relay's missing grants, before it claims
+/// anything.
+#[tokio::test]
+async fn a_relay_under_a_role_without_its_grants_refuses_to_start() {
+    use outbox_core::relay::RelayConfig;
+    use outbox_postgres::relay::{PgRelay, RelayError, RelayMode};
+    let mut env = Env::new().await;
+    let reader = env.pool(Component::Reader).await;
+    let relay = PgRelay::new(
+        store(&reader, &env.schema),
+        RelayConfig::default(),
+        RelayMode::Polling,
+    );
+    let e = relay.check().await.unwrap_err();
+    let RelayError::Privileges(RolesError::Missing {
+        role,
+        component,
+        missing,
+    }) = &e
+    else {
+        panic!("not the missing grants: {e:?}");
+    };
+    assert_eq!(role, &env.role(Component::Reader));
+    assert_eq!(*component, Component::Relay);
+    assert!(
+        missing.iter().any(|m| m.contains("leases")),
+        "the relay's lease grants are named: {missing:?}"
+    );
+    env.cleanup().await;
+}
