@@ -3,8 +3,9 @@
 
 use outbox_core::{NewMessage, Payload};
 use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
+use outbox_testkit::fixture::{BoxFuture, HeldProducer};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
 
 pub fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
@@ -89,4 +90,25 @@ pub fn msg(agg: &str, version: i64) -> NewMessage {
         "PaymentCreated",
         Payload::json(&serde_json::json!({"id": agg, "v": version})).unwrap(),
     )
+}
+
+/// A producer transaction held open until the suite commits it.
+pub struct HeldPg(pub Transaction<'static, Postgres>);
+
+impl HeldProducer for HeldPg {
+    fn commit(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.0.commit().await.expect("held producer commits") })
+    }
+}
+
+impl TestDb {
+    /// Writes `messages` in a producer transaction that stays open until the handle commits.
+    pub async fn enqueue_held(&self, messages: &[NewMessage]) -> Box<dyn HeldProducer> {
+        let mut tx = self.pool.begin().await.expect("begin");
+        self.outbox
+            .enqueue_batch(&mut *tx, messages)
+            .await
+            .expect("enqueue");
+        Box::new(HeldPg(tx))
+    }
 }

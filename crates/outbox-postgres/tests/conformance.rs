@@ -11,21 +11,13 @@ use outbox_core::effect::{NewWorkItem, WorkItemState};
 use outbox_core::operator::prelude::*;
 use outbox_core::{NewMessage, StoreError, StoreErrorKind};
 use outbox_postgres::PgStore;
-use outbox_testkit::fixture::{BoxFuture, HeldProducer, StoreFixture, WorkItemView};
-use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
+use outbox_testkit::fixture::{HeldProducer, StoreFixture, WorkItemView};
+use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 /// The store over a fresh schema; `MARK`: published rows are kept (mark mode) instead of
 /// deleted, as `relay.on_publish = "mark"` runs it.
 struct PgFixture<const MARK: bool = false> {
     db: TestDb,
-}
-
-struct HeldPg(Transaction<'static, Postgres>);
-
-impl HeldProducer for HeldPg {
-    fn commit(self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move { self.0.commit().await.expect("held producer commits") })
-    }
 }
 
 impl<const MARK: bool> PgFixture<MARK> {
@@ -76,13 +68,7 @@ impl<const MARK: bool> StoreFixture for PgFixture<MARK> {
     }
 
     async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        let mut tx = self.db.pool.begin().await.expect("begin");
-        self.db
-            .outbox
-            .enqueue_batch(&mut *tx, &messages)
-            .await
-            .expect("enqueue");
-        Box::new(HeldPg(tx))
+        self.db.enqueue_held(&messages).await
     }
 
     async fn write_effect<'a>(

@@ -15,16 +15,7 @@ use outbox_core::{NewMessage, OutboxStore as _};
 use outbox_postgres::cdc::{CdcConfig, CdcFeed, create_slot, ensure_publication, remove};
 use outbox_postgres::{OnPublish, PgStore};
 use outbox_testkit::feed::FeedFixture;
-use outbox_testkit::fixture::{BoxFuture, HeldProducer};
-use sqlx::{Postgres, Transaction};
-
-struct HeldPg(Transaction<'static, Postgres>);
-
-impl HeldProducer for HeldPg {
-    fn commit(self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move { self.0.commit().await.expect("held producer commits") })
-    }
-}
+use outbox_testkit::fixture::HeldProducer;
 
 /// What both fixtures share: a fresh schema and its store.
 struct Outbox {
@@ -48,13 +39,7 @@ impl Outbox {
     }
 
     async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        let mut tx = self.db.pool.begin().await.expect("begin");
-        self.db
-            .outbox
-            .enqueue_batch(&mut *tx, &messages)
-            .await
-            .expect("enqueue");
-        Box::new(HeldPg(tx))
+        self.db.enqueue_held(&messages).await
     }
 
     async fn unpublished(&self) -> usize {

@@ -75,6 +75,26 @@ impl PauseTarget {
     /// # Errors
     /// [`OperatorError`] of kind `InvalidRequest` saying what is wrong.
     pub fn check(&self, operation: &'static str) -> Result<(), OperatorError> {
+        self.check_name(operation)
+    }
+
+    /// What every store checks before a pause: the name ([`PauseTarget::check`]) and a reason,
+    /// which the audit record keeps and the pause shows.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` saying what is wrong.
+    pub fn check_pause(&self, operation: &'static str, reason: &str) -> Result<(), OperatorError> {
+        self.check_name(operation)?;
+        if reason.trim().is_empty() {
+            return Err(OperatorError::invalid(
+                operation,
+                "a pause needs a reason (it is kept in the audit record and shown with the pause)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_name(&self, operation: &'static str) -> Result<(), OperatorError> {
         let invalid = |message: String| OperatorError::invalid(operation, message);
         let name = self.name();
         if name.is_empty() || name.chars().count() > 1024 {

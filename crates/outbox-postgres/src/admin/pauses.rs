@@ -59,16 +59,7 @@ impl PauseOps for PgStore {
             log_action(actor, OP, &selection, reason, Err(&e));
             e
         };
-        target.check(OP).map_err(fail)?;
-        if reason.trim().is_empty() {
-            return Err(fail(OperatorError {
-                operation: OP,
-                kind: OperatorErrorKind::InvalidRequest,
-                message: "a pause needs a reason (it is kept in the audit record and shown with \
-                          the pause)"
-                    .into(),
-            }));
-        }
+        target.check_pause(OP, reason).map_err(fail)?;
         let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
         let err = |e| fail(self.action_error(OP, e));
         if matches!(target, PauseTarget::Route(_)) {

@@ -1308,14 +1308,7 @@ impl PauseOps for MemoryStore {
     ) -> Result<Pause, OperatorError> {
         const OP: &str = "pause";
         let selection = serde_json::to_value(target).unwrap_or_default();
-        let result = target.check(OP).and_then(|()| {
-            if reason.trim().is_empty() {
-                return Err(OperatorError::invalid(
-                    OP,
-                    "a pause needs a reason (it is kept in the audit record and shown with the \
-                     pause)",
-                ));
-            }
+        let result = target.check_pause(OP, reason).and_then(|()| {
             let mut ops = lock(&self.inner.ops);
             let key = (target.kind(), target.name().to_owned());
             if ops.pauses.contains_key(&key) {
