@@ -43,6 +43,7 @@
 mod activity;
 mod feed;
 mod health;
+pub mod log;
 mod publish;
 
 use std::sync::Arc;

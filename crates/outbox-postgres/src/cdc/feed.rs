@@ -1,17 +1,18 @@
 //! [`CdcFeed`]: the relay's [`Feed`] over a [`CdcStream`] (described on the type).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use outbox_core::relay::log::{
+    Aggregate, Behind, Leave, LogBatch, LogEvent, LogItem, LogRow, LogScheduler, LogTransaction,
+};
 use outbox_core::relay::{
     Feed, FeedBatch, PollingFeed, PollingTicket, RelayConfig, SettleReport, Settlement,
 };
-use outbox_core::{
-    OutboxMessage, OutboxStats, OutboxStore as _, StoreError, StoreErrorKind, UndecodableRow,
-};
+use outbox_core::{OutboxMessage, OutboxStats, OutboxStore as _, StoreError, StoreErrorKind};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
@@ -19,12 +20,6 @@ use super::{CdcConfig, CdcError, CdcEvent, CdcStream, CdcUnpublishable, StoredRo
 use crate::error::store_error;
 use crate::schema::Schema;
 use crate::store::{OnPublish, PgStore, PgStoreConfig};
-
-/// How long an aggregate with an older version pending in the table is held, looked at again
-/// every [`BEHIND_RECHECK`], before the stream session starts again (its catch-up publishes
-/// the older rows): long enough for a polling relay running beside the CDC relay (a switch of
-/// modes) to publish them itself.
-const BEHIND_PATIENCE: Duration = Duration::from_secs(30);
 
 /// How often the parked aggregates are looked at in the table, in case a requeue's or a
 /// resume's wake-up was missed (the listener was reconnecting, or the rows were changed with
@@ -34,9 +29,6 @@ const PARKED_RECHECK: Duration = Duration::from_secs(5);
 /// The longest a worker waits between two claims of the catch-up while other batches are out
 /// or rows below its ceiling are held by someone else.
 const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
-
-/// How often a held aggregate is checked against the table again.
-const BEHIND_RECHECK: Duration = Duration::from_millis(250);
 
 /// How often a standby tries to take the slot over, at the latest.
 const STANDBY_RETRY: Duration = Duration::from_secs(1);
@@ -59,9 +51,6 @@ fn full_xid(xid: &str, xmax: &str) -> String {
     )
 }
 
-/// An aggregate: `(aggregate_type, aggregate_id)`.
-type Aggregate = (String, String);
-
 /// A streamed event: a message to publish, or a row that cannot be published as stored (the
 /// engine dead-letters it with its reason, and its aggregate waits behind it).
 #[derive(Debug, Clone)]
@@ -71,7 +60,7 @@ enum Row {
     Unpublishable(Box<CdcUnpublishable>),
 }
 
-impl Row {
+impl LogRow for Row {
     fn id(&self) -> i64 {
         match self {
             Self::Message(m) => m.id,
@@ -93,16 +82,6 @@ impl Row {
         }
     }
 
-    fn aggregate(&self) -> Aggregate {
-        let (t, i) = self.key();
-        (t.to_owned(), i.to_owned())
-    }
-
-    fn is_of(&self, aggregate: &Aggregate) -> bool {
-        self.key() == (aggregate.0.as_str(), aggregate.1.as_str())
-    }
-
-    /// The same event after one more failed attempt.
     fn attempted(&self) -> Self {
         let mut row = self.clone();
         match &mut row {
@@ -112,6 +91,15 @@ impl Row {
         row
     }
 
+    fn item(&self) -> LogItem<'_> {
+        match self {
+            Self::Message(m) => LogItem::Message(m),
+            Self::Unpublishable(u) => LogItem::Undecodable(&u.row),
+        }
+    }
+}
+
+impl Row {
     fn stored(&self) -> StoredRow {
         match self {
             Self::Message(m) => StoredRow::of(m),
@@ -120,104 +108,44 @@ impl Row {
     }
 }
 
+/// What the scheduler takes of a streamed event: a transaction's rows, each aggregate's in
+/// version order wherever the unpublishable ones were.
+fn log_event(event: CdcEvent) -> LogEvent<Row> {
+    match event {
+        CdcEvent::Idle { lsn } => LogEvent::Idle { position: lsn },
+        CdcEvent::Transaction(tx) => {
+            let mut rows: Vec<Row> = tx.messages.into_iter().map(Row::Message).collect();
+            if !tx.unpublishable.is_empty() {
+                rows.extend(
+                    tx.unpublishable
+                        .into_iter()
+                        .map(|u| Row::Unpublishable(Box::new(u))),
+                );
+                rows.sort_by_key(LogRow::version);
+            }
+            LogEvent::Transaction(LogTransaction {
+                source_tx: u64::from(tx.xid),
+                end: tx.end_lsn,
+                complete: tx.complete,
+                committed_at: tx.committed_at,
+                rows,
+            })
+        }
+    }
+}
+
+/// The log's 32-bit transaction id of a streamed event, for the visibility checks.
+fn xid_param(source_tx: u64) -> i64 {
+    i64::try_from(source_tx).unwrap_or_default()
+}
+
 /// The handle of a [`CdcFeed`] batch.
 #[derive(Debug)]
 pub struct CdcTicket {
-    /// The stream session the batch came from: a settle of an older session is ignored.
-    session: u64,
     /// A batch of the catch-up: claimed from the table under a lease, settled through it.
     table: Option<(PollingTicket, Arc<PollingFeed<PgStore>>)>,
-    /// Each row of the batch with its transaction's sequence number.
-    rows: Vec<(i64, u64, u32)>,
-    /// The batch's events (for retries and not-attempted rows).
-    events: Vec<Row>,
-}
-
-/// A streamed transaction not settled yet.
-#[derive(Debug)]
-struct Open {
-    seq: u64,
-    xid: u32,
-    /// Its last part arrived ([`super::CdcTransaction::complete`]): `end_lsn` is known, and
-    /// no more events of it come.
-    complete: bool,
-    end_lsn: u64,
-    committed_at: chrono::DateTime<chrono::Utc>,
-    /// Its events not settled yet.
-    left: usize,
-}
-
-/// An event waiting to be handed out, at the head of its aggregate or behind it.
-#[derive(Debug)]
-struct Waiting {
-    row: Row,
-    tx: u64,
-    /// The inserting transaction's id (32 bits, as the log gives it).
-    xid: u32,
-    due: Option<Instant>,
-}
-
-/// An event left to the table: its row is written back if it is gone (a producer deleted it
-/// in its transaction), and a dead letter is recorded, before it counts as settled.
-#[derive(Debug)]
-struct Leave {
-    event: Waiting,
-    /// The dead letter's error; `None` for an event parked behind one (left pending).
-    dead: Option<String>,
-}
-
-/// A published row whose transaction the settle's snapshot did not see yet (see
-/// [`CdcFeed::settle_rows`]); settled once a later snapshot sees it.
-#[derive(Debug, Clone, Copy)]
-struct Late {
-    id: i64,
-    tx: u64,
-    xid: u32,
-}
-
-/// Ids of the rows the catch-up published or dead-lettered: the stream skips them (they were
-/// committed before the catch-up's end, so the log may bring them again). Kept as ranges: a
-/// backlog's ids are mostly contiguous.
-#[derive(Debug, Default)]
-struct IdSet {
-    /// Disjoint, sorted, inclusive.
-    ranges: Vec<(i64, i64)>,
-    /// Added since the last [`IdSet::compact`].
-    recent: Vec<i64>,
-}
-
-impl IdSet {
-    fn insert(&mut self, id: i64) {
-        self.recent.push(id);
-        if self.recent.len() >= 65_536 {
-            self.compact();
-        }
-    }
-
-    fn contains(&self, id: i64) -> bool {
-        let i = self.ranges.partition_point(|r| r.1 < id);
-        self.ranges.get(i).is_some_and(|r| r.0 <= id) || self.recent.contains(&id)
-    }
-
-    /// Merges the recent ids into the ranges.
-    fn compact(&mut self) {
-        if self.recent.is_empty() {
-            return;
-        }
-        let mut all: Vec<(i64, i64)> = std::mem::take(&mut self.ranges);
-        all.extend(self.recent.drain(..).map(|id| (id, id)));
-        all.sort_unstable();
-        for (start, end) in all {
-            match self.ranges.last_mut() {
-                Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
-                _ => self.ranges.push((start, end)),
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.ranges.is_empty() && self.recent.is_empty()
-    }
+    /// The streamed events of the batch, and the session they came from.
+    log: LogBatch<Row>,
 }
 
 /// The catch-up of a stream session (see [`CdcFeed`]): the table's rows up to `ceiling`,
@@ -233,253 +161,32 @@ struct CatchUp {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The session's events in memory: waiting, busy, parked, open transactions.
+    log: LogScheduler<Row>,
     stream: Option<CdcStream>,
-    session: u64,
     /// The session's catch-up, until it is done.
     catch_up: Option<CatchUp>,
     /// Catch-up batches of this session handed out and not settled.
     catch_up_out: usize,
-    /// Rows the catch-up published or dead-lettered, which the stream skips.
-    caught_up: IdSet,
-    /// The log position after which no row of `caught_up` can come: the set is dropped once
-    /// the stream passes it.
-    caught_up_until: Option<u64>,
     /// The `rescan` wake-ups seen when the session started ([`PgStore::rescans`]).
     rescans: u64,
     /// When the parked aggregates were last looked at ([`CdcFeed::unblocked`]).
     parked_checked: Option<Instant>,
-    next_seq: u64,
-    /// Transactions in commit order, settled ones popped from the front.
-    open: VecDeque<Open>,
-    /// Events not handed out, per aggregate in version order.
-    waiting: HashMap<Aggregate, VecDeque<Waiting>>,
-    /// Aggregates in the order their first waiting event arrived (may hold stale entries).
-    order: VecDeque<Aggregate>,
-    /// Aggregates of a batch not settled yet.
-    busy: HashSet<Aggregate>,
-    /// Aggregates with a dead letter: their later events are left to the table (a requeue's
-    /// catch-up publishes them).
-    parked: HashSet<Aggregate>,
-    /// Events left to the table, recorded there ([`CdcFeed::restore`]) before they count as
-    /// settled.
-    restore: Vec<Leave>,
-    /// Published rows whose transaction was not visible yet when their settle ran.
-    late: Vec<Late>,
-    /// Aggregates checked against the table in this session (no older version pending there).
-    verified: HashSet<Aggregate>,
-    /// Aggregates found behind the table (an older version pending there), since then.
-    behind: HashMap<Aggregate, Instant>,
     /// Waiting as a standby (another connection streams the slot) since then.
     standby_since: Option<Instant>,
     /// A standby's next try to take the slot.
     retry_at: Option<Instant>,
-    /// The highest idle position seen, confirmed once nothing before it is open.
-    idle_lsn: Option<u64>,
 }
 
 impl State {
     /// Drops the session: everything after the confirmed position comes again.
     fn reset(&mut self) {
-        let parked = std::mem::take(&mut self.parked);
-        let session = self.session + 1;
+        let mut log = std::mem::take(&mut self.log);
+        log.reset();
         *self = State {
-            session,
-            parked,
+            log,
             ..State::default()
         };
-    }
-
-    fn waiting_count(&self) -> usize {
-        self.waiting.values().map(VecDeque::len).sum()
-    }
-
-    /// Streamed events held in memory and not handed out: waiting, left to the table, or
-    /// published and waiting for their transaction to become visible. Reading the stream
-    /// pauses while it is at [`CdcConfig::max_rows_in_memory`].
-    fn held(&self) -> usize {
-        self.waiting_count() + self.restore.len() + self.late.len()
-    }
-
-    /// Marks `n` events of transaction `seq` settled.
-    fn settled(&mut self, seq: u64, n: usize) {
-        if let Some(t) = self.open.iter_mut().find(|t| t.seq == seq) {
-            t.left = t.left.saturating_sub(n);
-        }
-    }
-
-    /// The position that may be confirmed now: the end of the last settled transaction before
-    /// the first open one, or the idle position when nothing is open.
-    fn confirmable(&mut self) -> Option<u64> {
-        let mut lsn = None;
-        while self.open.front().is_some_and(|t| t.left == 0 && t.complete) {
-            lsn = self.open.pop_front().map(|t| t.end_lsn);
-        }
-        if self.open.is_empty()
-            && let Some(idle) = self.idle_lsn.take()
-        {
-            lsn = Some(lsn.map_or(idle, |l: u64| l.max(idle)));
-        }
-        lsn
-    }
-
-    /// Takes a streamed event into the state.
-    fn receive(&mut self, event: CdcEvent) {
-        let reached = match &event {
-            CdcEvent::Idle { lsn } => Some(*lsn),
-            CdcEvent::Transaction(tx) if tx.complete => Some(tx.end_lsn),
-            CdcEvent::Transaction(_) => None,
-        };
-        self.take_in(event);
-        if let (Some(reached), Some(until)) = (reached, self.caught_up_until)
-            && reached > until
-        {
-            // Every transaction that held a row of the catch-up has come.
-            self.caught_up = IdSet::default();
-            self.caught_up_until = None;
-        }
-    }
-
-    fn take_in(&mut self, event: CdcEvent) {
-        match event {
-            CdcEvent::Idle { lsn } => {
-                self.idle_lsn = Some(self.idle_lsn.map_or(lsn, |l| l.max(lsn)));
-            }
-            CdcEvent::Transaction(tx) => {
-                // The next part of the transaction received last, or a new transaction.
-                let continued = self
-                    .open
-                    .back()
-                    .filter(|t| !t.complete && t.xid == tx.xid)
-                    .map(|t| t.seq);
-                let seq = continued.unwrap_or_else(|| {
-                    self.next_seq += 1;
-                    self.next_seq - 1
-                });
-                let mut rows: Vec<Row> = tx.messages.into_iter().map(Row::Message).collect();
-                if !tx.unpublishable.is_empty() {
-                    rows.extend(
-                        tx.unpublishable
-                            .into_iter()
-                            .map(|u| Row::Unpublishable(Box::new(u))),
-                    );
-                    // Each aggregate's events in version order, wherever the unpublishable
-                    // ones were.
-                    rows.sort_by_key(Row::version);
-                }
-                if !self.caught_up.is_empty() {
-                    // Published (or dead-lettered) by the catch-up already.
-                    rows.retain(|r| !self.caught_up.contains(r.id()));
-                }
-                let left = rows.len();
-                for row in rows {
-                    let aggregate = row.aggregate();
-                    let event = Waiting {
-                        row,
-                        tx: seq,
-                        xid: tx.xid,
-                        due: None,
-                    };
-                    if self.parked.contains(&aggregate) {
-                        // Left pending in the table for a later catch-up: there already, or
-                        // written back first if its producer deleted it (every version: one
-                        // published before a restart goes out again, a late-committing older
-                        // one is not lost).
-                        self.restore.push(Leave { event, dead: None });
-                        continue;
-                    }
-                    let queue = self.waiting.entry(aggregate.clone()).or_default();
-                    if queue.is_empty() {
-                        self.order.push_back(aggregate);
-                    }
-                    queue.push_back(event);
-                }
-                match self.open.back_mut().filter(|_| continued.is_some()) {
-                    Some(open) => {
-                        open.left += left;
-                        open.complete = tx.complete;
-                        open.end_lsn = tx.end_lsn;
-                    }
-                    None => self.open.push_back(Open {
-                        seq,
-                        xid: tx.xid,
-                        complete: tx.complete,
-                        end_lsn: tx.end_lsn,
-                        committed_at: tx.committed_at,
-                        left,
-                    }),
-                }
-            }
-        }
-    }
-
-    /// Up to `max_rows` events of aggregates that are not busy and whose head is due, each
-    /// aggregate's in version order; the aggregates taken become busy.
-    fn take(&mut self, max_rows: usize) -> Vec<Waiting> {
-        let now = Instant::now();
-        let mut out = Vec::new();
-        let mut keep = VecDeque::with_capacity(self.order.len());
-        while let Some(aggregate) = self.order.pop_front() {
-            let Some(queue) = self.waiting.get_mut(&aggregate) else {
-                continue;
-            };
-            if queue.is_empty() {
-                self.waiting.remove(&aggregate);
-                continue;
-            }
-            let due = queue.front().and_then(|w| w.due).is_none_or(|d| d <= now);
-            if out.len() >= max_rows || self.busy.contains(&aggregate) || !due {
-                keep.push_back(aggregate);
-                continue;
-            }
-            let n = queue.len().min(max_rows - out.len());
-            out.extend(queue.drain(..n));
-            if queue.is_empty() {
-                self.waiting.remove(&aggregate);
-            } else {
-                keep.push_back(aggregate.clone());
-            }
-            self.busy.insert(aggregate);
-        }
-        self.order = keep;
-        out
-    }
-
-    /// Puts `events` of one aggregate back at the head of its queue, in order.
-    fn put_back(&mut self, aggregate: &Aggregate, events: Vec<Waiting>) {
-        if events.is_empty() {
-            return;
-        }
-        let queue = self.waiting.entry(aggregate.clone()).or_default();
-        let was_empty = queue.is_empty();
-        for w in events.into_iter().rev() {
-            queue.push_front(w);
-        }
-        if was_empty {
-            self.order.push_front(aggregate.clone());
-        }
-    }
-
-    /// Leaves `aggregate` to the table: its events taken or waiting, and later ones
-    /// as they arrive, stay (or are written back) as pending rows of the table.
-    fn park(&mut self, aggregate: &Aggregate, taken: Vec<Waiting>) {
-        let queued = self.waiting.remove(aggregate).into_iter().flatten();
-        self.leave_to_table(taken.into_iter().chain(queued));
-        self.busy.remove(aggregate);
-        self.parked.insert(aggregate.clone());
-    }
-
-    /// Events left to the table, pending ([`State::restore`]).
-    fn leave_to_table(&mut self, events: impl IntoIterator<Item = Waiting>) {
-        self.restore
-            .extend(events.into_iter().map(|event| Leave { event, dead: None }));
-    }
-
-    /// The earliest due time of a waiting head, if every waiting head is in backoff.
-    fn next_due(&self) -> Option<Instant> {
-        self.waiting
-            .values()
-            .filter_map(|q| q.front().and_then(|w| w.due))
-            .min()
     }
 }
 
@@ -661,9 +368,9 @@ impl CdcFeed {
     async fn write_settlement(
         &self,
         settlement: &Settlement,
-        xid_of: &HashMap<i64, u32>,
+        xid_of: &HashMap<i64, i64>,
     ) -> Result<HashSet<i64>, StoreError> {
-        let rows: Vec<(i64, u32)> = settlement
+        let rows: Vec<(i64, i64)> = settlement
             .published
             .iter()
             .map(|id| (*id, xid_of.get(id).copied().unwrap_or_default()))
@@ -683,7 +390,7 @@ impl CdcFeed {
     /// ([`CdcFeed::settle_unseen`]): a row the producer deleted in its transaction is gone for
     /// good, a row of a transaction not visible yet is left for later
     /// ([`CdcFeed::settle_late`]), and its position is not confirmed before.
-    async fn settle_rows(&self, rows: &[(i64, u32)]) -> Result<HashSet<i64>, StoreError> {
+    async fn settle_rows(&self, rows: &[(i64, i64)]) -> Result<HashSet<i64>, StoreError> {
         if rows.is_empty() {
             return Ok(HashSet::new());
         }
@@ -696,7 +403,7 @@ impl CdcFeed {
             .map_err(|e| store_error("settling published rows", e))?
             .into_iter()
             .collect();
-        let unseen: Vec<(i64, u32)> = rows
+        let unseen: Vec<(i64, i64)> = rows
             .iter()
             .filter(|r| !found.contains(&r.0))
             .copied()
@@ -722,7 +429,7 @@ impl CdcFeed {
     /// sees its inserting transaction (it became visible meanwhile) and counts as settled
     /// either way then (a row of a visible transaction that is not there was deleted by its
     /// producer, or marked already); the ids of transactions still not visible are returned.
-    async fn settle_unseen(&self, rows: &[(i64, u32)]) -> Result<HashSet<i64>, StoreError> {
+    async fn settle_unseen(&self, rows: &[(i64, i64)]) -> Result<HashSet<i64>, StoreError> {
         if rows.is_empty() {
             return Ok(HashSet::new());
         }
@@ -740,7 +447,7 @@ impl CdcFeed {
             full = full_xid("u.x", "snap.xmax")
         );
         let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-        let xids: Vec<i64> = rows.iter().map(|r| i64::from(r.1)).collect();
+        let xids: Vec<i64> = rows.iter().map(|r| r.1).collect();
         let late: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(&ids)
             .bind(&xids)
@@ -750,25 +457,23 @@ impl CdcFeed {
         Ok(late.into_iter().collect())
     }
 
-    /// Settles the rows of [`State::late`] whose transactions are visible now.
+    /// Settles the late rows ([`LogScheduler::late_rows`]) whose transactions are visible now.
     async fn settle_late(&self, state: &mut State) -> Result<(), StoreError> {
-        if state.late.is_empty() {
+        if state.log.late_rows().is_empty() {
             return Ok(());
         }
-        let rows: Vec<(i64, u32)> = state.late.iter().map(|l| (l.id, l.xid)).collect();
+        let rows: Vec<(i64, i64)> = state
+            .log
+            .late_rows()
+            .iter()
+            .map(|l| (l.id, xid_param(l.source_tx)))
+            .collect();
         let still = self.settle_rows(&rows).await?;
-        let late = std::mem::take(&mut state.late);
-        for l in late {
-            if still.contains(&l.id) {
-                state.late.push(l);
-            } else {
-                state.settled(l.tx, 1);
-            }
-        }
+        state.log.late_settled(&still);
         Ok(())
     }
 
-    /// Records the events left to the table ([`State::restore`]), then counts them as
+    /// Records the events left to the table ([`LogScheduler::restore_list`]), then counts them as
     /// settled: a dead letter's row is marked `dead` with its error; the row of an event that
     /// is gone from the table although its transaction is visible (its producer deleted it in
     /// the transaction, [`CdcConfig::producers_delete_rows`]) is written back first, as the
@@ -778,10 +483,10 @@ impl CdcFeed {
     /// find no row, count as settled, and the row would stay pending unseen. On an error all
     /// stay in the list.
     async fn restore(&self, state: &mut State) -> Result<(), StoreError> {
-        if state.restore.is_empty() {
+        if state.log.restore_list().is_empty() {
             return Ok(());
         }
-        let (late, written) = self.leave_rows(&state.restore).await?;
+        let (late, written) = self.leave_rows(state.log.restore_list()).await?;
         if written > 0
             && !self.config.producers_delete_rows
             && !self.told_rows_gone.swap(true, Ordering::Relaxed)
@@ -795,19 +500,13 @@ impl CdcFeed {
                  outbox table (docs/guide/src/security.md)"
             );
         }
-        for leave in std::mem::take(&mut state.restore) {
-            if late.contains(&leave.event.row.id()) {
-                state.restore.push(leave);
-            } else {
-                state.settled(leave.event.tx, 1);
-            }
-        }
+        state.log.restored(&late);
         Ok(())
     }
 
     /// The statement of [`CdcFeed::restore`], in one snapshot. Returns the ids of events whose
     /// transactions are not visible yet, and how many rows were written back.
-    async fn leave_rows(&self, leaves: &[Leave]) -> Result<(HashSet<i64>, i64), StoreError> {
+    async fn leave_rows(&self, leaves: &[Leave<Row>]) -> Result<(HashSet<i64>, i64), StoreError> {
         let rows: Vec<StoredRow> = leaves.iter().map(|l| l.event.row.stored()).collect();
         let col = |f: fn(&StoredRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
         // The state a row written back gets: a row that cannot be published would break the
@@ -891,7 +590,7 @@ impl CdcFeed {
                 .bind(
                     leaves
                         .iter()
-                        .map(|l| i64::from(l.event.xid))
+                        .map(|l| xid_param(l.event.source_tx))
                         .collect::<Vec<_>>(),
                 )
                 .fetch_one(&self.pool)
@@ -949,16 +648,7 @@ impl CdcFeed {
     /// that are no longer blocked (no dead row, no pending row on a paused route): a requeue
     /// or a resume whose wake-up this feed missed. Looked at every [`PARKED_RECHECK`].
     async fn unblocked(&self, state: &State) -> Result<Vec<Aggregate>, StoreError> {
-        let recording: HashSet<Aggregate> = state
-            .restore
-            .iter()
-            .map(|l| l.event.row.aggregate())
-            .collect();
-        let parked: Vec<&Aggregate> = state
-            .parked
-            .iter()
-            .filter(|a| !recording.contains(*a))
-            .collect();
+        let parked = state.log.parked_settled();
         if parked.is_empty() {
             return Ok(Vec::new());
         }
@@ -1060,7 +750,7 @@ impl CdcFeed {
         state.reset();
         self.following.store(false, Ordering::Relaxed);
         // Read again at the catch-up's end (a requeue may have emptied some).
-        state.parked.clear();
+        state.log.clear_parked();
         state.stream = Some(stream);
         state.rescans = self.store.rescans();
         let mut store = PgStore::new(
@@ -1105,10 +795,8 @@ impl CdcFeed {
             state.catch_up_out += 1;
             return Ok(Some(FeedBatch {
                 ticket: CdcTicket {
-                    session: state.session,
                     table: Some((batch.ticket, feed)),
-                    rows: Vec::new(),
-                    events: Vec::new(),
+                    log: LogBatch::empty(state.log.session()),
                 },
                 messages: batch.messages,
                 owned_until: batch.owned_until,
@@ -1132,9 +820,7 @@ impl CdcFeed {
             .await
             .map_err(|e| store_error("reading the log's position", e))?;
         let until = super::parse_lsn(&until).map_err(cdc_error)?;
-        state.parked.extend(parked);
-        state.caught_up.compact();
-        state.caught_up_until = (!state.caught_up.is_empty()).then_some(until);
+        state.log.caught_up(parked, until);
         self.following.store(true, Ordering::Relaxed);
         if let Some(done) = state.catch_up.take()
             && done.published > 0
@@ -1203,8 +889,8 @@ impl CdcFeed {
                     return Err(cdc_error(e));
                 }
             };
-            state.receive(next);
-            if state.waiting_count() >= max_rows {
+            state.log.receive(log_event(next));
+            if state.log.waiting_count() >= max_rows {
                 return Ok(());
             }
             // The rest: only what the connection has already buffered. Waiting for more here
@@ -1217,7 +903,7 @@ impl CdcFeed {
     /// until some are settled. The highest count seen is kept
     /// ([`CdcFeed::peak_rows_in_memory`]).
     fn memory_full(&self, state: &State) -> bool {
-        let held = state.held();
+        let held = state.log.held();
         self.peak_held.fetch_max(held, Ordering::Relaxed);
         held >= self.config.max_rows_in_memory.max(1)
     }
@@ -1244,15 +930,15 @@ impl CdcFeed {
     }
 
     fn confirm(&self, state: &mut State) {
-        if let Some(lsn) = state.confirmable()
+        if let Some(lsn) = state.log.confirmable()
             && let Some(stream) = &state.stream
         {
             stream.confirm(lsn);
         }
         let oldest = state
-            .open
-            .front()
-            .map_or(0, |t| t.committed_at.timestamp_micros().max(1));
+            .log
+            .oldest_open()
+            .map_or(0, |at| at.timestamp_micros().max(1));
         self.oldest_open_micros.store(oldest, Ordering::Relaxed);
     }
 }
@@ -1261,10 +947,8 @@ impl CdcFeed {
 fn empty_batch(session: u64) -> FeedBatch<CdcTicket> {
     FeedBatch {
         ticket: CdcTicket {
-            session,
             table: None,
-            rows: Vec::new(),
-            events: Vec::new(),
+            log: LogBatch::empty(session),
         },
         messages: Vec::new(),
         owned_until: None,
@@ -1295,26 +979,14 @@ impl Feed for CdcFeed {
         if !self.ensure_stream(&mut state).await? {
             // A standby: nothing of its own is behind (the streaming relay reports its lag).
             self.oldest_open_micros.store(0, Ordering::Relaxed);
-            return Ok(FeedBatch {
-                ticket: CdcTicket {
-                    session: state.session,
-                    table: None,
-                    rows: Vec::new(),
-                    events: Vec::new(),
-                },
-                messages: Vec::new(),
-                owned_until: None,
-                takeovers: Vec::new(),
-                undecodable: Vec::new(),
-                liveness: None,
-            });
+            return Ok(empty_batch(state.log.session()));
         }
         if state.catch_up.is_some() {
             if let Some(batch) = self.catch_up(&mut state, max_rows).await? {
                 return Ok(batch);
             }
             if state.catch_up.is_some() {
-                return Ok(empty_batch(state.session));
+                return Ok(empty_batch(state.log.session()));
             }
         } else if self.store.rescans() != state.rescans {
             // An operator made rows pending again (a requeue, a replay, a resume): a new
@@ -1324,8 +996,8 @@ impl Feed for CdcFeed {
                  starts again and its catch-up publishes them"
             );
             self.end_session(&mut state).await;
-            return Ok(empty_batch(state.session));
-        } else if !state.parked.is_empty()
+            return Ok(empty_batch(state.log.session()));
+        } else if state.log.has_parked()
             && state
                 .parked_checked
                 .is_none_or(|at| at.elapsed() >= PARKED_RECHECK)
@@ -1342,21 +1014,15 @@ impl Feed for CdcFeed {
                      catch-up publishes its rows"
                 );
                 self.end_session(&mut state).await;
-                return Ok(empty_batch(state.session));
+                return Ok(empty_batch(state.log.session()));
             }
         }
-        if state.waiting_count() < max_rows {
+        if state.log.waiting_count() < max_rows {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;
         }
         self.confirm(&mut state);
-        let mut taken = state.take(max_rows.max(1));
-        let mut heads: Vec<(Aggregate, i64)> = Vec::new();
-        for w in &taken {
-            let aggregate = w.row.aggregate();
-            if !state.verified.contains(&aggregate) && !heads.iter().any(|(a, _)| *a == aggregate) {
-                heads.push((aggregate, w.row.version()));
-            }
-        }
+        let taken = state.log.take(max_rows.max(1));
+        let heads = state.log.unverified_heads(&taken);
         let behind = match self.behind_the_table(&heads).await {
             Ok(behind) => behind,
             Err(e) => {
@@ -1364,57 +1030,13 @@ impl Feed for CdcFeed {
                 return Err(e);
             }
         };
-        for (aggregate, _) in heads {
-            let Some(&blocked) = behind.get(&aggregate) else {
-                state.behind.remove(&aggregate);
-                state.verified.insert(aggregate);
-                continue;
-            };
-            let (out, kept): (Vec<Waiting>, Vec<Waiting>) =
-                taken.into_iter().partition(|w| w.row.is_of(&aggregate));
-            taken = kept;
-            if blocked {
-                // Behind a dead letter or a paused route's row: its events wait in the table
-                // until a requeue or a resume starts a new catch-up.
-                tracing::info!(
-                    aggregate_type = %aggregate.0,
-                    aggregate_id = %aggregate.1,
-                    "an older version of this aggregate is a dead letter or on a paused route: \
-                     its events wait in the table for a requeue or a resume"
-                );
-                state.behind.remove(&aggregate);
-                state.park(&aggregate, out);
-                continue;
+        let taken = match state.log.hold_behind(heads, taken, &behind) {
+            Behind::Go(taken) => taken,
+            Behind::Restart(_) => {
+                self.end_session(&mut state).await;
+                return Ok(empty_batch(state.log.session()));
             }
-            let since = *state
-                .behind
-                .entry(aggregate.clone())
-                .or_insert_with(Instant::now);
-            if since.elapsed() < BEHIND_PATIENCE {
-                // Most likely the polling relay is publishing the older rows right now (a
-                // switch from polling): wait for it, and look at the table again.
-                let due = Instant::now() + BEHIND_RECHECK;
-                let events = out
-                    .into_iter()
-                    .map(|w| Waiting {
-                        due: Some(due),
-                        ..w
-                    })
-                    .collect();
-                state.busy.remove(&aggregate);
-                state.put_back(&aggregate, events);
-                continue;
-            }
-            tracing::info!(
-                aggregate_type = %aggregate.0,
-                aggregate_id = %aggregate.1,
-                "an older version of this aggregate has been pending in the table for {:?}: \
-                 the stream starts again and its catch-up publishes the table's rows first",
-                BEHIND_PATIENCE
-            );
-            self.end_session(&mut state).await;
-            return Ok(empty_batch(state.session));
-        }
+        };
         if let Err(e) = self.restore(&mut state).await {
             state.reset();
             return Err(e);
@@ -1424,25 +1046,9 @@ impl Feed for CdcFeed {
             return Err(e);
         }
         self.confirm(&mut state);
-        // The engine's order: by aggregate, then version.
-        taken.sort_by(|a, b| (a.row.key(), a.row.version()).cmp(&(b.row.key(), b.row.version())));
-        let rows: Vec<(i64, u64, u32)> = taken.iter().map(|w| (w.row.id(), w.tx, w.xid)).collect();
-        let events: Vec<Row> = taken.into_iter().map(|w| w.row).collect();
-        let mut messages = Vec::with_capacity(events.len());
-        let mut undecodable: Vec<UndecodableRow> = Vec::new();
-        for event in &events {
-            match event {
-                Row::Message(m) => messages.push(m.clone()),
-                Row::Unpublishable(u) => undecodable.push(u.row.clone()),
-            }
-        }
+        let (log, messages, undecodable) = state.log.batch(taken);
         Ok(FeedBatch {
-            ticket: CdcTicket {
-                session: state.session,
-                table: None,
-                rows,
-                events,
-            },
+            ticket: CdcTicket { table: None, log },
             messages,
             owned_until: None,
             takeovers: Vec::new(),
@@ -1462,7 +1068,8 @@ impl Feed for CdcFeed {
             // settle failed is claimed again once its lease expires).
             let result = feed.settle(table, settlement).await;
             let mut state = self.state.lock().await;
-            if state.session == ticket.session {
+            let current = state.log.session() == ticket.log.session;
+            if current {
                 state.catch_up_out = state.catch_up_out.saturating_sub(1);
             }
             // Only a batch settled whole under its lease: rows of a lost lease are another
@@ -1474,19 +1081,21 @@ impl Feed for CdcFeed {
                     .filter(|f| f.retry_after.is_none())
                     .map(|f| f.id);
                 for id in settlement.published.iter().copied().chain(dead) {
-                    state.caught_up.insert(id);
+                    state.log.skip(id);
                 }
-                if state.session == ticket.session
-                    && let Some(c) = state.catch_up.as_mut()
+                if current && let Some(c) = state.catch_up.as_mut()
                 {
                     c.published += settlement.published.len() as u64;
                 }
             }
             return result;
         }
-        let mut report = SettleReport::default();
-        let by_id: HashMap<i64, &Row> = ticket.events.iter().map(|r| (r.id(), r)).collect();
-        let xid_of: HashMap<i64, u32> = ticket.rows.iter().map(|&(id, _, x)| (id, x)).collect();
+        let xid_of: HashMap<i64, i64> = ticket
+            .log
+            .rows
+            .iter()
+            .map(|&(id, _, x)| (id, xid_param(x)))
+            .collect();
         // The table first: a published row is deleted (or marked) before its position can be
         // confirmed; a dead letter is recorded (below, with the events left to the table)
         // before its position can be.
@@ -1497,93 +1106,18 @@ impl Feed for CdcFeed {
                 // rest of the session: the session ends, and the slot hands everything after the
                 // confirmed position out again (same event ids).
                 let mut state = self.state.lock().await;
-                if state.session == ticket.session {
+                if state.log.session() == ticket.log.session {
                     state.reset();
                 }
                 return Err(e);
             }
         };
-
         let mut state = self.state.lock().await;
-        if state.session != ticket.session {
-            // The stream was started again since: these rows come again from the slot (no
-            // other relay owns them, so not "lease lost").
-            report.released = ticket.rows.len();
+        let current = state.log.session() == ticket.log.session;
+        let report = state.log.settle_batch(&ticket.log, settlement, &late);
+        if !current {
             return Ok(report);
         }
-        let tx_of: HashMap<i64, u64> = ticket.rows.iter().map(|&(id, t, _)| (id, t)).collect();
-        let mut settled_per_tx: HashMap<u64, usize> = HashMap::new();
-        for id in &settlement.published {
-            if let Some(&tx) = tx_of.get(id) {
-                if late.contains(id) {
-                    // Its row is settled once a snapshot sees its transaction.
-                    let xid = xid_of.get(id).copied().unwrap_or_default();
-                    state.late.push(Late { id: *id, tx, xid });
-                    continue;
-                }
-                *settled_per_tx.entry(tx).or_default() += 1;
-            }
-        }
-        report.marked = settlement.published.len();
-        // Per aggregate, what goes back to the head of its queue, in version order.
-        let mut back: HashMap<Aggregate, Vec<Waiting>> = HashMap::new();
-        // Aggregates with a dead letter in this batch.
-        let mut dead: HashSet<Aggregate> = HashSet::new();
-        let mut behind_dead: Vec<Waiting> = Vec::new();
-        for failed in &settlement.failed {
-            let (Some(&row), Some(&tx)) = (by_id.get(&failed.id), tx_of.get(&failed.id)) else {
-                continue;
-            };
-            let aggregate = row.aggregate();
-            let event = Waiting {
-                row: row.attempted(),
-                tx,
-                xid: xid_of.get(&failed.id).copied().unwrap_or_default(),
-                due: failed.retry_after.map(|delay| Instant::now() + delay),
-            };
-            match failed.retry_after {
-                Some(_) => {
-                    report.retried += 1;
-                    back.entry(aggregate).or_default().push(event);
-                }
-                None => {
-                    // Recorded in the table (`restore` below) before it counts as settled.
-                    report.dead_lettered += 1;
-                    state.restore.push(Leave {
-                        event,
-                        dead: Some(failed.error.clone()),
-                    });
-                    dead.insert(aggregate);
-                }
-            }
-        }
-        for id in &settlement.not_attempted {
-            let (Some(&row), Some(&tx)) = (by_id.get(id), tx_of.get(id)) else {
-                continue;
-            };
-            let aggregate = row.aggregate();
-            let event = Waiting {
-                row: row.clone(),
-                tx,
-                xid: xid_of.get(id).copied().unwrap_or_default(),
-                due: None,
-            };
-            if dead.contains(&aggregate) {
-                // Behind a dead letter: left pending in the table.
-                behind_dead.push(event);
-                continue;
-            }
-            report.released += 1;
-            back.entry(aggregate).or_default().push(event);
-        }
-        for (tx, n) in settled_per_tx {
-            state.settled(tx, n);
-        }
-        for aggregate in &dead {
-            // Everything of it still waiting is left to the table too.
-            state.park(aggregate, Vec::new());
-        }
-        state.leave_to_table(behind_dead);
         if let Err(e) = self.restore(&mut state).await {
             tracing::warn!(error = %e,
                 "could not write events left to the table back yet; tried again with the next batch");
@@ -1591,13 +1125,6 @@ impl Feed for CdcFeed {
         if let Err(e) = self.settle_late(&mut state).await {
             tracing::warn!(error = %e,
                 "could not settle published rows yet; tried again with the next batch");
-        }
-        for (aggregate, mut events) in back {
-            events.sort_by_key(|w| w.row.version());
-            state.put_back(&aggregate, events);
-        }
-        for row in &ticket.events {
-            state.busy.remove(&row.aggregate());
         }
         self.confirm(&mut state);
         Ok(report)
@@ -1611,12 +1138,12 @@ impl Feed for CdcFeed {
             tokio::time::sleep(timeout.min(CATCH_UP_WAIT)).await;
             return;
         }
-        if !state.busy.is_empty() {
+        if state.log.has_busy() {
             // Another worker's batch is out and its settle needs the state: read the stream
             // for at most a millisecond (an event for another aggregate can go out at once),
             // then let go of the lock.
             if state.stream.is_some() && !self.memory_full(&state) {
-                let more = state.waiting_count() + 1;
+                let more = state.log.waiting_count() + 1;
                 let _ = self
                     .pull(&mut state, timeout.min(Duration::from_millis(1)), more)
                     .await;
@@ -1626,7 +1153,7 @@ impl Feed for CdcFeed {
             }
             return;
         }
-        let wait = match state.next_due() {
+        let wait = match state.log.next_due() {
             Some(due) => due.saturating_duration_since(Instant::now()).min(timeout),
             None => timeout,
         };
@@ -1650,7 +1177,7 @@ impl Feed for CdcFeed {
         }
         // Errors end the wait; the next batch starts the stream again and reports them.
         // Until a new event arrives: events already waiting (in backoff) do not end the wait.
-        let more = state.waiting_count() + 1;
+        let more = state.log.waiting_count() + 1;
         let _ = self.pull(&mut state, wait, more).await;
         self.confirm(&mut state);
     }
@@ -1667,6 +1194,7 @@ mod tests {
     use outbox_core::{NewMessage, Payload};
 
     use super::*;
+    use outbox_core::relay::log::Waiting;
     use crate::PgOutbox;
 
     /// The full id of a 32-bit xid next to a snapshot's xmax: before, at and after xmax, and
@@ -1775,7 +1303,7 @@ mod tests {
             event: Waiting {
                 row: Row::Message(message.clone()),
                 tx: 0,
-                xid: (xid & 0xFFFF_FFFF) as u32,
+                source_tx: (xid & 0xFFFF_FFFF) as u64,
                 due: None,
             },
             dead: Some("refused".to_owned()),
@@ -1848,7 +1376,7 @@ mod tests {
         };
 
         let (tx, id, xid) = enqueue_open(&pool, &schema, &message("a")).await;
-        let row = (id, (xid & 0xFFFF_FFFF) as u32);
+        let row = (id, xid & 0xFFFF_FFFF);
         assert_eq!(
             feed.settle_rows(&[row]).await.unwrap(),
             HashSet::from([id]),
@@ -1875,7 +1403,7 @@ mod tests {
         .unwrap();
         tx.commit().await.unwrap();
         assert!(
-            feed.settle_rows(&[(gone, (xid & 0xFFFF_FFFF) as u32)])
+            feed.settle_rows(&[(gone, xid & 0xFFFF_FFFF)])
                 .await
                 .unwrap()
                 .is_empty()
