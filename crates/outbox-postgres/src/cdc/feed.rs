@@ -1083,8 +1083,7 @@ impl Feed for CdcFeed {
                 for id in settlement.published.iter().copied().chain(dead) {
                     state.log.skip(id);
                 }
-                if current && let Some(c) = state.catch_up.as_mut()
-                {
+                if current && let Some(c) = state.catch_up.as_mut() {
                     c.published += settlement.published.len() as u64;
                 }
             }
@@ -1194,8 +1193,8 @@ mod tests {
     use outbox_core::{NewMessage, Payload};
 
     use super::*;
-    use outbox_core::relay::log::Waiting;
     use crate::PgOutbox;
+    use outbox_core::relay::log::Waiting;
 
     /// The full id of a 32-bit xid next to a snapshot's xmax: before, at and after xmax, and
     /// across an epoch boundary either way.

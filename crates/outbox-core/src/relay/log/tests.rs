@@ -162,7 +162,11 @@ fn a_retry_waits_at_the_head_of_its_aggregate_until_it_is_due() {
 #[test]
 fn a_dead_letter_parks_its_aggregate_and_leaves_its_later_events_to_the_table() {
     let mut s = LogScheduler::default();
-    s.receive(tx(1, 100, vec![row(1, "a", 1), row(2, "a", 2), row(3, "b", 1)]));
+    s.receive(tx(
+        1,
+        100,
+        vec![row(1, "a", 1), row(2, "a", 2), row(3, "b", 1)],
+    ));
     let (_, report) = settle_all(&mut s, |_| Settlement {
         failed: vec![FailedRow {
             id: 1,
@@ -185,7 +189,10 @@ fn a_dead_letter_parks_its_aggregate_and_leaves_its_later_events_to_the_table() 
     // The store recorded all but row 4 (its transaction not visible yet).
     s.restored(&HashSet::from([4]));
     assert_eq!(s.confirmable(), Some(100));
-    assert!(s.parked_settled().is_empty(), "row 4 is still being recorded");
+    assert!(
+        s.parked_settled().is_empty(),
+        "row 4 is still being recorded"
+    );
     s.restored(&HashSet::new());
     assert_eq!(s.confirmable(), Some(200));
     assert_eq!(s.parked_settled(), vec![&agg("a")]);
@@ -251,7 +258,10 @@ fn an_aggregate_behind_the_table_is_held_parked_or_restarts_the_session() {
         panic!("no restart yet");
     };
     assert_eq!(ids(&go), vec![3], "c is verified, a is held, b is parked");
-    assert!(s.parked_settled().is_empty(), "b's event is left to the table");
+    assert!(
+        s.parked_settled().is_empty(),
+        "b's event is left to the table"
+    );
     assert!(s.next_due().is_some_and(|d| d > Instant::now()));
     assert!(s.unverified_heads(&go).is_empty(), "c is verified now");
     // Held past the patience: the session restarts.
