@@ -144,7 +144,7 @@ enum Command {
     ConsumerDeadLetters(ConsumerDeadLetterCmd),
     /// Stop a route (its rows are not claimed by the polling relays; an aggregate whose next
     /// row goes there waits) or a consumer (it takes no deliveries) until `outbox resume`.
-    /// Needs --reason. Refused for a route while a CDC relay runs.
+    /// Needs --reason.
     Pause {
         #[command(flatten)]
         which: admin_cmd::PauseArgs,

@@ -252,8 +252,7 @@ pub struct OutboxStats {
 ///   run stops before its first paused row. The store reads the pauses inside the claim itself,
 ///   not from [`ClaimParams`]: a pause committed before the claim holds from that claim on, with
 ///   no window between a relay reading the pauses and claiming. A relay that streams the log
-///   instead of claiming cannot hold a route back, and the operator contract refuses a route
-///   pause while one runs.
+///   instead of claiming holds the same rule in its scheduler ([`crate::relay::log`]).
 /// * Concurrent claims from several relays never return the same aggregate twice while a lease
 ///   is live.
 /// * A claim that takes an aggregate over from an expired, unsettled lease reports it in

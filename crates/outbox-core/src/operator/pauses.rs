@@ -21,8 +21,10 @@ pub fn route_key(destination: Option<&str>, aggregate_type: &str) -> String {
 ///   one) is not claimed by the relay: its rows stay pending, and an aggregate whose next row
 ///   goes there waits, its later rows included, whatever their route (per-aggregate order,
 ///   G7). A pause holds from the next claim on; a batch already claimed is finished. A relay
-///   that streams the database's log instead of claiming (a change-data-capture relay) cannot hold
-///   a route back: a store refuses a route pause while one runs ([`PauseOps::pause`]). A head
+///   that streams the database's log instead of claiming (a change-data-capture relay) parks
+///   such an aggregate and leaves its events pending in the table
+///   ([`crate::relay::log`]), from its next batch after it read the pauses (it reads them at
+///   least once a second); a resume's new session publishes them in order. A head
 ///   that was suspected of crashing relays (the poison-row rule's takeover count) starts its
 ///   count again after the pause.
 /// * A paused **consumer** takes no deliveries from its source (its engine asks its store at most
@@ -144,12 +146,11 @@ pub trait PauseOps {
     fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, OperatorError>> + Send;
 
     /// Pauses a route or a consumer ([`PauseTarget`]: what each stops, and when), with the
-    /// audit record, whose id the pause keeps. A route is refused while a relay runs that
-    /// cannot hold it back (one that streams the log).
+    /// audit record, whose id the pause keeps.
     ///
     /// # Errors
     /// [`OperatorError`] of kind `InvalidRequest` (a malformed route key, or no reason),
-    /// `Refused` (paused already, or a relay runs that would not honour it; nothing changed),
+    /// `Refused` (paused already; nothing changed),
     /// `PermissionDenied` (the role may only read), or the store's failure.
     fn pause(
         &self,

@@ -5,9 +5,9 @@
 //! table's start walks past the paused route's pending rows (about 2 µs a row: 2 s for a
 //! million); with the claim window on ([`crate::ClaimWindow`], off by default) a slow claim
 //! moves the next claims' start past them, so only one claim in a while pays it (BENCHMARKS.md,
-//! "A paused route's cost"). The CDC relay streams the log and does not read `pauses`: a route
-//! pause is refused while one runs (a heartbeat of `outbox relay --mode cdc` less than six
-//! intervals old), and one started while a route is paused logs a warning.
+//! "A paused route's cost"). The CDC relay reads `pauses` when its stream starts and at least
+//! once a second, and leaves a paused route's aggregates pending in the table
+//! (`outbox_core::relay::log`); the resume's wake-up starts its new session.
 
 use outbox_core::operator::{
     Actor, OperatorError, OperatorErrorKind, Pause, PauseOps, PauseTarget, log_action,
@@ -62,23 +62,6 @@ impl PauseOps for PgStore {
         target.check_pause(OP, reason).map_err(fail)?;
         let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
         let err = |e| fail(self.action_error(OP, e));
-        if matches!(target, PauseTarget::Route(_)) {
-            let cdc: bool =
-                sqlx::query_scalar(AssertSqlSafe(self.render(super::replay::CDC_RUNNING)))
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(err)?;
-            if cdc {
-                return Err(fail(OperatorError {
-                    operation: OP,
-                    kind: OperatorErrorKind::Refused,
-                    message: "a CDC relay is running: it streams the log and does not read \
-                              pauses, so the route would not stop; stop it first (the polling \
-                              relay honours pauses)"
-                        .into(),
-                }));
-            }
-        }
         let audit_id = audit::record(&mut tx, self.schema(), actor, OP, &selection, reason, 1)
             .await
             .map_err(err)?;

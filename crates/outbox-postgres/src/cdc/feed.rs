@@ -26,6 +26,10 @@ use crate::store::{OnPublish, PgStore, PgStoreConfig};
 /// plain SQL).
 const PARKED_RECHECK: Duration = Duration::from_secs(5);
 
+/// How often the paused routes are read again while the stream is followed: a route paused
+/// meanwhile holds from the next batch after that (a batch handed out before is finished).
+const PAUSES_RECHECK: Duration = Duration::from_secs(1);
+
 /// The longest a worker waits between two claims of the catch-up while other batches are out
 /// or rows below its ceiling are held by someone else.
 const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
@@ -95,6 +99,13 @@ impl LogRow for Row {
         match self {
             Self::Message(m) => LogItem::Message(m),
             Self::Unpublishable(u) => LogItem::Undecodable(&u.row),
+        }
+    }
+
+    fn route(&self) -> (Option<&str>, &str) {
+        match self {
+            Self::Message(m) => (m.destination.as_deref(), &m.aggregate_type),
+            Self::Unpublishable(u) => (u.stored.destination.as_deref(), &u.row.aggregate_type),
         }
     }
 }
@@ -172,6 +183,8 @@ struct State {
     rescans: u64,
     /// When the parked aggregates were last looked at ([`CdcFeed::unblocked`]).
     parked_checked: Option<Instant>,
+    /// When the paused routes were last read ([`CdcFeed::read_pauses`]).
+    pauses_read: Option<Instant>,
     /// Waiting as a standby (another connection streams the slot) since then.
     standby_since: Option<Instant>,
     /// A standby's next try to take the slot.
@@ -685,31 +698,6 @@ impl CdcFeed {
                 return Ok(false);
             }
         }
-        // Pauses are honoured by the polling relay's claim only; `PauseOps::pause` refuses a
-        // route while a CDC relay runs, but one may have been paused before this relay
-        // started. Said loudly, not refused: stopping every route for one would be worse.
-        // Only a warning depends on it, so a failed read is one too. Once per start, not at
-        // every retry of a standby.
-        let paused = if state.standby_since.is_some() {
-            Ok(Vec::new())
-        } else {
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
-                "SELECT name FROM {}.pauses WHERE kind = 'route' ORDER BY name",
-                self.schema.quoted()
-            )))
-            .fetch_all(&self.pool)
-            .await
-        };
-        match paused {
-            Ok(paused) if !paused.is_empty() => tracing::warn!(
-                routes = ?paused,
-                "routes are paused: the CDC relay's catch-up leaves their pending rows, but \
-                 what the log brings of them is published; stop this relay and run the polling \
-                 relay while a route must stay paused"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "could not read the paused routes"),
-        }
         let stream = match CdcStream::start(&self.url, &self.schema, &self.config).await {
             Ok(stream) => stream,
             // Another relay streams the slot: wait as a standby, quietly, and try again.
@@ -751,6 +739,10 @@ impl CdcFeed {
         self.following.store(false, Ordering::Relaxed);
         // Read again at the catch-up's end (a requeue may have emptied some).
         state.log.clear_parked();
+        if let Err(e) = self.read_pauses(state).await {
+            let _ = stream.stop().await;
+            return Err(e);
+        }
         state.stream = Some(stream);
         state.rescans = self.store.rescans();
         let mut store = PgStore::new(
@@ -775,6 +767,26 @@ impl CdcFeed {
             published: 0,
         });
         Ok(true)
+    }
+
+    /// Reads the paused routes into the scheduler: what the log brings of them is left pending
+    /// in the table ([`LogScheduler::set_paused_routes`]), as the catch-up's claims leave theirs.
+    async fn read_pauses(&self, state: &mut State) -> Result<(), StoreError> {
+        let routes: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT name FROM {}.pauses WHERE kind = 'route'",
+            self.schema.quoted()
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| store_error("reading the paused routes", e))?;
+        if state.log.set_paused_routes(routes) {
+            tracing::info!(
+                "a route was paused: what the log brings of it is left pending in the table \
+                 until it is resumed"
+            );
+        }
+        state.pauses_read = Some(Instant::now());
+        Ok(())
     }
 
     /// The catch-up's next batch (`None` when it has none now), or its end: once a claim
@@ -1016,6 +1028,12 @@ impl Feed for CdcFeed {
                 self.end_session(&mut state).await;
                 return Ok(empty_batch(state.log.session()));
             }
+        }
+        if state
+            .pauses_read
+            .is_none_or(|at| at.elapsed() >= PAUSES_RECHECK)
+        {
+            self.read_pauses(&mut state).await?;
         }
         if state.log.waiting_count() < max_rows {
             self.pull(&mut state, Duration::ZERO, max_rows).await?;

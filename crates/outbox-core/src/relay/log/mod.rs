@@ -25,6 +25,11 @@
 //!   later snapshot ([`LogScheduler::late_rows`]); its position stays unconfirmed meanwhile.
 //! * **Catch-up skips**: rows a session's catch-up published from the table are skipped when
 //!   the log brings them again, until the log passes the position at the catch-up's end.
+//! * **Paused routes**: an aggregate whose next event goes to a paused route
+//!   ([`LogScheduler::set_paused_routes`]) is parked like one behind a dead letter: that event
+//!   and every later one of the aggregate, whatever their route, are left pending in the table,
+//!   and a resume's new session publishes them in order (the same rule as the polling claim's,
+//!   `crate::operator::PauseTarget`).
 //! * **Behind the table**: an aggregate's first head in a session is checked against the table
 //!   ([`LogScheduler::unverified_heads`], [`LogScheduler::hold_behind`]); one with an older
 //!   version still pending there waits for it, up to [`BEHIND_PATIENCE`].
@@ -84,6 +89,9 @@ pub trait LogRow: Clone + fmt::Debug + Send + Sync + 'static {
     fn attempted(&self) -> Self;
     /// What it is in a batch.
     fn item(&self) -> LogItem<'_>;
+    /// Its route: `(destination, aggregate_type)`, as
+    /// [`route_key`](crate::operator::route_key) takes them.
+    fn route(&self) -> (Option<&str>, &str);
 
     /// Its aggregate, owned.
     fn aggregate(&self) -> Aggregate {
@@ -224,6 +232,8 @@ pub struct LogScheduler<R> {
     behind: HashMap<Aggregate, Instant>,
     /// The highest idle position seen, confirmed once nothing before it is open.
     idle: Option<u64>,
+    /// The paused routes' keys.
+    paused_routes: HashSet<String>,
 }
 
 impl<R> Default for LogScheduler<R> {
@@ -243,6 +253,7 @@ impl<R> Default for LogScheduler<R> {
             verified: HashSet::new(),
             behind: HashMap::new(),
             idle: None,
+            paused_routes: HashSet::new(),
         }
     }
 }
@@ -254,15 +265,37 @@ impl<R: LogRow> LogScheduler<R> {
     }
 
     /// Drops the session: everything after the confirmed position comes again from the log.
-    /// The parked aggregates are kept (they are still behind their dead letters).
+    /// The parked aggregates and the paused routes are kept.
     pub fn reset(&mut self) {
         let parked = std::mem::take(&mut self.parked);
+        let paused_routes = std::mem::take(&mut self.paused_routes);
         let session = self.session + 1;
         *self = Self {
             session,
             parked,
+            paused_routes,
             ..Self::default()
         };
+    }
+
+    /// The routes paused now, by their keys ([`route_key`](crate::operator::route_key)):
+    /// from the next [`LogScheduler::take`] on, an aggregate whose next event goes to one of
+    /// them is parked, and its events stay pending in the table. A batch handed out before is
+    /// finished. Returns whether a route was paused that was not before.
+    pub fn set_paused_routes(&mut self, routes: impl IntoIterator<Item = String>) -> bool {
+        let routes: HashSet<String> = routes.into_iter().collect();
+        let added = routes.iter().any(|r| !self.paused_routes.contains(r));
+        self.paused_routes = routes;
+        added
+    }
+
+    /// Whether `row` goes to a paused route.
+    fn is_paused(paused_routes: &HashSet<String>, row: &R) -> bool {
+        if paused_routes.is_empty() {
+            return false;
+        }
+        let (destination, aggregate_type) = row.route();
+        paused_routes.contains(&crate::operator::route_key(destination, aggregate_type))
     }
 
     /// Events waiting to be handed out.
@@ -388,10 +421,12 @@ impl<R: LogRow> LogScheduler<R> {
     }
 
     /// Up to `max_rows` events of aggregates that are not busy and whose head is due, each
-    /// aggregate's in version order; the aggregates taken become busy.
+    /// aggregate's in version order, up to its first event on a paused route; the aggregates
+    /// taken become busy. An aggregate whose head is on a paused route is parked.
     pub fn take(&mut self, max_rows: usize) -> Vec<Waiting<R>> {
         let now = Instant::now();
         let mut out = Vec::new();
+        let mut paused = Vec::new();
         let mut keep = VecDeque::with_capacity(self.order.len());
         while let Some(aggregate) = self.order.pop_front() {
             let Some(queue) = self.waiting.get_mut(&aggregate) else {
@@ -406,7 +441,15 @@ impl<R: LogRow> LogScheduler<R> {
                 keep.push_back(aggregate);
                 continue;
             }
-            let n = queue.len().min(max_rows - out.len());
+            let n = queue
+                .iter()
+                .take(max_rows - out.len())
+                .take_while(|w| !Self::is_paused(&self.paused_routes, &w.row))
+                .count();
+            if n == 0 {
+                paused.push(aggregate);
+                continue;
+            }
             out.extend(queue.drain(..n));
             if queue.is_empty() {
                 self.waiting.remove(&aggregate);
@@ -416,6 +459,15 @@ impl<R: LogRow> LogScheduler<R> {
             self.busy.insert(aggregate);
         }
         self.order = keep;
+        for aggregate in paused {
+            tracing::debug!(
+                aggregate_type = %aggregate.0,
+                aggregate_id = %aggregate.1,
+                "the next event of this aggregate goes to a paused route: its events wait in \
+                 the table for a resume"
+            );
+            self.park(&aggregate, Vec::new());
+        }
         out
     }
 

@@ -32,6 +32,9 @@ impl LogRow for FakeRow {
     fn item(&self) -> LogItem<'_> {
         LogItem::Message(&self.0)
     }
+    fn route(&self) -> (Option<&str>, &str) {
+        (self.0.destination.as_deref(), &self.0.aggregate_type)
+    }
 }
 
 fn row(id: i64, aggregate: &str, version: i64) -> FakeRow {
@@ -273,4 +276,41 @@ fn an_aggregate_behind_the_table_is_held_parked_or_restarts_the_session() {
         Behind::Restart(aggregate) => assert_eq!(aggregate, a),
         Behind::Go(go) => panic!("expected a restart, got {:?}", ids(&go)),
     }
+}
+
+#[test]
+fn an_aggregate_whose_next_event_goes_to_a_paused_route_waits_in_the_table() {
+    let mut s = LogScheduler::default();
+    let mut held = row(2, "a", 2);
+    held.0.destination = Some("held".into());
+    s.receive(tx(
+        1,
+        100,
+        vec![row(1, "a", 1), held, row(3, "a", 3), row(4, "b", 1)],
+    ));
+    assert!(s.set_paused_routes(["destination:held".to_owned()]));
+    assert!(
+        !s.set_paused_routes(["destination:held".to_owned()]),
+        "nothing new"
+    );
+    // Up to the paused event; the other aggregate as usual.
+    let (first, _) = settle_all(&mut s, publish);
+    assert_eq!(first, vec![1, 4]);
+    // Its head is on the paused route now: parked, the later version with it.
+    assert!(s.take(100).is_empty());
+    let left: Vec<i64> = s.restore_list().iter().map(|l| l.event.row.0.id).collect();
+    assert_eq!(left, vec![2, 3]);
+    s.receive(tx(2, 200, vec![row(5, "a", 4)]));
+    assert_eq!(
+        s.restore_list().len(),
+        3,
+        "a later event waits in the table too"
+    );
+    s.restored(&HashSet::new());
+    assert_eq!(s.confirmable(), Some(200));
+    s.reset();
+    assert!(
+        !s.set_paused_routes(["destination:held".to_owned()]),
+        "kept across sessions"
+    );
 }
