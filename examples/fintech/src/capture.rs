@@ -24,8 +24,9 @@ use outbox::IncomingEvent;
 use outbox::consumer::{Handler, HandlerError, OrderingGuard};
 use outbox::effect::{Executor, ExecutorConfig};
 use outbox::http::HttpPayoutProvider;
-use outbox::postgres::{NewWorkItem, PgConsumer, PgEffects, PgStore};
+use outbox::postgres::{NewWorkItem, PgEffects, PgStore};
 use serde_json::json;
+use support::consumer::Subscription;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -79,21 +80,16 @@ impl Handler<sqlx::PgConnection> for CaptureIntent {
 pub async fn run(common: &Common, provider_url: &str, shutdown: CancellationToken) -> Result<()> {
     let topology = common.topology()?;
     let schema = crate::db::schema();
-    let pool = crate::db::connect(&common.payments_url, 12).await?;
-    crate::db::check(&pool, "public.payments").await?;
+    let pool = crate::db::open(&crate::db::PAYMENTS, &common.payments_url, 12).await?;
 
-    let source = topology
-        .connect_source(&common.broker_url, CAPTURE_CONSUMER, Some(PAYMENT_CAPTURED))
+    // Only version 2 of each payment arrives here: no ordering guard.
+    let subscription = Subscription::only(CAPTURE_CONSUMER, PAYMENT_CAPTURED, OrderingGuard::Off);
+    let intent = CaptureIntent {
+        effects: PgEffects::new(schema.clone()),
+    };
+    let consumer = subscription
+        .connect(&topology, &common.broker_url, pool.clone(), intent)
         .await?;
-    let consumer = PgConsumer::new(
-        PgStore::with_schema(pool.clone(), schema.clone()),
-        source,
-        CaptureIntent {
-            effects: PgEffects::new(schema.clone()),
-        },
-        // Only version 2 of each payment arrives here: no ordering guard.
-        support::consumer::config(CAPTURE_CONSUMER, OrderingGuard::Off),
-    )?;
 
     let provider = HttpPayoutProvider::new(provider_url)?;
     let quick = Backoff {

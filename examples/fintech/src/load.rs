@@ -12,16 +12,18 @@
 //! requests must be refused with the documented 4xx.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use anyhow::{Result, bail};
 use hyper::{Method, StatusCode};
-use serde_json::{Value, json};
-use support::load::Load;
+use serde_json::json;
 
-/// Counters the chaos schedule and the progress lines read while the load runs (the retries
-/// are counted by the [`Load`]).
+/// The load of `fintech run`: its [`Progress`] and its [`LoadReport`].
+pub type Load = support::load::Load<Progress, LoadReport>;
+
+/// Counters the kill schedule and the progress lines read while the load runs (the retries,
+/// replays and bad requests are counted by the [`Load`] itself).
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Payments whose create was answered 201.
@@ -37,104 +39,58 @@ pub struct LoadReport {
     pub created: HashSet<String>,
     /// Ids of the payments captured (as answered).
     pub captured: HashSet<String>,
-    /// Creates answered 201 on a retry marked as a replay: the first attempt had committed
-    /// but its answer was lost.
-    pub replayed_after_failure: u64,
-    /// Replay probes sent (the same create sent again after its answer).
-    pub replay_probes: u64,
-    /// Replay probes answered exactly like the first time and marked as a replay.
-    pub replay_probes_identical: u64,
-    /// Bad requests sent.
-    pub bad_requests: u64,
-    /// Bad requests refused with the documented 4xx.
-    pub bad_requests_refused: u64,
 }
 
-/// Sends the documented bad requests; the report counts those refused as documented.
+/// Sends the documented bad requests; the load counts those refused as documented.
 ///
 /// # Errors
 /// The API cannot be reached.
-pub async fn probe_bad_requests(load: &Load, report: &mut LoadReport) -> Result<()> {
-    let (http, config) = (&load.http, &load.config);
+pub async fn probe_bad_requests(load: &Load) -> Result<()> {
+    let config = &load.config;
     let url = format!("{}/payments", config.api);
-    let key = format!("{}-probe-1", config.tag);
     let good = json!({ "account": "acc-probe", "amount": 500 });
-    type Probe<'a> = (&'a str, Vec<(&'a str, &'a str)>, Value, StatusCode);
-    let probes: Vec<Probe> = vec![
-        (
-            "no Idempotency-Key",
-            vec![],
-            good.clone(),
-            StatusCode::BAD_REQUEST,
-        ),
-        (
-            "amount 0",
-            vec![("idempotency-key", "probe-amount")],
-            json!({ "account": "acc-probe", "amount": 0 }),
-            StatusCode::UNPROCESSABLE_ENTITY,
-        ),
-        (
-            "unknown field",
-            vec![("idempotency-key", "probe-field")],
-            json!({ "account": "acc-probe", "amount": 5, "currency": "EUR" }),
-            StatusCode::BAD_REQUEST,
-        ),
-    ];
-    for (what, headers, body, expected) in probes {
-        let a = http.send(Method::POST, &url, &headers, Some(&body)).await?;
-        report.bad_requests += 1;
-        if a.status == expected {
-            report.bad_requests_refused += 1;
-        } else {
-            eprintln!(
-                "probe `{what}`: expected {expected}, got {} {}",
-                a.status, a.body
-            );
-        }
-    }
+    let (bad, unprocessable) = (StatusCode::BAD_REQUEST, StatusCode::UNPROCESSABLE_ENTITY);
+    let payments = load.bad_requests(&url);
+    payments
+        .send_without_key("no Idempotency-Key", &good, bad)
+        .await?;
+    let zero = json!({ "account": "acc-probe", "amount": 0 });
+    payments
+        .send("amount 0", "probe-amount", &zero, unprocessable)
+        .await?;
+    let extra = json!({ "account": "acc-probe", "amount": 5, "currency": "EUR" });
+    payments
+        .send("unknown field", "probe-field", &extra, bad)
+        .await?;
     // The same key with another body: 422, and the first payment stays the only one.
-    let first = http
-        .send(
-            Method::POST,
-            &url,
-            &[("idempotency-key", &key)],
-            Some(&good),
-        )
+    let key = format!("{}-probe-1", config.tag);
+    let headers = [("idempotency-key", key.as_str())];
+    let first = load
+        .http
+        .send(Method::POST, &url, &headers, Some(&good))
         .await?;
     let other = json!({ "account": "acc-probe", "amount": 501 });
-    let second = http
-        .send(
-            Method::POST,
-            &url,
-            &[("idempotency-key", &key)],
-            Some(&other),
-        )
+    let second = load
+        .http
+        .send(Method::POST, &url, &headers, Some(&other))
         .await?;
-    report.bad_requests += 1;
-    if first.status == StatusCode::CREATED && second.status == StatusCode::UNPROCESSABLE_ENTITY {
-        report.bad_requests_refused += 1;
-    } else {
+    let refused = first.status == StatusCode::CREATED && second.status == unprocessable;
+    load.count_bad_request(refused);
+    if !refused {
         eprintln!(
             "probe `same key, other body`: expected 201 then 422, got {} then {}",
             first.status, second.status
         );
     }
     if let Some(id) = first.body["id"].as_str() {
-        report.created.insert(id.to_owned());
+        load.report().created.insert(id.to_owned());
     }
     // A capture of a payment that does not exist.
-    let missing = http
-        .send(
-            Method::POST,
-            &format!("{}/payments/pay_missing/capture", config.api),
-            &[("idempotency-key", "probe-missing")],
-            None,
-        )
+    let capture = load.bad_requests(format!("{}/payments/pay_missing/capture", config.api));
+    let not_found = StatusCode::NOT_FOUND;
+    capture
+        .send("missing payment", "probe-missing", None, not_found)
         .await?;
-    report.bad_requests += 1;
-    if missing.status == StatusCode::NOT_FOUND {
-        report.bad_requests_refused += 1;
-    }
     Ok(())
 }
 
@@ -143,54 +99,21 @@ pub async fn probe_bad_requests(load: &Load, report: &mut LoadReport) -> Result<
 ///
 /// # Errors
 /// A command kept failing for `retry_for`, or an answer broke the API's contract.
-pub async fn drive(
-    load: Arc<Load>,
-    progress: Arc<Progress>,
-    report: Arc<Mutex<LoadReport>>,
-) -> Result<()> {
-    load.run_clients(move |load, i| {
-        let (progress, report) = (Arc::clone(&progress), Arc::clone(&report));
-        async move { one_payment(&load, &progress, &report, i).await }
-    })
-    .await
+pub async fn drive(load: Arc<Load>) -> Result<()> {
+    load.run_clients(one_payment).await
 }
 
-async fn one_payment(
-    load: &Load,
-    progress: &Progress,
-    report: &Mutex<LoadReport>,
-    i: u64,
-) -> Result<()> {
+async fn one_payment(load: Arc<Load>, i: u64) -> Result<()> {
     let config = &load.config;
     let create_key = format!("{}-create-{i}", config.tag);
     let body = json!({ "account": format!("acc-{:03}", i % 97), "amount": 100 + (i % 4900) });
     let url = format!("{}/payments", config.api);
-    let (created, retried) = load.command(&url, &create_key, Some(&body)).await?;
-    if created.status != StatusCode::CREATED {
-        bail!(
-            "create {create_key}: expected 201, got {} {}",
-            created.status,
-            created.body
-        );
-    }
-    let Some(id) = created.body["id"].as_str().map(str::to_owned) else {
-        bail!("create {create_key}: no id in {}", created.body);
-    };
-    progress.created.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut r = report.lock().expect("report lock");
-        r.created.insert(id.clone());
-        if retried && created.replayed {
-            r.replayed_after_failure += 1;
-        }
-    }
+    let (id, created) = load.create("create", &url, &create_key, &body).await?;
+    load.progress.created.fetch_add(1, Ordering::Relaxed);
+    load.report().created.insert(id.clone());
     if i.is_multiple_of(25) {
-        let (again, _) = load.command(&url, &create_key, Some(&body)).await?;
-        let mut r = report.lock().expect("report lock");
-        r.replay_probes += 1;
-        if again.status == StatusCode::CREATED && again.replayed && again.body == created.body {
-            r.replay_probes_identical += 1;
-        }
+        load.replay_probe(&url, &create_key, &body, &created)
+            .await?;
     }
     if !i.is_multiple_of(10) {
         let capture_key = format!("{}-capture-{i}", config.tag);
@@ -203,8 +126,8 @@ async fn one_payment(
                 captured.body
             );
         }
-        progress.captured.fetch_add(1, Ordering::Relaxed);
-        report.lock().expect("report lock").captured.insert(id);
+        load.progress.captured.fetch_add(1, Ordering::Relaxed);
+        load.report().captured.insert(id);
     }
     Ok(())
 }

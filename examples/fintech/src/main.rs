@@ -21,7 +21,6 @@ mod capture;
 mod db;
 mod load;
 mod payments;
-mod relay;
 mod reporting;
 mod run;
 mod topology;
@@ -34,7 +33,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use support::run::DEFAULT_BROKER_URL;
 
-use crate::topology::{AGGREGATE, Topology};
+use crate::topology::Topology;
 
 /// The payments service of the FinTech example, and its one-command story.
 #[derive(Parser, Debug)]
@@ -121,13 +120,12 @@ pub struct Common {
 impl Common {
     /// The broker objects and timings of this deployment.
     pub fn topology(&self) -> Result<Topology> {
-        Topology::new("fintech", AGGREGATE, &self.name, self.fast)
+        topology::topology(&self.name, self.fast)
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    support::child::run_main("fintech", dispatch(cli.command))
+    support::child::run_main("fintech", dispatch(Cli::parse().command))
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode> {
@@ -138,7 +136,17 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
     let shutdown = support::child::service_shutdown();
     match command {
         Command::Payments { listen, common } => payments::serve(&common, listen, shutdown).await?,
-        Command::Relay { common } => relay::run(&common, shutdown).await?,
+        Command::Relay { common } => {
+            // The toolkit's polling relay, the shape of `outbox relay` (see `support::relay`).
+            let topology = common.topology()?;
+            support::relay::run(
+                &common.payments_url,
+                &common.broker_url,
+                &topology,
+                shutdown,
+            )
+            .await?;
+        }
         Command::Reporting { common } => reporting::run(&common, shutdown).await?,
         Command::Capture {
             provider_url,
@@ -155,8 +163,12 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             outbox_stand_in::run_provider(args, shutdown).await?;
         }
         Command::Migrate { common } => {
-            db::migrate_payments(&db::connect(&common.payments_url, 2).await?).await?;
-            db::migrate_reporting(&db::connect(&common.reporting_url, 2).await?).await?;
+            db::PAYMENTS
+                .migrate(&db::connect(&common.payments_url, 2).await?)
+                .await?;
+            db::REPORTING
+                .migrate(&db::connect(&common.reporting_url, 2).await?)
+                .await?;
             println!("payments and reporting databases migrated");
         }
         Command::Run(_) => unreachable!("handled above"),

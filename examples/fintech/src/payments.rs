@@ -14,7 +14,8 @@
 //! request key, the business row, the outbox intent (`PgOutbox::enqueue` on the same
 //! transaction) and the stored response commit together or not at all. The transaction's frame
 //! is `support::api::OutboxApi` (`begin`: the key's record; `finish`: the intent, the stored
-//! response, the commit); each handler writes its business row in between.
+//! response, the commit); each handler writes its business row in between. A handler's last
+//! argument, `support::api::Command`, is the request's `Idempotency-Key` and JSON body.
 //!
 //! * **Request idempotency** (`PgOutbox::idempotency_begin` / `idempotency_complete`): a retry
 //!   with the same key and the same request returns the first answer (with the header
@@ -31,17 +32,14 @@ use std::net::SocketAddr;
 
 use anyhow::Result;
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use outbox::{NewMessage, Payload};
 use serde::Deserialize;
 use serde_json::json;
-use support::api::{
-    ApiError, Begun, OutboxApi, error, idempotency_key, parse_body, stored, unavailable,
-};
+use support::api::{ApiError, Begun, Command, OutboxApi, error, internal, stored, unavailable};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
@@ -59,8 +57,7 @@ const MAX_ACCOUNT_LEN: usize = 64;
 /// # Errors
 /// The database is unreachable or not migrated, or the address cannot be bound.
 pub async fn serve(common: &Common, listen: SocketAddr, shutdown: CancellationToken) -> Result<()> {
-    let pool = crate::db::connect(&common.payments_url, 16).await?;
-    crate::db::check(&pool, "public.payments").await?;
+    let pool = crate::db::open(&crate::db::PAYMENTS, &common.payments_url, 16).await?;
     // The outbox on the payments database, and wake-ups for the relays after each commit.
     let app = OutboxApi::new(pool);
     support::api::serve(router(app), listen, "payments API", shutdown).await?;
@@ -94,11 +91,8 @@ struct CapturePayment {}
 /// `POST /payments`.
 async fn create_payment(
     State(app): State<OutboxApi>,
-    headers: HeaderMap,
-    body: Bytes,
+    Command { key, body: req }: Command<CreatePayment>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
-    let req: CreatePayment = parse_body(&headers, &body)?;
     if req.amount <= 0 {
         return Err(error(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -141,18 +135,15 @@ async fn create_payment(
     });
     let response = stored(StatusCode::CREATED, body);
     // The intent and the stored answer on the same transaction as the row, then commit.
-    app.finish(tx, &event, SCOPE_CREATE, &key, response).await
+    app.finish(tx, &event, response).await
 }
 
 /// `POST /payments/{id}/capture`.
 async fn capture_payment(
     State(app): State<OutboxApi>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    Command { key, .. }: Command<CapturePayment>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
-    parse_body::<CapturePayment>(&headers, &body)?;
     let request = json!({ "capture": id });
     let mut tx = match app.begin(SCOPE_CAPTURE, &key, &request).await? {
         Begun::New(tx) => tx,
@@ -189,7 +180,7 @@ async fn capture_payment(
         "id": id, "account": account, "amount": amount, "status": "captured", "version": version,
     });
     let response = stored(StatusCode::OK, body);
-    app.finish(tx, &event, SCOPE_CAPTURE, &key, response).await
+    app.finish(tx, &event, response).await
 }
 
 /// The integration event of `payment` at `version`.
@@ -201,7 +192,7 @@ fn event(
     amount: i64,
 ) -> Result<NewMessage, ApiError> {
     let payload = Payload::json(&json!({ "id": payment, "account": account, "amount": amount }))
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        .map_err(internal)?;
     Ok(NewMessage::new(
         AGGREGATE, payment, version, event_type, payload,
     ))

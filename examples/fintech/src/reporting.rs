@@ -6,13 +6,14 @@
 //! [`Reporting::handle`] on that same transaction, commits, and only then acknowledges. A
 //! redelivery (a killed consumer, a relay that republished after a crash) is absorbed by the
 //! inbox; the ordering guard `Wait` applies a payment's `PaymentCaptured` only after its
-//! `PaymentCreated`.
+//! `PaymentCreated`. The consumer is the library's `PgConsumer::new` with the inbox in the
+//! reporting database (`support::consumer::Subscription::connect`).
 
 use anyhow::Result;
 use outbox::IncomingEvent;
 use outbox::consumer::{Handler, HandlerError, OrderingGuard};
-use outbox::postgres::{PgConsumer, PgStore};
 use serde::Deserialize;
+use support::consumer::{Subscription, unknown_event_type};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
@@ -35,14 +36,7 @@ impl PaymentEvent {
     /// # Errors
     /// [`HandlerError::Permanent`] for an unknown schema version or a malformed payload.
     pub fn decode(event: &IncomingEvent) -> Result<Self, HandlerError> {
-        if event.schema_version != 1 {
-            return Err(HandlerError::permanent(format!(
-                "unknown schema version {} of {}",
-                event.schema_version, event.event_type
-            )));
-        }
-        serde_json::from_slice(&event.payload.bytes)
-            .map_err(|e| HandlerError::permanent(format!("payload is not a payment event: {e}")))
+        support::consumer::decode(event, "payment event")
     }
 }
 
@@ -87,11 +81,7 @@ impl Handler<sqlx::PgConnection> for Reporting {
                     )));
                 }
             }
-            other => {
-                return Err(HandlerError::permanent(format!(
-                    "unknown event type {other}"
-                )));
-            }
+            other => return Err(unknown_event_type(other)),
         }
         Ok(())
     }
@@ -103,18 +93,12 @@ impl Handler<sqlx::PgConnection> for Reporting {
 /// The database or the broker is unreachable, or the database is not migrated.
 pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     let topology = common.topology()?;
-    let pool = crate::db::connect(&common.reporting_url, 8).await?;
-    crate::db::check(&pool, "public.payment_report").await?;
-    let source = topology
-        .connect_source(&common.broker_url, REPORTING_CONSUMER, None)
+    let pool = crate::db::open(&crate::db::REPORTING, &common.reporting_url, 8).await?;
+    // `Wait`: a payment's `PaymentCaptured` is applied only after its `PaymentCreated`.
+    let subscription = Subscription::all(REPORTING_CONSUMER, OrderingGuard::Wait);
+    let consumer = subscription
+        .connect(&topology, &common.broker_url, pool, Reporting)
         .await?;
-    let consumer = PgConsumer::new(
-        PgStore::with_schema(pool, crate::db::schema()),
-        source,
-        Reporting,
-        // `Wait`: a payment's `PaymentCaptured` is applied only after its `PaymentCreated`.
-        support::consumer::config(REPORTING_CONSUMER, OrderingGuard::Wait),
-    )?;
     support::child::serve_until_stopped("reporting consumer", consumer.run(shutdown)).await;
     Ok(())
 }

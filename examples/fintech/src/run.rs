@@ -15,23 +15,25 @@
 //!    the children, prints the verification table and exits non-zero if any check failed.
 //! 5. Drops the databases and deletes the broker objects of the run, unless `--keep`.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hyper::Method;
+use sqlx::PgPool;
 use support::http_client::HttpClient;
-use support::load::Load;
 use support::run::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, ModeArgs, Plan, Sandbox};
-use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
+use support::supervise::{Supervisor, child_args, free_addr, service_args};
+use support::table::Check;
+use support::watch::LoadWatch;
 
-use crate::load::{LoadReport, Progress};
-use crate::topology::{AGGREGATE, CAPTURE_CONSUMER, REPORTING_CONSUMER, Topology};
-use crate::verify::{RunFacts, Snapshot};
+use crate::db::{PAYMENTS, REPORTING};
+use crate::load::Load;
+use crate::topology::{CAPTURE_CONSUMER, REPORTING_CONSUMER, Topology};
+use crate::verify::Snapshot;
 
 /// Options of `fintech run`.
 #[derive(clap::Args, Debug)]
@@ -53,78 +55,17 @@ pub struct RunArgs {
     payments: Option<u64>,
 }
 
-/// The processes of the story.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Kind {
-    Provider,
-    Relay,
-    Reporting,
-    Capture,
-    Payments,
-}
+/// The processes of the story: the subcommand that runs each, and its name in messages.
+mod process {
+    use support::supervise::Process;
 
-impl Kind {
-    /// The kinds killed in the middle, in the order of a round.
-    const KILLED: [Kind; 4] = [Kind::Payments, Kind::Relay, Kind::Reporting, Kind::Capture];
-}
-
-impl ProcessKind for Kind {
-    fn subcommand(self) -> &'static str {
-        match self {
-            Kind::Provider => "provider",
-            Kind::Relay => "relay",
-            Kind::Reporting => "reporting",
-            Kind::Capture => "capture",
-            Kind::Payments => "payments",
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Provider => "provider",
-            Kind::Relay => "relay",
-            Kind::Reporting => "reporting consumer",
-            Kind::Capture => "capture worker",
-            Kind::Payments => "payments API",
-        })
-    }
-}
-
-/// The children of the run and how to start them.
-struct Cluster {
-    sup: Supervisor<Kind>,
-    common: Vec<String>,
-    provider_addr: SocketAddr,
-    api_addr: SocketAddr,
-}
-
-impl Cluster {
-    fn args(&self, kind: Kind) -> Vec<String> {
-        let mut args = vec![kind.subcommand().to_owned()];
-        match kind {
-            Kind::Provider => {
-                // Port 0: the provider announces the port it got (`listening on http://ADDR`).
-                args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
-                return args;
-            }
-            Kind::Payments => args.extend(["--listen".to_owned(), self.api_addr.to_string()]),
-            Kind::Capture => args.extend([
-                "--provider-url".to_owned(),
-                format!("http://{}", self.provider_addr),
-            ]),
-            Kind::Relay | Kind::Reporting => {}
-        }
-        args.extend(self.common.iter().cloned());
-        args
-    }
-
-    /// Starts `kind` and waits for its readiness line, which it returns.
-    async fn start(&mut self, kind: Kind) -> Result<String> {
-        let args = self.args(kind);
-        self.sup.start(kind, args).await
-    }
+    pub const PROVIDER: Process = Process::new("provider", "provider");
+    pub const RELAY: Process = Process::new("relay", "relay");
+    pub const REPORTING: Process = Process::new("reporting", "reporting consumer");
+    pub const CAPTURE: Process = Process::new("capture", "capture worker");
+    pub const PAYMENTS: Process = Process::new("payments", "payments API");
+    /// The processes killed in the middle, in the order of a round.
+    pub const KILLED: [Process; 4] = [PAYMENTS, RELAY, REPORTING, CAPTURE];
 }
 
 /// Runs the story; the exit status is 1 when a check failed.
@@ -141,34 +82,21 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     )?;
     let pid = std::process::id();
     let name = format!("r{pid}");
-    let topology = Topology::new("fintech", AGGREGATE, &name, true)?;
-    let payments_db = format!("fintech_{pid}_payments");
-    let reporting_db = format!("fintech_{pid}_reporting");
-    let broker = outbox::brokers().find(&args.broker_url)?.name;
+    let topology = crate::topology::topology(&name, true)?;
+    let names = [PAYMENTS.name, REPORTING.name].map(|db| format!("fintech_{pid}_{db}"));
+    // An unknown broker is refused here, before anything is created.
+    outbox::brokers().find(&args.broker_url)?;
     println!(
         "fintech run ({} mode): {} payments from {} clients, {} round(s) of kills",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
-    let sandbox = Sandbox::create(
-        &args.database_url,
-        &[payments_db.clone(), reporting_db.clone()],
-        &args.broker_url,
-        broker,
-        &topology,
-    )
-    .await?;
-    let payments_url = sandbox.url(&payments_db)?;
-    let reporting_url = sandbox.url(&reporting_db)?;
+    let sandbox = Sandbox::create(&args.database_url, &names, &args.broker_url, &topology).await?;
+    let urls = [sandbox.url(&names[0])?, sandbox.url(&names[1])?];
 
-    let result = story(&args, &plan, &topology, &payments_url, &reporting_url).await;
+    let result = story(&args, &plan, &topology, &urls).await;
 
-    if args.keep {
-        println!("kept: databases {payments_db}, {reporting_db}; broker objects of {name}");
-    } else {
-        sandbox
-            .remove(&[REPORTING_CONSUMER, CAPTURE_CONSUMER])
-            .await;
-    }
+    let consumers = [REPORTING_CONSUMER, CAPTURE_CONSUMER];
+    sandbox.keep_or_remove(args.keep, &name, &consumers).await;
     result
 }
 
@@ -177,104 +105,70 @@ async fn story(
     args: &RunArgs,
     plan: &Plan,
     topology: &Topology,
-    payments_url: &str,
-    reporting_url: &str,
+    urls: &[String; 2],
 ) -> Result<ExitCode> {
-    let payments = crate::db::connect(payments_url, 4).await?;
-    let reporting = crate::db::connect(reporting_url, 4).await?;
-    crate::db::migrate_payments(&payments).await?;
-    crate::db::migrate_reporting(&reporting).await?;
-
-    let sup = Supervisor::for_run("fintech")?;
-    let mut cluster = Cluster {
-        sup,
-        common: vec![
-            "--payments-url".into(),
-            payments_url.into(),
-            "--reporting-url".into(),
-            reporting_url.into(),
-            "--broker-url".into(),
-            args.broker_url.clone(),
-            "--name".into(),
-            topology.name().to_owned(),
-            "--fast".into(),
-        ],
-        provider_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        api_addr: free_addr()?,
-    };
-    let result = drive(&mut cluster, plan, &payments, &reporting).await;
-    cluster.sup.stop().await;
+    let payments = crate::db::connect(&urls[0], 4).await?;
+    let reporting = crate::db::connect(&urls[1], 4).await?;
+    PAYMENTS.migrate(&payments).await?;
+    REPORTING.migrate(&reporting).await?;
+    let databases = [
+        ("--payments-url", urls[0].as_str()),
+        ("--reporting-url", &urls[1]),
+    ];
+    let common = service_args(&databases, &args.broker_url, topology);
+    let exit = Supervisor::supervise("fintech", async |sup: &mut Supervisor| {
+        drive(sup, plan, common, &payments, &reporting).await
+    })
+    .await;
     payments.close().await;
     reporting.close().await;
-    let checks = result?;
-    Ok(support::table::conclude(&checks, cluster.sup.dir()))
+    exit
 }
 
-/// Starts the processes, runs the load with the kills, waits for the drain, and returns the
-/// checks.
+/// Starts the processes with the options `common`, runs the load with the kills, waits for
+/// the drain, and returns the checks.
 async fn drive(
-    cluster: &mut Cluster,
+    sup: &mut Supervisor,
     plan: &Plan,
-    payments: &sqlx::PgPool,
-    reporting: &sqlx::PgPool,
-) -> Result<Vec<support::table::Check>> {
-    let line = cluster.start(Kind::Provider).await?;
-    cluster.provider_addr = line
+    common: Vec<String>,
+    payments: &PgPool,
+    reporting: &PgPool,
+) -> Result<Vec<Check>> {
+    let api_addr = free_addr()?;
+    // Port 0: the provider announces the port it got (`listening on http://ADDR`).
+    let provider = child_args(&["--listen", "127.0.0.1:0"], &[]);
+    let line = sup.start(process::PROVIDER, provider).await?;
+    let provider_addr: SocketAddr = line
         .strip_prefix("listening on http://")
         .and_then(|a| a.parse().ok())
         .with_context(|| format!("the provider announced no address: `{line}`"))?;
+    let provider_url = format!("http://{provider_addr}");
     // The relay first: it creates the NATS stream / RabbitMQ exchange the consumers bind to.
-    for kind in [Kind::Relay, Kind::Reporting, Kind::Capture, Kind::Payments] {
-        cluster.start(kind).await?;
-    }
-    let provider_url = format!("http://{}", cluster.provider_addr);
+    sup.start(process::RELAY, common.clone()).await?;
+    sup.start(process::REPORTING, common.clone()).await?;
+    let capture = child_args(&["--provider-url", &provider_url], &common);
+    sup.start(process::CAPTURE, capture).await?;
+    let api = child_args(&["--listen", &api_addr.to_string()], &common);
+    sup.start(process::PAYMENTS, api).await?;
     let http = HttpClient::new(Duration::from_secs(3));
-    let load = Arc::new(Load::new(http.clone(), plan.load(cluster.api_addr)));
-    let report = Arc::new(Mutex::new(LoadReport::default()));
-    {
-        let mut r = LoadReport::default();
-        crate::load::probe_bad_requests(&load, &mut r).await?;
-        let mut shared = report.lock().expect("report lock");
-        *shared = r;
-    }
-    let progress = Arc::new(Progress::default());
-    let driving = tokio::spawn(crate::load::drive(
-        Arc::clone(&load),
-        Arc::clone(&progress),
-        Arc::clone(&report),
-    ));
+    let load = Arc::new(Load::new(http.clone(), plan.load(api_addr)));
+    crate::load::probe_bad_requests(&load).await?;
+    let driving = tokio::spawn(crate::load::drive(Arc::clone(&load)));
 
     // The kill schedule: evenly spread over the load, one kind after the other.
-    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.commands);
-    let kills_planned = schedule.planned() as i64;
+    let mut watch = LoadWatch::new(plan, &process::KILLED, process::PAYMENTS);
     // The slow provider: from 40% of the load until an outcome was unknown, however long that
     // takes on a loaded machine (the capture worker may be down or slow for a while), at most
     // SLOW_AT_MOST; the run fails its check if none was.
     let slow_at = plan.commands * 2 / 5;
     let mut slow: Option<Instant> = None;
     let mut slow_done = false;
-    let mut kills = 0i64;
-    let mut last_line = Instant::now();
-    loop {
-        if driving.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        cluster.sup.check_alive()?;
-        let created = progress.created.load(Ordering::Relaxed);
-        if let Some(kind) = schedule.due(created) {
-            cluster.sup.kill(kind).await?;
-            kills += 1;
-            // A consumer or worker down for a moment; the API comes back at once (its clients
-            // are retrying).
-            if kind != Kind::Payments {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            cluster.start(kind).await?;
-        }
+    let progress = &load.progress;
+    while !driving.is_finished() {
+        let created = watch.beat(sup, &progress.created).await?;
         if !slow_done && slow.is_none() && created >= slow_at {
             set_provider_delay(&http, &provider_url, 1500).await?;
-            cluster.sup.say(
+            sup.say(
                 "provider answers slower than the executor waits (1.5 s > 1 s): unknown outcomes",
             );
             slow = Some(Instant::now());
@@ -283,20 +177,19 @@ async fn drive(
             let unknown_seen = unknown_outcomes(payments).await.unwrap_or(0) > 0;
             if unknown_seen || since.elapsed() > SLOW_AT_MOST {
                 set_provider_delay(&http, &provider_url, 0).await?;
-                cluster.sup.say("provider answers at once again");
+                sup.say("provider answers at once again");
                 slow = None;
                 slow_done = true;
             }
         }
-        if last_line.elapsed() > Duration::from_secs(2) {
-            last_line = Instant::now();
-            cluster.sup.say(&format!(
+        watch.progress(sup, || {
+            format!(
                 "load: {} created, {} captured, {} requests retried",
                 progress.created.load(Ordering::Relaxed),
                 progress.captured.load(Ordering::Relaxed),
                 load.retries()
-            ));
-        }
+            )
+        });
     }
     driving.await.context("the load driver panicked")??;
     if let Some(since) = slow {
@@ -305,15 +198,11 @@ async fn drive(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         set_provider_delay(&http, &provider_url, 0).await?;
-        cluster.sup.say("provider answers at once again");
+        sup.say("provider answers at once again");
     }
     // Kills not reached (a tiny --payments): do them now, the drain still has to survive them.
-    while let Some(kind) = schedule.next_remaining() {
-        cluster.sup.kill(kind).await?;
-        kills += 1;
-        cluster.start(kind).await?;
-    }
-    cluster.sup.say(&format!(
+    watch.kill_the_rest(sup).await?;
+    sup.say(&format!(
         "load done: {} created, {} captured, {} requests retried with the same key",
         progress.created.load(Ordering::Relaxed),
         progress.captured.load(Ordering::Relaxed),
@@ -321,25 +210,22 @@ async fn drive(
     ));
 
     // Drain.
-    cluster
-        .sup
-        .wait_drained(plan.drain_timeout, &mut last_line, || async {
-            let s = Snapshot::take(payments, reporting, &http, &provider_url, false).await?;
-            Ok(s.pending())
-        })
-        .await?;
-    let snapshot = Snapshot::take(payments, reporting, &http, &provider_url, true).await?;
-    let report = report.lock().expect("report lock");
-    let facts = RunFacts {
-        kills,
-        kills_planned,
+    let pending = || async {
+        let s = Snapshot::take(payments, reporting, &http, &provider_url, false).await?;
+        Ok(s.pending())
     };
+    watch.drain(sup, plan.drain_timeout, pending).await?;
+    let snapshot = Snapshot::take(payments, reporting, &http, &provider_url, true).await?;
+    let idempotency = load.idempotency();
     println!(
         "requests retried with the same key: {}; creates whose retry was answered as a replay: {}",
-        load.retries(),
-        report.replayed_after_failure
+        idempotency.retries, idempotency.replayed_after_failure
     );
-    Ok(crate::verify::checks(&snapshot, &report, &facts))
+    let report = load.report();
+    let mut checks = crate::verify::checks(&snapshot, &report);
+    checks.extend(idempotency.checks("bad requests refused with the documented 4xx"));
+    checks.push(watch.check());
+    Ok(checks)
 }
 
 /// Longest the provider stays slow while waiting for a first unknown outcome.
@@ -362,7 +248,7 @@ async fn set_provider_delay(http: &HttpClient, provider_url: &str, ms: u64) -> R
 }
 
 /// Capture work items that are, or were, of unknown outcome.
-async fn unknown_outcomes(payments: &sqlx::PgPool) -> Result<i64> {
+async fn unknown_outcomes(payments: &PgPool) -> Result<i64> {
     let effects = outbox::postgres::PgEffects::new(crate::db::schema());
     let s = effects
         .stats(payments, Some(crate::topology::CAPTURE_KIND))

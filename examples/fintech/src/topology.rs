@@ -5,6 +5,9 @@
 //! broker: NATS stream `FINTECH_<NAME>` capturing `fintech_<name>.>`, RabbitMQ exchange
 //! `fintech_<name>` with one queue per consumer.
 
+use anyhow::Result;
+pub use support::topology::Topology;
+
 /// The aggregate type of every event of the service.
 pub const AGGREGATE: &str = "payment";
 /// Event type of a created payment (version 1).
@@ -18,4 +21,10 @@ pub const CAPTURE_CONSUMER: &str = "capture";
 /// The work-item kind of a capture at the provider.
 pub const CAPTURE_KIND: &str = "provider-capture";
 
-pub use support::topology::Topology;
+/// The topology of the deployment `name`.
+///
+/// # Errors
+/// A name that cannot be part of a subject, stream or exchange name.
+pub fn topology(name: &str, fast: bool) -> Result<Topology> {
+    Topology::new("fintech", AGGREGATE, name, fast)
+}

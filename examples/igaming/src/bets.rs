@@ -14,8 +14,10 @@
 //! (`PgOutbox::idempotency_begin`), the bet row, the intent (`PgOutbox::enqueue(&mut *tx, …)`:
 //! `BetAccepted` or `BetSettled`) and the stored answer (`idempotency_complete`) commit together
 //! or not at all; `support::api::OutboxApi` begins and finishes that transaction, each handler
-//! writes the bet row in between. A retry with the same key replays the first answer
-//! (`Idempotent-Replayed: true`); the same key with another request is 422.
+//! writes the bet row in between. A handler's last argument, `support::api::Command`, is the
+//! request's `Idempotency-Key` and JSON body (400 when either is missing or malformed). A retry
+//! with the same key replays the first answer (`Idempotent-Replayed: true`); the same key with
+//! another request is 422.
 //!
 //! The settlement's version comes from the bet's own row: `UPDATE bets SET status = …,
 //! version = version + 1 … WHERE status = 'accepted' RETURNING version`. The row lock orders a
@@ -27,17 +29,18 @@ use std::net::SocketAddr;
 
 use anyhow::Result;
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use outbox::{NewMessage, Payload};
+use outbox::consumer::HandlerError;
+use outbox::{IncomingEvent, NewMessage, Payload};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use support::api::{
-    ApiError, Begun, OutboxApi, error, idempotency_key, parse_body, stored, unavailable,
-};
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use support::api::{ApiError, Begun, Command, OutboxApi, error, internal, stored, unavailable};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
@@ -73,6 +76,28 @@ pub struct BetEvent {
 }
 
 impl BetEvent {
+    /// Decodes a bet event's payload; one that does not decode never will (permanent).
+    ///
+    /// # Errors
+    /// [`HandlerError::Permanent`] for an unknown schema version or a malformed payload.
+    pub fn decode(event: &IncomingEvent) -> Result<Self, HandlerError> {
+        support::consumer::decode(event, "bet event")
+    }
+
+    /// `query` with the bet's id, player, market, stake and odds bound as `$1` to `$5`: the
+    /// columns a new bet writes, in the bets database and in the history.
+    pub fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(&self.id)
+            .bind(&self.player)
+            .bind(&self.market)
+            .bind(self.stake)
+            .bind(self.odds_x100 as i32)
+    }
+
     /// The integration event of this bet at `version`.
     ///
     /// # Errors
@@ -98,8 +123,7 @@ pub fn payout_of(stake: i64, odds_x100: i64) -> i64 {
 /// # Errors
 /// The database is unreachable or not migrated, or the address cannot be bound.
 pub async fn serve(common: &Common, listen: SocketAddr, shutdown: CancellationToken) -> Result<()> {
-    let pool = crate::db::connect(&common.bets_url, 16).await?;
-    crate::db::check(&pool, "public.bets").await?;
+    let pool = crate::db::open(&crate::db::BETS, &common.bets_url, 16).await?;
     let router = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/bets", post(place_bet))
@@ -159,11 +183,8 @@ fn bet_body(bet: &BetEvent, status: &str, version: i64) -> Value {
 /// `POST /bets`: the bet row and `BetAccepted` (version 1) in one transaction.
 async fn place_bet(
     State(app): State<OutboxApi>,
-    headers: HeaderMap,
-    body: Bytes,
+    Command { key, body: req }: Command<PlaceBet>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
-    let req: PlaceBet = parse_body(&headers, &body)?;
     if req.stake <= 0 {
         return Err(unprocessable(format!(
             "stake must be a positive number of minor units, got {}",
@@ -197,23 +218,16 @@ async fn place_bet(
         outcome: None,
         payout: None,
     };
-    sqlx::query(
+    bet.bind(sqlx::query(
         "INSERT INTO bets (id, player, market, stake, odds_x100, status, version) \
          VALUES ($1, $2, $3, $4, $5, 'accepted', 1)",
-    )
-    .bind(&bet.id)
-    .bind(&bet.player)
-    .bind(&bet.market)
-    .bind(bet.stake)
-    .bind(odds_x100 as i32)
+    ))
     .execute(&mut *tx)
     .await
     .map_err(unavailable)?;
-    let intent = bet
-        .message(1, BET_ACCEPTED)
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let intent = bet.message(1, BET_ACCEPTED).map_err(internal)?;
     let response = stored(StatusCode::CREATED, bet_body(&bet, "accepted", 1));
-    app.finish(tx, &intent, SCOPE_PLACE, &key, response).await
+    app.finish(tx, &intent, response).await
 }
 
 /// `POST /bets/{id}/settle`: the bet's state and `BetSettled` (the row's next version) in one
@@ -221,11 +235,8 @@ async fn place_bet(
 async fn settle_bet(
     State(app): State<OutboxApi>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    Command { key, body: req }: Command<SettleBet>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
-    let req: SettleBet = parse_body(&headers, &body)?;
     if req.outcome != "won" && req.outcome != "lost" {
         return Err(unprocessable(format!(
             "outcome must be `won` or `lost`, got `{}`",
@@ -274,11 +285,9 @@ async fn settle_bet(
         outcome: Some(req.outcome.clone()),
         payout: Some(payout),
     };
-    let intent = bet
-        .message(version, BET_SETTLED)
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let intent = bet.message(version, BET_SETTLED).map_err(internal)?;
     let response = stored(StatusCode::OK, bet_body(&bet, &req.outcome, version));
-    app.finish(tx, &intent, SCOPE_SETTLE, &key, response).await
+    app.finish(tx, &intent, response).await
 }
 
 /// A bet as `GET /bets/{id}` reads it.

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use outbox::{Fingerprint, OutboxMessage, Payload, Transport};
+use outbox::{OutboxMessage, Payload, Transport};
 use sqlx::PgPool;
 
 use crate::bets::BetEvent;
@@ -88,7 +88,7 @@ pub async fn inject(
         aggregate_version: version,
         event_type: BET_SETTLED.into(),
         schema_version: 1,
-        fingerprint: Fingerprint::of(&payload.bytes),
+        fingerprint: payload.fingerprint(),
         payload,
         headers: Default::default(),
         destination: None,
@@ -124,7 +124,7 @@ pub async fn inject(
     let payload = Payload::json(&settled(original_payout))?;
     let reemitted = OutboxMessage {
         event_id: uuid::Uuid::now_v7(),
-        fingerprint: Fingerprint::of(&payload.bytes),
+        fingerprint: payload.fingerprint(),
         payload,
         ..message
     };

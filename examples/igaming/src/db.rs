@@ -8,9 +8,14 @@
 //!   (`payout:<bet id>`, the **primary key**: the ledger's own dedup identity),
 //!   `ledger_entries`, the two entries of each posting (debit the house, credit the player), and
 //!   the toolkit's schema for the payout consumer's inbox.
+//!
+//! Each is migrated with the toolkit's migrations (library API) first, then the service's own
+//! tables, whose statements are in `examples/igaming/sql/` (`ServiceDatabase::migrate`).
 
 use anyhow::Result;
 use sqlx::PgPool;
+use support::database::ServiceDatabase;
+
 pub use support::database::{connect, schema};
 
 use crate::Common;
@@ -25,107 +30,53 @@ pub fn player_account(player: &str) -> String {
 
 /// The bets database. `odds_x100` holds the decimal odds in hundredths (2.50 is 250); a won
 /// bet pays `stake * odds_x100 / 100` minor units, rounded down.
-///
-/// # Errors
-/// Any database error.
-pub async fn migrate_bets(pool: &PgPool) -> Result<()> {
-    support::database::migrate(
-        pool,
-        "bets",
-        &["CREATE TABLE IF NOT EXISTS bets (
-             id          text        PRIMARY KEY,
-             player      text        NOT NULL,
-             market      text        NOT NULL,
-             stake       bigint      NOT NULL CHECK (stake > 0),
-             odds_x100   integer     NOT NULL CHECK (odds_x100 > 100),
-             status      text        NOT NULL CHECK (status IN ('accepted', 'won', 'lost')),
-             payout      bigint,
-             version     bigint      NOT NULL,
-             accepted_at timestamptz NOT NULL DEFAULT now(),
-             settled_at  timestamptz
-         )"],
-    )
-    .await
-}
+pub const BETS: ServiceDatabase = ServiceDatabase {
+    name: "bets",
+    tables: &[("bets", include_str!("../sql/bets.sql"))],
+};
 
 /// The history database.
-///
-/// # Errors
-/// Any database error.
-pub async fn migrate_history(pool: &PgPool) -> Result<()> {
-    support::database::migrate(
-        pool,
-        "history",
-        &[
-            "CREATE TABLE IF NOT EXISTS bet_history (
-                 bet_id     text        PRIMARY KEY,
-                 player     text        NOT NULL,
-                 market     text        NOT NULL,
-                 stake      bigint      NOT NULL,
-                 odds_x100  integer     NOT NULL,
-                 state      text        NOT NULL,
-                 payout     bigint      NOT NULL DEFAULT 0,
-                 events     integer     NOT NULL,
-                 updated_at timestamptz NOT NULL DEFAULT now()
-             )",
-            "CREATE TABLE IF NOT EXISTS player_totals (
-                 player     text   PRIMARY KEY,
-                 bets       bigint NOT NULL,
-                 staked     bigint NOT NULL,
-                 won        bigint NOT NULL,
-                 paid_out   bigint NOT NULL
-             )",
-        ],
-    )
-    .await
-}
+pub const HISTORY: ServiceDatabase = ServiceDatabase {
+    name: "history",
+    tables: &[
+        ("bet_history", include_str!("../sql/bet_history.sql")),
+        ("player_totals", include_str!("../sql/player_totals.sql")),
+    ],
+};
 
-/// The ledger database.
-///
-/// # Errors
-/// Any database error.
-pub async fn migrate_ledger(pool: &PgPool) -> Result<()> {
-    support::database::migrate(
-        pool,
-        "ledger",
-        &[
-            // The business key is the posting's identity: a second posting of one bet's payout
-            // is refused here, whatever event (or event id) carried it.
-            "CREATE TABLE IF NOT EXISTS ledger_postings (
-                 business_key text        PRIMARY KEY,
-                 bet_id       text        NOT NULL,
-                 amount       bigint      NOT NULL CHECK (amount > 0),
-                 event_id     uuid        NOT NULL,
-                 posted_at    timestamptz NOT NULL DEFAULT now()
-             )",
-            "CREATE TABLE IF NOT EXISTS ledger_entries (
-                 id           bigserial   PRIMARY KEY,
-                 business_key text        NOT NULL REFERENCES ledger_postings (business_key),
-                 account      text        NOT NULL,
-                 side         text        NOT NULL CHECK (side IN ('debit', 'credit')),
-                 amount       bigint      NOT NULL CHECK (amount > 0),
-                 UNIQUE (business_key, side)
-             )",
-        ],
-    )
-    .await
-}
+/// The ledger database. The business key is the posting's identity: a second posting of one
+/// bet's payout is refused here, whatever event (or event id) carried it.
+pub const LEDGER: ServiceDatabase = ServiceDatabase {
+    name: "ledger",
+    tables: &[
+        (
+            "ledger_postings",
+            include_str!("../sql/ledger_postings.sql"),
+        ),
+        ("ledger_entries", include_str!("../sql/ledger_entries.sql")),
+    ],
+};
+
+/// The three databases, in the order of `Common`'s URLs (bets, history, ledger).
+pub const ALL: [ServiceDatabase; 3] = [BETS, HISTORY, LEDGER];
 
 /// Migrates the three databases of `common`.
 ///
 /// # Errors
 /// Any database error.
 pub async fn migrate_all(common: &Common) -> Result<()> {
-    migrate_bets(&connect(&common.bets_url, 2).await?).await?;
-    migrate_history(&connect(&common.history_url, 2).await?).await?;
-    migrate_ledger(&connect(&common.ledger_url, 2).await?).await?;
+    let urls = [&common.bets_url, &common.history_url, &common.ledger_url];
+    for (db, url) in ALL.iter().zip(urls) {
+        db.migrate(&connect(url, 2).await?).await?;
+    }
     Ok(())
 }
 
-/// Refuses to start a process on a database that `igaming migrate` (or `run`) did not prepare.
+/// A pool of at most `max` connections to `db` at `url`, refusing a database that
+/// `igaming migrate` (or `run`) did not prepare.
 ///
 /// # Errors
-/// The toolkit's schema is missing or from another release, or `table` is missing.
-pub async fn check(pool: &PgPool, table: &str) -> Result<()> {
-    support::database::check(pool, table, "igaming migrate").await
+/// The database is unreachable, or the toolkit's schema or the service's table is missing.
+pub async fn open(db: &ServiceDatabase, url: &str, max: u32) -> Result<PgPool> {
+    db.open(url, max, "igaming migrate").await
 }

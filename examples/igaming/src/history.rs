@@ -6,32 +6,18 @@
 //! consumer engine records `(history, event_id)` and runs [`History::handle`] on the same
 //! transaction, commits, then acknowledges: a redelivery is absorbed by the inbox, so the
 //! totals never count an event twice. The ordering guard `Wait` applies a bet's `BetSettled`
-//! only after its `BetAccepted`.
+//! only after its `BetAccepted`. The consumer is the library's `PgConsumer::new` with the inbox
+//! in the history database (`support::consumer::Subscription::connect`).
 
 use anyhow::Result;
 use outbox::IncomingEvent;
 use outbox::consumer::{Handler, HandlerError, OrderingGuard};
-use outbox::postgres::{PgConsumer, PgStore};
+use support::consumer::{Subscription, unknown_event_type};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
 use crate::bets::BetEvent;
 use crate::topology::{BET_ACCEPTED, BET_SETTLED, HISTORY_CONSUMER};
-
-/// Decodes a bet event's payload; one that does not decode never will (permanent).
-///
-/// # Errors
-/// [`HandlerError::Permanent`] for an unknown schema version or a malformed payload.
-pub fn decode(event: &IncomingEvent) -> Result<BetEvent, HandlerError> {
-    if event.schema_version != 1 {
-        return Err(HandlerError::permanent(format!(
-            "{} has the unknown schema version {}",
-            event.event_type, event.schema_version
-        )));
-    }
-    serde_json::from_slice(&event.payload.bytes)
-        .map_err(|e| HandlerError::permanent(format!("not a bet event: {e}")))
-}
 
 /// The projection, written on the inbox transaction.
 pub struct History;
@@ -42,18 +28,13 @@ impl Handler<sqlx::PgConnection> for History {
         tx: &mut sqlx::PgConnection,
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
-        let bet = decode(event)?;
+        let bet = BetEvent::decode(event)?;
         match event.event_type.as_str() {
             BET_ACCEPTED => {
-                sqlx::query(
+                bet.bind(sqlx::query(
                     "INSERT INTO bet_history (bet_id, player, market, stake, odds_x100, state, events) \
                      VALUES ($1, $2, $3, $4, $5, 'accepted', 1)",
-                )
-                .bind(&bet.id)
-                .bind(&bet.player)
-                .bind(&bet.market)
-                .bind(bet.stake)
-                .bind(bet.odds_x100 as i32)
+                ))
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
@@ -101,11 +82,7 @@ impl Handler<sqlx::PgConnection> for History {
                 .execute(&mut *tx)
                 .await?;
             }
-            other => {
-                return Err(HandlerError::permanent(format!(
-                    "unknown event type {other}"
-                )));
-            }
+            other => return Err(unknown_event_type(other)),
         }
         Ok(())
     }
@@ -117,18 +94,12 @@ impl Handler<sqlx::PgConnection> for History {
 /// The database or the broker is unreachable, or the database is not migrated.
 pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     let topology = common.topology()?;
-    let pool = crate::db::connect(&common.history_url, 8).await?;
-    crate::db::check(&pool, "public.bet_history").await?;
-    let source = topology
-        .connect_source(&common.broker_url, HISTORY_CONSUMER, None)
+    let pool = crate::db::open(&crate::db::HISTORY, &common.history_url, 8).await?;
+    // `Wait`: a bet's `BetSettled` is applied only after its `BetAccepted`.
+    let subscription = Subscription::all(HISTORY_CONSUMER, OrderingGuard::Wait);
+    let consumer = subscription
+        .connect(&topology, &common.broker_url, pool, History)
         .await?;
-    let consumer = PgConsumer::new(
-        PgStore::with_schema(pool, crate::db::schema()),
-        source,
-        History,
-        // `Wait`: a bet's `BetSettled` is applied only after its `BetAccepted`.
-        support::consumer::config(HISTORY_CONSUMER, OrderingGuard::Wait),
-    )?;
     support::child::serve_until_stopped("history consumer", consumer.run(shutdown)).await;
     Ok(())
 }

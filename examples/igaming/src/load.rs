@@ -8,19 +8,21 @@
 //! back identical, marked as a replay; a few bad requests must get their documented 4xx.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use anyhow::{Result, bail};
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use serde_json::{Value, json};
-use support::load::Load;
 
 /// The odds the punters pick from.
 const ODDS: [f64; 5] = [1.5, 1.91, 2.5, 3.75, 11.0];
 
-/// Counters read while the load runs (kill schedule, progress lines); the retries are counted
-/// by the [`Load`].
+/// The load of `igaming run`: its [`Progress`] and its [`LoadReport`].
+pub type Load = support::load::Load<Progress, LoadReport>;
+
+/// Counters the kill schedule and the progress lines read while the load runs (the retries,
+/// replays and bad requests are counted by the [`Load`] itself).
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Bets whose placement was answered 201.
@@ -38,99 +40,65 @@ pub struct LoadReport {
     pub won: Vec<(String, i64)>,
     /// Bets settled lost, as answered.
     pub lost: HashSet<String>,
-    /// Placements answered 201 on a retry marked as a replay: the first attempt committed but
-    /// its answer was lost.
-    pub replayed_after_failure: u64,
-    /// Replay probes sent, and those answered exactly like the first time.
-    pub replay_probes: (u64, u64),
-    /// Bad requests sent, and those refused with the documented 4xx.
-    pub bad_requests: (u64, u64),
 }
 
-/// Sends the documented bad requests; the report counts those refused as documented.
+/// Sends the documented bad requests; the load counts those refused as documented.
 ///
 /// # Errors
 /// The API cannot be reached.
-pub async fn probe_bad_requests(load: &Load, report: &mut LoadReport) -> Result<()> {
-    let (http, config) = (&load.http, &load.config);
-    let bets = format!("{}/bets", config.api);
-    let bet = json!({ "player": "p-probe", "market": "m-probe", "stake": 500, "odds": 2.0 });
+pub async fn probe_bad_requests(load: &Load) -> Result<()> {
+    let config = &load.config;
     let key = |what: &str| format!("{}-probe-{what}", config.tag);
-    let mut expect = |what: &str, got: StatusCode, expected: StatusCode| {
-        report.bad_requests.0 += 1;
-        if got == expected {
-            report.bad_requests.1 += 1;
-        } else {
-            eprintln!("probe `{what}`: expected {expected}, got {got}");
-        }
+    let (bad, unprocessable) = (StatusCode::BAD_REQUEST, StatusCode::UNPROCESSABLE_ENTITY);
+    let bet = json!({ "player": "p-probe", "market": "m-probe", "stake": 500, "odds": 2.0 });
+    let with = |field: &str, value: Value| {
+        let mut changed = bet.clone();
+        changed[field] = value;
+        changed
     };
-    let post = |url: String, k: Option<String>, body: Value| {
-        let http = http.clone();
-        async move {
-            let headers: Vec<(&str, &str)> = match &k {
-                Some(k) => vec![("idempotency-key", k.as_str())],
-                None => vec![],
-            };
-            http.send(Method::POST, &url, &headers, Some(&body)).await
-        }
-    };
-    let a = post(bets.clone(), None, bet.clone()).await?;
-    expect("no Idempotency-Key", a.status, StatusCode::BAD_REQUEST);
-    let mut zero = bet.clone();
-    zero["stake"] = json!(0);
-    let a = post(bets.clone(), Some(key("stake")), zero).await?;
-    expect("stake 0", a.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let mut odd = bet.clone();
-    odd["odds"] = json!(2.555);
-    let a = post(bets.clone(), Some(key("odds")), odd).await?;
-    expect(
-        "odds with three decimals",
-        a.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-    );
-    let mut extra = bet.clone();
-    extra["bonus"] = json!(true);
-    let a = post(bets.clone(), Some(key("field")), extra).await?;
-    expect("unknown field", a.status, StatusCode::BAD_REQUEST);
+    let bets = load.bad_requests(format!("{}/bets", config.api));
+    bets.send_without_key("no Idempotency-Key", &bet, bad)
+        .await?;
+    let zero = with("stake", json!(0));
+    bets.send("stake 0", &key("stake"), &zero, unprocessable)
+        .await?;
+    let odd = with("odds", json!(2.555));
+    let what = "odds with three decimals";
+    bets.send(what, &key("odds"), &odd, unprocessable).await?;
+    let extra = with("bonus", json!(true));
+    bets.send("unknown field", &key("field"), &extra, bad)
+        .await?;
     // The same key with another stake: 422, and the first bet stays the only one.
-    let first = post(bets.clone(), Some(key("same")), bet.clone()).await?;
-    let mut other = bet.clone();
-    other["stake"] = json!(501);
-    let second = post(bets.clone(), Some(key("same")), other).await?;
-    expect("same key, first body", first.status, StatusCode::CREATED);
-    expect(
-        "same key, other body",
-        second.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-    );
+    let created = StatusCode::CREATED;
+    let first = bets
+        .send("same key, first body", &key("same"), &bet, created)
+        .await?;
+    let other = with("stake", json!(501));
+    bets.send("same key, other body", &key("same"), &other, unprocessable)
+        .await?;
     let Some(id) = first.body["id"].as_str().map(str::to_owned) else {
         bail!("probe bet: no id in {}", first.body);
     };
-    let settle = format!("{}/bets/{id}/settle", config.api);
-    let a = post(
-        settle.clone(),
-        Some(key("maybe")),
-        json!({ "outcome": "maybe" }),
-    )
-    .await?;
-    expect(
-        "unknown outcome",
-        a.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-    );
-    let a = post(
-        settle.clone(),
-        Some(key("lost")),
-        json!({ "outcome": "lost" }),
-    )
-    .await?;
-    expect("settle lost", a.status, StatusCode::OK);
+    let settle = load.bad_requests(format!("{}/bets/{id}/settle", config.api));
+    let outcome = |outcome: &str| json!({ "outcome": outcome });
+    let (maybe, lost, won) = (outcome("maybe"), outcome("lost"), outcome("won"));
+    settle
+        .send("unknown outcome", &key("maybe"), &maybe, unprocessable)
+        .await?;
+    settle
+        .send("settle lost", &key("lost"), &lost, StatusCode::OK)
+        .await?;
     // Settled once: another settlement (another key) is refused and enqueues nothing.
-    let a = post(settle, Some(key("again")), json!({ "outcome": "won" })).await?;
-    expect("settle twice", a.status, StatusCode::CONFLICT);
-    let missing = format!("{}/bets/bet_missing/settle", config.api);
-    let a = post(missing, Some(key("missing")), json!({ "outcome": "won" })).await?;
-    expect("settle a missing bet", a.status, StatusCode::NOT_FOUND);
+    let conflict = StatusCode::CONFLICT;
+    settle
+        .send("settle twice", &key("again"), &won, conflict)
+        .await?;
+    let missing = load.bad_requests(format!("{}/bets/bet_missing/settle", config.api));
+    let not_found = StatusCode::NOT_FOUND;
+    missing
+        .send("settle a missing bet", &key("missing"), &won, not_found)
+        .await?;
+    let mut report = load.report();
     report.placed.insert(id.clone());
     report.lost.insert(id);
     Ok(())
@@ -140,24 +108,11 @@ pub async fn probe_bad_requests(load: &Load, report: &mut LoadReport) -> Result<
 ///
 /// # Errors
 /// A command kept failing for `retry_for`, or an answer broke the API's contract.
-pub async fn drive(
-    load: Arc<Load>,
-    progress: Arc<Progress>,
-    report: Arc<Mutex<LoadReport>>,
-) -> Result<()> {
-    load.run_clients(move |load, i| {
-        let (progress, report) = (Arc::clone(&progress), Arc::clone(&report));
-        async move { one_bet(&load, &progress, &report, i).await }
-    })
-    .await
+pub async fn drive(load: Arc<Load>) -> Result<()> {
+    load.run_clients(one_bet).await
 }
 
-async fn one_bet(
-    load: &Load,
-    progress: &Progress,
-    report: &Mutex<LoadReport>,
-    i: u64,
-) -> Result<()> {
+async fn one_bet(load: Arc<Load>, i: u64) -> Result<()> {
     let config = &load.config;
     let place_key = format!("{}-place-{i}", config.tag);
     let url = format!("{}/bets", config.api);
@@ -167,28 +122,11 @@ async fn one_bet(
         "stake": 100 + (i * 37) % 9900,
         "odds": ODDS[(i % ODDS.len() as u64) as usize],
     });
-    let (placed, retried) = load.command(&url, &place_key, Some(&body)).await?;
-    let id = match (placed.status, placed.body["id"].as_str()) {
-        (StatusCode::CREATED, Some(id)) => id.to_owned(),
-        _ => bail!(
-            "place {place_key}: expected 201 with an id, got {} {}",
-            placed.status,
-            placed.body
-        ),
-    };
-    progress.placed.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut r = report.lock().expect("report lock");
-        r.placed.insert(id.clone());
-        r.replayed_after_failure += u64::from(retried && placed.replayed);
-    }
+    let (id, placed) = load.create("place", &url, &place_key, &body).await?;
+    load.progress.placed.fetch_add(1, Ordering::Relaxed);
+    load.report().placed.insert(id.clone());
     if i.is_multiple_of(25) {
-        let (again, _) = load.command(&url, &place_key, Some(&body)).await?;
-        let same =
-            again.status == StatusCode::CREATED && again.replayed && again.body == placed.body;
-        let mut r = report.lock().expect("report lock");
-        r.replay_probes.0 += 1;
-        r.replay_probes.1 += u64::from(same);
+        load.replay_probe(&url, &place_key, &body, &placed).await?;
     }
     if i % 10 == 9 {
         return Ok(()); // left open: accepted, never settled
@@ -205,8 +143,8 @@ async fn one_bet(
             settled.body
         );
     }
-    progress.settled.fetch_add(1, Ordering::Relaxed);
-    let mut r = report.lock().expect("report lock");
+    load.progress.settled.fetch_add(1, Ordering::Relaxed);
+    let mut r = load.report();
     if outcome == "won" {
         let payout = settled.body["payout"].as_i64().unwrap_or(-1);
         r.won.push((id, payout));

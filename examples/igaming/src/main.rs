@@ -123,8 +123,7 @@ impl Common {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    support::child::run_main("igaming", dispatch(cli.command))
+    support::child::run_main("igaming", dispatch(Cli::parse().command))
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode> {

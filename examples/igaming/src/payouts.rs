@@ -20,10 +20,11 @@
 use anyhow::Result;
 use outbox::IncomingEvent;
 use outbox::consumer::{Handler, HandlerError, OrderingGuard};
-use outbox::postgres::{PgConsumer, PgStore};
+use support::consumer::Subscription;
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
+use crate::bets::BetEvent;
 use crate::db::{HOUSE_ACCOUNT, player_account};
 use crate::topology::{BET_SETTLED, PAYOUTS_CONSUMER};
 
@@ -45,7 +46,7 @@ impl Handler<sqlx::PgConnection> for Payouts {
             // The subscription is filtered to BetSettled; anything else is only recorded.
             return Ok(());
         }
-        let bet = crate::history::decode(event)?;
+        let bet = BetEvent::decode(event)?;
         let payout = bet.payout.unwrap_or(0);
         if bet.outcome.as_deref() != Some("won") || payout <= 0 {
             return Ok(());
@@ -96,18 +97,12 @@ impl Handler<sqlx::PgConnection> for Payouts {
 /// The database or the broker is unreachable, or the database is not migrated.
 pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     let topology = common.topology()?;
-    let pool = crate::db::connect(&common.ledger_url, 8).await?;
-    crate::db::check(&pool, "public.ledger_postings").await?;
-    let source = topology
-        .connect_source(&common.broker_url, PAYOUTS_CONSUMER, Some(BET_SETTLED))
+    let pool = crate::db::open(&crate::db::LEDGER, &common.ledger_url, 8).await?;
+    // Only version 2 of each bet arrives here: no ordering guard.
+    let subscription = Subscription::only(PAYOUTS_CONSUMER, BET_SETTLED, OrderingGuard::Off);
+    let consumer = subscription
+        .connect(&topology, &common.broker_url, pool, Payouts)
         .await?;
-    let consumer = PgConsumer::new(
-        PgStore::with_schema(pool, crate::db::schema()),
-        source,
-        Payouts,
-        // Only version 2 of each bet arrives here: no ordering guard.
-        support::consumer::config(PAYOUTS_CONSUMER, OrderingGuard::Off),
-    )?;
     support::child::serve_until_stopped("payout consumer", consumer.run(shutdown)).await;
     Ok(())
 }

@@ -14,25 +14,23 @@
 //!    the children, prints the verification table and exits non-zero if any check failed.
 //! 5. Drops the databases and deletes the broker objects of the run, unless `--keep`.
 
-use std::fmt;
-use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use sqlx::PgPool;
 use support::http_client::HttpClient;
-use support::load::Load;
 use support::run::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, ModeArgs, Plan, Sandbox};
-use support::supervise::{KillSchedule, ProcessKind, Supervisor, free_addr};
+use support::supervise::{Supervisor, child_args, free_addr, service_args};
 use support::table::Check;
+use support::watch::LoadWatch;
 
 use crate::conflict::Injected;
-use crate::load::{LoadReport, Progress};
+use crate::load::Load;
 use crate::topology::{HISTORY_CONSUMER, PAYOUTS_CONSUMER, Topology};
-use crate::verify::{RunFacts, Snapshot};
+use crate::verify::Snapshot;
 
 /// Options of `igaming run`.
 #[derive(clap::Args, Debug)]
@@ -54,70 +52,18 @@ pub struct RunArgs {
     bets: Option<u64>,
 }
 
-/// The processes of the story.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Kind {
-    Relay,
-    History,
-    Payouts,
-    Bets,
-}
+/// The processes of the story: the subcommand that runs each, and its name in messages.
+mod process {
+    use support::supervise::Process;
 
-impl Kind {
-    /// Started in this order (the relay first: it creates the stream / exchange the consumers
-    /// bind to), and killed in the middle in this order.
-    const ALL: [Kind; 4] = [Kind::Relay, Kind::History, Kind::Payouts, Kind::Bets];
-    const KILLED: [Kind; 4] = [Kind::Bets, Kind::Relay, Kind::History, Kind::Payouts];
-}
-
-impl ProcessKind for Kind {
-    fn subcommand(self) -> &'static str {
-        match self {
-            Kind::Relay => "relay",
-            Kind::History => "history",
-            Kind::Payouts => "payouts",
-            Kind::Bets => "bets",
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Relay => "relay",
-            Kind::History => "history projection",
-            Kind::Payouts => "payout consumer",
-            Kind::Bets => "bets API",
-        })
-    }
-}
-
-/// The run's children and their arguments.
-struct Cluster {
-    sup: Supervisor<Kind>,
-    /// `--bets-url … --fast`, given to every process.
-    common: Vec<String>,
-    api: SocketAddr,
-}
-
-impl Cluster {
-    async fn start(&mut self, kind: Kind) -> Result<()> {
-        let mut args = vec![kind.subcommand().to_owned()];
-        if kind == Kind::Bets {
-            args.extend(["--listen".to_owned(), self.api.to_string()]);
-        }
-        args.extend(self.common.iter().cloned());
-        self.sup.start(kind, args).await.map(drop)
-    }
-
-    /// SIGKILL, a moment down (the API comes back at once: its clients are retrying), restart.
-    async fn kill_and_restart(&mut self, kind: Kind) -> Result<()> {
-        self.sup.kill(kind).await?;
-        if kind != Kind::Bets {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        self.start(kind).await
-    }
+    pub const RELAY: Process = Process::new("relay", "relay");
+    pub const HISTORY: Process = Process::new("history", "history projection");
+    pub const PAYOUTS: Process = Process::new("payouts", "payout consumer");
+    pub const BETS: Process = Process::new("bets", "bets API");
+    /// The consumers, started after the relay (it creates the stream / exchange they bind to).
+    pub const CONSUMERS: [Process; 2] = [HISTORY, PAYOUTS];
+    /// The processes killed in the middle, in the order of a round.
+    pub const KILLED: [Process; 4] = [BETS, RELAY, HISTORY, PAYOUTS];
 }
 
 /// The three databases of a run.
@@ -138,20 +84,14 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .plan(Plan::short(300, 60.0), args.bets, "bets", "bets")?;
     let pid = std::process::id();
     let topology = crate::topology::topology(&format!("r{pid}"), true)?;
-    let names = ["bets", "history", "ledger"].map(|db| format!("igaming_{pid}_{db}"));
-    let broker = outbox::brokers().find(&args.broker_url)?.name;
+    let names = crate::db::ALL.map(|db| format!("igaming_{pid}_{}", db.name));
+    // An unknown broker is refused here, before anything is created.
+    outbox::brokers().find(&args.broker_url)?;
     println!(
         "igaming run ({} mode): {} bets from {} clients, {} round(s) of kills, one re-sent and one re-emitted event",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
-    let sandbox = Sandbox::create(
-        &args.database_url,
-        &names,
-        &args.broker_url,
-        broker,
-        &topology,
-    )
-    .await?;
+    let sandbox = Sandbox::create(&args.database_url, &names, &args.broker_url, &topology).await?;
     let urls = [
         sandbox.url(&names[0])?,
         sandbox.url(&names[1])?,
@@ -160,15 +100,11 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
 
     let result = story(&args, &plan, &topology, &urls).await;
 
-    if args.keep {
-        println!(
-            "kept: databases {}; broker objects of {}",
-            names.join(", "),
-            topology.prefix()
-        );
-    } else {
-        sandbox.remove(&[HISTORY_CONSUMER, PAYOUTS_CONSUMER]).await;
-    }
+    let consumers = [HISTORY_CONSUMER, PAYOUTS_CONSUMER];
+    let objects = topology.prefix();
+    sandbox
+        .keep_or_remove(args.keep, &objects, &consumers)
+        .await;
     result
 }
 
@@ -184,95 +120,71 @@ async fn story(
         history: crate::db::connect(&urls[1], 4).await?,
         ledger: crate::db::connect(&urls[2], 4).await?,
     };
-    crate::db::migrate_bets(&pools.bets).await?;
-    crate::db::migrate_history(&pools.history).await?;
-    crate::db::migrate_ledger(&pools.ledger).await?;
+    crate::db::BETS.migrate(&pools.bets).await?;
+    crate::db::HISTORY.migrate(&pools.history).await?;
+    crate::db::LEDGER.migrate(&pools.ledger).await?;
 
-    let sup = Supervisor::for_run("igaming")?;
-    let mut common = Vec::new();
-    for (flag, value) in [
+    let databases = [
         ("--bets-url", urls[0].as_str()),
-        ("--history-url", urls[1].as_str()),
-        ("--ledger-url", urls[2].as_str()),
-        ("--broker-url", args.broker_url.as_str()),
-        ("--name", topology.name()),
-    ] {
-        common.extend([flag.to_owned(), value.to_owned()]);
-    }
-    common.push("--fast".to_owned());
-    let mut cluster = Cluster {
-        sup,
-        common,
-        api: free_addr()?,
-    };
-    let result = drive(&mut cluster, plan, args, topology, &pools).await;
-    cluster.sup.stop().await;
+        ("--history-url", &urls[1]),
+        ("--ledger-url", &urls[2]),
+    ];
+    let common = service_args(&databases, &args.broker_url, topology);
+    let exit = Supervisor::supervise("igaming", async |sup: &mut Supervisor| {
+        drive(sup, plan, common, &args.broker_url, topology, &pools).await
+    })
+    .await;
     for pool in [&pools.bets, &pools.history, &pools.ledger] {
         pool.close().await;
     }
-    let checks = result?;
-    Ok(support::table::conclude(&checks, cluster.sup.dir()))
+    exit
 }
 
-/// Starts the processes, runs the load with the kills and the conflict, waits for the drain,
-/// and returns the checks.
+/// Starts the processes with the options `common`, runs the load with the kills and the
+/// conflict, waits for the drain, and returns the checks.
 async fn drive(
-    cluster: &mut Cluster,
+    sup: &mut Supervisor,
     plan: &Plan,
-    args: &RunArgs,
+    common: Vec<String>,
+    broker_url: &str,
     topology: &Topology,
     pools: &Pools,
 ) -> Result<Vec<Check>> {
-    for kind in Kind::ALL {
-        cluster.start(kind).await?;
+    let api = free_addr()?;
+    sup.start(process::RELAY, common.clone()).await?;
+    for consumer in process::CONSUMERS {
+        sup.start(consumer, common.clone()).await?;
     }
+    let bets = child_args(&["--listen", &api.to_string()], &common);
+    sup.start(process::BETS, bets).await?;
     let http = HttpClient::new(Duration::from_secs(3));
-    let load = Arc::new(Load::new(http, plan.load(cluster.api)));
-    let mut first = LoadReport::default();
-    crate::load::probe_bad_requests(&load, &mut first).await?;
-    let report = Arc::new(Mutex::new(first));
-    let progress = Arc::new(Progress::default());
-    let driving = tokio::spawn(crate::load::drive(
-        Arc::clone(&load),
-        Arc::clone(&progress),
-        Arc::clone(&report),
-    ));
+    let load = Arc::new(Load::new(http, plan.load(api)));
+    crate::load::probe_bad_requests(&load).await?;
+    let driving = tokio::spawn(crate::load::drive(Arc::clone(&load)));
 
-    let mut schedule = KillSchedule::new(&Kind::KILLED, plan.kill_rounds, plan.commands);
-    let kills_planned = schedule.planned() as i64;
-    let mut kills = 0i64;
+    let mut watch = LoadWatch::new(plan, &process::KILLED, process::BETS);
     // The re-send: from 60% of the load, as soon as a payout is in the ledger.
     let inject_at = plan.commands * 3 / 5;
     let mut injected: Option<Injected> = None;
-    let mut last_line = Instant::now();
+    let progress = &load.progress;
     while !driving.is_finished() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        cluster.sup.check_alive()?;
-        let placed = progress.placed.load(Ordering::Relaxed);
-        if let Some(kind) = schedule.due(placed) {
-            cluster.kill_and_restart(kind).await?;
-            kills += 1;
-        }
+        let placed = watch.beat(sup, &progress.placed).await?;
         if injected.is_none() && placed >= inject_at {
-            injected = try_inject(cluster, args, topology, pools).await?;
+            injected = try_inject(sup, broker_url, topology, pools).await?;
         }
-        if last_line.elapsed() > Duration::from_secs(2) {
-            last_line = Instant::now();
-            cluster.sup.say(&format!(
+        watch.progress(sup, || {
+            format!(
                 "load: {} bets placed, {} settled, {} requests retried",
                 placed,
                 progress.settled.load(Ordering::Relaxed),
                 load.retries()
-            ));
-        }
+            )
+        });
     }
     driving.await.context("the load driver panicked")??;
     // Kills not reached (a tiny --bets): now; the drain still has to survive them.
-    while let Some(kind) = schedule.next_remaining() {
-        cluster.kill_and_restart(kind).await?;
-        kills += 1;
-    }
-    cluster.sup.say(&format!(
+    watch.kill_the_rest(sup).await?;
+    sup.say(&format!(
         "load done: {} bets placed, {} settled, {} requests retried with the same key",
         progress.placed.load(Ordering::Relaxed),
         progress.settled.load(Ordering::Relaxed),
@@ -287,36 +199,20 @@ async fn drive(
             bail!("no payout reached the ledger: nothing to re-send");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        injected = try_inject(cluster, args, topology, pools).await?;
+        injected = try_inject(sup, broker_url, topology, pools).await?;
     };
 
-    cluster
-        .sup
-        .wait_drained(plan.drain_timeout, &mut last_line, || async {
-            let s = Snapshot::take(
-                &pools.bets,
-                &pools.history,
-                &pools.ledger,
-                Some(&injected),
-                false,
-            )
-            .await?;
-            Ok(s.pending(Some(&injected)))
-        })
-        .await?;
-    let snapshot = Snapshot::take(
-        &pools.bets,
-        &pools.history,
-        &pools.ledger,
-        Some(&injected),
-        true,
-    )
-    .await?;
-    let report = report.lock().expect("report lock");
+    let (bets, history, ledger) = (&pools.bets, &pools.history, &pools.ledger);
+    let pending = || async {
+        let s = Snapshot::take(bets, history, ledger, Some(&injected), false).await?;
+        Ok(s.pending(Some(&injected)))
+    };
+    watch.drain(sup, plan.drain_timeout, pending).await?;
+    let snapshot = Snapshot::take(bets, history, ledger, Some(&injected), true).await?;
+    let idempotency = load.idempotency();
     println!(
         "requests retried with the same key: {}; placements whose retry was answered as a replay: {}",
-        load.retries(),
-        report.replayed_after_failure
+        idempotency.retries, idempotency.replayed_after_failure
     );
     println!(
         "re-sent event {} (bet {}): payout {} instead of {}; the ledger kept {}",
@@ -326,25 +222,25 @@ async fn drive(
         injected.original_payout,
         snapshot.payouts.get(&injected.bet_id).copied().unwrap_or(0)
     );
-    let facts = RunFacts {
-        kills: (kills, kills_planned),
-    };
-    Ok(crate::verify::checks(&snapshot, &report, &injected, &facts))
+    let report = load.report();
+    let mut checks = crate::verify::checks(&snapshot, &report, &injected);
+    checks.extend(idempotency.checks("probe requests answered as documented (4xx, 409, 422)"));
+    checks.push(watch.check());
+    Ok(checks)
 }
 
 /// The conflict injection, once a payout is in the ledger; `None` before.
 async fn try_inject(
-    cluster: &Cluster,
-    args: &RunArgs,
+    sup: &Supervisor,
+    broker_url: &str,
     topology: &Topology,
     pools: &Pools,
 ) -> Result<Option<Injected>> {
-    let say = |m: &str| cluster.sup.say(m);
+    let say = |m: &str| sup.say(m);
     let injected =
-        crate::conflict::inject(&args.broker_url, topology, &pools.bets, &pools.ledger, say)
-            .await?;
+        crate::conflict::inject(broker_url, topology, &pools.bets, &pools.ledger, say).await?;
     if let Some(i) = &injected {
-        cluster.sup.say(&format!(
+        sup.say(&format!(
             "re-sent BetSettled {} of bet {} with payout {} (was {}) to the broker, same event id{}",
             i.event_id,
             i.bet_id,
@@ -355,7 +251,7 @@ async fn try_inject(
                 n => format!(" (the broker dropped {n} earlier attempt(s) as duplicates)"),
             }
         ));
-        cluster.sup.say(&format!(
+        sup.say(&format!(
             "re-emitted the same settlement of bet {} under a new event id {}",
             i.bet_id, i.reemitted_event_id
         ));

@@ -1,7 +1,7 @@
-//! HTTP plumbing of an example's axum API with request idempotency: error answers, the
-//! `Idempotency-Key` header, JSON bodies, answers stored under a key and replayed, and the
-//! frame of a command's one transaction ([`OutboxApi`]): begun with the key's record
-//! (`PgOutbox::idempotency_begin`, mapped to HTTP), ended with the outbox intent
+//! HTTP plumbing of an example's axum API with request idempotency: error answers, a command's
+//! `Idempotency-Key` header and JSON body ([`Command`]), answers stored under a key and
+//! replayed, and the frame of a command's one transaction ([`OutboxApi`]): begun with the key's
+//! record (`PgOutbox::idempotency_begin`, mapped to HTTP), ended with the outbox intent
 //! (`PgOutbox::enqueue` on the same transaction), the stored answer (`idempotency_complete`),
 //! the commit and a wake-up for the relays.
 //!
@@ -9,15 +9,18 @@
 //! which payload and version) stays in each example's handlers.
 
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use outbox::postgres::{IdempotencyBegin, IdempotencyError, PgOutbox, RelayWaker};
 use outbox::{Fingerprint, NewMessage};
 use serde_json::{Value, json};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tracing::warn;
 
 /// Longest accepted `Idempotency-Key`.
@@ -45,6 +48,11 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
         status,
         message: message.into(),
     }
+}
+
+/// A failure of the service itself (such as a payload that cannot be serialised): 500.
+pub fn internal(e: impl std::fmt::Display) -> ApiError {
+    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
 /// A database failure: 503, so the client retries (with the same key).
@@ -122,6 +130,36 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A command's request, the last argument of its handler (an axum extractor): its
+/// `Idempotency-Key` ([`idempotency_key`]) and its JSON body ([`parse_body`]), checked in that
+/// order once the body is read. A request without them is refused with the 4xx of
+/// [`idempotency_key`] or [`parse_body`].
+#[derive(Debug)]
+pub struct Command<T> {
+    /// The request's idempotency key.
+    pub key: String,
+    /// The request's body.
+    pub body: T,
+}
+
+impl<S, T> FromRequest<S> for Command<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let key = idempotency_key(&headers).map_err(IntoResponse::into_response)?;
+        let body = parse_body(&headers, &body).map_err(IntoResponse::into_response)?;
+        Ok(Self { key, body })
+    }
+}
+
 /// What the handlers of an example's command API share (its axum state): the service's own
 /// database, its outbox on the toolkit's schema, and the relay waker. Cheap to clone.
 #[derive(Clone)]
@@ -135,10 +173,34 @@ pub struct OutboxApi {
 /// How a command begins ([`OutboxApi::begin`]).
 pub enum Begun {
     /// A new request: the command's transaction, with the key recorded in it.
-    New(Transaction<'static, Postgres>),
+    New(CommandTx),
     /// The key already answered this request: the first answer, replayed
     /// (`Idempotent-Replayed: true`).
     Replay(Response),
+}
+
+/// A command's transaction, begun with the record of its idempotency key
+/// ([`OutboxApi::begin`]): the handler writes its business rows on it (`&mut *tx`, the
+/// transaction's `PgConnection`), then [`OutboxApi::finish`] ends it. Dropped without `finish`
+/// (a refusal, an error), it rolls back: nothing is stored under the key.
+pub struct CommandTx {
+    tx: Transaction<'static, Postgres>,
+    scope: &'static str,
+    key: String,
+}
+
+impl Deref for CommandTx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for CommandTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
 }
 
 impl OutboxApi {
@@ -161,7 +223,12 @@ impl OutboxApi {
     ///
     /// # Errors
     /// The 422 of a key reused with another request, or the 503 of a database error.
-    pub async fn begin(&self, scope: &str, key: &str, request: &Value) -> Result<Begun, ApiError> {
+    pub async fn begin(
+        &self,
+        scope: &'static str,
+        key: &str,
+        request: &Value,
+    ) -> Result<Begun, ApiError> {
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
         let fingerprint = Fingerprint::of(request.to_string().as_bytes());
         match self
@@ -169,7 +236,11 @@ impl OutboxApi {
             .idempotency_begin(&mut tx, scope, key, fingerprint)
             .await
         {
-            Ok(IdempotencyBegin::New) => Ok(Begun::New(tx)),
+            Ok(IdempotencyBegin::New) => Ok(Begun::New(CommandTx {
+                tx,
+                scope,
+                key: key.to_owned(),
+            })),
             Ok(IdempotencyBegin::Replay(first)) => Ok(Begun::Replay(answer(&first, true))),
             Err(IdempotencyError::Conflict { .. }) => Err(error(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -179,8 +250,8 @@ impl OutboxApi {
         }
     }
 
-    /// Ends a command begun with `key` under `scope`: the outbox intent on the command's
-    /// transaction (`PgOutbox::enqueue(&mut *tx, …)`), `response` stored under the key
+    /// Ends the command of `tx`: the outbox intent on its transaction
+    /// (`PgOutbox::enqueue(&mut *tx, …)`), `response` stored under its key
     /// (`idempotency_complete`, made with [`stored`]), commit, a wake-up for the relays. The
     /// business rows written on `tx` commit with them or not at all. Returns the answer.
     ///
@@ -188,18 +259,17 @@ impl OutboxApi {
     /// The 503 of a database error (nothing committed: the client retries with the same key).
     pub async fn finish(
         &self,
-        mut tx: Transaction<'static, Postgres>,
+        tx: CommandTx,
         intent: &NewMessage,
-        scope: &str,
-        key: &str,
         response: Value,
     ) -> Result<Response, ApiError> {
+        let CommandTx { mut tx, scope, key } = tx;
         self.outbox
             .enqueue(&mut *tx, intent)
             .await
             .map_err(unavailable)?;
         self.outbox
-            .idempotency_complete(&mut tx, scope, key, &response)
+            .idempotency_complete(&mut tx, scope, &key, &response)
             .await
             .map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;

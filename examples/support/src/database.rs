@@ -1,6 +1,6 @@
-//! PostgreSQL of a run: connections, the migration of a service's database and the check that a
-//! process's database was migrated, and the fresh databases of a run (created at its start,
-//! dropped at its end unless kept).
+//! PostgreSQL of a run: connections, a service's database ([`ServiceDatabase`]: its migration,
+//! and the check that a process's database was migrated), and the fresh databases of a run
+//! (created at its start, dropped at its end unless kept).
 
 use std::time::Duration;
 
@@ -63,6 +63,41 @@ pub async fn check(pool: &PgPool, table: &str, migrate: &str) -> Result<()> {
     Ok(())
 }
 
+/// A service's own database in an example: the toolkit's schema ([`OUTBOX_SCHEMA`]) and the
+/// service's tables. Each example declares its databases as constants of this type.
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceDatabase {
+    /// Its name in messages (`payments`, `ledger`), also the end of a run's database name.
+    pub name: &'static str,
+    /// The service's tables, created in turn: each its name and its statement
+    /// (`CREATE TABLE IF NOT EXISTS …`). A process looks for the first one before it starts.
+    pub tables: &'static [(&'static str, &'static str)],
+}
+
+impl ServiceDatabase {
+    /// Migrates the database of `pool` ([`migrate`]): the toolkit's schema, then the tables.
+    ///
+    /// # Errors
+    /// Any database error, naming the step that failed.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<()> {
+        let statements: Vec<&str> = self.tables.iter().map(|(_, sql)| *sql).collect();
+        migrate(pool, self.name, &statements).await
+    }
+
+    /// A pool of at most `max` connections to this database at `url`, refusing a database that
+    /// was not migrated ([`check`] of its first table in the `public` schema; `migrate` names
+    /// the command that migrates, for the message).
+    ///
+    /// # Errors
+    /// The database is unreachable ([`connect`]) or not migrated.
+    pub async fn open(&self, url: &str, max: u32, migrate: &str) -> Result<PgPool> {
+        let pool = connect(url, max).await?;
+        let first = self.tables.first().map_or("", |(table, _)| table);
+        check(&pool, &format!("public.{first}"), migrate).await?;
+        Ok(pool)
+    }
+}
+
 /// `url` with its database replaced by `name`.
 ///
 /// # Errors
@@ -114,6 +149,11 @@ impl FreshDatabases {
     /// The server URL is not a URL.
     pub fn url(&self, name: &str) -> Result<String> {
         with_database(&self.server_url, name)
+    }
+
+    /// The names of the databases, in the order created.
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     /// Drops the databases (a failure is a warning: the run's result stands).

@@ -7,15 +7,16 @@
 //! | module | what |
 //! |---|---|
 //! | [`child`] | the process side of a child: readiness line, parent watch (exit when stdin closes), logging, `main` |
-//! | [`supervise`] | the parent side: start children of `current_exe`, SIGKILL and restart them, the kill schedule, the drain deadline |
-//! | [`database`] | connections, a service database's migration and its check, fresh per-run databases and their removal |
+//! | [`supervise`] | the parent side: start children of `current_exe`, SIGKILL and restart them, the kill schedule, the drain deadline, the frame of a run's story |
+//! | [`watch`] | the watch over a run's load: children checked, kills on schedule with their restarts, progress lines, the drain |
+//! | [`database`] | connections, a service's database (its tables, its migration and the check of it), fresh per-run databases and their removal |
 //! | [`topology`] | a deployment's broker objects (NATS stream / RabbitMQ exchange and queues) and demo timings, and their removal |
 //! | [`relay`] | the toolkit's polling relay as both examples run it (the shape of `outbox relay`) |
-//! | [`consumer`] | the settings every consumer of the examples shares (batches; the ordering guard is each one's choice) |
+//! | [`consumer`] | a consumer's subscription and its construction on the library's API, the settings every consumer shares, the decoding of a payload |
 //! | [`run`] | the one-command run's mode (`--short`, `--long`), its overrides, the default services, the run's own databases and broker objects |
-//! | [`api`] | HTTP plumbing of an axum API with `Idempotency-Key`: error answers, header and body parsing, stored answers, a command's transaction begun and finished |
+//! | [`api`] | HTTP plumbing of an axum API with `Idempotency-Key`: error answers, a command's key and body, stored answers, a command's transaction begun and finished |
 //! | [`http_client`] | a small JSON-over-HTTP client for the load drivers and the verification |
-//! | [`load`] | what a load sends, concurrent clients at a rate, and the retry-with-the-same-key loop |
+//! | [`load`] | what a load sends, concurrent clients at a rate, the retry-with-the-same-key loop, the API's request idempotency checked from outside |
 //! | [`table`] | the `VERIFICATION` table: checks, printing, the exit status, and parsing it back in tests |
 //!
 //! The stories themselves (APIs, handlers, schemas, the checks) stay in each example.
@@ -32,3 +33,4 @@ pub mod run;
 pub mod supervise;
 pub mod table;
 pub mod topology;
+pub mod watch;

@@ -135,19 +135,19 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// Prints where the run keeps its state (the server of `database_url` with the databases
-    /// `names`; the broker of `broker_url`, the registry entry `broker`, with `topology`'s
-    /// stream on NATS or exchange on RabbitMQ), then creates the databases (dropped first if a
-    /// former run left them).
+    /// `names`; the broker of `broker_url`, with `topology`'s stream on NATS or exchange on
+    /// RabbitMQ), then creates the databases (dropped first if a former run left them).
     ///
     /// # Errors
-    /// The server is unreachable or the role may not create databases.
+    /// No broker of this build takes `broker_url`, the server is unreachable, or the role may
+    /// not create databases.
     pub async fn create(
         database_url: &str,
         names: &[String],
         broker_url: &str,
-        broker: &'static str,
         topology: &Topology,
     ) -> Result<Self> {
+        let broker = outbox::brokers().find(broker_url)?.name;
         println!(
             "  postgres {} (databases {})",
             outbox::secrets::redact_url(database_url),
@@ -176,6 +176,20 @@ impl Sandbox {
     /// The server URL is not a URL.
     pub fn url(&self, name: &str) -> Result<String> {
         self.databases.url(name)
+    }
+
+    /// At the run's end: keeps the databases and broker objects if `keep`, printing where they
+    /// are (`objects` names the broker objects in that line), or else removes them
+    /// ([`Sandbox::remove`], with the RabbitMQ queues of `consumers`).
+    pub async fn keep_or_remove(&self, keep: bool, objects: &str, consumers: &[&str]) {
+        if keep {
+            println!(
+                "kept: databases {}; broker objects of {objects}",
+                self.databases.names().join(", ")
+            );
+        } else {
+            self.remove(consumers).await;
+        }
     }
 
     /// Drops the run's databases and deletes its broker objects: the NATS stream, or the

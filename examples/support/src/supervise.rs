@@ -1,18 +1,19 @@
 //! The parent side of a one-command run: children of this very binary, killed and restarted.
 //!
-//! [`Supervisor`] starts each process as `current_exe <subcommand> <args>` with its log in a
+//! [`Supervisor`] starts each [`Process`] as `current_exe <subcommand> <args>` with its log in a
 //! file of the run directory, waits for its readiness line ([`crate::child::READY_LINE`], or the
-//! stand-in provider's `listening on …`), SIGKILLs it on demand, and notices a child that exited
-//! on its own. Children are `kill_on_drop` and hold a pipe on their standard input: they stop
-//! when the run ends, panics or is killed itself.
+//! stand-in provider's `listening on …`), SIGKILLs it on demand and restarts it with the same
+//! arguments, and notices a child that exited on its own. Children are `kill_on_drop` and hold a
+//! pipe on their standard input: they stop when the run ends, panics or is killed itself.
+//! [`Supervisor::supervise`] is the frame of a run's story around them: started, stopped, the
+//! verification table printed.
 
 use std::collections::HashMap;
-use std::fmt::Display;
+use std::fmt;
 use std::future::Future;
-use std::hash::Hash;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -20,11 +21,30 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::child::{PARENT_WATCH_ENV, READY_LINE};
+use crate::table::Check;
+use crate::topology::Topology;
 
-/// A kind of process of a story: its name in messages (`Display`) and its subcommand.
-pub trait ProcessKind: Copy + Eq + Hash + Display {
-    /// The subcommand of the binary that runs this process (also its log file's name).
-    fn subcommand(self) -> &'static str;
+/// A process of a story: the subcommand of the example's binary that runs it (also its log
+/// file's name) and its name in messages (`Display`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Process {
+    /// The subcommand, e.g. `reporting`.
+    pub subcommand: &'static str,
+    /// The name in messages, e.g. `reporting consumer`.
+    pub name: &'static str,
+}
+
+impl Process {
+    /// The process run by `subcommand`, called `name` in messages.
+    pub const fn new(subcommand: &'static str, name: &'static str) -> Self {
+        Self { subcommand, name }
+    }
+}
+
+impl fmt::Display for Process {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
 }
 
 /// One running child.
@@ -36,15 +56,17 @@ struct Proc {
 }
 
 /// The children of a run.
-pub struct Supervisor<K: ProcessKind> {
+pub struct Supervisor {
     exe: PathBuf,
     dir: PathBuf,
-    procs: HashMap<K, Proc>,
-    starts: HashMap<K, u32>,
+    procs: HashMap<Process, Proc>,
+    starts: HashMap<Process, u32>,
+    /// The arguments each process was last started with, for its restarts.
+    args: HashMap<Process, Vec<String>>,
     started: Instant,
 }
 
-impl<K: ProcessKind> Supervisor<K> {
+impl Supervisor {
     /// Children of this binary, with their logs in `dir` (created).
     ///
     /// # Errors
@@ -57,6 +79,7 @@ impl<K: ProcessKind> Supervisor<K> {
             dir,
             procs: HashMap::new(),
             starts: HashMap::new(),
+            args: HashMap::new(),
             started: Instant::now(),
         })
     }
@@ -73,32 +96,50 @@ impl<K: ProcessKind> Supervisor<K> {
         Ok(sup)
     }
 
+    /// The frame of the story of the one-command run of `app`: its children
+    /// ([`Supervisor::for_run`]) for `story`, which starts them, runs the load and returns the
+    /// checks; then the children are stopped ([`Supervisor::stop`]) and the verification table
+    /// printed ([`crate::table::conclude`]). Returns the run's exit status.
+    ///
+    /// # Errors
+    /// The run directory cannot be created, or `story` failed (the children are stopped first).
+    pub async fn supervise<F>(app: &str, story: F) -> Result<ExitCode>
+    where
+        F: AsyncFnOnce(&mut Supervisor) -> Result<Vec<Check>>,
+    {
+        let mut sup = Self::for_run(app)?;
+        let result = story(&mut sup).await;
+        sup.stop().await;
+        Ok(crate::table::conclude(&result?, sup.dir()))
+    }
+
     /// The run directory (the children's logs).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// Starts `kind` with `args` (the subcommand included) and waits for its readiness line,
-    /// which it returns.
+    /// Starts `process` (`current_exe <subcommand> <args>`) and waits for its readiness line,
+    /// which it returns. [`Supervisor::restart`] starts it again with the same `args`.
     ///
     /// # Errors
     /// The child cannot be started, exited before it was ready, or was not ready within 30 s
     /// (the error holds the end of its log).
-    pub async fn start(&mut self, kind: K, args: Vec<String>) -> Result<String> {
-        let n = self.starts.entry(kind).or_insert(0);
+    pub async fn start(&mut self, process: Process, args: Vec<String>) -> Result<String> {
+        let n = self.starts.entry(process).or_insert(0);
         *n += 1;
-        let log = self.dir.join(format!("{}-{}.log", kind.subcommand(), n));
+        let log = self.dir.join(format!("{}-{}.log", process.subcommand, n));
         let file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create {}", log.display()))?;
         let mut child = Command::new(&self.exe)
-            .args(args)
+            .arg(process.subcommand)
+            .args(&args)
             .env(PARENT_WATCH_ENV, "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(file))
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("cannot start the {kind}"))?;
+            .with_context(|| format!("cannot start the {process}"))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().context("no stdout")?;
         let mut lines = BufReader::new(stdout).lines();
@@ -114,12 +155,12 @@ impl<K: ProcessKind> Supervisor<K> {
         let line = match ready {
             Ok(Ok(Some(line))) => line,
             Ok(Ok(None)) | Ok(Err(_)) => bail!(
-                "the {kind} exited before it was ready; its log: {}\n{}",
+                "the {process} exited before it was ready; its log: {}\n{}",
                 log.display(),
                 tail(&log)
             ),
             Err(_) => bail!(
-                "the {kind} was not ready within 30 s; its log: {}\n{}",
+                "the {process} was not ready within 30 s; its log: {}\n{}",
                 log.display(),
                 tail(&log)
             ),
@@ -127,22 +168,35 @@ impl<K: ProcessKind> Supervisor<K> {
         // Keep reading stdout so the child never blocks on it.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let pid = child.id().unwrap_or(0);
-        self.say(&format!("started {kind} (pid {pid})"));
-        self.procs.insert(kind, Proc { child, stdin, log });
+        self.say(&format!("started {process} (pid {pid})"));
+        self.procs.insert(process, Proc { child, stdin, log });
+        self.args.insert(process, args);
         Ok(line)
     }
 
-    /// SIGKILLs `kind` (no chance to finish anything) and waits for it to be gone.
+    /// Starts `process` again with the arguments of its last [`Supervisor::start`] (after a
+    /// [`Supervisor::kill`]).
     ///
     /// # Errors
-    /// `kind` is not running, or had already exited (the error holds the end of its log).
-    pub async fn kill(&mut self, kind: K) -> Result<()> {
-        let Some(mut p) = self.procs.remove(&kind) else {
-            bail!("the {kind} is not running");
+    /// `process` was never started, or as [`Supervisor::start`].
+    pub async fn restart(&mut self, process: Process) -> Result<String> {
+        let Some(args) = self.args.get(&process).cloned() else {
+            bail!("the {process} was never started");
+        };
+        self.start(process, args).await
+    }
+
+    /// SIGKILLs `process` (no chance to finish anything) and waits for it to be gone.
+    ///
+    /// # Errors
+    /// `process` is not running, or had already exited (the error holds the end of its log).
+    pub async fn kill(&mut self, process: Process) -> Result<()> {
+        let Some(mut p) = self.procs.remove(&process) else {
+            bail!("the {process} is not running");
         };
         if let Ok(Some(status)) = p.child.try_wait() {
             bail!(
-                "the {kind} had already exited ({status}); its log: {}\n{}",
+                "the {process} had already exited ({status}); its log: {}\n{}",
                 p.log.display(),
                 tail(&p.log)
             );
@@ -150,7 +204,7 @@ impl<K: ProcessKind> Supervisor<K> {
         let pid = p.child.id().unwrap_or(0);
         p.child.start_kill().context("cannot kill")?; // SIGKILL on Unix
         p.child.wait().await?;
-        self.say(&format!("SIGKILLed {kind} (pid {pid})"));
+        self.say(&format!("SIGKILLed {process} (pid {pid})"));
         Ok(())
     }
 
@@ -159,10 +213,10 @@ impl<K: ProcessKind> Supervisor<K> {
     /// # Errors
     /// The first child found exited, with the end of its log.
     pub fn check_alive(&mut self) -> Result<()> {
-        for (kind, p) in &mut self.procs {
+        for (process, p) in &mut self.procs {
             if let Ok(Some(status)) = p.child.try_wait() {
                 bail!(
-                    "the {kind} exited on its own ({status}); its log: {}\n{}",
+                    "the {process} exited on its own ({status}); its log: {}\n{}",
                     p.log.display(),
                     tail(&p.log)
                 );
@@ -287,6 +341,40 @@ pub fn tail(path: &Path) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let from = lines.len().saturating_sub(15);
     lines[from..].join("\n")
+}
+
+/// The options of an example's service processes (its `Common` options) in a run: the
+/// `databases` (`("--payments-url", url)`, …), then `--broker-url <broker_url> --name <the
+/// deployment's name> --fast`.
+pub fn service_args(
+    databases: &[(&str, &str)],
+    broker_url: &str,
+    topology: &Topology,
+) -> Vec<String> {
+    let mut args = Vec::new();
+    for (flag, value) in databases {
+        args.extend([flag.to_string(), value.to_string()]);
+    }
+    args.extend(
+        [
+            "--broker-url",
+            broker_url,
+            "--name",
+            topology.name(),
+            "--fast",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// A child's arguments: `flags` (`--flag`, `value`, …), then `common`.
+pub fn child_args(flags: &[&str], common: &[String]) -> Vec<String> {
+    flags
+        .iter()
+        .map(|f| f.to_string())
+        .chain(common.iter().cloned())
+        .collect()
 }
 
 /// A free local port (bound, then released for a child, which binds it again after each
