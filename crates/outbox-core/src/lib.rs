@@ -27,6 +27,7 @@
 
 mod backoff;
 pub mod broker;
+pub mod claim_window;
 pub mod consumer;
 pub mod crash;
 pub mod effect;

@@ -53,7 +53,6 @@ pub mod session;
 mod sql;
 mod store;
 mod version;
-mod window;
 
 pub use connect::{ConnectError, URL_RULES, connect};
 pub use consumer::PgConsumer;
@@ -71,7 +70,7 @@ pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};
 pub use version::{AggregateRow, AggregateRowError, InvalidAggregateRow};
-pub use window::ClaimWindow;
+pub use outbox_core::claim_window::ClaimWindow;
 
 /// The core's remote-effect executor on PostgreSQL.
 pub type PgExecutor<P> = outbox_core::effect::Executor<PgStore, P>;

@@ -46,7 +46,7 @@ pub(crate) const IDEM_COMPLETE: &str = "UPDATE {s}.idempotency_keys SET response
 /// every head (taking over only an expired lease, counting the takeover: +1 while the head is
 /// the one the old lease was taken with, else 1) and the start of the result, each row with
 /// whether its route is paused (`route_paused`, [`ROUTE_PAUSED`]) and the lowest head of the
-/// claim (`first_head`, for `crate::window`). `{lease}` is the lease length parameter in
+/// claim (`first_head`, for `outbox_core::claim_window`). `{lease}` is the lease length parameter in
 /// milliseconds; `{owner}` the claiming relay's owner number (`crate::session`), or NULL for
 /// a relay without a live session. With an owner, nothing is leased unless the owner is still
 /// registered: the claim's transaction holds its lock in shared mode (`crate::session`), so no
@@ -96,7 +96,7 @@ const ACQUIRE: &str = "), token AS MATERIALIZED ( \
 /// aggregate waits. A later row of a taken run may go to a paused route; the store cuts the run
 /// before it (`route_paused`), so nothing of the aggregate passes it.
 ///
-/// With the claim window on (`crate::window`), heads are looked for from id `$6` on (`{from}`;
+/// With the claim window on (`outbox_core::claim_window`), heads are looked for from id `$6` on (`{from}`;
 /// empty when the window is off, so the statement is the one without a window); a head still
 /// needs every earlier version of its aggregate published, wherever it
 /// lies, so where the walk starts never reorders anything.
@@ -372,7 +372,7 @@ const LIVE_OR_COUNTED: &str = "AND (l.lease_until > now() OR l.takeovers > 0)";
 
 /// [`CLAIM`] with its shared part, skipping aggregates with a lease matching `live_only`;
 /// `from`: a bound on the heads' ids (`"AND e.id >= $6"` for the claim window,
-/// `crate::window`; `"AND e.id <= $6"` for a ceiling, [`PgStore::with_claim_ceiling`]), or
+/// `outbox_core::claim_window`; `"AND e.id <= $6"` for a ceiling, [`PgStore::with_claim_ceiling`]), or
 /// empty. `$5` is the owner (see [`ACQUIRE`]).
 ///
 /// [`PgStore::with_claim_ceiling`]: crate::PgStore::with_claim_ceiling
@@ -436,7 +436,7 @@ pub(crate) struct Sql {
     pub settle_requeued: Arc<str>,
     pub count_dead: Arc<str>,
     pub consumer_paused: Arc<str>,
-    /// The id after the table's last row (`crate::window`).
+    /// The id after the table's last row (`outbox_core::claim_window`).
     pub next_id: Arc<str>,
 }
 

@@ -29,7 +29,7 @@ use crate::permission::{Component, pool_role};
 use crate::schema::{RESCAN, Schema, TAKEOVER};
 use crate::session::PgSession;
 use crate::sql::Sql;
-use crate::window::{BEGINNING, ClaimWindow, Found, Window};
+use outbox_core::claim_window::{BEGINNING, ClaimWindow, Found, Window};
 
 /// What happens to a row once the broker acknowledged it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]

@@ -1,11 +1,14 @@
-//! Where the polling relay's claim starts reading the pending rows: the claim window, an
-//! option ([`crate::PgStore::with_claim_window`], `relay.claim_window = true`), off by default.
+//! Where a store's claim starts reading the pending rows: the claim window, for a store whose
+//! claim statement walks the pending rows in id order (PostgreSQL's, for example:
+//! `PgStore::with_claim_window`, `relay.claim_window = true`), an option off by default. The
+//! store runs its statement from [`Window::start`] and reports what it found
+//! ([`Window::settle`], [`Window::release`]); this module decides, and has no I/O.
 //!
 //! A claim reads the pending rows in id order and stops once it has enough heads. Rows that
 //! cannot be claimed now (a paused route's, those waiting behind a dead letter, those in
-//! backoff, those another relay holds) are read and rejected by every claim, about 2 µs each:
-//! a front of a million such rows makes each claim take seconds (BENCHMARKS.md, "A paused
-//! route's cost"), and an idle relay keeps the database busy with it.
+//! backoff, those another relay holds) are read and rejected by every claim (about 2 µs each
+//! on PostgreSQL): a front of a million such rows makes each claim take seconds (BENCHMARKS.md,
+//! "A paused route's cost"), and an idle relay keeps the database busy with it.
 //!
 //! With the window, a claim whose statement took at least [`ClaimWindow::slow_claim`] tells
 //! the next ones where to start: at its lowest head (the rows before it were all rejected), or,
@@ -16,8 +19,8 @@
 //!   [`ClaimWindow::min_rescan`] and [`ClaimWindow::max_rescan`] (such walks cost about a
 //!   tenth of the claims' time while one takes under a second, and one walk per `max_rescan`
 //!   beyond; a row below the start waits at most `max_rescan` plus one walk for them);
-//! * after an operator's requeue, discard, replay or resume (their wake-up carries `rescan`;
-//!   the store listens from its first claim on);
+//! * after an operator's requeue, discard, replay or resume (the store's wake-up calls
+//!   [`Window::rescan_now`]);
 //! * when a retry this relay scheduled comes due.
 //!
 //! The start never passes the lowest head of a claim of this store that is not settled yet: an
@@ -36,8 +39,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Settings of the claim window ([`crate::PgStore::with_claim_window`]; the module docs say
-/// what it trades).
+/// Settings of the claim window (the module docs say what it trades).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClaimWindow {
@@ -75,20 +77,20 @@ impl ClaimWindow {
 
 /// The start of a claim from the table's beginning (ids are positive, but a row may have
 /// been written with any id).
-pub(crate) const BEGINNING: i64 = i64::MIN;
+pub const BEGINNING: i64 = i64::MIN;
 
 /// What a claim found, for [`Window::settle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Found {
+pub enum Found {
     /// Heads, the lowest of them at this id.
     Heads(i64),
     /// No head; the table's next id, when it was read before the claim.
     Nothing(Option<i64>),
 }
 
-/// The start of the next claim, shared by a store's clones.
+/// The start of the next claim, shared by a store's clones (behind an `Arc`).
 #[derive(Debug)]
-pub(crate) struct Window {
+pub struct Window {
     /// `None`: the window is off; every claim walks from the beginning.
     config: Option<ClaimWindow>,
     state: Mutex<State>,
@@ -116,7 +118,8 @@ struct State {
 const MAX_RETRIES_KEPT: usize = 10_000;
 
 impl Window {
-    pub(crate) fn new(config: Option<ClaimWindow>) -> Self {
+    /// A window with `config`, or off (`None`: every claim walks from the beginning).
+    pub fn new(config: Option<ClaimWindow>) -> Self {
         Self {
             config,
             state: Mutex::new(State {
@@ -131,11 +134,12 @@ impl Window {
     }
 
     /// Whether the next claim is likely slow too (the last one was).
-    pub(crate) fn expect_slow(&self) -> bool {
+    pub fn expect_slow(&self) -> bool {
         self.last_slow.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn enabled(&self) -> bool {
+    /// Whether the window is on.
+    pub fn enabled(&self) -> bool {
         self.config.is_some()
     }
 
@@ -144,7 +148,7 @@ impl Window {
     }
 
     /// Where the next claim starts, and whether that is the beginning.
-    pub(crate) fn start(&self) -> (i64, bool) {
+    pub fn start(&self) -> (i64, bool) {
         if self.config.is_none() {
             return (BEGINNING, true);
         }
@@ -165,7 +169,7 @@ impl Window {
 
     /// Records what the claim `token` (0: it took nothing), started at `start`, found in
     /// `elapsed` (its statement's time); its lease ends at `lease_end`.
-    pub(crate) fn settle(
+    pub fn settle(
         &self,
         token: i64,
         start: i64,
@@ -209,7 +213,7 @@ impl Window {
 
     /// The claim `token` was settled: its aggregates are free again, and their rows left
     /// pending lie from its lowest head on, which the start does not pass.
-    pub(crate) fn release(&self, token: i64) {
+    pub fn release(&self, token: i64) {
         if self.config.is_none() {
             return;
         }
@@ -223,12 +227,12 @@ impl Window {
 
     /// The next claim walks from the beginning (an operator made rows claimable, or a walk
     /// that was asked for failed).
-    pub(crate) fn rescan_now(&self) {
+    pub fn rescan_now(&self) {
         self.rescan.store(true, Ordering::Relaxed);
     }
 
     /// A claim walks from the beginning once `due` has passed (a retry of this relay).
-    pub(crate) fn rescan_at(&self, due: Instant) {
+    pub fn rescan_at(&self, due: Instant) {
         if self.config.is_none() {
             return;
         }
