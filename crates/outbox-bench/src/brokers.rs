@@ -1,4 +1,5 @@
-//! Broker setup and teardown (random names), the raw-client baselines, and subscribers.
+//! Broker setup and teardown (random names), the raw-client baselines, and subscribers; a
+//! fresh schema and NATS stream for one measurement of a relay process.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,9 +16,11 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use outbox::broker::{BoxTransport, BrokerSettings};
 use outbox_core::{OutboxMessage, wire};
 use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_rabbitmq::RabbitConsumerConfig;
 use serde_json::json;
+use sqlx::PgPool;
 
-use crate::common::{Env, random_suffix};
+use crate::common::{BenchSchema, Env, TransportChoice, random_suffix};
 
 /// Receive times by event id, filled by a subscriber.
 pub type Arrivals = Arc<Mutex<HashMap<uuid::Uuid, Instant>>>;
@@ -63,6 +66,26 @@ fn finish(started: Instant, results: Vec<Result<()>>) -> Result<Duration> {
         bail!("{errors} baseline publishes failed, first: {e:#}");
     }
     Ok(elapsed)
+}
+
+/// A broker's raw client, for the baselines: it publishes a message as the relay's transport
+/// would, without the relay.
+pub trait RawClient {
+    /// Publishes `m` and awaits the broker's confirmation.
+    fn publish_raw(&self, m: OutboxMessage) -> impl Future<Output = Result<()>> + Send + 'static;
+}
+
+/// The raw client's baseline: `msgs` published by `client`, at most `window` confirmations
+/// outstanding, awaiting every one (see [`run_window`] for `tasks`). Returns the elapsed time.
+pub async fn baseline<C: RawClient>(
+    client: &C,
+    msgs: &[OutboxMessage],
+    window: usize,
+    tasks: bool,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let results = run_window(msgs, window, tasks, |m| client.publish_raw(m)).await;
+    finish(started, results)
 }
 
 /// A JetStream stream with a random name, the relay's transport on it (connected through the
@@ -115,33 +138,13 @@ impl NatsBench {
         })
     }
 
-    /// Raw async-nats: publish with the transport's exact subject and headers, at most
-    /// `window` PublishAcks outstanding, awaiting every one. Returns the elapsed time.
-    pub async fn baseline(
-        &self,
-        msgs: &[OutboxMessage],
-        window: usize,
-        tasks: bool,
-    ) -> Result<Duration> {
-        let publish_one = |m: OutboxMessage| {
-            let transport = Arc::clone(&self.wire);
-            let js = self.js.clone();
-            async move {
-                let subject = transport.subject_for(&m)?;
-                let mut headers = async_nats::HeaderMap::new();
-                for (n, v) in transport.headers_for(&m)? {
-                    headers.append(n, v);
-                }
-                let ack = js
-                    .publish_with_headers(subject, headers, m.payload.bytes.clone())
-                    .await?;
-                ack.await?;
-                anyhow::Ok(())
-            }
-        };
-        let started = Instant::now();
-        let results = run_window(msgs, window, tasks, publish_one).await;
-        finish(started, results)
+    /// The relay's `[nats]` configuration section for the stream.
+    pub fn relay_toml(&self) -> String {
+        format!(
+            "[nats]\nstream = \"{}\"\nstream_subjects = [\"{}.>\"]\nsubject_template = \
+             \"{}.{{aggregate_type}}.{{event_type}}\"\n",
+            self.stream, self.prefix, self.prefix
+        )
     }
 
     pub async fn count(&self) -> Result<u64> {
@@ -198,6 +201,27 @@ impl NatsBench {
     pub async fn teardown(self) -> Result<()> {
         self.js.delete_stream(&self.stream).await?;
         Ok(())
+    }
+}
+
+impl RawClient for NatsBench {
+    /// Raw async-nats: publish with the transport's exact subject and headers, awaiting the
+    /// PublishAck.
+    fn publish_raw(&self, m: OutboxMessage) -> impl Future<Output = Result<()>> + Send + 'static {
+        let transport = Arc::clone(&self.wire);
+        let js = self.js.clone();
+        async move {
+            let subject = transport.subject_for(&m)?;
+            let mut headers = async_nats::HeaderMap::new();
+            for (n, v) in transport.headers_for(&m)? {
+                headers.append(n, v);
+            }
+            let ack = js
+                .publish_with_headers(subject, headers, m.payload.bytes.clone())
+                .await?;
+            ack.await?;
+            anyhow::Ok(())
+        }
     }
 }
 
@@ -284,42 +308,9 @@ impl KafkaBench {
         })
     }
 
-    /// Raw rdkafka: the transport's exact key, headers and payload, at most `window` delivery
-    /// reports outstanding, awaiting every one.
-    pub async fn baseline(
-        &self,
-        msgs: &[OutboxMessage],
-        window: usize,
-        tasks: bool,
-    ) -> Result<Duration> {
-        use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
-        use outbox_kafka::rdkafka::producer::FutureRecord;
-        let publish_one = |m: OutboxMessage| {
-            let producer = self.producer.clone();
-            let topic = self.topic.clone();
-            async move {
-                let mut headers = OwnedHeaders::new();
-                for (name, value) in outbox_kafka::wire_headers(&m, wire::DEFAULT_SOURCE)? {
-                    headers = headers.insert(Header {
-                        key: &name,
-                        value: Some(value.as_bytes()),
-                    });
-                }
-                let record = FutureRecord::to(&topic)
-                    .key(m.partition_key().as_bytes())
-                    .payload(m.payload.bytes.as_ref())
-                    .headers(headers)
-                    .timestamp(m.created_at.timestamp_millis());
-                producer
-                    .send(record, Duration::from_secs(30))
-                    .await
-                    .map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
-                anyhow::Ok(())
-            }
-        };
-        let started = Instant::now();
-        let results = run_window(msgs, window, tasks, publish_one).await;
-        finish(started, results)
+    /// The relay's `[kafka]` configuration section for the topic.
+    pub fn relay_toml(&self) -> String {
+        format!("[kafka]\ntopic_template = \"{}\"\n", self.topic)
     }
 
     /// The broker's own latency floor for W3: the raw producer sends a 1 KB record every
@@ -474,6 +465,36 @@ impl KafkaBench {
     }
 }
 
+impl RawClient for KafkaBench {
+    /// Raw rdkafka: the transport's exact key, headers and payload, awaiting the delivery
+    /// report.
+    fn publish_raw(&self, m: OutboxMessage) -> impl Future<Output = Result<()>> + Send + 'static {
+        use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+        use outbox_kafka::rdkafka::producer::FutureRecord;
+        let producer = self.producer.clone();
+        let topic = self.topic.clone();
+        async move {
+            let mut headers = OwnedHeaders::new();
+            for (name, value) in outbox_kafka::wire_headers(&m, wire::DEFAULT_SOURCE)? {
+                headers = headers.insert(Header {
+                    key: &name,
+                    value: Some(value.as_bytes()),
+                });
+            }
+            let record = FutureRecord::to(&topic)
+                .key(m.partition_key().as_bytes())
+                .payload(m.payload.bytes.as_ref())
+                .headers(headers)
+                .timestamp(m.created_at.timestamp_millis());
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+            anyhow::Ok(())
+        }
+    }
+}
+
 /// [`KafkaBench::raw_latency`]'s measurements, in ms from the send, sorted.
 #[derive(Debug, Default)]
 pub struct RawLatency {
@@ -560,46 +581,19 @@ impl RabbitBench {
             .with_headers(headers)
     }
 
-    /// Raw lapin: basic_publish (mandatory, persistent, the transport's properties and
-    /// routing key) on a confirm-mode channel, at most `window` confirms outstanding, awaiting
-    /// every one and refusing returned messages. Returns the elapsed time.
-    pub async fn baseline(
-        &self,
-        msgs: &[OutboxMessage],
-        window: usize,
-        tasks: bool,
-    ) -> Result<Duration> {
-        let exchange = ShortString::from(self.exchange.clone());
-        let publish_one = |m: OutboxMessage| {
-            let exchange = exchange.clone();
-            let channel = self.publisher.clone();
-            async move {
-                let rk = format!("{}.{}", m.aggregate_type, m.event_type);
-                let confirm = channel
-                    .basic_publish(
-                        exchange,
-                        ShortString::from(rk),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            immediate: false,
-                        },
-                        &m.payload.bytes,
-                        Self::properties(&m),
-                    )
-                    .await?;
-                match confirm.await? {
-                    Confirmation::Ack(None) => Ok(()),
-                    other => bail!("not confirmed: {other:?}"),
-                }
-            }
-        };
-        let started = Instant::now();
-        let results = run_window(msgs, window, tasks, publish_one).await;
-        finish(started, results)
+    /// The consumer configuration of the bound queue (with the queue's binding).
+    pub fn consumer_config(&self) -> RabbitConsumerConfig {
+        RabbitConsumerConfig {
+            queue: self.queue.clone(),
+            bind_exchange: Some(self.exchange.clone()),
+            binding_key: "#".into(),
+            ..RabbitConsumerConfig::default()
+        }
     }
 
-    pub async fn count(&self) -> Result<u64> {
-        let q = self
+    /// The queue's state (a passive declare).
+    async fn queue_state(&self) -> Result<lapin::Queue> {
+        Ok(self
             .admin
             .queue_declare(
                 self.queue.as_str().into(),
@@ -610,7 +604,11 @@ impl RabbitBench {
                 },
                 FieldTable::default(),
             )
-            .await?;
+            .await?)
+    }
+
+    pub async fn count(&self) -> Result<u64> {
+        let q = self.queue_state().await?;
         Ok(u64::from(q.message_count()))
     }
 
@@ -619,18 +617,7 @@ impl RabbitBench {
     pub async fn count_when_idle(&self) -> Result<u64> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let q = self
-                .admin
-                .queue_declare(
-                    self.queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        durable: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
+            let q = self.queue_state().await?;
             if q.consumer_count() == 0 || Instant::now() > deadline {
                 return Ok(u64::from(q.message_count()));
             }
@@ -686,5 +673,158 @@ impl RabbitBench {
             .await?;
         let _ = self.conn.close(200, "bye".into()).await;
         Ok(())
+    }
+}
+
+impl RawClient for RabbitBench {
+    /// Raw lapin: basic_publish (mandatory, persistent, the transport's properties and
+    /// routing key) on a confirm-mode channel, awaiting the confirm and refusing a returned
+    /// message.
+    fn publish_raw(&self, m: OutboxMessage) -> impl Future<Output = Result<()>> + Send + 'static {
+        let exchange = ShortString::from(self.exchange.clone());
+        let channel = self.publisher.clone();
+        async move {
+            let rk = format!("{}.{}", m.aggregate_type, m.event_type);
+            let confirm = channel
+                .basic_publish(
+                    exchange,
+                    ShortString::from(rk),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    &m.payload.bytes,
+                    Self::properties(&m),
+                )
+                .await?;
+            match confirm.await? {
+                Confirmation::Ack(None) => Ok(()),
+                other => bail!("not confirmed: {other:?}"),
+            }
+        }
+    }
+}
+
+/// `$body` with `$b` bound to the bench inside `$any`, whichever broker it is.
+macro_rules! on_each {
+    ($any:expr, $b:ident => $body:expr) => {
+        match $any {
+            AnyBench::Nats($b) => $body,
+            AnyBench::Rabbit($b) => $body,
+            AnyBench::Kafka($b) => $body,
+        }
+    };
+}
+
+/// The bench of any broker, for the workloads that run the same phases on each.
+pub enum AnyBench {
+    /// NATS JetStream.
+    Nats(NatsBench),
+    /// RabbitMQ.
+    Rabbit(RabbitBench),
+    /// Kafka (the test broker).
+    Kafka(KafkaBench),
+}
+
+impl AnyBench {
+    /// Sets up the broker `t` names (RabbitMQ for `all`, which a workload splits first).
+    pub async fn setup(env: &Env, t: TransportChoice) -> Result<Self> {
+        Ok(match t {
+            TransportChoice::Nats => Self::Nats(NatsBench::setup(env).await?),
+            TransportChoice::Kafka => Self::Kafka(KafkaBench::setup(env).await?),
+            _ => Self::Rabbit(RabbitBench::setup(env).await?),
+        })
+    }
+
+    /// The broker's name in messages (`NATS`, `RabbitMQ`, `Kafka`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Nats(_) => "NATS",
+            Self::Rabbit(_) => "RabbitMQ",
+            Self::Kafka(_) => "Kafka",
+        }
+    }
+
+    /// The relay's transport on the broker.
+    pub fn transport(&self) -> &Arc<BoxTransport> {
+        on_each!(self, b => &b.transport)
+    }
+
+    /// [`baseline`] with the broker's raw client.
+    pub async fn baseline(
+        &self,
+        msgs: &[OutboxMessage],
+        window: usize,
+        tasks: bool,
+    ) -> Result<Duration> {
+        on_each!(self, b => baseline(b, msgs, window, tasks).await)
+    }
+
+    /// Messages the broker holds.
+    pub async fn count(&self) -> Result<u64> {
+        on_each!(self, b => b.count().await)
+    }
+
+    /// Forgets what the broker holds.
+    pub async fn purge(&self) -> Result<()> {
+        on_each!(self, b => b.purge().await)
+    }
+
+    /// A subscriber recording receive times (NATS and RabbitMQ).
+    pub async fn subscribe(&self, arrivals: Arrivals) -> Result<tokio::task::JoinHandle<()>> {
+        match self {
+            Self::Nats(b) => b.subscribe(arrivals).await,
+            Self::Rabbit(b) => b.subscribe(arrivals).await,
+            Self::Kafka(_) => bail!("no subscriber on Kafka"),
+        }
+    }
+
+    /// Removes the broker's objects.
+    pub async fn teardown(self) -> Result<()> {
+        on_each!(self, b => b.teardown().await)
+    }
+}
+
+/// A fresh [`BenchSchema`] and [`NatsBench`] stream, with the pool and the service addresses:
+/// one measurement of a relay process on objects of its own.
+pub struct FreshNats<'a> {
+    /// The service addresses.
+    pub env: &'a Env,
+    /// The pool the schema was created with.
+    pub pool: &'a PgPool,
+    /// The fresh schema.
+    pub bench: BenchSchema,
+    /// The fresh stream.
+    pub nats: NatsBench,
+}
+
+impl<'a> FreshNats<'a> {
+    /// Runs `measure` on a fresh schema and stream, then tears the stream down and drops the
+    /// schema. The measurement's error comes before the clean-up's, except the schema's drop.
+    pub async fn run<T>(
+        env: &'a Env,
+        pool: &'a PgPool,
+        measure: impl AsyncFnOnce(&FreshNats<'a>) -> Result<T>,
+    ) -> Result<T> {
+        let bench = BenchSchema::create(pool).await?;
+        let nats = match NatsBench::setup(env).await {
+            Ok(nats) => nats,
+            Err(e) => {
+                bench.drop(pool).await?;
+                return Err(e);
+            }
+        };
+        let fresh = FreshNats {
+            env,
+            pool,
+            bench,
+            nats,
+        };
+        let result = measure(&fresh).await;
+        let teardown = fresh.nats.teardown().await;
+        fresh.bench.drop(pool).await?;
+        let out = result?;
+        teardown?;
+        Ok(out)
     }
 }

@@ -15,18 +15,17 @@
 //! baseline's.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use outbox_postgres::cdc;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 
-use crate::brokers::NatsBench;
+use crate::brokers::FreshNats;
 use crate::common::{
-    BenchSchema, Env, connect_pool, cpu_snapshot, loadavg, print_table, proc_cpu_secs,
+    Env, connect_pool, cpu_snapshot, loadavg, pending, print_table, proc_cpu_secs,
 };
-use crate::w6::{rss_mb, stop};
+use crate::relay_process::{RelayCommand, check_bin, rss_mb, stop};
 
 /// Options of `cdc-memory`.
 #[derive(clap::Args, Debug)]
@@ -66,13 +65,7 @@ struct Shape {
 }
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
-    if !args.outbox_bin.exists() {
-        bail!(
-            "{} does not exist: build it with `cargo build --release -p outbox-cli`, or pass \
-             --outbox-bin",
-            args.outbox_bin.display()
-        );
-    }
+    check_bin(&args.outbox_bin)?;
     if args.aggregates == 0 || args.baseline_tx_rows == 0 {
         bail!("--aggregates and --baseline-tx-rows must be at least 1");
     }
@@ -89,35 +82,23 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
     );
     let mut shapes = Vec::new();
     for tx_rows in [args.baseline_tx_rows, args.events] {
-        let bench = BenchSchema::create(&pool).await?;
-        let nats = match NatsBench::setup(env).await {
-            Ok(nats) => nats,
-            Err(e) => {
-                bench.drop(&pool).await?;
-                return Err(e);
-            }
-        };
-        let result = measure(env, &pool, &bench, &nats, &args, tx_rows).await;
-        let name = bench.name().to_owned();
-        let removed = cdc::remove(&pool, &name, &name, Duration::from_secs(10)).await;
-        let teardown = nats.teardown().await;
-        bench.drop(&pool).await?;
-        shapes.push(result?);
-        removed.context("removing the bench's slot")?;
-        teardown?;
+        let shape = FreshNats::run(env, &pool, async |fresh| {
+            let result = measure(fresh, &args, tx_rows).await;
+            let name = fresh.bench.name();
+            let removed = cdc::remove(&pool, name, name, Duration::from_secs(10)).await;
+            let shape = result?;
+            removed.context("removing the bench's slot")?;
+            Ok(shape)
+        })
+        .await?;
+        shapes.push(shape);
     }
     report(&shapes, &args);
     Ok(())
 }
 
-async fn measure(
-    env: &Env,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    nats: &NatsBench,
-    args: &Args,
-    tx_rows: u64,
-) -> Result<Shape> {
+async fn measure(fresh: &FreshNats<'_>, args: &Args, tx_rows: u64) -> Result<Shape> {
+    let (env, pool, bench, nats) = (fresh.env, fresh.pool, &fresh.bench, &fresh.nats);
     let s = bench.name();
     cdc::ensure_publication(pool, &bench.schema, s).await?;
     cdc::create_slot(pool, s).await?;
@@ -130,30 +111,20 @@ async fn measure(
     std::fs::write(
         &config,
         format!(
-            "[relay]\nmode = \"cdc\"\ncdc_max_rows_in_memory = {}\n\n[nats]\nstream = \"{}\"\n\
-             stream_subjects = [\"{}.>\"]\nsubject_template = \
-             \"{}.{{aggregate_type}}.{{event_type}}\"\n",
-            args.max_rows_in_memory, nats.stream, nats.prefix, nats.prefix
+            "[relay]\nmode = \"cdc\"\ncdc_max_rows_in_memory = {}\n\n{}",
+            args.max_rows_in_memory,
+            nats.relay_toml()
         ),
     )?;
-    let mut relay = tokio::process::Command::new(&args.outbox_bin)
-        .arg("--config")
-        .arg(&config)
-        .args([
-            "--database-url",
-            &env.database_url,
-            "--broker-url",
-            &env.nats_url,
-            "--schema",
-            s,
-            "relay",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("spawning {}", args.outbox_bin.display()))?;
+    let mut relay = RelayCommand {
+        bin: &args.outbox_bin,
+        config: &config,
+        database_url: &env.database_url,
+        broker_url: &env.nats_url,
+        schema: s,
+        log: "warn",
+    }
+    .spawn()?;
     let pid = relay.id();
     // Streaming (its catch-up of an empty table is done a moment later) before the writes.
     let spawned = Instant::now();
@@ -243,14 +214,6 @@ async fn measure(
         pg_cpu: cpu.pg,
         nats_cpu: cpu.nats,
     })
-}
-
-async fn pending(pool: &PgPool, s: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {s}.events WHERE state = 'pending'"
-    )))
-    .fetch_one(pool)
-    .await?)
 }
 
 fn report(shapes: &[Shape], args: &Args) {

@@ -139,6 +139,48 @@ impl BenchSchema {
         .await?;
         Ok(())
     }
+
+    /// Runs `measure` on a fresh schema, then drops it: the drop's error first, then
+    /// `measure`'s.
+    pub async fn scope<T>(
+        pool: &PgPool,
+        measure: impl AsyncFnOnce(&BenchSchema) -> Result<T>,
+    ) -> Result<T> {
+        let bench = Self::create(pool).await?;
+        let result = measure(&bench).await;
+        bench.drop(pool).await?;
+        result
+    }
+
+    /// Rows of table `table` of the schema.
+    pub async fn count(&self, pool: &PgPool, table: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}.{table}",
+            self.name()
+        )))
+        .fetch_one(pool)
+        .await?)
+    }
+}
+
+/// Pending rows of the outbox table of schema `s`.
+pub async fn pending(pool: &PgPool, s: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {s}.events WHERE state = 'pending'"
+    )))
+    .fetch_one(pool)
+    .await?)
+}
+
+/// `ANALYZE` of the outbox table of schema `s` (planner statistics as autovacuum would have
+/// them for a table this size), then a `CHECKPOINT`: a freshly written backlog settled before
+/// it is measured.
+pub async fn analyze_and_checkpoint(pool: &PgPool, s: &str) -> Result<()> {
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
+        .execute(pool)
+        .await?;
+    sqlx::query("CHECKPOINT").execute(pool).await?;
+    Ok(())
 }
 
 /// Percentile (nearest rank) of an ascending sorted slice.
@@ -155,6 +197,25 @@ pub fn mean(v: &[f64]) -> f64 {
         return f64::NAN;
     }
     v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// `a / b / c` as percentages of `whole` (`12% / 80% / 8%`).
+pub fn shares([a, b, c]: [f64; 3], whole: f64) -> String {
+    format!(
+        "{:.0}% / {:.0}% / {:.0}%",
+        a / whole * 100.0,
+        b / whole * 100.0,
+        c / whole * 100.0
+    )
+}
+
+/// The ~300-byte JSON body of a `PaymentCreated` event of payment `id`.
+pub fn payment_body(id: &str, amount: i64) -> Vec<u8> {
+    json_payload(
+        &serde_json::json!({"payment_id": id, "amount": amount, "currency": "EUR",
+            "status": "created", "customer_id": "cus_9f8e7d6c5b4a"}),
+        300,
+    )
 }
 
 /// Prints a markdown table.
@@ -303,6 +364,50 @@ impl CpuSnap {
     pub fn other(&self) -> f64 {
         (self.busy - self.pg - self.nats - self.rabbit - self.kafka - self.me).max(0.0)
     }
+
+    /// The CPU table's cells (see [`cpu_headers`]) of a window of `events` events and `secs`
+    /// seconds on broker `transport`: PostgreSQL, the broker and this process in ms per 1,000
+    /// events, the other load in cores, how busy the machine was.
+    pub fn cells(&self, transport: &str, events: f64, secs: f64) -> [String; 5] {
+        let k = 1e6 / events;
+        [
+            format!("{:.0}", self.pg * k),
+            format!("{:.0}", self.broker(transport) * k),
+            format!("{:.0}", self.me * k),
+            format!("{:.2}", self.other() / secs),
+            format!("{:.0}%", self.busy / self.total * 100.0),
+        ]
+    }
+}
+
+/// The headers of [`CpuSnap::cells`]; `me` names this process's column.
+pub fn cpu_headers(me: &str) -> [&str; 5] {
+    [
+        "PostgreSQL",
+        "broker",
+        me,
+        "other load (cores)",
+        "machine busy",
+    ]
+}
+
+/// Prints the CPU table of a workload's phases: per phase its transport, round and name, then
+/// its [`CpuSnap::cells`]; `me` names this process's column.
+pub fn print_phases_cpu<'a>(
+    me: &str,
+    phases: impl Iterator<Item = (&'a str, usize, String, [String; 5])>,
+) {
+    let rows: Vec<Vec<String>> = phases
+        .map(|(transport, round, phase, cpu)| {
+            let mut row = vec![transport.to_owned(), round.to_string(), phase];
+            row.extend(cpu);
+            row
+        })
+        .collect();
+    print_table(
+        &[&["transport", "round", "phase"][..], &cpu_headers(me)].concat(),
+        &rows,
+    );
 }
 
 /// A `payment` / `PaymentCreated` event as the relay would have claimed it (storage id `id`, a

@@ -15,7 +15,7 @@ use outbox_core::consumer::{Handler, HandlerError};
 use outbox_core::{DecodeError, IncomingEvent, OutboxMessage, Payload, Transport};
 use sqlx::{Acquire, AssertSqlSafe, PgConnection, PgPool};
 
-use crate::common::{json_payload, synthetic_message};
+use crate::common::{payment_body, synthetic_message};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -419,14 +419,7 @@ pub fn synthetic_events(tag: &str, n: usize) -> Vec<OutboxMessage> {
         .map(|i| {
             let id = format!("{tag}-{i:06}");
             let amount = 100 + (i as i64 % 900);
-            let payload = Payload::bytes(
-                "application/json",
-                json_payload(
-                    &serde_json::json!({"payment_id": id, "amount": amount, "currency": "EUR",
-                        "status": "created", "customer_id": "cus_9f8e7d6c5b4a"}),
-                    300,
-                ),
-            );
+            let payload = Payload::bytes("application/json", payment_body(&id, amount));
             synthetic_message(i as i64 + 1, id, 1, payload, now)
         })
         .collect()

@@ -28,6 +28,7 @@ mod common;
 mod consume;
 mod latency;
 mod paused;
+mod relay_process;
 mod timing;
 mod w1;
 mod w2;

@@ -14,7 +14,7 @@ use outbox_core::operator::prelude::*;
 use outbox_core::operator::{Actor, PauseTarget};
 use outbox_core::relay::RelayConfig;
 use outbox_core::{ClaimParams, OutboxStore, ReleaseParams};
-use outbox_postgres::{PgStore, PgStoreConfig};
+use outbox_postgres::PgStore;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::common::{BenchSchema, Env, connect_pool, percentile, print_table};
@@ -36,21 +36,12 @@ pub struct Args {
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
     let pool = connect_pool(env, 4).await?;
-    let bench = BenchSchema::create(&pool).await?;
-    let result = measure(&pool, &bench, &args).await;
-    bench.drop(&pool).await?;
-    result
+    BenchSchema::scope(&pool, async |bench| measure(&pool, bench, &args).await).await
 }
 
 async fn measure(pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<()> {
     let s = bench.name();
-    let store = PgStore::new(
-        pool.clone(),
-        PgStoreConfig {
-            schema: bench.schema.clone(),
-            ..PgStoreConfig::default()
-        },
-    );
+    let store = PgStore::with_schema(pool.clone(), bench.schema.clone());
     let admin = store.clone();
     let windowed = store
         .clone()

@@ -1,5 +1,6 @@
 //! Timing decorators around [`OutboxStore`] and [`Transport`]: where a relay batch spends its time
-//! (claim SQL, publishing, mark SQL), measured without touching the relay.
+//! (claim SQL, publishing, mark SQL), measured without touching the relay; and, for W3, when
+//! each event's publish was confirmed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -124,6 +125,36 @@ pub struct TransportStats {
     max_in_flight: AtomicI64,
     /// Sum over publishes of the in-flight count seen at start (for the mean concurrency).
     in_flight_sum: AtomicU64,
+    /// When each event's first successful publish returned (recorded with `record_confirms`).
+    confirmed_at: Mutex<HashMap<uuid::Uuid, Instant>>,
+    record_confirms: bool,
+}
+
+impl TransportStats {
+    /// The end of one publish (of `message`, when known): its latency `us` and result.
+    fn done(&self, us: u32, message: Option<&OutboxMessage>, ok: bool) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if !ok {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.latencies_us.lock().unwrap().push(us);
+        if ok
+            && self.record_confirms
+            && let Some(message) = message
+        {
+            self.confirmed_at
+                .lock()
+                .unwrap()
+                .entry(message.event_id)
+                .or_insert_with(Instant::now);
+        }
+    }
+
+    /// When each event's publish was first confirmed (empty unless the transport was
+    /// [`TimedTransport::stamping`]).
+    pub fn take_confirm_times(&self) -> HashMap<uuid::Uuid, Instant> {
+        std::mem::take(&mut *self.confirmed_at.lock().unwrap())
+    }
 }
 
 /// A [`Transport`] that times every publish of the inner one.
@@ -137,6 +168,18 @@ impl<T> TimedTransport<T> {
         Self {
             inner,
             stats: Arc::default(),
+        }
+    }
+
+    /// A [`TimedTransport`] that also remembers when each event's publish was confirmed (see
+    /// [`TransportStats::take_confirm_times`]).
+    pub fn stamping(inner: Arc<T>) -> Self {
+        Self {
+            inner,
+            stats: Arc::new(TransportStats {
+                record_confirms: true,
+                ..TransportStats::default()
+            }),
         }
     }
 }
@@ -154,11 +197,7 @@ impl<T: Transport> Transport for TimedTransport<T> {
         let t = Instant::now();
         let r = self.inner.publish(message).await;
         let us = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
-        s.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if r.is_err() {
-            s.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        s.latencies_us.lock().unwrap().push(us);
+        s.done(us, Some(message), r.is_ok());
         r
     }
 
@@ -185,13 +224,10 @@ impl<T: Transport> Transport for TimedTransport<T> {
         };
         self.inner.publish_run(run).map(move |r| {
             let us = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
+            // The run's results come in its order.
+            let message = run.get((n - guard.left) as usize);
             guard.left -= 1;
-            let s = &guard.stats;
-            s.in_flight.fetch_sub(1, Ordering::Relaxed);
-            if r.is_err() {
-                s.errors.fetch_add(1, Ordering::Relaxed);
-            }
-            s.latencies_us.lock().unwrap().push(us);
+            guard.stats.done(us, message, r.is_ok());
             r
         })
     }

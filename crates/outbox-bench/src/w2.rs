@@ -8,14 +8,14 @@ use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{NewMessage, OutboxMessage, Payload, Transport};
-use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig};
+use outbox_postgres::{PgOutbox, PgStore};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{KafkaBench, NatsBench, RabbitBench};
+use crate::brokers::AnyBench;
 use crate::common::{
-    BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
-    mean, print_table, synthetic_message, verdict,
+    BenchSchema, CpuSnap, Env, TransportChoice, analyze_and_checkpoint, connect_pool, cpu_snapshot,
+    json_payload, loadavg, mean, print_phases_cpu, print_table, shares, synthetic_message, verdict,
 };
 use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
 
@@ -153,11 +153,7 @@ pub(crate) async fn enqueue_backlog_with(
         i = end;
     }
     let took = started.elapsed();
-    // Planner statistics as autovacuum would have them for a table this size.
-    sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
-        .execute(pool)
-        .await?;
-    sqlx::query("CHECKPOINT").execute(pool).await?;
+    analyze_and_checkpoint(pool, s).await?;
     Ok(took)
 }
 
@@ -195,106 +191,11 @@ pub(crate) async fn drain<T: Transport>(
     let elapsed = last - started;
     shutdown.cancel();
     task.await?;
-    let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}.events",
-        bench.name()
-    )))
-    .fetch_one(pool)
-    .await?;
+    let left = bench.count(pool, "events").await?;
     if left != 0 {
         bail!("the outbox still holds {left} rows after the drain");
     }
     Ok((elapsed, breakdown(&store.stats, &timed.stats)))
-}
-
-enum Broker {
-    Nats(NatsBench),
-    Rabbit(RabbitBench),
-    Kafka(KafkaBench),
-}
-
-impl Broker {
-    async fn baseline(
-        &self,
-        msgs: &[OutboxMessage],
-        window: usize,
-        tasks: bool,
-    ) -> Result<Duration> {
-        match self {
-            Self::Nats(b) => b.baseline(msgs, window, tasks).await,
-            Self::Rabbit(b) => b.baseline(msgs, window, tasks).await,
-            Self::Kafka(b) => b.baseline(msgs, window, tasks).await,
-        }
-    }
-    async fn count(&self) -> Result<u64> {
-        match self {
-            Self::Nats(b) => b.count().await,
-            Self::Rabbit(b) => b.count().await,
-            Self::Kafka(b) => b.count().await,
-        }
-    }
-    async fn purge(&self) -> Result<()> {
-        match self {
-            Self::Nats(b) => b.purge().await,
-            Self::Rabbit(b) => b.purge().await,
-            Self::Kafka(b) => b.purge().await,
-        }
-    }
-    async fn drain(
-        &self,
-        pool: &PgPool,
-        bench: &BenchSchema,
-        store: &PgStore,
-        config: RelayConfig,
-        n: usize,
-        timeout: Duration,
-    ) -> Result<(Duration, Breakdown)> {
-        match self {
-            Self::Nats(b) => {
-                drain(
-                    pool,
-                    bench,
-                    store,
-                    Arc::clone(&b.transport),
-                    config,
-                    n,
-                    timeout,
-                )
-                .await
-            }
-            Self::Rabbit(b) => {
-                drain(
-                    pool,
-                    bench,
-                    store,
-                    Arc::clone(&b.transport),
-                    config,
-                    n,
-                    timeout,
-                )
-                .await
-            }
-            Self::Kafka(b) => {
-                drain(
-                    pool,
-                    bench,
-                    store,
-                    Arc::clone(&b.transport),
-                    config,
-                    n,
-                    timeout,
-                )
-                .await
-            }
-        }
-    }
-    async fn teardown(self) -> Result<()> {
-        match self {
-            Self::Nats(b) => b.teardown().await,
-            Self::Rabbit(b) => b.teardown().await,
-            Self::Kafka(b) => b.teardown().await,
-        }
-    }
 }
 
 struct Phase {
@@ -314,10 +215,7 @@ struct Phase {
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
     let pool = connect_pool(env, 16).await?;
-    let bench = BenchSchema::create(&pool).await?;
-    let result = measure(env, &pool, &bench, &args).await;
-    bench.drop(&pool).await?;
-    result
+    BenchSchema::scope(&pool, async |bench| measure(env, &pool, bench, &args).await).await
 }
 
 async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<()> {
@@ -340,11 +238,7 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> 
     );
     let mut phases = Vec::new();
     for t in args.transport.list() {
-        let broker = match t {
-            TransportChoice::Nats => Broker::Nats(NatsBench::setup(env).await?),
-            TransportChoice::Kafka => Broker::Kafka(KafkaBench::setup(env).await?),
-            _ => Broker::Rabbit(RabbitBench::setup(env).await?),
-        };
+        let broker = AnyBench::setup(env, t).await?;
         let r = measure_broker(
             &broker,
             t.label(),
@@ -367,7 +261,7 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> 
 
 #[allow(clippy::too_many_arguments)]
 async fn measure_broker(
-    broker: &Broker,
+    broker: &AnyBench,
     label: &'static str,
     pool: &PgPool,
     bench: &BenchSchema,
@@ -378,13 +272,7 @@ async fn measure_broker(
 ) -> Result<()> {
     let n = args.messages;
     let timeout = Duration::from_secs(args.timeout_secs);
-    let store = PgStore::new(
-        pool.clone(),
-        PgStoreConfig {
-            schema: bench.schema.clone(),
-            ..PgStoreConfig::default()
-        },
-    );
+    let store = PgStore::with_schema(pool.clone(), bench.schema.clone());
     for round in 1..=args.rounds {
         let mut raw = vec![(window, false)];
         if args.ceiling_window > 0 {
@@ -420,9 +308,16 @@ async fn measure_broker(
         for &w in workers {
             let enqueue = enqueue_backlog(pool, bench, args).await?;
             let cpu0 = cpu_snapshot();
-            let (elapsed, bd) = broker
-                .drain(pool, bench, &store, relay_config(args, w), n, timeout)
-                .await?;
+            let (elapsed, bd) = drain(
+                pool,
+                bench,
+                &store,
+                Arc::clone(broker.transport()),
+                relay_config(args, w),
+                n,
+                timeout,
+            )
+            .await?;
             let cpu = cpu_snapshot().since(&cpu0);
             let count = broker.count().await?;
             broker.purge().await?;
@@ -566,39 +461,19 @@ fn report(args: &Args, workers: &[usize], phases: &[Phase]) {
         }
     }
     println!("#### W2: CPU per 1,000 events during each phase (ms; from /proc)\n");
-    let rows: Vec<Vec<String>> = phases
-        .iter()
-        .map(|p| {
-            let k = 1e6 / args.messages as f64;
-            let broker = p.cpu.broker(p.transport);
-            vec![
-                p.transport.to_owned(),
-                p.round.to_string(),
-                match (p.workers, p.ceiling) {
-                    (Some(w), _) => format!("relay w={w}"),
-                    (None, false) => "baseline".to_owned(),
-                    (None, true) => "ceiling".to_owned(),
-                },
-                format!("{:.0}", p.cpu.pg * k),
-                format!("{:.0}", broker * k),
-                format!("{:.0}", p.cpu.me * k),
-                format!("{:.2}", p.cpu.other() / p.elapsed.as_secs_f64()),
-                format!("{:.0}%", p.cpu.busy / p.cpu.total * 100.0),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "transport",
-            "round",
-            "phase",
-            "PostgreSQL",
-            "broker",
-            "bench process (relay / raw client)",
-            "other load (cores)",
-            "machine busy",
-        ],
-        &rows,
+    print_phases_cpu(
+        "bench process (relay / raw client)",
+        phases.iter().map(|p| {
+            let phase = match (p.workers, p.ceiling) {
+                (Some(w), _) => format!("relay w={w}"),
+                (None, false) => "baseline".to_owned(),
+                (None, true) => "ceiling".to_owned(),
+            };
+            let cpu = p
+                .cpu
+                .cells(p.transport, args.messages as f64, p.elapsed.as_secs_f64());
+            (p.transport, p.round, phase, cpu)
+        }),
     );
 
     println!("#### W2 summary (means over rounds)\n");
@@ -639,11 +514,9 @@ fn report(args: &Args, workers: &[usize], phases: &[Phase]) {
             ),
             format!("{:.1}", b.publish_phase_ms_mean),
             format!("{:.1}", b.mark_ms_mean),
-            format!(
-                "{:.0}% / {:.0}% / {:.0}%",
-                b.claim_ms_total / worker_ms * 100.0,
-                b.publish_phase_ms_total / worker_ms * 100.0,
-                b.mark_ms_total / worker_ms * 100.0
+            shares(
+                [b.claim_ms_total, b.publish_phase_ms_total, b.mark_ms_total],
+                worker_ms,
             ),
             format!(
                 "{:.2} / {:.2}",

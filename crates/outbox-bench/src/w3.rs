@@ -2,54 +2,37 @@
 //! (woken by `RelayWaker`) -> broker -> in-process `PgConsumer` (inbox + handler) commit.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
+use outbox_core::Transport;
 use outbox_core::consumer::ConsumerConfig;
 use outbox_core::consumer::DeliverySource;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::{NewMessage, OutboxMessage, Payload, PublishError, PublishReceipt, Transport};
 use outbox_kafka::{KafkaConsumerConfig, KafkaSource};
 use outbox_nats::{NatsConsumerConfig, NatsSource};
 use outbox_postgres::cdc::{self, CdcConfig, CdcFeed};
-use outbox_postgres::{OnPublish, PgConsumer, PgOutbox, PgStore, PgStoreConfig, RelayWaker};
-use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
+use outbox_postgres::{OnPublish, PgConsumer, PgStore};
+use outbox_rabbitmq::RabbitSource;
 use sqlx::{AssertSqlSafe, PgPool};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{KafkaBench, NatsBench, RabbitBench, RawLatency};
+use crate::brokers::{AnyBench, RawLatency};
 use crate::common::{
-    BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, json_payload, loadavg,
-    percentile, print_table,
+    BenchSchema, CpuSnap, Env, connect_pool, cpu_headers, loadavg, percentile, print_table,
 };
 use crate::consume::{
     ConsumerSplit, ReportHandler, SourceStats, TimedSource, create_report_table, split,
 };
+use crate::latency::{LATENCY_HEADERS, Steady, latency_cells, produce_steady};
 use crate::timing::{Breakdown, TimedStore, TimedTransport, breakdown};
 
 /// Options of `w3`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Broker(s) to measure.
-    #[arg(long, value_enum, default_value_t = TransportChoice::All)]
-    transport: TransportChoice,
-    /// Events per second (one event per producer transaction).
-    #[arg(long, default_value_t = 1000)]
-    rate: u64,
-    /// Measured seconds.
-    #[arg(long, default_value_t = 20)]
-    secs: u64,
-    /// Unmeasured seconds before the measurement.
-    #[arg(long, default_value_t = 3)]
-    warmup_secs: u64,
-    /// `RelayWaker` min_interval in milliseconds.
-    #[arg(long, default_value_t = 2)]
-    waker_ms: u64,
-    /// Producer connections (transactions in flight at most).
-    #[arg(long, default_value_t = 16)]
-    producers: u32,
+    #[command(flatten)]
+    steady: Steady,
     /// ConsumerConfig::batch_size.
     #[arg(long, default_value_t = 100)]
     batch_size: usize,
@@ -80,54 +63,6 @@ pub enum RelayMode {
     Cdc,
 }
 
-/// A transport that remembers when each publish was confirmed.
-struct StampTransport<T> {
-    inner: Arc<T>,
-    at: Mutex<HashMap<uuid::Uuid, Instant>>,
-}
-
-impl<T: Transport> Transport for StampTransport<T> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
-        let r = self.inner.publish(message).await;
-        if r.is_ok() {
-            self.at
-                .lock()
-                .unwrap()
-                .entry(message.event_id)
-                .or_insert_with(Instant::now);
-        }
-        r
-    }
-
-    fn ordered_pipelining(&self) -> bool {
-        self.inner.ordered_pipelining()
-    }
-
-    fn publish_run<'a>(
-        &'a self,
-        run: &'a [OutboxMessage],
-    ) -> impl futures::Stream<Item = Result<PublishReceipt, PublishError>> + Send + 'a {
-        use futures::StreamExt as _;
-        self.inner
-            .publish_run(run)
-            .zip(futures::stream::iter(run))
-            .map(|(r, message)| {
-                if r.is_ok() {
-                    self.at
-                        .lock()
-                        .unwrap()
-                        .entry(message.event_id)
-                        .or_insert_with(Instant::now);
-                }
-                r
-            })
-    }
-}
-
 /// Producer commit-return time of one measured event, on the process clock and the wall
 /// clock (microseconds since the epoch, comparable with PostgreSQL's `clock_timestamp()` on
 /// this host).
@@ -135,6 +70,16 @@ impl<T: Transport> Transport for StampTransport<T> {
 struct Commit {
     at: Instant,
     wall_us: i64,
+}
+
+impl Commit {
+    fn now() -> Self {
+        let at = Instant::now();
+        let wall_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        Self { at, wall_us }
+    }
 }
 
 struct Outcome {
@@ -172,19 +117,20 @@ struct Pools {
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
     let pools = Pools {
-        producer: connect_pool(env, args.producers).await?,
+        producer: connect_pool(env, args.steady.producers).await?,
         relay: connect_pool(env, 6).await?,
         consumer: connect_pool(env, 2).await?,
         database_url: env.database_url.clone(),
     };
-    let bench = BenchSchema::create(&pools.producer).await?;
-    let result = measure(env, &pools, &bench, &args).await;
-    // The CDC slot of a run that failed half-way, if any: it would keep WAL for good.
-    let name = bench.schema.as_str().to_owned();
-    let removed = cdc::remove(&pools.relay, &name, &name, Duration::from_secs(10)).await;
-    bench.drop(&pools.producer).await?;
-    removed.context("removing the bench's slot")?;
-    result
+    BenchSchema::scope(&pools.producer, async |bench| {
+        let result = measure(env, &pools, bench, &args).await;
+        // The CDC slot of a run that failed half-way, if any: it would keep WAL for good.
+        let name = bench.schema.as_str();
+        let removed = cdc::remove(&pools.relay, name, name, Duration::from_secs(10)).await;
+        removed.context("removing the bench's slot")?;
+        result
+    })
+    .await
 }
 
 async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> Result<()> {
@@ -193,125 +139,34 @@ async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> 
         "W3: {} events/s, {:?} relay, handle_many {}, NATS prefetch {}, {} s measured after {} s warm-up, RelayWaker min_interval \
          {} ms, default RelayConfig, PgConsumer batch_size {} batch_wait {} ms, schema {}, load \
          avg before {}\n",
-        args.rate,
+        args.steady.rate,
         args.relay_mode,
         args.handle_many,
         args.prefetch,
-        args.secs,
-        args.warmup_secs,
-        args.waker_ms,
+        args.steady.secs,
+        args.steady.warmup_secs,
+        args.steady.waker_ms,
         args.batch_size,
         args.batch_wait_ms,
         bench.name(),
         loadavg()
     );
     // One store for every run: a PgStore keeps its LISTEN task for the process lifetime.
-    let pg_store = PgStore::new(
-        pools.relay.clone(),
-        PgStoreConfig {
-            schema: bench.schema.clone(),
-            ..PgStoreConfig::default()
-        },
-    );
+    let pg_store = PgStore::with_schema(pools.relay.clone(), bench.schema.clone());
     let mut outcomes = Vec::new();
-    for t in args.transport.list() {
+    for t in args.steady.transport.list() {
         let s = bench.name();
         sqlx::query(AssertSqlSafe(format!(
             "TRUNCATE {s}.report, {s}.inbox, {s}.payments"
         )))
         .execute(&pools.producer)
         .await?;
-        let o = match t {
-            TransportChoice::Nats => {
-                let b = NatsBench::setup(env).await?;
-                let r = async {
-                    let source = NatsSource::connect(
-                        &env.nats_url,
-                        NatsConsumerConfig {
-                            stream: b.stream.clone(),
-                            durable_name: "w3".into(),
-                            ack_wait_secs: 30,
-                            prefetch: args.prefetch,
-                            ..NatsConsumerConfig::default()
-                        },
-                    )
-                    .await?;
-                    let mut o =
-                        run_one("nats", pools, bench, &pg_store, &b.transport, source, args)
-                            .await?;
-                    let (pending, ack_pending) = b.consumer_pending("w3").await?;
-                    o.checks
-                        .push_str(&format!(", left on broker {}", pending + ack_pending));
-                    anyhow::Ok(o)
-                }
-                .await;
-                let down = b.teardown().await;
-                let o = r?;
-                down.context("NATS teardown")?;
-                o
-            }
-            TransportChoice::Kafka => {
-                let b = KafkaBench::setup(env).await?;
-                let r = async {
-                    let source = KafkaSource::connect(
-                        &env.kafka_url,
-                        KafkaConsumerConfig {
-                            topics: vec![b.topic().to_owned()],
-                            group_id: format!("w3-{}", bench.name()),
-                            ..KafkaConsumerConfig::default()
-                        },
-                    )
-                    .await?;
-                    let mut o =
-                        run_one("kafka", pools, bench, &pg_store, &b.transport, source, args)
-                            .await?;
-                    o.floor = Some(
-                        b.raw_latency(env, args.rate, args.secs, args.warmup_secs)
-                            .await
-                            .context("the raw clients' floor")?,
-                    );
-                    anyhow::Ok(o)
-                }
-                .await;
-                let down = b.teardown().await;
-                let o = r?;
-                down.context("Kafka teardown")?;
-                o
-            }
-            _ => {
-                let b = RabbitBench::setup(env).await?;
-                let r = async {
-                    let source = RabbitSource::connect(
-                        &env.amqp_url,
-                        RabbitConsumerConfig {
-                            queue: b.queue.clone(),
-                            bind_exchange: Some(b.exchange.clone()),
-                            binding_key: "#".into(),
-                            ..RabbitConsumerConfig::default()
-                        },
-                    )
-                    .await?;
-                    let mut o = run_one(
-                        "rabbitmq",
-                        pools,
-                        bench,
-                        &pg_store,
-                        &b.transport,
-                        source,
-                        args,
-                    )
-                    .await?;
-                    let left = b.count_when_idle().await?;
-                    o.checks.push_str(&format!(", left on broker {left}"));
-                    anyhow::Ok(o)
-                }
-                .await;
-                let down = b.teardown().await;
-                let o = r?;
-                down.context("RabbitMQ teardown")?;
-                o
-            }
-        };
+        let b = AnyBench::setup(env, t).await?;
+        let r = run_on(&b, env, pools, bench, &pg_store, args).await;
+        let name = b.name();
+        let down = b.teardown().await;
+        let o = r?;
+        down.with_context(|| format!("{name} teardown"))?;
         eprintln!(
             "  {} p50 {:.1} ms p99 {:.1} ms max {:.1} ms ({} measured, {} missing; {}; load {})",
             o.transport,
@@ -330,13 +185,64 @@ async fn measure(env: &Env, pools: &Pools, bench: &BenchSchema, args: &Args) -> 
     Ok(())
 }
 
-async fn count(pool: &PgPool, bench: &BenchSchema, table: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}.{table}",
-        bench.name()
-    )))
-    .fetch_one(pool)
-    .await?)
+/// [`run_one`] on broker `b` with a consumer source of its own, and what the broker still
+/// holds after it (the raw clients' floor on Kafka).
+async fn run_on(
+    b: &AnyBench,
+    env: &Env,
+    pools: &Pools,
+    bench: &BenchSchema,
+    pg_store: &PgStore,
+    args: &Args,
+) -> Result<Outcome> {
+    let transport = b.transport();
+    match b {
+        AnyBench::Nats(b) => {
+            let source = NatsSource::connect(
+                &env.nats_url,
+                NatsConsumerConfig {
+                    stream: b.stream.clone(),
+                    durable_name: "w3".into(),
+                    ack_wait_secs: 30,
+                    prefetch: args.prefetch,
+                    ..NatsConsumerConfig::default()
+                },
+            )
+            .await?;
+            let mut o = run_one("nats", pools, bench, pg_store, transport, source, args).await?;
+            let (pending, ack_pending) = b.consumer_pending("w3").await?;
+            o.checks
+                .push_str(&format!(", left on broker {}", pending + ack_pending));
+            Ok(o)
+        }
+        AnyBench::Kafka(b) => {
+            let source = KafkaSource::connect(
+                &env.kafka_url,
+                KafkaConsumerConfig {
+                    topics: vec![b.topic().to_owned()],
+                    group_id: format!("w3-{}", bench.name()),
+                    ..KafkaConsumerConfig::default()
+                },
+            )
+            .await?;
+            let mut o = run_one("kafka", pools, bench, pg_store, transport, source, args).await?;
+            let load = &args.steady;
+            o.floor = Some(
+                b.raw_latency(env, load.rate, load.secs, load.warmup_secs)
+                    .await
+                    .context("the raw clients' floor")?,
+            );
+            Ok(o)
+        }
+        AnyBench::Rabbit(b) => {
+            let source = RabbitSource::connect(&env.amqp_url, b.consumer_config()).await?;
+            let mut o =
+                run_one("rabbitmq", pools, bench, pg_store, transport, source, args).await?;
+            let left = b.count_when_idle().await?;
+            o.checks.push_str(&format!(", left on broker {left}"));
+            Ok(o)
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -350,11 +256,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     args: &Args,
 ) -> Result<Outcome> {
     let store = Arc::new(TimedStore::new(pg_store.clone()));
-    let timed = Arc::new(TimedTransport::new(Arc::clone(transport)));
-    let stamps = Arc::new(StampTransport {
-        inner: Arc::clone(&timed),
-        at: Mutex::default(),
-    });
+    let timed = Arc::new(TimedTransport::stamping(Arc::clone(transport)));
     // CDC: the slot before the first event, so that everything produced is streamed.
     let feed = match args.relay_mode {
         RelayMode::Polling => None,
@@ -393,7 +295,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         None => tokio::spawn(
             Arc::new(Relay::new(
                 Arc::clone(&store),
-                Arc::clone(&stamps),
+                Arc::clone(&timed),
                 RelayConfig::default(),
             )?)
             .run(relay_stop.clone()),
@@ -401,7 +303,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         Some(feed) => tokio::spawn(
             Arc::new(Relay::with_feed(
                 Arc::clone(feed),
-                Arc::clone(&stamps),
+                Arc::clone(&timed),
                 RelayConfig::default(),
             )?)
             .run(relay_stop.clone()),
@@ -434,7 +336,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    while count(&pools.producer, bench, "report").await? < total as i64 && Instant::now() < deadline
+    while bench.count(&pools.producer, "report").await? < total as i64 && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -443,7 +345,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
         // The CDC relay settles a row whose transaction was not visible yet with a later
         // batch: give it the time (at most 10 s) before it stops and the rows are counted.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while count(&pools.producer, bench, "events").await? > 0 && Instant::now() < deadline {
+        while bench.count(&pools.producer, "events").await? > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -458,7 +360,7 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     consumer_task.await?; // drops the source: unacknowledged deliveries go back to the broker
     let acc = source_stats.finish(Instant::now());
     let acked = source_stats.take_ack_times();
-    let published = std::mem::take(&mut *stamps.at.lock().unwrap());
+    let published = timed.stats.take_confirm_times();
 
     let applied: Vec<(uuid::Uuid, i64)> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT event_id, (extract(epoch FROM applied_at) * 1000000)::int8 FROM {}.report",
@@ -508,9 +410,9 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     ] {
         v.sort_by(f64::total_cmp);
     }
-    let report_rows = count(&pools.producer, bench, "report").await?;
-    let inbox_rows = count(&pools.producer, bench, "inbox").await?;
-    let outbox_rows = count(&pools.producer, bench, "events").await?;
+    let report_rows = bench.count(&pools.producer, "report").await?;
+    let inbox_rows = bench.count(&pools.producer, "inbox").await?;
+    let outbox_rows = bench.count(&pools.producer, "events").await?;
     let ok = report_rows == total as i64 && inbox_rows == total as i64 && outbox_rows == 0;
     o.checks = format!(
         "{}: produced {total}, report rows {report_rows}, inbox rows {inbox_rows}, outbox rows \
@@ -521,93 +423,23 @@ async fn run_one<T: Transport, S: DeliverySource + Sync>(
     Ok(o)
 }
 
-/// The steady producer (as in the `latency` workload). Returns the measured events' commit
-/// times, the number produced in total (warm-up included), the measured seconds and the CPU
-/// used during the measured window.
+/// The steady producer (as in the `latency` workload, the relay woken). Returns the measured
+/// events' commit times, the number produced in total (warm-up included), the measured seconds
+/// and the CPU used during the measured window.
 async fn produce(
     label: &'static str,
     pool: &PgPool,
     bench: &BenchSchema,
     args: &Args,
 ) -> Result<(HashMap<uuid::Uuid, Commit>, usize, f64, CpuSnap)> {
-    let outbox = PgOutbox::new(bench.schema.clone());
-    let waker = RelayWaker::spawn(pool.clone(), &outbox, Duration::from_millis(args.waker_ms));
-    let insert = Arc::new(format!(
-        "INSERT INTO {}.payments (id, amount, status) VALUES ($1, $2, 'created')",
-        bench.name()
-    ));
-    let commits: Arc<Mutex<HashMap<uuid::Uuid, Commit>>> = Arc::default();
-    let in_flight = Arc::new(Semaphore::new(args.producers as usize * 4));
-    let period = Duration::from_secs_f64(1.0 / args.rate as f64);
-    let warmup_ticks = args.warmup_secs * args.rate;
-    let total_ticks = warmup_ticks + args.secs * args.rate;
-    let mut ticker = tokio::time::interval(period);
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut measured_start = None;
-    let mut cpu0 = cpu_snapshot();
-    for i in 0..total_ticks {
-        ticker.tick().await;
-        let measured = i >= warmup_ticks;
-        if measured && measured_start.is_none() {
-            measured_start = Some(Instant::now());
-            cpu0 = cpu_snapshot();
-        }
-        let permit = Arc::clone(&in_flight).acquire_owned().await?;
-        let (pool, outbox, waker, insert, commits) = (
-            pool.clone(),
-            outbox.clone(),
-            waker.clone(),
-            Arc::clone(&insert),
-            Arc::clone(&commits),
-        );
-        let id = format!("{label}-{i}");
-        tasks.spawn(async move {
-            let _permit = permit;
-            let amount = 100 + (i as i64 % 900);
-            let mut tx = pool.begin().await?;
-            sqlx::query(AssertSqlSafe(insert.as_str().to_owned()))
-                .bind(&id)
-                .bind(amount)
-                .execute(&mut *tx)
-                .await?;
-            let body = json_payload(
-                &serde_json::json!({"payment_id": id, "amount": amount, "currency": "EUR",
-                    "status": "created", "customer_id": "cus_9f8e7d6c5b4a"}),
-                300,
-            );
-            let msg = NewMessage::new(
-                "payment",
-                &id,
-                1,
-                "PaymentCreated",
-                Payload::bytes("application/json", body),
-            );
-            outbox.enqueue(&mut *tx, &msg).await?;
-            tx.commit().await?;
-            let at = Instant::now();
-            let wall_us = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as i64);
-            if measured {
-                commits
-                    .lock()
-                    .unwrap()
-                    .insert(msg.event_id, Commit { at, wall_us });
-            }
-            waker.wake();
-            anyhow::Ok(())
-        });
-        while let Some(done) = tasks.try_join_next() {
-            done??;
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    let cpu = cpu_snapshot().since(&cpu0);
-    let measured_secs = measured_start.map_or(f64::NAN, |s| s.elapsed().as_secs_f64());
-    let commits = std::mem::take(&mut *commits.lock().unwrap());
-    Ok((commits, total_ticks as usize, measured_secs, cpu))
+    let id = |i| format!("{label}-{i}");
+    let p = produce_steady(pool, bench, &args.steady, true, id, Commit::now, true).await?;
+    Ok((
+        p.commits,
+        p.total,
+        p.measured_secs,
+        p.cpu.unwrap_or_default(),
+    ))
 }
 
 fn pq(v: &[f64], q: f64) -> String {
@@ -617,44 +449,34 @@ fn pq(v: &[f64], q: f64) -> String {
 fn report(args: &Args, outcomes: &[Outcome]) {
     println!(
         "### W3: end-to-end latency at {} events/s (producer commit -> PgConsumer commit), {} s after {} s warm-up\n",
-        args.rate, args.secs, args.warmup_secs
+        args.steady.rate, args.steady.secs, args.steady.warmup_secs
     );
     let rows: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| {
             let p50 = percentile(&o.e2e_ms, 0.5);
             let p99 = percentile(&o.e2e_ms, 0.99);
-            vec![
-                o.transport.to_owned(),
-                o.measured.to_string(),
-                format!("{:.0}", o.rate),
-                pq(&o.e2e_ms, 0.5),
-                pq(&o.e2e_ms, 0.9),
-                pq(&o.e2e_ms, 0.99),
-                format!("{:.1}", o.e2e_ms.last().copied().unwrap_or(f64::NAN)),
+            let mut row = vec![o.transport.to_owned()];
+            row.extend(latency_cells(o.measured, o.rate, &o.e2e_ms));
+            row.extend([
                 format!("≤ 10: {}", verdict_le(p50, 10.0)),
                 format!("≤ 50: {}", verdict_le(p99, 50.0)),
                 format!("{} / {}", pq(&o.db_ms, 0.5), pq(&o.db_ms, 0.99)),
                 o.missing.to_string(),
                 o.load.clone(),
-            ]
+            ]);
+            row
         })
         .collect();
+    let goals = [
+        "goal p50",
+        "goal p99",
+        "DB clock check p50/p99 ms",
+        "missing",
+        "load avg after",
+    ];
     print_table(
-        &[
-            "transport",
-            "events",
-            "achieved ev/s",
-            "p50 ms",
-            "p90 ms",
-            "p99 ms",
-            "max ms",
-            "goal p50",
-            "goal p99",
-            "DB clock check p50/p99 ms",
-            "missing",
-            "load avg after",
-        ],
+        &[&["transport"][..], &LATENCY_HEADERS, &goals].concat(),
         &rows,
     );
     println!("Checks: ");
@@ -775,29 +597,20 @@ fn report(args: &Args, outcomes: &[Outcome]) {
     let rows: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| {
-            let k = 1e6 / o.measured.max(1) as f64;
-            let broker = o.cpu.broker(o.transport);
-            vec![
-                o.transport.to_owned(),
-                format!("{:.0}", o.cpu.pg * k),
-                format!("{:.0}", broker * k),
-                format!("{:.0}", o.cpu.me * k),
-                format!("{:.2}", o.cpu.other() / o.measured_secs),
-                format!("{:.0}%", o.cpu.busy / o.cpu.total * 100.0),
-                o.produced_total.to_string(),
-            ]
+            let events = o.measured.max(1) as f64;
+            let mut row = vec![o.transport.to_owned()];
+            row.extend(o.cpu.cells(o.transport, events, o.measured_secs));
+            row.push(o.produced_total.to_string());
+            row
         })
         .collect();
     print_table(
         &[
-            "transport",
-            "PostgreSQL",
-            "broker",
-            "bench process (producers + relay + consumer)",
-            "other load (cores)",
-            "machine busy",
-            "events produced incl. warm-up",
-        ],
+            &["transport"][..],
+            &cpu_headers("bench process (producers + relay + consumer)"),
+            &["events produced incl. warm-up"],
+        ]
+        .concat(),
         &rows,
     );
 }

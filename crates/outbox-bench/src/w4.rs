@@ -12,10 +12,10 @@ use outbox_postgres::{PgConsumer, PgStore};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
 use sqlx::{AssertSqlSafe, PgPool};
 
-use crate::brokers::{NatsBench, RabbitBench};
+use crate::brokers::AnyBench;
 use crate::common::{
     BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, loadavg, mean,
-    print_table, verdict,
+    print_phases_cpu, print_table, shares, verdict,
 };
 use crate::consume::{
     ConsumerSplit, ReportHandler, SourceStats, TimedSource, baseline_drain, create_report_table,
@@ -125,15 +125,7 @@ struct Phase {
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
     let pool = connect_pool(env, 4).await?;
-    let bench = BenchSchema::create(&pool).await?;
-    let result = measure(env, &pool, &bench, &args).await;
-    bench.drop(&pool).await?;
-    result
-}
-
-enum Broker {
-    Nats(NatsBench),
-    Rabbit(RabbitBench),
+    BenchSchema::scope(&pool, async |bench| measure(env, &pool, bench, &args).await).await
 }
 
 async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> Result<()> {
@@ -152,16 +144,37 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> 
     );
     let mut phases = Vec::new();
     for t in args.transport.list() {
-        let broker = match t {
-            TransportChoice::Nats => Broker::Nats(NatsBench::setup(env).await?),
-            TransportChoice::Kafka => anyhow::bail!("W4 does not measure Kafka yet"),
-            _ => Broker::Rabbit(RabbitBench::setup(env).await?),
-        };
-        let r = measure_broker(env, &broker, t.label(), pool, bench, args, &mut phases).await;
-        let down = match broker {
-            Broker::Nats(b) => b.teardown().await,
-            Broker::Rabbit(b) => b.teardown().await,
-        };
+        if t == TransportChoice::Kafka {
+            anyhow::bail!("W4 does not measure Kafka yet");
+        }
+        let label = t.label();
+        let broker = AnyBench::setup(env, t).await?;
+        let r = async {
+            for round in 1..=args.rounds {
+                let mut order = args.phases.clone();
+                if round % 2 == 0 {
+                    order.reverse();
+                }
+                for kind in order {
+                    let p = run_phase(env, &broker, label, pool, bench, args, round, kind).await?;
+                    eprintln!(
+                        "  {label} round {round} {}: {:>7.0} ev/s ({} events, {:.2} s, report {} inbox {} broker left {}, load {})",
+                        kind.short(),
+                        p.rate,
+                        p.events,
+                        p.elapsed.as_secs_f64(),
+                        p.report_rows,
+                        p.inbox_rows,
+                        p.broker_left,
+                        p.load
+                    );
+                    phases.push(p);
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        let down = broker.teardown().await;
         r?;
         down.context("broker teardown")?;
     }
@@ -170,52 +183,10 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &Args) -> 
     Ok(())
 }
 
-async fn count(pool: &PgPool, bench: &BenchSchema, table: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}.{table}",
-        bench.name()
-    )))
-    .fetch_one(pool)
-    .await?)
-}
-
-async fn measure_broker(
-    env: &Env,
-    broker: &Broker,
-    label: &'static str,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    args: &Args,
-    phases: &mut Vec<Phase>,
-) -> Result<()> {
-    for round in 1..=args.rounds {
-        let mut order = args.phases.clone();
-        if round % 2 == 0 {
-            order.reverse();
-        }
-        for kind in order {
-            let p = run_phase(env, broker, label, pool, bench, args, round, kind).await?;
-            eprintln!(
-                "  {label} round {round} {}: {:>7.0} ev/s ({} events, {:.2} s, report {} inbox {} broker left {}, load {})",
-                kind.short(),
-                p.rate,
-                p.events,
-                p.elapsed.as_secs_f64(),
-                p.report_rows,
-                p.inbox_rows,
-                p.broker_left,
-                p.load
-            );
-            phases.push(p);
-        }
-    }
-    Ok(())
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn run_phase(
     env: &Env,
-    broker: &Broker,
+    broker: &AnyBench,
     label: &'static str,
     pool: &PgPool,
     bench: &BenchSchema,
@@ -235,18 +206,9 @@ async fn run_phase(
         .await?;
     let msgs = synthetic_events(&format!("r{round}{}", kind.short()), n);
     let durable = format!("w4-r{round}-{kind:?}").to_lowercase();
-    let (preload_took, broker_before) = match broker {
-        Broker::Nats(b) => {
-            b.purge().await?;
-            let d = preload(&*b.transport, &msgs, args.window).await?;
-            (d, b.count().await?)
-        }
-        Broker::Rabbit(b) => {
-            b.purge().await?;
-            let d = preload(&*b.transport, &msgs, args.window).await?;
-            (d, b.count().await?)
-        }
-    };
+    broker.purge().await?;
+    let preload_took = preload(&**broker.transport(), &msgs, args.window).await?;
+    let broker_before = broker.count().await?;
     drop(msgs);
     if broker_before != n as u64 {
         bail!("preload: the broker holds {broker_before} messages, expected {n}");
@@ -258,7 +220,7 @@ async fn run_phase(
     let timeout = Duration::from_secs(args.timeout_secs);
     let cpu0 = cpu_snapshot();
     let (elapsed, acc) = match broker {
-        Broker::Nats(b) => {
+        AnyBench::Nats(b) => {
             let source = NatsSource::connect(
                 &env.nats_url,
                 NatsConsumerConfig {
@@ -274,15 +236,12 @@ async fn run_phase(
             )
             .await?
         }
-        Broker::Rabbit(b) => {
+        AnyBench::Rabbit(b) => {
             let source = RabbitSource::connect(
                 &env.amqp_url,
                 RabbitConsumerConfig {
-                    queue: b.queue.clone(),
-                    bind_exchange: Some(b.exchange.clone()),
-                    binding_key: "#".into(),
                     prefetch: 256.max(batch as u32),
-                    ..RabbitConsumerConfig::default()
+                    ..b.consumer_config()
                 },
             )
             .await?;
@@ -291,26 +250,28 @@ async fn run_phase(
             )
             .await?
         }
+        AnyBench::Kafka(_) => bail!("W4 does not measure Kafka yet"),
     };
     let cpu = cpu_snapshot().since(&cpu0);
     let load = loadavg();
     // The source was dropped with the drain: whatever was not acknowledged is back on the
     // broker now.
     let broker_left = match broker {
-        Broker::Nats(b) => {
+        AnyBench::Nats(b) => {
             let (pending, ack_pending) = b.consumer_pending(&durable).await?;
             b.delete_consumer(&durable).await?;
             b.purge().await?;
             pending + ack_pending
         }
-        Broker::Rabbit(b) => {
+        AnyBench::Rabbit(b) => {
             let left = b.count_when_idle().await?;
             b.purge().await?;
             left
         }
+        AnyBench::Kafka(_) => unreachable!("no Kafka source above"),
     };
-    let report_rows = count(pool, bench, "report").await?;
-    let inbox_rows = count(pool, bench, "inbox").await?;
+    let report_rows = bench.count(pool, "report").await?;
+    let inbox_rows = bench.count(pool, "inbox").await?;
     let expected_inbox = if kind.inbox() { n as i64 } else { 0 };
     if report_rows != n as i64 || inbox_rows != expected_inbox || broker_left != 0 {
         bail!(
@@ -469,7 +430,6 @@ fn report(args: &Args, phases: &[Phase]) {
         .iter()
         .map(|p| {
             let s = &p.split;
-            let cycle = s.fetch_ms + s.work_ms + s.settle_ms;
             vec![
                 p.transport.to_owned(),
                 p.round.to_string(),
@@ -481,11 +441,9 @@ fn report(args: &Args, phases: &[Phase]) {
                 format!("{:.3}", s.handler_ms),
                 format!("{:.3}", s.work_ms - s.handler_ms),
                 format!("{:.3}", s.settle_ms),
-                format!(
-                    "{:.0}% / {:.0}% / {:.0}%",
-                    s.fetch_ms / cycle * 100.0,
-                    s.work_ms / cycle * 100.0,
-                    s.settle_ms / cycle * 100.0
+                shares(
+                    [s.fetch_ms, s.work_ms, s.settle_ms],
+                    s.fetch_ms + s.work_ms + s.settle_ms,
                 ),
                 format!("{:.2} / {:.2}", s.ack_ms_p50, s.ack_ms_p99),
             ]
@@ -510,35 +468,14 @@ fn report(args: &Args, phases: &[Phase]) {
     );
 
     println!("#### W4: CPU per 1,000 events during each phase (ms; from /proc)\n");
-    let rows: Vec<Vec<String>> = phases
-        .iter()
-        .map(|p| {
-            let k = 1e6 / p.events as f64;
-            let broker = p.cpu.broker(p.transport);
-            vec![
-                p.transport.to_owned(),
-                p.round.to_string(),
-                p.kind.short().to_owned(),
-                format!("{:.0}", p.cpu.pg * k),
-                format!("{:.0}", broker * k),
-                format!("{:.0}", p.cpu.me * k),
-                format!("{:.2}", p.cpu.other() / p.elapsed.as_secs_f64()),
-                format!("{:.0}%", p.cpu.busy / p.cpu.total * 100.0),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "transport",
-            "round",
-            "phase",
-            "PostgreSQL",
-            "broker",
-            "bench process (consumer)",
-            "other load (cores)",
-            "machine busy",
-        ],
-        &rows,
+    print_phases_cpu(
+        "bench process (consumer)",
+        phases.iter().map(|p| {
+            let cpu = p
+                .cpu
+                .cells(p.transport, p.events as f64, p.elapsed.as_secs_f64());
+            (p.transport, p.round, p.kind.short().to_owned(), cpu)
+        }),
     );
 
     println!("#### W4 summary (means over rounds)\n");

@@ -16,14 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use outbox_core::Transport;
 use outbox_core::relay::Relay;
 use outbox_postgres::cdc::{self, CdcConfig, CdcFeed};
-use outbox_postgres::{OnPublish, PgOutbox, PgStore, PgStoreConfig};
-use sqlx::{AssertSqlSafe, PgPool};
+use outbox_postgres::{OnPublish, PgOutbox, PgStore};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{NatsBench, RabbitBench};
+use crate::brokers::AnyBench;
 use crate::common::{BenchSchema, Env, TransportChoice, connect_pool, loadavg, print_table};
 use crate::timing::TimedTransport;
 use crate::w2;
@@ -47,13 +46,14 @@ struct Round {
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
     let pool = connect_pool(env, 16).await?;
-    let bench = BenchSchema::create(&pool).await?;
-    let result = measure(env, &pool, &bench, &args.w2).await;
-    let slot = bench.schema.as_str().to_owned();
-    let removed = cdc::remove(&pool, &slot, &slot, Duration::from_secs(10)).await;
-    bench.drop(&pool).await?;
-    removed.context("removing the bench's slot")?;
-    result
+    BenchSchema::scope(&pool, async |bench| {
+        let result = measure(env, &pool, bench, &args.w2).await;
+        let slot = bench.schema.as_str();
+        let removed = cdc::remove(&pool, slot, slot, Duration::from_secs(10)).await;
+        removed.context("removing the bench's slot")?;
+        result
+    })
+    .await
 }
 
 async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args) -> Result<()> {
@@ -80,49 +80,17 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args)
     let publication = bench.schema.as_str().to_owned();
     cdc::ensure_publication(pool, &bench.schema, &publication).await?;
     let rounds = match t {
-        TransportChoice::Nats => {
-            let b = NatsBench::setup(env).await?;
-            let r = rounds(
+        TransportChoice::Nats | TransportChoice::Rabbitmq => {
+            let b = AnyBench::setup(env, t).await?;
+            let run = Run {
                 env,
                 pool,
                 bench,
                 args,
                 workers,
-                &b.transport,
-                |window| {
-                    let b = &b;
-                    async move {
-                        b.baseline(&w2::synthetic(args), window, args.baseline_tasks)
-                            .await
-                    }
-                },
-                || b.count(),
-                || b.purge(),
-            )
-            .await;
-            b.teardown().await?;
-            r?
-        }
-        TransportChoice::Rabbitmq => {
-            let b = RabbitBench::setup(env).await?;
-            let r = rounds(
-                env,
-                pool,
-                bench,
-                args,
-                workers,
-                &b.transport,
-                |window| {
-                    let b = &b;
-                    async move {
-                        b.baseline(&w2::synthetic(args), window, args.baseline_tasks)
-                            .await
-                    }
-                },
-                || b.count(),
-                || b.purge(),
-            )
-            .await;
+                broker: &b,
+            };
+            let r = rounds(&run).await;
             b.teardown().await?;
             r?
         }
@@ -133,36 +101,34 @@ async fn measure(env: &Env, pool: &PgPool, bench: &BenchSchema, args: &w2::Args)
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn rounds<T, R, RF, C, CF, P, PF>(
-    env: &Env,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    args: &w2::Args,
+/// What every phase of the run works with.
+struct Run<'a> {
+    env: &'a Env,
+    pool: &'a PgPool,
+    bench: &'a BenchSchema,
+    args: &'a w2::Args,
+    /// Relay workers.
     workers: usize,
-    transport: &Arc<T>,
-    raw: R,
-    count: C,
-    purge: P,
-) -> Result<Vec<Round>>
-where
-    T: Transport,
-    R: Fn(usize) -> RF,
-    RF: Future<Output = Result<Duration>>,
-    C: Fn() -> CF,
-    CF: Future<Output = Result<u64>>,
-    P: Fn() -> PF,
-    PF: Future<Output = Result<()>>,
-{
+    broker: &'a AnyBench,
+}
+
+/// Takes what the broker holds after a phase that published `n` events, and purges it; fails
+/// with `mismatch(held)` unless it held all of them.
+async fn take_all(broker: &AnyBench, n: usize, mismatch: impl FnOnce(u64) -> String) -> Result<()> {
+    let held = broker.count().await?;
+    broker.purge().await?;
+    if held != n as u64 {
+        bail!(mismatch(held));
+    }
+    Ok(())
+}
+
+async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
+    let (pool, bench, args, workers, broker) =
+        (run.pool, run.bench, run.args, run.workers, run.broker);
     let n = args.messages;
     let timeout = Duration::from_secs(args.timeout_secs);
-    let store = PgStore::new(
-        pool.clone(),
-        PgStoreConfig {
-            schema: bench.schema.clone(),
-            ..PgStoreConfig::default()
-        },
-    );
+    let store = PgStore::with_schema(pool.clone(), bench.schema.clone());
     let mut out = Vec::new();
     let windows = [
         w2::relay_config(args, workers).max_in_flight,
@@ -172,12 +138,13 @@ where
         // The ceiling: the raw client at the relay's window and at the ceiling window.
         let mut ceiling = 0.0_f64;
         for window in windows.into_iter().filter(|w| *w > 0) {
-            let elapsed = raw(window).await?;
-            let held = count().await?;
-            purge().await?;
-            if held != n as u64 {
-                bail!("round {round}: the raw client left {held} of {n} in the broker");
-            }
+            let elapsed = broker
+                .baseline(&w2::synthetic(args), window, args.baseline_tasks)
+                .await?;
+            take_all(broker, n, |held| {
+                format!("round {round}: the raw client left {held} of {n} in the broker")
+            })
+            .await?;
             let rate = n as f64 / elapsed.as_secs_f64();
             eprintln!("  round {round} raw client, window {window}: {rate:>8.0} ev/s");
             ceiling = ceiling.max(rate);
@@ -189,17 +156,16 @@ where
             pool,
             bench,
             &store,
-            Arc::clone(transport),
+            Arc::clone(broker.transport()),
             w2::relay_config(args, workers),
             n,
             timeout,
         )
         .await?;
-        let held = count().await?;
-        purge().await?;
-        if held != n as u64 {
-            bail!("polling round {round}: the broker holds {held} of {n}");
-        }
+        take_all(broker, n, |held| {
+            format!("polling round {round}: the broker holds {held} of {n}")
+        })
+        .await?;
         let polling = n as f64 / elapsed.as_secs_f64();
         eprintln!(
             "  round {round} polling: {polling:>8.0} ev/s ({:.2} s)",
@@ -211,19 +177,9 @@ where
         let mut cdc = [0.0_f64; 2];
         let mut lag = 0;
         for (i, producers_delete) in [false, true].into_iter().enumerate() {
-            let (rate, bytes) = cdc_drain(
-                env,
-                pool,
-                bench,
-                args,
-                workers,
-                transport,
-                &count,
-                &purge,
-                producers_delete,
-            )
-            .await
-            .with_context(|| format!("CDC round {round}, producers delete: {producers_delete}"))?;
+            let (rate, bytes) = cdc_drain(run, producers_delete).await.with_context(|| {
+                format!("CDC round {round}, producers delete: {producers_delete}")
+            })?;
             cdc[i] = rate;
             lag = bytes;
             eprintln!(
@@ -252,25 +208,9 @@ where
 /// its rows in the producer's transaction when `producers_delete`), the relay until the broker
 /// holds every event; then, untimed, the rows deleted and the slot dropped. Returns events per
 /// second and the log the slot had to read, in bytes.
-#[allow(clippy::too_many_arguments)]
-async fn cdc_drain<T, C, CF, P, PF>(
-    env: &Env,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    args: &w2::Args,
-    workers: usize,
-    transport: &Arc<T>,
-    count: &C,
-    purge: &P,
-    producers_delete: bool,
-) -> Result<(f64, i64)>
-where
-    T: Transport,
-    C: Fn() -> CF,
-    CF: Future<Output = Result<u64>>,
-    P: Fn() -> PF,
-    PF: Future<Output = Result<()>>,
-{
+async fn cdc_drain(run: &Run<'_>, producers_delete: bool) -> Result<(f64, i64)> {
+    let (pool, bench, args, workers, broker) =
+        (run.pool, run.bench, run.args, run.workers, run.broker);
     let n = args.messages;
     let timeout = Duration::from_secs(args.timeout_secs);
     let slot = bench.schema.as_str().to_owned();
@@ -281,7 +221,7 @@ where
         .await?
         .map_or(0, |s| s.lag_bytes);
     let feed = Arc::new(CdcFeed::new(
-        &env.database_url,
+        &run.env.database_url,
         pool.clone(),
         bench.schema.clone(),
         CdcConfig {
@@ -292,7 +232,7 @@ where
     ));
     let relay = Arc::new(Relay::with_feed(
         Arc::clone(&feed),
-        Arc::new(TimedTransport::new(Arc::clone(transport))),
+        Arc::new(TimedTransport::new(Arc::clone(broker.transport()))),
         w2::relay_config(args, workers),
     )?);
     let stop = CancellationToken::new();
@@ -306,18 +246,13 @@ where
             bail!("CDC drain timed out after {timeout:?}: {held} of {n} published");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
-        held = count().await?;
+        held = broker.count().await?;
     }
     let elapsed = started.elapsed();
     // Untimed: the last rows deleted, then the relay and its slot gone.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}.events",
-            bench.name()
-        )))
-        .fetch_one(pool)
-        .await?;
+        let left = bench.count(pool, "events").await?;
         if left == 0 {
             break;
         }
@@ -337,7 +272,7 @@ where
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    purge().await?;
+    broker.purge().await?;
     if held != n as u64 {
         bail!("the broker holds {held} of {n}");
     }

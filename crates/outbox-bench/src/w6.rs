@@ -36,7 +36,6 @@
 //! purged from the stream as the drain goes (the count uses the stream's last sequence).
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -47,10 +46,12 @@ use outbox_core::{OutboxMessage, Payload};
 use outbox_postgres::{OnPublish, PgStore, PgStoreConfig};
 use sqlx::{AssertSqlSafe, PgPool};
 
-use crate::brokers::NatsBench;
+use crate::brokers::{FreshNats, NatsBench, baseline};
 use crate::common::{
-    BenchSchema, Env, connect_pool, loadavg, percentile, print_table, synthetic_message,
+    BenchSchema, Env, analyze_and_checkpoint, connect_pool, loadavg, pending, percentile,
+    print_table, synthetic_message,
 };
+use crate::relay_process::{RelayCommand, check_bin, rss_mb, stop};
 
 /// Options of `w6`.
 #[derive(clap::Args, Debug)]
@@ -132,13 +133,7 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
     if args.aggregates == 0 || args.aggregates > 9_999_999 {
         bail!("--aggregates must be 1 to 9,999,999 (aggregate ids have seven digits)");
     }
-    if !args.outbox_bin.exists() {
-        bail!(
-            "{} does not exist: build it with `cargo build --release -p outbox-cli`, or pass \
-             --outbox-bin",
-            args.outbox_bin.display()
-        );
-    }
+    check_bin(&args.outbox_bin)?;
     let modes = args
         .modes
         .iter()
@@ -166,20 +161,11 @@ pub async fn run(env: &Env, args: Args) -> Result<()> {
     );
     let mut reports = Vec::new();
     for mode in modes {
-        let bench = BenchSchema::create(&pool).await?;
-        let nats = match NatsBench::setup(env).await {
-            Ok(nats) => nats,
-            Err(e) => {
-                bench.drop(&pool).await?;
-                return Err(e);
-            }
-        };
-        // The measurement's error first; the clean-up's only when the measurement succeeded.
-        let result = measure_mode(env, &pool, &bench, &nats, &args, mode).await;
-        let teardown = nats.teardown().await;
-        bench.drop(&pool).await?;
-        reports.push(result?);
-        teardown?;
+        let report = FreshNats::run(env, &pool, async |fresh| {
+            measure_mode(fresh, &args, mode).await
+        })
+        .await?;
+        reports.push(report);
     }
     let ceiling_after = raw_ceiling(env, &args).await?;
     println!(
@@ -206,7 +192,7 @@ async fn raw_ceiling(env: &Env, args: &Args) -> Result<f64> {
             )
         })
         .collect();
-    let elapsed = nats.baseline(&msgs, args.window, false).await;
+    let elapsed = baseline(&nats, &msgs, args.window, false).await;
     nats.teardown().await?;
     Ok(args.baseline_messages as f64 / elapsed?.as_secs_f64())
 }
@@ -216,14 +202,21 @@ fn payload(len: usize) -> Vec<u8> {
     format!("{{\"pad\":\"{}\"}}", "x".repeat(pad)).into_bytes()
 }
 
-async fn measure_mode(
-    env: &Env,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    nats: &NatsBench,
-    args: &Args,
-    mode: OnPublish,
-) -> Result<ModeReport> {
+/// What one mode's drain works with.
+struct ModeRun<'a> {
+    env: &'a Env,
+    pool: &'a PgPool,
+    bench: &'a BenchSchema,
+    nats: &'a NatsBench,
+    args: &'a Args,
+    /// The store of the timed claims.
+    store: PgStore,
+    /// The relay's configuration file.
+    config: PathBuf,
+}
+
+async fn measure_mode(fresh: &FreshNats<'_>, args: &Args, mode: OnPublish) -> Result<ModeReport> {
+    let (env, pool, bench, nats) = (fresh.env, fresh.pool, &fresh.bench, &fresh.nats);
     let s = bench.name();
     println!("## mode {mode:?} (schema {s})\n");
     if mode == OnPublish::Mark {
@@ -258,10 +251,17 @@ async fn measure_mode(
         .claims
         .push(claim_latency(pool, &store, s, args, "full backlog").await?);
 
-    let config = relay_config_file(bench, nats, mode)?;
-    let result =
-        drain_and_measure(env, pool, bench, nats, args, &store, &config, &mut report).await;
-    let _ = std::fs::remove_file(&config);
+    let run = ModeRun {
+        env,
+        pool,
+        bench,
+        nats,
+        args,
+        store,
+        config: relay_config_file(bench, nats, mode)?,
+    };
+    let result = drain_and_measure(&run, &mut report).await;
+    let _ = std::fs::remove_file(&run.config);
     result?;
     Ok(report)
 }
@@ -301,17 +301,8 @@ async fn claim_pool(env: &Env, pool: &PgPool) -> Result<PgPool> {
 
 /// The drain in segments (claim latency at each checkpoint), then the near-empty claims, the
 /// sizes and, in mark mode, the retention.
-#[allow(clippy::too_many_arguments)]
-async fn drain_and_measure(
-    env: &Env,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    nats: &NatsBench,
-    args: &Args,
-    store: &PgStore,
-    config: &PathBuf,
-    report: &mut ModeReport,
-) -> Result<()> {
+async fn drain_and_measure(run: &ModeRun<'_>, report: &mut ModeReport) -> Result<()> {
+    let (pool, bench, nats, args, store) = (run.pool, run.bench, run.nats, run.args, &run.store);
     let s = bench.name();
     let mode = report.mode;
     // Descending, each once, inside the backlog; then the end of the drain.
@@ -324,7 +315,7 @@ async fn drain_and_measure(
         let target = args.events - stop_at;
         let started = Instant::now();
         let before = nats.last_sequence().await?;
-        let mut relay = spawn_relay(env, bench, args, config)?;
+        let mut relay = spawn_relay(run)?;
         // The first publish of this start.
         loop {
             if nats.last_sequence().await? > before {
@@ -349,15 +340,7 @@ async fn drain_and_measure(
         println!("{label}: first publish {:.0} ms after spawning", ms(first));
         report.restarts.push((label, first));
         // Drain to the next checkpoint, sampling the relay's memory.
-        drain_to(
-            &mut relay,
-            nats,
-            target,
-            started,
-            args,
-            &mut report.max_rss_mb,
-        )
-        .await?;
+        drain_to(run, &mut relay, target, started, &mut report.max_rss_mb).await?;
         if *stop_at == 0 {
             // Everything published: wait for the last settle before stopping the relay.
             settled(pool, s).await?;
@@ -415,7 +398,7 @@ async fn drain_and_measure(
             .push(claim_latency(pool, store, s, args, "1,000 rows, after the retention").await?);
     }
     for cycle in 2..=args.cycles {
-        next_backlog(env, pool, bench, nats, args, store, config, report, cycle).await?;
+        next_backlog(run, report, cycle).await?;
     }
     Ok(())
 }
@@ -423,18 +406,8 @@ async fn drain_and_measure(
 /// Backlog number `cycle` on top of what the earlier ones left, drained by one relay start
 /// (and retained again in mark mode), with the sizes after the write, the drain and a
 /// `VACUUM`.
-#[allow(clippy::too_many_arguments)]
-async fn next_backlog(
-    env: &Env,
-    pool: &PgPool,
-    bench: &BenchSchema,
-    nats: &NatsBench,
-    args: &Args,
-    store: &PgStore,
-    config: &PathBuf,
-    report: &mut ModeReport,
-    cycle: u32,
-) -> Result<()> {
+async fn next_backlog(run: &ModeRun<'_>, report: &mut ModeReport, cycle: u32) -> Result<()> {
+    let (pool, bench, nats, args, store) = (run.pool, run.bench, run.nats, run.args, &run.store);
     let s = bench.name();
     // Versions above every earlier backlog's and the fresh rows' (at most `shape` each).
     let drained_versions = args.events.div_ceil(args.aggregates.max(1));
@@ -454,16 +427,8 @@ async fn next_backlog(
         .push(sizes(pool, s, &format!("backlog {cycle} written")).await?);
     let target = nats.last_sequence().await? + pending(pool, s).await? as u64;
     let started = Instant::now();
-    let mut relay = spawn_relay(env, bench, args, config)?;
-    drain_to(
-        &mut relay,
-        nats,
-        target,
-        started,
-        args,
-        &mut report.max_rss_mb,
-    )
-    .await?;
+    let mut relay = spawn_relay(run)?;
+    drain_to(run, &mut relay, target, started, &mut report.max_rss_mb).await?;
     settled(pool, s).await?;
     let took = started.elapsed();
     stop(&mut relay, "TERM").await?;
@@ -492,13 +457,13 @@ async fn next_backlog(
 /// `max_rss_mb` and purging the stream every million messages; fails when the relay ends or
 /// `args.timeout_secs` pass from `started`.
 async fn drain_to(
+    run: &ModeRun<'_>,
     relay: &mut tokio::process::Child,
-    nats: &NatsBench,
     target: u64,
     started: Instant,
-    args: &Args,
     max_rss_mb: &mut f64,
 ) -> Result<()> {
+    let (nats, args) = (run.nats, run.args);
     let mut last_rss = Instant::now() - Duration::from_secs(1);
     loop {
         let published = nats.last_sequence().await?;
@@ -590,19 +555,8 @@ async fn load_backlog(pool: &PgPool, s: &str, args: &Args) -> Result<Duration> {
     let started = Instant::now();
     insert_rows(pool, s, args, (0, args.events), args.aggregates, 0).await?;
     let took = started.elapsed();
-    sqlx::query(AssertSqlSafe(format!("ANALYZE {s}.events")))
-        .execute(pool)
-        .await?;
-    sqlx::query("CHECKPOINT").execute(pool).await?;
+    analyze_and_checkpoint(pool, s).await?;
     Ok(took)
-}
-
-async fn pending(pool: &PgPool, s: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {s}.events WHERE state = 'pending'"
-    )))
-    .fetch_one(pool)
-    .await?)
 }
 
 async fn vacuum(pool: &PgPool, s: &str) -> Result<()> {
@@ -671,69 +625,22 @@ fn relay_config_file(bench: &BenchSchema, nats: &NatsBench, mode: OnPublish) -> 
     let path = std::env::temp_dir().join(format!("outbox-bench-w6-{}.toml", bench.name()));
     std::fs::write(
         &path,
-        format!(
-            "[relay]\non_publish = \"{mode}\"\n\n[nats]\nstream = \"{}\"\nstream_subjects = \
-             [\"{}.>\"]\nsubject_template = \"{}.{{aggregate_type}}.{{event_type}}\"\n",
-            nats.stream, nats.prefix, nats.prefix
-        ),
+        format!("[relay]\non_publish = \"{mode}\"\n\n{}", nats.relay_toml()),
     )?;
     Ok(path)
 }
 
-fn spawn_relay(
-    env: &Env,
-    bench: &BenchSchema,
-    args: &Args,
-    config: &PathBuf,
-) -> Result<tokio::process::Child> {
-    tokio::process::Command::new(&args.outbox_bin)
-        .arg("--config")
-        .arg(config)
-        .args([
-            "--database-url",
-            &env.database_url,
-            "--broker-url",
-            &env.nats_url,
-            "--schema",
-            bench.name(),
-            "relay",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("spawning {}", args.outbox_bin.display()))
-}
-
-/// Sends `signal` (`KILL`, `TERM`) to the relay and waits for it to end.
-pub(crate) async fn stop(relay: &mut tokio::process::Child, signal: &str) -> Result<()> {
-    let pid = relay.id().context("the relay already ended")?;
-    let status = tokio::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .await?;
-    if !status.success() {
-        bail!("kill -{signal} {pid} failed");
+/// The relay process on the mode's schema and stream.
+fn spawn_relay(run: &ModeRun<'_>) -> Result<tokio::process::Child> {
+    RelayCommand {
+        bin: &run.args.outbox_bin,
+        config: &run.config,
+        database_url: &run.env.database_url,
+        broker_url: &run.env.nats_url,
+        schema: run.bench.name(),
+        log: "warn",
     }
-    tokio::time::timeout(Duration::from_secs(60), relay.wait())
-        .await
-        .context("the relay did not end within 60 s")??;
-    Ok(())
-}
-
-/// Resident memory of process `pid`, MB (`VmRSS` of `/proc/<pid>/status`).
-pub(crate) fn rss_mb(pid: Option<u32>) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    .spawn()
 }
 
 fn report(reports: &[ModeReport], ceiling: f64, args: &Args) {

@@ -23,7 +23,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +38,7 @@ use crate::common::{
     BenchSchema, Env, connect_pool, cpu_snapshot, loadavg, percentile, print_table, proc_cpu_secs,
     verdict,
 };
+use crate::relay_process::{RelayCommand, check_bin};
 
 /// The relay process.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,12 +99,8 @@ enum Bench {
 impl Bench {
     fn toml(&self) -> String {
         match self {
-            Bench::Nats(n) => format!(
-                "[nats]\nstream = \"{}\"\nstream_subjects = [\"{}.>\"]\nsubject_template = \
-                 \"{}.{{aggregate_type}}.{{event_type}}\"\n",
-                n.stream, n.prefix, n.prefix
-            ),
-            Bench::Kafka(k) => format!("[kafka]\ntopic_template = \"{}\"\n", k.topic()),
+            Bench::Nats(n) => n.relay_toml(),
+            Bench::Kafka(k) => k.relay_toml(),
         }
     }
 
@@ -199,13 +195,7 @@ struct Proc {
 }
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
-    if !args.outbox_bin.exists() {
-        bail!(
-            "{} does not exist: build it with `cargo build --release -p outbox-cli`, or pass \
-             --outbox-bin",
-            args.outbox_bin.display()
-        );
-    }
+    check_bin(&args.outbox_bin)?;
     if args.kills == 0 || args.aggregates == 0 || args.rate < 100 {
         bail!("--kills and --aggregates must be at least 1, --rate at least 100");
     }
@@ -275,26 +265,15 @@ async fn measure(
         &config,
         format!("[relay]\nmode = \"{mode}\"\n\n{}", broker.toml()),
     )?;
-    let spawn = || -> Result<Child> {
-        tokio::process::Command::new(&args.outbox_bin)
-            .arg("--config")
-            .arg(&config)
-            .args([
-                "--database-url",
-                &env.database_url,
-                "--broker-url",
-                broker.url(env),
-                "--schema",
-                &s,
-                "relay",
-            ])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawning {}", args.outbox_bin.display()))
+    let command = RelayCommand {
+        bin: &args.outbox_bin,
+        config: &config,
+        database_url: &env.database_url,
+        broker_url: broker.url(env),
+        schema: &s,
+        log: "error",
     };
+    let spawn = || command.spawn();
     let log: Log = Arc::default();
     broker.subscribe(env, Arc::clone(&log)).await?;
     let sent: Sent = Arc::default();
@@ -444,7 +423,7 @@ async fn measure(
     }
     let cpu = cpu_snapshot().since(&cpu_before);
     for r in &mut relays {
-        let _ = crate::w6::stop(&mut r.child, "TERM").await;
+        let _ = crate::relay_process::stop(&mut r.child, "TERM").await;
     }
     let _ = std::fs::remove_file(&config);
     Ok(Report {
