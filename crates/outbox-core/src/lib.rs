@@ -33,6 +33,7 @@ pub mod crash;
 pub mod effect;
 mod error;
 pub mod health;
+pub mod heartbeat;
 pub mod limits;
 pub mod maintenance;
 mod message;
