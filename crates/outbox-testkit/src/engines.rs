@@ -17,12 +17,14 @@ use outbox_core::consumer::{
 };
 use outbox_core::effect::{
     Executor, ExecutorConfig, LEASE_EXPIRED_REASON, NewWorkItem, PARKED_REASON, WorkItemState,
+    WorkItemStore,
 };
-use outbox_core::{Backoff, IncomingEvent, StoreErrorKind};
+use outbox_core::{Backoff, IncomingEvent, OutboxMessage, StoreErrorKind};
 use uuid::Uuid;
 
 use crate::fakes::{CallMode, FakeProvider, FakeSource, FaultyStore, event_message, wire_message};
 use crate::fixture::StoreFixture;
+use crate::support::{enqueue_work_item, old_and_young_inbox, take_requeued};
 
 /// What the test handler does for one delivery of an event, after writing its effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +126,13 @@ impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for TestHandler<F>
     }
 }
 
+/// One event of each aggregate `agg0` to `agg{n-1}`, at `version`.
+fn one_per_aggregate(n: usize, version: i64) -> Vec<OutboxMessage> {
+    (0..n)
+        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), version, "{}"))
+        .collect()
+}
+
 /// A consumer config for tests: fast backoff, short waits.
 pub fn fast_config(name: &str) -> ConsumerConfig {
     ConsumerConfig {
@@ -186,6 +195,33 @@ impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for Shared<F> {
     }
 }
 
+/// A consumer named in `config` over `source` and `store`, whose handler is `handler`.
+fn consumer_of<F: StoreFixture, S: InboxStore<Conn = <F::Store as InboxStore>::Conn>>(
+    store: S,
+    source: &FakeSource,
+    handler: &Arc<TestHandler<F>>,
+    config: ConsumerConfig,
+) -> Consumer<S, FakeSource, Shared<F>> {
+    Consumer::new(store, source.clone(), Shared(Arc::clone(handler)), config)
+        .expect("valid consumer config")
+}
+
+/// [`fast_config`] of consumer `c` with `batch_size`.
+fn batched(batch_size: usize) -> ConsumerConfig {
+    ConsumerConfig {
+        batch_size,
+        ..fast_config("c")
+    }
+}
+
+/// [`fast_config`] of consumer `c` with `max_attempts`.
+fn attempts(max_attempts: u32) -> ConsumerConfig {
+    ConsumerConfig {
+        max_attempts,
+        ..fast_config("c")
+    }
+}
+
 impl<F: StoreFixture> Rig<F> {
     async fn new(consumer: &str) -> Self {
         Self::with_source(consumer, FakeSource::new()).await
@@ -206,13 +242,12 @@ impl<F: StoreFixture> Rig<F> {
         &self,
         config: ConsumerConfig,
     ) -> Consumer<FaultyStore<F::Store>, FakeSource, Shared<F>> {
-        Consumer::new(
-            self.faults.clone(),
-            self.source.clone(),
-            Shared(Arc::clone(&self.handler)),
-            config,
-        )
-        .expect("valid consumer config")
+        consumer_of(self.faults.clone(), &self.source, &self.handler, config)
+    }
+
+    /// Runs a [`Rig::consumer`] of `config` until the source is drained ([`drain`]).
+    async fn drain(&self, config: ConsumerConfig) -> (ConsumerReport, usize) {
+        drain(&mut self.consumer(config), &self.source).await
     }
 
     /// A batch consumer (`batch_size` 10) over the rig's source whose handler writes through
@@ -232,10 +267,7 @@ impl<F: StoreFixture> Rig<F> {
             self.faults.clone(),
             self.source.clone(),
             handler,
-            ConsumerConfig {
-                batch_size: 10,
-                ..fast_config("c")
-            },
+            batched(10),
         )
         .expect("valid consumer config")
     }
@@ -244,17 +276,29 @@ impl<F: StoreFixture> Rig<F> {
         self.fixture.effect_count(&self.handler.key(event_id)).await
     }
 
+    /// Pushes each of `messages` to the rig's source, in order.
+    fn push(&self, messages: &[OutboxMessage]) {
+        for m in messages {
+            self.source.push_message(m);
+        }
+    }
+
+    /// Waits (20 s at most, else fails with `what`) until each of `messages` has its effect.
+    async fn wait_applied(&self, messages: &[OutboxMessage], what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for m in messages {
+            while self.effects(m.event_id).await == 0 {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
     /// Requeues every open dead letter of consumer `c` and returns their raw messages as the
     /// store hands them back (oldest first), without applying them.
     async fn requeued_raw(&self) -> Vec<RawMessage> {
         self.fixture.requeue_consumer_dead_letters("c").await;
-        let store = self.fixture.store();
-        let mut tx = store.begin().await.expect("begin");
-        let letters = store
-            .consumer_dead_letter_take_requeued(&mut tx, "c", 100)
-            .await
-            .expect("take requeued");
-        store.rollback(tx).await.expect("rollback");
+        let letters = take_requeued(&self.fixture.store(), "c", 100).await;
         letters.into_iter().map(|l| l.raw).collect()
     }
 }
@@ -266,8 +310,7 @@ pub async fn redeliveries_have_one_effect<F: StoreFixture>() {
     for _ in 0..3 {
         rig.source.push_message(&m);
     }
-    let mut consumer = rig.consumer(fast_config("c"));
-    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    let (r, errors) = rig.drain(fast_config("c")).await;
     assert_eq!((r.processed, r.duplicates, errors), (1, 2, 0), "{r:?}");
     assert_eq!(rig.effects(m.event_id).await, 1);
     assert_eq!(rig.source.acked(), 3);
@@ -311,8 +354,7 @@ pub async fn transient_errors_are_retried_without_a_second_effect<F: StoreFixtur
     rig.handler
         .script(m.event_id, &[Script::Transient, Script::Transient]);
     rig.source.push_message(&m);
-    let mut consumer = rig.consumer(fast_config("c"));
-    let (r, _) = drain(&mut consumer, &rig.source).await;
+    let (r, _) = rig.drain(fast_config("c")).await;
     assert_eq!((r.processed, r.nacked), (1, 2), "{r:?}");
     assert_eq!(rig.effects(m.event_id).await, 1);
     rig.fixture.cleanup().await;
@@ -328,10 +370,7 @@ pub async fn exhausted_retries_dead_letter_and_a_requeue_applies_once<F: StoreFi
         &[Script::Transient, Script::Panic, Script::Transient],
     );
     rig.source.push_message(&m);
-    let mut consumer = rig.consumer(ConsumerConfig {
-        max_attempts: 3,
-        ..fast_config("c")
-    });
+    let mut consumer = rig.consumer(attempts(3));
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!((r.processed, r.nacked, r.dead_lettered), (0, 2, 1), "{r:?}");
     assert_eq!(
@@ -370,8 +409,7 @@ pub async fn a_permanent_error_is_dead_lettered_at_once<F: StoreFixture>() {
     rig.handler.script(bad.event_id, &[Script::Permanent]);
     rig.source.push_message(&bad);
     rig.source.push_message(&good);
-    let mut consumer = rig.consumer(fast_config("c"));
-    let (r, _) = drain(&mut consumer, &rig.source).await;
+    let (r, _) = rig.drain(fast_config("c")).await;
     assert_eq!((r.processed, r.dead_lettered, r.nacked), (1, 1, 0), "{r:?}");
     assert_eq!(rig.effects(bad.event_id).await, 0);
     assert_eq!(rig.effects(good.event_id).await, 1);
@@ -390,8 +428,7 @@ pub async fn a_malformed_message_is_dead_lettered_and_does_not_block<F: StoreFix
     rig.source.push(garbage);
     let good = event_message(Uuid::now_v7(), "b", 1, "{}");
     rig.source.push_message(&good);
-    let mut consumer = rig.consumer(fast_config("c"));
-    let (r, _) = drain(&mut consumer, &rig.source).await;
+    let (r, _) = rig.drain(fast_config("c")).await;
     assert_eq!((r.processed, r.dead_lettered), (1, 1), "{r:?}");
     assert_eq!(rig.effects(good.event_id).await, 1);
     let dead = rig.fixture.consumer_dead_letters("c").await;
@@ -410,8 +447,7 @@ pub async fn a_conflict_is_recorded_not_applied<F: StoreFixture>() {
     let changed = event_message(id, "a", 1, r#"{"amount":999}"#);
     rig.source.push_message(&first);
     rig.source.push_message(&changed);
-    let mut consumer = rig.consumer(fast_config("c"));
-    let (r, _) = drain(&mut consumer, &rig.source).await;
+    let (r, _) = rig.drain(fast_config("c")).await;
     assert_eq!((r.processed, r.conflicts), (1, 1), "{r:?}");
     assert_eq!(rig.effects(id).await, 1);
     assert_eq!(rig.fixture.conflict_count().await, 1);
@@ -436,22 +472,14 @@ pub async fn a_conflict_is_recorded_not_applied<F: StoreFixture>() {
 /// In batch mode a failing delivery rolls back only its own writes: the others commit once.
 pub async fn a_batch_failure_rolls_back_only_its_own_writes<F: StoreFixture>() {
     let rig = Rig::<F>::new("c").await;
-    let messages: Vec<_> = (0..5)
-        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
-        .collect();
+    let messages = one_per_aggregate(5, 1);
     // The batch's first attempt runs the handler too, then redoes the batch one delivery at a
     // time: the poisoned event fails every run, the transient one only its first.
     rig.handler.poison(messages[2].event_id);
     rig.handler
         .script(messages[3].event_id, &[Script::Transient]);
-    for m in &messages {
-        rig.source.push_message(m);
-    }
-    let mut consumer = rig.consumer(ConsumerConfig {
-        batch_size: 10,
-        ..fast_config("c")
-    });
-    let (r, _) = drain(&mut consumer, &rig.source).await;
+    rig.push(&messages);
+    let (r, _) = rig.drain(batched(10)).await;
     assert_eq!((r.processed, r.dead_lettered, r.nacked), (4, 1, 1), "{r:?}");
     for (i, m) in messages.iter().enumerate() {
         let want = u64::from(i != 2);
@@ -470,12 +498,13 @@ struct BatchHandler<F> {
 }
 
 impl<F: StoreFixture> Handler<<F::Store as InboxStore>::Conn> for BatchHandler<F> {
-    fn handle<'a>(
-        &'a self,
-        conn: &'a mut <F::Store as InboxStore>::Conn,
-        event: &'a IncomingEvent,
-    ) -> impl std::future::Future<Output = Result<(), HandlerError>> + Send + 'a {
-        self.inner.handle(conn, event)
+    /// The test handler's, for the redo one delivery at a time.
+    async fn handle(
+        &self,
+        conn: &mut <F::Store as InboxStore>::Conn,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        self.inner.handle(conn, event).await
     }
 
     async fn handle_many(
@@ -519,23 +548,15 @@ pub async fn a_batch_handler_gets_the_new_events_at_once_and_a_failure_is_redone
     let rig = Rig::<F>::new("c").await;
     let calls = Arc::new(Mutex::new(Vec::new()));
     let mut consumer = rig.batch_consumer(&calls, false);
-    let first: Vec<_> = (0..3)
-        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
-        .collect();
-    for m in &first {
-        rig.source.push_message(m);
-    }
+    let first = one_per_aggregate(3, 1);
+    rig.push(&first);
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!(r.processed, 3, "{r:?}");
     // A redelivery of the first event beside four new ones, the third of which is poisoned.
-    let second: Vec<_> = (0..4)
-        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 2, "{}"))
-        .collect();
+    let second = one_per_aggregate(4, 2);
     rig.handler.poison(second[2].event_id);
     rig.source.push_message(&first[0]);
-    for m in &second {
-        rig.source.push_message(m);
-    }
+    rig.push(&second);
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!(
         (r.processed, r.duplicates, r.dead_lettered),
@@ -610,34 +631,15 @@ pub async fn a_panicking_batch_handler_on_a_mixed_batch_is_redone_one_by_one<F: 
 pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_returns<
     F: StoreFixture,
 >() {
-    let fixture = Arc::new(F::new().await);
-    let handler = Arc::new(TestHandler::new(Arc::clone(&fixture), "c"));
     let source = FakeSource::with_ack_delay(Duration::from_millis(50));
-    let messages: Vec<_> = (0..20)
-        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
-        .collect();
-    for m in &messages {
-        source.push_message(m);
-    }
-    let consumer = Consumer::new(
-        fixture.store(),
-        source.clone(),
-        Shared(Arc::clone(&handler)),
-        ConsumerConfig {
-            batch_size: 5,
-            ..fast_config("c")
-        },
-    )
-    .expect("valid consumer config");
+    let rig = Rig::<F>::with_source("c", source).await;
+    let messages = one_per_aggregate(20, 1);
+    rig.push(&messages);
+    let consumer = consumer_of(rig.fixture.store(), &rig.source, &rig.handler, batched(5));
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(consumer.run(stop.clone()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    for m in &messages {
-        while fixture.effect_count(&handler.key(m.event_id)).await == 0 {
-            assert!(std::time::Instant::now() < deadline, "every event applied");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    rig.wait_applied(&messages, "every event applied").await;
+    let source = &rig.source;
     assert_eq!(source.releases(), 0, "nothing released while running");
     stop.cancel();
     task.await.expect("the consumer's task");
@@ -662,9 +664,9 @@ pub async fn run_acks_beside_the_next_batch_and_settles_everything_before_it_ret
         "a batch was taken while the acks of the one before were on their way"
     );
     for m in &messages {
-        assert_eq!(fixture.effect_count(&handler.key(m.event_id)).await, 1);
+        assert_eq!(rig.effects(m.event_id).await, 1);
     }
-    fixture.cleanup().await;
+    rig.fixture.cleanup().await;
 }
 
 /// `OrderingGuard::Wait`: a version that arrives before the one it follows is sent back until
@@ -703,13 +705,12 @@ pub async fn two_consumers_get_one_effect_each<F: StoreFixture>() {
         billing_source.push_message(&m);
     }
     let mut reporting = rig.consumer(fast_config("reporting"));
-    let mut billing_consumer = Consumer::new(
+    let mut billing_consumer = consumer_of(
         rig.fixture.store(),
-        billing_source.clone(),
-        Shared(Arc::clone(&billing)),
+        &billing_source,
+        &billing,
         fast_config("billing"),
-    )
-    .expect("valid consumer config");
+    );
     drain(&mut reporting, &rig.source).await;
     drain(&mut billing_consumer, &billing_source).await;
     assert_eq!(rig.effects(m.event_id).await, 1);
@@ -720,74 +721,49 @@ pub async fn two_consumers_get_one_effect_each<F: StoreFixture>() {
 /// A database outage (begin, record or commit failing) is waited out: the deliveries are sent
 /// back, never acknowledged before a commit (G6), and applied once when the store is back.
 pub async fn a_store_outage_loses_nothing_and_acks_only_after_commit<F: StoreFixture>() {
-    let fixture = Arc::new(F::new().await);
-    let store = FaultyStore::new(fixture.store());
-    let handler = Arc::new(TestHandler::new(Arc::clone(&fixture), "c"));
-    let source = FakeSource::new();
-    let messages: Vec<_> = (0..3)
-        .map(|i| event_message(Uuid::now_v7(), &format!("agg{i}"), 1, "{}"))
-        .collect();
-    for m in &messages {
-        source.push_message(m);
-    }
-    let mut consumer = Consumer::new(
-        store.clone(),
-        source.clone(),
-        Shared(Arc::clone(&handler)),
-        fast_config("c"),
-    )
-    .expect("valid consumer config");
-    store.fail_op("commit", 2);
-    store.fail_op("begin", 1);
-    store.fail_op("inbox record", 1);
-    let (r, errors) = drain(&mut consumer, &source).await;
-    assert_eq!(store.injected(), 4, "every planned failure happened");
+    let rig = Rig::<F>::new("c").await;
+    let messages = one_per_aggregate(3, 1);
+    rig.push(&messages);
+    let mut consumer = rig.consumer(fast_config("c"));
+    rig.faults.fail_op("commit", 2);
+    rig.faults.fail_op("begin", 1);
+    rig.faults.fail_op("inbox record", 1);
+    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    assert_eq!(rig.faults.injected(), 4, "every planned failure happened");
     assert!(errors >= 1, "an outage is reported");
     assert_eq!(r.processed, 3, "{r:?}");
     for m in &messages {
-        assert_eq!(fixture.effect_count(&handler.key(m.event_id)).await, 1);
+        assert_eq!(rig.effects(m.event_id).await, 1);
     }
     assert_eq!(
-        source.acked(),
+        rig.source.acked(),
         3,
         "each acknowledged once, after its commit"
     );
-    fixture.cleanup().await;
+    rig.fixture.cleanup().await;
 }
 
 /// `Consumer::run` releases its source after an error, before it waits (what the source
 /// received ahead goes back to the broker instead of waiting there), and again when it stops;
 /// the delivery of the failed batch is applied once on the retry.
 pub async fn run_releases_the_source_after_an_error<F: StoreFixture>() {
-    let fixture = Arc::new(F::new().await);
-    let store = FaultyStore::new(fixture.store());
-    let handler = Arc::new(TestHandler::new(Arc::clone(&fixture), "c"));
-    let source = FakeSource::new();
+    let rig = Rig::<F>::new("c").await;
     let m = event_message(Uuid::now_v7(), "a", 1, "{}");
-    source.push_message(&m);
-    let consumer = Consumer::new(
-        store.clone(),
-        source.clone(),
-        Shared(Arc::clone(&handler)),
-        fast_config("c"),
-    )
-    .expect("valid consumer config");
-    store.fail_op("commit", 1);
+    rig.source.push_message(&m);
+    let consumer = rig.consumer(fast_config("c"));
+    rig.faults.fail_op("commit", 1);
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(consumer.run(stop.clone()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while fixture.effect_count(&handler.key(m.event_id)).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "the event applied");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(store.injected(), 1, "the planned failure happened");
-    assert_eq!(source.releases(), 1, "released once, after the error");
+    rig.wait_applied(std::slice::from_ref(&m), "the event applied")
+        .await;
+    assert_eq!(rig.faults.injected(), 1, "the planned failure happened");
+    assert_eq!(rig.source.releases(), 1, "released once, after the error");
     stop.cancel();
     task.await.expect("the consumer's task");
-    assert_eq!(source.releases(), 2, "and once more when run stopped");
-    assert_eq!(source.acked(), 1);
-    assert_eq!(fixture.effect_count(&handler.key(m.event_id)).await, 1);
-    fixture.cleanup().await;
+    assert_eq!(rig.source.releases(), 2, "and once more when run stopped");
+    assert_eq!(rig.source.acked(), 1);
+    assert_eq!(rig.effects(m.event_id).await, 1);
+    rig.fixture.cleanup().await;
 }
 
 /// The consumer says why it is stuck (`ConsumerStats::health`): idle with nothing to do; a
@@ -873,11 +849,7 @@ pub async fn a_delivery_the_database_refuses_is_dead_lettered_at_once<F: StoreFi
             .fail_event(bad.event_id, StoreErrorKind::InvalidData, u32::MAX);
         rig.source.push_message(&bad);
         rig.source.push_message(&good);
-        let mut consumer = rig.consumer(ConsumerConfig {
-            batch_size,
-            ..fast_config("c")
-        });
-        let (r, errors) = drain(&mut consumer, &rig.source).await;
+        let (r, errors) = rig.drain(batched(batch_size)).await;
         let what = format!("batch size {batch_size}: {r:?}");
         assert_eq!(
             (r.processed, r.dead_lettered, r.nacked, errors),
@@ -917,11 +889,7 @@ async fn retried_then_dead_lettered<F: StoreFixture>(kind: StoreErrorKind) {
     rig.faults.fail_event(bad.event_id, kind, u32::MAX);
     rig.source.push_message(&bad);
     rig.source.push_message(&good);
-    let mut consumer = rig.consumer(ConsumerConfig {
-        max_attempts: 3,
-        ..fast_config("c")
-    });
-    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    let (r, errors) = rig.drain(attempts(3)).await;
     assert_eq!(
         (r.processed, r.dead_lettered, r.nacked, errors),
         (1, 1, 2, 0),
@@ -955,11 +923,7 @@ pub async fn an_outage_is_never_dead_lettered<F: StoreFixture>() {
     rig.faults
         .fail_event(m.event_id, StoreErrorKind::Unavailable, 12);
     rig.source.push_message(&m);
-    let mut consumer = rig.consumer(ConsumerConfig {
-        max_attempts: 3,
-        ..fast_config("c")
-    });
-    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    let (r, errors) = rig.drain(attempts(3)).await;
     assert_eq!(rig.faults.injected(), 12, "the outage lasted 12 deliveries");
     assert_eq!(errors, 12, "each reported as an outage");
     assert_eq!((r.processed, r.dead_lettered), (1, 0), "{r:?}");
@@ -982,11 +946,7 @@ pub async fn the_attempt_cap_holds_without_a_broker_count<F: StoreFixture>() {
     for m in [&refused, &flaky, &good] {
         rig.source.push_message(m);
     }
-    let mut consumer = rig.consumer(ConsumerConfig {
-        max_attempts: 4,
-        ..fast_config("c")
-    });
-    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    let (r, errors) = rig.drain(attempts(4)).await;
     assert_eq!(
         (r.processed, r.dead_lettered, r.nacked, errors),
         (1, 2, 6, 0),
@@ -1010,8 +970,7 @@ pub async fn a_refused_dead_letter_is_kept_with_the_raw_message_alone<F: StoreFi
         .fail_op_with("dead letter", StoreErrorKind::InvalidData, 1);
     rig.source.push_message(&bad);
     rig.source.push_message(&good);
-    let mut consumer = rig.consumer(fast_config("c"));
-    let (r, errors) = drain(&mut consumer, &rig.source).await;
+    let (r, errors) = rig.drain(fast_config("c")).await;
     assert_eq!(rig.faults.injected(), 1);
     assert_eq!(
         (r.processed, r.dead_lettered, r.nacked, errors),
@@ -1047,11 +1006,7 @@ pub async fn a_hostile_message_is_dead_lettered_byte_for_byte<F: StoreFixture>()
     rig.source.push(hostile.clone());
     rig.source.push_message(&good);
     for batch_size in [1, 10] {
-        let mut consumer = rig.consumer(ConsumerConfig {
-            batch_size,
-            ..fast_config("c")
-        });
-        let (r, errors) = drain(&mut consumer, &rig.source).await;
+        let (r, errors) = rig.drain(batched(batch_size)).await;
         if batch_size == 1 {
             assert_eq!(
                 (r.processed, r.dead_lettered, r.nacked, errors),
@@ -1159,26 +1114,29 @@ fn executor_config() -> ExecutorConfig {
     }
 }
 
+/// An executor of `payout` items over `store`, calling a provider in `mode`, with `config`.
+fn executor_with<S: WorkItemStore>(
+    store: S,
+    mode: CallMode,
+    config: ExecutorConfig,
+) -> Executor<S, FakeProvider> {
+    Executor::new(store, FakeProvider::new(mode), config).expect("valid config")
+}
+
+/// [`executor_with`] the [`executor_config`].
+fn executor<S: WorkItemStore>(store: S, mode: CallMode) -> Executor<S, FakeProvider> {
+    executor_with(store, mode, executor_config())
+}
+
+/// Writes a `payout` work item of `consumer` for a new event; returns its id and key.
 async fn work_item<F: StoreFixture>(f: &F, consumer: &str) -> (i64, String) {
-    let store = f.store();
     let item = NewWorkItem::for_event(
         "payout",
         consumer,
         Uuid::now_v7(),
         serde_json::json!({"amount": 1250, "beneficiary": consumer}),
     );
-    let before: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
-    let mut tx = store.begin().await.unwrap();
-    f.enqueue_work_item(&mut tx, &item).await.unwrap();
-    store.commit(tx).await.unwrap();
-    let id = f
-        .work_items()
-        .await
-        .into_iter()
-        .map(|w| w.id)
-        .find(|id| !before.contains(id))
-        .expect("a new work item");
-    (id, item.idempotency_key)
+    (enqueue_work_item(f, &item).await, item.idempotency_key)
 }
 
 /// A consumer's work item is written with its inbox transaction (rolled back with it), once
@@ -1191,13 +1149,7 @@ pub async fn work_items_are_written_with_the_inbox_transaction<F: StoreFixture>(
     for _ in 0..2 {
         rig.source.push_message(&m);
     }
-    let mut consumer = Consumer::new(
-        rig.fixture.store(),
-        rig.source.clone(),
-        Shared(Arc::clone(&handler)),
-        fast_config("c"),
-    )
-    .expect("valid consumer config");
+    let mut consumer = consumer_of(rig.fixture.store(), &rig.source, &handler, fast_config("c"));
     let (r, _) = drain(&mut consumer, &rig.source).await;
     assert_eq!((r.processed, r.duplicates), (1, 1), "{r:?}");
     let items = rig.fixture.work_items().await;
@@ -1210,12 +1162,7 @@ pub async fn work_items_are_written_with_the_inbox_transaction<F: StoreFixture>(
 pub async fn a_call_succeeds_once_with_its_key<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
-    let ex = Executor::new(
-        f.store(),
-        FakeProvider::new(CallMode::Succeed),
-        executor_config(),
-    )
-    .expect("valid config");
+    let ex = executor(f.store(), CallMode::Succeed);
     let r = ex.run_once().await.unwrap();
     assert_eq!((r.called, r.succeeded), (1, 1), "{r:?}");
     let w = f.work_item(id).await;
@@ -1234,12 +1181,7 @@ pub async fn a_call_succeeds_once_with_its_key<F: StoreFixture>() {
 pub async fn a_failed_call_is_terminal<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
-    let ex = Executor::new(
-        f.store(),
-        FakeProvider::new(CallMode::Fail),
-        executor_config(),
-    )
-    .expect("valid config");
+    let ex = executor(f.store(), CallMode::Fail);
     assert_eq!(ex.run_once().await.unwrap().failed, 1);
     f.age_work_items(Duration::from_secs(3600)).await;
     ex.run_once().await.unwrap();
@@ -1253,12 +1195,7 @@ pub async fn a_failed_call_is_terminal<F: StoreFixture>() {
 pub async fn an_unknown_outcome_is_reconciled_without_a_second_call<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
-    let ex = Executor::new(
-        f.store(),
-        FakeProvider::new(CallMode::PerformedUnknown),
-        executor_config(),
-    )
-    .expect("valid config");
+    let ex = executor(f.store(), CallMode::PerformedUnknown);
     let r = ex.run_once().await.unwrap();
     assert_eq!(r.unknown, 1, "{r:?}");
     assert_eq!(f.work_item(id).await.state, WorkItemState::Unknown);
@@ -1277,12 +1214,7 @@ pub async fn an_unknown_outcome_is_reconciled_without_a_second_call<F: StoreFixt
 pub async fn not_found_resends_with_the_same_key_or_parks<F: StoreFixture>() {
     let f = F::new().await;
     let (resend, key) = work_item(&f, "a").await;
-    let ex = Executor::new(
-        f.store(),
-        FakeProvider::new(CallMode::LostUnknown),
-        executor_config(),
-    )
-    .expect("valid config");
+    let ex = executor(f.store(), CallMode::LostUnknown);
     ex.run_once().await.unwrap();
     ex.provider().with(|s| s.lookup_unknown = true);
     f.age_work_items(Duration::from_secs(10)).await;
@@ -1308,15 +1240,14 @@ pub async fn not_found_resends_with_the_same_key_or_parks<F: StoreFixture>() {
     assert_eq!(ex.provider().performed(), 1);
 
     let (parked, _) = work_item(&f, "b").await;
-    let cautious = Executor::new(
+    let cautious = executor_with(
         f.store(),
-        FakeProvider::new(CallMode::LostUnknown),
+        CallMode::LostUnknown,
         ExecutorConfig {
             resend_when_not_found: false,
             ..executor_config()
         },
-    )
-    .expect("valid config");
+    );
     cautious.run_once().await.unwrap();
     f.age_work_items(Duration::from_secs(10)).await;
     let r = cautious.run_once().await.unwrap();
@@ -1332,23 +1263,18 @@ pub async fn not_found_resends_with_the_same_key_or_parks<F: StoreFixture>() {
 pub async fn an_expired_lease_goes_unknown_and_the_stale_record_is_refused<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
-    let slow = Arc::new(
-        Executor::new(
-            f.store(),
-            FakeProvider::new(CallMode::SucceedAfter(Duration::from_millis(600))),
-            executor_config(),
-        )
-        .expect("valid config"),
-    );
-    let sweeper = Executor::new(
+    let slow = Arc::new(executor(
         f.store(),
-        FakeProvider::new(CallMode::Succeed),
+        CallMode::SucceedAfter(Duration::from_millis(600)),
+    ));
+    let sweeper = executor_with(
+        f.store(),
+        CallMode::Succeed,
         ExecutorConfig {
             reconcile_after: Duration::from_secs(3600),
             ..executor_config()
         },
-    )
-    .expect("valid config");
+    );
     let task = tokio::spawn({
         let slow = Arc::clone(&slow);
         async move { slow.run_once().await }
@@ -1377,10 +1303,7 @@ pub async fn an_expired_lease_goes_unknown_and_the_stale_record_is_refused<F: St
     f.cleanup().await;
 }
 
-fn ex_calls<S: outbox_core::effect::WorkItemStore>(
-    ex: &Executor<S, FakeProvider>,
-    key: &str,
-) -> usize {
+fn ex_calls<S: WorkItemStore>(ex: &Executor<S, FakeProvider>, key: &str) -> usize {
     ex.provider().calls_for(key)
 }
 
@@ -1388,9 +1311,9 @@ fn ex_calls<S: outbox_core::effect::WorkItemStore>(
 pub async fn not_sent_is_retried_then_failed_at_the_limit<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
-    let ex = Executor::new(
+    let ex = executor_with(
         f.store(),
-        FakeProvider::new(CallMode::NotSent),
+        CallMode::NotSent,
         ExecutorConfig {
             max_not_sent_attempts: 2,
             retry_backoff: Backoff {
@@ -1399,8 +1322,7 @@ pub async fn not_sent_is_retried_then_failed_at_the_limit<F: StoreFixture>() {
             },
             ..executor_config()
         },
-    )
-    .expect("valid config");
+    );
     assert_eq!(ex.run_once().await.unwrap().not_sent, 1);
     let w = f.work_item(id).await;
     assert_eq!((w.state, w.attempts), (WorkItemState::Pending, 1));
@@ -1423,12 +1345,7 @@ pub async fn an_executor_waits_out_a_store_outage<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
     let store = FaultyStore::new(f.store());
-    let ex = Executor::new(
-        store.clone(),
-        FakeProvider::new(CallMode::Succeed),
-        executor_config(),
-    )
-    .expect("valid config");
+    let ex = executor(store.clone(), CallMode::Succeed);
     store.fail_op("claim work items", 1);
     assert!(ex.run_once().await.is_err());
     assert_eq!(f.work_item(id).await.state, WorkItemState::Pending);
@@ -1447,14 +1364,7 @@ pub async fn calls_of_a_batch_run_concurrently_and_record_independently<F: Store
     for _ in 0..3 {
         fast.push(work_item(&f, "ledger").await.0);
     }
-    let ex = Arc::new(
-        Executor::new(
-            f.store(),
-            FakeProvider::new(CallMode::Succeed),
-            executor_config(),
-        )
-        .expect("valid config"),
-    );
+    let ex = Arc::new(executor(f.store(), CallMode::Succeed));
     ex.provider()
         .with(|s| s.slow_keys.insert(slow_key, Duration::from_millis(2000)));
     let task = tokio::spawn({
@@ -1489,14 +1399,7 @@ pub async fn calls_of_a_batch_run_concurrently_and_record_independently<F: Store
 pub async fn run_processes_items_and_stops_on_shutdown<F: StoreFixture>() {
     let f = F::new().await;
     let ids = [work_item(&f, "a").await.0, work_item(&f, "b").await.0];
-    let ex = Arc::new(
-        Executor::new(
-            f.store(),
-            FakeProvider::new(CallMode::Succeed),
-            executor_config(),
-        )
-        .expect("valid config"),
-    );
+    let ex = Arc::new(executor(f.store(), CallMode::Succeed));
     let shutdown = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(Arc::clone(&ex).run(shutdown.clone()));
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -1531,35 +1434,18 @@ pub async fn the_maintainer_cleans_up_on_one_elected_instance<F: StoreFixture>()
     let f = F::new().await;
     let store = f.store();
     let day = Duration::from_secs(86_400);
-    for n in 0..5 {
-        let mut tx = store.begin().await.unwrap();
-        let e = crate::store::incoming(Uuid::now_v7(), &format!("o{n}"), 1, "{}");
-        store
-            .inbox_record(&mut tx, "c", OrderingGuard::Off, &e)
-            .await
-            .unwrap();
-        store.commit(tx).await.unwrap();
-    }
-    f.age_inbox(day * 3).await;
-    let young = crate::store::incoming(Uuid::now_v7(), "y", 1, "{}");
-    let mut tx = store.begin().await.unwrap();
-    store
-        .inbox_record(&mut tx, "c", OrderingGuard::Off, &young)
-        .await
-        .unwrap();
-    store.commit(tx).await.unwrap();
+    old_and_young_inbox(&f, day * 3).await;
     let (settled, _) = work_item(&f, "old").await;
     let (open, _) = work_item(&f, "open").await;
     // Settle only the first: the second stays pending (claimed one at a time).
-    let one = Executor::new(
+    let one = executor_with(
         f.store(),
-        FakeProvider::new(CallMode::Succeed),
+        CallMode::Succeed,
         ExecutorConfig {
             batch_size: 1,
             ..executor_config()
         },
-    )
-    .expect("valid config");
+    );
     one.run_once().await.unwrap();
     assert_eq!(f.work_item(settled).await.state, WorkItemState::Succeeded);
     assert_eq!(f.work_item(open).await.state, WorkItemState::Pending);
@@ -1628,7 +1514,7 @@ pub async fn the_maintainer_cleans_up_on_one_elected_instance<F: StoreFixture>()
 #[macro_export]
 macro_rules! engine_suite {
     ($fixture:ty) => {
-        $crate::engine_suite!(@cases $fixture;
+        $crate::__fixture_cases!(engines, $fixture;
             redeliveries_have_one_effect,
             a_paused_consumer_takes_nothing_until_resumed,
             transient_errors_are_retried_without_a_second_effect,
@@ -1665,13 +1551,5 @@ macro_rules! engine_suite {
             run_processes_items_and_stops_on_shutdown,
             the_maintainer_cleans_up_on_one_elected_instance,
         );
-    };
-    (@cases $fixture:ty; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                $crate::engines::$case::<$fixture>().await;
-            }
-        )*
     };
 }

@@ -727,27 +727,29 @@ fn injected(what: &str, kind: StoreErrorKind) -> StoreError {
     StoreError::new(kind, message)
 }
 
+/// Implements store methods that first check the fault plan for their operation `$op` (the
+/// name [`FaultyStore::fail_op`] takes), then call the wrapped store's method of the same name
+/// with the same arguments.
+macro_rules! checked {
+    ($($op:literal => fn $name:ident $(<$lt:lifetime>)? ($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(
+            async fn $name $(<$lt>)? (&$($lt)? self, $($arg: $ty),*) -> Result<$out, StoreError> {
+                self.check($op)?;
+                self.inner.$name($($arg),*).await
+            }
+        )*
+    };
+}
+
 impl<S: OutboxStore> OutboxStore for FaultyStore<S> {
-    async fn claim_batch(&self, p: ClaimParams) -> Result<ClaimedBatch, StoreError> {
-        self.check("claim")?;
-        self.inner.claim_batch(p).await
+    checked! {
+        "claim" => fn claim_batch(p: ClaimParams) -> ClaimedBatch;
+        "mark" => fn mark_published(p: MarkParams<'_>) -> u64;
+        "record failure" => fn record_failure(p: FailureParams<'_>) -> bool;
+        "release" => fn release(p: ReleaseParams<'_>) -> u64;
+        "stats" => fn stats() -> OutboxStats;
     }
-    async fn mark_published(&self, p: MarkParams<'_>) -> Result<u64, StoreError> {
-        self.check("mark")?;
-        self.inner.mark_published(p).await
-    }
-    async fn record_failure(&self, p: FailureParams<'_>) -> Result<bool, StoreError> {
-        self.check("record failure")?;
-        self.inner.record_failure(p).await
-    }
-    async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, StoreError> {
-        self.check("release")?;
-        self.inner.release(p).await
-    }
-    async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        self.check("stats")?;
-        self.inner.stats().await
-    }
+
     async fn wait_for_work(&self, timeout: Duration) {
         self.inner.wait_for_work(timeout).await
     }
@@ -757,14 +759,27 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
     type Conn = S::Conn;
     type Tx = S::Tx;
 
-    async fn begin(&self) -> Result<S::Tx, StoreError> {
-        self.check("begin")?;
-        self.inner.begin().await
+    checked! {
+        "begin" => fn begin() -> S::Tx;
+        "commit" => fn commit(tx: S::Tx) -> ();
+        "dead letter" => fn consumer_dead_letter_insert<'a>(
+            conn: &'a mut S::Conn,
+            letter: NewConsumerDeadLetter<'a>
+        ) -> ();
+        "take requeued" => fn consumer_dead_letter_take_requeued<'a>(
+            conn: &'a mut S::Conn,
+            consumer: &'a str,
+            limit: usize
+        ) -> Vec<RequeuedDeadLetter>;
+        "settle requeued" => fn consumer_dead_letter_settle<'a>(
+            conn: &'a mut S::Conn,
+            id: i64,
+            state: ConsumerDeadLetterState,
+            error: Option<&'a str>
+        ) -> ();
+        "count dead letters" => fn consumer_dead_letter_count<'a>(consumer: &'a str) -> i64;
     }
-    async fn commit(&self, tx: S::Tx) -> Result<(), StoreError> {
-        self.check("commit")?;
-        self.inner.commit(tx).await
-    }
+
     async fn rollback(&self, tx: S::Tx) -> Result<(), StoreError> {
         self.inner.rollback(tx).await
     }
@@ -787,82 +802,26 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
         self.check_events(events.iter().copied())?;
         self.inner.inbox_record_many(conn, consumer, events).await
     }
-    async fn consumer_dead_letter_insert<'a>(
-        &'a self,
-        conn: &'a mut S::Conn,
-        letter: NewConsumerDeadLetter<'a>,
-    ) -> Result<(), StoreError> {
-        self.check("dead letter")?;
-        self.inner.consumer_dead_letter_insert(conn, letter).await
-    }
-    async fn consumer_dead_letter_take_requeued<'a>(
-        &'a self,
-        conn: &'a mut S::Conn,
-        consumer: &'a str,
-        limit: usize,
-    ) -> Result<Vec<RequeuedDeadLetter>, StoreError> {
-        self.check("take requeued")?;
-        self.inner
-            .consumer_dead_letter_take_requeued(conn, consumer, limit)
-            .await
-    }
-    async fn consumer_dead_letter_settle<'a>(
-        &'a self,
-        conn: &'a mut S::Conn,
-        id: i64,
-        state: ConsumerDeadLetterState,
-        error: Option<&'a str>,
-    ) -> Result<(), StoreError> {
-        self.check("settle requeued")?;
-        self.inner
-            .consumer_dead_letter_settle(conn, id, state, error)
-            .await
-    }
     /// Never injected: the engine logs and keeps its last answer on an error here, so a
     /// fault spent on it would only be lost for the operation a case aims it at.
     async fn consumer_paused<'a>(&'a self, consumer: &'a str) -> Result<bool, StoreError> {
         self.inner.consumer_paused(consumer).await
     }
-    async fn consumer_dead_letter_count<'a>(
-        &'a self,
-        consumer: &'a str,
-    ) -> Result<i64, StoreError> {
-        self.check("count dead letters")?;
-        self.inner.consumer_dead_letter_count(consumer).await
-    }
 }
 
 impl<S: WorkItemStore> WorkItemStore for FaultyStore<S> {
-    async fn work_item_expire<'a>(
-        &'a self,
-        kind: &'a str,
-        reconcile_after: Duration,
-        reason: &'a str,
-    ) -> Result<Vec<i64>, StoreError> {
-        self.check("expire")?;
-        self.inner
-            .work_item_expire(kind, reconcile_after, reason)
-            .await
-    }
-    async fn work_item_claim<'a>(
-        &'a self,
-        params: WorkItemClaimParams<'a>,
-    ) -> Result<Vec<ClaimedWorkItem>, StoreError> {
-        self.check("claim work items")?;
-        self.inner.work_item_claim(params).await
-    }
-    async fn work_item_record<'a>(
-        &'a self,
-        params: WorkItemRecordParams<'a>,
-    ) -> Result<bool, StoreError> {
-        self.check("record work item")?;
-        self.inner.work_item_record(params).await
-    }
-    async fn work_item_backlog<'a>(
-        &'a self,
-        kind: Option<&'a str>,
-    ) -> Result<EffectsStats, StoreError> {
-        self.check("backlog")?;
-        self.inner.work_item_backlog(kind).await
+    checked! {
+        "expire" => fn work_item_expire<'a>(
+            kind: &'a str,
+            reconcile_after: Duration,
+            reason: &'a str
+        ) -> Vec<i64>;
+        "claim work items" => fn work_item_claim<'a>(
+            params: WorkItemClaimParams<'a>
+        ) -> Vec<ClaimedWorkItem>;
+        "record work item" => fn work_item_record<'a>(
+            params: WorkItemRecordParams<'a>
+        ) -> bool;
+        "backlog" => fn work_item_backlog<'a>(kind: Option<&'a str>) -> EffectsStats;
     }
 }

@@ -129,3 +129,19 @@ pub trait StoreFixture: Send + Sync + Sized + 'static {
     /// Removes what the fixture created.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
 }
+
+/// Expands to one `#[tokio::test]` per case of suite module `$suite`, each running the case
+/// `$crate::$suite::$case` for the fixture `$fixture` (the fixture-based counterpart of the
+/// broker suites' `__conformance_cases!`). Used by the suite macros.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __fixture_cases {
+    ($suite:ident, $fixture:ty; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::$suite::$case::<$fixture>().await;
+            }
+        )+
+    };
+}

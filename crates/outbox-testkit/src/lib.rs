@@ -14,6 +14,8 @@
 //! * [`operator`]: the operator conformance suite ([`operator_suite!`]): the overview, dead
 //!   letters, conflicts, work items, pauses, the audit, traces and replays of
 //!   [`outbox_core::operator`], for a fixture whose store implements it.
+//! * [`support`]: the steps these suites share (claims settled, inbox records, consumer dead
+//!   letters, work items).
 //!
 //! Brokers:
 //!
@@ -67,6 +69,7 @@ pub mod net;
 pub mod operator;
 pub mod source;
 pub mod store;
+pub mod support;
 pub mod tansu;
 pub mod tls;
 pub mod transport;

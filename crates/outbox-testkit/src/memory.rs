@@ -54,6 +54,28 @@ fn age(since: DateTime<Utc>) -> Duration {
     (Utc::now() - since).to_std().unwrap_or(Duration::ZERO)
 }
 
+/// The time `ago` before now: a purge's cutoff.
+fn before(ago: Duration) -> DateTime<Utc> {
+    Utc::now() - chrono(ago)
+}
+
+/// A purge's batch: the keys of the first `limit` entries `old` yields (none for a limit below
+/// 1), cloned off the map they come from so that it can delete them.
+fn first<'m, K: Clone + 'm, V: 'm>(
+    old: impl Iterator<Item = (&'m K, &'m V)>,
+    limit: i64,
+) -> Vec<K> {
+    old.take(usize::try_from(limit).unwrap_or(0))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Deletes each key of a purge's batch with `delete`; returns how many it deleted.
+fn purged<K>(batch: Vec<K>, delete: impl FnMut(&K)) -> u64 {
+    batch.iter().for_each(delete);
+    batch.len() as u64
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowState {
     Pending,
@@ -241,21 +263,23 @@ pub enum MemoryEnqueueError {
     VersionConflict(String, String, i64),
 }
 
+/// The row of `m` under `id`: everything the producer wrote, moved out of a copy.
 fn to_row(id: i64, m: &NewMessage) -> OutboxRow {
+    let m = m.clone();
     OutboxRow {
         msg: OutboxMessage {
             id,
             event_id: m.event_id,
-            aggregate_type: m.aggregate_type.clone(),
-            aggregate_id: m.aggregate_id.clone(),
+            aggregate_type: m.aggregate_type,
+            aggregate_id: m.aggregate_id,
             aggregate_version: m.aggregate_version,
-            event_type: m.event_type.clone(),
+            event_type: m.event_type,
             schema_version: m.schema_version,
             fingerprint: Fingerprint::of(&m.payload.bytes),
-            payload: m.payload.clone(),
-            headers: m.headers.clone(),
-            destination: m.destination.clone(),
-            partition_key: m.partition_key.clone(),
+            payload: m.payload,
+            headers: m.headers,
+            destination: m.destination,
+            partition_key: m.partition_key,
             created_at: Utc::now(),
             attempts: 0,
         },
@@ -1180,31 +1204,13 @@ impl WorkItemStore for MemoryStore {
         &'a self,
         kind: Option<&'a str>,
     ) -> Result<EffectsStats, StoreError> {
-        let w = lock(&self.inner.work);
-        let mut s = EffectsStats::default();
-        for r in w
-            .items
-            .values()
-            .filter(|r| kind.is_none_or(|k| k == r.item.kind))
-        {
-            match r.state {
-                WorkItemState::Pending => {
-                    s.pending += 1;
-                    let a = age(r.item.created_at);
-                    s.oldest_pending_age = Some(s.oldest_pending_age.map_or(a, |o| o.max(a)));
-                }
-                WorkItemState::InProgress => s.in_progress += 1,
-                WorkItemState::Unknown => {
-                    s.unknown += 1;
-                    if let Some(since) = r.unknown_since {
-                        let a = age(since);
-                        s.oldest_unknown_age = Some(s.oldest_unknown_age.map_or(a, |o| o.max(a)));
-                    }
-                }
-                WorkItemState::Succeeded | WorkItemState::Failed => {}
-            }
-        }
-        Ok(s)
+        // The operator's counts, without the settled states.
+        let all = operator::work_stats(&lock(&self.inner.work), kind);
+        Ok(EffectsStats {
+            succeeded: 0,
+            failed: 0,
+            ..all
+        })
     }
 }
 
@@ -1255,20 +1261,16 @@ impl MaintenanceStore for MemoryStore {
         limit: i64,
     ) -> Result<u64, StoreError> {
         let _tx = self.inner.tx_lock.lock().await;
-        let cutoff = Utc::now() - chrono(older_than);
+        let cutoff = before(older_than);
         let mut c = lock(&self.inner.consumer);
-        let old: Vec<(String, EventId)> = c
-            .inbox
-            .iter()
-            .filter(|(_, r)| r.received_at < cutoff)
-            .map(|(k, _)| k.clone())
-            .take(usize::try_from(limit).unwrap_or(0))
-            .collect();
-        for k in &old {
+        let old = first(
+            c.inbox.iter().filter(|(_, r)| r.received_at < cutoff),
+            limit,
+        );
+        Ok(purged(old, |k| {
             c.inbox.remove(k);
             c.stale.remove(k);
-        }
-        Ok(old.len() as u64)
+        }))
     }
 
     async fn work_item_purge<'a>(
@@ -1277,21 +1279,15 @@ impl MaintenanceStore for MemoryStore {
         older_than: Duration,
         limit: i64,
     ) -> Result<u64, StoreError> {
-        let cutoff = Utc::now() - chrono(older_than);
+        let cutoff = before(older_than);
         let mut w = lock(&self.inner.work);
-        let old: Vec<i64> = w
-            .items
-            .values()
-            .filter(|r| {
-                r.state == WorkItemState::Succeeded && r.resolved_at.is_some_and(|t| t < cutoff)
-            })
-            .map(|r| r.item.id)
-            .take(usize::try_from(limit).unwrap_or(0))
-            .collect();
-        for id in &old {
+        let settled = |r: &WorkRow| {
+            r.state == WorkItemState::Succeeded && r.resolved_at.is_some_and(|t| t < cutoff)
+        };
+        let old = first(w.items.iter().filter(|(_, r)| settled(r)), limit);
+        Ok(purged(old, |id| {
             w.items.remove(id);
-        }
-        Ok(old.len() as u64)
+        }))
     }
 
     /// Nothing to purge: this fake deletes a row when it is published (delete mode only).
@@ -1310,19 +1306,13 @@ impl MaintenanceStore for MemoryStore {
         expired_for: Duration,
         limit: i64,
     ) -> Result<u64, StoreError> {
-        let cutoff = Utc::now() - chrono(expired_for);
+        let cutoff = before(expired_for);
         let mut o = lock(&self.inner.outbox);
-        let old: Vec<(String, String)> = o
-            .leases
-            .iter()
-            .filter(|(_, l)| l.until < cutoff && l.takeovers == 0)
-            .map(|(k, _)| k.clone())
-            .take(usize::try_from(limit).unwrap_or(0))
-            .collect();
-        for k in &old {
+        let reapable = |l: &Lease| l.until < cutoff && l.takeovers == 0;
+        let old = first(o.leases.iter().filter(|(_, l)| reapable(l)), limit);
+        Ok(purged(old, |k| {
             o.leases.remove(k);
-        }
-        Ok(old.len() as u64)
+        }))
     }
 }
 

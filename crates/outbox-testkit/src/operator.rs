@@ -17,20 +17,19 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use outbox_core::consumer::{InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard};
+use outbox_core::consumer::{InboxOutcome, InboxStore, OrderingGuard};
 use outbox_core::effect::{
-    ClaimPurpose, NewWorkItem, WorkItemClaimParams, WorkItemRecordParams, WorkItemState,
-    WorkItemStore, WorkItemUpdate,
+    ClaimPurpose, WorkItemClaimParams, WorkItemRecordParams, WorkItemState, WorkItemStore,
+    WorkItemUpdate,
 };
 use outbox_core::operator::prelude::*;
 use outbox_core::operator::{
-    Actor, AuditEntry, ConsumerSelection, Counting, DeadLetterFilter, DeadLetterSelection,
-    MAX_LIST, MINUTES, OperatorError, OperatorErrorKind, PauseTarget, RangeSelection,
-    ReplaySelection, Resolution, reason_key,
+    Actor, AggregateTrace, AuditEntry, ConsumerSelection, Counting, DeadLetterFilter,
+    DeadLetterSelection, MAX_LIST, MINUTES, OperatorError, OperatorErrorKind, PauseTarget,
+    RangeSelection, ReplaySelection, Resolution, reason_key,
 };
 use outbox_core::{
-    EventId, EventIdentity, FailureParams, IncomingEvent, MarkParams, NewMessage, OutboxStore,
-    Payload, ReleaseParams,
+    EventId, EventIdentity, LeaseToken, NewMessage, OutboxMessage, OutboxStore, Payload,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -38,6 +37,10 @@ use uuid::Uuid;
 use crate::fakes::{event_message, wire_message};
 use crate::fixture::StoreFixture;
 use crate::store::{claim, incoming};
+use crate::support::{
+    enqueue_work_item, payout_item, publish_all, record, record_call, record_failure, release_all,
+    take_requeued, write_consumer_dead_letters,
+};
 
 /// The actor of every case's actions: `alice` through `suite`, with a credential.
 pub fn actor() -> Actor {
@@ -60,6 +63,11 @@ pub fn event(
         event_type,
         Payload::json(&json!({"agg": aggregate_id, "v": version})).expect("json"),
     )
+}
+
+/// A `PaymentCreated` event of the `payment` `aggregate_id` at `version` ([`event`]).
+fn created(aggregate_id: &str, version: i64) -> NewMessage {
+    event("payment", aggregate_id, version, "PaymentCreated")
 }
 
 /// A `payment` event of `aggregate_id` at `version` whose payload is `body`, under `event_id`.
@@ -92,6 +100,23 @@ async fn last_record<S: OperatorStore>(s: &S) -> AuditEntry {
     audit(s).await.into_iter().next().expect("an audit record")
 }
 
+/// The newest audit record, which must be the one `audit_id` names.
+async fn audited<S: OperatorStore>(s: &S, audit_id: i64) -> AuditEntry {
+    let r = last_record(s).await;
+    assert_eq!(audit_id, r.id);
+    r
+}
+
+/// The event ids of the dead letters `filter` selects (at most `limit`), oldest first.
+async fn dead_letter_ids<S: OperatorStore>(
+    s: &S,
+    filter: &DeadLetterFilter,
+    limit: i64,
+) -> Vec<EventId> {
+    let dead = s.dead_letters(filter, limit).await.expect("dead letters");
+    dead.iter().map(|d| d.event_id).collect()
+}
+
 /// Claims everything claimable, makes the rows `dead` names dead letters with their error,
 /// and releases the claim.
 async fn kill<F: StoreFixture>(f: &F, dead: &[(EventId, &str)]) {
@@ -103,65 +128,44 @@ async fn kill<F: StoreFixture>(f: &F, dead: &[(EventId, &str)]) {
             .iter()
             .find(|m| m.event_id == *event_id)
             .unwrap_or_else(|| panic!("{event_id} was not claimed"));
-        let failed = store
-            .record_failure(FailureParams {
-                token: batch.token,
-                id: m.id,
-                error,
-                retry_after: None,
-            })
-            .await
-            .expect("record failure");
+        let failed = record_failure(&store, batch.token, m.id, error, None).await;
         assert!(failed, "the failure of {event_id} is recorded");
     }
-    let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-    store
-        .release(ReleaseParams {
-            token: batch.token,
-            ids: &ids,
-        })
-        .await
-        .expect("release");
+    release_all(&store, &batch).await;
+}
+
+/// The (aggregate id, version) pairs of `messages`, in their order.
+fn claimed_pairs(messages: &[OutboxMessage]) -> Vec<(String, i64)> {
+    messages
+        .iter()
+        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
+        .collect()
 }
 
 /// What a claim hands out, as (aggregate id, version) pairs in the batch's order; the claim is
 /// released.
 async fn claimable<S: OutboxStore>(store: &S) -> Vec<(String, i64)> {
     let batch = store.claim_batch(claim(1000, 30_000)).await.expect("claim");
-    let got = batch
-        .messages
-        .iter()
-        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
-        .collect();
-    let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-    store
-        .release(ReleaseParams {
-            token: batch.token,
-            ids: &ids,
-        })
-        .await
-        .expect("release");
-    got
+    release_all(store, &batch).await;
+    claimed_pairs(&batch.messages)
+}
+
+/// The versions an aggregate's trace holds: of its outbox rows, and of its discarded events.
+fn trace_versions(agg: &AggregateTrace) -> (Vec<i64>, Vec<i64>) {
+    let outbox = agg.outbox.iter().map(|e| e.aggregate_version).collect();
+    let discarded = agg.discarded.iter().map(|e| e.aggregate_version).collect();
+    (outbox, discarded)
+}
+
+/// [`claimable`], sorted.
+async fn claimable_sorted<S: OutboxStore>(store: &S) -> Vec<(String, i64)> {
+    let mut all = claimable(store).await;
+    all.sort();
+    all
 }
 
 fn pairs(p: &[(&str, i64)]) -> Vec<(String, i64)> {
     p.iter().map(|(a, v)| ((*a).to_owned(), *v)).collect()
-}
-
-/// Records `e` in the inbox of `consumer`, committed.
-async fn record<S: InboxStore>(
-    store: &S,
-    consumer: &str,
-    guard: OrderingGuard,
-    e: &IncomingEvent,
-) -> InboxOutcome {
-    let mut tx = store.begin().await.expect("begin");
-    let outcome = store
-        .inbox_record(&mut tx, consumer, guard, e)
-        .await
-        .expect("inbox record");
-    store.commit(tx).await.expect("commit");
-    outcome
 }
 
 /// Dead-letters, at `consumer`, the message of event `event_id` (aggregate `agg`, version 1)
@@ -181,18 +185,8 @@ async fn consumer_dead<S: InboxStore>(
     } else {
         EventIdentity::default()
     };
-    let mut tx = store.begin().await.expect("begin");
-    store
-        .consumer_dead_letter_insert(
-            &mut tx,
-            NewConsumerDeadLetter {
-                consumer,
-                raw: &raw,
-                identity: &identity,
-                error,
-                attempts: 3,
-            },
-        )
+    let letter = [(&raw, &identity)];
+    let tx = write_consumer_dead_letters(store, consumer, &letter, error, 3)
         .await
         .expect("dead letter");
     store.commit(tx).await.expect("commit");
@@ -201,28 +195,7 @@ async fn consumer_dead<S: InboxStore>(
 /// Writes a `payout` work item keyed `key` (caused by `event_id`, if any) as consumer `c`'s
 /// handler would; returns its id.
 async fn work_item<F: StoreFixture>(f: &F, key: &str, event_id: Option<Uuid>) -> i64 {
-    let store = f.store();
-    let before: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
-    let mut tx = store.begin().await.expect("begin");
-    f.enqueue_work_item(
-        &mut tx,
-        &NewWorkItem {
-            kind: "payout".into(),
-            idempotency_key: key.into(),
-            payload: json!({"key": key}),
-            event_id,
-            consumer_name: Some("c".into()),
-        },
-    )
-    .await
-    .expect("work item");
-    store.commit(tx).await.expect("commit");
-    f.work_items()
-        .await
-        .into_iter()
-        .map(|w| w.id)
-        .find(|id| !before.contains(id))
-        .expect("a new work item")
+    enqueue_work_item(f, &payout_item(key, event_id)).await
 }
 
 fn call_claim(purpose: ClaimPurpose) -> WorkItemClaimParams<'static> {
@@ -234,12 +207,12 @@ fn call_claim(purpose: ClaimPurpose) -> WorkItemClaimParams<'static> {
     }
 }
 
-/// A work item whose outcome is unknown (its call's lease ran out), its lookup due in an hour.
+/// A new work item keyed `key`, claimed for its call; returns its id and its claim's token.
 /// Every other `payout` item must be settled or unknown already.
-async fn unknown_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
-    let store = f.store();
+async fn called_item<F: StoreFixture>(f: &F, key: &str) -> (i64, LeaseToken) {
     let id = work_item(f, key, None).await;
-    let claimed = store
+    let claimed = f
+        .store()
         .work_item_claim(call_claim(ClaimPurpose::Call))
         .await
         .expect("claim");
@@ -247,8 +220,16 @@ async fn unknown_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
         claimed.iter().map(|c| c.item.id).collect::<Vec<_>>(),
         vec![id]
     );
+    (id, claimed[0].token)
+}
+
+/// A work item whose outcome is unknown (its call's lease ran out), its lookup due in an hour.
+/// Every other `payout` item must be settled or unknown already.
+async fn unknown_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
+    let (id, _) = called_item(f, key).await;
     f.expire_work_item_leases().await;
-    let expired = store
+    let expired = f
+        .store()
         .work_item_expire("payout", Duration::from_secs(3600), "lease expired")
         .await
         .expect("expire");
@@ -259,36 +240,17 @@ async fn unknown_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
 /// A work item that failed for good. Every other `payout` item must be settled or unknown
 /// already.
 async fn failed_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
-    let store = f.store();
-    let id = work_item(f, key, None).await;
-    let claimed = store
-        .work_item_claim(call_claim(ClaimPurpose::Call))
-        .await
-        .expect("claim");
-    assert_eq!(claimed.len(), 1);
-    assert!(
-        store
-            .work_item_record(WorkItemRecordParams {
-                id,
-                token: claimed[0].token,
-                claimed_in: WorkItemState::InProgress,
-                update: &WorkItemUpdate::Failed {
-                    reason: "refused by the provider".into(),
-                },
-                lookups_add: 0,
-            })
-            .await
-            .expect("record")
-    );
+    let (id, token) = called_item(f, key).await;
+    let failed = WorkItemUpdate::Failed {
+        reason: "refused by the provider".into(),
+    };
+    assert!(record_call(&f.store(), id, token, &failed).await);
     id
 }
 
 /// The overview counts pending (retrying, in flight), dead, open conflicts, open consumer dead
 /// letters and work items by state, exactly or up to a bound; a bound below 1 is refused.
-pub async fn overview_counts_what_waits_and_what_failed<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn overview_counts_what_waits_and_what_failed<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     s.ready().await.expect("a fresh store is ready");
@@ -306,10 +268,10 @@ where
     assert_eq!(empty.oldest_pending_age_seconds, 0.0);
 
     let (a1, a2, b1, c1) = (
-        event("payment", "a", 1, "PaymentCreated"),
-        event("payment", "a", 2, "PaymentCreated"),
-        event("payment", "b", 1, "PaymentCreated"),
-        event("payment", "c", 1, "PaymentCreated"),
+        created("a", 1),
+        created("a", 2),
+        created("b", 1),
+        created("c", 1),
     );
     let (dead_id, retry_id) = (a1.event_id, b1.event_id);
     f.enqueue(vec![a1, a2, b1]).await;
@@ -320,50 +282,20 @@ where
             .iter()
             .find(|m| m.event_id == event_id)
             .unwrap();
-        assert!(
-            s.record_failure(FailureParams {
-                token: batch.token,
-                id: m.id,
-                error: "broker unavailable",
-                retry_after,
-            })
-            .await
-            .unwrap()
-        );
+        let error = "broker unavailable";
+        assert!(record_failure(&s, batch.token, m.id, error, retry_after).await);
     }
-    let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-    s.release(ReleaseParams {
-        token: batch.token,
-        ids: &ids,
-    })
-    .await
-    .unwrap();
+    release_all(&s, &batch).await;
     // c's row is claimed and stays in flight.
     f.enqueue(vec![c1]).await;
     let held = s.claim_batch(claim(100, 30_000)).await.unwrap();
-    assert_eq!(
-        pairs(&[("c", 1)]),
-        held.messages
-            .iter()
-            .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(pairs(&[("c", 1)]), claimed_pairs(&held.messages));
 
+    // One conflict: the same event id with two payloads.
     let id = Uuid::now_v7();
-    record(
-        &s,
-        "c1",
-        OrderingGuard::Off,
-        &incoming(id, "x", 1, r#"{"n":1}"#),
-    )
-    .await;
-    record(
-        &s,
-        "c1",
-        OrderingGuard::Off,
-        &incoming(id, "x", 1, r#"{"n":2}"#),
-    )
-    .await;
+    for body in [r#"{"n":1}"#, r#"{"n":2}"#] {
+        record(&s, "c1", OrderingGuard::Off, &incoming(id, "x", 1, body)).await;
+    }
     for n in 0..3 {
         consumer_dead(
             &s,
@@ -456,14 +388,11 @@ where
 /// filtered by aggregate type, event type, destination, reason group and time; grouped by
 /// reason (errors differing only in numbers and ids are one group); read whole; `NotFound` for
 /// an id that is not a dead letter.
-pub async fn dead_letters_are_listed_filtered_grouped_and_read_whole<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn dead_letters_are_listed_filtered_grouped_and_read_whole<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
-    let a1 = event("payment", "a", 1, "PaymentCreated").with_header("x-tenant", "t1");
-    let a2 = event("payment", "a", 2, "PaymentCreated");
+    let a1 = created("a", 1).with_header("x-tenant", "t1");
+    let a2 = created("a", 2);
     let b1 = event("payment", "b", 1, "PaymentRefunded");
     let c1 = event("order", "c", 1, "OrderPlaced")
         .with_destination("orders-eu")
@@ -504,68 +433,56 @@ where
     assert_eq!(dc.destination.as_deref(), Some("orders-eu"));
     assert_eq!(dc.reason, ec);
 
-    let ids = |filter: DeadLetterFilter| {
-        let s = s.clone();
-        async move {
-            s.dead_letters(&filter, 100)
-                .await
-                .unwrap()
-                .iter()
-                .map(|d| d.event_id)
-                .collect::<Vec<_>>()
-        }
-    };
     let none = DeadLetterFilter::default();
-    assert_eq!(
-        ids(DeadLetterFilter {
-            aggregate_type: Some("order".into()),
-            ..none.clone()
-        })
-        .await,
-        vec![ic1]
-    );
-    assert_eq!(
-        ids(DeadLetterFilter {
-            event_type: Some("PaymentRefunded".into()),
-            ..none.clone()
-        })
-        .await,
-        vec![ib1]
-    );
-    assert_eq!(
-        ids(DeadLetterFilter {
-            destination: Some("orders-eu".into()),
-            ..none.clone()
-        })
-        .await,
-        vec![ic1]
-    );
-    assert_eq!(
-        ids(DeadLetterFilter {
-            reason_group: Some(timeout.into()),
-            ..none.clone()
-        })
-        .await,
-        vec![ia1, ib1]
-    );
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
-    assert!(
-        ids(DeadLetterFilter {
-            created_after: Some(later),
-            ..none.clone()
-        })
-        .await
-        .is_empty()
-    );
-    assert_eq!(
-        ids(DeadLetterFilter {
-            created_before: Some(later),
-            aggregate_type: Some("payment".into()),
-            ..none.clone()
-        })
-        .await,
-        vec![ia1, ib1]
-    );
+    let filtered = [
+        (
+            DeadLetterFilter {
+                aggregate_type: Some("order".into()),
+                ..none.clone()
+            },
+            vec![ic1],
+        ),
+        (
+            DeadLetterFilter {
+                event_type: Some("PaymentRefunded".into()),
+                ..none.clone()
+            },
+            vec![ib1],
+        ),
+        (
+            DeadLetterFilter {
+                destination: Some("orders-eu".into()),
+                ..none.clone()
+            },
+            vec![ic1],
+        ),
+        (
+            DeadLetterFilter {
+                reason_group: Some(timeout.into()),
+                ..none.clone()
+            },
+            vec![ia1, ib1],
+        ),
+        (
+            DeadLetterFilter {
+                created_after: Some(later),
+                ..none.clone()
+            },
+            vec![],
+        ),
+        (
+            DeadLetterFilter {
+                created_before: Some(later),
+                aggregate_type: Some("payment".into()),
+                ..none.clone()
+            },
+            vec![ia1, ib1],
+        ),
+    ];
+    for (filter, want) in filtered {
+        assert_eq!(dead_letter_ids(&s, &filter, 100).await, want, "{filter:?}");
+    }
     assert_eq!(
         s.dead_letters(&none, 1).await.unwrap().len(),
         1,
@@ -624,14 +541,10 @@ where
 /// A requeue by ids, by filter or of all makes the selected dead letters pending again with
 /// their attempts reset (claimable, with the rows behind them), counts only dead letters, and
 /// writes one audit record each time, even when it changed nothing.
-pub async fn requeued_dead_letters_are_claimable_again_and_audited<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn requeued_dead_letters_are_claimable_again_and_audited<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
-    let a1 = event("payment", "a", 1, "PaymentCreated");
-    let a2 = event("payment", "a", 2, "PaymentCreated");
+    let (a1, a2) = (created("a", 1), created("a", 2));
     let b1 = event("payment", "b", 1, "PaymentRefunded");
     let c1 = event("order", "c", 1, "OrderPlaced");
     let (ia1, ia2, ib1, ic1) = (a1.event_id, a2.event_id, b1.event_id, c1.event_id);
@@ -668,15 +581,8 @@ where
     );
     assert_eq!((r.reason.as_str(), r.affected), ("broker limit raised", 1));
     assert_eq!(r.selection, json!({ "event_ids": [ia1, ia2, stranger] }));
-    assert_eq!(
-        s.dead_letters(&DeadLetterFilter::default(), 10)
-            .await
-            .unwrap()
-            .iter()
-            .map(|d| d.event_id)
-            .collect::<Vec<_>>(),
-        vec![ib1, ic1]
-    );
+    let any = DeadLetterFilter::default();
+    assert_eq!(dead_letter_ids(&s, &any, 10).await, vec![ib1, ic1]);
     let batch = s.claim_batch(claim(100, 30_000)).await.unwrap();
     let got: Vec<(EventId, i32)> = batch
         .messages
@@ -688,13 +594,7 @@ where
         vec![(ia1, 0), (ia2, 0)],
         "a1 again, attempts reset, then a2"
     );
-    let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-    s.release(ReleaseParams {
-        token: batch.token,
-        ids: &ids,
-    })
-    .await
-    .unwrap();
+    release_all(&s, &batch).await;
 
     let refunds = DeadLetterFilter {
         event_type: Some("PaymentRefunded".into()),
@@ -730,8 +630,7 @@ where
     );
     assert_eq!(audit(&s).await.len(), 4, "one record per action");
     assert_eq!(s.overview().await.unwrap().dead_letters, 0);
-    let mut all = claimable(&s).await;
-    all.sort();
+    let all = claimable_sorted(&s).await;
     assert_eq!(all, pairs(&[("a", 1), ("a", 2), ("b", 1), ("c", 1)]));
     f.cleanup().await;
 }
@@ -741,15 +640,10 @@ where
 /// behind them move on.
 pub async fn discarded_dead_letters_are_kept_as_discarded_and_unblock_their_aggregate<
     F: StoreFixture,
->()
-where
-    F::Store: OperatorStore,
-{
+>() {
     let f = F::new().await;
     let s = f.store();
-    let a1 = event("payment", "a", 1, "PaymentCreated");
-    let a2 = event("payment", "a", 2, "PaymentCreated");
-    let b1 = event("payment", "b", 1, "PaymentCreated");
+    let (a1, a2, b1) = (created("a", 1), created("a", 2), created("b", 1));
     let (ia1, ib1) = (a1.event_id, b1.event_id);
     f.enqueue(vec![a1, a2, b1]).await;
     kill(&f, &[(ia1, "schema rejected"), (ib1, "schema rejected")]).await;
@@ -766,34 +660,20 @@ where
         audit(&s).await.is_empty(),
         "a refused action records nothing"
     );
-    assert_eq!(
-        s.dead_letters(&DeadLetterFilter::default(), 10)
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    let any = DeadLetterFilter::default();
+    assert_eq!(dead_letter_ids(&s, &any, 10).await.len(), 2);
 
     let done = s
         .discard_dead_letters(&just_a1, &me, "obsolete event")
         .await
         .unwrap();
     assert_eq!(done.discarded, 1);
-    let r = last_record(&s).await;
-    assert_eq!(done.audit_id, r.id);
+    let r = audited(&s, done.audit_id).await;
     assert_eq!(
         (r.action.as_str(), r.reason.as_str(), r.affected),
         ("discard dead letters", "obsolete event", 1)
     );
-    assert_eq!(
-        s.dead_letters(&DeadLetterFilter::default(), 10)
-            .await
-            .unwrap()
-            .iter()
-            .map(|d| d.event_id)
-            .collect::<Vec<_>>(),
-        vec![ib1]
-    );
+    assert_eq!(dead_letter_ids(&s, &any, 10).await, vec![ib1]);
     assert_eq!(kind(s.dead_letter(ia1).await), OperatorErrorKind::NotFound);
 
     let t = s.trace_event(ia1).await.unwrap();
@@ -818,20 +698,7 @@ where
         "a2 moves on; b still waits"
     );
     let agg = s.trace_aggregate("payment", "a", 10).await.unwrap();
-    assert_eq!(
-        agg.outbox
-            .iter()
-            .map(|e| e.aggregate_version)
-            .collect::<Vec<_>>(),
-        vec![2]
-    );
-    assert_eq!(
-        agg.discarded
-            .iter()
-            .map(|e| e.aggregate_version)
-            .collect::<Vec<_>>(),
-        vec![1]
-    );
+    assert_eq!(trace_versions(&agg), (vec![2], vec![1]));
 
     let nothing = DeadLetterSelection::Matching(DeadLetterFilter {
         reason_group: Some("no such reason".into()),
@@ -853,10 +720,7 @@ where
 /// Every list takes a limit of 1 to `MAX_LIST`: 0 and `MAX_LIST + 1` are `InvalidRequest` (and
 /// so are a count bound below 1, too many conflict ids, and an actor without a name); nothing
 /// is recorded.
-pub async fn every_list_refuses_a_limit_out_of_range<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn every_list_refuses_a_limit_out_of_range<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let invalid = OperatorErrorKind::InvalidRequest;
@@ -912,54 +776,34 @@ where
 /// group; grouped by (consumer, reason); read whole in any state; a requeue and a discard take
 /// only `dead` ones (a discard needs a reason), each audited; the consumer takes the requeued
 /// ones back.
-pub async fn consumer_dead_letters_are_listed_grouped_requeued_and_discarded<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn consumer_dead_letters_are_listed_grouped_requeued_and_discarded<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let e0 = Uuid::now_v7();
     let body0 = r#"{"amount":17}"#;
-    consumer_dead(
-        &s,
-        "ledger",
-        e0,
-        "l0",
-        body0,
-        true,
-        "decode failed at byte 17",
-    )
-    .await;
-    consumer_dead(
-        &s,
-        "ledger",
-        Uuid::now_v7(),
-        "l1",
-        "{}",
-        false,
-        "decode failed at byte 42",
-    )
-    .await;
-    consumer_dead(
-        &s,
-        "ledger",
-        Uuid::now_v7(),
-        "l2",
-        "{}",
-        true,
-        "handler panicked: boom",
-    )
-    .await;
-    consumer_dead(
-        &s,
-        "mail",
-        Uuid::now_v7(),
-        "m0",
-        "{}",
-        true,
-        "template missing",
-    )
-    .await;
+    // (consumer, event, aggregate, body, identified, error), oldest first.
+    for (consumer, event_id, agg, body, identified, error) in [
+        ("ledger", e0, "l0", body0, true, "decode failed at byte 17"),
+        (
+            "ledger",
+            Uuid::now_v7(),
+            "l1",
+            "{}",
+            false,
+            "decode failed at byte 42",
+        ),
+        (
+            "ledger",
+            Uuid::now_v7(),
+            "l2",
+            "{}",
+            true,
+            "handler panicked: boom",
+        ),
+        ("mail", Uuid::now_v7(), "m0", "{}", true, "template missing"),
+    ] {
+        consumer_dead(&s, consumer, event_id, agg, body, identified, error).await;
+    }
     let all = ConsumerSelection::default();
     let listed = s.consumer_dead_letters(&all, 100).await.unwrap();
     assert_eq!(listed.len(), 4);
@@ -1063,12 +907,7 @@ where
         0,
         "only dead letters are requeued"
     );
-    let mut tx = s.begin().await.unwrap();
-    let taken = s
-        .consumer_dead_letter_take_requeued(&mut tx, "ledger", 10)
-        .await
-        .unwrap();
-    s.rollback(tx).await.unwrap();
+    let taken = take_requeued(&s, "ledger", 10).await;
     assert_eq!(taken.iter().map(|t| t.id).collect::<Vec<_>>(), vec![ids[0]]);
 
     let records = audit(&s).await.len();
@@ -1131,10 +970,7 @@ where
 /// where the store holds the first; resolved by ids (only open ones counted, the record written
 /// even when all were resolved already); refused without ids, without a reason, or when no id
 /// is a conflict; the conflicting payload arriving again reopens one.
-pub async fn conflicts_are_listed_resolved_and_reopened<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn conflicts_are_listed_resolved_and_reopened<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let (id1, id2) = (Uuid::now_v7(), Uuid::now_v7());
@@ -1151,14 +987,9 @@ where
             InboxOutcome::Conflict { .. }
         ));
     }
-    record(&s, "c2", OrderingGuard::Off, &incoming(id2, "b", 1, "{}")).await;
-    record(
-        &s,
-        "c2",
-        OrderingGuard::Off,
-        &incoming(id2, "b", 1, r#"{"x":1}"#),
-    )
-    .await;
+    for body in ["{}", r#"{"x":1}"#] {
+        record(&s, "c2", OrderingGuard::Off, &incoming(id2, "b", 1, body)).await;
+    }
 
     let open = s.conflicts(None, true, 100).await.unwrap();
     assert_eq!(open.len(), 2);
@@ -1222,8 +1053,7 @@ where
         .await
         .unwrap();
     assert_eq!(done.resolved, 1);
-    let r = last_record(&s).await;
-    assert_eq!(done.audit_id, r.id);
+    let r = audited(&s, done.audit_id).await;
     assert_eq!(
         (r.action.as_str(), r.affected, r.selection.clone()),
         (
@@ -1281,10 +1111,7 @@ where
 /// Work items: counted by state, listed by state (an unknown state is refused), resolved by
 /// hand only from the states each resolution allows (`Refused` otherwise, `NotFound` for no
 /// item), reconciled at once only when unknown; every success audited, no refusal.
-pub async fn work_items_are_counted_listed_resolved_and_reconciled<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn work_items_are_counted_listed_resolved_and_reconciled<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let u = unknown_item(&f, "k-u").await;
@@ -1466,14 +1293,11 @@ where
 /// A paused route is not claimed: its rows stay pending, an aggregate whose next row goes there
 /// waits with all its later rows, and a run stops before its first row on a paused route;
 /// resuming hands them out again.
-pub async fn a_paused_route_is_not_claimed_and_holds_its_aggregates<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn a_paused_route_is_not_claimed_and_holds_its_aggregates<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let at = |agg: &str, v: i64, to: Option<&str>| {
-        let m = event("payment", agg, v, "PaymentCreated");
+        let m = created(agg, v);
         match to {
             Some(d) => m.with_destination(d),
             None => m,
@@ -1499,8 +1323,7 @@ where
         (p.actor.as_deref(), p.reason.as_deref()),
         (Some("alice"), Some("broker maintenance"))
     );
-    let r = last_record(&s).await;
-    assert_eq!(p.audit_id, r.id);
+    let r = audited(&s, p.audit_id).await;
     assert_eq!(
         (r.action.as_str(), r.affected, r.selection.clone()),
         ("pause", 1, json!({ "route": "destination:ledger" }))
@@ -1508,32 +1331,12 @@ where
     assert_eq!(s.pauses().await.unwrap(), vec![p.clone()]);
 
     let batch = s.claim_batch(claim(100, 30_000)).await.unwrap();
-    let got: Vec<(String, i64)> = batch
-        .messages
-        .iter()
-        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
-        .collect();
     assert_eq!(
-        got,
+        claimed_pairs(&batch.messages),
         pairs(&[("x", 1), ("z", 1)]),
         "x stops before x2; y waits"
     );
-    let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-    assert_eq!(
-        s.mark_published(MarkParams {
-            token: batch.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap(),
-        2
-    );
-    s.release(ReleaseParams {
-        token: batch.token,
-        ids: &[],
-    })
-    .await
-    .unwrap();
+    assert_eq!(publish_all(&s, &batch).await, 2);
     assert!(
         claimable(&s).await.is_empty(),
         "x2 and y1 head their aggregates, on the paused route"
@@ -1548,23 +1351,18 @@ where
     let r = last_record(&s).await;
     assert_eq!((r.action.as_str(), r.affected), ("resume", 1));
     assert!(s.pauses().await.unwrap().is_empty());
-    let mut all = claimable(&s).await;
-    all.sort();
-    assert_eq!(all, pairs(&[("x", 2), ("x", 3), ("y", 1), ("y", 2)]));
+    let all = pairs(&[("x", 2), ("x", 3), ("y", 1), ("y", 2)]);
+    assert_eq!(claimable_sorted(&s).await, all);
 
     // A type route: the runs stop before their first row without a destination.
     s.pause(&PauseTarget::aggregate_type("payment"), &me, "hold")
         .await
         .unwrap();
-    let mut held = claimable(&s).await;
-    held.sort();
-    assert_eq!(held, pairs(&[("x", 2), ("y", 1)]));
+    assert_eq!(claimable_sorted(&s).await, pairs(&[("x", 2), ("y", 1)]));
     s.resume(&PauseTarget::aggregate_type("payment"), &me, "go")
         .await
         .unwrap();
-    let mut all = claimable(&s).await;
-    all.sort();
-    assert_eq!(all, pairs(&[("x", 2), ("x", 3), ("y", 1), ("y", 2)]));
+    assert_eq!(claimable_sorted(&s).await, all);
     assert_eq!(audit(&s).await.len(), 4);
     f.cleanup().await;
 }
@@ -1572,10 +1370,7 @@ where
 /// Pauses are refused twice (`Refused`), without a reason or with a malformed route key
 /// (`InvalidRequest`); a resume needs a pause (`NotFound`); a paused consumer is what its
 /// engine asks and what the pauses and consumers show; refusals record nothing.
-pub async fn pauses_are_checked_and_a_paused_consumer_shows_everywhere<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn pauses_are_checked_and_a_paused_consumer_shows_everywhere<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let me = actor();
@@ -1670,10 +1465,7 @@ where
 
 /// The audit: newest first, ids increasing with time, paged with `before`; each record keeps
 /// who (name, via, credential), what, the selection, why and how many.
-pub async fn the_audit_lists_newest_first_and_pages_with_before<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn the_audit_lists_newest_first_and_pages_with_before<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let me = actor();
@@ -1729,30 +1521,19 @@ where
 /// A trace shows everything the store holds of an event (its outbox row, each consumer's inbox
 /// record, its conflicts, consumer dead letters, work items, and the audit records naming it),
 /// and of an aggregate (its rows by version, each consumer's last applied version).
-pub async fn traces_show_an_event_and_an_aggregate_everywhere<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn traces_show_an_event_and_an_aggregate_everywhere<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     let (id, body) = (Uuid::now_v7(), r#"{"amount":5}"#);
-    f.enqueue(vec![
-        payment(id, "t", 1, body),
-        event("payment", "t", 2, "PaymentCreated"),
-    ])
-    .await;
+    f.enqueue(vec![payment(id, "t", 1, body), created("t", 2)])
+        .await;
     let e = incoming(id, "t", 1, body);
     assert_eq!(
         record(&s, "c1", OrderingGuard::Wait, &e).await,
         InboxOutcome::New
     );
-    record(
-        &s,
-        "c1",
-        OrderingGuard::Wait,
-        &incoming(id, "t", 1, r#"{"amount":6}"#),
-    )
-    .await;
+    let changed = incoming(id, "t", 1, r#"{"amount":6}"#);
+    record(&s, "c1", OrderingGuard::Wait, &changed).await;
     consumer_dead(&s, "c3", id, "t", body, true, "handler failed").await;
     let item = work_item(&f, "k-t", Some(id)).await;
 
@@ -1807,14 +1588,7 @@ where
         (agg.aggregate_type.as_str(), agg.aggregate_id.as_str()),
         ("payment", "t")
     );
-    assert_eq!(
-        agg.outbox
-            .iter()
-            .map(|e| e.aggregate_version)
-            .collect::<Vec<_>>(),
-        vec![1, 2]
-    );
-    assert!(agg.discarded.is_empty());
+    assert_eq!(trace_versions(&agg), (vec![1, 2], vec![]));
     assert_eq!(agg.consumers.len(), 1);
     assert_eq!(
         (
@@ -1825,11 +1599,7 @@ where
     );
     let first = s.trace_aggregate("payment", "t", 1).await.unwrap();
     assert_eq!(
-        first
-            .outbox
-            .iter()
-            .map(|e| e.aggregate_version)
-            .collect::<Vec<_>>(),
+        trace_versions(&first).0,
         vec![1],
         "lowest version first, up to the limit"
     );
@@ -1845,35 +1615,14 @@ where
 /// replay (`Refused`, nothing recorded); one that keeps them (mark mode) says in a dry run what
 /// it would take, refuses a changed count, a version below 1, no reason and an unknown
 /// aggregate, and replays the published rows under their own ids, audited.
-pub async fn replays_follow_the_stores_publish_mode<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn replays_follow_the_stores_publish_mode<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
-    let (r1, r2) = (
-        event("payment", "r", 1, "PaymentCreated"),
-        event("payment", "r", 2, "PaymentCreated"),
-    );
+    let (r1, r2) = (created("r", 1), created("r", 2));
     let published = vec![r1.event_id, r2.event_id];
     f.enqueue(vec![r1, r2]).await;
     let batch = s.claim_batch(claim(100, 30_000)).await.unwrap();
-    let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-    assert_eq!(
-        s.mark_published(MarkParams {
-            token: batch.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap(),
-        2
-    );
-    s.release(ReleaseParams {
-        token: batch.token,
-        ids: &[],
-    })
-    .await
-    .unwrap();
+    assert_eq!(publish_all(&s, &batch).await, 2);
     let me = actor();
     let which = ReplaySelection {
         aggregate_type: "payment".into(),
@@ -1924,31 +1673,46 @@ where
     );
     assert!(plan.first_published_at.is_some());
     assert!(audit(&s).await.is_empty(), "a dry run records nothing");
-    assert_eq!(
-        kind(s.replay(&which, false, Some(3), &me, "rebuild").await),
-        OperatorErrorKind::Refused,
-        "the count changed"
-    );
     let from_zero = ReplaySelection {
         from_version: Some(0),
         ..which.clone()
     };
-    assert_eq!(
-        kind(s.replay(&from_zero, false, None, &me, "rebuild").await),
-        OperatorErrorKind::InvalidRequest
-    );
-    assert_eq!(
-        kind(s.replay(&which, false, None, &me, " ").await),
-        OperatorErrorKind::InvalidRequest
-    );
     let unknown = ReplaySelection {
         aggregate_id: "nobody".into(),
         ..which.clone()
     };
-    assert_eq!(
-        kind(s.replay(&unknown, true, None, &me, "rebuild").await),
-        OperatorErrorKind::NotFound
-    );
+    use OperatorErrorKind::{InvalidRequest, NotFound, Refused};
+    // (selection, dry run, expected count, reason, refusal, why).
+    for (selection, dry_run, count, reason, want, why) in [
+        (
+            &which,
+            false,
+            Some(3),
+            "rebuild",
+            Refused,
+            "the count changed",
+        ),
+        (
+            &from_zero,
+            false,
+            None,
+            "rebuild",
+            InvalidRequest,
+            "a version below 1",
+        ),
+        (&which, false, None, " ", InvalidRequest, "no reason"),
+        (
+            &unknown,
+            true,
+            None,
+            "rebuild",
+            NotFound,
+            "an unknown aggregate",
+        ),
+    ] {
+        let refused = s.replay(selection, dry_run, count, &me, reason).await;
+        assert_eq!(kind(refused), want, "{why}");
+    }
     assert_eq!(
         kind(
             s.replay_range(&empty_range, true, None, &me, "rebuild")
@@ -1965,13 +1729,9 @@ where
     let r = last_record(&s).await;
     assert_eq!((r.action.as_str(), r.affected), ("replay", 2));
     let batch = s.claim_batch(claim(100, 30_000)).await.unwrap();
+    let republished: Vec<EventId> = batch.messages.iter().map(|m| m.event_id).collect();
     assert_eq!(
-        batch
-            .messages
-            .iter()
-            .map(|m| m.event_id)
-            .collect::<Vec<_>>(),
-        published,
+        republished, published,
         "republished under their own ids, in version order"
     );
     f.cleanup().await;
@@ -1980,10 +1740,7 @@ where
 /// Routes count pending rows (and the oldest one's age) and dead letters per route among the
 /// oldest `bound` rows, busiest first, with a per-minute series; a bound below 1 is refused; a
 /// fresh store runs no process.
-pub async fn routes_count_pending_and_dead_rows_per_route<F: StoreFixture>()
-where
-    F::Store: OperatorStore,
-{
+pub async fn routes_count_pending_and_dead_rows_per_route<F: StoreFixture>() {
     let f = F::new().await;
     let s = f.store();
     assert!(s.instances().await.unwrap().is_empty());
@@ -1994,9 +1751,9 @@ where
     f.enqueue(vec![d1]).await;
     kill(&f, &[(dead, "refused")]).await;
     f.enqueue(vec![
-        event("payment", "p", 1, "PaymentCreated"),
-        event("payment", "q", 1, "PaymentCreated"),
-        event("payment", "l", 1, "PaymentCreated").with_destination("ledger"),
+        created("p", 1),
+        created("q", 1),
+        created("l", 1).with_destination("ledger"),
     ])
     .await;
 
@@ -2049,7 +1806,7 @@ where
 #[macro_export]
 macro_rules! operator_suite {
     ($fixture:ty) => {
-        $crate::operator_suite!(@cases $fixture;
+        $crate::__fixture_cases!(operator, $fixture;
             overview_counts_what_waits_and_what_failed,
             dead_letters_are_listed_filtered_grouped_and_read_whole,
             requeued_dead_letters_are_claimable_again_and_audited,
@@ -2064,13 +1821,5 @@ macro_rules! operator_suite {
             replays_follow_the_stores_publish_mode,
             routes_count_pending_and_dead_rows_per_route,
         );
-    };
-    (@cases $fixture:ty; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                $crate::operator::$case::<$fixture>().await;
-            }
-        )*
     };
 }

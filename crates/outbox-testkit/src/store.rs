@@ -11,18 +11,17 @@
 use std::time::Duration;
 
 use outbox_core::consumer::{
-    ConsumerDeadLetterState, InboxOutcome, InboxStore, NewConsumerDeadLetter, OrderingGuard,
-    RawMessage,
+    ConsumerDeadLetterState, InboxOutcome, InboxStore, OrderingGuard, RawMessage,
 };
 use outbox_core::effect::{
-    ClaimPurpose, NewWorkItem, WorkItemClaimParams, WorkItemRecordParams, WorkItemState,
-    WorkItemStore, WorkItemUpdate,
+    ClaimPurpose, WorkItemClaimParams, WorkItemRecordParams, WorkItemState, WorkItemStore,
+    WorkItemUpdate,
 };
 use outbox_core::maintenance::MaintenanceStore;
 use outbox_core::operator::{Actor, DeadLetterFilter, DeadLetterOps as _, DeadLetterSelection};
 use outbox_core::{
-    ClaimParams, ClaimScope, EventIdentity, FailureParams, IncomingEvent, MarkParams, NewMessage,
-    OutboxStore, Payload, ReleaseParams,
+    ClaimParams, ClaimScope, ClaimedBatch, EventIdentity, IncomingEvent, NewMessage, OutboxStore,
+    Payload,
 };
 use uuid::Uuid;
 
@@ -31,6 +30,11 @@ use crate::fixture::StoreFixture;
 /// A paused route holds its rows and their aggregates back from claims (the claim contract's
 /// pause rule), and a resume hands them out again; paused by the operator contract.
 pub use crate::operator::a_paused_route_is_not_claimed_and_holds_its_aggregates;
+use crate::support::{
+    batch_ids, enqueue_work_item, mark_published, old_and_young_inbox, payout_item, publish_all,
+    record, record_call, record_failure, release, release_all, row_id, take_requeued,
+    write_consumer_dead_letters,
+};
 
 /// A `payment` event of aggregate `agg` at `version` with an empty JSON object.
 pub fn msg(agg: &str, version: i64) -> NewMessage {
@@ -66,6 +70,27 @@ fn versions(messages: &[outbox_core::OutboxMessage], agg: &str) -> Vec<i64> {
         .collect()
 }
 
+/// A takeover as [`takeovers`] lists it: the head's aggregate id and version, and the count.
+type TakenOver = (String, i64, u32);
+
+fn at(agg: &str, version: i64, count: u32) -> TakenOver {
+    (agg.to_owned(), version, count)
+}
+
+/// The takeovers a claim reports, sorted.
+fn takeovers(b: &ClaimedBatch) -> Vec<TakenOver> {
+    let mut t: Vec<TakenOver> = b
+        .takeovers
+        .iter()
+        .map(|t| {
+            let head = b.messages.iter().find(|m| m.id == t.head).expect("head");
+            at(&head.aggregate_id, head.aggregate_version, t.count)
+        })
+        .collect();
+    t.sort();
+    t
+}
+
 /// Each aggregate's versions come in version order, whatever the insert order; a leased
 /// aggregate is not handed to a second claim (not even its new versions); the per-aggregate and
 /// total caps cut runs into prefixes.
@@ -84,14 +109,7 @@ pub async fn claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_t
     let second = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert!(second.messages.is_empty(), "{:?}", second.messages);
 
-    let ids: Vec<i64> = first.messages.iter().map(|m| m.id).collect();
-    store
-        .release(ReleaseParams {
-            token: first.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap();
+    release_all(&store, &first).await;
     let small = store
         .claim_batch(ClaimParams {
             max_rows: 10,
@@ -102,14 +120,7 @@ pub async fn claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_t
         .await
         .unwrap();
     assert_eq!(versions(&small.messages, "a"), vec![1, 2]);
-    let ids: Vec<i64> = small.messages.iter().map(|m| m.id).collect();
-    store
-        .release(ReleaseParams {
-            token: small.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap();
+    release_all(&store, &small).await;
     let capped = store.claim_batch(claim(3, 30_000)).await.unwrap();
     assert_eq!(capped.messages.len(), 3, "the total cap holds");
     f.cleanup().await;
@@ -128,33 +139,12 @@ pub async fn a_stale_worker_cannot_settle_after_another_took_over<F: StoreFixtur
     assert_eq!(fresh.messages.len(), 1, "an expired lease is taken over");
     assert!(fresh.token > stale.token, "tokens only grow");
     let ids = [stale.messages[0].id];
-    let n = store
-        .mark_published(MarkParams {
-            token: stale.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap();
+    let n = mark_published(&store, stale.token, &ids).await;
     assert_eq!(n, 0, "a stale mark must change nothing");
-    let failed = store
-        .record_failure(FailureParams {
-            token: stale.token,
-            id: ids[0],
-            error: "x",
-            retry_after: None,
-        })
-        .await
-        .unwrap();
+    let failed = record_failure(&store, stale.token, ids[0], "x", None).await;
     assert!(!failed, "a stale failure record must change nothing");
     assert_eq!(store.stats().await.unwrap().pending, 1);
-    let n = store
-        .mark_published(MarkParams {
-            token: fresh.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap();
-    assert_eq!(n, 1);
+    assert_eq!(mark_published(&store, fresh.token, &ids).await, 1);
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.dead), (0, 0));
     f.cleanup().await;
@@ -167,22 +157,6 @@ pub async fn takeovers_are_counted_per_head_and_end_with_a_settled_claim<F: Stor
     let f = F::new().await;
     let store = f.store();
     f.enqueue(vec![msg("a", 1), msg("a", 2), msg("b", 1)]).await;
-    let counts = |b: &outbox_core::ClaimedBatch| {
-        let mut t: Vec<(i64, i64, u32)> = b
-            .takeovers
-            .iter()
-            .map(|t| {
-                let head = b.messages.iter().find(|m| m.id == t.head).expect("head");
-                (
-                    head.aggregate_id.as_bytes()[0] as i64,
-                    head.aggregate_version,
-                    t.count,
-                )
-            })
-            .collect();
-        t.sort();
-        t
-    };
     let first = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert!(
         first.takeovers.is_empty(),
@@ -192,38 +166,19 @@ pub async fn takeovers_are_counted_per_head_and_end_with_a_settled_claim<F: Stor
     // The holder dies twice in a row without settling: counted 1, then 2, on both heads.
     f.expire_relay_leases().await;
     let second = store.claim_batch(claim(10, 30_000)).await.unwrap();
-    assert_eq!(counts(&second), [(b'a' as i64, 1, 1), (b'b' as i64, 1, 1)]);
+    assert_eq!(takeovers(&second), [at("a", 1, 1), at("b", 1, 1)]);
     f.expire_relay_leases().await;
     let third = store.claim_batch(claim(10, 30_000)).await.unwrap();
-    assert_eq!(counts(&third), [(b'a' as i64, 1, 2), (b'b' as i64, 1, 2)]);
+    assert_eq!(takeovers(&third), [at("a", 1, 2), at("b", 1, 2)]);
     // a's head is published by the holder, who then dies before releasing: the next takeover
     // of a has a new head (count 1); b's head did not move (count 3).
-    let a1 = third
-        .messages
-        .iter()
-        .find(|m| m.aggregate_id == "a" && m.aggregate_version == 1)
-        .unwrap()
-        .id;
-    let marked = store
-        .mark_published(MarkParams {
-            token: third.token,
-            ids: &[a1],
-        })
-        .await
-        .unwrap();
-    assert_eq!(marked, 1);
+    let a1 = row_id(&third, "a", 1);
+    assert_eq!(mark_published(&store, third.token, &[a1]).await, 1);
     f.expire_relay_leases().await;
     let fourth = store.claim_batch(claim(10, 30_000)).await.unwrap();
-    assert_eq!(counts(&fourth), [(b'a' as i64, 2, 1), (b'b' as i64, 1, 3)]);
+    assert_eq!(takeovers(&fourth), [at("a", 2, 1), at("b", 1, 3)]);
     // A settled claim ends the lease and its count.
-    let ids: Vec<i64> = fourth.messages.iter().map(|m| m.id).collect();
-    store
-        .release(ReleaseParams {
-            token: fourth.token,
-            ids: &ids,
-        })
-        .await
-        .unwrap();
+    release_all(&store, &fourth).await;
     let fifth = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(fifth.messages.len(), 2);
     assert!(fifth.takeovers.is_empty(), "{:?}", fifth.takeovers);
@@ -236,91 +191,48 @@ pub async fn takeovers_are_counted_per_head_and_end_with_a_settled_claim<F: Stor
 pub async fn solo_takeovers_hand_out_one_expired_head_at_a_time<F: StoreFixture>() {
     let f = F::new().await;
     let store = f.store();
-    let scoped = |scope| ClaimParams {
-        max_rows: 10,
-        max_per_aggregate: 10,
-        lease: Duration::from_secs(30),
-        scope,
-    };
-    let counts = |b: &outbox_core::ClaimedBatch| {
-        let mut c: Vec<(String, i64, u32)> = b
-            .takeovers
-            .iter()
-            .map(|t| {
-                let head = b.messages.iter().find(|m| m.id == t.head).expect("head");
-                (head.aggregate_id.clone(), head.aggregate_version, t.count)
-            })
-            .collect();
-        c.sort();
-        c
-    };
-    let release = |b: outbox_core::ClaimedBatch| {
-        let store = store.clone();
-        async move {
-            store
-                .release(ReleaseParams {
-                    token: b.token,
-                    ids: &[],
-                })
-                .await
-                .unwrap();
-        }
+    let scoped = async |scope| {
+        let params = ClaimParams {
+            max_rows: 10,
+            max_per_aggregate: 10,
+            lease: Duration::from_secs(30),
+            scope,
+        };
+        store.claim_batch(params).await.unwrap()
     };
     f.enqueue(vec![msg("a", 1), msg("a", 2), msg("b", 1), msg("c", 1)])
         .await;
-    let first = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    let first = scoped(ClaimScope::Free).await;
     assert_eq!(first.messages.len(), 4);
     assert!(first.takeovers.is_empty());
     // c is published, then the holder dies without releasing anything.
-    let c1 = first
-        .messages
-        .iter()
-        .find(|m| m.aggregate_id == "c")
-        .unwrap()
-        .id;
-    store
-        .mark_published(MarkParams {
-            token: first.token,
-            ids: &[c1],
-        })
-        .await
-        .unwrap();
+    mark_published(&store, first.token, &[row_id(&first, "c", 1)]).await;
     f.expire_relay_leases().await;
 
     // First takeovers go with the rest, grouped.
     f.enqueue(vec![msg("d", 1)]).await;
-    let retake = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    let retake = scoped(ClaimScope::Free).await;
     assert_eq!(retake.messages.len(), 4, "{:?}", retake.messages);
     assert_eq!(
-        counts(&retake),
-        [("a".into(), 1, 1), ("b".into(), 1, 1)],
+        takeovers(&retake),
+        [at("a", 1, 1), at("b", 1, 1)],
         "a and b were taken over once, d was free"
     );
-    let none = store
-        .claim_batch(scoped(ClaimScope::TakeOver))
-        .await
-        .unwrap();
+    let none = scoped(ClaimScope::TakeOver).await;
     assert!(none.messages.is_empty(), "live leases: {:?}", none.messages);
 
     // That holder dies too: a and b are left to solo takeovers; d (a first takeover) is not.
     f.expire_relay_leases().await;
-    let free = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
-    assert_eq!(counts(&free), [("d".into(), 1, 1)], "{:?}", free.messages);
+    let free = scoped(ClaimScope::Free).await;
+    assert_eq!(takeovers(&free), [at("d", 1, 1)], "{:?}", free.messages);
     assert_eq!(free.messages.len(), 1);
-    release(free).await;
+    release(&store, free.token, &[]).await;
     let mut heads = Vec::new();
     for _ in 0..2 {
-        let solo = store
-            .claim_batch(scoped(ClaimScope::TakeOver))
-            .await
-            .unwrap();
-        assert_eq!(
-            solo.messages.len(),
-            1,
-            "its head alone: {:?}",
-            solo.messages
-        );
-        let c = counts(&solo);
+        let solo = scoped(ClaimScope::TakeOver).await;
+        let head = &solo.messages;
+        assert_eq!(head.len(), 1, "its head alone: {head:?}");
+        let c = takeovers(&solo);
         assert_eq!(c.len(), 1);
         assert_eq!(
             (c[0].1, c[0].2),
@@ -331,49 +243,34 @@ pub async fn solo_takeovers_hand_out_one_expired_head_at_a_time<F: StoreFixture>
     }
     heads.sort();
     assert_eq!(heads, ["a", "b"]);
-    let none = store
-        .claim_batch(scoped(ClaimScope::TakeOver))
-        .await
-        .unwrap();
+    let none = scoped(ClaimScope::TakeOver).await;
     assert!(none.messages.is_empty(), "{:?}", none.messages);
 
     // Their solo holders die as well: the same heads count 3. b's holder had published b's
     // only row before it died.
     f.expire_relay_leases().await;
     for _ in 0..2 {
-        let solo = store
-            .claim_batch(scoped(ClaimScope::TakeOver))
-            .await
-            .unwrap();
+        let solo = scoped(ClaimScope::TakeOver).await;
         assert_eq!(solo.takeovers.len(), 1, "{:?}", solo.messages);
         assert_eq!(solo.takeovers[0].count, 3);
         if solo.messages[0].aggregate_id == "b" {
-            let marked = store
-                .mark_published(MarkParams {
-                    token: solo.token,
-                    ids: &[solo.messages[0].id],
-                })
-                .await
-                .unwrap();
+            let marked = mark_published(&store, solo.token, &[solo.messages[0].id]).await;
             assert_eq!(marked, 1);
         }
     }
     // The next solo claim takes a again and clears b's lease, which has nothing left: b's
     // new event goes to a normal claim.
     f.expire_relay_leases().await;
-    let solo = store
-        .claim_batch(scoped(ClaimScope::TakeOver))
-        .await
-        .unwrap();
-    assert_eq!(counts(&solo), [("a".into(), 1, 4)]);
+    let solo = scoped(ClaimScope::TakeOver).await;
+    assert_eq!(takeovers(&solo), [at("a", 1, 4)]);
     f.enqueue(vec![msg("b", 2)]).await;
-    let b = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    let b = scoped(ClaimScope::Free).await;
     assert_eq!(versions(&b.messages, "b"), [2], "{:?}", b.messages);
-    release(b).await;
+    release(&store, b.token, &[]).await;
 
     // c's expired lease (nothing left to publish) does not keep its new event from a claim.
     f.enqueue(vec![msg("c", 2)]).await;
-    let c = store.claim_batch(scoped(ClaimScope::Free)).await.unwrap();
+    let c = scoped(ClaimScope::Free).await;
     assert_eq!(versions(&c.messages, "c"), [2], "{:?}", c.messages);
     f.cleanup().await;
 }
@@ -385,53 +282,14 @@ pub async fn dead_letters_and_backoff_park_only_their_aggregate<F: StoreFixture>
     let store = f.store();
     f.enqueue(vec![msg("a", 1), msg("a", 2), msg("b", 1)]).await;
     let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
-    let a1 = b
-        .messages
-        .iter()
-        .find(|m| m.aggregate_id == "a" && m.aggregate_version == 1)
-        .unwrap()
-        .id;
-    let rest: Vec<i64> = b
-        .messages
-        .iter()
-        .filter(|m| m.id != a1)
-        .map(|m| m.id)
-        .collect();
-    assert!(
-        store
-            .record_failure(FailureParams {
-                token: b.token,
-                id: a1,
-                error: "too large",
-                retry_after: None
-            })
-            .await
-            .unwrap()
-    );
-    store
-        .release(ReleaseParams {
-            token: b.token,
-            ids: &rest,
-        })
-        .await
-        .unwrap();
+    let a1 = row_id(&b, "a", 1);
+    let rest: Vec<i64> = batch_ids(&b).into_iter().filter(|id| *id != a1).collect();
+    assert!(record_failure(&store, b.token, a1, "too large", None).await);
+    release(&store, b.token, &rest).await;
     let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(b2.messages.len(), 1, "{:?}", b2.messages);
     assert_eq!(b2.messages[0].aggregate_id, "b");
-    store
-        .mark_published(MarkParams {
-            token: b2.token,
-            ids: &[b2.messages[0].id],
-        })
-        .await
-        .unwrap();
-    store
-        .release(ReleaseParams {
-            token: b2.token,
-            ids: &[],
-        })
-        .await
-        .unwrap();
+    publish_all(&store, &b2).await;
     let dead = store
         .dead_letters(&DeadLetterFilter::default(), 10)
         .await
@@ -456,33 +314,13 @@ pub async fn dead_letters_and_backoff_park_only_their_aggregate<F: StoreFixture>
     assert_eq!(versions(&b3.messages, "a"), vec![1, 2]);
     assert_eq!(b3.messages[0].attempts, 0, "a requeue resets the attempts");
 
-    let first = b3.messages[0].id;
-    let later: Vec<i64> = b3.messages[1..].iter().map(|m| m.id).collect();
-    store
-        .record_failure(FailureParams {
-            token: b3.token,
-            id: first,
-            error: "down",
-            retry_after: Some(Duration::from_millis(300)),
-        })
-        .await
-        .unwrap();
-    store
-        .release(ReleaseParams {
-            token: b3.token,
-            ids: &later,
-        })
-        .await
-        .unwrap();
+    let (first, later) = (b3.messages[0].id, &batch_ids(&b3)[1..]);
+    let backoff = Some(Duration::from_millis(300));
+    record_failure(&store, b3.token, first, "down", backoff).await;
+    release(&store, b3.token, later).await;
     let during = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert!(during.messages.is_empty(), "{:?}", during.messages);
-    store
-        .release(ReleaseParams {
-            token: during.token,
-            ids: &[],
-        })
-        .await
-        .unwrap();
+    release(&store, during.token, &[]).await;
     let s = store.stats().await.unwrap();
     assert_eq!(s.retrying, 1);
     tokio::time::sleep(Duration::from_millis(450)).await;
@@ -502,20 +340,7 @@ pub async fn a_late_commit_is_claimed_after_later_ones<F: StoreFixture>() {
     let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(b.messages.len(), 1, "uncommitted rows are invisible");
     assert_eq!(b.messages[0].aggregate_id, "t2");
-    store
-        .mark_published(MarkParams {
-            token: b.token,
-            ids: &[b.messages[0].id],
-        })
-        .await
-        .unwrap();
-    store
-        .release(ReleaseParams {
-            token: b.token,
-            ids: &[],
-        })
-        .await
-        .unwrap();
+    publish_all(&store, &b).await;
     held.commit().await;
     let b = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(b.messages.len(), 1);
@@ -543,20 +368,8 @@ pub async fn a_claimed_row_is_what_the_producer_wrote<F: StoreFixture>() {
     assert_eq!(got.headers, m.headers);
     assert_eq!(got.partition_key(), "p-1");
     assert_eq!(got.attempts, 0);
-    let token = b.token;
-    store
-        .record_failure(FailureParams {
-            token,
-            id: got.id,
-            error: "down",
-            retry_after: Some(Duration::ZERO),
-        })
-        .await
-        .unwrap();
-    store
-        .release(ReleaseParams { token, ids: &[] })
-        .await
-        .unwrap();
+    record_failure(&store, b.token, got.id, "down", Some(Duration::ZERO)).await;
+    release(&store, b.token, &[]).await;
     let again = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(
         again.messages[0].event_id, m.event_id,
@@ -576,54 +389,28 @@ pub async fn inbox_absorbs_duplicates_and_records_conflicts<F: StoreFixture>() {
     let other = incoming(id, "a", 1, r#"{"amount":2}"#);
 
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(
-        store
-            .inbox_record(&mut tx, "c1", OrderingGuard::Off, &e)
-            .await
-            .unwrap(),
-        InboxOutcome::New
-    );
+    let rolled_back = store.inbox_record(&mut tx, "c1", OrderingGuard::Off, &e);
+    assert_eq!(rolled_back.await.unwrap(), InboxOutcome::New);
     store.rollback(tx).await.unwrap();
 
+    let conflict = InboxOutcome::Conflict {
+        stored: e.fingerprint,
+    };
     for (want, event) in [
         (InboxOutcome::New, &e),
         (InboxOutcome::Duplicate, &e),
-        (
-            InboxOutcome::Conflict {
-                stored: e.fingerprint,
-            },
-            &other,
-        ),
-        (
-            InboxOutcome::Conflict {
-                stored: e.fingerprint,
-            },
-            &other,
-        ),
+        (conflict, &other),
+        (conflict, &other),
     ] {
-        let mut tx = store.begin().await.unwrap();
-        let got = store
-            .inbox_record(&mut tx, "c1", OrderingGuard::Off, event)
-            .await
-            .unwrap();
-        store.commit(tx).await.unwrap();
-        assert_eq!(got, want);
+        assert_eq!(record(&store, "c1", OrderingGuard::Off, event).await, want);
     }
+    let conflicts = f.conflict_count().await;
+    assert_eq!(conflicts, 1, "one conflict record, seen twice");
     assert_eq!(
-        f.conflict_count().await,
-        1,
-        "one conflict record, seen twice"
-    );
-    let mut tx = store.begin().await.unwrap();
-    assert_eq!(
-        store
-            .inbox_record(&mut tx, "c2", OrderingGuard::Off, &e)
-            .await
-            .unwrap(),
+        record(&store, "c2", OrderingGuard::Off, &e).await,
         InboxOutcome::New,
         "another consumer records the event for itself"
     );
-    store.commit(tx).await.unwrap();
     assert_eq!(f.inbox_len().await, 2);
     f.cleanup().await;
 }
@@ -675,35 +462,39 @@ pub async fn ordering_guard_absorbs_stale_versions_and_reports_gaps<F: StoreFixt
         }
     };
     let v = |n: i64| incoming(Uuid::now_v7(), "agg", n, &format!("{{\"v\":{n}}}"));
-    assert_eq!(
-        record(OrderingGuard::Wait, v(2), "w").await,
-        InboxOutcome::Gap { last_applied: 0 },
-        "a first-seen aggregate must start at version 1"
-    );
-    assert_eq!(
-        record(OrderingGuard::Wait, v(1), "w").await,
-        InboxOutcome::New
-    );
-    assert_eq!(
-        record(OrderingGuard::Wait, v(2), "w").await,
-        InboxOutcome::New
-    );
-    assert_eq!(
-        record(OrderingGuard::Wait, v(1), "w").await,
-        InboxOutcome::Stale { last_applied: 2 }
-    );
-    assert_eq!(
-        record(OrderingGuard::Wait, v(4), "w").await,
-        InboxOutcome::Gap { last_applied: 2 }
-    );
-    assert_eq!(
-        record(OrderingGuard::ApplyAnyway, v(3), "a").await,
-        InboxOutcome::New
-    );
-    assert_eq!(
-        record(OrderingGuard::ApplyAnyway, v(1), "a").await,
-        InboxOutcome::Stale { last_applied: 3 }
-    );
+    use InboxOutcome::{Gap, New, Stale};
+    use OrderingGuard::{ApplyAnyway, Wait};
+    // (guard, version, consumer, outcome, why), in order.
+    for (guard, n, consumer, want, why) in [
+        (
+            Wait,
+            2,
+            "w",
+            Gap { last_applied: 0 },
+            "a first-seen aggregate must start at version 1",
+        ),
+        (Wait, 1, "w", New, "the version it waited for"),
+        (Wait, 2, "w", New, "the next version"),
+        (Wait, 1, "w", Stale { last_applied: 2 }, "an older version"),
+        (
+            Wait,
+            4,
+            "w",
+            Gap { last_applied: 2 },
+            "a version beyond the next",
+        ),
+        (ApplyAnyway, 3, "a", New, "applied across a gap"),
+        (
+            ApplyAnyway,
+            1,
+            "a",
+            Stale { last_applied: 3 },
+            "an older version",
+        ),
+    ] {
+        let got = record(guard, v(n), consumer).await;
+        assert_eq!(got, want, "{why}: {consumer} at version {n}");
+    }
     f.cleanup().await;
 }
 
@@ -713,12 +504,7 @@ pub async fn record_many_decides_as_record_one_by_one<F: StoreFixture>() {
     let f = F::new().await;
     let store = f.store();
     let known = incoming(Uuid::now_v7(), "k", 1, r#"{"k":1}"#);
-    let mut tx = store.begin().await.unwrap();
-    store
-        .inbox_record(&mut tx, "c", OrderingGuard::Off, &known)
-        .await
-        .unwrap();
-    store.commit(tx).await.unwrap();
+    record(&store, "c", OrderingGuard::Off, &known).await;
     let fresh = incoming(Uuid::now_v7(), "f", 1, r#"{"f":1}"#);
     let clash = incoming(known.event_id, "k", 1, r#"{"k":2}"#);
     let fresh_clash = incoming(fresh.event_id, "f", 1, r#"{"f":2}"#);
@@ -751,45 +537,20 @@ pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture
     let store = f.store();
     let raw = |n: i64| wire_message(&event_message(Uuid::now_v7(), "a", n, "{}"));
     let (r1, r2) = (raw(1), raw(2));
-    let mut tx = store.begin().await.unwrap();
-    for r in [&r1, &r2] {
-        store
-            .consumer_dead_letter_insert(
-                &mut tx,
-                NewConsumerDeadLetter {
-                    consumer: "c",
-                    raw: r,
-                    identity: &EventIdentity::default(),
-                    error: "malformed: test",
-                    attempts: 3,
-                },
-            )
+    let none = EventIdentity::default();
+    let write = async || {
+        let letters = [(&r1, &none), (&r2, &none)];
+        write_consumer_dead_letters(&store, "c", &letters, "malformed: test", 3)
             .await
-            .unwrap();
-    }
-    drop(tx);
+            .unwrap()
+    };
+    drop(write().await);
     assert_eq!(
         store.consumer_dead_letter_count("c").await.unwrap(),
         0,
         "dropping the transaction rolled it back"
     );
-    let mut tx = store.begin().await.unwrap();
-    for r in [&r1, &r2] {
-        store
-            .consumer_dead_letter_insert(
-                &mut tx,
-                NewConsumerDeadLetter {
-                    consumer: "c",
-                    raw: r,
-                    identity: &EventIdentity::default(),
-                    error: "malformed: test",
-                    attempts: 3,
-                },
-            )
-            .await
-            .unwrap();
-    }
-    store.commit(tx).await.unwrap();
+    store.commit(write().await).await.unwrap();
     assert_eq!(store.consumer_dead_letter_count("c").await.unwrap(), 2);
     assert_eq!(store.consumer_dead_letter_count("other").await.unwrap(), 0);
     let letters = f.consumer_dead_letters("c").await;
@@ -797,15 +558,7 @@ pub async fn consumer_dead_letters_are_kept_requeued_and_settled<F: StoreFixture
     assert!(letters.iter().all(|d| d.state == "dead" && d.attempts == 3));
 
     // Nothing is requeued yet.
-    let mut tx = store.begin().await.unwrap();
-    assert!(
-        store
-            .consumer_dead_letter_take_requeued(&mut tx, "c", 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    store.rollback(tx).await.unwrap();
+    assert!(take_requeued(&store, "c", 10).await.is_empty());
     assert_eq!(f.requeue_consumer_dead_letters("c").await, 2);
 
     // The first one taken is tried and is still waiting: it goes to the back.
@@ -888,26 +641,14 @@ pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixtur
     nul_metadata
         .metadata
         .insert("routing_key".into(), "a\0b".into());
-    let event = incoming(id, "a", 1, "{}");
-    let mut tx = store.begin().await.unwrap();
-    for (raw, identity) in [
-        (&raw, EventIdentity::of(&event)),
-        (&nul_metadata, EventIdentity::default()),
-    ] {
-        store
-            .consumer_dead_letter_insert(
-                &mut tx,
-                NewConsumerDeadLetter {
-                    consumer: "c",
-                    raw,
-                    identity: &identity,
-                    error: "malformed: test",
-                    attempts: 1,
-                },
-            )
-            .await
-            .expect("a dead letter is never refused for what the message holds");
-    }
+    let identity = EventIdentity::of(&incoming(id, "a", 1, "{}"));
+    let letters = [
+        (&raw, &identity),
+        (&nul_metadata, &EventIdentity::default()),
+    ];
+    let tx = write_consumer_dead_letters(&store, "c", &letters, "malformed: test", 1)
+        .await
+        .expect("a dead letter is never refused for what the message holds");
     store.commit(tx).await.unwrap();
     let letters = f.consumer_dead_letters("c").await;
     assert_eq!(letters.len(), 2);
@@ -916,12 +657,7 @@ pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixtur
     assert_eq!(letters[1].event_id, None);
 
     assert_eq!(f.requeue_consumer_dead_letters("c").await, 2);
-    let mut tx = store.begin().await.unwrap();
-    let taken = store
-        .consumer_dead_letter_take_requeued(&mut tx, "c", 10)
-        .await
-        .unwrap();
-    store.rollback(tx).await.unwrap();
+    let taken = take_requeued(&store, "c", 10).await;
     assert_eq!(taken.len(), 2);
     assert_eq!(taken[0].raw, raw, "kept byte for byte");
     let mut second = taken[1].raw.clone();
@@ -930,57 +666,28 @@ pub async fn consumer_dead_letters_keep_the_message_byte_for_byte<F: StoreFixtur
     f.cleanup().await;
 }
 
-async fn enqueue_item<F: StoreFixture>(f: &F, key: &str) -> i64 {
-    let store = f.store();
-    let before: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
-    let mut tx = store.begin().await.unwrap();
-    f.enqueue_work_item(
-        &mut tx,
-        &NewWorkItem {
-            kind: "payout".into(),
-            idempotency_key: key.into(),
-            payload: serde_json::json!({"key": key}),
-            event_id: None,
-            consumer_name: Some("c".into()),
-        },
-    )
-    .await
-    .unwrap();
-    store.commit(tx).await.unwrap();
-    f.work_items()
-        .await
-        .into_iter()
-        .map(|w| w.id)
-        .find(|id| !before.contains(id))
-        .expect("a new work item")
-}
-
 /// Work items: a claim takes each due item once and counts the attempt; records are fenced by
 /// token and claimed state; an expired call lease goes to `unknown`, never back to `pending`;
 /// the backlog counts the open states.
 pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: StoreFixture>() {
     let f = F::new().await;
     let store = f.store();
-    let a = enqueue_item(&f, "k-a").await;
-    let b = enqueue_item(&f, "k-b").await;
+    let a = enqueue_work_item(&f, &payout_item("k-a", None)).await;
+    let b = enqueue_work_item(&f, &payout_item("k-b", None)).await;
     let params = |purpose| WorkItemClaimParams {
         kind: "payout",
         purpose,
         limit: 10,
         lease: Duration::from_secs(30),
     };
-    let other_kind = store
-        .work_item_claim(WorkItemClaimParams {
-            kind: "refund",
-            ..params(ClaimPurpose::Call)
-        })
-        .await
-        .unwrap();
+    let claim_items = async |params| store.work_item_claim(params).await.unwrap();
+    let other_kind = claim_items(WorkItemClaimParams {
+        kind: "refund",
+        ..params(ClaimPurpose::Call)
+    })
+    .await;
     assert!(other_kind.is_empty(), "a claim takes only its kind");
-    let claimed = store
-        .work_item_claim(params(ClaimPurpose::Call))
-        .await
-        .unwrap();
+    let claimed = claim_items(params(ClaimPurpose::Call)).await;
     assert_eq!(claimed.len(), 2);
     assert!(claimed.iter().all(|c| c.item.attempts == 1));
     assert_ne!(
@@ -988,11 +695,7 @@ pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: Store
         "one token per claimed item"
     );
     assert!(
-        store
-            .work_item_claim(params(ClaimPurpose::Call))
-            .await
-            .unwrap()
-            .is_empty(),
+        claim_items(params(ClaimPurpose::Call)).await.is_empty(),
         "in progress items are not claimed again"
     );
     let backlog = store.work_item_backlog(Some("payout")).await.unwrap();
@@ -1003,33 +706,17 @@ pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: Store
     let done = WorkItemUpdate::Succeeded {
         reference: "ref-a".into(),
     };
-    let record = |c: &outbox_core::effect::ClaimedWorkItem, token, update| WorkItemRecordParams {
-        id: c.item.id,
-        token,
-        claimed_in: WorkItemState::InProgress,
-        update,
-        lookups_add: 0,
-    };
-    assert!(
-        !store
-            .work_item_record(record(ca, cb.token, &done))
-            .await
-            .unwrap(),
-        "another claim's token is refused"
-    );
-    assert!(
-        store
-            .work_item_record(record(ca, ca.token, &done))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .work_item_record(record(ca, ca.token, &done))
-            .await
-            .unwrap(),
-        "a second record of the same claim is refused"
-    );
+    for (token, taken, why) in [
+        (cb.token, false, "another claim's token is refused"),
+        (ca.token, true, "the claim's own token records"),
+        (
+            ca.token,
+            false,
+            "a second record of the same claim is refused",
+        ),
+    ] {
+        assert_eq!(record_call(&store, a, token, &done).await, taken, "{why}");
+    }
     let a_view = f.work_item(a).await;
     assert_eq!(
         (a_view.state, a_view.reference.as_deref()),
@@ -1044,10 +731,7 @@ pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: Store
         .unwrap();
     assert_eq!(expired, vec![b]);
     assert!(
-        !store
-            .work_item_record(record(cb, cb.token, &done))
-            .await
-            .unwrap(),
+        !record_call(&store, b, cb.token, &done).await,
         "the stale executor cannot record"
     );
     let b_view = f.work_item(b).await;
@@ -1058,10 +742,7 @@ pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: Store
     assert!(backlog.oldest_unknown_age.is_some());
 
     // A lookup lease keeps the state and counts the lookup when recorded.
-    let looked = store
-        .work_item_claim(params(ClaimPurpose::Lookup))
-        .await
-        .unwrap();
+    let looked = claim_items(params(ClaimPurpose::Lookup)).await;
     assert_eq!(looked.len(), 1);
     assert_eq!(looked[0].item.attempts, 1, "a lookup is not an attempt");
     let pending_again = WorkItemUpdate::Pending {
@@ -1082,23 +763,10 @@ pub async fn work_items_are_claimed_once_and_recorded_under_their_lease<F: Store
     );
     let b_view = f.work_item(b).await;
     assert_eq!((b_view.state, b_view.lookups), (WorkItemState::Pending, 1));
-    assert!(
-        store
-            .work_item_claim(params(ClaimPurpose::Call))
-            .await
-            .unwrap()
-            .is_empty(),
-        "not due before its delay"
-    );
+    let due = claim_items(params(ClaimPurpose::Call)).await;
+    assert!(due.is_empty(), "not due before its delay");
     f.age_work_items(Duration::from_secs(120)).await;
-    assert_eq!(
-        store
-            .work_item_claim(params(ClaimPurpose::Call))
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(claim_items(params(ClaimPurpose::Call)).await.len(), 1);
     f.cleanup().await;
 }
 
@@ -1116,31 +784,15 @@ pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>()
     );
     assert!(!store.maintainer_elect(&mut b).await.unwrap());
 
-    for n in 0..5 {
-        let mut tx = store.begin().await.unwrap();
-        let e = incoming(Uuid::now_v7(), &format!("o{n}"), 1, "{}");
-        store
-            .inbox_record(&mut tx, "c", OrderingGuard::Off, &e)
-            .await
-            .unwrap();
-        store.commit(tx).await.unwrap();
-    }
-    f.age_inbox(Duration::from_secs(3 * 86_400)).await;
-    let young = incoming(Uuid::now_v7(), "y", 1, "{}");
-    let mut tx = store.begin().await.unwrap();
-    store
-        .inbox_record(&mut tx, "c", OrderingGuard::Off, &young)
-        .await
-        .unwrap();
-    store.commit(tx).await.unwrap();
+    old_and_young_inbox(&f, Duration::from_secs(3 * 86_400)).await;
     let keep = Duration::from_secs(2 * 86_400);
     assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 3);
     assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 2);
     assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 0);
     assert_eq!(f.inbox_len().await, 1, "the young identity stays");
 
-    let ok = enqueue_item(&f, "old-ok").await;
-    let pending = enqueue_item(&f, "old-pending").await;
+    let ok = enqueue_work_item(&f, &payout_item("old-ok", None)).await;
+    let pending = enqueue_work_item(&f, &payout_item("old-pending", None)).await;
     let claimed = store
         .work_item_claim(WorkItemClaimParams {
             kind: "payout",
@@ -1151,18 +803,10 @@ pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>()
         .await
         .unwrap();
     assert_eq!(claimed[0].item.id, ok);
-    store
-        .work_item_record(WorkItemRecordParams {
-            id: ok,
-            token: claimed[0].token,
-            claimed_in: WorkItemState::InProgress,
-            update: &WorkItemUpdate::Succeeded {
-                reference: "r".into(),
-            },
-            lookups_add: 0,
-        })
-        .await
-        .unwrap();
+    let done = WorkItemUpdate::Succeeded {
+        reference: "r".into(),
+    };
+    record_call(&store, ok, claimed[0].token, &done).await;
     let week = Duration::from_secs(7 * 86_400);
     assert_eq!(store.work_item_purge(&mut a, week, 10).await.unwrap(), 0);
     f.age_work_items(week * 2).await;
@@ -1202,7 +846,7 @@ pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>()
 #[macro_export]
 macro_rules! store_suite {
     ($fixture:ty) => {
-        $crate::store_suite!(@cases $fixture;
+        $crate::__fixture_cases!(store, $fixture;
             claims_hand_out_each_aggregate_in_version_order_to_one_claim_at_a_time,
             a_stale_worker_cannot_settle_after_another_took_over,
             takeovers_are_counted_per_head_and_end_with_a_settled_claim,
@@ -1220,13 +864,5 @@ macro_rules! store_suite {
             work_items_are_claimed_once_and_recorded_under_their_lease,
             maintenance_is_elected_and_deletes_only_old_rows,
         );
-    };
-    (@cases $fixture:ty; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                $crate::store::$case::<$fixture>().await;
-            }
-        )*
     };
 }

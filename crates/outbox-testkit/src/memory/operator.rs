@@ -326,7 +326,7 @@ fn work_item_row(r: &WorkRow) -> WorkItemRow {
 }
 
 /// Work items by state (every state), for `kind` or all kinds.
-fn work_stats(w: &WorkState, kind: Option<&str>) -> EffectsStats {
+pub(super) fn work_stats(w: &WorkState, kind: Option<&str>) -> EffectsStats {
     let mut s = EffectsStats::default();
     let oldest = |o: Option<std::time::Duration>, since: DateTime<Utc>| {
         let a = age(since);
