@@ -110,7 +110,7 @@ impl Backend for Kafka {
         apply_files(&mut config.properties, settings, TRANSPORT_SECTION)?;
         config
             .validate()
-            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.message))?;
+            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
         Ok(config)
     }
 
@@ -142,7 +142,7 @@ impl Backend for Kafka {
         }
         config
             .validate()
-            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.message))?;
+            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
         Ok(config)
     }
 

@@ -1,10 +1,13 @@
-//! [`KafkaConfig`] (the transport) and [`KafkaConsumerConfig`] (the delivery source): what the
-//! toolkit decides itself, and the librdkafka properties passed through.
+//! The settings of both sides and their validation: [`KafkaConfig`] (the transport) and
+//! [`KafkaConsumerConfig`] (the delivery source), what the toolkit decides itself, and the
+//! librdkafka properties passed through. Every refusal is an [`outbox_core::ConfigError`]
+//! naming the key.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use outbox_core::ConfigError;
 use serde::Deserialize;
 
 use crate::debezium::{DebeziumPayload, WireFormat};
@@ -113,7 +116,7 @@ impl fmt::Debug for Properties {
 }
 
 impl Properties {
-    fn check(&self, key: &'static str) -> Result<(), KafkaConfigError> {
+    fn check(&self, key: &'static str) -> Result<(), ConfigError> {
         for name in self.0.keys() {
             if let Some((_, why)) = OWNED.iter().find(|(owned, _)| owned == name) {
                 return bad(key, format!("`{name}` cannot be set here: {why}"));
@@ -213,24 +216,11 @@ impl Default for KafkaConfig {
     }
 }
 
-/// A [`KafkaConfig`] or [`KafkaConsumerConfig`] value that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid Kafka config `{key}`: {message}")]
-pub struct KafkaConfigError {
-    /// The configuration key, e.g. `topic_template`.
-    pub key: &'static str,
-    /// What is wrong with it.
-    pub message: String,
+fn bad(key: &'static str, reason: impl Into<String>) -> Result<(), ConfigError> {
+    Err(ConfigError::new(key, reason))
 }
 
-fn bad(key: &'static str, message: impl Into<String>) -> Result<(), KafkaConfigError> {
-    Err(KafkaConfigError {
-        key,
-        message: message.into(),
-    })
-}
-
-fn seconds(key: &'static str, value: u64, max: u64) -> Result<(), KafkaConfigError> {
+fn seconds(key: &'static str, value: u64, max: u64) -> Result<(), ConfigError> {
     if value == 0 || value > max {
         return bad(
             key,
@@ -244,8 +234,8 @@ impl KafkaConfig {
     /// Checks every key.
     ///
     /// # Errors
-    /// A [`KafkaConfigError`] naming the first bad key.
-    pub fn validate(&self) -> Result<(), KafkaConfigError> {
+    /// A [`ConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if let Err(why) = topic::check_template(self.topic_template()) {
             return bad("topic_template", why);
         }
@@ -267,10 +257,7 @@ impl KafkaConfig {
                 "must be -1 (the broker's default) or at least 1",
             );
         }
-        outbox_core::wire::check_source(&self.source).map_err(|e| KafkaConfigError {
-            key: "source",
-            message: e.reason,
-        })?;
+        outbox_core::wire::check_source(&self.source)?;
         if self.max_in_flight == 0 {
             return bad("max_in_flight", "must be at least 1");
         }
@@ -339,8 +326,8 @@ pub struct KafkaConsumerConfig {
     /// stays in the group) until a quarter of them settled, so a consumer whose handler fails
     /// on everything does not read the whole topic into memory. A delivery nacked while paused
     /// is let go of and read again from the broker when due (up to
-    /// [`SPILL_PER_UNACKED`](crate::consumer::SPILL_PER_UNACKED) times this many), so events
-    /// waiting under the ordering guard never fill the window ([`crate::consumer`], flow
+    /// [`SPILL_PER_UNACKED`](crate::SPILL_PER_UNACKED) times this many), so events
+    /// waiting under the ordering guard never fill the window ([`crate::source`], flow
     /// control). Default 1000.
     pub max_unacked: usize,
     /// How long a commit or lag query may take, in seconds, before it fails as `Unavailable`.
@@ -370,8 +357,8 @@ impl KafkaConsumerConfig {
     /// Checks every key.
     ///
     /// # Errors
-    /// A [`KafkaConfigError`] naming the first bad key.
-    pub fn validate(&self) -> Result<(), KafkaConfigError> {
+    /// A [`ConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.topics.is_empty() {
             return bad("topics", "must list at least one topic");
         }
@@ -384,9 +371,7 @@ impl KafkaConsumerConfig {
                 return bad("topics", format!("`{}`: {why}", t.escape_debug()));
             }
         }
-        if let Err(e) = outbox_core::wire::check_configured("group_id", &self.group_id) {
-            return bad("group_id", e.reason);
-        }
+        outbox_core::wire::check_configured("group_id", &self.group_id)?;
         if self.max_message_bytes == 0 || self.max_message_bytes > 1_000_000_000 {
             return bad("max_message_bytes", "must be between 1 and 1000000000");
         }
@@ -416,7 +401,7 @@ mod tests {
             .insert("enable.idempotence".into(), "false".into());
         let e = config.validate().unwrap_err();
         assert_eq!(e.key, "properties");
-        assert!(e.message.contains("never be stored twice"), "{e}");
+        assert!(e.reason.contains("never be stored twice"), "{e}");
 
         let mut consumer = KafkaConsumerConfig {
             group_id: "g".into(),
@@ -431,7 +416,7 @@ mod tests {
             consumer
                 .validate()
                 .unwrap_err()
-                .message
+                .reason
                 .contains("after the inbox")
         );
     }

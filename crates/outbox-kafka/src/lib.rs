@@ -17,7 +17,7 @@
 //!
 //! The consumer side, [`KafkaSource`] (a consumer-group member implementing
 //! [`outbox_core::consumer::DeliverySource`], committing offsets only after the inbox
-//! transaction), is described in [`consumer`].
+//! transaction), is described in [`source`].
 //!
 //! # Wire format
 //!
@@ -138,31 +138,50 @@
 //! (`security.protocol`, `ssl.ca.location`, `sasl.mechanism`, `sasl.username`,
 //! `sasl.password` ...), passed through as they are; their values are never logged. The URL
 //! carries no credentials. Kerberos (GSSAPI) is not built in.
+//!
+//! # Crate layout
+//!
+//! The same file roles as every transport crate: `config.rs` (both sides' settings and their
+//! validation, refused as [`outbox_core::ConfigError`]), `connection.rs` (reaching the cluster:
+//! the `kafka://` URL, the librdkafka client configuration and its logs), `binding.rs` (the
+//! wire binding both ways and its header rules), `transport.rs` (the relay's
+//! [`outbox_core::Transport`]), [`source`] (the consumer's delivery source, with its
+//! consumer-group machinery and offset bookkeeping) and `broker.rs` (the registry entry); Kafka's
+//! own `topic.rs` (topic names) and [`debezium`] (the Debezium record format) beside them.
 #![forbid(unsafe_code)]
 
+mod binding;
 mod broker;
-mod client;
 mod config;
-pub mod consumer;
+mod connection;
 pub mod debezium;
+pub mod source;
 mod topic;
-mod tracker;
 mod transport;
 
+pub use binding::{
+    CE_PREFIX, CONTENT_TYPE_HEADER, RESERVED_HEADERS, decode_raw, identify_raw, wire_headers,
+};
 pub use broker::BROKER;
-pub use client::{DEFAULT_PORT, KafkaUrlError, LogContext, bootstrap_servers};
-pub use config::{
-    DEFAULT_TOPIC_TEMPLATE, KafkaConfig, KafkaConfigError, KafkaConsumerConfig, Properties,
-    StartFrom,
-};
-pub use consumer::{KafkaConsumerError, KafkaDelivery, KafkaSource, decode_raw};
+pub use config::{DEFAULT_TOPIC_TEMPLATE, KafkaConfig, KafkaConsumerConfig, Properties, StartFrom};
+pub use connection::{DEFAULT_PORT, KafkaUrlError, LogContext, bootstrap_servers};
 pub use debezium::{DebeziumPayload, WireFormat};
+pub use source::{KafkaConsumerError, KafkaDelivery, KafkaSource, SPILL_PER_UNACKED};
 pub use topic::{MAX_TOPIC_CHARS, check_name as check_topic_name, sanitize_token};
-pub use transport::{
-    CE_PREFIX, CONTENT_TYPE_HEADER, KafkaConnectError, KafkaTransport, RESERVED_HEADERS,
-    wire_headers,
-};
+pub use transport::{KafkaConnectError, KafkaTransport};
 
 /// The librdkafka binding this crate is built on, re-exported so callers (and tests) can use
 /// its admin and consumer types of the matching version.
 pub use rdkafka;
+
+/// Former name of the configuration error, now [`outbox_core::ConfigError`] (its `message` is
+/// `reason`).
+#[deprecated(note = "use outbox_core::ConfigError (the field `message` is now `reason`)")]
+pub type KafkaConfigError = outbox_core::ConfigError;
+
+/// The delivery source under its former module name: see [`source`].
+#[deprecated(note = "the module is now `outbox_kafka::source`; its items are at the crate root")]
+pub mod consumer {
+    pub use crate::binding::{decode_raw, identify_raw};
+    pub use crate::source::{KafkaConsumerError, KafkaDelivery, KafkaSource, SPILL_PER_UNACKED};
+}

@@ -1,7 +1,6 @@
 //! [`KafkaTransport`]: the idempotent producer, topic checks and the [`Transport`]
-//! implementation.
+//! implementation (the records themselves are the binding's, [`crate::binding`]).
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -9,10 +8,8 @@ use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
 
 use outbox_core::secrets::redact_url;
-use outbox_core::wire::{self, attr};
 use outbox_core::{
-    EventId, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, ReservedHeaders,
-    Transport,
+    ConfigError, EventId, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport,
 };
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -22,33 +19,12 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 use tokio::sync::Semaphore;
 
-use crate::client::{KafkaUrlError, LogContext, bootstrap_servers, client_config};
-use crate::config::{KafkaConfig, KafkaConfigError};
-use crate::debezium::{self, RecordParts, WireFormat};
-use crate::topic;
-
-/// Prefix of the CloudEvents attribute headers (Kafka protocol binding).
-pub const CE_PREFIX: &str = "ce_";
-/// Header carrying the payload media type (the binding's `datacontenttype`).
-pub const CONTENT_TYPE_HEADER: &str = "content-type";
-
-/// The header names the CloudEvents format sets itself, so that a user header may not take one
-/// (any case): the binding's prefix [`CE_PREFIX`], the `ce-` of the other bindings (so that no
-/// reader of either convention mistakes a user header for an attribute), and
-/// [`CONTENT_TYPE_HEADER`]. [`BROKER`](crate::BROKER) gives them to the registry, so producers
-/// refuse them at enqueue. (The Debezium format's `id` header depends on the configuration; it is
-/// refused at publish only, see [`crate::debezium`].)
-pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
-    prefixes: &[CE_PREFIX, "ce-"],
-    names: &[CONTENT_TYPE_HEADER],
-};
+use crate::binding::{Record, record_of, topic_of, wire_headers};
+use crate::config::KafkaConfig;
+use crate::connection::{KafkaUrlError, LogContext, bootstrap_servers, client_config};
 
 /// librdkafka's default `message.max.bytes`, the client's limit on one record.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
-
-/// Room a record takes beyond its key, value and headers (record and batch framing), so the
-/// size check before sending errs on the safe side of librdkafka's own.
-const RECORD_OVERHEAD: usize = 128;
 
 /// Records queued in the current producer past their report's wait, kept (to be awaited by a
 /// republish instead of queueing another copy) before completed ones are swept out.
@@ -72,8 +48,8 @@ struct InQueue {
 #[non_exhaustive]
 pub enum KafkaConnectError {
     /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] KafkaConfigError),
+    #[error("invalid Kafka config `{}`: {}", .0.key, .0.reason)]
+    Config(#[from] ConfigError),
     /// The URL is not a `kafka://` broker list.
     #[error(transparent)]
     Url(#[from] KafkaUrlError),
@@ -228,22 +204,7 @@ impl KafkaTransport {
     /// # Errors
     /// [`PublishErrorKind::Invalid`] when the result is not a legal topic name.
     pub fn topic_for(&self, message: &OutboxMessage) -> Result<String, PublishError> {
-        let config = &self.inner.config;
-        let topic = match config.format {
-            WireFormat::Cloudevents => {
-                wire::destination(message, config.topic_template(), topic::sanitize_token)
-            }
-            WireFormat::Debezium => {
-                wire::destination(message, config.topic_template(), str::to_owned)
-            }
-        };
-        topic::check_name(&topic).map_err(|why| {
-            PublishError::new(
-                PublishErrorKind::Invalid,
-                format!("event {}: {why}", message.event_id),
-            )
-        })?;
-        Ok(topic)
+        topic_of(message, &self.inner.config)
     }
 
     /// The headers `message` is published with: see [`wire_headers`].
@@ -397,54 +358,11 @@ impl KafkaTransport {
             known.remove(topic);
         }
     }
-}
 
-/// A message's record, ready to be handed to librdkafka.
-struct Record<'m> {
-    topic: String,
-    parts: RecordParts<'m>,
-}
-
-impl KafkaTransport {
-    /// The record of `message`: its topic, key, headers and value, its size checked against
-    /// `message.max.bytes` (before any topic is looked up or created).
+    /// The record of `message` ([`record_of`]), checked against this producer's
+    /// `message.max.bytes`.
     fn record<'m>(&self, message: &'m OutboxMessage) -> Result<Record<'m>, PublishError> {
-        let topic = self.topic_for(message)?;
-        let config = &self.inner.config;
-        let parts = match config.format {
-            WireFormat::Cloudevents => RecordParts {
-                key: message.partition_key(),
-                headers: wire_headers(message, &config.source)?
-                    .into_iter()
-                    .map(|(n, v)| (Cow::Owned(n), Cow::Owned(v)))
-                    .collect(),
-                value: Some(Cow::Borrowed(&message.payload.bytes[..])),
-            },
-            WireFormat::Debezium => {
-                debezium::record(message, config.debezium_payload.unwrap_or_default())?
-            }
-        };
-        let size = parts.key.len()
-            + parts.value.as_ref().map_or(0, |v| v.len())
-            + parts
-                .headers
-                .iter()
-                .map(|(n, v)| n.len() + v.len())
-                .sum::<usize>()
-            + RECORD_OVERHEAD;
-        let max = self.inner.message_max_bytes;
-        if size > max {
-            return Err(PublishError::new(
-                PublishErrorKind::TooLarge,
-                format!(
-                    "event {}: the record is {size} bytes (payload {} + key + headers), more \
-                     than message.max.bytes of {max}",
-                    message.event_id,
-                    message.payload.bytes.len()
-                ),
-            ));
-        }
-        Ok(Record { topic, parts })
+        record_of(message, &self.inner.config, self.inner.message_max_bytes)
     }
 
     /// Hands `record` to `producer` (librdkafka copies it into its queue) and returns its
@@ -778,51 +696,6 @@ pub(crate) fn classify(e: &KafkaError) -> PublishErrorKind {
         | C::DestroyBroker => PublishErrorKind::Unavailable,
         _ => PublishErrorKind::Rejected,
     }
-}
-
-/// True for a user header name that would collide with a header this transport sets.
-fn is_reserved_header(name: &str) -> bool {
-    RESERVED_HEADERS.reserves(name)
-}
-
-/// The headers `message` is published with (CloudEvents `source` = `source`), in order:
-/// `ce_<attribute>` for every CloudEvents attribute (values as UTF-8 text, unescaped),
-/// `content-type`, then the user headers unchanged.
-///
-/// # Errors
-/// [`PublishErrorKind::Invalid`] when a user header name collides with a header set here
-/// (`ce_*`, `ce-*`, `content-type`, any case).
-pub fn wire_headers(
-    message: &OutboxMessage,
-    source: &str,
-) -> Result<Vec<(String, String)>, PublishError> {
-    let mut pairs: Vec<(String, String)> = wire::attributes(message, source)
-        .into_iter()
-        .map(|(name, value)| (format!("{CE_PREFIX}{name}"), value))
-        .collect();
-    pairs.push((
-        CONTENT_TYPE_HEADER.to_owned(),
-        message.payload.content_type.0.clone(),
-    ));
-    for (name, value) in &message.headers {
-        if is_reserved_header(name) {
-            return Err(PublishError::new(
-                PublishErrorKind::Invalid,
-                format!(
-                    "event {}: user header `{}` collides with a header of the Kafka binding",
-                    message.event_id,
-                    name.escape_debug()
-                ),
-            ));
-        }
-        pairs.push((name.clone(), value.clone()));
-    }
-    debug_assert!(
-        pairs
-            .iter()
-            .any(|(n, _)| n == &format!("{CE_PREFIX}{}", attr::ID))
-    );
-    Ok(pairs)
 }
 
 /// The lock's data, poisoned or not (every critical section here leaves it consistent).

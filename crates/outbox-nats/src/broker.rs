@@ -91,7 +91,7 @@ impl Backend for Nats {
         apply_files(&mut config.security, settings);
         config
             .validate()
-            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.message))?;
+            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
         Ok(config)
     }
 
@@ -111,7 +111,7 @@ impl Backend for Nats {
         apply_files(&mut config.security, settings);
         config
             .validate()
-            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.message))?;
+            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
         Ok(config)
     }
 

@@ -1,10 +1,14 @@
-//! [`NatsConfig`]: what the transport publishes to and how.
+//! The settings of both sides and their validation: [`NatsConfig`] (the transport) and
+//! [`NatsConsumerConfig`] (the delivery source). Every refusal is an
+//! [`outbox_core::ConfigError`] naming the key.
 
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use outbox_core::ConfigError;
 use serde::Deserialize;
 
-use crate::security::NatsSecurity;
+use crate::connection::NatsSecurity;
 use crate::subject;
 
 /// Configuration of the NATS JetStream transport.
@@ -74,21 +78,8 @@ impl Default for NatsConfig {
     }
 }
 
-/// A [`NatsConfig`] value that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid NATS transport config `{key}`: {message}")]
-pub struct NatsConfigError {
-    /// The configuration key, e.g. `stream`.
-    pub key: &'static str,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-fn bad(key: &'static str, message: impl Into<String>) -> Result<(), NatsConfigError> {
-    Err(NatsConfigError {
-        key,
-        message: message.into(),
-    })
+fn bad(key: &'static str, reason: impl Into<String>) -> Result<(), ConfigError> {
+    Err(ConfigError::new(key, reason))
 }
 
 /// Placeholders [`NatsConfig::subject_template`] may contain.
@@ -102,8 +93,8 @@ impl NatsConfig {
     /// Checks every key.
     ///
     /// # Errors
-    /// A [`NatsConfigError`] naming the first bad key.
-    pub fn validate(&self) -> Result<(), NatsConfigError> {
+    /// A [`ConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if let Err(why) = subject::check_stream_name(&self.stream) {
             return bad("stream", why);
         }
@@ -148,9 +139,7 @@ impl NatsConfig {
                 format!("must be at most {MAX_DUPLICATE_WINDOW_SECS} (one week)"),
             );
         }
-        if let Err(e) = outbox_core::wire::check_source(&self.source) {
-            return bad(e.key, e.reason);
-        }
+        outbox_core::wire::check_source(&self.source)?;
         if self.max_in_flight == 0 || self.max_in_flight > tokio::sync::Semaphore::MAX_PERMITS / 2 {
             return bad("max_in_flight", "must be at least 1 (and sanely bounded)");
         }
@@ -160,10 +149,7 @@ impl NatsConfig {
         if self.ack_timeout_secs == 0 {
             return bad("ack_timeout_secs", "must be positive");
         }
-        if let Err(e) = self.security.validate() {
-            return bad(e.key, e.message);
-        }
-        Ok(())
+        self.security.validate()
     }
 
     /// [`NatsConfig::duplicate_window_secs`] as a duration.
@@ -182,17 +168,184 @@ impl NatsConfig {
     }
 }
 
+/// Longest connect or ack timeout accepted, in seconds.
+const MAX_TIMEOUT_SECS: u64 = 300;
+/// Longest ack wait accepted (a sanity bound: a redelivery a week later is a mistake).
+const MAX_ACK_WAIT_SECS: u64 = 7 * 24 * 3600;
+/// Largest `max_ack_pending` accepted.
+const MAX_ACK_PENDING: u64 = 1_000_000_000;
+/// Largest [`NatsConsumerConfig::prefetch`] accepted.
+pub const MAX_PREFETCH: usize = 10_000;
+
+/// Configuration of the NATS JetStream consumer.
+///
+/// Every key has a default, unknown keys are refused, and [`NatsConsumerConfig::validate`]
+/// names the offending key.
+///
+/// ```
+/// let config: outbox_nats::NatsConsumerConfig = toml::from_str(r#"
+///     stream = "PAYMENTS"
+///     durable_name = "billing"
+///     filter_subject = "payments.>"
+///     ack_wait_secs = 60
+/// "#).unwrap();
+/// assert!(config.validate().is_ok());
+/// assert_eq!(config.max_ack_pending, 10_000);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConsumerConfig {
+    /// The JetStream stream to consume. It must exist. Default `OUTBOX`.
+    pub stream: String,
+    /// Name of the durable consumer: the server keeps its acknowledgement state under this
+    /// name, and instances with the same name share the work. Give each consuming service its
+    /// own name. Default `outbox-consumer`.
+    pub durable_name: String,
+    /// Only messages whose subject matches this filter (wildcards allowed) are delivered; empty
+    /// = every message of the stream. Default empty.
+    pub filter_subject: String,
+    /// Seconds a delivered message may stay unacknowledged before it is delivered again.
+    /// Default 30.
+    pub ack_wait_secs: u64,
+    /// Most messages delivered and not yet acknowledged at once; the server delivers no more
+    /// until some are acknowledged. Default 10 000.
+    pub max_ack_pending: u64,
+    /// Largest body accepted; a larger one is delivered with
+    /// [`DecodeError::TooLarge`](outbox_core::wire::DecodeError::TooLarge) (and dead-lettered
+    /// by the runner). Default 8 MiB.
+    pub max_message_bytes: usize,
+    /// How long startup waits for the connection, in seconds. Default 5.
+    pub connect_timeout_secs: u64,
+    /// How long a JetStream API request (stream and consumer lookup, consumer info for the lag)
+    /// and an acknowledgement's confirmation may take, in seconds. Default 5.
+    pub ack_timeout_secs: u64,
+    /// TLS and authentication of the connection. Default: none beyond what the URL says.
+    pub security: NatsSecurity,
+    /// Messages the source asks the server for ahead of the batches it hands out; 0 asks for
+    /// each batch when it is wanted. See "Prefetch" in [`crate::source`]. At most
+    /// `max_ack_pending` and [`MAX_PREFETCH`]. Default 0.
+    pub prefetch: usize,
+}
+
+impl Default for NatsConsumerConfig {
+    fn default() -> Self {
+        Self {
+            stream: "OUTBOX".to_owned(),
+            durable_name: "outbox-consumer".to_owned(),
+            filter_subject: String::new(),
+            ack_wait_secs: 30,
+            max_ack_pending: 10_000,
+            max_message_bytes: 8 * 1024 * 1024,
+            connect_timeout_secs: 5,
+            ack_timeout_secs: 5,
+            security: NatsSecurity::default(),
+            prefetch: 0,
+        }
+    }
+}
+
+impl NatsConsumerConfig {
+    /// Checks every key.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Err(why) = subject::check_stream_name(&self.stream) {
+            return bad("stream", why);
+        }
+        if let Err(why) = subject::check_consumer_name(&self.durable_name) {
+            return bad("durable_name", why);
+        }
+        if !self.filter_subject.is_empty()
+            && let Err(why) = subject::check_filter(&self.filter_subject)
+        {
+            return bad("filter_subject", why);
+        }
+        if self.ack_wait_secs == 0 || self.ack_wait_secs > MAX_ACK_WAIT_SECS {
+            return bad(
+                "ack_wait_secs",
+                format!("must be between 1 and {MAX_ACK_WAIT_SECS}"),
+            );
+        }
+        if self.max_ack_pending == 0 || self.max_ack_pending > MAX_ACK_PENDING {
+            return bad(
+                "max_ack_pending",
+                format!("must be between 1 and {MAX_ACK_PENDING}"),
+            );
+        }
+        if self.max_message_bytes == 0 {
+            return bad("max_message_bytes", "must be positive");
+        }
+        if self.prefetch > MAX_PREFETCH
+            || u64::try_from(self.prefetch).unwrap_or(u64::MAX) > self.max_ack_pending
+        {
+            return bad(
+                "prefetch",
+                format!(
+                    "must be at most max_ack_pending ({}) and {MAX_PREFETCH}",
+                    self.max_ack_pending
+                ),
+            );
+        }
+        for (key, v) in [
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("ack_timeout_secs", self.ack_timeout_secs),
+        ] {
+            if v == 0 || v > MAX_TIMEOUT_SECS {
+                return bad(key, format!("must be between 1 and {MAX_TIMEOUT_SECS}"));
+            }
+        }
+        self.security.validate()
+    }
+
+    /// [`NatsConsumerConfig::ack_wait_secs`] as a duration.
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_secs)
+    }
+
+    /// [`NatsConsumerConfig::connect_timeout_secs`] as a duration.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs)
+    }
+
+    /// [`NatsConsumerConfig::ack_timeout_secs`] as a duration.
+    pub fn ack_timeout(&self) -> Duration {
+        Duration::from_secs(self.ack_timeout_secs)
+    }
+
+    /// The pull consumer configuration this config asks for.
+    pub(crate) fn consumer_config(&self) -> pull::Config {
+        pull::Config {
+            durable_name: Some(self.durable_name.clone()),
+            description: Some("outbox inbox consumer".to_owned()),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait(),
+            filter_subject: self.filter_subject.clone(),
+            // Validated to be at most MAX_ACK_PENDING.
+            max_ack_pending: i64::try_from(self.max_ack_pending).unwrap_or(i64::MAX),
+            ..Default::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn with(f: impl FnOnce(&mut NatsConfig)) -> Result<(), NatsConfigError> {
+    fn with(f: impl FnOnce(&mut NatsConfig)) -> Result<(), ConfigError> {
         let mut c = NatsConfig::default();
         f(&mut c);
         c.validate()
     }
 
-    fn key_of(r: Result<(), NatsConfigError>) -> &'static str {
+    fn consumer_with(f: impl FnOnce(&mut NatsConsumerConfig)) -> Result<(), ConfigError> {
+        let mut c = NatsConsumerConfig::default();
+        f(&mut c);
+        c.validate()
+    }
+
+    fn key_of(r: Result<(), ConfigError>) -> &'static str {
         r.expect_err("config must be refused").key
     }
 
@@ -257,5 +410,92 @@ mod tests {
         assert_eq!(c.duplicate_window_secs, 120);
         let e = toml::from_str::<NatsConfig>("strem = \"S1\"").unwrap_err();
         assert!(e.to_string().contains("strem"), "{e}");
+    }
+
+    #[test]
+    fn consumer_defaults_are_valid() {
+        let c = NatsConsumerConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.stream, "OUTBOX");
+        assert_eq!(c.durable_name, "outbox-consumer");
+        assert_eq!(c.filter_subject, "");
+        assert_eq!(c.ack_wait_secs, 30);
+        assert_eq!(c.max_ack_pending, 10_000);
+        assert_eq!(c.max_message_bytes, 8 << 20);
+        let pc = c.consumer_config();
+        assert_eq!(pc.ack_policy, AckPolicy::Explicit);
+        assert_eq!(pc.deliver_policy, DeliverPolicy::All);
+        assert_eq!(pc.durable_name.as_deref(), Some("outbox-consumer"));
+    }
+
+    #[test]
+    fn bad_consumer_values_name_their_key() {
+        assert_eq!(key_of(consumer_with(|c| c.stream = "A.B".into())), "stream");
+        assert_eq!(
+            key_of(consumer_with(|c| c.durable_name = String::new())),
+            "durable_name"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.durable_name = "a b".into())),
+            "durable_name"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.filter_subject = "a..b".into())),
+            "filter_subject"
+        );
+        assert!(consumer_with(|c| c.filter_subject = "outbox.*.x".into()).is_ok());
+        assert_eq!(
+            key_of(consumer_with(|c| c.ack_wait_secs = 0)),
+            "ack_wait_secs"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.max_ack_pending = 0)),
+            "max_ack_pending"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.max_message_bytes = 0)),
+            "max_message_bytes"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.connect_timeout_secs = 0)),
+            "connect_timeout_secs"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.ack_timeout_secs = 301)),
+            "ack_timeout_secs"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| c.prefetch = MAX_PREFETCH + 1)),
+            "prefetch"
+        );
+        assert_eq!(
+            key_of(consumer_with(|c| {
+                c.max_ack_pending = 10;
+                c.prefetch = 11;
+            })),
+            "prefetch"
+        );
+        assert!(
+            consumer_with(|c| {
+                c.max_ack_pending = 10;
+                c.prefetch = 10;
+            })
+            .is_ok()
+        );
+        let c = NatsConsumerConfig {
+            connect_timeout_secs: 2,
+            ack_timeout_secs: 7,
+            ..NatsConsumerConfig::default()
+        };
+        assert_eq!(
+            (c.connect_timeout(), c.ack_timeout()),
+            (Duration::from_secs(2), Duration::from_secs(7))
+        );
+    }
+
+    #[test]
+    fn unknown_consumer_keys_are_refused() {
+        let e = toml::from_str::<NatsConsumerConfig>("ack_wait = 3").unwrap_err();
+        assert!(e.to_string().contains("ack_wait"), "{e}");
     }
 }

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! The consumer side, [`NatsSource`] (a durable JetStream pull consumer implementing
-//! [`outbox_core::consumer::DeliverySource`]), is described in [`consumer`].
+//! [`outbox_core::consumer::DeliverySource`]), is described in [`source`].
 //!
 //! # Wire format
 //!
@@ -91,30 +91,62 @@
 //! and no limits. An existing stream is never modified; a shorter duplicate window or memory
 //! storage is logged as a warning. Production deployments usually create the stream
 //! themselves (replicas, retention) and may turn `ensure_stream` off.
+//!
+//! # Crate layout
+//!
+//! The same file roles as every transport crate: `config.rs` (both sides' settings and their
+//! validation, refused as [`outbox_core::ConfigError`]), `connection.rs` (reaching the server:
+//! TLS, credentials, the connect attempt), `binding.rs` (the wire binding both ways and its
+//! header rules), `transport.rs` (the relay's [`outbox_core::Transport`]), [`source`] (the
+//! consumer's delivery source) and `broker.rs` (the registry entry); NATS's own `subject.rs`
+//! (subject and name rules, percent-encoding) and `header_block.rs` (header blocks the client
+//! could not parse) beside them.
 #![forbid(unsafe_code)]
 
+mod binding;
 mod broker;
-mod client;
 mod config;
-pub mod consumer;
+mod connection;
 mod header_block;
-mod security;
+pub mod source;
 mod subject;
 mod transport;
 
+pub use binding::{
+    CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, RESERVED_HEADERS, decode_raw, identify_raw,
+};
 pub use broker::{BROKER, CREDENTIALS_FILE, NKEY_SEED_FILE};
-pub use config::{NatsConfig, NatsConfigError};
-pub use consumer::{
-    MAX_PREFETCH, NatsConsumerConfig, NatsConsumerConfigError, NatsConsumerError, NatsDelivery,
-    NatsSource, decode_raw,
-};
+pub use config::{MAX_PREFETCH, NatsConfig, NatsConsumerConfig};
+pub use connection::NatsSecurity;
 pub use header_block::{RAW_HEADER_BLOCK, raw_header_block};
-pub use security::{NatsSecurity, NatsSecurityError};
-pub use transport::{
-    CE_PREFIX, CONTENT_TYPE_HEADER, MSG_ID_HEADER, NatsConnectError, NatsTransport,
-    RESERVED_HEADERS,
-};
+pub use source::{NatsConsumerError, NatsDelivery, NatsSource};
+pub use transport::{NatsConnectError, NatsTransport};
 
 /// The async-nats client library this transport is built on, re-exported so callers can build
 /// [`ConnectOptions`](async_nats::ConnectOptions) of the matching version.
 pub use async_nats;
+
+/// Former name of the transport's configuration error, now [`outbox_core::ConfigError`] (its
+/// `message` is `reason`).
+#[deprecated(note = "use outbox_core::ConfigError (the field `message` is now `reason`)")]
+pub type NatsConfigError = outbox_core::ConfigError;
+
+/// Former name of the consumer's configuration error, now [`outbox_core::ConfigError`] (its
+/// `message` is `reason`).
+#[deprecated(note = "use outbox_core::ConfigError (the field `message` is now `reason`)")]
+pub type NatsConsumerConfigError = outbox_core::ConfigError;
+
+/// Former name of a security setting's error, now [`outbox_core::ConfigError`] (its `message`
+/// is `reason`).
+#[deprecated(note = "use outbox_core::ConfigError (the field `message` is now `reason`)")]
+pub type NatsSecurityError = outbox_core::ConfigError;
+
+/// The delivery source under its former module name: see [`source`].
+#[deprecated(note = "the module is now `outbox_nats::source`; its items are at the crate root")]
+pub mod consumer {
+    #[allow(deprecated)]
+    pub use crate::NatsConsumerConfigError;
+    pub use crate::binding::{decode_raw, identify_raw};
+    pub use crate::config::{MAX_PREFETCH, NatsConsumerConfig};
+    pub use crate::source::{NatsConsumerError, NatsDelivery, NatsSource};
+}

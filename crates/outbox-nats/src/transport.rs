@@ -1,42 +1,23 @@
-//! [`NatsTransport`]: connection, stream setup and the [`Transport`] implementation.
+//! [`NatsTransport`]: connection, stream setup and the [`Transport`] implementation (the
+//! messages themselves are the binding's, [`crate::binding`]).
 
 use std::error::Error as _;
-use std::str::FromStr;
 use std::sync::Arc;
 
+use async_nats::ConnectOptions;
 use async_nats::connection::State;
-use async_nats::jetstream::context::{
-    CreateStreamErrorKind, GetStreamErrorKind, PublishErrorKind as JsKind,
-};
+use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind as JsKind};
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
 use outbox_core::secrets::redact_url;
-use outbox_core::wire;
 use outbox_core::{
-    OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, ReservedHeaders, Transport,
+    ConfigError, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport,
 };
 use tokio::sync::Semaphore;
 
-use crate::client::{ClientConnectError, connect_client, logged_connect_options};
-use crate::config::{NatsConfig, NatsConfigError};
-use crate::security::NatsSecurityError;
-use crate::subject;
-
-/// Header carrying the JetStream deduplication id (the event id).
-pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
-/// Header carrying the payload media type (besides `ce-datacontenttype`).
-pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
-/// Prefix of the CloudEvents attribute headers.
-pub const CE_PREFIX: &str = "ce-";
-
-/// The header names this transport sets itself, so that a user header may not take one (any
-/// case): the CloudEvents attribute prefix [`CE_PREFIX`] and the Kafka binding's `ce_` (so that
-/// no reader of either convention mistakes a user header for an attribute), the server's own
-/// `Nats-` headers ([`MSG_ID_HEADER`], `Nats-Expected-Stream` …) and [`CONTENT_TYPE_HEADER`].
-/// [`BROKER`](crate::BROKER) gives them to the registry, so producers refuse them at enqueue.
-pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
-    prefixes: &[CE_PREFIX, "ce_", "nats-"],
-    names: &["content-type"],
+use crate::binding::{build_headers, header_map, headers_wire_len, subject_of};
+use crate::config::NatsConfig;
+use crate::connection::{
+    ClientConnectError, connect_client, is_stream_not_found, logged_connect_options,
 };
 
 /// Why [`NatsTransport`] could not start.
@@ -44,11 +25,11 @@ pub const RESERVED_HEADERS: ReservedHeaders = ReservedHeaders {
 #[non_exhaustive]
 pub enum NatsConnectError {
     /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] NatsConfigError),
+    #[error("invalid NATS transport config `{}`: {}", .0.key, .0.reason)]
+    Config(#[from] ConfigError),
     /// A TLS or authentication file cannot be used, or the URL's credentials contradict them.
-    #[error(transparent)]
-    Security(#[from] NatsSecurityError),
+    #[error("invalid NATS security setting `{}`: {}", .0.key, .0.reason)]
+    Security(ConfigError),
     /// The server could not be reached or refused the connection (address, DNS, TLS, auth).
     #[error("cannot connect to NATS at `{url}`: {source}")]
     Connect {
@@ -78,6 +59,10 @@ pub enum NatsConnectError {
 }
 
 impl ClientConnectError for NatsConnectError {
+    fn security(error: ConfigError) -> Self {
+        Self::Security(error)
+    }
+
     fn unreachable(url: String, source: async_nats::ConnectError) -> Self {
         Self::Connect { url, source }
     }
@@ -198,18 +183,7 @@ impl NatsTransport {
     /// # Errors
     /// [`PublishErrorKind::Invalid`] when the result is not a valid literal subject.
     pub fn subject_for(&self, message: &OutboxMessage) -> Result<String, PublishError> {
-        let subject = wire::destination(
-            message,
-            &self.config.subject_template,
-            subject::sanitize_token,
-        );
-        subject::check_publish_subject(&subject).map_err(|why| {
-            PublishError::new(
-                PublishErrorKind::Invalid,
-                format!("event {}: {why}", message.event_id),
-            )
-        })?;
-        Ok(subject)
+        subject_of(message, &self.config.subject_template)
     }
 
     /// The headers `message` is published with, in order: `ce-<attribute>` for every
@@ -351,12 +325,7 @@ impl Transport for NatsTransport {
             ));
         }
 
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            let header = HeaderName::from_str(&name).map_err(|e| invalid(message, &name, e))?;
-            let value = HeaderValue::from_str(&value).map_err(|e| invalid(message, &name, e))?;
-            headers.append(header, value);
-        }
+        let headers = header_map(message, pairs)?;
 
         let _permit = self.in_flight.acquire().await.map_err(|_| {
             PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")
@@ -390,78 +359,6 @@ impl Transport for NatsTransport {
             duplicate: ack.duplicate,
         })
     }
-}
-
-fn invalid(message: &OutboxMessage, header: &str, e: impl std::fmt::Display) -> PublishError {
-    PublishError::new(
-        PublishErrorKind::Invalid,
-        format!(
-            "event {}: header `{}` cannot be carried by NATS: {e}",
-            message.event_id,
-            header.escape_debug()
-        ),
-    )
-}
-
-/// True for a user header name that would collide with a header this transport sets.
-fn is_reserved_header(name: &str) -> bool {
-    RESERVED_HEADERS.reserves(name)
-}
-
-pub(crate) fn build_headers(
-    message: &OutboxMessage,
-    source: &str,
-) -> Result<Vec<(String, String)>, PublishError> {
-    let attributes = wire::attributes(message, source);
-    let content_type = &message.payload.content_type.0;
-    let mut pairs = Vec::with_capacity(attributes.len() + 3 + message.headers.len());
-    for (name, value) in attributes {
-        pairs.push((
-            format!("{CE_PREFIX}{name}"),
-            subject::percent_encode(&value),
-        ));
-    }
-    pairs.push((
-        format!("{CE_PREFIX}datacontenttype"),
-        subject::percent_encode(content_type),
-    ));
-    if content_type.contains(['\r', '\n']) {
-        return Err(invalid(
-            message,
-            CONTENT_TYPE_HEADER,
-            "CR/LF in the content type",
-        ));
-    }
-    pairs.push((CONTENT_TYPE_HEADER.to_owned(), content_type.clone()));
-    pairs.push((
-        MSG_ID_HEADER.to_owned(),
-        message.event_id.hyphenated().to_string(),
-    ));
-    for (name, value) in &message.headers {
-        if is_reserved_header(name) {
-            return Err(invalid(
-                message,
-                name,
-                "the name is reserved for headers the transport sets",
-            ));
-        }
-        pairs.push((name.clone(), value.clone()));
-    }
-    Ok(pairs)
-}
-
-/// Serialized size of a NATS header block: `NATS/1.0\r\n`, each `name: value\r\n`, `\r\n`.
-fn headers_wire_len(pairs: &[(String, String)]) -> usize {
-    "NATS/1.0\r\n".len()
-        + "\r\n".len()
-        + pairs
-            .iter()
-            .map(|(n, v)| n.len() + ": ".len() + v.len() + "\r\n".len())
-            .sum::<usize>()
-}
-
-pub(crate) fn is_stream_not_found(kind: &GetStreamErrorKind) -> bool {
-    matches!(kind, GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
 /// Maps an async-nats JetStream publish error to the outbox error kind.
@@ -508,99 +405,7 @@ fn classify_other(err: &jetstream::context::PublishError, connected: bool) -> Pu
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use outbox_core::{Fingerprint, Payload};
-
     use super::*;
-
-    fn message() -> OutboxMessage {
-        let payload = Payload::json(&serde_json_like()).unwrap();
-        OutboxMessage {
-            id: 1,
-            event_id: "0190a0f6-7b2c-7d3e-8f40-123456789abc".parse().unwrap(),
-            aggregate_type: "payment".into(),
-            aggregate_id: "pay 42".into(),
-            aggregate_version: 3,
-            event_type: "Payment.Created".into(),
-            schema_version: 2,
-            fingerprint: Fingerprint::of(&payload.bytes),
-            payload,
-            headers: BTreeMap::from([("traceparent".to_owned(), "00-abc-def-01".to_owned())]),
-            destination: None,
-            partition_key: None,
-            created_at: "2024-05-06T07:08:09.123456Z".parse().unwrap(),
-            attempts: 0,
-        }
-    }
-
-    fn serde_json_like() -> BTreeMap<&'static str, i32> {
-        BTreeMap::from([("amount", 100)])
-    }
-
-    #[test]
-    fn headers_carry_every_attribute_and_user_header() {
-        let m = message();
-        let h = build_headers(&m, "/my source").unwrap();
-        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
-        assert_eq!(get("ce-specversion"), Some("1.0"));
-        assert_eq!(get("ce-id"), Some("0190a0f6-7b2c-7d3e-8f40-123456789abc"));
-        assert_eq!(get("ce-source"), Some("/my%20source"));
-        assert_eq!(get("ce-type"), Some("Payment.Created"));
-        assert_eq!(get("ce-subject"), Some("pay%2042"));
-        assert_eq!(get("ce-time"), Some("2024-05-06T07:08:09.123456Z"));
-        assert_eq!(get("ce-aggregatetype"), Some("payment"));
-        assert_eq!(get("ce-aggregateid"), Some("pay%2042"));
-        assert_eq!(get("ce-aggregateversion"), Some("3"));
-        assert_eq!(get("ce-schemaversion"), Some("2"));
-        assert_eq!(get("ce-partitionkey"), Some("pay%2042"));
-        assert_eq!(
-            get("ce-payloadsha256"),
-            Some(m.fingerprint.to_hex().as_str())
-        );
-        assert_eq!(get("ce-datacontenttype"), Some("application/json"));
-        assert_eq!(get("Content-Type"), Some("application/json"));
-        assert_eq!(
-            get("Nats-Msg-Id"),
-            Some("0190a0f6-7b2c-7d3e-8f40-123456789abc")
-        );
-        assert_eq!(get("traceparent"), Some("00-abc-def-01"));
-        assert_eq!(h.len(), 12 + 3 + 1);
-    }
-
-    #[test]
-    fn every_header_the_transport_sets_is_reserved() {
-        let mut m = message();
-        m.headers.clear();
-        for (name, _) in build_headers(&m, "/outbox").unwrap() {
-            assert!(RESERVED_HEADERS.reserves(&name), "{name}");
-        }
-        for name in ["traceparent", "tracestate", "x-ce-id", "content-type-2"] {
-            assert!(!RESERVED_HEADERS.reserves(name), "{name}");
-        }
-    }
-
-    #[test]
-    fn reserved_user_headers_are_invalid() {
-        for name in [
-            "Content-Type",
-            "ce-id",
-            "CE_type",
-            "Nats-Msg-Id",
-            "nats-expected-stream",
-        ] {
-            let mut m = message();
-            m.headers.insert(name.to_owned(), "x".to_owned());
-            let e = build_headers(&m, "/outbox").unwrap_err();
-            assert_eq!(e.kind, PublishErrorKind::Invalid, "{name}");
-        }
-    }
-
-    #[test]
-    fn wire_len_matches_the_protocol_encoding() {
-        let pairs = vec![("a".to_owned(), "bc".to_owned())];
-        assert_eq!(headers_wire_len(&pairs), "NATS/1.0\r\na: bc\r\n\r\n".len());
-    }
 
     #[test]
     fn classify_maps_async_nats_kinds() {

@@ -15,7 +15,7 @@ use outbox_core::broker::{
 };
 use outbox_core::secrets::UrlRules;
 
-use crate::tls::RabbitTls;
+use crate::connection::RabbitTls;
 use crate::{
     RESERVED_HEADERS, RabbitConfig, RabbitConnectError, RabbitConsumerConfig, RabbitSource,
     RabbitTransport,

@@ -3,7 +3,7 @@
 //!
 //! The consumer side, [`RabbitSource`] (a [`outbox_core::consumer::DeliverySource`] for the
 //! inbox runner: manual acks, prefetch, redelivery on channel loss), is described in the
-//! [`consumer`] module.
+//! [`source`] module.
 //!
 //! ```no_run
 //! use outbox_core::Transport;
@@ -107,30 +107,50 @@
 //! Startup problems are [`RabbitConnectError`]s: [`RabbitTransport::connect`] tries once, within
 //! [`RabbitConfig::connect_timeout_secs`], and reports an unreachable broker instead of retrying.
 //!
+//! # Crate layout
+//!
+//! The same file roles as every transport crate: `config.rs` (both sides' settings and their
+//! validation, refused as [`outbox_core::ConfigError`]), `connection.rs` (reaching the broker:
+//! the URL, TLS, the link and its lazy reconnect, [`RabbitConnectError`]), `binding.rs` (the
+//! wire binding both ways and its header rules), `transport.rs` (the relay's
+//! [`outbox_core::Transport`], with its publisher-confirm collector), [`source`] (the
+//! consumer's delivery source, with its delivery counts) and `broker.rs` (the registry entry).
+//!
 //! [`PublishErrorKind::Rejected`]: outbox_core::PublishErrorKind::Rejected
 //! [`PublishErrorKind::Unavailable`]: outbox_core::PublishErrorKind::Unavailable
 #![forbid(unsafe_code)]
 
+mod binding;
 mod broker;
 mod config;
-mod confirms;
-pub mod consumer;
-mod encode;
-mod error;
-mod link;
-mod tls;
+mod connection;
+pub mod source;
 mod transport;
 
-pub use broker::{BROKER, URL_RULES};
-pub use config::{
-    MAX_IN_FLIGHT, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfig, RabbitConfigError,
-    TEMPLATE_PLACEHOLDERS,
-};
-pub use consumer::{RabbitConsumerConfig, RabbitConsumerError, RabbitDelivery, RabbitSource};
-pub use encode::{
+pub use binding::{
     CLOUDEVENTS_HEADER_PREFIX, DELIVERY_MODE_PERSISTENT, RESERVED_HEADERS,
     sanitize_routing_key_part,
 };
-pub use error::RabbitConnectError;
-pub use tls::RabbitTls;
+pub use broker::{BROKER, URL_RULES};
+pub use config::{
+    MAX_IN_FLIGHT, RABBITMQ_MAX_MESSAGE_BYTES, RabbitConfig, RabbitConsumerConfig,
+    TEMPLATE_PLACEHOLDERS,
+};
+pub use connection::{RabbitConnectError, RabbitTls};
+pub use source::{RabbitConsumerError, RabbitDelivery, RabbitSource};
 pub use transport::RabbitTransport;
+
+/// Former name of the configuration error, now [`outbox_core::ConfigError`] (same fields).
+#[deprecated(note = "use outbox_core::ConfigError")]
+pub type RabbitConfigError = outbox_core::ConfigError;
+
+/// The delivery source under its former module name: see [`source`].
+#[deprecated(note = "the module is now `outbox_rabbitmq::source`; its items are at the crate root")]
+pub mod consumer {
+    pub use crate::config::RabbitConsumerConfig;
+    pub use crate::source::{
+        DELIVERY_COUNT_CAPACITY, DELIVERY_COUNT_HEADER, MAX_HEADER_DEPTH, MAX_REQUEUE_DELAY_CAP_MS,
+        PROTOCOL_ERROR_KEY, REFUSED_ATTRIBUTES_KEY, RabbitConsumerError, RabbitDelivery,
+        RabbitSource,
+    };
+}

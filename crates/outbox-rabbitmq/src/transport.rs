@@ -1,23 +1,34 @@
-//! [`RabbitTransport`]: one connection, one confirm-mode channel, lazy reconnect.
+//! [`RabbitTransport`]: one connection, one confirm-mode channel, lazy reconnect; publisher
+//! confirms paired with returned messages ([`confirms`]) and lapin's errors mapped to
+//! [`PublishErrorKind`] ([`classify`]). The messages themselves are the binding's
+//! ([`crate::binding`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
+use lapin::ErrorKind as LapinKind;
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};
-use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport};
+use outbox_core::{
+    ConfigError, OutboxMessage, PublishError, PublishErrorKind, PublishReceipt, Transport,
+};
 use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, error, info, warn};
 
-use crate::config::{RabbitConfig, RabbitConfigError};
-use crate::confirms::Verdict;
-use crate::encode::{self, Envelope};
-use crate::error::{RabbitConnectError, classify};
-use crate::link::{Connector, Link, ReconnectState, Session, StepError};
+use crate::binding::{self, Envelope};
+use crate::config::RabbitConfig;
+use crate::connection::{
+    Connector, Link, RabbitConnectError, ReconnectState, Session, StepError, connection_level,
+};
+
+mod confirms;
+
+use confirms::Verdict;
 
 /// AMQP reply code `CONTENT_TOO_LARGE`.
 const REPLY_CONTENT_TOO_LARGE: u16 = 311;
@@ -51,8 +62,8 @@ type PublishLink = Link<Publisher>;
 pub(crate) struct Publisher {
     /// The connection's negotiated `frame_max`.
     frame_max: usize,
-    /// Decides every publish of the channel from all of its confirms (see `confirms.rs`).
-    confirms: crate::confirms::Collector,
+    /// Decides every publish of the channel from all of its confirms (see [`confirms`]).
+    confirms: confirms::Collector,
 }
 
 impl fmt::Debug for RabbitTransport {
@@ -105,12 +116,8 @@ impl RabbitTransport {
             config.connect_timeout(),
             config.reconnect_min_delay(),
         )?;
-        let exchange = ShortString::try_new(config.exchange.clone()).map_err(|e| {
-            RabbitConnectError::Config(RabbitConfigError {
-                key: "exchange",
-                reason: e.to_string(),
-            })
-        })?;
+        let exchange = ShortString::try_new(config.exchange.clone())
+            .map_err(|e| RabbitConnectError::Config(ConfigError::new("exchange", e.to_string())))?;
         let shared = Arc::new(Shared {
             connector,
             permits: Arc::new(Semaphore::new(config.max_in_flight)),
@@ -186,7 +193,7 @@ impl RabbitTransport {
                 ),
             ));
         }
-        let envelope = encode::envelope(msg, &shared.config)?;
+        let envelope = binding::envelope(msg, &shared.config)?;
 
         let permit = shared
             .permits
@@ -263,7 +270,7 @@ impl Session for Shared {
         let publisher = Publisher {
             frame_max: usize::try_from(connection.configuration().frame_max())
                 .unwrap_or(usize::MAX),
-            confirms: crate::confirms::Collector::spawn(channel.clone()),
+            confirms: confirms::Collector::spawn(channel.clone()),
         };
         Ok((channel, publisher))
     }
@@ -281,7 +288,7 @@ impl Shared {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = link;
     }
 
-    /// The link to publish on, repaired (see `link.rs`) if the current one broke.
+    /// The link to publish on, repaired (see `connection.rs`) if the current one broke.
     async fn link(&self) -> Result<Arc<PublishLink>, PublishError> {
         if let Some(link) = self.current().filter(|l| l.usable()) {
             return Ok(link);
@@ -453,8 +460,63 @@ impl Transport for RabbitTransport {
     }
 }
 
+/// How a lapin error affects one publish and the connection it was sent on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Classified {
+    pub(crate) kind: PublishErrorKind,
+    /// The connection is no longer trusted: reconnect instead of only reopening the channel.
+    pub(crate) connection_broken: bool,
+    /// The broker's `max_message_size`, when its error message told it.
+    pub(crate) broker_max_message_bytes: Option<usize>,
+}
+
+/// Parses RabbitMQ's "message size N is larger than configured max size M" (and the "max size M"
+/// variant for its hard limit).
+pub(crate) fn parse_broker_max_size(text: &str) -> Option<usize> {
+    let rest = &text[text.find("max size")? + "max size".len()..];
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Maps an error of `basic.publish` or of its confirm for a message of `body_len` bytes.
+///
+/// A channel or connection error fails every publish in flight on it at once, so a "message too
+/// large" channel close is only [`PublishErrorKind::TooLarge`] for a message actually above the
+/// broker's limit; the others on the channel are innocent bystanders and get
+/// [`PublishErrorKind::Unavailable`] (retried, never dead-lettered).
+pub(crate) fn classify(err: &lapin::Error, body_len: usize) -> Classified {
+    let mut c = Classified {
+        kind: PublishErrorKind::Unavailable,
+        connection_broken: connection_level(err),
+        broker_max_message_bytes: None,
+    };
+    if let LapinKind::ProtocolError(amqp) = err.kind() {
+        match amqp.kind() {
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
+                if let Some(max) = parse_broker_max_size(amqp.get_message().as_str()) {
+                    if body_len > max {
+                        c.kind = PublishErrorKind::TooLarge;
+                    }
+                    c.broker_max_message_bytes = Some(max);
+                }
+            }
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND | AMQPSoftError::ACCESSREFUSED) => {
+                c.kind = PublishErrorKind::Rejected;
+            }
+            _ => {}
+        }
+    }
+    c
+}
+
 #[cfg(test)]
 mod tests {
+    use lapin::protocol::{AMQPError, AMQPHardError};
+
     use super::*;
 
     #[test]
@@ -464,5 +526,54 @@ mod tests {
             exchange_kind("x-consistent-hash"),
             ExchangeKind::Custom("x-consistent-hash".into())
         );
+    }
+
+    fn protocol(kind: AMQPErrorKind, text: &str) -> lapin::Error {
+        LapinKind::ProtocolError(AMQPError::new(kind, text.into())).into()
+    }
+
+    #[test]
+    fn size_error_blames_only_the_oversized_message() {
+        let err = protocol(
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1000",
+        );
+        let big = classify(&err, 2000);
+        assert_eq!(big.kind, PublishErrorKind::TooLarge);
+        assert_eq!(big.broker_max_message_bytes, Some(1000));
+        assert!(!big.connection_broken);
+        assert_eq!(classify(&err, 10).kind, PublishErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn other_errors() {
+        let nf = protocol(
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND),
+            "NOT_FOUND - no exchange 'x' in vhost '/'",
+        );
+        assert_eq!(classify(&nf, 1).kind, PublishErrorKind::Rejected);
+        let forced = protocol(
+            AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED),
+            "CONNECTION_FORCED - closed via management plugin",
+        );
+        let c = classify(&forced, 1);
+        assert_eq!(c.kind, PublishErrorKind::Unavailable);
+        assert!(c.connection_broken);
+        let io: lapin::Error = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+        assert_eq!(classify(&io, 1).kind, PublishErrorKind::Unavailable);
+        let pf = protocol(
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            "PRECONDITION_FAILED - unknown delivery tag 42",
+        );
+        assert_eq!(classify(&pf, 1).kind, PublishErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn parses_max_size() {
+        assert_eq!(
+            parse_broker_max_size("message size 5 is larger than max size 134217728"),
+            Some(134_217_728)
+        );
+        assert_eq!(parse_broker_max_size("no numbers here"), None);
     }
 }

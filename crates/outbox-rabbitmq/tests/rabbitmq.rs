@@ -219,7 +219,8 @@ async fn exchange_declared_with_another_type_is_a_setup_error() {
 /// unroutable publish is never reported as sent, a routed one never as returned. lapin attaches
 /// a `basic.return` to whichever confirm it resolves next and RabbitMQ may deliver it after the
 /// covering ack; taken at face value that misreported 150-250 of these 1,500 publishes. The
-/// transport pairs returns by message id and decides in probe-closed cohorts (`confirms.rs`).
+/// transport pairs returns by message id and decides in probe-closed cohorts
+/// (`transport/confirms.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mixed_routed_and_unroutable_publishes_are_never_confused() {
     run(Fixture::start(), async |fx: &Fixture| {

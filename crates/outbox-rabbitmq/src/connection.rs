@@ -1,11 +1,11 @@
 //! The link to the broker, shared by [`crate::RabbitTransport`] and [`crate::RabbitSource`]:
 //! everything about reaching RabbitMQ and staying connected that does not depend on what a side
-//! does on its connection.
+//! does on its connection, and what fails at startup ([`RabbitConnectError`]).
 //!
 //! This module owns:
 //!
 //! * [`Connector`]: the parsed URL, its `host:port/vhost` endpoint ([`endpoint_of`], never the
-//!   credentials), the TLS configuration read once at startup (see [`crate::tls`]), the
+//!   credentials), the TLS configuration read once at startup ([`RabbitTls`]), the
 //!   connection name and the two timings (`connect_timeout_secs`, `reconnect_min_delay_ms`).
 //!   It opens connections, each bounded by the connect timeout, and maps what fails to
 //!   [`RabbitConnectError`];
@@ -19,7 +19,7 @@
 //!
 //! What a side opens on a connection is its [`Session`]: the transport a channel in
 //! publisher-confirm mode and the exchange, the delivery source a channel, its queue and a
-//! consumer. Publishing, consuming and acknowledging stay in `transport.rs` and `consumer.rs`.
+//! consumer. Publishing, consuming and acknowledging stay in `transport.rs` and `source.rs`.
 //!
 //! # Reconnecting
 //!
@@ -49,18 +49,187 @@
 //! cheap (refused at once, or bounded by the connect timeout), and a process has one connection
 //! per side, so one attempt per delay is no load on the broker.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::protocol::AMQPErrorKind;
-use lapin::tcp::OwnedTLSConfig;
-use lapin::uri::AMQPUri;
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Channel, Connection, ConnectionProperties};
+use outbox_core::ConfigError;
+use serde::Deserialize;
 use tracing::{debug, info, warn};
 
-use crate::error::RabbitConnectError;
-use crate::tls::RabbitTls;
+/// Why [`crate::RabbitTransport::connect`] or [`crate::RabbitSource::connect`] failed (the
+/// source's name for it is [`crate::RabbitConsumerError`]). Nothing is retried at startup: a
+/// relay or consumer that cannot reach its broker should say so and let its supervisor decide.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RabbitConnectError {
+    /// The configuration was refused.
+    #[error("invalid rabbitmq configuration `{}`: {}", .0.key, .0.reason)]
+    Config(#[from] ConfigError),
+    /// The URL is not a valid `amqp://` / `amqps://` URL.
+    #[error("invalid AMQP URL: {0}")]
+    InvalidUrl(String),
+    /// The broker could not be reached, or refused the connection or the credentials.
+    #[error("cannot connect to RabbitMQ at {endpoint}: {message}")]
+    Unreachable {
+        /// `host:port/vhost` (never the credentials).
+        endpoint: String,
+        /// The client library's explanation.
+        message: String,
+    },
+    /// Connecting and setting up the channel (declaring the transport's exchange; declaring,
+    /// binding and consuming the source's queue) took longer than `connect_timeout_secs`.
+    #[error("connecting to RabbitMQ at {endpoint} timed out after {after:?}")]
+    TimedOut {
+        /// `host:port/vhost`.
+        endpoint: String,
+        /// The configured timeout.
+        after: Duration,
+    },
+    /// The connection opened but a setup step was refused: for the transport opening the
+    /// channel, enabling publisher confirms or declaring the exchange (e.g. it exists with
+    /// another type); for the source a missing exchange or queue, a queue declared with other
+    /// arguments, permissions.
+    #[error("RabbitMQ at {endpoint} refused {step}: {message}")]
+    Setup {
+        /// `host:port/vhost`.
+        endpoint: String,
+        /// `channel.open`, then `confirm.select` or `exchange.declare` (transport), or
+        /// `queue.declare`, `queue.bind`, `basic.qos` or `basic.consume` (source).
+        step: &'static str,
+        /// The broker's or client library's explanation.
+        message: String,
+    },
+}
+/// TLS settings of an `amqps://` connection (`[rabbitmq.tls]` in a config file).
+///
+/// `amqps://` always means TLS: a broker that does not complete the TLS handshake is a
+/// connection error, never a plain-text fallback. The server certificate is verified against
+/// the system's trust store plus [`RabbitTls::ca_file`], and its name against the URL's host.
+/// Setting any of these files with an `amqp://` URL is refused, so a configuration that asks
+/// for TLS can never connect in plain text.
+///
+/// ```
+/// let tls = outbox_rabbitmq::RabbitTls {
+///     ca_file: Some("/etc/outbox/rabbit-ca.pem".into()),
+///     ..Default::default()
+/// };
+/// assert!(tls.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RabbitTls {
+    /// PEM file of certificate authorities trusted for the broker's certificate, in addition to
+    /// the system's.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS; needs [`RabbitTls::key_file`].
+    pub cert_file: Option<PathBuf>,
+    /// PEM (PKCS#8, PKCS#1 or SEC1) private key of [`RabbitTls::cert_file`].
+    pub key_file: Option<PathBuf>,
+}
+
+fn bad(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::new(key, reason)
+}
+
+/// Reads a PEM file and checks it holds a block whose label ends in `label_end`. The error
+/// names the path, never the contents.
+fn read_pem(key: &'static str, path: &Path, label_end: &str) -> Result<Vec<u8>, ConfigError> {
+    let data = std::fs::read(path)
+        .map_err(|e| bad(key, format!("cannot read {}: {e}", path.display())))?;
+    let text = String::from_utf8_lossy(&data);
+    let found = text.lines().any(|l| {
+        let l = l.trim();
+        l.starts_with("-----BEGIN ") && l.ends_with(&format!("{label_end}-----"))
+    });
+    if !found {
+        return Err(bad(
+            key,
+            format!("{} holds no PEM `{label_end}` block", path.display()),
+        ));
+    }
+    Ok(data)
+}
+
+impl RabbitTls {
+    /// True when any file is set.
+    pub fn is_set(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+
+    /// Checks the settings without touching the files: a certificate needs its key and the
+    /// other way round.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming `tls.cert_file` or `tls.key_file`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => Err(bad(
+                "tls.key_file",
+                "cert_file is set, so the client certificate's key_file is needed too",
+            )),
+            (None, Some(_)) => Err(bad(
+                "tls.cert_file",
+                "key_file is set, so the client certificate's cert_file is needed too",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads the files into the client library's TLS configuration for a connection to `uri`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`]: TLS files with an `amqp://` URL, a file that cannot be read or
+    /// holds no PEM certificate / private key.
+    pub(crate) fn load(&self, uri: &AMQPUri) -> Result<OwnedTLSConfig, ConfigError> {
+        self.validate()?;
+        if self.is_set() && uri.scheme != AMQPScheme::AMQPS {
+            return Err(bad(
+                "tls",
+                "TLS files are set but the URL is amqp://; use amqps:// (a connection that \
+                 asks for TLS is never made in plain text)",
+            ));
+        }
+        let cert_chain = match &self.ca_file {
+            Some(path) => {
+                let pem = read_pem("tls.ca_file", path, "CERTIFICATE")?;
+                Some(String::from_utf8(pem).map_err(|_| {
+                    bad(
+                        "tls.ca_file",
+                        format!("{} is not UTF-8 PEM", path.display()),
+                    )
+                })?)
+            }
+            None => None,
+        };
+        let identity = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+                pem: read_pem("tls.cert_file", cert, "CERTIFICATE")?,
+                key: read_pem("tls.key_file", key, "PRIVATE KEY")?,
+            }),
+            _ => None,
+        };
+        Ok(OwnedTLSConfig {
+            identity,
+            cert_chain,
+        })
+    }
+}
+
+/// Opens a connection to `uri` with `tls` (used only for `amqps://`).
+async fn connect_with_tls(
+    uri: AMQPUri,
+    properties: ConnectionProperties,
+    tls: &OwnedTLSConfig,
+) -> lapin::Result<Connection> {
+    let runtime = lapin::runtime::default_runtime()?;
+    Connection::connect_uri_with_config(uri, properties, tls.clone(), runtime).await
+}
 
 /// `host:port/vhost` of `uri`: what errors and logs name, never the credentials.
 pub(crate) fn endpoint_of(uri: &AMQPUri) -> String {
@@ -386,7 +555,7 @@ impl Connector {
         let opened = tokio::time::timeout(after, async {
             let properties =
                 ConnectionProperties::default().with_connection_name(self.name.clone().into());
-            let connection = crate::tls::connect(self.uri.clone(), properties, &self.tls)
+            let connection = connect_with_tls(self.uri.clone(), properties, &self.tls)
                 .await
                 .map_err(|e| Failure {
                     error: RabbitConnectError::Unreachable {
@@ -477,5 +646,75 @@ mod tests {
         state.lost_at = Some(t0 + Duration::from_secs(5));
         assert_eq!(state.wait(t0 + Duration::from_secs(5), min), min);
         assert_eq!(state.wait(t0 + Duration::from_secs(6), min), Duration::ZERO);
+    }
+
+    fn temp(name: &str, contents: &str) -> PathBuf {
+        let p =
+            std::env::temp_dir().join(format!("outbox-rabbit-tls-{}-{name}", std::process::id()));
+        std::fs::write(&p, contents).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_certificate_needs_its_key() {
+        let t = RabbitTls {
+            cert_file: Some("c.pem".into()),
+            ..Default::default()
+        };
+        assert_eq!(t.validate().unwrap_err().key, "tls.key_file");
+        let t = RabbitTls {
+            key_file: Some("k.pem".into()),
+            ..Default::default()
+        };
+        assert_eq!(t.validate().unwrap_err().key, "tls.cert_file");
+        assert!(RabbitTls::default().validate().is_ok());
+    }
+
+    #[test]
+    fn tls_files_with_a_plain_url_are_refused() {
+        let ca = temp(
+            "ca.pem",
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+        );
+        let t = RabbitTls {
+            ca_file: Some(ca.clone()),
+            ..Default::default()
+        };
+        let plain: AMQPUri = "amqp://guest:guest@127.0.0.1:5672/%2f".parse().unwrap();
+        let e = t.load(&plain).unwrap_err();
+        assert_eq!(e.key, "tls");
+        assert!(e.reason.contains("amqps://"), "{e}");
+        let tls: AMQPUri = "amqps://guest:guest@localhost:5671/%2f".parse().unwrap();
+        let c = t.load(&tls).unwrap();
+        assert!(c.cert_chain.unwrap().contains("BEGIN CERTIFICATE"));
+        assert!(c.identity.is_none());
+        // No TLS files: nothing to refuse, whatever the scheme.
+        assert!(RabbitTls::default().load(&plain).is_ok());
+        let _ = std::fs::remove_file(ca);
+    }
+
+    #[test]
+    fn unreadable_or_wrong_files_name_the_key_and_not_the_contents() {
+        let tls: AMQPUri = "amqps://localhost/%2f".parse().unwrap();
+        let missing = RabbitTls {
+            ca_file: Some("/nonexistent/outbox/ca.pem".into()),
+            ..Default::default()
+        };
+        assert_eq!(missing.load(&tls).unwrap_err().key, "tls.ca_file");
+        let cert = temp(
+            "c.pem",
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+        );
+        let not_a_key = temp("k.pem", "SECRETISH but no PEM\n");
+        let t = RabbitTls {
+            cert_file: Some(cert.clone()),
+            key_file: Some(not_a_key.clone()),
+            ..Default::default()
+        };
+        let e = t.load(&tls).unwrap_err();
+        assert_eq!(e.key, "tls.key_file");
+        assert!(!e.to_string().contains("SECRETISH"), "{e}");
+        let _ = std::fs::remove_file(cert);
+        let _ = std::fs::remove_file(not_a_key);
     }
 }

@@ -1,5 +1,7 @@
-//! What the transport and the source share: the `kafka://` URL, the librdkafka client
-//! configuration, and librdkafka's logs and errors routed to `tracing`.
+//! Reaching the cluster, shared by [`crate::KafkaTransport`] and [`crate::KafkaSource`]: the
+//! `kafka://` URL, the librdkafka client configuration (TLS and SASL are librdkafka properties,
+//! passed through from the settings), and librdkafka's logs and errors routed to `tracing`.
+//! librdkafka connects and reconnects by itself.
 
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;

@@ -12,8 +12,9 @@
 //! A delivery to come again is either held in the source's memory or, when the source is at
 //! its limit of deliveries held, *spilled*: its message is let go of and read again from the
 //! broker later (a seek back to it), so that waiting deliveries never fill the source's memory
-//! and stop it from reading further (see the consumer's module docs). A message that arrives
-//! again is handed out only when it was spilled: one held or done is not delivered twice.
+//! and stop it from reading further (see [`crate::source`], "Flow control"). A message that
+//! arrives again is handed out only when it was spilled: one held or done is not delivered
+//! twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;

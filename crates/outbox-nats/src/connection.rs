@@ -1,5 +1,8 @@
-//! [`NatsSecurity`]: TLS and authentication of the connection, shared by the transport and the
-//! delivery source.
+//! Reaching the server, shared by [`crate::NatsTransport`] and [`crate::NatsSource`]: the
+//! TLS and authentication settings ([`NatsSecurity`]), connect options that name the connection
+//! and log its events, one connection attempt bounded by the connect timeout with what fails
+//! mapped to each side's error ([`ClientConnectError`]), and the stream lookup both sides make.
+//! Once connected, the client library reconnects by itself.
 //!
 //! Credentials never travel inside the address handed to the client library: a
 //! `nats://user:password@host` or `nats://TOKEN@host` URL is split into an address without
@@ -7,10 +10,14 @@
 //! library prints its server addresses in its own debug logs.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use async_nats::ConnectOptions;
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::rustls;
-use outbox_core::secrets::{Credentials, split_credentials};
+use outbox_core::ConfigError;
+use outbox_core::secrets::{Credentials, redact_url, split_credentials};
 use serde::Deserialize;
 
 /// TLS and authentication settings of a NATS connection (`[nats.security]` in a config file).
@@ -48,22 +55,11 @@ pub struct NatsSecurity {
     pub nkey_seed_file: Option<PathBuf>,
 }
 
-/// A [`NatsSecurity`] setting that cannot be used: a file that cannot be read or parsed, or
-/// settings that contradict each other. Names the key; never quotes a file's contents.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid NATS security setting `{key}`: {message}")]
-pub struct NatsSecurityError {
-    /// The key, e.g. `security.ca_file`.
-    pub key: &'static str,
-    /// What is wrong.
-    pub message: String,
-}
-
-fn bad(key: &'static str, message: impl Into<String>) -> NatsSecurityError {
-    NatsSecurityError {
-        key,
-        message: message.into(),
-    }
+/// A [`NatsSecurity`] setting that cannot be used (a file that cannot be read or parsed, or
+/// settings that contradict each other), naming the key (e.g. `security.ca_file`); never quotes
+/// a file's contents.
+fn bad(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::new(key, reason)
 }
 
 impl NatsSecurity {
@@ -71,8 +67,8 @@ impl NatsSecurity {
     /// other way round, and only one of the credentials file and the NKey seed file may be set.
     ///
     /// # Errors
-    /// A [`NatsSecurityError`] naming the key.
-    pub fn validate(&self) -> Result<(), NatsSecurityError> {
+    /// A [`ConfigError`] naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         match (&self.cert_file, &self.key_file) {
             (Some(_), None) => {
                 return Err(bad(
@@ -112,14 +108,14 @@ impl NatsSecurity {
     /// options. Reads the credentials and NKey seed files now, so a bad file fails here.
     ///
     /// # Errors
-    /// A [`NatsSecurityError`]: an invalid combination ([`NatsSecurity::validate`]), credentials
+    /// A [`ConfigError`] naming the key: an invalid combination ([`NatsSecurity::validate`]), credentials
     /// both in the URL and in a file, a file that cannot be read, an NKey seed that does not
     /// parse.
     pub async fn apply(
         &self,
         url: &str,
         mut options: ConnectOptions,
-    ) -> Result<(String, ConnectOptions), NatsSecurityError> {
+    ) -> Result<(String, ConnectOptions), ConfigError> {
         self.validate()?;
         let (address, credentials) = split_credentials(url);
         let from_file = self.credentials_file.is_some() || self.nkey_seed_file.is_some();
@@ -178,7 +174,7 @@ impl NatsSecurity {
     /// The TLS client configuration ([`outbox_core::tls::client_config`]): the CA file's
     /// certificates (or the system's trust store without one), the client certificate when
     /// given.
-    fn client_config(&self) -> Result<rustls::ClientConfig, NatsSecurityError> {
+    fn client_config(&self) -> Result<rustls::ClientConfig, ConfigError> {
         use outbox_core::tls::{TlsFile, TlsFiles, client_config};
         client_config(TlsFiles {
             ca_file: self.ca_file.as_ref(),
@@ -195,6 +191,69 @@ impl NatsSecurity {
             bad(key, e.reason)
         })
     }
+}
+
+/// Connect options that name the connection `name` and log connection events.
+pub(crate) fn logged_connect_options(name: &str) -> ConnectOptions {
+    ConnectOptions::new()
+        .name(name)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("NATS connection lost; reconnecting")
+                }
+                // A close is this side's own doing (shutdown, a replaced client); whatever
+                // fails afterwards reports its own error.
+                async_nats::Event::Closed => tracing::info!("NATS connection closed"),
+                other => tracing::warn!(event = %other, "NATS client event"),
+            }
+        })
+}
+
+/// A side's startup error, as far as connecting the client goes: a security setting that cannot
+/// be used, an unreachable server, no connection in time.
+pub(crate) trait ClientConnectError {
+    /// A TLS or authentication setting cannot be used (a file that cannot be read, credentials
+    /// both in the URL and in a file).
+    fn security(error: ConfigError) -> Self;
+
+    /// The server at `url` (credentials redacted) could not be reached or refused the
+    /// connection (address, DNS, TLS, auth).
+    fn unreachable(url: String, source: async_nats::ConnectError) -> Self;
+
+    /// The server at `url` (credentials redacted) did not complete the connection within
+    /// `timeout_secs`.
+    fn timed_out(url: String, timeout_secs: u64) -> Self;
+}
+
+/// Connects to `url` (one address, or several separated by commas) with `security` applied on
+/// top of `options`. Tried once: the attempt (and the client's own connection timeout) is
+/// bounded by `timeout`, so an unreachable server is an error, never an endless retry; once
+/// connected, the client reconnects by itself.
+///
+/// # Errors
+/// [`ClientConnectError::security`] when a TLS or authentication setting cannot be used,
+/// [`ClientConnectError::unreachable`] or [`ClientConnectError::timed_out`] when the server
+/// cannot be reached.
+pub(crate) async fn connect_client<E: ClientConnectError>(
+    url: &str,
+    options: ConnectOptions,
+    security: &NatsSecurity,
+    timeout: Duration,
+) -> Result<async_nats::Client, E> {
+    let (address, options) = security.apply(url, options).await.map_err(E::security)?;
+    let options = options.connection_timeout(timeout);
+    match tokio::time::timeout(timeout, options.connect(address)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(source)) => Err(E::unreachable(redact_url(url), source)),
+        Err(_elapsed) => Err(E::timed_out(redact_url(url), timeout.as_secs())),
+    }
+}
+
+/// Whether a stream lookup failed because the stream does not exist.
+pub(crate) fn is_stream_not_found(kind: &GetStreamErrorKind) -> bool {
+    matches!(kind, GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
 #[cfg(test)]
@@ -276,7 +335,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.key, "security.ca_file");
-        assert!(e.message.contains("/nonexistent/outbox/ca.pem"), "{e}");
+        assert!(e.reason.contains("/nonexistent/outbox/ca.pem"), "{e}");
 
         let seed = temp("seed", "not-a-seed-SECRETISH\n");
         let s = NatsSecurity {
