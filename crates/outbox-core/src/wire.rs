@@ -36,6 +36,8 @@
 //! attribute repeated, not UTF-8, too long, empty where it is required or unparsable is a
 //! [`DecodeError`]: the consumer dead-letters the message instead of failing on it.
 
+use std::collections::BTreeMap;
+
 use chrono::SecondsFormat;
 
 use crate::message::OutboxMessage;
@@ -230,6 +232,25 @@ pub enum DecodeError {
     /// are [`excerpt`]s).
     #[error("{0}")]
     Protocol(String),
+}
+
+/// The header `name` of `headers`, in any case; several matches joined with `, ` (a header a
+/// protocol allows more than once).
+pub fn header_ci(headers: &BTreeMap<String, String>, name: &str) -> Option<String> {
+    let values: Vec<&str> = headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+/// How a decoder names a value that is not UTF-8 text: `not UTF-8 text: `{excerpt}``.
+pub fn not_text(value: &[u8]) -> String {
+    format!(
+        "not UTF-8 text: `{}`",
+        excerpt(&String::from_utf8_lossy(value))
+    )
 }
 
 /// A received value as it may appear in an error: at most 64 characters, each control

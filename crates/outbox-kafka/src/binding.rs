@@ -175,7 +175,7 @@ pub(crate) fn raw_of(message: &BorrowedMessage<'_>) -> RawMessage {
         Some(headers) => headers_of(headers.iter_raw().map(|h| (h.key, h.value))),
         None => Default::default(),
     };
-    let content_type = header_ci(&headers, CONTENT_TYPE_HEADER);
+    let content_type = wire::header_ci(&headers, CONTENT_TYPE_HEADER);
     let mut metadata = BTreeMap::from([
         ("topic".to_owned(), message.topic().to_owned()),
         ("partition".to_owned(), message.partition().to_string()),
@@ -239,26 +239,11 @@ fn headers_of<'a>(
     (text, binary)
 }
 
-/// A header's value by name without regard to case; several matches are joined by `, `.
-fn header_ci(headers: &BTreeMap<String, String>, name: &str) -> Option<String> {
-    let values: Vec<&str> = headers
-        .iter()
-        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-        .collect();
-    (!values.is_empty()).then(|| values.join(", "))
-}
-
-/// Whether a header belongs to the binding rather than to the user ([`PROTOCOL_HEADERS`]).
-fn is_protocol_header(name: &str) -> bool {
-    PROTOCOL_HEADERS.reserves(name)
-}
-
 /// What [`decode_raw`] would read of a message's identity, attribute by attribute
 /// ([`wire::identify`]): the event id and aggregate a malformed message's dead letter keeps.
 /// An attribute found only among the binary headers is not read.
 pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
-    wire::identify(|name| header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")))
+    wire::identify(|name| raw.header(&format!("{CE_PREFIX}{name}")))
 }
 
 /// Decodes a message as received (live, or kept in a dead letter) from the CloudEvents Kafka
@@ -285,12 +270,6 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
             wire::excerpt(shown)
         )));
     }
-    let not_text = |value: &[u8]| {
-        format!(
-            "not UTF-8 text: `{}`",
-            wire::excerpt(&String::from_utf8_lossy(value))
-        )
-    };
     if let Some((_, value)) = raw
         .binary_headers
         .iter()
@@ -298,42 +277,22 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
     {
         return Err(DecodeError::Invalid {
             name: attr::DATA_CONTENT_TYPE,
-            value: not_text(value),
+            value: wire::not_text(value),
         });
     }
-    for name in attr::ALL {
-        let header = format!("{CE_PREFIX}{name}");
-        if let Some((_, value)) = raw
-            .binary_headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(&header))
-        {
-            return Err(DecodeError::Invalid {
-                name,
-                value: not_text(value),
-            });
-        }
+    if let Some(refused) = raw.binary_attribute(CE_PREFIX) {
+        return Err(refused);
     }
     let content_type = raw
         .content_type
         .clone()
-        .or_else(|| header_ci(&raw.headers, CONTENT_TYPE_HEADER))
+        .or_else(|| raw.header(CONTENT_TYPE_HEADER))
         .filter(|c| !c.trim().is_empty());
     // A user header whose value is not UTF-8 reaches the handler with U+FFFD for the bytes
     // that are not (as on RabbitMQ); its bytes stay in the raw message.
-    let user_headers: BTreeMap<String, String> = raw
-        .headers
-        .iter()
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .chain(
-            raw.binary_headers
-                .iter()
-                .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())),
-        )
-        .filter(|(name, _)| !is_protocol_header(name))
-        .collect();
+    let user_headers = raw.user_headers(&PROTOCOL_HEADERS);
     wire::decode(
-        |name| header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")),
+        |name| raw.header(&format!("{CE_PREFIX}{name}")),
         content_type,
         raw.payload.clone(),
         user_headers,
@@ -367,7 +326,7 @@ mod tests {
         );
         RawMessage {
             payload: msg.payload.bytes.clone(),
-            content_type: header_ci(&headers, CONTENT_TYPE_HEADER),
+            content_type: wire::header_ci(&headers, CONTENT_TYPE_HEADER),
             headers,
             binary_headers,
             ..RawMessage::default()
@@ -483,7 +442,7 @@ mod tests {
                 prop_assert_eq!(kept, given);
                 let raw = RawMessage {
                     payload: msg.payload.bytes.clone(),
-                    content_type: header_ci(&headers, CONTENT_TYPE_HEADER),
+                    content_type: wire::header_ci(&headers, CONTENT_TYPE_HEADER),
                     headers,
                     binary_headers,
                     ..RawMessage::default()

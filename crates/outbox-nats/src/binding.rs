@@ -174,7 +174,7 @@ pub(crate) fn raw_message(message: &async_nats::Message) -> RawMessage {
             headers.insert(AsRef::<str>::as_ref(name).to_owned(), joined);
         }
     }
-    let content_type = header_ci(&headers, CONTENT_TYPE_HEADER);
+    let content_type = wire::header_ci(&headers, CONTENT_TYPE_HEADER);
     RawMessage {
         payload: message.payload.clone(),
         headers,
@@ -184,17 +184,8 @@ pub(crate) fn raw_message(message: &async_nats::Message) -> RawMessage {
     }
 }
 
-/// A header's value by name without regard to case; several matches are joined by `, `.
-fn header_ci(headers: &BTreeMap<String, String>, name: &str) -> Option<String> {
-    let values: Vec<&str> = headers
-        .iter()
-        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-        .collect();
-    (!values.is_empty()).then(|| values.join(", "))
-}
-
 /// Whether a header is part of the protocol rather than a user header ([`PROTOCOL_HEADERS`]).
+#[cfg(test)]
 fn is_protocol_header(name: &str) -> bool {
     PROTOCOL_HEADERS.reserves(name)
 }
@@ -203,7 +194,7 @@ fn is_protocol_header(name: &str) -> bool {
 /// ([`wire::identify`]): the event id and aggregate a malformed message's dead letter keeps.
 pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
     wire::identify(|name| {
-        header_ci(&raw.headers, &format!("{CE_PREFIX}{name}"))
+        raw.header(&format!("{CE_PREFIX}{name}"))
             .and_then(|encoded| subject::percent_decode(&encoded).ok())
     })
 }
@@ -234,25 +225,12 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
             "unreadable headers: {problem}"
         )));
     }
-    for name in attr::ALL {
-        let header = format!("{CE_PREFIX}{name}");
-        if let Some((_, value)) = raw
-            .binary_headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(&header))
-        {
-            return Err(DecodeError::Invalid {
-                name,
-                value: format!(
-                    "not UTF-8 text: `{}`",
-                    wire::excerpt(&String::from_utf8_lossy(value))
-                ),
-            });
-        }
+    if let Some(refused) = raw.binary_attribute(CE_PREFIX) {
+        return Err(refused);
     }
     let mut attributes: HashMap<&'static str, String> = HashMap::new();
     for name in attr::ALL {
-        let Some(encoded) = header_ci(&raw.headers, &format!("{CE_PREFIX}{name}")) else {
+        let Some(encoded) = raw.header(&format!("{CE_PREFIX}{name}")) else {
             continue;
         };
         let value = subject::percent_decode(&encoded).map_err(|_| DecodeError::Invalid {
@@ -264,19 +242,9 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
     let content_type = raw
         .content_type
         .clone()
-        .or_else(|| header_ci(&raw.headers, CONTENT_TYPE_HEADER))
+        .or_else(|| raw.header(CONTENT_TYPE_HEADER))
         .filter(|c| !c.trim().is_empty());
-    let binary_as_text = raw
-        .binary_headers
-        .iter()
-        .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()));
-    let user_headers: BTreeMap<String, String> = raw
-        .headers
-        .iter()
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .chain(binary_as_text)
-        .filter(|(name, _)| !is_protocol_header(name))
-        .collect();
+    let user_headers = raw.user_headers(&PROTOCOL_HEADERS);
     wire::decode(
         |name| attributes.get(name).cloned(),
         content_type,

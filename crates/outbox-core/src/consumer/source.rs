@@ -62,6 +62,43 @@ pub struct RawMessage {
 pub const HEADER_KEY_ESCAPE: char = '\0';
 
 impl RawMessage {
+    /// The text header `name`, in any case (`headers`); several matches joined with `, `.
+    pub fn header(&self, name: &str) -> Option<String> {
+        crate::wire::header_ci(&self.headers, name)
+    }
+
+    /// The first CloudEvents attribute (`{prefix}{attribute}`, in any case) whose value is not
+    /// UTF-8 text ([`RawMessage::binary_headers`]): a decoder refuses the message, naming it
+    /// with its value's excerpt (`not UTF-8 text: …`).
+    pub fn binary_attribute(&self, prefix: &str) -> Option<DecodeError> {
+        crate::wire::attr::ALL.iter().find_map(|&name| {
+            let header = format!("{prefix}{name}");
+            self.binary_headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(&header))
+                .map(|(_, value)| DecodeError::Invalid {
+                    name,
+                    value: crate::wire::not_text(value),
+                })
+        })
+    }
+
+    /// The headers a decoder hands to the application: every text header, and every binary
+    /// one with U+FFFD for the bytes that are not UTF-8 (its bytes stay in this message), but
+    /// the names `protocol` reserves (the binding's own).
+    pub fn user_headers(&self, protocol: &crate::ReservedHeaders) -> BTreeMap<String, String> {
+        let binary_as_text = self
+            .binary_headers
+            .iter()
+            .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()));
+        self.headers
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .chain(binary_as_text)
+            .filter(|(name, _)| !protocol.reserves(name))
+            .collect()
+    }
+
     /// The key under which the header named `name` (bytes, as the broker gave them) is kept in
     /// [`RawMessage::headers`] or [`RawMessage::binary_headers`]: the name itself when it is
     /// UTF-8 text not starting with [`HEADER_KEY_ESCAPE`] (every name but hostile ones);
