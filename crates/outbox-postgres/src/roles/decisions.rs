@@ -44,8 +44,10 @@ impl Kind {
     }
 }
 
-/// What every component may do on one object. Every field must be written: an empty list is
-/// the decision "nothing". The operator's list is *in addition to* the reader's.
+/// What every component may do on one object: [`Decision::table`] or [`Decision::sequence`]
+/// (nothing for anyone), then one method per component that may do something. A component
+/// not named gets nothing (the decision "nothing"); the operator's list is *in addition to* the
+/// reader's.
 #[derive(Debug)]
 pub(super) struct Decision {
     pub(super) name: &'static str,
@@ -59,43 +61,85 @@ pub(super) struct Decision {
     pub(super) operator: &'static [Privilege],
 }
 
+/// Nothing.
 pub(super) const NONE: &[Privilege] = &[];
+/// The whole table, read-only.
+const READ: &[Privilege] = &[Select(All)];
+/// `nextval` on a sequence.
+const NEXTVAL: &[Privilege] = &[Usage];
+/// What a heartbeat changes in its own row.
+pub(super) const BEAT_COLUMNS: &[&str] = &["heartbeat_at", "stats", "stopped_at"];
+/// A consumer's or an executor's heartbeat: its own row, nothing else.
+pub(super) const BEAT: &[Privilege] = &[Select(All), Insert(All), Update(Only(BEAT_COLUMNS))];
+
+/// The columns of `parts`, one list after the other, as one list:
+/// `columns![ENVELOPE, &["payload"]]`.
+macro_rules! columns {
+    ($($part:expr),+ $(,)?) => {{
+        const PARTS: &[&[&str]] = &[$($part),+];
+        const JOINED: [&str; column_count(PARTS)] = join_columns(PARTS);
+        &JOINED
+    }};
+}
+
+/// How many columns `parts` hold together.
+const fn column_count(parts: &[&[&str]]) -> usize {
+    let (mut n, mut p) = (0, 0);
+    while p < parts.len() {
+        n += parts[p].len();
+        p += 1;
+    }
+    n
+}
+
+/// The columns of `parts`, one list after the other; `N` is their [`column_count`].
+const fn join_columns<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut joined = [""; N];
+    let (mut at, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            joined[at] = parts[p][i];
+            at += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    assert!(at == N, "N is not the column count");
+    joined
+}
+
+/// An event's aggregate, version and type, as `events` and the inbox tables record them.
+const AGGREGATE_EVENT: &[&str] = &[
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "event_type",
+];
+/// Which event a row of `events` or `discarded_events` holds, with its schema and content type.
+const ENVELOPE: &[&str] = columns![
+    &["event_id"],
+    AGGREGATE_EVENT,
+    &["schema_version", "content_type"],
+];
+/// What a producer writes into `events`, and a discard copies into `discarded_events`.
+const PRODUCED: &[&str] = columns![
+    ENVELOPE,
+    &["payload", "headers", "destination", "partition_key"],
+];
 
 /// Every table and sequence of the schema (identity sequences need no grant: inserting into an
 /// identity column does not check the sequence's privileges), one decision each.
 pub(super) const OBJECTS: &[Decision] = &[
     // Every component checks the schema version at startup (`check_schema`).
-    Decision {
-        name: "schema_migrations",
-        kind: Kind::Table,
-        producer: &[Select(All)],
-        relay: &[Select(All)],
-        consumer: &[Select(All)],
-        executor: &[Select(All)],
-        maintainer: &[Select(All)],
-        reader: &[Select(All)],
-        operator: NONE,
-    },
-    Decision {
-        name: "events",
-        kind: Kind::Table,
+    Decision::table("schema_migrations").read_by_every_component(),
+    // The outbox: producers fill it, the relay delivers it, cleanup and operators settle it.
+    Decision::table("events")
         // The producer columns only: no reading, no delivery state, no created_at.
-        producer: &[Insert(Only(&[
-            "event_id",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_version",
-            "event_type",
-            "schema_version",
-            "content_type",
-            "payload",
-            "headers",
-            "destination",
-            "partition_key",
-        ]))],
+        .producer(&[Insert(Only(PRODUCED))])
         // The claim reads whole rows and locks them; settling writes the delivery columns and
         // deletes published rows. Never an insert, never a payload change.
-        relay: &[
+        .relay(&[
             Select(All),
             Update(Only(&[
                 "state",
@@ -105,61 +149,45 @@ pub(super) const OBJECTS: &[Decision] = &[
                 "published_at",
             ])),
             Delete,
-        ],
-        consumer: NONE,
-        executor: NONE,
+        ])
         // Mark mode's retention deletes published rows by ctid, reading only what picks them
         // (never a payload). DELETE is table-wide in PostgreSQL: the statement, not the grant,
         // keeps it to published rows.
         // `created_at` raises the replay horizon (`retention_marks`).
-        maintainer: &[
+        .maintainer(&[
             Select(Only(&["ctid", "state", "published_at", "created_at"])),
             Delete,
-        ],
+        ])
         // Everything but the payload and the headers.
-        reader: &[Select(Only(&[
-            "id",
-            "event_id",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_version",
-            "event_type",
-            "schema_version",
-            "content_type",
-            "payload_sha256",
-            "destination",
-            "partition_key",
-            "created_at",
-            "state",
-            "attempts",
-            "available_at",
-            "last_error",
-            "published_at",
-        ]))],
+        .reader(&[Select(Only(columns![
+            &["id"],
+            ENVELOPE,
+            &[
+                "payload_sha256",
+                "destination",
+                "partition_key",
+                "created_at",
+                "state",
+                "attempts",
+                "available_at",
+                "last_error",
+                "published_at",
+            ],
+        ]))])
         // dead-letters requeue; replay; discard (a delete of dead rows, copied whole into
         // discarded_events); the payload and headers of a dead letter, to judge it.
-        operator: &[
+        .operator(&[
             Select(Only(&["payload", "headers"])),
             Update(Only(&["state", "attempts", "available_at"])),
             Delete,
-        ],
-    },
-    Decision {
-        name: "lease_token_seq",
-        kind: Kind::Sequence,
-        producer: NONE,
-        relay: &[Usage],
-        consumer: NONE,
-        executor: &[Usage],
-        maintainer: NONE,
-        reader: NONE,
-        operator: NONE,
-    },
-    Decision {
-        name: "leases",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: &[
+        ]),
+    // Lease tokens: the relay's aggregate leases and the executor's work-item claims.
+    Decision::sequence("lease_token_seq")
+        .relay(NEXTVAL)
+        .executor(NEXTVAL),
+    // The relay's aggregate leases; cleanup reaps expired ones, the reader shows them.
+    Decision::table("leases")
+        .relay(&[
             Select(All),
             Insert(Only(&[
                 "aggregate_type",
@@ -179,109 +207,55 @@ pub(super) const OBJECTS: &[Decision] = &[
                 "takeover_ms",
             ])),
             Delete,
-        ],
-        consumer: NONE,
-        executor: NONE,
+        ])
         // Reaping deletes by ctid.
-        maintainer: &[Select(Only(&["ctid", "lease_until", "takeovers"])), Delete],
-        reader: &[Select(All)],
-        operator: NONE,
-    },
-    Decision {
-        name: "lease_owner_seq",
-        kind: Kind::Sequence,
-        producer: NONE,
-        relay: &[Usage],
-        consumer: NONE,
-        executor: NONE,
-        maintainer: NONE,
-        reader: NONE,
-        operator: NONE,
-    },
-    Decision {
-        name: "lease_owners",
-        kind: Kind::Table,
-        producer: NONE,
-        // A relay's live session registers its owner, and sweeps the owners that are gone.
-        relay: &[Select(All), Insert(Only(&["owner", "pid"])), Delete],
-        consumer: NONE,
-        executor: NONE,
-        maintainer: NONE,
-        reader: &[Select(All)],
-        operator: NONE,
-    },
-    Decision {
-        name: "aggregate_versions",
-        kind: Kind::Table,
-        producer: &[
+        .maintainer(&[Select(Only(&["ctid", "lease_until", "takeovers"])), Delete])
+        .reader(READ),
+    // A relay's lease owner ids.
+    Decision::sequence("lease_owner_seq").relay(NEXTVAL),
+    // A relay's live session registers its owner, and sweeps the owners that are gone.
+    Decision::table("lease_owners")
+        .relay(&[Select(All), Insert(Only(&["owner", "pid"])), Delete])
+        .reader(READ),
+    // The producer's version counter per aggregate (`next_aggregate_version`), its alone.
+    Decision::table("aggregate_versions").producer(&[
+        Select(All),
+        Insert(Only(&["aggregate_type", "aggregate_id", "last_version"])),
+        Update(Only(&["last_version"])),
+    ]),
+    // The producer's request idempotency, its alone.
+    Decision::table("idempotency_keys").producer(&[
+        Select(Only(&["scope", "key", "request_sha256", "response"])),
+        Insert(Only(&["scope", "key", "request_sha256"])),
+        Update(Only(&["response", "completed_at"])),
+    ]),
+    // Each consumer's record of the events it received; cleanup ages it out.
+    Decision::table("inbox")
+        .consumer(&[
             Select(All),
-            Insert(Only(&["aggregate_type", "aggregate_id", "last_version"])),
-            Update(Only(&["last_version"])),
-        ],
-        relay: NONE,
-        consumer: NONE,
-        executor: NONE,
-        maintainer: NONE,
-        reader: NONE,
-        operator: NONE,
-    },
-    Decision {
-        name: "idempotency_keys",
-        kind: Kind::Table,
-        producer: &[
-            Select(Only(&["scope", "key", "request_sha256", "response"])),
-            Insert(Only(&["scope", "key", "request_sha256"])),
-            Update(Only(&["response", "completed_at"])),
-        ],
-        relay: NONE,
-        consumer: NONE,
-        executor: NONE,
-        maintainer: NONE,
-        reader: NONE,
-        operator: NONE,
-    },
-    Decision {
-        name: "inbox",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: &[
-            Select(All),
-            Insert(Only(&[
-                "consumer_name",
-                "event_id",
-                "payload_sha256",
-                "aggregate_type",
-                "aggregate_id",
-                "aggregate_version",
-                "event_type",
+            Insert(Only(columns![
+                &["consumer_name", "event_id", "payload_sha256"],
+                AGGREGATE_EVENT,
             ])),
             Update(Only(&["outcome"])),
-        ],
-        executor: NONE,
+        ])
         // Retention deletes by ctid and age; it never reads the identities.
-        maintainer: &[Select(Only(&["ctid", "received_at"])), Delete],
+        .maintainer(&[Select(Only(&["ctid", "received_at"])), Delete])
         // Tracing an event to each consumer's record of it (ids and fingerprints, no payload).
-        reader: &[Select(All)],
-        operator: NONE,
-    },
-    Decision {
-        name: "inbox_conflicts",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: &[
+        .reader(READ),
+    // A redelivery that differs from the first: the consumer records it, an operator resolves.
+    Decision::table("inbox_conflicts")
+        .consumer(&[
             Select(All),
-            Insert(Only(&[
-                "consumer_name",
-                "event_id",
-                "stored_sha256",
-                "received_sha256",
-                "aggregate_type",
-                "aggregate_id",
-                "aggregate_version",
-                "event_type",
-                "payload",
+            Insert(Only(columns![
+                &[
+                    "consumer_name",
+                    "event_id",
+                    "stored_sha256",
+                    "received_sha256",
+                ],
+                AGGREGATE_EVENT,
+                &["payload"],
             ])),
             // A new occurrence reopens a resolved conflict (schema 11).
             Update(Only(&[
@@ -290,38 +264,33 @@ pub(super) const OBJECTS: &[Decision] = &[
                 "resolved_at",
                 "resolved_audit_id",
             ])),
-        ],
-        executor: NONE,
-        maintainer: NONE,
+        ])
         // Everything but the conflicting payload.
-        reader: &[Select(Only(&[
-            "id",
-            "consumer_name",
-            "event_id",
-            "stored_sha256",
-            "received_sha256",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_version",
-            "event_type",
-            "occurrences",
-            "first_seen",
-            "last_seen",
-            "resolved_at",
-            "resolved_audit_id",
-        ]))],
+        .reader(&[Select(Only(columns![
+            &[
+                "id",
+                "consumer_name",
+                "event_id",
+                "stored_sha256",
+                "received_sha256",
+            ],
+            AGGREGATE_EVENT,
+            &[
+                "occurrences",
+                "first_seen",
+                "last_seen",
+                "resolved_at",
+                "resolved_audit_id",
+            ],
+        ]))])
         // The conflicting payload, to compare it with the first one; resolving a conflict.
-        operator: &[
+        .operator(&[
             Select(Only(&["payload"])),
             Update(Only(&["resolved_at", "resolved_audit_id"])),
-        ],
-    },
-    Decision {
-        name: "inbox_aggregates",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: &[
+        ]),
+    // The consumer's ordering guard: the last version it applied per aggregate.
+    Decision::table("inbox_aggregates")
+        .consumer(&[
             Select(All),
             Insert(Only(&[
                 "consumer_name",
@@ -330,72 +299,54 @@ pub(super) const OBJECTS: &[Decision] = &[
                 "last_version",
             ])),
             Update(Only(&["last_version"])),
-        ],
-        executor: NONE,
-        maintainer: NONE,
+        ])
         // Tracing an aggregate: each consumer's last applied version.
-        reader: &[Select(All)],
-        operator: NONE,
-    },
-    Decision {
-        name: "consumer_dead_letters",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: &[
+        .reader(READ),
+    // What a consumer gave up on: it writes them, an operator requeues or discards them.
+    Decision::table("consumer_dead_letters")
+        .consumer(&[
             Select(All),
-            Insert(Only(&[
-                "consumer_name",
-                "event_id",
-                "aggregate_type",
-                "aggregate_id",
-                "aggregate_version",
-                "event_type",
-                "content_type",
-                "payload",
-                "headers",
-                "error",
-                "attempts",
-                "header_names",
-                "header_values",
-                "content_type_bytes",
-                "broker_metadata",
+            Insert(Only(columns![
+                &["consumer_name", "event_id"],
+                AGGREGATE_EVENT,
+                &[
+                    "content_type",
+                    "payload",
+                    "headers",
+                    "error",
+                    "attempts",
+                    "header_names",
+                    "header_values",
+                    "content_type_bytes",
+                    "broker_metadata",
+                ],
             ])),
             Update(Only(&["state", "error", "attempts", "updated_at"])),
-        ],
-        executor: NONE,
-        maintainer: NONE,
+        ])
         // Everything but the payload and the headers.
-        reader: &[Select(Only(&[
-            "id",
-            "consumer_name",
-            "event_id",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_version",
-            "event_type",
-            "content_type",
-            "error",
-            "attempts",
-            "state",
-            "created_at",
-            "updated_at",
-        ]))],
+        .reader(&[Select(Only(columns![
+            &["id", "consumer_name", "event_id"],
+            AGGREGATE_EVENT,
+            &[
+                "content_type",
+                "error",
+                "attempts",
+                "state",
+                "created_at",
+                "updated_at",
+            ],
+        ]))])
         // consumer-dead-letters requeue and discard (state 'resolved'); the payload and headers
         // of a dead letter, to judge it.
-        operator: &[
+        .operator(&[
             Select(Only(&["payload", "headers"])),
             Update(Only(&["state", "updated_at"])),
-        ],
-    },
-    Decision {
-        name: "work_items",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
+        ]),
+    // Side effects: consumers enqueue, the executor runs, cleanup purges, an operator resolves.
+    Decision::table("work_items")
         // Enqueue in the inbox transaction, and the key lookup of a redelivery; never another
         // item's payload.
-        consumer: &[
+        .consumer(&[
             Select(Only(&["id", "kind", "idempotency_key", "payload_sha256"])),
             Insert(Only(&[
                 "kind",
@@ -404,10 +355,10 @@ pub(super) const OBJECTS: &[Decision] = &[
                 "event_id",
                 "consumer_name",
             ])),
-        ],
+        ])
         // Claims read whole items (the provider needs the payload) and write the execution
         // columns; never the kind, key or payload, never an insert or delete.
-        executor: &[
+        .executor(&[
             Select(All),
             Update(Only(&[
                 "state",
@@ -422,18 +373,18 @@ pub(super) const OBJECTS: &[Decision] = &[
                 "updated_at",
                 "resolved_at",
             ])),
-        ],
+        ])
         // The purge locks the rows it deletes (FOR UPDATE SKIP LOCKED), and PostgreSQL lets
         // only a role with UPDATE on some column lock a row: `updated_at` is that column.
-        maintainer: &[
+        .maintainer(&[
             Select(Only(&["id", "state", "resolved_at"])),
             Update(Only(&["updated_at"])),
             Delete,
-        ],
+        ])
         // `effects list` shows whole items.
-        reader: &[Select(All)],
+        .reader(READ)
         // effects resolve
-        operator: &[Update(Only(&[
+        .operator(&[Update(Only(&[
             "state",
             "reference",
             "last_error",
@@ -443,20 +394,13 @@ pub(super) const OBJECTS: &[Decision] = &[
             "unknown_since",
             "resolved_at",
             "updated_at",
-        ]))],
-    },
-    Decision {
-        name: "audit",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: NONE,
-        executor: NONE,
-        maintainer: NONE,
-        reader: &[Select(All)],
+        ]))]),
+    // The operators' actions, append-only: everyone with the reader's grants reads them.
+    Decision::table("audit")
+        .reader(READ)
         // Each action's record, in its transaction. Never `at` or `db_role` (the database
         // writes them), never an update or a delete.
-        operator: &[Insert(Only(&[
+        .operator(&[Insert(Only(&[
             "actor",
             "via",
             "credential",
@@ -464,112 +408,108 @@ pub(super) const OBJECTS: &[Decision] = &[
             "selection",
             "reason",
             "affected",
-        ]))],
-    },
-    Decision {
-        name: "discarded_events",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: NONE,
-        executor: NONE,
-        maintainer: NONE,
+        ]))]),
+    // Discarded dead letters of `events`, written only by the operator's discard.
+    Decision::table("discarded_events")
         // Everything but the payload and the headers, as for `events`.
-        reader: &[Select(Only(&[
-            "event_id",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_version",
-            "event_type",
-            "schema_version",
-            "content_type",
-            "destination",
-            "partition_key",
-            "created_at",
-            "attempts",
-            "last_error",
-            "discarded_at",
-            "audit_id",
-        ]))],
+        .reader(&[Select(Only(columns![
+            ENVELOPE,
+            &[
+                "destination",
+                "partition_key",
+                "created_at",
+                "attempts",
+                "last_error",
+                "discarded_at",
+                "audit_id",
+            ],
+        ]))])
         // discard: the copy of each row, naming the discard's audit record (the statement that
         // writes both, in one transaction); never `discarded_at`, which the database writes.
-        operator: &[Insert(Only(&[
-            "event_id",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_version",
-            "event_type",
-            "schema_version",
-            "content_type",
-            "payload",
-            "headers",
-            "destination",
-            "partition_key",
-            "created_at",
-            "attempts",
-            "last_error",
-            "audit_id",
-        ]))],
-    },
+        .operator(&[Insert(Only(columns![
+            PRODUCED,
+            &["created_at", "attempts", "last_error", "audit_id"],
+        ]))]),
     // Heartbeats (`crate::heartbeat`): each running process upserts its own row; a relay also
     // its publishes per route, and it alone deletes old rows (a day; activity two hours).
-    Decision {
-        name: "instances",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: &[Select(All), Insert(All), Update(Only(BEAT_COLUMNS)), Delete],
-        consumer: BEAT,
-        executor: BEAT,
-        maintainer: NONE,
-        reader: &[Select(All)],
-        operator: NONE,
-    },
-    Decision {
-        name: "activity",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: &[Select(All), Insert(All), Update(Only(&["count"])), Delete],
+    // `instances`: one row per running process, its heartbeat and stats.
+    Decision::table("instances")
+        .relay(&[Select(All), Insert(All), Update(Only(BEAT_COLUMNS)), Delete])
+        .consumer(BEAT)
+        .executor(BEAT)
+        .reader(READ),
+    // `activity`: work done per minute (a relay's publishes per route, a consumer's effects).
+    Decision::table("activity")
+        .relay(&[Select(All), Insert(All), Update(Only(&["count"])), Delete])
         // Its effects per minute (`Heartbeat::with_consumer`), never a delete.
-        consumer: &[Select(All), Insert(All), Update(Only(&["count"]))],
-        executor: NONE,
-        maintainer: NONE,
-        reader: &[Select(All)],
-        operator: NONE,
-    },
+        .consumer(&[Select(All), Insert(All), Update(Only(&["count"]))])
+        .reader(READ),
     // Pauses (migration 10): the relay's claim reads the paused routes, a consumer asks
     // whether it is paused; `outbox pause` and `resume` write them with their audit record.
-    Decision {
-        name: "pauses",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: &[Select(All)],
-        consumer: &[Select(All)],
-        executor: NONE,
-        maintainer: NONE,
-        reader: &[Select(All)],
-        operator: &[Insert(Only(&["kind", "name", "audit_id"])), Delete],
-    },
-    Decision {
-        name: "retention_marks",
-        kind: Kind::Table,
-        producer: NONE,
-        relay: NONE,
-        consumer: NONE,
-        executor: NONE,
+    Decision::table("pauses")
+        .relay(READ)
+        .consumer(READ)
+        .reader(READ)
+        .operator(&[Insert(Only(&["kind", "name", "audit_id"])), Delete]),
+    // How far mark mode's purge has deleted published rows: a replay refuses older ranges.
+    Decision::table("retention_marks")
         // Raised by the published-row purge in its own statement.
-        maintainer: &[Select(All), Insert(All), Update(Only(&["through"]))],
+        .maintainer(&[Select(All), Insert(All), Update(Only(&["through"]))])
         // The replay horizon, read by a replay and shown by the console.
-        reader: &[Select(All)],
-        operator: NONE,
-    },
+        .reader(READ),
 ];
 
-/// What a heartbeat changes in its own row.
-pub(super) const BEAT_COLUMNS: &[&str] = &["heartbeat_at", "stats", "stopped_at"];
-/// A consumer's or an executor's heartbeat: its own row, nothing else.
-pub(super) const BEAT: &[Privilege] = &[Select(All), Insert(All), Update(Only(BEAT_COLUMNS))];
+/// `.relay(&[…])` and so on: one setter per component, replacing that component's list.
+macro_rules! setters {
+    ($($component:ident),+) => {$(
+        const fn $component(self, $component: &'static [Privilege]) -> Self {
+            Self { $component, ..self }
+        }
+    )+};
+}
 
+/// A constructor per kind of object, a setter per component (each replaces that component's
+/// list), the shapes several objects share, and a component's list.
 impl Decision {
+    /// A table on which no component may do anything yet.
+    const fn table(name: &'static str) -> Self {
+        Self::nothing(name, Kind::Table)
+    }
+
+    /// A sequence on which no component may do anything yet.
+    const fn sequence(name: &'static str) -> Self {
+        Self::nothing(name, Kind::Sequence)
+    }
+
+    /// An object on which no component may do anything yet.
+    const fn nothing(name: &'static str, kind: Kind) -> Self {
+        Self {
+            name,
+            kind,
+            producer: NONE,
+            relay: NONE,
+            consumer: NONE,
+            executor: NONE,
+            maintainer: NONE,
+            reader: NONE,
+            operator: NONE,
+        }
+    }
+
+    setters! { producer, relay, consumer, executor, maintainer, reader, operator }
+
+    /// The whole table, read-only, for every component (the operator through the reader's
+    /// grants).
+    const fn read_by_every_component(self) -> Self {
+        self.producer(READ)
+            .relay(READ)
+            .consumer(READ)
+            .executor(READ)
+            .maintainer(READ)
+            .reader(READ)
+    }
+
+    /// What `component` may do on the object.
     pub(super) fn of(&self, component: Component) -> Vec<Privilege> {
         match component {
             Component::Migrator => Vec::new(),

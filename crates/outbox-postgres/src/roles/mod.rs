@@ -12,9 +12,9 @@
 //! | [`Component::Reader`] | `outbox status`, `… list`, `trace`, `audit`, the console's reads | read everything the CLI shows; no payloads of events, conflicts or consumer dead letters |
 //! | [`Component::Operator`] | `dead-letters requeue|discard`, `consumer-dead-letters requeue|discard`, `replay`, `pause|resume`, `conflicts resolve`, `effects resolve`, the console's actions | the reader's reads plus those changes, each with its `audit` row; the payloads and headers of dead letters and conflicts, to judge them |
 //!
-//! Every table and sequence the migrations create has one entry in `OBJECTS` below, with an
-//! explicit decision for every component (an empty list is the decision "nothing"). A table a
-//! later migration adds is one more entry; the integration test
+//! Every table and sequence the migrations create has one entry in `OBJECTS` (`decisions.rs`):
+//! what each component may do on it, a component not named getting nothing. A table a later
+//! migration adds is one more entry; the integration test
 //! `every_object_in_the_schema_has_a_grant_decision` fails until it exists.
 //!
 //! Two scripts come out of a [`RolePlan`]:
