@@ -271,6 +271,25 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+/// `list` as JSON, or one entry per item as `line` writes it (`none` when it is empty).
+fn print_list<T: serde::Serialize>(
+    list: &[T],
+    json: bool,
+    none: &str,
+    line: impl Fn(&T) -> String,
+) -> Result<()> {
+    if json {
+        return print_json(&list);
+    }
+    if list.is_empty() {
+        println!("{none}");
+    }
+    for item in list {
+        println!("{}", line(item));
+    }
+    Ok(())
+}
+
 /// `outbox dead-letters`.
 pub(crate) async fn dead_letters<O: OperatorStore>(
     admin: O,
@@ -284,14 +303,8 @@ pub(crate) async fn dead_letters<O: OperatorStore>(
             json,
         } => {
             let list = admin.dead_letters(&filter.filter(), limit).await?;
-            if json {
-                return print_json(&list).map(|()| ExitCode::SUCCESS);
-            }
-            if list.is_empty() {
-                println!("no dead letters");
-            }
-            for d in list {
-                println!(
+            print_list(&list, json, "no dead letters", |d| {
+                format!(
                     "{}  {}/{} v{}  {}  attempts={}  waiting_behind={}  created={}\n    last_error: {}",
                     d.event_id,
                     d.aggregate_type,
@@ -302,8 +315,8 @@ pub(crate) async fn dead_letters<O: OperatorStore>(
                     d.blocked_behind,
                     d.created_at.to_rfc3339(),
                     d.last_error.as_deref().unwrap_or("-")
-                );
-            }
+                )
+            })?;
         }
         DeadLetterCmd::Groups { filter, json } => {
             let groups = admin.dead_letter_groups(&filter.filter()).await?;
@@ -338,14 +351,8 @@ pub(crate) async fn dead_letters<O: OperatorStore>(
                 .requeue_dead_letters(&which, &action.actor()?, action.reason())
                 .await?;
             println!("requeued {n} dead letter(s)");
-            if let DeadLetterSelection::Ids(ids) = &which
-                && (n as usize) < ids.len()
-            {
-                println!(
-                    "note: {} of the given ids were not dead letters",
-                    ids.len() - n as usize
-                );
-                return Ok(ExitCode::from(1));
+            if let Some(code) = not_all(ids_asked(&which), n, "dead letters") {
+                return Ok(code);
             }
         }
         DeadLetterCmd::Discard { select, action } => {
@@ -357,14 +364,8 @@ pub(crate) async fn dead_letters<O: OperatorStore>(
                 "discarded {} dead letter(s) (kept in discarded_events; audit record {})",
                 d.discarded, d.audit_id
             );
-            if let DeadLetterSelection::Ids(ids) = &which
-                && (d.discarded as usize) < ids.len()
-            {
-                println!(
-                    "note: {} of the given ids were not dead letters",
-                    ids.len() - d.discarded as usize
-                );
-                return Ok(ExitCode::from(1));
+            if let Some(code) = not_all(ids_asked(&which), d.discarded, "dead letters") {
+                return Ok(code);
             }
         }
     }
@@ -422,12 +423,8 @@ pub(crate) async fn conflicts<O: OperatorStore>(admin: O, cmd: ConflictsCmd) -> 
                 "resolved {} conflict(s) (audit record {})",
                 r.resolved, r.audit_id
             );
-            if (r.resolved as usize) < ids.len() {
-                println!(
-                    "note: {} of the given ids were not open conflicts",
-                    ids.len() - r.resolved as usize
-                );
-                return Ok(ExitCode::from(1));
+            if let Some(code) = not_all(Some(ids.len()), r.resolved, "open conflicts") {
+                return Ok(code);
             }
         }
     }
@@ -509,14 +506,8 @@ pub(crate) async fn consumer_dead_letters<O: OperatorStore>(
             println!(
                 "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
             );
-            if let Some(ids) = &which.ids
-                && (n as usize) < ids.len()
-            {
-                println!(
-                    "note: {} of the given ids were not open dead letters",
-                    ids.len() - n as usize
-                );
-                return Ok(ExitCode::from(1));
+            if let Some(code) = not_all(which.ids.as_ref().map(Vec::len), n, "open dead letters") {
+                return Ok(code);
             }
         }
         ConsumerDeadLetterCmd::Discard { select, action } => {
@@ -525,14 +516,8 @@ pub(crate) async fn consumer_dead_letters<O: OperatorStore>(
                 .discard_consumer_dead_letters(&which, &action.actor()?, action.reason())
                 .await?;
             println!("discarded {n} consumer dead letter(s) (state resolved, never applied)");
-            if let Some(ids) = &which.ids
-                && (n as usize) < ids.len()
-            {
-                println!(
-                    "note: {} of the given ids were not open dead letters",
-                    ids.len() - n as usize
-                );
-                return Ok(ExitCode::from(1));
+            if let Some(code) = not_all(which.ids.as_ref().map(Vec::len), n, "open dead letters") {
+                return Ok(code);
             }
         }
     }
@@ -548,28 +533,23 @@ pub(crate) async fn audit<O: OperatorStore>(
 ) -> Result<ExitCode> {
     admin.ready().await?;
     let list = admin.audit(before, limit).await?;
-    if json {
-        return print_json(&list).map(|()| ExitCode::SUCCESS);
-    }
-    if list.is_empty() {
-        println!("no recorded actions");
-    }
-    for a in list {
-        println!(
+    print_list(&list, json, "no recorded actions", |a| {
+        format!(
             "#{}  {}  {} via {}{} (db role {})  {}  affected={}\n    selection: {}\n    reason: {}",
             a.id,
             a.at.to_rfc3339(),
             a.actor,
             a.via,
             a.credential
+                .as_deref()
                 .map_or(String::new(), |c| format!(" [credential {c}]")),
             a.db_role,
             a.action,
             a.affected,
             a.selection,
             if a.reason.is_empty() { "-" } else { &a.reason }
-        );
-    }
+        )
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -776,21 +756,34 @@ pub(crate) async fn resume<O: OperatorStore>(
 pub(crate) async fn pauses<O: OperatorStore>(admin: O, json: bool) -> Result<ExitCode> {
     admin.ready().await?;
     let pauses = admin.pauses().await?;
-    if json {
-        return print_json(&pauses).map(|()| ExitCode::SUCCESS);
-    }
-    if pauses.is_empty() {
-        println!("nothing is paused");
-    }
-    for p in &pauses {
-        println!(
+    print_list(&pauses, json, "nothing is paused", |p| {
+        format!(
             "{} {} paused at {} by {}: {}",
             p.kind,
             p.name,
             p.paused_at.to_rfc3339(),
             p.actor.as_deref().unwrap_or("?"),
             p.reason.as_deref().unwrap_or("")
-        );
-    }
+        )
+    })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many ids an outbox dead-letter action named (`None` for a filter or everything).
+fn ids_asked(which: &DeadLetterSelection) -> Option<usize> {
+    match which {
+        DeadLetterSelection::Ids(ids) => Some(ids.len()),
+        _ => None,
+    }
+}
+
+/// After an action on `asked` named ids of which `done` were acted on: a note and exit code 1
+/// when some were not `what` (already handled, or unknown), so a script sees it.
+fn not_all(asked: Option<usize>, done: u64, what: &str) -> Option<ExitCode> {
+    let asked = asked?;
+    let done = usize::try_from(done).unwrap_or(usize::MAX);
+    (done < asked).then(|| {
+        println!("note: {} of the given ids were not {what}", asked - done);
+        ExitCode::from(1)
+    })
 }
