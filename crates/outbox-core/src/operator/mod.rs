@@ -67,41 +67,29 @@ pub mod prelude {
     };
 }
 
-/// The whole operator contract: what the console and the CLI need of a store. Implemented for
-/// every type that implements each topic's trait.
-pub trait OperatorStore:
-    OverviewOps
-    + DeadLetterOps
-    + ConflictOps
-    + WorkItemOps
-    + AuditOps
-    + TraceOps
-    + ReplayOps
-    + ProcessOps
-    + PauseOps
-    + Clone
-    + Send
-    + Sync
-    + 'static
-{
+/// Declares [`OperatorStore`] as all of the topics' traits, and implements it for every type
+/// that implements them (the bounds written once).
+macro_rules! operator_store {
+    ($($topic:ident),+ $(,)?) => {
+        /// The whole operator contract: what the console and the CLI need of a store.
+        /// Implemented for every type that implements each topic's trait.
+        pub trait OperatorStore: $($topic +)+ Clone + Send + Sync + 'static {}
+
+        impl<T> OperatorStore for T where T: $($topic +)+ Clone + Send + Sync + 'static {}
+    };
 }
 
-impl<T> OperatorStore for T where
-    T: OverviewOps
-        + DeadLetterOps
-        + ConflictOps
-        + WorkItemOps
-        + AuditOps
-        + TraceOps
-        + ReplayOps
-        + ProcessOps
-        + PauseOps
-        + Clone
-        + Send
-        + Sync
-        + 'static
-{
-}
+operator_store!(
+    OverviewOps,
+    DeadLetterOps,
+    ConflictOps,
+    WorkItemOps,
+    AuditOps,
+    TraceOps,
+    ReplayOps,
+    ProcessOps,
+    PauseOps,
+);
 
 /// The largest page of dead letters one call returns.
 pub const MAX_LIST: i64 = 10_000;
