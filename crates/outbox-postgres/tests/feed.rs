@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestDb, database_url};
-use outbox_core::operator::{Actor, DeadLetterOps as _, DeadLetterSelection};
+use outbox_core::operator::{
+    Actor, DeadLetterOps as _, DeadLetterSelection, PauseOps as _, PauseTarget,
+};
 use outbox_core::relay::PollingFeed;
 use outbox_core::{NewMessage, OutboxStore as _};
 use outbox_postgres::cdc::{CdcConfig, CdcFeed, create_slot, ensure_publication, remove};
@@ -30,21 +32,25 @@ impl Outbox {
         Self { db, store }
     }
 
-    async fn enqueue(&self, messages: Vec<NewMessage>) {
-        self.db
-            .outbox
-            .enqueue_batch(&self.db.pool, &messages)
-            .await
-            .expect("enqueue");
-    }
-
-    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        self.db.enqueue_held(&messages).await
-    }
-
     async fn unpublished(&self) -> usize {
         let s = self.store.stats().await.expect("stats");
         usize::try_from(s.pending + s.dead).expect("counts")
+    }
+
+    async fn set_route_paused(&self, route: &str, paused: bool) {
+        let target = PauseTarget::Route(route.to_owned());
+        let actor = Actor::new("suite", "test").expect("actor");
+        if paused {
+            self.store
+                .pause(&target, &actor, "feed suite")
+                .await
+                .expect("pause");
+        } else {
+            self.store
+                .resume(&target, &actor, "feed suite")
+                .await
+                .expect("resume");
+        }
     }
 
     async fn requeue_all(&self) -> u64 {
@@ -57,6 +63,36 @@ impl Outbox {
             .await
             .expect("requeue")
     }
+}
+
+/// The [`FeedFixture`] methods both fixtures share: their feed (`self.feed`) and what their
+/// [`Outbox`] (`self.outbox`) does.
+macro_rules! outbox_fixture_methods {
+    () => {
+        fn feed(&self) -> Arc<Self::Feed> {
+            Arc::clone(&self.feed)
+        }
+
+        async fn enqueue(&self, messages: Vec<NewMessage>) {
+            self.outbox.db.enqueue(&messages).await;
+        }
+
+        async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+            self.outbox.db.enqueue_held(&messages).await
+        }
+
+        async fn unpublished(&self) -> usize {
+            self.outbox.unpublished().await
+        }
+
+        async fn requeue_all(&self) -> u64 {
+            self.outbox.requeue_all().await
+        }
+
+        async fn set_route_paused(&self, route: &str, paused: bool) {
+            self.outbox.set_route_paused(route, paused).await;
+        }
+    };
 }
 
 /// The polling feed over the store.
@@ -78,25 +114,7 @@ impl FeedFixture for Polling {
         Self { outbox, feed }
     }
 
-    fn feed(&self) -> Arc<Self::Feed> {
-        Arc::clone(&self.feed)
-    }
-
-    async fn enqueue(&self, messages: Vec<NewMessage>) {
-        self.outbox.enqueue(messages).await;
-    }
-
-    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        self.outbox.enqueue_held(messages).await
-    }
-
-    async fn unpublished(&self) -> usize {
-        self.outbox.unpublished().await
-    }
-
-    async fn requeue_all(&self) -> u64 {
-        self.outbox.requeue_all().await
-    }
+    outbox_fixture_methods!();
 
     async fn cleanup(&self) {
         common::exec(
@@ -173,25 +191,7 @@ impl FeedFixture for Cdc {
         }
     }
 
-    fn feed(&self) -> Arc<Self::Feed> {
-        Arc::clone(&self.feed)
-    }
-
-    async fn enqueue(&self, messages: Vec<NewMessage>) {
-        self.outbox.enqueue(messages).await;
-    }
-
-    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        self.outbox.enqueue_held(messages).await
-    }
-
-    async fn unpublished(&self) -> usize {
-        self.outbox.unpublished().await
-    }
-
-    async fn requeue_all(&self) -> u64 {
-        self.outbox.requeue_all().await
-    }
+    outbox_fixture_methods!();
 
     async fn cleanup(&self) {
         let _ = self.feed.shutdown().await;

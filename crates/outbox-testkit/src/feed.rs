@@ -55,6 +55,10 @@ pub trait FeedFixture: Send + Sync + Sized + 'static {
     /// An operator's requeue of every dead letter. Returns how many.
     fn requeue_all(&self) -> impl Future<Output = u64> + Send;
 
+    /// An operator's pause of the route `route` (a route key: `destination:<name>` or
+    /// `type:<aggregate type>`), or its resume when `paused` is false.
+    fn set_route_paused(&self, route: &str, paused: bool) -> impl Future<Output = ()> + Send;
+
     /// Removes what the fixture created.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
 }
@@ -372,6 +376,61 @@ pub async fn a_late_commit_is_handed_out_after_the_events_that_overtook_it<F: Fe
     f.cleanup().await;
 }
 
+/// A route paused before the feed's first batch holds every aggregate whose next event goes
+/// there, its later events too whatever their route, and nothing else; the resume hands them
+/// out in order, each once.
+pub async fn a_paused_route_holds_its_aggregates_until_resumed<F: FeedFixture>() {
+    let f = F::new().await;
+    let feed = f.feed();
+    f.set_route_paused("destination:held", true).await;
+    let held = |agg: &str, v: i64| {
+        let mut m = msg(agg, v);
+        m.destination = Some("held".into());
+        m
+    };
+    f.enqueue(vec![msg("a", 1), msg("b", 1), held("c", 1)])
+        .await;
+    f.enqueue(vec![held("a", 2), msg("b", 2), msg("c", 2)])
+        .await;
+    f.enqueue(vec![msg("a", 3)]).await;
+    let first = read_until(
+        &*feed,
+        &|_| Outcome::Publish,
+        |s| versions(s, "a").contains(&1) && versions(s, "b") == vec![1, 2],
+        "a/1 and b, whose routes are not paused",
+    )
+    .await;
+    let quiet = read_for(&*feed).await;
+    let seen: Vec<_> = first.iter().chain(&quiet).cloned().collect();
+    assert_eq!(
+        versions(&seen, "a"),
+        vec![1],
+        "a/2 goes to the paused route: a waits"
+    );
+    assert!(
+        versions(&seen, "c").is_empty(),
+        "c/1 goes to the paused route, c/2 waits behind it: {:?}",
+        names(&seen)
+    );
+    assert_eq!(f.unpublished().await, 4, "a/2, a/3, c/1 and c/2 pending");
+    f.set_route_paused("destination:held", false).await;
+    let after = read_until(
+        &*feed,
+        &|_| Outcome::Publish,
+        |s| has_all(s, &["c"], 2) && versions(s, "a").contains(&3),
+        "a and c after the resume",
+    )
+    .await;
+    assert_eq!(versions(&after, "a"), vec![2, 3]);
+    assert_eq!(versions(&after, "c"), vec![1, 2]);
+    assert!(
+        versions(&after, "b").is_empty(),
+        "b was not handed out again"
+    );
+    assert_eq!(f.unpublished().await, 0);
+    f.cleanup().await;
+}
+
 /// Expands to one `#[tokio::test]` per case of the feed suite for `$fixture`.
 #[macro_export]
 macro_rules! feed_suite {
@@ -382,6 +441,7 @@ macro_rules! feed_suite {
             a_dead_letter_holds_only_its_aggregate_until_requeued,
             events_not_attempted_come_back_with_their_event_ids,
             a_late_commit_is_handed_out_after_the_events_that_overtook_it,
+            a_paused_route_holds_its_aggregates_until_resumed,
         );
     };
     (@cases $fixture:ty; $($case:ident),* $(,)?) => {

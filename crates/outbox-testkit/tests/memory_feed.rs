@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::operator::{Actor, DeadLetterOps as _, DeadLetterSelection};
+use outbox_core::operator::{
+    Actor, DeadLetterOps as _, DeadLetterSelection, PauseOps as _, PauseTarget,
+};
 use outbox_core::relay::PollingFeed;
 use outbox_core::{NewMessage, OutboxStore as _};
 use outbox_testkit::feed::FeedFixture;
@@ -56,6 +58,23 @@ impl FeedFixture for MemoryFeedFixture {
             )
             .await
             .expect("requeue")
+    }
+
+    async fn set_route_paused(&self, route: &str, paused: bool) {
+        let store = self.store.store();
+        let target = PauseTarget::Route(route.to_owned());
+        let actor = Actor::new("suite", "test").expect("actor");
+        if paused {
+            store
+                .pause(&target, &actor, "feed suite")
+                .await
+                .expect("pause");
+        } else {
+            store
+                .resume(&target, &actor, "feed suite")
+                .await
+                .expect("resume");
+        }
     }
 
     async fn cleanup(&self) {
