@@ -343,18 +343,48 @@ fn check_name(key: &'static str, name: &str) -> Result<(), DebeziumError> {
 
 fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<String, DebeziumError> {
     check_name("table", &found.name)?;
-    let column = |key: &'static str, name: &str| -> Result<(String, String), DebeziumError> {
+    let id = event_id(table, found)?;
+    let (route, _) = found.column("route.by.field", &table.route_by)?;
+    let (key, _) = found.column("table.field.event.key", &table.key)?;
+    let (ty, _) = found.column("table.field.event.type", &table.event_type)?;
+    let (payload, content_type) = payload(table, found)?;
+    let created_at = created_at(table, found)?;
+    let headers = headers(table, found)?;
+    Ok(function_sql(
+        schema,
+        found,
+        &Values {
+            id,
+            route,
+            key,
+            ty,
+            payload,
+            content_type,
+            headers,
+            created_at,
+        },
+    ))
+}
+
+impl Found {
+    /// The column `name` (of the setting `key`) as the trigger reads it (`NEW.` and the quoted
+    /// name), with its type.
+    fn column(&self, key: &'static str, name: &str) -> Result<(String, String), DebeziumError> {
         check_name(key, name)?;
-        let ty = found.columns.get(name).ok_or_else(|| {
+        let ty = self.columns.get(name).ok_or_else(|| {
             DebeziumError::config(
                 key,
-                format!("the table {} has no column `{name}`", found.name),
+                format!("the table {} has no column `{name}`", self.name),
             )
         })?;
         Ok((format!("NEW.{}", quote_ident(name)), ty.clone()))
-    };
-    let (id, id_ty) = column("table.field.event.id", &table.id)?;
-    let id = match id_ty.as_str() {
+    }
+}
+
+/// The event id's expression: a `uuid` column as it is, text cast to `uuid`.
+fn event_id(table: &DebeziumTable, found: &Found) -> Result<String, DebeziumError> {
+    let (id, id_ty) = found.column("table.field.event.id", &table.id)?;
+    Ok(match id_ty.as_str() {
         "uuid" => id,
         t if is_text(t) => format!("{id}::uuid"),
         t => {
@@ -366,12 +396,13 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
                 ),
             ));
         }
-    };
-    let (route, _) = column("route.by.field", &table.route_by)?;
-    let (key, _) = column("table.field.event.key", &table.key)?;
-    let (ty, _) = column("table.field.event.type", &table.event_type)?;
-    let (payload, payload_ty) = column("table.field.event.payload", &table.payload)?;
-    let (payload, content_type) = match payload_ty.as_str() {
+    })
+}
+
+/// The payload's expression (as bytes) and its content type, by the column's type.
+fn payload(table: &DebeziumTable, found: &Found) -> Result<(String, &'static str), DebeziumError> {
+    let (payload, payload_ty) = found.column("table.field.event.payload", &table.payload)?;
+    Ok(match payload_ty.as_str() {
         "jsonb" | "json" => (
             format!("convert_to({payload}::text, 'UTF8')"),
             "application/json",
@@ -390,11 +421,16 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
                 ),
             ));
         }
-    };
-    let created_at = match &table.timestamp {
+    })
+}
+
+/// `created_at`'s expression: the timestamp column (a `timestamp` read as UTC), else the
+/// transaction's time.
+fn created_at(table: &DebeziumTable, found: &Found) -> Result<String, DebeziumError> {
+    Ok(match &table.timestamp {
         None => "now()".to_owned(),
         Some(name) => {
-            let (ts, ts_ty) = column("table.field.event.timestamp", name)?;
+            let (ts, ts_ty) = found.column("table.field.event.timestamp", name)?;
             match ts_ty.as_str() {
                 "timestamp" => format!("coalesce({ts} AT TIME ZONE 'UTC', now())"),
                 "timestamptz" => format!("coalesce({ts}, now())"),
@@ -406,19 +442,25 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
                 }
             }
         }
-    };
+    })
+}
+
+/// The headers' expression: the `header` placements under their aliases, and the
+/// `traceparent` of the tracing span context column (configured, or `tracingspancontext` when
+/// the table has one).
+fn headers(table: &DebeziumTable, found: &Found) -> Result<String, DebeziumError> {
     let mut header_pairs = Vec::new();
     for (col, alias) in table.header_placements()? {
         check_name("table.fields.additional.placement", &alias)?;
-        let (value, _) = column("table.fields.additional.placement", &col)?;
+        let (value, _) = found.column("table.fields.additional.placement", &col)?;
         header_pairs.push(format!("{}, {value}::text", quote_literal(&alias)));
     }
     let tracing = match &table.tracing_span_context {
-        Some(name) => Some(column("tracing.span.context.field", name)?),
+        Some(name) => Some(found.column("tracing.span.context.field", name)?),
         None => found
             .columns
             .contains_key("tracingspancontext")
-            .then(|| column("tracing.span.context.field", "tracingspancontext"))
+            .then(|| found.column("tracing.span.context.field", "tracingspancontext"))
             .transpose()?,
     };
     if let Some((ctx, _)) = tracing {
@@ -428,15 +470,41 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
             "'traceparent', replace(substring({ctx}::text from '(?:^|\\n)traceparent\\s*[=:]\\s*([^\\r\\n]+)'), '\\', '')"
         ));
     }
-    let headers = if header_pairs.is_empty() {
+    Ok(if header_pairs.is_empty() {
         "'{}'::jsonb".to_owned()
     } else {
         format!(
             "jsonb_strip_nulls(jsonb_build_object({}))",
             header_pairs.join(", ")
         )
-    };
+    })
+}
 
+/// The expressions of an `events` row's columns from the inserted row (`NEW`).
+struct Values {
+    id: String,
+    route: String,
+    key: String,
+    ty: String,
+    payload: String,
+    content_type: &'static str,
+    headers: String,
+    created_at: String,
+}
+
+/// The bridge's SQL: the trigger function inserting [`Values`] into `schema`'s `events`, and
+/// the trigger on the table.
+fn function_sql(schema: &Schema, found: &Found, values: &Values) -> String {
+    let Values {
+        id,
+        route,
+        key,
+        ty,
+        payload,
+        content_type,
+        headers,
+        created_at,
+    } = values;
     let s = schema.quoted();
     let function = format!("{s}.{}", function_name(&found.name));
     let mut sql = String::new();
@@ -469,7 +537,7 @@ fn render(schema: &Schema, table: &DebeziumTable, found: &Found) -> Result<Strin
         ct = quote_literal(content_type),
         trigger = quote_ident(&trigger_name(schema)),
     );
-    Ok(sql)
+    sql
 }
 
 /// The bridge function's name: one per table, stable for a table's name.

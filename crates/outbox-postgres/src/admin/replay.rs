@@ -64,6 +64,8 @@ use outbox_core::operator::{
     Actor, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind, RangePlan,
     RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed, log_action,
 };
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::op_err;
@@ -282,129 +284,28 @@ impl ReplayOps for PgStore {
         actor: &Actor,
         reason: &str,
     ) -> Result<RangePlan, OperatorError> {
-        const OP: &str = "replay range";
         let selection = serde_json::to_value(which).unwrap_or_default();
+        // A refusal changes nothing and writes no record; it is logged.
         let fail = |e: OperatorError| {
-            log_action(actor, OP, &selection, reason, Err(&e));
+            log_action(actor, RANGE_OP, &selection, reason, Err(&e));
             e
         };
-        let refuse = |kind, message: String| {
-            fail(OperatorError {
-                operation: OP,
-                kind,
-                message,
-            })
-        };
-        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
-            return Err(refuse(kind, message));
-        }
-        if which.created_after >= which.created_before {
-            return Err(refuse(
-                OperatorErrorKind::InvalidRequest,
-                format!(
-                    "an empty range: created_after {} is not before created_before {}",
-                    which.created_after.to_rfc3339(),
-                    which.created_before.to_rfc3339()
-                ),
-            ));
-        }
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
-        let err = |e| fail(self.action_error(OP, e));
-        let horizon: Option<DateTime<Utc>> =
-            sqlx::query_scalar(AssertSqlSafe(self.render(HORIZON)))
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(err)?;
-        if let Some(h) = horizon
-            && which.created_after <= h
-        {
-            return Err(refuse(
-                OperatorErrorKind::Refused,
-                format!(
-                    "beyond the replay horizon: retention deleted events published up to {}; a \
-                     range must start after it (or replay from the broker's retention)",
-                    h.to_rfc3339()
-                ),
-            ));
-        }
-        let Some(found) = self.range_aggregates(&mut tx, which).await.map_err(err)? else {
-            return Err(fail(OperatorError::not_found(
-                OP,
-                "no published event was written in the range (with the filter given)",
-            )));
-        };
-        let RangeAggregates {
-            types,
-            ids,
-            froms,
-            in_range,
-        } = found;
-        let aggregates = i64::try_from(types.len()).unwrap_or(i64::MAX);
-        let too_big = |events: i64| refuse(OperatorErrorKind::Refused, too_big(events, aggregates));
-        if aggregates > MAX_RANGE_AGGREGATES || in_range > MAX_RANGE_EVENTS {
-            return Err(too_big(in_range));
-        }
-        let q = |sql: String| {
-            sqlx::query(AssertSqlSafe(self.render(&sql)))
-                .bind(types.clone())
-                .bind(ids.clone())
-                .bind(froms.clone())
-        };
-        q(range_lock()).execute(&mut *tx).await.map_err(err)?;
-        if let Some(held) = q(range_leased())
-            .fetch_optional(&mut *tx)
+        self.range_allowed(which, dry_run, reason).map_err(fail)?;
+        let mut tx = self
+            .begin_action(RANGE_OP, actor, &selection, reason)
+            .await?;
+        let (plan, found) = self
+            .plan_range(&mut tx, which, dry_run, expect_events)
             .await
-            .map_err(err)?
-        {
-            let (t, i): (String, String) = (
-                held.try_get(0).unwrap_or_default(),
-                held.try_get(1).unwrap_or_default(),
-            );
-            return Err(refuse(
-                OperatorErrorKind::Refused,
-                format!(
-                    "a relay holds {t}/{i} right now (it may be publishing a later version): \
-                     retry once it settled, in a few seconds"
-                ),
-            ));
-        }
-        if let Some(message) = self.replay_cdc_refusal(&mut tx).await.map_err(err)? {
-            return Err(refuse(OperatorErrorKind::Refused, message));
-        }
-        let r = q(range_plan()).fetch_one(&mut *tx).await.map_err(err)?;
-        let (events, gap): (i64, Option<String>) = (|| Ok((r.try_get(0)?, r.try_get(1)?)))()
-            .map_err(|e: sqlx::Error| fail(op_err(OP, e)))?;
-        if let Some(aggregate) = gap {
-            return Err(refuse(
-                OperatorErrorKind::Refused,
-                format!(
-                    "beyond the replay horizon: the versions of {aggregate} from its first one in \
-                     the range to its newest are not all held (retention or a discard removed \
-                     some); replay it alone from a version still held"
-                ),
-            ));
-        }
-        if events > MAX_RANGE_EVENTS {
-            return Err(too_big(events));
-        }
-        let plan = RangePlan {
-            events,
-            in_range,
-            aggregates,
-            horizon,
-            dry_run,
-        };
-        if let Some(message) = count_changed(expect_events, plan.events) {
-            return Err(refuse(OperatorErrorKind::Refused, message));
-        }
+            .map_err(fail)?;
         if dry_run {
             let _ = tx.rollback().await;
             return Ok(plan);
         }
-        let changed = q(range_replay()).execute(&mut *tx).await;
-        let result = self.replayed(&mut tx, OP, changed, plan.events).await;
+        let changed = found.bind(self, &range_replay()).execute(&mut *tx).await;
+        let result = self.replayed(&mut tx, RANGE_OP, changed, plan.events).await;
         let n = self
-            .finish_action(tx, OP, actor, &selection, reason, result)
+            .finish_action(tx, RANGE_OP, actor, &selection, reason, result)
             .await?;
         Ok(RangePlan {
             events: i64::try_from(n).unwrap_or(i64::MAX),
@@ -492,6 +393,33 @@ struct RangeAggregates {
     in_range: i64,
 }
 
+impl RangeAggregates {
+    /// How many aggregates the range has.
+    fn count(&self) -> i64 {
+        i64::try_from(self.types.len()).unwrap_or(i64::MAX)
+    }
+
+    /// The statement `sql` of the schema, the aggregates bound as `$1`, `$2` and `$3`.
+    fn bind(&self, store: &PgStore, sql: &str) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(AssertSqlSafe(store.render(sql)))
+            .bind(self.types.clone())
+            .bind(self.ids.clone())
+            .bind(self.froms.clone())
+    }
+}
+
+/// The operation of a time-range replay, as its errors and audit record name it.
+const RANGE_OP: &str = "replay range";
+
+/// A refusal of a time-range replay.
+fn range_refused(message: String) -> OperatorError {
+    OperatorError {
+        operation: RANGE_OP,
+        kind: OperatorErrorKind::Refused,
+        message,
+    }
+}
+
 /// The refusal of a range too big for one replay.
 fn too_big(events: i64, aggregates: i64) -> String {
     let aggregates = if aggregates > MAX_RANGE_AGGREGATES {
@@ -507,6 +435,159 @@ fn too_big(events: i64, aggregates: i64) -> String {
 }
 
 impl PgStore {
+    /// Whether a time-range replay may run at all: as [`PgStore::replay_allowed`], and a range
+    /// that is not empty.
+    fn range_allowed(
+        &self,
+        which: &RangeSelection,
+        dry_run: bool,
+        reason: &str,
+    ) -> Result<(), OperatorError> {
+        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
+            return Err(OperatorError {
+                operation: RANGE_OP,
+                kind,
+                message,
+            });
+        }
+        if which.created_after >= which.created_before {
+            return Err(OperatorError {
+                operation: RANGE_OP,
+                kind: OperatorErrorKind::InvalidRequest,
+                message: format!(
+                    "an empty range: created_after {} is not before created_before {}",
+                    which.created_after.to_rfc3339(),
+                    which.created_before.to_rfc3339()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The plan of a time-range replay in `tx`, with its aggregates (locked, see the module
+    /// docs), or its refusal: beyond the replay horizon, nothing in the range, too big, an
+    /// aggregate a relay holds, a CDC relay running, a gap, a count changed since the dry run.
+    async fn plan_range(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        which: &RangeSelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
+    ) -> Result<(RangePlan, RangeAggregates), OperatorError> {
+        let horizon = self.range_horizon(tx, which).await?;
+        let Some(found) = self
+            .range_aggregates(tx, which)
+            .await
+            .map_err(|e| self.action_error(RANGE_OP, e))?
+        else {
+            return Err(OperatorError::not_found(
+                RANGE_OP,
+                "no published event was written in the range (with the filter given)",
+            ));
+        };
+        let aggregates = found.count();
+        if aggregates > MAX_RANGE_AGGREGATES || found.in_range > MAX_RANGE_EVENTS {
+            return Err(range_refused(too_big(found.in_range, aggregates)));
+        }
+        self.range_guards(tx, &found).await?;
+        let events = self.range_events(tx, &found).await?;
+        let plan = RangePlan {
+            events,
+            in_range: found.in_range,
+            aggregates,
+            horizon,
+            dry_run,
+        };
+        if let Some(message) = count_changed(expect_events, plan.events) {
+            return Err(range_refused(message));
+        }
+        Ok((plan, found))
+    }
+
+    /// The replay horizon ([`HORIZON`]), or the refusal of a range that starts at or before it.
+    async fn range_horizon(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        which: &RangeSelection,
+    ) -> Result<Option<DateTime<Utc>>, OperatorError> {
+        let horizon: Option<DateTime<Utc>> =
+            sqlx::query_scalar(AssertSqlSafe(self.render(HORIZON)))
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(|e| self.action_error(RANGE_OP, e))?;
+        if let Some(h) = horizon
+            && which.created_after <= h
+        {
+            return Err(range_refused(format!(
+                "beyond the replay horizon: retention deleted events published up to {}; a \
+                 range must start after it (or replay from the broker's retention)",
+                h.to_rfc3339()
+            )));
+        }
+        Ok(horizon)
+    }
+
+    /// The guards of a single aggregate, for all of the range's: their unpublished rows
+    /// locked, then a refusal when a relay holds one of them or a CDC relay runs.
+    async fn range_guards(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        found: &RangeAggregates,
+    ) -> Result<(), OperatorError> {
+        let err = |e| self.action_error(RANGE_OP, e);
+        found
+            .bind(self, &range_lock())
+            .execute(&mut **tx)
+            .await
+            .map_err(err)?;
+        if let Some(held) = found
+            .bind(self, &range_leased())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(err)?
+        {
+            let (t, i): (String, String) = (
+                held.try_get(0).unwrap_or_default(),
+                held.try_get(1).unwrap_or_default(),
+            );
+            return Err(range_refused(format!(
+                "a relay holds {t}/{i} right now (it may be publishing a later version): \
+                 retry once it settled, in a few seconds"
+            )));
+        }
+        if let Some(message) = self.replay_cdc_refusal(tx).await.map_err(err)? {
+            return Err(range_refused(message));
+        }
+        Ok(())
+    }
+
+    /// The events the replay takes ([`range_plan`]), or its refusal: an aggregate with a gap
+    /// in its versions, or more events than one replay takes.
+    async fn range_events(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        found: &RangeAggregates,
+    ) -> Result<i64, OperatorError> {
+        let r = found
+            .bind(self, &range_plan())
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| self.action_error(RANGE_OP, e))?;
+        let (events, gap): (i64, Option<String>) = (|| Ok((r.try_get(0)?, r.try_get(1)?)))()
+            .map_err(|e: sqlx::Error| op_err(RANGE_OP, e))?;
+        if let Some(aggregate) = gap {
+            return Err(range_refused(format!(
+                "beyond the replay horizon: the versions of {aggregate} from its first one in \
+                 the range to its newest are not all held (retention or a discard removed \
+                 some); replay it alone from a version still held"
+            )));
+        }
+        if events > MAX_RANGE_EVENTS {
+            return Err(range_refused(too_big(events, found.count())));
+        }
+        Ok(events)
+    }
+
     /// The aggregates with a published event in the range (at most one more than a replay
     /// takes, so that a bigger range is told apart); `None` when there is none.
     async fn range_aggregates(
