@@ -155,12 +155,7 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
 /// The heartbeat of this process (`outbox_postgres::heartbeat`): the console shows it as up,
 /// late or gone.
 pub(crate) fn heartbeat(store: &PgStore, kind: InstanceKind, name: &str) -> Result<Heartbeat> {
-    Ok(Heartbeat::new(
-        store.pool().clone(),
-        store.schema().clone(),
-        kind,
-        name,
-    )?)
+    Ok(Heartbeat::new(store.clone(), kind, name)?)
 }
 
 /// `outbox console`: the web console on `listen`, reading and acting through the same

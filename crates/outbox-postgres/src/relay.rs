@@ -466,12 +466,7 @@ async fn live_session(
 /// The relay's heartbeat (`crate::heartbeat`): the console shows it as up, late or gone, with
 /// what it published per route.
 fn heartbeat(store: &PgStore, name: &str) -> Result<Heartbeat, InvalidName> {
-    Heartbeat::new(
-        store.pool().clone(),
-        store.schema().clone(),
-        InstanceKind::Relay,
-        name,
-    )
+    Heartbeat::new(store.clone(), InstanceKind::Relay, name)
 }
 
 /// In mark mode without the mark-mode indexes (`crate::migrate::missing_mark_mode_indexes`),
