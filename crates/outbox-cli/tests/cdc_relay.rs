@@ -18,79 +18,68 @@ use cdc_common::*;
 use common::*;
 use uuid::Uuid;
 
-async fn cdc_relay_end_to_end(kind: Kind) {
-    let db = TestDb::new().await;
-    let broker = BrokerEnv::new(kind).await;
-    let sub = broker.subscriber().await;
-    let _cleanup = SlotCleanup(db.name().to_owned());
-    let config = config_file("mode = \"cdc\"\ncdc_heartbeat_secs = 1", &broker.toml(""));
+each_broker! {
+    #[tokio::test]
+    cdc_relay_end_to_end =>
+        nats_cdc_relay_end_to_end, rabbitmq_cdc_relay_end_to_end, kafka_cdc_relay_end_to_end;
+    cdc_relay_delivers_every_shape_of_commit =>
+        nats_cdc_relay_delivers_every_shape_of_commit,
+        rabbitmq_cdc_relay_delivers_every_shape_of_commit,
+        kafka_cdc_relay_delivers_every_shape_of_commit;
+}
 
-    let migrate = cli(&db, &config, &["migrate"]).await;
-    assert!(migrate.status.success(), "{migrate:?}");
+async fn cdc_relay_end_to_end(kind: Kind) {
+    let env = CdcEnv::new(kind, "mode = \"cdc\"\ncdc_heartbeat_secs = 1").await;
+    let migrate = &env.migrated;
     assert!(
         migrate
             .stdout
-            .contains(&format!("publication `{}`", db.name())),
+            .contains(&format!("publication `{}`", env.db.name())),
         "{migrate:?}"
     );
 
     // Without a slot and without --create-slot: refused, with the way forward.
-    let refused = run(
-        relay_cmd(&db, &broker, &config, false),
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(!refused.status.success(), "{refused:?}");
+    let refused = env.relay_refused().await;
     assert!(refused.stderr.contains("--create-slot"), "{refused:?}");
 
-    let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-1");
-    wait_slot_streamed(&db).await;
-    let mut expected: HashSet<Uuid> = produce(&db, "pay", 5, 1, 4).await.into_iter().collect();
+    let mut relay = env.spawn_relay(true, "cdc-relay-1");
+    wait_slot_streamed(&env.db).await;
+    let mut expected: HashSet<Uuid> = produce(&env.db, "pay", 5, 1, 4).await.into_iter().collect();
     // The table first: a failure then says whether the relay published (rows deleted) or the
     // subscriber did not see what was published.
-    wait_until(Duration::from_secs(30), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
-    sub.wait_ids(
-        &expected.iter().copied().collect::<Vec<_>>(),
-        Duration::from_secs(30),
-    )
-    .await;
+    env.db
+        .wait_count("true", 0, Duration::from_secs(30), "published rows deleted")
+        .await;
+    env.sub
+        .wait_ids(
+            &expected.iter().copied().collect::<Vec<_>>(),
+            Duration::from_secs(30),
+        )
+        .await;
 
     // SIGKILL while the next events stream; the restarted relay (no --create-slot) resumes
     // from the slot.
-    let more = produce(&db, "pay", 5, 5, 12).await;
+    let more = produce(&env.db, "pay", 5, 5, 12).await;
     expected.extend(more.iter().copied());
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &relay.id().to_string()])
-        .status();
-    relay.wait_exit(Duration::from_secs(10)).await;
-    let late = produce(&db, "late", 3, 1, 3).await;
+    relay.sigkill().await;
+    let late = produce(&env.db, "late", 3, 1, 3).await;
     expected.extend(late.iter().copied());
-    let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, false), "cdc-relay-2");
-    let seen = sub
-        .wait_ids(
-            &expected.iter().copied().collect::<Vec<_>>(),
-            Duration::from_secs(60),
-        )
+    let mut relay = env.spawn_relay(false, "cdc-relay-2");
+    let ids = env
+        .first_appearances(&expected, Duration::from_secs(60))
         .await;
-    let ids = assert_first_appearances_in_order(seen);
     assert!(
         ids.is_subset(&expected) && expected.is_subset(&ids),
         "exactly the committed events"
     );
-    wait_until(Duration::from_secs(20), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
+    env.db
+        .wait_count("true", 0, Duration::from_secs(20), "published rows deleted")
+        .await;
     relay.assert_running();
 
     // The slot dropped under the running relay: it stops, non-zero, naming the recovery.
     let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
-    let name = db.name().to_owned();
+    let name = env.db.name().to_owned();
     let terminate = format!(
         "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '{name}' AND active"
     );
@@ -121,59 +110,24 @@ async fn cdc_relay_end_to_end(kind: Kind) {
     // without --create-slot refuses, naming the recovery; the guide's recovery (the polling
     // relay, then CDC again with --create-slot while it runs) delivers every one of them and
     // what follows, in order per aggregate.
-    let lost = produce(&db, "lost", 4, 1, 3).await;
+    let lost = produce(&env.db, "lost", 4, 1, 3).await;
     expected.extend(lost.iter().copied());
-    let refused = run(
-        relay_cmd(&db, &broker, &config, false),
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(!refused.status.success(), "{refused:?}");
+    let refused = env.relay_refused().await;
     assert!(
         refused.stderr.contains("does not exist") && refused.stderr.contains("a lost slot"),
         "{refused:?}"
     );
-    let mut polling = relay_cmd(&db, &broker, &config, false);
-    polling.args(["--mode", "polling"]);
-    let polling = ChildGuard::spawn(polling, "polling-relay");
-    let cdc = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-3");
-    let after = produce(&db, "lost", 4, 4, 6).await;
+    let (polling, cdc) = env.start_recovery("cdc-relay-3");
+    let after = produce(&env.db, "lost", 4, 4, 6).await;
     expected.extend(after.iter().copied());
-    let seen = sub
-        .wait_ids(
-            &expected.iter().copied().collect::<Vec<_>>(),
-            Duration::from_secs(60),
-        )
+    let ids = env
+        .first_appearances(&expected, Duration::from_secs(60))
         .await;
-    let ids = assert_first_appearances_in_order(seen);
     assert!(
         expected.is_subset(&ids),
         "every event, those committed without a slot included"
     );
-    wait_until(Duration::from_secs(20), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
-    drop(polling);
-    drop(cdc);
-    db.cleanup().await;
-    broker.cleanup().await;
-}
-
-#[tokio::test]
-async fn nats_cdc_relay_end_to_end() {
-    cdc_relay_end_to_end(Kind::Nats).await;
-}
-
-#[tokio::test]
-async fn rabbitmq_cdc_relay_end_to_end() {
-    cdc_relay_end_to_end(Kind::Rabbit).await;
-}
-
-#[tokio::test]
-async fn kafka_cdc_relay_end_to_end() {
-    cdc_relay_end_to_end(Kind::Kafka).await;
+    env.finish_recovery(polling, cdc).await;
 }
 
 /// Two CDC relays on one slot: one streams, the other waits as a standby (the server lets one
@@ -181,15 +135,10 @@ async fn kafka_cdc_relay_end_to_end() {
 /// kept.
 #[tokio::test]
 async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
-    let db = TestDb::new().await;
-    let broker = BrokerEnv::new(Kind::Nats).await;
-    let sub = broker.subscriber().await;
-    let _cleanup = SlotCleanup(db.name().to_owned());
-    let config = config_file("mode = \"cdc\"", &broker.toml(""));
-    assert!(cli(&db, &config, &["migrate"]).await.status.success());
-    let mut first = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-first");
-    wait_slot_streamed(&db).await;
-    let mut standby = ChildGuard::spawn(relay_cmd(&db, &broker, &config, false), "cdc-standby");
+    let env = CdcEnv::new(Kind::Nats, "mode = \"cdc\"").await;
+    let mut first = env.spawn_relay(true, "cdc-first");
+    wait_slot_streamed(&env.db).await;
+    let mut standby = env.spawn_relay(false, "cdc-standby");
     wait_until(
         Duration::from_secs(20),
         "the standby waiting for the slot",
@@ -199,16 +148,13 @@ async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
         },
     )
     .await;
-    let mut expected = produce(&db, "pay", 4, 1, 5).await;
-    sub.wait_ids(&expected, Duration::from_secs(30)).await;
+    let mut expected = produce(&env.db, "pay", 4, 1, 5).await;
+    env.sub.wait_ids(&expected, Duration::from_secs(30)).await;
     standby.assert_running();
 
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &first.id().to_string()])
-        .status();
-    first.wait_exit(Duration::from_secs(10)).await;
-    expected.extend(produce(&db, "pay", 4, 6, 10).await);
-    let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;
+    first.sigkill().await;
+    expected.extend(produce(&env.db, "pay", 4, 6, 10).await);
+    let seen = env.sub.wait_ids(&expected, Duration::from_secs(60)).await;
     let ids = assert_first_appearances_in_order(seen);
     assert_eq!(ids.len(), expected.len());
     standby.assert_running();
@@ -222,8 +168,7 @@ async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
         "waiting as a standby is not an error:\n{log}"
     );
     drop(standby);
-    db.cleanup().await;
-    broker.cleanup().await;
+    env.cleanup().await;
 }
 
 /// Acceptance 1 through the binary, on each broker: what the CDC relay delivers is exactly
@@ -233,14 +178,10 @@ async fn a_standby_cdc_relay_takes_over_when_the_streaming_one_dies() {
 /// while other writers commit beside it, and 10,000 events in one transaction; every event
 /// once at least, versions of each aggregate in order, every published row deleted.
 async fn cdc_relay_delivers_every_shape_of_commit(kind: Kind) {
-    let db = TestDb::new().await;
-    let broker = BrokerEnv::new(kind).await;
-    let sub = broker.subscriber().await;
-    let _cleanup = SlotCleanup(db.name().to_owned());
-    let config = config_file("mode = \"cdc\"", &broker.toml(""));
-    assert!(cli(&db, &config, &["migrate"]).await.status.success());
-    let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay");
-    wait_slot_streamed(&db).await;
+    let env = CdcEnv::new(kind, "mode = \"cdc\"").await;
+    let mut relay = env.spawn_relay(true, "cdc-relay");
+    let (db, sub) = (&env.db, &env.sub);
+    wait_slot_streamed(db).await;
     let mut expected: HashSet<Uuid> = HashSet::new();
 
     // Written first, committed after everything below up to the big transaction.
@@ -248,7 +189,7 @@ async fn cdc_relay_delivers_every_shape_of_commit(kind: Kind) {
     let late_event = event("late", 1);
     db.outbox.enqueue(&mut *late, &late_event).await.unwrap();
     expected.insert(late_event.event_id);
-    expected.extend(produce(&db, "early", 3, 1, 2).await);
+    expected.extend(produce(db, "early", 3, 1, 2).await);
 
     // A whole transaction rolled back, and a savepoint rolled back inside a committed one.
     let rolled_back: Vec<_> = (1..=3).map(|v| event("rolled", v)).collect();
@@ -277,24 +218,8 @@ async fn cdc_relay_delivers_every_shape_of_commit(kind: Kind) {
 
     // A hot aggregate (one version per transaction) and other writers beside it, while one
     // transaction commits 10,000 events (1,000 aggregates x 10 versions).
-    let writer = |prefix: &'static str, aggregates: usize, versions: i64| {
-        let (pool, outbox) = (db.pool.clone(), db.outbox.clone());
-        tokio::spawn(async move {
-            let mut ids = Vec::new();
-            for v in 1..=versions {
-                let batch: Vec<_> = (0..aggregates)
-                    .map(|a| event(&format!("{prefix}-{a}"), v))
-                    .collect();
-                let mut tx = pool.begin().await.unwrap();
-                outbox.enqueue_batch(&mut *tx, &batch).await.unwrap();
-                tx.commit().await.unwrap();
-                ids.extend(batch.iter().map(|m| m.event_id));
-            }
-            ids
-        })
-    };
-    let hot = writer("hot", 1, 500);
-    let beside = writer("beside", 20, 25);
+    let hot = spawn_produce(db, "hot", 1, 1, 500);
+    let beside = spawn_produce(db, "beside", 20, 1, 25);
     let big: Vec<_> = (1..=10)
         .flat_map(|v| (0..1_000).map(move |a| event(&format!("big-{a}"), v)))
         .collect();
@@ -312,11 +237,8 @@ async fn cdc_relay_delivers_every_shape_of_commit(kind: Kind) {
             Duration::from_secs(120),
         )
         .await;
-    wait_until(Duration::from_secs(30), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
+    db.wait_count("true", 0, Duration::from_secs(30), "published rows deleted")
+        .await;
     // Anything of the rolled-back work would have been in the log before the commits that
     // followed it, all of which arrived.
     let seen = [seen, sub.snapshot()].concat();
@@ -330,23 +252,7 @@ async fn cdc_relay_delivers_every_shape_of_commit(kind: Kind) {
     assert_eq!(ids, expected, "exactly the committed events");
     relay.assert_running();
     drop(relay);
-    db.cleanup().await;
-    broker.cleanup().await;
-}
-
-#[tokio::test]
-async fn nats_cdc_relay_delivers_every_shape_of_commit() {
-    cdc_relay_delivers_every_shape_of_commit(Kind::Nats).await;
-}
-
-#[tokio::test]
-async fn rabbitmq_cdc_relay_delivers_every_shape_of_commit() {
-    cdc_relay_delivers_every_shape_of_commit(Kind::Rabbit).await;
-}
-
-#[tokio::test]
-async fn kafka_cdc_relay_delivers_every_shape_of_commit() {
-    cdc_relay_delivers_every_shape_of_commit(Kind::Kafka).await;
+    env.cleanup().await;
 }
 
 /// Acceptance 6 through the binary, following the guide's procedure while a producer
@@ -355,52 +261,42 @@ async fn kafka_cdc_relay_delivers_every_shape_of_commit() {
 /// stopped and a polling relay started. Nothing lost, per-aggregate order kept.
 #[tokio::test]
 async fn switching_polling_cdc_polling_under_load_loses_nothing_and_keeps_order() {
-    let db = TestDb::new().await;
-    let broker = BrokerEnv::new(Kind::Nats).await;
-    let sub = broker.subscriber().await;
-    let _cleanup = SlotCleanup(db.name().to_owned());
-    let config = config_file("mode = \"cdc\"", &broker.toml(""));
-    let migrated = cli(&db, &config, &["migrate"]).await;
-    assert!(migrated.status.success(), "{migrated:?}");
+    let env = CdcEnv::new(Kind::Nats, "mode = \"cdc\"").await;
     let relay = |mode: &str, create_slot: bool, name: &str| {
-        let mut cmd = relay_cmd(&db, &broker, &config, create_slot);
+        let mut cmd = env.relay_cmd(create_slot);
         cmd.args(["--mode", mode]);
         ChildGuard::spawn(cmd, name)
     };
 
     // Ten aggregates, one round of versions per transaction, until told to stop.
     let stop = tokio_util::sync::CancellationToken::new();
-    let producer = produce_until(&db, "sw", stop.clone());
+    let producer = produce_until(&env.db, "sw", stop.clone());
 
     let mut polling = relay("polling", false, "polling-1");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(sub.len() > 0, "the polling relay publishes");
+    assert!(env.sub.len() > 0, "the polling relay publishes");
 
     // Polling -> CDC.
     let mut cdc = relay("cdc", true, "cdc");
-    wait_slot_streamed(&db).await;
-    let slot_made = db
+    wait_slot_streamed(&env.db).await;
+    let slot_made = env
+        .db
         .scalar("SELECT (extract(epoch FROM now()) * 1000)::bigint")
         .await;
-    wait_until(
-        Duration::from_secs(30),
-        "no pending row older than the slot",
-        || {
-            let db = &db;
-            async move {
-                db.count(&format!("created_at < to_timestamp({slot_made} / 1000.0)"))
-                    .await
-                    == 0
-            }
-        },
-    )
-    .await;
+    env.db
+        .wait_count(
+            &format!("created_at < to_timestamp({slot_made} / 1000.0)"),
+            0,
+            Duration::from_secs(30),
+            "no pending row older than the slot",
+        )
+        .await;
     polling.assert_running();
     assert!(polling.terminate().await.success());
-    let before = sub.len();
+    let before = env.sub.len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        sub.len() > before,
+        env.sub.len() > before,
         "the CDC relay alone publishes what is committed"
     );
 
@@ -411,17 +307,14 @@ async fn switching_polling_cdc_polling_under_load_loses_nothing_and_keeps_order(
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.cancel();
     let expected = producer.await.unwrap();
-    let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;
-    wait_until(Duration::from_secs(20), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
+    let seen = env.sub.wait_ids(&expected, Duration::from_secs(60)).await;
+    env.db
+        .wait_count("true", 0, Duration::from_secs(20), "published rows deleted")
+        .await;
     let ids = assert_first_appearances_in_order(seen);
     assert_eq!(ids.len(), expected.len(), "every event, nothing else");
     drop(polling);
-    db.cleanup().await;
-    broker.cleanup().await;
+    env.cleanup().await;
 }
 
 /// Acceptance 3 through the binary: `outbox relay --mode cdc` on an idle outbox while other
@@ -561,10 +454,7 @@ async fn kill_every_two_seconds(
 ) -> ChildGuard {
     for i in 0..times {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &relay.id().to_string()])
-            .status();
-        relay.wait_exit(Duration::from_secs(10)).await;
+        relay.sigkill().await;
         relay = start(i);
     }
     relay
@@ -615,29 +505,21 @@ async fn kill_every_two_seconds_until_delivered_within(
 /// per-aggregate order, and every row is gone from the table.
 #[tokio::test]
 async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
-    let db = TestDb::new().await;
-    let broker = BrokerEnv::new(Kind::Nats).await;
-    let sub = broker.subscriber().await;
-    let _cleanup = SlotCleanup(db.name().to_owned());
     // The test's relays lease for 2 s (`config_file`): the catch-up of a restarted relay
     // waits for the leases of its killed predecessor's batches.
-    let config = config_file("mode = \"cdc\"", &broker.toml(""));
-    let migrated = cli(&db, &config, &["migrate"]).await;
-    assert!(migrated.status.success(), "{migrated:?}");
-    let relay = |create_slot: bool, name: String| {
-        ChildGuard::spawn(relay_cmd(&db, &broker, &config, create_slot), &name)
-    };
+    let env = CdcEnv::new(Kind::Nats, "mode = \"cdc\"").await;
+    let relay = |create_slot: bool, name: String| env.spawn_relay(create_slot, &name);
 
     // 1. Producers write before, while and after the slot is created.
     let stop = tokio_util::sync::CancellationToken::new();
-    let producer = produce_until(&db, "live", stop.clone());
+    let producer = produce_until(&env.db, "live", stop.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let t0 = std::time::Instant::now();
     let first = relay(true, "cdc-create".into());
     let last = kill_every_two_seconds(first, 4, |i| relay(false, format!("cdc-live-{i}"))).await;
     stop.cancel();
     let mut expected = producer.await.unwrap();
-    let last = kill_every_two_seconds_until_delivered(last, &sub, &expected, |i| {
+    let last = kill_every_two_seconds_until_delivered(last, &env.sub, &expected, |i| {
         relay(false, format!("cdc-live-more-{i}"))
     })
     .await;
@@ -649,22 +531,19 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
 
     // 2. A backlog of 100,000 rows committed while no slot exists (plain SQL), then a new
     // slot, drained by a relay killed every 2 s.
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &last.id().to_string()])
-        .status();
     let mut last = last;
-    last.wait_exit(Duration::from_secs(10)).await;
-    let s = db.name().to_owned();
+    last.sigkill().await;
+    let s = env.db.name().to_owned();
     // The killed relay's WAL sender may hold the slot a moment longer.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while let Err(e) = outbox_postgres::cdc::drop_slot(&db.pool, &s).await {
+    while let Err(e) = outbox_postgres::cdc::drop_slot(&env.db.pool, &s).await {
         assert!(
             std::time::Instant::now() < deadline,
             "could not drop the slot: {e}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    db.exec(&format!(
+    env.db.exec(&format!(
         "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, aggregate_version, \
          event_type, payload) SELECT gen_random_uuid(), 'payment', 'backlog-' || (g % 1000), \
          g / 1000 + 1, 'PaymentUpdated', '\\x7b7d'::bytea FROM generate_series(0, 99999) g"
@@ -673,7 +552,7 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     let backlog: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT event_id FROM \"{s}\".events WHERE aggregate_id LIKE 'backlog-%'"
     )))
-    .fetch_all(&db.pool)
+    .fetch_all(&env.db.pool)
     .await
     .unwrap();
     assert_eq!(backlog.len(), 100_000);
@@ -688,7 +567,7 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
     let last = if std::env::var_os("OUTBOX_TEST_KILL_TO_THE_END").is_some() {
         kill_every_two_seconds_until_delivered_within(
             first,
-            &sub,
+            &env.sub,
             &backlog,
             Duration::from_secs(1200),
             |i| relay(false, format!("cdc-backlog-{i}")),
@@ -700,77 +579,73 @@ async fn the_cdc_relay_alone_delivers_everything_under_sigkill() {
         eprintln!(
             "{:?}: {} of the backlog missing after ten kills",
             t0.elapsed(),
-            sub.missing(&backlog)
+            env.sub.missing(&backlog)
         );
         last
     };
-    sub.wait_ids(&backlog, Duration::from_secs(240)).await;
+    env.sub.wait_ids(&backlog, Duration::from_secs(240)).await;
     eprintln!("{:?}: backlog published", t0.elapsed());
     expected.extend(backlog);
 
     // 3. A row no binding can carry (a plain-SQL producer on a table without migration 12's
     // check) is dead-lettered and its aggregate waits; corrected and requeued while the relay
     // runs, it and the rows behind it are delivered by the same relay.
-    db.exec(&format!(
-        "ALTER TABLE \"{s}\".events DROP CONSTRAINT events_publishable"
-    ))
-    .await;
-    for (v, headers) in [(1, "{}"), (2, r#"{"traceparent": null}"#), (3, "{}")] {
-        db.exec(&format!(
-            "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
-             aggregate_version, event_type, payload, headers) VALUES (gen_random_uuid(), \
-             'payment', 'requeued', {v}, 'PaymentUpdated', '\\x7b7d'::bytea, '{headers}')"
+    env.db
+        .exec(&format!(
+            "ALTER TABLE \"{s}\".events DROP CONSTRAINT events_publishable"
         ))
         .await;
+    for (v, headers) in [(1, "{}"), (2, r#"{"traceparent": null}"#), (3, "{}")] {
+        env.db
+            .exec(&format!(
+                "INSERT INTO \"{s}\".events (event_id, aggregate_type, aggregate_id, \
+             aggregate_version, event_type, payload, headers) VALUES (gen_random_uuid(), \
+             'payment', 'requeued', {v}, 'PaymentUpdated', '\\x7b7d'::bytea, '{headers}')"
+            ))
+            .await;
     }
     let requeued: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT event_id FROM \"{s}\".events WHERE aggregate_id = 'requeued'"
     )))
-    .fetch_all(&db.pool)
+    .fetch_all(&env.db.pool)
     .await
     .unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "the null header dead-lettered",
-        || {
-            let db = &db;
-            async move {
-                db.count("aggregate_id = 'requeued' AND state = 'dead'")
-                    .await
-                    == 1
-            }
-        },
-    )
-    .await;
-    db.exec(&format!(
-        "UPDATE \"{s}\".events SET headers = '{{}}' WHERE aggregate_id = 'requeued' \
+    env.db
+        .wait_count(
+            "aggregate_id = 'requeued' AND state = 'dead'",
+            1,
+            Duration::from_secs(30),
+            "the null header dead-lettered",
+        )
+        .await;
+    env.db
+        .exec(&format!(
+            "UPDATE \"{s}\".events SET headers = '{{}}' WHERE aggregate_id = 'requeued' \
          AND aggregate_version = 2"
-    ))
-    .await;
-    let requeue = cli(&db, &config, &["dead-letters", "requeue", "--all"]).await;
+        ))
+        .await;
+    let requeue = env.cli(&["dead-letters", "requeue", "--all"]).await;
     assert!(requeue.status.success(), "{requeue:?}");
-    let mut last = kill_every_two_seconds_until_delivered(last, &sub, &requeued, |i| {
+    let mut last = kill_every_two_seconds_until_delivered(last, &env.sub, &requeued, |i| {
         relay(false, format!("cdc-requeue-{i}"))
     })
     .await;
-    let seen = sub.wait_ids(&requeued, Duration::from_secs(30)).await;
+    let seen = env.sub.wait_ids(&requeued, Duration::from_secs(30)).await;
     expected.extend(requeued);
     let ids = assert_first_appearances_in_order(seen);
     assert!(
         expected.iter().all(|id| ids.contains(id)),
         "every committed event"
     );
-    wait_until(
-        Duration::from_secs(20),
-        "every row gone from the table",
-        || {
-            let db = &db;
-            async move { db.count("true").await == 0 }
-        },
-    )
-    .await;
+    env.db
+        .wait_count(
+            "true",
+            0,
+            Duration::from_secs(20),
+            "every row gone from the table",
+        )
+        .await;
     last.assert_running();
     drop(last);
-    db.cleanup().await;
-    broker.cleanup().await;
+    env.cleanup().await;
 }

@@ -103,29 +103,25 @@ async fn wal_status(admin: &sqlx::PgPool, slot: &str) -> Option<String> {
 
 #[tokio::test]
 async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_pending_event() {
-    let db = TestDb::new().await;
-    let broker = BrokerEnv::new(Kind::Nats).await;
-    let sub = broker.subscriber().await;
-    let _cleanup = SlotCleanup(db.name().to_owned());
-    let config = config_file("mode = \"cdc\"", &broker.toml(""));
-    let migrated = cli(&db, &config, &["migrate"]).await;
-    assert!(migrated.status.success(), "{migrated:?}");
-    let slot = db.name().to_owned();
+    let env = CdcEnv::new(Kind::Nats, "mode = \"cdc\"").await;
+    let slot = env.db.name().to_owned();
     let admin = sqlx::PgPool::connect(&database_url()).await.unwrap();
 
     // The relay streams and confirms a first round, then stops (an orderly stop).
-    let mut relay = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-1");
-    wait_slot_streamed(&db).await;
-    let mut expected: Vec<Uuid> = produce(&db, "inv", 4, 1, 3).await;
-    sub.wait_ids(&expected, Duration::from_secs(30)).await;
+    let mut relay = env.spawn_relay(true, "cdc-relay-1");
+    wait_slot_streamed(&env.db).await;
+    let mut expected: Vec<Uuid> = produce(&env.db, "inv", 4, 1, 3).await;
+    env.sub.wait_ids(&expected, Duration::from_secs(30)).await;
     assert!(relay.terminate().await.success());
 
     // While it is down: events committed, then more WAL than the lowered limit allows, and a
     // checkpoint, at which the server invalidates the slot.
-    let pending = produce(&db, "inv", 4, 4, 6).await;
+    let pending = produce(&env.db, "inv", 4, 4, 6).await;
     expected.extend(pending.iter().copied());
     let lowered = KeepSizeLowered::set(&admin, "1MB", &slot).await;
-    db.exec("CREATE TABLE {s}.filler (n int8, pad text)").await;
+    env.db
+        .exec("CREATE TABLE {s}.filler (n int8, pad text)")
+        .await;
     let mut rounds = 0;
     loop {
         let status = wal_status(&admin, &slot).await;
@@ -138,7 +134,7 @@ async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_
             "the slot was not invalidated (wal_status {status:?})"
         );
         // About 16 MB of WAL (a segment), then a new segment and a checkpoint.
-        db.exec(
+        env.db.exec(
             "INSERT INTO {s}.filler SELECT n, repeat('x', 200) FROM generate_series(1, 60000) n",
         )
         .await;
@@ -148,58 +144,43 @@ async fn an_invalidated_slot_stops_the_relay_and_the_recovery_republishes_every_
     }
     drop(lowered);
     assert_eq!(
-        db.count("true").await,
+        env.db.count("true").await,
         pending.len() as i64,
         "the unconfirmed events are rows of the table"
     );
 
     // Started again as a service would start it (no --create-slot): it refuses to go on, and
     // says what happened and where the recovery is.
-    let refused = run(
-        relay_cmd(&db, &broker, &config, false),
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(!refused.status.success(), "{refused:?}");
+    let refused = env.relay_refused().await;
     assert!(
         refused.stderr.contains("can no longer be streamed")
             && refused.stderr.contains("a lost slot"),
         "{refused:?}"
     );
     assert_eq!(
-        db.count("true").await,
+        env.db.count("true").await,
         pending.len() as i64,
         "the refused relay deleted nothing"
     );
 
     // The guide's recovery: the polling relay, then CDC with --create-slot (which replaces
     // the invalidated slot) while it runs; more events committed meanwhile.
-    let mut polling = relay_cmd(&db, &broker, &config, false);
-    polling.args(["--mode", "polling"]);
-    let polling = ChildGuard::spawn(polling, "polling-relay");
-    let cdc = ChildGuard::spawn(relay_cmd(&db, &broker, &config, true), "cdc-relay-2");
-    wait_slot_streamed(&db).await;
+    let (polling, cdc) = env.start_recovery("cdc-relay-2");
+    wait_slot_streamed(&env.db).await;
     assert_ne!(
         wal_status(&admin, &slot).await.as_deref(),
         Some("lost"),
         "a new slot streams"
     );
-    let after = produce(&db, "inv", 4, 7, 9).await;
+    let after = produce(&env.db, "inv", 4, 7, 9).await;
     expected.extend(after.iter().copied());
-    let seen = sub.wait_ids(&expected, Duration::from_secs(60)).await;
-    let ids = assert_first_appearances_in_order(seen);
     let expected: HashSet<Uuid> = expected.into_iter().collect();
+    let ids = env
+        .first_appearances(&expected, Duration::from_secs(60))
+        .await;
     assert_eq!(
         ids, expected,
         "every event, those pending at the loss included"
     );
-    wait_until(Duration::from_secs(20), "published rows deleted", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
-    drop(polling);
-    drop(cdc);
-    db.cleanup().await;
-    broker.cleanup().await;
+    env.finish_recovery(polling, cdc).await;
 }

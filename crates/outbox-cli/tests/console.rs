@@ -27,10 +27,7 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
     )))
     .await;
 
-    let port = free_port();
-    let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
-    let mut console = spawn_console(cmd, port).await;
+    let (port, mut console) = spawn_console_with_token(&db, TOKEN).await;
 
     // The relay runs, but v1 is dead and v2 waits behind it: nothing is published.
     let (stop, relay_task) = nats.start_relay(&db).await;
@@ -41,19 +38,11 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
     let (status, overview) =
         console_call(port, "GET", "/api/v1/overview?exact=true", Some(TOKEN), "").await;
     assert_eq!(status, 200, "{overview}");
-    let cli = run(
-        {
-            let mut c = outbox(Some(db.name()), None, None);
-            c.args(["status", "--json"]);
-            c
-        },
-        QUICK,
-    )
-    .await;
+    let cli = run_cli(&db, None, None, &["status", "--json"]).await;
     assert!(cli.status.success(), "{cli:?}");
     let mut cli: Value = serde_json::from_str(cli.stdout.trim()).expect("status --json");
     // `status` adds the routes and the processes (the console's /routes and /instances).
-    let (_, routes) = console_call(port, "GET", "/api/v1/routes", None, "").await;
+    let (_, routes) = console_get(port, "/api/v1/routes").await;
     assert_eq!(
         cli["routes"]["routes"][0]["dead_letters"], routes["routes"][0]["dead_letters"],
         "{cli} {routes}"
@@ -75,17 +64,7 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
         r#"{{"event_ids": ["{}"], "reason": "limit raised"}}"#,
         v1.event_id
     );
-    let (status, e) = console_call(port, "POST", "/api/v1/dead-letters/requeue", None, &body).await;
-    assert_eq!(status, 401, "{e}");
-    let (status, r) = console_call(
-        port,
-        "POST",
-        "/api/v1/dead-letters/requeue",
-        Some(TOKEN),
-        &body,
-    )
-    .await;
-    assert_eq!(status, 200, "{r}");
+    let r = requeue_with_the_token_only(port, &body).await;
     assert_eq!(r["requeued"], 1);
     let seen = subscriber
         .wait_ids(&[v1.event_id, v2.event_id], Duration::from_secs(20))
@@ -113,31 +92,118 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
 #[tokio::test]
 async fn an_open_address_without_a_token_or_a_weak_token_is_refused_at_start() {
     let db = TestDb::new().await;
-    let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.args(["console", "--listen", "0.0.0.0:0"])
-        .env_remove("OUTBOX_CONSOLE_TOKEN");
-    let r = run(cmd, QUICK).await;
-    assert!(!r.status.success(), "{r:?}");
+    let r = console_refused(outbox(Some(db.name()), None, None), "0.0.0.0:0", None).await;
     assert!(
         r.stderr
             .contains("refusing to listen on 0.0.0.0:0 without a token"),
         "{r:?}"
     );
 
-    let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.args(["console", "--listen", "127.0.0.1:0"])
-        .env("OUTBOX_CONSOLE_TOKEN", "short");
-    let r = run(cmd, QUICK).await;
-    assert!(!r.status.success(), "{r:?}");
+    let r = console_refused(
+        outbox(Some(db.name()), None, None),
+        "127.0.0.1:0",
+        Some("short"),
+    )
+    .await;
     assert!(r.stderr.contains("at least 16 characters"), "{r:?}");
     db.cleanup().await;
 }
 
-/// `outbox …` with these arguments against `db`; its output.
+/// `outbox …` with these arguments against `db`, as the actor carol; its output.
 async fn cli(db: &TestDb, args: &[&str]) -> Run {
-    let mut c = outbox(Some(db.name()), None, None);
-    c.args(args).env("OUTBOX_ACTOR", "carol");
-    run(c, QUICK).await
+    run_cli(db, None, Some("carol"), args).await
+}
+
+/// `outbox …` with these arguments against `db`, with `config` and as `actor` when given; its
+/// output.
+async fn run_cli(
+    db: &TestDb,
+    config: Option<&TempFile>,
+    actor: Option<&str>,
+    args: &[&str],
+) -> Run {
+    run(cli_cmd(db, config, actor, args), QUICK).await
+}
+
+/// The command [`run_cli`] runs.
+fn cli_cmd(
+    db: &TestDb,
+    config: Option<&TempFile>,
+    actor: Option<&str>,
+    args: &[&str],
+) -> std::process::Command {
+    let mut c = outbox(Some(db.name()), None, config.map(TempFile::path));
+    c.args(args);
+    if let Some(actor) = actor {
+        c.env("OUTBOX_ACTOR", actor);
+    }
+    c
+}
+
+/// `cmd` as `outbox console --listen <listen>` with `OUTBOX_CONSOLE_TOKEN` set to `token`, or
+/// unset: asserts it refuses to start, and returns what it said.
+async fn console_refused(mut cmd: std::process::Command, listen: &str, token: Option<&str>) -> Run {
+    cmd.args(["console", "--listen", listen]);
+    match token {
+        Some(t) => cmd.env("OUTBOX_CONSOLE_TOKEN", t),
+        None => cmd.env_remove("OUTBOX_CONSOLE_TOKEN"),
+    };
+    let r = run(cmd, QUICK).await;
+    assert!(!r.status.success(), "{r:?}");
+    r
+}
+
+/// POSTs `body` to the console's dead-letter requeue on `port`: refused (401) without
+/// [`TOKEN`], done (200) with it. Returns the answer.
+async fn requeue_with_the_token_only(port: u16, body: &str) -> Value {
+    let path = "/api/v1/dead-letters/requeue";
+    let (status, e) = console_call(port, "POST", path, None, body).await;
+    assert_eq!(status, 401, "{e}");
+    let (status, r) = console_call(port, "POST", path, Some(TOKEN), body).await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+/// Stops `console` with SIGTERM, asserting that it exits cleanly, then drops `db`'s schema.
+async fn stop_console(mut console: ChildGuard, db: TestDb) {
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    db.cleanup().await;
+}
+
+/// A relay running in this process (see [`relay_in_process`]).
+struct InProcessRelay {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcessRelay {
+    /// Stops the relay and waits for its end.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+/// A relay in this process over `store`, publishing to `rabbit` with a 50 ms poll interval,
+/// until stopped.
+async fn relay_in_process(store: outbox_postgres::PgStore, rabbit: &RabbitEnv) -> InProcessRelay {
+    let relay = std::sync::Arc::new(
+        outbox_core::relay::Relay::new(
+            std::sync::Arc::new(store),
+            std::sync::Arc::new(rabbit.transport(&amqp_url()).await),
+            outbox_core::relay::RelayConfig {
+                poll_interval: Duration::from_millis(50),
+                ..outbox_core::relay::RelayConfig::default()
+            },
+        )
+        .expect("relay config"),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    InProcessRelay {
+        stop: stop.clone(),
+        task: tokio::spawn(relay.run(stop)),
+    }
 }
 
 #[tokio::test]
@@ -210,8 +276,8 @@ async fn cli_actions_are_audited_and_the_console_shows_the_same_records_and_trac
 
     // The console shows the CLI's records, as `outbox audit --json` does.
     let port = free_port();
-    let mut console = spawn_console(outbox(Some(db.name()), None, None), port).await;
-    let (status, audit) = console_call(port, "GET", "/api/v1/audit", None, "").await;
+    let console = spawn_console(outbox(Some(db.name()), None, None), port).await;
+    let (status, audit) = console_get(port, "/api/v1/audit").await;
     assert_eq!(status, 200, "{audit}");
     let out = cli(&db, &["audit", "--json"]).await;
     assert!(out.status.success(), "{out:?}");
@@ -239,14 +305,7 @@ async fn cli_actions_are_audited_and_the_console_shows_the_same_records_and_trac
     );
 
     // The discarded event's trace, from both.
-    let (status, t) = console_call(
-        port,
-        "GET",
-        &format!("/api/v1/trace/event/{}", c.event_id),
-        None,
-        "",
-    )
-    .await;
+    let (status, t) = console_get(port, &format!("/api/v1/trace/event/{}", c.event_id)).await;
     assert_eq!(status, 200, "{t}");
     let out = cli(&db, &["trace", &c.event_id.to_string()]).await;
     assert!(out.status.success(), "{out:?}");
@@ -260,9 +319,7 @@ async fn cli_actions_are_audited_and_the_console_shows_the_same_records_and_trac
     let agg: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(agg["outbox"][0]["state"], "pending");
 
-    let exit = console.terminate().await;
-    assert!(exit.success(), "{exit:?}");
-    db.cleanup().await;
+    stop_console(console, db).await;
 }
 
 #[tokio::test]
@@ -292,13 +349,13 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
     db.enqueue(&events).await;
     subscriber.wait_len(5, Duration::from_secs(20)).await;
     let port = free_port();
-    let mut console = spawn_console(outbox(Some(db.name()), None, None), port).await;
+    let console = spawn_console(outbox(Some(db.name()), None, None), port).await;
 
     // The relay is up, and its heartbeat wrote what it published (within a beat, 5 s).
     let deadline = std::time::Instant::now() + QUICK;
     let (instance, route) = loop {
-        let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
-        let (_, routes) = console_call(port, "GET", "/api/v1/routes", None, "").await;
+        let (_, list) = console_get(port, "/api/v1/instances").await;
+        let (_, routes) = console_get(port, "/api/v1/routes").await;
         let route = routes["routes"]
             .as_array()
             .and_then(|r| r.iter().find(|r| r["aggregate_type"] == "payment"))
@@ -344,7 +401,7 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
             "a third-party info line: {line}"
         );
     }
-    let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
+    let (_, list) = console_get(port, "/api/v1/instances").await;
     assert_eq!(list[0]["status"], "stopped", "{list}");
     for (age, status) in [(20, "late"), (60, "gone")] {
         db.exec(&format!(
@@ -352,13 +409,11 @@ async fn the_console_shows_a_running_relay_up_then_stopped_and_what_it_published
              heartbeat_at = now() - interval '{age} seconds'"
         ))
         .await;
-        let (_, list) = console_call(port, "GET", "/api/v1/instances", None, "").await;
+        let (_, list) = console_get(port, "/api/v1/instances").await;
         assert_eq!(list[0]["status"], status, "{age} s: {list}");
     }
 
-    let exit = console.terminate().await;
-    assert!(exit.success(), "{exit:?}");
-    db.cleanup().await;
+    stop_console(console, db).await;
 }
 
 #[tokio::test]
@@ -376,11 +431,12 @@ async fn the_token_comes_from_a_private_token_file_in_the_config() {
 
     // Readable by others: refused at start, saying how to fix it.
     std::fs::set_permissions(token_file.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut cmd = outbox(Some(db.name()), None, Some(config.path()));
-    cmd.args(["console", "--listen", "127.0.0.1:0"])
-        .env_remove("OUTBOX_CONSOLE_TOKEN");
-    let r = run(cmd, QUICK).await;
-    assert!(!r.status.success(), "{r:?}");
+    let r = console_refused(
+        outbox(Some(db.name()), None, Some(config.path())),
+        "127.0.0.1:0",
+        None,
+    )
+    .await;
     assert!(r.stderr.contains("chmod 600"), "{r:?}");
     assert!(!r.stderr.contains(TOKEN), "{r:?}");
 
@@ -389,27 +445,14 @@ async fn the_token_comes_from_a_private_token_file_in_the_config() {
     let port = free_port();
     let mut cmd = outbox(Some(db.name()), None, Some(config.path()));
     cmd.env_remove("OUTBOX_CONSOLE_TOKEN");
-    let mut console = spawn_console(cmd, port).await;
+    let console = spawn_console(cmd, port).await;
     let body = r#"{"all": true, "reason": "token file test"}"#;
-    let (status, e) = console_call(port, "POST", "/api/v1/dead-letters/requeue", None, body).await;
-    assert_eq!(status, 401, "{e}");
-    let (status, r) = console_call(
-        port,
-        "POST",
-        "/api/v1/dead-letters/requeue",
-        Some(TOKEN),
-        body,
-    )
-    .await;
-    assert_eq!(status, 200, "{r}");
-    let exit = console.terminate().await;
-    assert!(exit.success(), "{exit:?}");
-    db.cleanup().await;
+    requeue_with_the_token_only(port, body).await;
+    stop_console(console, db).await;
 }
 
 #[tokio::test]
 async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() {
-    use std::sync::Arc;
     let db = TestDb::new().await;
     // RabbitMQ: NATS JetStream would drop a replay inside its stream's duplicate window (the
     // same Nats-Msg-Id), as the guide says (docs/guide/src/retention.md, "Replay").
@@ -425,67 +468,39 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
         )
     };
     // A mark-mode relay, in process, until `stop`.
-    let relay = || async {
-        let relay = Arc::new(
-            outbox_core::relay::Relay::new(
-                Arc::new(mark()),
-                Arc::new(rabbit.transport(&amqp_url()).await),
-                outbox_core::relay::RelayConfig {
-                    poll_interval: Duration::from_millis(50),
-                    ..outbox_core::relay::RelayConfig::default()
-                },
-            )
-            .expect("relay config"),
-        );
-        let stop = tokio_util::sync::CancellationToken::new();
-        (stop.clone(), tokio::spawn(relay.run(stop)))
-    };
+    let relay = || relay_in_process(mark(), &rabbit);
     let versions: Vec<_> = (1..=3).map(|v| event("acc-1", v)).collect();
     db.enqueue(&versions).await;
-    let (stop, task) = relay().await;
+    let running = relay().await;
     subscriber.wait_len(3, Duration::from_secs(20)).await;
     wait_until(QUICK, "the rows marked published", || async {
         db.count("state = 'published'").await == 3
     })
     .await;
-    stop.cancel();
-    task.await.unwrap();
+    running.stop().await;
 
     // The CLI replays from v2: a dry run, then the replay expecting its count.
     let config = config_file("on_publish = \"mark\"", "");
-    let cli = |args: &[&str]| {
-        let mut c = outbox(Some(db.name()), None, Some(config.path()));
-        c.args(args).env("OUTBOX_ACTOR", "frank");
-        run(c, QUICK)
+    let replay_from_v2 = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            "--aggregate",
+            "payment/acc-1",
+            "--from-version",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        run(cli_cmd(&db, Some(&config), Some("frank"), &args), QUICK)
     };
-    let out = cli(&[
-        "replay",
-        "--aggregate",
-        "payment/acc-1",
-        "--from-version",
-        "2",
-        "--dry-run",
-    ])
-    .await;
+    let out = replay_from_v2(&["--dry-run"]).await;
     assert!(out.status.success(), "{out:?}");
     assert!(out.stdout.contains("would republish 2 event(s)"), "{out:?}");
-    let out = cli(&[
-        "replay",
-        "--aggregate",
-        "payment/acc-1",
-        "--from-version",
-        "2",
-        "--expect-events",
-        "2",
-        "--reason",
-        "reporting rebuilt",
-    ])
-    .await;
+    let out = replay_from_v2(&["--expect-events", "2", "--reason", "reporting rebuilt"]).await;
     assert!(out.status.success(), "{out:?}");
     assert_eq!(db.count("state = 'pending'").await, 2);
 
     // The relay republishes v2 then v3, with their original ids.
-    let (stop, task) = relay().await;
+    let running = relay().await;
     let seen = subscriber.wait_len(5, Duration::from_secs(20)).await;
     let ids: Vec<_> = seen.iter().map(|r| r.event_id).collect();
     assert_eq!(
@@ -498,8 +513,7 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
             versions[2].event_id
         ]
     );
-    stop.cancel();
-    task.await.unwrap();
+    running.stop().await;
     rabbit.cleanup().await;
     db.cleanup().await;
 }
@@ -511,7 +525,6 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
 /// only the resume's `rescan` wake-up brings them back within the test's 20 s.
 #[tokio::test]
 async fn a_paused_route_holds_its_events_at_a_running_relay_until_resumed() {
-    use std::sync::Arc;
     let db = TestDb::new().await;
     let rabbit = RabbitEnv::new().await;
     let subscriber = rabbit.subscriber().await;
@@ -523,24 +536,8 @@ async fn a_paused_route_holds_its_events_at_a_running_relay_until_resumed() {
             minute,
             minute,
         ));
-    let relay = Arc::new(
-        outbox_core::relay::Relay::new(
-            Arc::new(store),
-            Arc::new(rabbit.transport(&amqp_url()).await),
-            outbox_core::relay::RelayConfig {
-                poll_interval: Duration::from_millis(50),
-                ..outbox_core::relay::RelayConfig::default()
-            },
-        )
-        .expect("relay config"),
-    );
-    let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(relay.run(stop.clone()));
-    let cli = |args: &[&str]| {
-        let mut c = outbox(Some(db.name()), None, None);
-        c.args(args).env("OUTBOX_ACTOR", "grace");
-        run(c, QUICK)
-    };
+    let running = relay_in_process(store, &rabbit).await;
+    let cli = |args: &[&str]| run(cli_cmd(&db, None, Some("grace"), args), QUICK);
     let out = cli(&["pause", "--aggregate-type", "payment"]).await;
     assert!(!out.status.success(), "a pause needs a reason: {out:?}");
     assert!(out.stderr.contains("needs a reason"), "{out:?}");
@@ -587,8 +584,7 @@ async fn a_paused_route_holds_its_events_at_a_running_relay_until_resumed() {
     assert!(!out.status.success(), "not paused any more: {out:?}");
     let out = cli(&["pauses"]).await;
     assert!(out.stdout.contains("nothing is paused"), "{out:?}");
-    stop.cancel();
-    task.await.unwrap();
+    running.stop().await;
     rabbit.cleanup().await;
     db.cleanup().await;
 }

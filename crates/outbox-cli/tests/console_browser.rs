@@ -62,6 +62,17 @@ async fn browser() -> Browser {
     }
 }
 
+/// `outbox console` on `db` with [`TOKEN`], and a browser showing its page.
+async fn console_in_a_browser(db: &TestDb) -> (ChildGuard, Browser) {
+    let (port, console) = spawn_console_with_token(db, TOKEN).await;
+    let b = browser().await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{port}/"))
+        .await
+        .expect("open the console");
+    (console, b)
+}
+
 async fn text(client: &Client, css: &str) -> String {
     match client.find(Locator::Css(css)).await {
         Ok(e) => e.text().await.unwrap_or_default(),
@@ -111,16 +122,8 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     )))
     .await;
 
-    let port = free_port();
-    let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
-    let mut console = spawn_console(cmd, port).await;
-
-    let b = browser().await;
+    let (mut console, b) = console_in_a_browser(&db).await;
     let c = &b.client;
-    c.goto(&format!("http://127.0.0.1:{port}/"))
-        .await
-        .expect("open the console");
 
     // The overview is the database's numbers.
     let db_pending = db.count("state = 'pending'").await;
@@ -165,8 +168,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     // Without the token the action is refused, and nothing changes.
     let select_d1 = format!("tr[data-event-id='{}'] input", d1.event_id);
     click(c, &select_d1).await;
-    click(c, "#requeue-selected").await;
-    wait_text(c, "#action-result", "the refusal", |t| {
+    act(c, "#requeue-selected", "the refusal", |t| {
         t.starts_with("refused:") && t.contains("needs the console token")
     })
     .await;
@@ -191,8 +193,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     assert_eq!(subscriber.len(), 0, "the relay published a paused route");
     assert_eq!(db.count("state = 'pending'").await, 4);
     screenshot(c, "paused.png").await;
-    click(c, "#pauses tbody button").await;
-    wait_text(c, "#action-result", "the resume", |t| {
+    act(c, "#pauses tbody button", "the resume", |t| {
         t == "resumed route type:payment"
     })
     .await;
@@ -210,8 +211,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
         .await
         .unwrap();
     assert_eq!(selected, serde_json::json!(true));
-    click(c, "#requeue-selected").await;
-    wait_text(c, "#action-result", "the requeue", |t| t == "requeued 1").await;
+    act(c, "#requeue-selected", "the requeue", |t| t == "requeued 1").await;
     let seen = subscriber
         .wait_ids(
             &[
@@ -283,6 +283,33 @@ async fn click_at(c: &Client, at: Locator<'_>) {
     }
 }
 
+/// Clicks the button `css`, then waits until the page's action result satisfies `ok`.
+async fn act(c: &Client, css: &str, what: &str, ok: impl Fn(&str) -> bool) {
+    click(c, css).await;
+    wait_text(c, "#action-result", what, ok).await;
+}
+
+/// Opens the tab `tab`, then waits until the element `css` satisfies `ok`; returns its text.
+async fn open_tab(
+    c: &Client,
+    tab: &str,
+    css: &str,
+    what: &str,
+    ok: impl Fn(&str) -> bool,
+) -> String {
+    click(c, &format!("#tabs [data-tab='{tab}']")).await;
+    wait_text(c, css, what, ok).await
+}
+
+/// The heartbeat of a process of `kind` named `name` on `db`'s schema.
+fn heartbeat(
+    db: &TestDb,
+    kind: outbox_postgres::heartbeat::InstanceKind,
+    name: &str,
+) -> outbox_postgres::heartbeat::Heartbeat {
+    outbox_postgres::heartbeat::Heartbeat::new(db.store(), kind, name).unwrap()
+}
+
 async fn type_into(c: &Client, css: &str, text: &str) {
     let e = c.find(Locator::Css(css)).await.unwrap();
     e.clear().await.unwrap();
@@ -326,13 +353,11 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     // A consumer's heartbeat, as a service embedding one runs it.
     let beat_stop = tokio_util::sync::CancellationToken::new();
     let beat = tokio::spawn(
-        outbox_postgres::heartbeat::Heartbeat::new(
-            db.store().pool().clone(),
-            db.store().schema().clone(),
+        heartbeat(
+            &db,
             outbox_postgres::heartbeat::InstanceKind::Consumer,
             "ledger",
         )
-        .unwrap()
         .with_stats(|| serde_json::json!({ "applied": 42 }))
         .run(beat_stop.clone()),
     );
@@ -344,24 +369,17 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
         &"attempt 3: Unavailable: broker <b>down</b>",
     );
     let relay_beat = tokio::spawn(
-        outbox_postgres::heartbeat::Heartbeat::new(
-            db.store().pool().clone(),
-            db.store().schema().clone(),
+        heartbeat(
+            &db,
             outbox_postgres::heartbeat::InstanceKind::Relay,
             "polling",
         )
-        .unwrap()
         .with_health(health)
         .run(beat_stop.clone()),
     );
 
-    let port = free_port();
-    let mut cmd = outbox(Some(db.name()), None, None);
-    cmd.env("OUTBOX_CONSOLE_TOKEN", TOKEN);
-    let mut console = spawn_console(cmd, port).await;
-    let b = browser().await;
+    let (mut console, b) = console_in_a_browser(&db).await;
     let c = &b.client;
-    c.goto(&format!("http://127.0.0.1:{port}/")).await.unwrap();
     let process = wait_text(c, "#instances tbody", "both heartbeats", |t| {
         t.contains("ledger") && t.contains("polling")
     })
@@ -447,8 +465,7 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     assert_eq!(kept, 1);
 
     // The conflict: both payloads side by side, the received one as text, never as markup.
-    click(c, "#tabs [data-tab='consumers']").await;
-    wait_text(c, "#conflicts tbody", "the conflict", |t| {
+    open_tab(c, "consumers", "#conflicts tbody", "the conflict", |t| {
         t.contains("ledger")
     })
     .await;
@@ -467,8 +484,7 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     screenshot(c, "conflict.png").await;
     // Resolved with a reason from its row: it leaves the open count, shown as resolved.
     type_into(c, "#conflict-reason", "producer fixed").await;
-    click(c, "#conflicts tbody td button + button").await;
-    wait_text(c, "#action-result", "resolve", |t| {
+    act(c, "#conflicts tbody td button + button", "resolve", |t| {
         t == "resolved 1 conflict(s)"
     })
     .await;
@@ -482,14 +498,12 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     assert_eq!(open, 0);
 
     // The unknown outcome: reconcile now.
-    click(c, "#tabs [data-tab='effects']").await;
-    wait_text(c, "#work-items tbody", "the work item", |t| {
+    open_tab(c, "effects", "#work-items tbody", "the work item", |t| {
         t.contains("payout-7")
     })
     .await;
     screenshot(c, "work-items.png").await;
-    click(c, "#work-items tbody button").await;
-    wait_text(c, "#action-result", "reconcile", |t| {
+    act(c, "#work-items tbody button", "reconcile", |t| {
         t.ends_with("lookup due now")
     })
     .await;
@@ -511,8 +525,7 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     screenshot(c, "trace.png").await;
 
     // The audit: both actions, by the name typed, with the token's fingerprint.
-    click(c, "#tabs [data-tab='audit']").await;
-    let audit = wait_text(c, "#audit tbody", "the audit", |t| {
+    let audit = open_tab(c, "audit", "#audit tbody", "the audit", |t| {
         t.contains("reconcile work item") && t.contains("discard dead letters")
     })
     .await;

@@ -122,6 +122,38 @@ fn config(db: &TestDb, extra_debezium: &str) -> TempFile {
     )
 }
 
+/// Runs `outbox relay` with `cfg` on Kafka (as the child `name`) until the bridged events
+/// drained from the table, checks that it still runs, and returns the `n` records of `topic`
+/// read then.
+async fn relay_and_read(
+    db: &TestDb,
+    cfg: &TempFile,
+    name: &str,
+    topic: &str,
+    n: usize,
+) -> Vec<Record> {
+    let mut c = outbox(Some(db.name()), Some(&kafka_url()), Some(cfg.path()));
+    c.arg("relay");
+    let mut relay = ChildGuard::spawn(c, name);
+    wait_until(
+        Duration::from_secs(30),
+        "the bridged events to drain",
+        || async { db.count("true").await == 0 },
+    )
+    .await;
+    relay.assert_running();
+    read_topic(topic, PARTITIONS, n).await
+}
+
+/// A row of the router's table: the SQL literals of its `id`, `aggregatetype`, `aggregateid`,
+/// `type` and `payload`, by column.
+fn row(values: [&str; 5]) -> Vec<(&str, &str)> {
+    ["id", "aggregatetype", "aggregateid", "type", "payload"]
+        .into_iter()
+        .zip(values)
+        .collect()
+}
+
 /// Inserts a row as a Debezium producer does: insert, then delete, in one transaction.
 async fn produce(db: &TestDb, row: &[(&str, &str)], delete_after: bool) {
     let mut tx = db.pool.begin().await.unwrap();
@@ -150,7 +182,6 @@ async fn a_debezium_layout_table_drains_as_the_routers_defaults_emit_it() {
     let db = TestDb::new().await;
     db.exec(DEBEZIUM_TABLE).await;
     let cfg = config(&db, "");
-    let url = kafka_url();
 
     let sql = cli(&db, Some(&cfg), &["debezium", "sql"]).await;
     assert!(sql.status.success(), "{sql:?}");
@@ -174,47 +205,24 @@ async fn a_debezium_layout_table_drains_as_the_routers_defaults_emit_it() {
         Uuid::now_v7(),
     );
     let q = |u: &Uuid| format!("'{u}'");
-    produce(
-        &db,
-        &[
-            ("id", &q(&u1)),
-            ("aggregatetype", &at),
-            ("aggregateid", "'10711fa5'"),
-            ("type", "'UserCreated'"),
-            ("payload", r#"'{"id": 1, "name": "Ann"}'"#),
-            ("timestamp", "'2019-03-24 20:52:59'"),
-        ],
-        true,
-    )
-    .await;
+    let (q1, q2, q3, q4) = (q(&u1), q(&u2), q(&u3), q(&u4));
+    let ann = r#"'{"id": 1, "name": "Ann"}'"#;
+    let mut first = row([&q1, &at, "'10711fa5'", "'UserCreated'", ann]);
+    first.push(("timestamp", "'2019-03-24 20:52:59'"));
+    produce(&db, &first, true).await;
     // Spacing and key order as the producer wrote them; jsonb normalises both.
-    produce(
-        &db,
-        &[
-            ("id", &q(&u2)),
-            ("aggregatetype", &at),
-            ("aggregateid", "'10711fa5'"),
-            ("type", "'UserUpdated'"),
-            ("payload", r#"'{"name":"Bob",   "id":1}'"#),
-            (
-                "tracingspancontext",
-                "E'#Thu Dec 03 2026\\ntraceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\\n'",
-            ),
-        ],
-        true,
-    )
-    .await;
+    let bob = r#"'{"name":"Bob",   "id":1}'"#;
+    let mut second = row([&q2, &at, "'10711fa5'", "'UserUpdated'", bob]);
+    second.push((
+        "tracingspancontext",
+        "E'#Thu Dec 03 2026\\ntraceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\\n'",
+    ));
+    produce(&db, &second, true).await;
     // Kept in the table (a producer that cleans up on a schedule), then updated: the update
     // publishes nothing.
     produce(
         &db,
-        &[
-            ("id", &q(&u3)),
-            ("aggregatetype", &at),
-            ("aggregateid", "'a-2'"),
-            ("type", "'UserDeleted'"),
-            ("payload", "NULL"),
-        ],
+        &row([&q3, &at, "'a-2'", "'UserDeleted'", "NULL"]),
         false,
     )
     .await;
@@ -230,15 +238,10 @@ async fn a_debezium_layout_table_drains_as_the_routers_defaults_emit_it() {
         .unwrap();
         tx.rollback().await.unwrap();
     }
+    let cy = r#"'{"name": "Cy", "tags": ["a", "b"]}'"#;
     produce(
         &db,
-        &[
-            ("id", &q(&u4)),
-            ("aggregatetype", &at),
-            ("aggregateid", "'10711fa5'"),
-            ("type", "'UserRenamed'"),
-            ("payload", r#"'{"name": "Cy", "tags": ["a", "b"]}'"#),
-        ],
+        &row([&q4, &at, "'10711fa5'", "'UserRenamed'", cy]),
         true,
     )
     .await;
@@ -249,23 +252,7 @@ async fn a_debezium_layout_table_drains_as_the_routers_defaults_emit_it() {
         "one aggregate's three events"
     );
 
-    let mut relay = ChildGuard::spawn(
-        {
-            let mut c = outbox(Some(db.name()), Some(&url), Some(&cfg.0));
-            c.arg("relay");
-            c
-        },
-        "debezium-relay",
-    );
-    wait_until(
-        Duration::from_secs(30),
-        "the bridged events to drain",
-        || async { db.count("true").await == 0 },
-    )
-    .await;
-    relay.assert_running();
-    let records = read_topic(&topic, PARTITIONS, 4).await;
-    drop(relay);
+    let records = relay_and_read(&db, &cfg, "debezium-relay", &topic, 4).await;
 
     let id = |u: &Uuid| vec![("id".to_owned(), Some(u.to_string().into_bytes()))];
     let mut traced = id(&u2);
@@ -313,18 +300,8 @@ async fn a_debezium_layout_table_drains_as_the_routers_defaults_emit_it() {
     // Removing the bridge: inserts are no longer events.
     let remove = cli(&db, Some(&cfg), &["debezium", "remove"]).await;
     assert!(remove.status.success(), "{remove:?}");
-    produce(
-        &db,
-        &[
-            ("id", &q(&Uuid::now_v7())),
-            ("aggregatetype", &at),
-            ("aggregateid", "'a-4'"),
-            ("type", "'After'"),
-            ("payload", "'{}'"),
-        ],
-        false,
-    )
-    .await;
+    let after = q(&Uuid::now_v7());
+    produce(&db, &row([&after, &at, "'a-4'", "'After'", "'{}'"]), false).await;
     assert_eq!(db.count("true").await, 0);
     db.cleanup().await;
 }
@@ -377,18 +354,8 @@ async fn bridge_settings_that_do_not_fit_the_table_are_refused_by_name() {
         missing.stderr
     );
     // Nothing was installed by the refusals.
-    produce(
-        &db,
-        &[
-            ("id", &format!("'{}'", Uuid::now_v7())),
-            ("aggregatetype", "'X'"),
-            ("aggregateid", "'x'"),
-            ("type", "'T'"),
-            ("payload", "'{}'"),
-        ],
-        false,
-    )
-    .await;
+    let id = format!("'{}'", Uuid::now_v7());
+    produce(&db, &row([&id, "'X'", "'x'", "'T'", "'{}'"]), false).await;
     assert_eq!(db.count("true").await, 0);
     db.cleanup().await;
 }
@@ -430,22 +397,14 @@ async fn our_table_is_what_the_documented_debezium_connector_reads() {
             .map(|(_, t)| t.clone())
             .unwrap_or_else(|| panic!("the connector reads `{column}`, which events lacks"))
     };
-    assert_eq!(
-        type_of(&property("transforms.outbox.table.field.event.id")),
-        "uuid"
-    );
-    assert_eq!(
-        type_of(&property("transforms.outbox.table.field.event.key")),
-        "text"
-    );
-    assert_eq!(
-        type_of(&property("transforms.outbox.table.field.event.payload")),
-        "bytea"
-    );
-    assert_eq!(
-        type_of(&property("transforms.outbox.route.by.field")),
-        "text"
-    );
+    for (name, column_type) in [
+        ("transforms.outbox.table.field.event.id", "uuid"),
+        ("transforms.outbox.table.field.event.key", "text"),
+        ("transforms.outbox.table.field.event.payload", "bytea"),
+        ("transforms.outbox.route.by.field", "text"),
+    ] {
+        assert_eq!(type_of(&property(name)), column_type, "{name}");
+    }
     for placement in property("transforms.outbox.table.fields.additional.placement").split(',') {
         type_of(placement.split(':').next().unwrap());
     }
@@ -523,23 +482,8 @@ async fn custom_columns_placements_and_json_string_values() {
     }
     assert_eq!(db.count("event_type = 'unknown'").await, 1, "a NULL type");
 
-    let mut relay = ChildGuard::spawn(
-        {
-            let mut c = outbox(Some(db.name()), Some(&kafka_url()), Some(cfg.path()));
-            c.arg("relay");
-            c
-        },
-        "debezium-relay-custom",
-    );
-    wait_until(
-        Duration::from_secs(30),
-        "the bridged events to drain",
-        || async { db.count("true").await == 0 },
-    )
-    .await;
-    relay.assert_running();
-    let records = read_topic(&format!("outbox.event.{kind}"), PARTITIONS, 2).await;
-    drop(relay);
+    let topic = format!("outbox.event.{kind}");
+    let records = relay_and_read(&db, &cfg, "debezium-relay-custom", &topic, 2).await;
 
     assert_eq!(records.len(), 2, "{records:#?}");
     let header = |name: &str, value: &str| (name.to_owned(), Some(value.as_bytes().to_vec()));

@@ -19,7 +19,6 @@ use outbox_core::consumer::{ConsumerReport, OrderingGuard};
 use outbox_core::{OutboxMessage, wire};
 use outbox_testkit::amqp::{Properties, RawPublisher, Table, Value, nested_tables};
 
-const MIB: usize = 1 << 20;
 /// The acceptance bound: the valid event behind a hostile message is applied within this.
 const APPLIED_WITHIN: Duration = Duration::from_secs(5);
 
@@ -357,14 +356,7 @@ async fn run_cases(cases: Vec<Case>) {
         unreachable!("a RabbitMQ environment");
     };
     let exchange = rabbit.exchange.clone();
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
-    let mut consumer = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let (mut consumer, log) = env.ledger(MIB, OrderingGuard::Off).await;
     let mut publisher = RawPublisher::connect(&amqp_url())
         .await
         .expect("raw AMQP publisher");
@@ -496,13 +488,7 @@ async fn what_rabbitmq_refuses_never_reaches_the_consumer() {
     };
     let exchange = rabbit.exchange.clone();
     let queue = env.endpoint_name();
-    let src = env.source(&queue, MIB).await;
-    let mut consumer = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let mut consumer = env.ledger_consumer(env.source(&queue, MIB).await, OrderingGuard::Off);
     let msg = fresh("PaymentCreated");
     let refused: Vec<(&str, Properties, &str)> = vec![
         (

@@ -6,15 +6,10 @@
 mod common;
 mod inbox_common;
 
-use std::time::Duration;
-
 use common::*;
 use inbox_common::*;
 use outbox_core::consumer::{ConsumerReport, OrderingGuard};
 use outbox_core::{OutboxMessage, Payload};
-
-const MIB: usize = 1 << 20;
-const T: Duration = Duration::from_secs(20);
 
 on_both_brokers!(
     a_nul_in_the_content_type_is_dead_lettered_and_the_next_is_applied,
@@ -53,14 +48,7 @@ async fn dead_letter_then_apply(
 /// database error, redelivered for ever, and nothing behind it was processed.
 async fn a_nul_in_the_content_type_is_dead_lettered_and_the_next_is_applied(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let (mut c, log) = env.ledger(MIB, OrderingGuard::Off).await;
     let content_type = "application/json\0; charset=evil";
     let mut poison = fresh("PaymentCreated");
     poison.payload = Payload::bytes(content_type, poison.payload.bytes.clone());
@@ -127,13 +115,7 @@ fn incompressible_wide(len: usize) -> String {
 /// guard's insert failed, and the delivery came back for ever.
 async fn an_aggregate_id_over_the_key_limit_is_dead_lettered_and_the_next_is_applied(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Wait,
-    );
+    let (mut c, _) = env.ledger(MIB, OrderingGuard::Wait).await;
     let poison = fresh("PaymentCreated");
     let long = incompressible(4000);
     env.publish_raw(&poison, poison.payload.bytes.to_vec(), |a| {
@@ -227,7 +209,6 @@ mod property {
     use std::sync::Arc;
 
     use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
     use lapin::types::{AMQPValue, FieldTable, LongString};
     use outbox_core::consumer::{ConsumerReport, Handler, HandlerError, OrderingGuard};
     use outbox_core::{IncomingEvent, OutboxMessage, Payload, wire};
@@ -237,7 +218,7 @@ mod property {
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
     use sqlx::{AssertSqlSafe, PgConnection};
 
-    use super::{T, incompressible_wide};
+    use super::incompressible_wide;
     use crate::common::*;
     use crate::inbox_common::*;
 
@@ -569,12 +550,7 @@ mod property {
                 if let Some(c) = &w.content_type {
                     headers.insert("Content-Type", c.as_str());
                 }
-                t.jetstream()
-                    .publish_with_headers(subject, headers, w.body.clone().into())
-                    .await
-                    .expect("publish")
-                    .await
-                    .expect("stored");
+                jetstream_publish(t, subject, headers, w.body.clone().into()).await;
             }
             (None, BrokerEnv::Rabbit(r)) => {
                 let mut table = FieldTable::default();
@@ -596,23 +572,10 @@ mod property {
                 if let Some(c) = &w.content_type {
                     props = props.with_content_type(c.as_str().into());
                 }
-                r.channel
-                    .basic_publish(
-                        r.exchange.as_str().into(),
-                        "payment.probe".into(),
-                        BasicPublishOptions::default(),
-                        &w.body,
-                        props,
-                    )
-                    .await
-                    .expect("basic.publish")
-                    .await
-                    .expect("publish confirm");
+                amqp_publish(r, "payment.probe", &w.body, props).await;
             }
             (None, BrokerEnv::Kafka(k)) => {
                 use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
-                use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-                let producer: FutureProducer = kafka_client().create().expect("producer");
                 let mut headers = OwnedHeaders::new();
                 for (name, value) in &w.attributes {
                     headers = headers.insert(Header {
@@ -632,15 +595,7 @@ mod property {
                         value: Some(c.as_bytes()),
                     });
                 }
-                let record = FutureRecord::to(&k.topic)
-                    .key("probe")
-                    .payload(&w.body)
-                    .headers(headers);
-                producer
-                    .send(record, std::time::Duration::from_secs(10))
-                    .await
-                    .map_err(|(e, _)| e)
-                    .expect("produce");
+                kafka_produce(k, b"probe", headers, &w.body).await;
             }
             _ => unreachable!("a transport of the environment's broker"),
         }

@@ -67,12 +67,7 @@ async fn hostile_then_valid(prefetch: usize) {
     let env = Env::new(Kind::Nats).await;
     let wire = env.nats_wire.as_ref().expect("the NATS transport");
     let (src, client) = source(&env, prefetch).await;
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let mut c = env.ledger_consumer(src, OrderingGuard::Off);
     let mut raw = RawNats::connect(&nats_url())
         .await
         .expect("raw NATS connection");

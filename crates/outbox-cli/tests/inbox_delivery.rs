@@ -15,9 +15,6 @@ use inbox_common::*;
 use outbox_core::consumer::{ConsumerReport, OrderingGuard};
 use serde_json::json;
 
-const MIB: usize = 1 << 20;
-const T: Duration = Duration::from_secs(20);
-
 on_both_brokers!(
     same_event_delivered_n_times_has_one_effect,
     two_instances_racing_on_one_event_have_one_effect,
@@ -35,18 +32,57 @@ fn agg() -> String {
     format!("pay-{}", uid())
 }
 
+/// A `ledger` consumer with the ordering guard `ordering`, and versions 1 to 3 of a fresh
+/// aggregate, of which 1 and 3 are published (2 is the gap). Returns the consumer, its
+/// source's delivery log and the three versions.
+async fn versions_with_a_gap(
+    env: &Env,
+    ordering: OrderingGuard,
+) -> (
+    outbox_postgres::PgConsumer<Src, TestHandler>,
+    Arc<std::sync::Mutex<Log>>,
+    Vec<outbox_core::OutboxMessage>,
+) {
+    let (c, log) = env.ledger(MIB, ordering).await;
+    let a = agg();
+    let v: Vec<_> = (1..=3)
+        .map(|n| message(&a, n, "PaymentUpdated", json!({"v": n})))
+        .collect();
+    env.publish(&v[0]).await;
+    env.publish(&v[2]).await;
+    (c, log, v)
+}
+
+/// A `ledger` consumer whose handler refuses every event for good while the returned flag is
+/// set, run until it dead-lettered one published event. Returns the consumer, its source's
+/// delivery log, the flag, the event and the runs' totals.
+async fn dead_lettered_by_the_handler(
+    env: &Env,
+) -> (
+    outbox_postgres::PgConsumer<Src, TestHandler>,
+    Arc<std::sync::Mutex<Log>>,
+    Arc<std::sync::atomic::AtomicBool>,
+    outbox_core::OutboxMessage,
+    ConsumerReport,
+) {
+    let handler = TestHandler::new(env, "ledger");
+    handler
+        .permanent
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let permanent = Arc::clone(&handler.permanent);
+    let (mut c, log) = env.ledger_with(MIB, handler, OrderingGuard::Off).await;
+    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
+    env.publish(&msg).await;
+    let mut t = ConsumerReport::default();
+    run_until(&mut c, &mut t, T, "dead-lettered", |t| t.dead_lettered >= 1).await;
+    (c, log, permanent, msg, t)
+}
+
 /// Case 1: One event on the wire N = 6 times: one effect, N - 1 duplicates, every copy acked.
 async fn same_event_delivered_n_times_has_one_effect(kind: Kind) {
     const N: usize = 6;
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let (mut c, log) = env.ledger(MIB, OrderingGuard::Off).await;
     let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 100}));
     env.publish(&msg).await;
     for _ in 1..N {
@@ -142,14 +178,7 @@ async fn two_instances_racing_on_one_event_have_one_effect(kind: Kind) {
 /// conflicts list` and `outbox status --json`, and never applied.
 async fn same_id_different_payload_is_a_loud_conflict(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let (mut c, log) = env.ledger(MIB, OrderingGuard::Off).await;
     let first = message(&agg(), 1, "PaymentCreated", json!({"amount": 100}));
     let reused = with_payload(&first, json!({"amount": 999_999}));
     env.publish(&first).await;
@@ -175,15 +204,7 @@ async fn same_id_different_payload_is_a_loud_conflict(kind: Kind) {
     // The default policy acknowledges after recording.
     assert_eq!(log.lock().unwrap().acks_of(&first.event_id.to_string()), 2);
 
-    let list = run(
-        {
-            let mut cmd = outbox(Some(env.db.name()), None, None);
-            cmd.args(["conflicts", "list"]);
-            cmd
-        },
-        T,
-    )
-    .await;
+    let list = env.cli(&["conflicts", "list"]).await;
     assert!(list.status.success(), "{list:?}");
     assert!(
         list.stdout.contains(&first.event_id.to_string())
@@ -197,15 +218,7 @@ async fn same_id_different_payload_is_a_loud_conflict(kind: Kind) {
         "both fingerprints shown: {}",
         list.stdout
     );
-    let status = run(
-        {
-            let mut cmd = outbox(Some(env.db.name()), None, None);
-            cmd.args(["status", "--json"]);
-            cmd
-        },
-        T,
-    )
-    .await;
+    let status = env.cli(&["status", "--json"]).await;
     assert!(status.status.success(), "{status:?}");
     let v: serde_json::Value = serde_json::from_str(status.stdout.trim())
         .unwrap_or_else(|e| panic!("status --json: {e}: {}", status.stdout));
@@ -244,14 +257,12 @@ async fn two_consumer_names_get_one_effect_each(kind: Kind) {
 /// the third delivery, one effect, no dead letter.
 async fn transient_handler_error_is_retried_without_a_second_effect(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
     let handler = TestHandler::new(&env, "ledger");
     handler
         .transient_failures
         .store(2, std::sync::atomic::Ordering::SeqCst);
     let calls = Arc::clone(&handler.calls);
-    let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
+    let (mut c, log) = env.ledger_with(MIB, handler, OrderingGuard::Off).await;
     let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
     env.publish(&msg).await;
     let mut t = ConsumerReport::default();
@@ -281,18 +292,7 @@ async fn transient_handler_error_is_retried_without_a_second_effect(kind: Kind) 
 /// applies it exactly once, and a second requeue changes nothing.
 async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
-    let handler = TestHandler::new(&env, "ledger");
-    handler
-        .permanent
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let permanent = Arc::clone(&handler.permanent);
-    let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
-    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
-    env.publish(&msg).await;
-    let mut t = ConsumerReport::default();
-    run_until(&mut c, &mut t, T, "dead-lettered", |t| t.dead_lettered >= 1).await;
+    let (mut c, log, permanent, msg, t) = dead_lettered_by_the_handler(&env).await;
     let after = run_for(&mut c, QUIET).await;
     assert_eq!((t.processed, t.dead_lettered), (0, 1), "{t:?}");
     assert_eq!(
@@ -311,12 +311,7 @@ async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind)
         "the inbox row is rolled back"
     );
 
-    let cli = |args: &'static [&'static str]| {
-        let mut cmd = outbox(Some(env.db.name()), None, None);
-        cmd.args(args);
-        run(cmd, T)
-    };
-    let list = cli(&["consumer-dead-letters", "list"]).await;
+    let list = env.cli(&["consumer-dead-letters", "list"]).await;
     assert!(list.status.success(), "{list:?}");
     assert!(
         list.stdout.contains(&msg.event_id.to_string())
@@ -330,7 +325,9 @@ async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind)
     );
 
     permanent.store(false, std::sync::atomic::Ordering::SeqCst);
-    let requeue = cli(&["consumer-dead-letters", "requeue", "--all"]).await;
+    let requeue = env
+        .cli(&["consumer-dead-letters", "requeue", "--all"])
+        .await;
     assert!(
         requeue.status.success() && requeue.stdout.contains("requeued 1"),
         "{requeue:?}"
@@ -342,7 +339,9 @@ async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind)
         env.effects("ledger").await >= 1
     })
     .await;
-    let again = cli(&["consumer-dead-letters", "requeue", "--all"]).await;
+    let again = env
+        .cli(&["consumer-dead-letters", "requeue", "--all"])
+        .await;
     assert!(
         again.status.success() && again.stdout.contains("requeued 0"),
         "a resolved dead letter is not requeued again: {again:?}"
@@ -356,7 +355,7 @@ async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind)
         "exactly once"
     );
     assert_eq!(env.inbox_rows("ledger").await, 1);
-    let list = cli(&["consumer-dead-letters", "list"]).await;
+    let list = env.cli(&["consumer-dead-letters", "list"]).await;
     assert!(
         list.stdout.contains("no consumer dead letters"),
         "{}",
@@ -371,14 +370,7 @@ async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind)
 /// applied.
 async fn malformed_and_oversize_messages_are_dead_lettered_and_acked(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), 512).await;
-    let log = src.log_handle();
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let (mut c, log) = env.ledger(512, OrderingGuard::Off).await;
     let a = agg();
     let base = message(&a, 1, "PaymentCreated", json!({"case": "template"}));
     let missing_body = b"missing-attributes body".to_vec();
@@ -451,9 +443,9 @@ async fn malformed_and_oversize_messages_are_dead_lettered_and_acked(kind: Kind)
             "{key}: {log:?}"
         );
     }
-    let mut cmd = outbox(Some(env.db.name()), None, None);
-    cmd.args(["consumer-dead-letters", "list", "--consumer", "ledger"]);
-    let list = run(cmd, T).await;
+    let list = env
+        .cli(&["consumer-dead-letters", "list", "--consumer", "ledger"])
+        .await;
     assert!(list.status.success(), "{list:?}");
     assert_eq!(
         list.stdout.matches("error: malformed: ").count(),
@@ -468,20 +460,7 @@ async fn malformed_and_oversize_messages_are_dead_lettered_and_acked(kind: Kind)
 /// arrives; then v2 and v3 are applied, in order, each once.
 async fn ordering_guard_wait_holds_a_gap_until_the_missing_version(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let log = src.log_handle();
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Wait,
-    );
-    let a = agg();
-    let v: Vec<_> = (1..=3)
-        .map(|n| message(&a, n, "PaymentUpdated", json!({"v": n})))
-        .collect();
-    env.publish(&v[0]).await;
-    env.publish(&v[2]).await;
+    let (mut c, log, v) = versions_with_a_gap(&env, OrderingGuard::Wait).await;
     let mut t = ConsumerReport::default();
     run_until(&mut c, &mut t, T, "v1 applied and v3 held", |t| {
         t.processed >= 1 && t.nacked >= 3
@@ -511,19 +490,7 @@ async fn ordering_guard_wait_holds_a_gap_until_the_missing_version(kind: Kind) {
 /// absorbed as stale (recorded, no effect).
 async fn ordering_guard_apply_anyway_absorbs_the_late_version_as_stale(kind: Kind) {
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::ApplyAnyway,
-    );
-    let a = agg();
-    let v: Vec<_> = (1..=3)
-        .map(|n| message(&a, n, "PaymentUpdated", json!({"v": n})))
-        .collect();
-    env.publish(&v[0]).await;
-    env.publish(&v[2]).await;
+    let (mut c, _, v) = versions_with_a_gap(&env, OrderingGuard::ApplyAnyway).await;
     let mut t = ConsumerReport::default();
     run_until(&mut c, &mut t, T, "v1 and v3 applied", |t| t.processed >= 2).await;
     env.publish(&v[1]).await;
@@ -551,17 +518,7 @@ async fn ordering_guard_apply_anyway_absorbs_the_late_version_as_stale(kind: Kin
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn run_batch_applies_requeued_dead_letters_as_documented() {
     let env = Env::new(Kind::Nats).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let handler = TestHandler::new(&env, "ledger");
-    handler
-        .permanent
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let permanent = Arc::clone(&handler.permanent);
-    let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);
-    let msg = message(&agg(), 1, "PaymentCreated", json!({"amount": 1}));
-    env.publish(&msg).await;
-    let mut t = ConsumerReport::default();
-    run_until(&mut c, &mut t, T, "dead-lettered", |t| t.dead_lettered >= 1).await;
+    let (mut c, _, permanent, _, _) = dead_lettered_by_the_handler(&env).await;
     permanent.store(false, std::sync::atomic::Ordering::SeqCst);
     let n = {
         use outbox_core::operator::DeadLetterOps as _;
@@ -710,16 +667,9 @@ async fn a_paused_consumer_waits_and_its_heartbeat_shows_lag_throughput_and_paus
     use outbox_core::operator::{Actor, PauseTarget};
     use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
     let env = Env::new(kind).await;
-    let src = env.source(&env.endpoint_name(), MIB).await;
-    let c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Off,
-    );
+    let (c, _) = env.ledger(MIB, OrderingGuard::Off).await;
     let beat = Heartbeat::new(
-        env.db.pool.clone(),
-        env.db.schema.clone(),
+        outbox_postgres::PgStore::with_schema(env.db.pool.clone(), env.db.schema.clone()),
         InstanceKind::Consumer,
         "ledger",
     )

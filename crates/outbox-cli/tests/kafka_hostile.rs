@@ -27,7 +27,6 @@ use outbox_kafka::{CONTENT_TYPE_HEADER, KafkaConsumerConfig, KafkaSource};
 use serde_json::json;
 use uuid::Uuid;
 
-const MIB: usize = 1 << 20;
 /// How soon the valid event behind a hostile record must be applied.
 const APPLIED_WITHIN: Duration = Duration::from_secs(5);
 
@@ -188,14 +187,14 @@ async fn each_hostile_record_is_one_dead_letter_and_the_next_event_is_applied() 
     let env = Env::new(Kind::Kafka).await;
     let topic = topic(&env);
     let group = env.endpoint_name();
-    let src = env.source(&group, MIB).await;
-    let log = src.log_handle();
-    let mut c = env.consumer(
-        "ledger",
-        src,
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Wait,
-    );
+    let (mut c, log) = env
+        .ledger_on(
+            &group,
+            MIB,
+            TestHandler::new(&env, "ledger"),
+            OrderingGuard::Wait,
+        )
+        .await;
     // The member joined and holds the partition: a first event is applied.
     let first = fresh();
     produce(&topic, 0, &wire(&first), &first.payload.bytes).await;
@@ -326,12 +325,7 @@ async fn versions_on_two_partitions_are_applied_in_order_through_a_small_window(
     )
     .await
     .expect("Kafka source");
-    let mut c = env.consumer(
-        "ledger",
-        Src::new(source),
-        TestHandler::new(&env, "ledger"),
-        OrderingGuard::Wait,
-    );
+    let mut c = env.ledger_consumer(Src::new(source), OrderingGuard::Wait);
     let aggregate = format!("pay-{}", uid());
     let versions: Vec<OutboxMessage> = (1..=12)
         .map(|v| message(&aggregate, v, "PaymentChanged", json!({"v": v})))

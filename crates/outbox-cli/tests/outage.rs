@@ -20,6 +20,18 @@ use outbox_testkit::tansu::PrivateBroker;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+each_broker! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    outage_keeps_rows_pending_with_backoff_then_delivers_in_order =>
+        nats_outage_keeps_rows_pending_with_backoff_then_delivers_in_order,
+        rabbitmq_outage_keeps_rows_pending_with_backoff_then_delivers_in_order,
+        kafka_outage_keeps_rows_pending_with_backoff_then_delivers_in_order;
+    outage_dead_letters_then_requeue_delivers_in_order =>
+        nats_outage_dead_letters_then_requeue_delivers_in_order,
+        rabbitmq_outage_dead_letters_then_requeue_delivers_in_order,
+        kafka_outage_dead_letters_then_requeue_delivers_in_order;
+}
+
 const AGGREGATES: usize = 5;
 const VERSIONS: i64 = 4;
 
@@ -52,6 +64,52 @@ fn assert_delivered(kind: Kind, seen: &[Received], expected: &HashSet<Uuid>) {
         );
         assert_strictly_increasing(seen);
     }
+}
+
+/// Publishes a first event through the relay under test and waits until it arrived and its
+/// row is marked (before the test cuts the link); returns it.
+async fn warm_up(db: &TestDb, sub: &Subscriber) -> outbox_core::NewMessage {
+    let warmup = event("warmup", 1);
+    db.enqueue(std::slice::from_ref(&warmup)).await;
+    sub.wait_ids(&[warmup.event_id], Duration::from_secs(20))
+        .await;
+    // The ack may still be on its way: wait for the mark before cutting the link.
+    db.wait_count("true", 0, Duration::from_secs(10), "warm-up row marked")
+        .await;
+    warmup
+}
+
+/// Waits up to `within` for every `expected` event at `sub`, then for the outbox to drain,
+/// and checks what arrived ([`assert_delivered`]) once late copies had 300 ms to show.
+async fn assert_drained_and_delivered(
+    kind: Kind,
+    db: &TestDb,
+    sub: &Subscriber,
+    expected: &HashSet<Uuid>,
+    within: Duration,
+) {
+    let ids: Vec<Uuid> = expected.iter().copied().collect();
+    sub.wait_ids(&ids, within).await;
+    db.wait_count("true", 0, Duration::from_secs(10), "outbox drained")
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_delivered(kind, &sub.snapshot(), expected);
+}
+
+/// Stops the subscriber, the proxy and the private broker, then removes the test's broker
+/// resources and schema.
+async fn tear_down(
+    db: TestDb,
+    broker: BrokerEnv,
+    sub: Subscriber,
+    proxy: Proxy,
+    private: Option<PrivateBroker>,
+) {
+    drop(sub);
+    drop(proxy);
+    drop(private);
+    broker.cleanup().await;
+    db.cleanup().await;
 }
 
 async fn attempts_and_latest_retry(db: &TestDb) -> (i64, f64) {
@@ -105,22 +163,7 @@ async fn outage_keeps_rows_pending_with_backoff_then_delivers_in_order(kind: Kin
     let token = CancellationToken::new();
     let handle = tokio::spawn(Arc::clone(&relay).run(token.clone()));
 
-    let warmup = event("warmup", 1);
-    db.enqueue(std::slice::from_ref(&warmup)).await;
-    sub.wait_ids(&[warmup.event_id], Duration::from_secs(20))
-        .await;
-    // The ack may still be on its way: wait for the mark before cutting the link.
-    wait_until(Duration::from_secs(10), "warm-up row marked", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
-    // The ack may still be on its way: wait for the mark before cutting the link.
-    wait_until(Duration::from_secs(10), "warm-up row marked", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
+    let warmup = warm_up(&db, &sub).await;
 
     proxy.set_down();
     let mut expected: HashSet<Uuid> = HashSet::from([warmup.event_id]);
@@ -133,13 +176,11 @@ async fn outage_keeps_rows_pending_with_backoff_then_delivers_in_order(kind: Kin
     }
     let total = (AGGREGATES as i64) * VERSIONS;
 
-    wait_until(
+    db.wait_count(
+        "attempts > 0",
+        AGGREGATES as i64,
         Duration::from_secs(15),
         "every aggregate's head failed at least once",
-        || {
-            let db = &db;
-            async move { db.count("attempts > 0").await == AGGREGATES as i64 }
-        },
     )
     .await;
     let (attempts1, retry1) = attempts_and_latest_retry(&db).await;
@@ -182,41 +223,14 @@ async fn outage_keeps_rows_pending_with_backoff_then_delivers_in_order(kind: Kin
     }
 
     proxy.set_up();
-    let ids: Vec<Uuid> = expected.iter().copied().collect();
-    sub.wait_ids(&ids, Duration::from_secs(40)).await;
-    wait_until(Duration::from_secs(10), "outbox drained", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_delivered(kind, &sub.snapshot(), &expected);
+    assert_drained_and_delivered(kind, &db, &sub, &expected, Duration::from_secs(40)).await;
 
     token.cancel();
     tokio::time::timeout(Duration::from_secs(10), handle)
         .await
         .expect("relay stops")
         .unwrap();
-    drop(sub);
-    drop(proxy);
-    drop(private);
-    broker.cleanup().await;
-    db.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_outage_keeps_rows_pending_with_backoff_then_delivers_in_order() {
-    outage_keeps_rows_pending_with_backoff_then_delivers_in_order(Kind::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_outage_keeps_rows_pending_with_backoff_then_delivers_in_order() {
-    outage_keeps_rows_pending_with_backoff_then_delivers_in_order(Kind::Rabbit).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_outage_keeps_rows_pending_with_backoff_then_delivers_in_order() {
-    outage_keeps_rows_pending_with_backoff_then_delivers_in_order(Kind::Kafka).await;
+    tear_down(db, broker, sub, proxy, private).await;
 }
 
 async fn cli(db: &TestDb, config: &TempFile, args: &[&str]) -> Run {
@@ -240,16 +254,7 @@ async fn outage_dead_letters_then_requeue_delivers_in_order(kind: Kind) {
     cmd.arg("relay");
     let mut relay = ChildGuard::spawn(cmd, "relay-behind-proxy");
 
-    let warmup = event("warmup", 1);
-    db.enqueue(std::slice::from_ref(&warmup)).await;
-    sub.wait_ids(&[warmup.event_id], Duration::from_secs(20))
-        .await;
-    // The ack may still be on its way: wait for the mark before cutting the link.
-    wait_until(Duration::from_secs(10), "warm-up row marked", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
+    let warmup = warm_up(&db, &sub).await;
 
     proxy.set_down();
     let mut expected: HashSet<Uuid> = HashSet::from([warmup.event_id]);
@@ -262,13 +267,11 @@ async fn outage_dead_letters_then_requeue_delivers_in_order(kind: Kind) {
         expected.extend(batch.iter().map(|m| m.event_id));
         db.enqueue(&batch).await;
     }
-    wait_until(
+    db.wait_count(
+        "state = 'dead'",
+        3,
         Duration::from_secs(20),
         "the three heads dead-lettered",
-        || {
-            let db = &db;
-            async move { db.count("state = 'dead'").await == 3 }
-        },
     )
     .await;
     relay.assert_running();
@@ -350,38 +353,11 @@ async fn outage_dead_letters_then_requeue_delivers_in_order(kind: Kind) {
         out.contains(&format!("requeued {dead} dead letter(s)")),
         "{out}"
     );
-    let ids: Vec<Uuid> = expected.iter().copied().collect();
-    sub.wait_ids(&ids, Duration::from_secs(30)).await;
-    wait_until(Duration::from_secs(10), "outbox drained", || {
-        let db = &db;
-        async move { db.count("true").await == 0 }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_delivered(kind, &sub.snapshot(), &expected);
+    assert_drained_and_delivered(kind, &db, &sub, &expected, Duration::from_secs(30)).await;
     let list = cli(&db, &config, &["dead-letters", "list"]).await.stdout;
     assert!(list.contains("no dead letters"), "{list}");
 
     relay.assert_running();
     relay.terminate().await;
-    drop(sub);
-    drop(proxy);
-    drop(private);
-    broker.cleanup().await;
-    db.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_outage_dead_letters_then_requeue_delivers_in_order() {
-    outage_dead_letters_then_requeue_delivers_in_order(Kind::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_outage_dead_letters_then_requeue_delivers_in_order() {
-    outage_dead_letters_then_requeue_delivers_in_order(Kind::Rabbit).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_outage_dead_letters_then_requeue_delivers_in_order() {
-    outage_dead_letters_then_requeue_delivers_in_order(Kind::Kafka).await;
+    tear_down(db, broker, sub, proxy, private).await;
 }

@@ -19,7 +19,15 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 
-const TOKEN: &str = "a-console-token-for-tests";
+/// The console token of the tests, as a literal (for [`TOKEN`] and [`AUTH`]).
+macro_rules! token {
+    () => {
+        "a-console-token-for-tests"
+    };
+}
+const TOKEN: &str = token!();
+/// The `authorization` header carrying [`TOKEN`].
+const AUTH: (&str, &str) = ("authorization", concat!("Bearer ", token!()));
 
 fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
@@ -105,6 +113,14 @@ impl Db {
         .unwrap()
     }
 
+    /// Runs the statement `sql`.
+    async fn exec(&self, sql: &str) {
+        sqlx::query(AssertSqlSafe(sql.to_owned()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
     async fn drop(self) {
         sqlx::query(AssertSqlSafe(format!(
             "DROP SCHEMA {} CASCADE",
@@ -128,6 +144,20 @@ async fn serve(admin: PgStore, config: ConsoleConfig) -> (SocketAddr, Cancellati
             .expect("console server");
     });
     (addr, stop)
+}
+
+/// A fresh [`Db`] with `pending` pending events and `dead` dead letters, and a console with
+/// the token serving it (see [`serve`]).
+async fn db_and_console(pending: usize, dead: usize) -> (Db, SocketAddr, CancellationToken) {
+    let db = Db::new(pending, dead).await;
+    let (addr, stop) = serve(db.admin(), with_token()).await;
+    (db, addr, stop)
+}
+
+/// Stops the console `stop` belongs to, then drops `db`'s schema.
+async fn stop_and_drop(stop: CancellationToken, db: Db) {
+    stop.cancel();
+    db.drop().await;
 }
 
 /// One request; returns the status and the body (JSON when it parses, else a string).
@@ -159,6 +189,35 @@ async fn call(
     (status, value)
 }
 
+/// `GET path` without credentials.
+async fn get(addr: SocketAddr, path: &str) -> (u16, Value) {
+    call(addr, "GET", path, &[], None).await
+}
+
+/// `POST path` of the JSON `body` with `headers`.
+async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
+    call(addr, "POST", path, headers, Some(body)).await
+}
+
+/// Serves `app` on a free loopback port until the returned task is aborted.
+async fn serve_app(app: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (
+        addr,
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }),
+    )
+}
+
+/// The string fields `fields` of each element of the JSON array `list`, one row per element.
+fn strings<'a>(list: &'a Value, fields: &[&str]) -> Vec<Vec<&'a str>> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| fields.iter().map(|f| e[*f].as_str().unwrap()).collect())
+        .collect()
+}
+
 fn with_token() -> ConsoleConfig {
     ConsoleConfig {
         token: Some(TOKEN.to_owned()),
@@ -178,14 +237,11 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
              VALUES ('order', 'o-1', 1, now() + interval '1 hour')"
         ),
     ] {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        db.exec(&sql).await;
     }
     let (addr, stop) = serve(db.admin(), with_token()).await;
 
-    let (status, o) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+    let (status, o) = get(addr, "/api/v1/overview").await;
     assert_eq!(status, 200, "{o}");
     assert_eq!(o["schema"], db.schema.as_str());
     assert_eq!(o["pending"], db.count("state = 'pending'").await);
@@ -203,17 +259,9 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
     let mut cli = serde_json::to_value(db.admin().overview().await.unwrap()).unwrap();
     assert_eq!(o["counted_up_to"], outbox_console::OVERVIEW_COUNT_BOUND);
     assert_eq!(cli["counted_up_to"], Value::Null);
-    let (status, e) = call(addr, "GET", "/api/v1/overview?exact=true", &[], None).await;
+    let (status, e) = get(addr, "/api/v1/overview?exact=true").await;
     assert_eq!(status, 401, "an exact count needs the token: {e}");
-    let auth = format!("Bearer {TOKEN}");
-    let (status, mut exact) = call(
-        addr,
-        "GET",
-        "/api/v1/overview?exact=true",
-        &[("authorization", auth.as_str())],
-        None,
-    )
-    .await;
+    let (status, mut exact) = call(addr, "GET", "/api/v1/overview?exact=true", &[AUTH], None).await;
     assert_eq!(status, 200, "{exact}");
     let mut o = o;
     for v in [&mut o, &mut cli, &mut exact] {
@@ -243,7 +291,7 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
             .is_err()
     );
 
-    let (status, list) = call(addr, "GET", "/api/v1/dead-letters?limit=10", &[], None).await;
+    let (status, list) = get(addr, "/api/v1/dead-letters?limit=10").await;
     assert_eq!(status, 200, "{list}");
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 3);
@@ -254,64 +302,58 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
     assert_eq!(list[0]["aggregate_id"], "o-5");
     assert_eq!(list[0]["blocked_behind"], 1);
 
-    let (status, e) = call(addr, "GET", "/api/v1/dead-letters?limit=0", &[], None).await;
+    let (status, e) = get(addr, "/api/v1/dead-letters?limit=0").await;
     assert_eq!(status, 400, "{e}");
-    let (status, e) = call(addr, "GET", "/api/v1/dead-letters?lmit=5", &[], None).await;
+    let (status, e) = get(addr, "/api/v1/dead-letters?lmit=5").await;
     assert_eq!(status, 400, "{e}");
 
-    let (status, body) = call(addr, "GET", "/readyz", &[], None).await;
+    let (status, body) = get(addr, "/readyz").await;
     assert_eq!((status, body), (200, Value::String("ready".into())));
-    let (status, _) = call(addr, "GET", "/healthz", &[], None).await;
+    let (status, _) = get(addr, "/healthz").await;
     assert_eq!(status, 200);
-    let (status, page) = call(addr, "GET", "/", &[], None).await;
+    let (status, page) = get(addr, "/").await;
     assert_eq!(status, 200);
     assert!(page.as_str().unwrap().contains("outbox console"));
 
-    stop.cancel();
-    db.drop().await;
+    stop_and_drop(stop, db).await;
 }
 
 #[tokio::test]
 async fn a_requeue_needs_the_token_and_keeps_the_event_ids() {
-    let db = Db::new(0, 2).await;
-    let (addr, stop) = serve(db.admin(), with_token()).await;
-    let (_, list) = call(addr, "GET", "/api/v1/dead-letters", &[], None).await;
+    let (db, addr, stop) = db_and_console(0, 2).await;
+    let (_, list) = get(addr, "/api/v1/dead-letters").await;
     let first = list[0]["event_id"].as_str().unwrap().to_owned();
     let body = format!(r#"{{"event_ids": ["{first}"], "reason": "broker limit raised"}}"#);
     let path = "/api/v1/dead-letters/requeue";
 
     // No token, a wrong one, a cross-site origin: refused, nothing changes.
-    let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
+    let (status, e) = post(addr, path, &[], &body).await;
     assert_eq!(status, 401, "{e}");
     let wrong = [("authorization", "Bearer not-the-console-token")];
-    let (status, e) = call(addr, "POST", path, &wrong, Some(&body)).await;
+    let (status, e) = post(addr, path, &wrong, &body).await;
     assert_eq!(status, 401, "{e}");
-    let auth = format!("Bearer {TOKEN}");
-    let cross = [
-        ("authorization", auth.as_str()),
-        ("origin", "http://evil.example"),
-    ];
-    let (status, e) = call(addr, "POST", path, &cross, Some(&body)).await;
+    let cross = [AUTH, ("origin", "http://evil.example")];
+    let (status, e) = post(addr, path, &cross, &body).await;
     assert_eq!(status, 403, "{e}");
     assert_eq!(db.count("state = 'dead'").await, 2);
 
     // Malformed bodies: a clear 400.
-    let ok = [("authorization", auth.as_str())];
+    let ok = [AUTH];
     for bad in [
         r#"{"all": true, "event_ids": ["00000000-0000-0000-0000-000000000000"]}"#,
         "{}",
         r#"{"event_ids": ["nope"]}"#,
         "not json",
     ] {
-        let (status, e) = call(addr, "POST", path, &ok, Some(bad)).await;
+        let (status, e) = post(addr, path, &ok, bad).await;
         assert_eq!(status, 400, "{bad}: {e}");
     }
     assert_eq!(db.count("state = 'dead'").await, 2);
 
     // The token, from the same origin: the one event is pending again under its own id.
     let host = format!("http://{addr}");
-    let same = [("authorization", auth.as_str()), ("origin", host.as_str())];
-    let (status, r) = call(addr, "POST", path, &same, Some(&body)).await;
+    let same = [AUTH, ("origin", host.as_str())];
+    let (status, r) = post(addr, path, &same, &body).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["requeued"], 1);
     assert_eq!(
@@ -322,20 +364,18 @@ async fn a_requeue_needs_the_token_and_keeps_the_event_ids() {
     assert_eq!(db.count("state = 'dead'").await, 1);
 
     // Everything.
-    let (status, r) = call(addr, "POST", path, &ok, Some(r#"{"all": true}"#)).await;
+    let (status, r) = post(addr, path, &ok, r#"{"all": true}"#).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["requeued"], 1);
     assert_eq!(db.count("state = 'dead'").await, 0);
 
-    stop.cancel();
-    db.drop().await;
+    stop_and_drop(stop, db).await;
 }
 
 #[tokio::test]
 async fn read_only_and_tokenless_consoles_refuse_every_action() {
     let db = Db::new(0, 1).await;
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
+    let ok = [AUTH];
     let path = "/api/v1/dead-letters/requeue";
     for config in [
         ConsoleConfig {
@@ -359,11 +399,11 @@ async fn read_only_and_tokenless_consoles_refuse_every_action() {
                 r#"{"ids": [1], "reason": "r"}"#,
             ),
         ] {
-            let (status, e) = call(addr, "POST", path, &ok, Some(body)).await;
+            let (status, e) = post(addr, path, &ok, body).await;
             assert_eq!(status, 403, "{path}: {e}");
         }
         // Reading still works.
-        let (status, _) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+        let (status, _) = get(addr, "/api/v1/overview").await;
         assert_eq!(status, 200);
         stop.cancel();
     }
@@ -411,14 +451,11 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
                     ('billing', '\\x00', 'poison')"
         ),
     ] {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        db.exec(&sql).await;
     }
     let (addr, stop) = serve(db.admin(), with_token()).await;
 
-    let (status, list) = call(addr, "GET", "/api/v1/conflicts", &[], None).await;
+    let (status, list) = get(addr, "/api/v1/conflicts").await;
     assert_eq!(status, 200, "{list}");
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["consumer_name"], "ledger");
@@ -436,57 +473,42 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
             .and_then(|c| c.iter().find(|c| c["name"] == "ledger"))
             .map(|c| c["conflicts"].clone())
     };
-    let (_, consumers) = call(addr, "GET", "/api/v1/consumers", &[], None).await;
+    let (_, consumers) = get(addr, "/api/v1/consumers").await;
     assert_eq!(ledger(&consumers), Some(1.into()), "{consumers}");
 
     // Resolving it: the token and a reason are needed; then it leaves the open list.
     let cid = list[0]["id"].as_i64().unwrap();
     let path = "/api/v1/conflicts/resolve";
     let body = format!(r#"{{"ids": [{cid}], "reason": "producer fixed"}}"#);
-    let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
+    let (status, e) = post(addr, path, &[], &body).await;
     assert_eq!(status, 401, "{e}");
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
+    let ok = [AUTH];
     let no_reason = format!(r#"{{"ids": [{cid}]}}"#);
-    let (status, e) = call(addr, "POST", path, &ok, Some(&no_reason)).await;
+    let (status, e) = post(addr, path, &ok, &no_reason).await;
     assert_eq!(status, 400, "{e}");
     assert!(
         e["error"].as_str().unwrap().contains("needs a reason"),
         "{e}"
     );
-    let (status, e) = call(
-        addr,
-        "POST",
-        path,
-        &ok,
-        Some(r#"{"ids": [-5], "reason": "x"}"#),
-    )
-    .await;
+    let (status, e) = post(addr, path, &ok, r#"{"ids": [-5], "reason": "x"}"#).await;
     assert_eq!(status, 404, "{e}");
-    let (status, r) = call(addr, "POST", path, &ok, Some(&body)).await;
+    let (status, r) = post(addr, path, &ok, &body).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["resolved"], 1, "{r}");
-    let (_, open) = call(addr, "GET", "/api/v1/conflicts?open=true", &[], None).await;
+    let (_, open) = get(addr, "/api/v1/conflicts?open=true").await;
     assert_eq!(open, serde_json::json!([]));
-    let (_, all) = call(addr, "GET", "/api/v1/conflicts", &[], None).await;
+    let (_, all) = get(addr, "/api/v1/conflicts").await;
     assert_eq!(all[0]["resolution_reason"], "producer fixed", "{all}");
-    let (_, overview) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+    let (_, overview) = get(addr, "/api/v1/overview").await;
     assert_eq!(
         overview["inbox_conflicts"], 0,
         "the overview counts open conflicts: {overview}"
     );
     // The consumers' table agrees with the overview (its open dead letter keeps it listed).
-    let (_, consumers) = call(addr, "GET", "/api/v1/consumers", &[], None).await;
+    let (_, consumers) = get(addr, "/api/v1/consumers").await;
     assert_eq!(ledger(&consumers), Some(0.into()), "{consumers}");
 
-    let (status, list) = call(
-        addr,
-        "GET",
-        "/api/v1/consumer-dead-letters?consumer=ledger",
-        &[],
-        None,
-    )
-    .await;
+    let (status, list) = get(addr, "/api/v1/consumer-dead-letters?consumer=ledger").await;
     assert_eq!(status, 200, "{list}");
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 1);
@@ -496,11 +518,11 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
 
     let path = "/api/v1/consumer-dead-letters/requeue";
     let body = format!(r#"{{"ids": [{id}], "consumer": "ledger"}}"#);
-    let (status, e) = call(addr, "POST", path, &[], Some(&body)).await;
+    let (status, e) = post(addr, path, &[], &body).await;
     assert_eq!(status, 401, "{e}");
-    let (status, e) = call(addr, "POST", path, &ok, Some(r#"{"ids": []}"#)).await;
+    let (status, e) = post(addr, path, &ok, r#"{"ids": []}"#).await;
     assert_eq!(status, 400, "{e}");
-    let (status, r) = call(addr, "POST", path, &ok, Some(&body)).await;
+    let (status, r) = post(addr, path, &ok, &body).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["requeued"], 1);
     let states: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
@@ -518,44 +540,20 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     );
 
     // Grouped by consumer and reason (requeued ones stay open until their consumer settles).
-    let (status, groups) = call(
-        addr,
-        "GET",
-        "/api/v1/consumer-dead-letters/groups",
-        &[],
-        None,
-    )
-    .await;
+    let (status, groups) = get(addr, "/api/v1/consumer-dead-letters/groups").await;
     assert_eq!(status, 200, "{groups}");
     assert_eq!(groups["complete"], true);
-    let mut seen: Vec<(&str, &str)> = groups["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            (
-                g["consumer_name"].as_str().unwrap(),
-                g["reason"].as_str().unwrap(),
-            )
-        })
-        .collect();
+    let mut seen = strings(&groups["groups"], &["consumer_name", "reason"]);
     seen.sort_unstable();
     assert_eq!(
         seen,
-        vec![
-            ("billing", "poison"),
-            ("ledger", "handler refused: unknown currency")
+        [
+            ["billing", "poison"],
+            ["ledger", "handler refused: unknown currency"]
         ]
     );
     // One whole, as received: with the token only.
-    let (status, e) = call(
-        addr,
-        "GET",
-        &format!("/api/v1/consumer-dead-letters/{id}"),
-        &[],
-        None,
-    )
-    .await;
+    let (status, e) = get(addr, &format!("/api/v1/consumer-dead-letters/{id}")).await;
     assert_eq!(status, 401, "{e}");
     let (status, d) = call(
         addr,
@@ -572,26 +570,24 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     );
     // Discard billing's: a reason is required; it is resolved, never applied.
     let discard = "/api/v1/consumer-dead-letters/discard";
-    let (status, e) = call(
+    let (status, e) = post(
         addr,
-        "POST",
         discard,
         &ok,
-        Some(r#"{"all": true, "consumer": "billing"}"#),
+        r#"{"all": true, "consumer": "billing"}"#,
     )
     .await;
     assert_eq!(status, 400, "{e}");
-    let (status, r) = call(
+    let (status, r) = post(
         addr,
-        "POST",
         discard,
         &ok,
-        Some(r#"{"all": true, "consumer": "billing", "reason": "test message"}"#),
+        r#"{"all": true, "consumer": "billing", "reason": "test message"}"#,
     )
     .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["discarded"], 1);
-    let (_, list) = call(addr, "GET", "/api/v1/consumer-dead-letters", &[], None).await;
+    let (_, list) = get(addr, "/api/v1/consumer-dead-letters").await;
     assert_eq!(
         list.as_array().unwrap().len(),
         1,
@@ -599,91 +595,72 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     );
 
     // A conflict with its payloads: the conflicting one; the first is not held here.
-    let (_, conflicts) = call(addr, "GET", "/api/v1/conflicts", &[], None).await;
+    let (_, conflicts) = get(addr, "/api/v1/conflicts").await;
     let cid = conflicts[0]["id"].as_i64().unwrap();
-    let (status, e) = call(addr, "GET", &format!("/api/v1/conflicts/{cid}"), &[], None).await;
+    let (status, e) = get(addr, &format!("/api/v1/conflicts/{cid}")).await;
     assert_eq!(status, 401, "{e}");
     let (status, c) = call(addr, "GET", &format!("/api/v1/conflicts/{cid}"), &ok, None).await;
     assert_eq!(status, 200, "{c}");
     assert_eq!(c["received_payload"]["hex"], "00");
     assert!(c["first_payload"].is_null(), "{c}");
     let event_id = c["event_id"].as_str().unwrap();
-    let (_, t) = call(
-        addr,
-        "GET",
-        &format!("/api/v1/trace/event/{event_id}"),
-        &[],
-        None,
-    )
-    .await;
+    let (_, t) = get(addr, &format!("/api/v1/trace/event/{event_id}")).await;
     assert_eq!(t["conflicts"][0]["id"], cid, "{t}");
 
-    stop.cancel();
-    db.drop().await;
+    stop_and_drop(stop, db).await;
 }
 
 #[tokio::test]
 async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
     let db = Db::new(0, 0).await;
     let s = db.schema.as_str();
-    sqlx::query(AssertSqlSafe(format!(
+    db.exec(&format!(
         "INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, unknown_since) \
          VALUES ('payout', 'k-1', '{{\"amount\": 5}}', 'unknown', now())"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    ))
+    .await;
     let (addr, stop) = serve(db.admin(), with_token()).await;
 
-    let (status, list) = call(addr, "GET", "/api/v1/work-items?state=unknown", &[], None).await;
+    let (status, list) = get(addr, "/api/v1/work-items?state=unknown").await;
     assert_eq!(status, 200, "{list}");
     assert_eq!(list[0]["idempotency_key"], "k-1");
     assert_eq!(list[0]["payload"]["amount"], 5);
     assert_eq!(list[0]["payload_sha256"].as_str().unwrap().len(), 64);
     let id = list[0]["id"].as_i64().unwrap();
-    let (status, e) = call(addr, "GET", "/api/v1/work-items?state=bogus", &[], None).await;
+    let (status, e) = get(addr, "/api/v1/work-items?state=bogus").await;
     assert_eq!(status, 400, "{e}");
 
     let path = format!("/api/v1/work-items/{id}/resolve");
     let body = r#"{"succeeded": "provider-ref-7", "reason": "confirmed by phone"}"#;
-    let (status, e) = call(addr, "POST", &path, &[], Some(body)).await;
+    let (status, e) = post(addr, &path, &[], body).await;
     assert_eq!(status, 401, "{e}");
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
+    let ok = [AUTH];
     for bad in [
         r#"{}"#,
         r#"{"succeeded": "r", "resend": true}"#,
         r#"{"failed": ""}"#,
     ] {
-        let (status, e) = call(addr, "POST", &path, &ok, Some(bad)).await;
+        let (status, e) = post(addr, &path, &ok, bad).await;
         assert_eq!(status, 400, "{bad}: {e}");
     }
-    let (status, row) = call(addr, "POST", &path, &ok, Some(body)).await;
+    let (status, row) = post(addr, &path, &ok, body).await;
     assert_eq!(status, 200, "{row}");
     assert_eq!(
         (&row["state"], &row["reference"]),
         (&"succeeded".into(), &"provider-ref-7".into())
     );
     // Settled: a second settlement is refused, an unknown id is not found.
-    let (status, e) = call(addr, "POST", &path, &ok, Some(body)).await;
+    let (status, e) = post(addr, &path, &ok, body).await;
     assert_eq!(status, 409, "{e}");
-    let (status, e) = call(
-        addr,
-        "POST",
-        "/api/v1/work-items/999999/resolve",
-        &ok,
-        Some(body),
-    )
-    .await;
+    let (status, e) = post(addr, "/api/v1/work-items/999999/resolve", &ok, body).await;
     assert_eq!(status, 404, "{e}");
 
     // Reconcile now: only an unknown outcome; its lookup is due at once.
-    let (status, e) = call(
+    let (status, e) = post(
         addr,
-        "POST",
         &format!("/api/v1/work-items/{id}/reconcile"),
         &ok,
-        Some("{}"),
+        "{}",
     )
     .await;
     assert_eq!(status, 409, "{e}");
@@ -696,16 +673,9 @@ async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
     .await
     .unwrap();
     let path = format!("/api/v1/work-items/{other}/reconcile");
-    let (status, e) = call(addr, "POST", &path, &[], Some("{}")).await;
+    let (status, e) = post(addr, &path, &[], "{}").await;
     assert_eq!(status, 401, "{e}");
-    let (status, r) = call(
-        addr,
-        "POST",
-        &path,
-        &ok,
-        Some(r#"{"reason": "provider says done"}"#),
-    )
-    .await;
+    let (status, r) = post(addr, &path, &ok, r#"{"reason": "provider says done"}"#).await;
     assert_eq!(status, 200, "{r}");
     let due: bool = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT next_attempt_at <= now() FROM {s}.work_items WHERE id = {other}"
@@ -714,17 +684,11 @@ async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
     .await
     .unwrap();
     assert!(due);
-    let (_, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
-    let actions: Vec<&str> = audit
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["action"].as_str().unwrap())
-        .collect();
-    assert_eq!(actions, vec!["reconcile work item", "resolve work item"]);
+    let (_, audit) = get(addr, "/api/v1/audit").await;
+    let actions = strings(&audit, &["action"]);
+    assert_eq!(actions, [["reconcile work item"], ["resolve work item"]]);
 
-    stop.cancel();
-    db.drop().await;
+    stop_and_drop(stop, db).await;
 }
 
 #[tokio::test]
@@ -732,11 +696,9 @@ async fn a_console_nested_under_a_prefix_serves_its_page_files_and_api_there() {
     let db = Db::new(1, 0).await;
     let app = axum::Router::new()
         .merge(outbox_console::nested("/ops/outbox", db.admin(), with_token()).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (addr, server) = serve_app(app).await;
 
-    let (status, page) = call(addr, "GET", "/ops/outbox", &[], None).await;
+    let (status, page) = get(addr, "/ops/outbox").await;
     assert_eq!(status, 200);
     assert!(
         page.as_str()
@@ -744,13 +706,13 @@ async fn a_console_nested_under_a_prefix_serves_its_page_files_and_api_there() {
             .contains(r#"<base href="/ops/outbox/">"#),
         "{page}"
     );
-    let (status, _) = call(addr, "GET", "/ops/outbox/", &[], None).await;
+    let (status, _) = get(addr, "/ops/outbox/").await;
     assert_eq!(status, 308, "prefix/ redirects to the page");
     for path in ["/ops/outbox/console.js", "/ops/outbox/console.css"] {
-        let (status, _) = call(addr, "GET", path, &[], None).await;
+        let (status, _) = get(addr, path).await;
         assert_eq!(status, 200, "{path}");
     }
-    let (status, o) = call(addr, "GET", "/ops/outbox/api/v1/overview", &[], None).await;
+    let (status, o) = get(addr, "/ops/outbox/api/v1/overview").await;
     assert_eq!((status, &o["pending"]), (200, &1.into()), "{o}");
     server.abort();
     db.drop().await;
@@ -758,8 +720,7 @@ async fn a_console_nested_under_a_prefix_serves_its_page_files_and_api_there() {
 
 #[tokio::test]
 async fn a_loopback_console_answers_loopback_hosts_only_and_an_open_one_needs_the_token_to_read() {
-    let db = Db::new(1, 0).await;
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (db, addr, stop) = db_and_console(1, 0).await;
     // `serve` on 127.0.0.1: a rebound name is refused, loopback names are not.
     let (status, e) = call(
         addr,
@@ -787,23 +748,13 @@ async fn a_loopback_console_answers_loopback_hosts_only_and_an_open_one_needs_th
         ..with_token()
     };
     let app = router(db.admin(), config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let (status, e) = call(addr, "GET", "/api/v1/overview", &[], None).await;
+    let (addr, server) = serve_app(app).await;
+    let (status, e) = get(addr, "/api/v1/overview").await;
     assert_eq!(status, 401, "{e}");
-    let auth = format!("Bearer {TOKEN}");
-    let (status, o) = call(
-        addr,
-        "GET",
-        "/api/v1/overview",
-        &[("authorization", auth.as_str())],
-        None,
-    )
-    .await;
+    let (status, o) = call(addr, "GET", "/api/v1/overview", &[AUTH], None).await;
     assert_eq!(status, 200, "{o}");
     for open in ["/", "/healthz", "/readyz", "/console.js"] {
-        let (status, _) = call(addr, "GET", open, &[], None).await;
+        let (status, _) = get(addr, open).await;
         assert_eq!(status, 200, "{open} carries no data and needs no token");
     }
     server.abort();
@@ -817,28 +768,23 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
     // Two reasons: "too large" (o-0, o-1) and "timed out after N ms" (o-2, o-3), whose
     // numbers differ but whose group is one.
     for (id, ms) in [("o-2", 5000), ("o-3", 7000)] {
-        sqlx::query(AssertSqlSafe(format!(
+        db.exec(&format!(
             "UPDATE {s}.events SET last_error = 'publish timed out after {ms} ms' \
              WHERE aggregate_id = '{id}' AND aggregate_version = 1"
-        )))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        ))
+        .await;
     }
     // A pending row that failed with the same kind of error: no dead-letter action may touch it.
-    sqlx::query(AssertSqlSafe(format!(
+    db.exec(&format!(
         "INSERT INTO {s}.events (event_id, aggregate_type, aggregate_id, aggregate_version, \
          event_type, payload, attempts, last_error) VALUES (gen_random_uuid(), 'order', 'o-9', \
          1, 'OrderPlaced', '\\x00', 2, 'publish timed out after 9000 ms')"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    ))
+    .await;
     let (addr, stop) = serve(db.admin(), with_token()).await;
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
+    let ok = [AUTH];
 
-    let (status, g) = call(addr, "GET", "/api/v1/dead-letters/groups", &[], None).await;
+    let (status, g) = get(addr, "/api/v1/dead-letters/groups").await;
     assert_eq!(status, 200, "{g}");
     assert_eq!(g["complete"], true);
     let groups = g["groups"].as_array().unwrap();
@@ -856,15 +802,9 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
 
     // A group's key is a filter; so are the types and the time.
     let timeout = "/api/v1/dead-letters?reason_group=publish%20timed%20out%20after%20%23%20ms";
-    let (status, list) = call(addr, "GET", timeout, &[], None).await;
+    let (status, list) = get(addr, timeout).await;
     assert_eq!(status, 200, "{list}");
-    let ids: Vec<&str> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["aggregate_id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, vec!["o-2", "o-3"]);
+    assert_eq!(strings(&list, &["aggregate_id"]), [["o-2"], ["o-3"]]);
     for (query, n) in [
         ("aggregate_type=order", 4),
         ("aggregate_type=nope", 0),
@@ -873,32 +813,18 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
         ("created_after=2000-01-01T00:00:00Z", 4),
         ("created_before=2000-01-01T00:00:00Z", 0),
     ] {
-        let (status, list) = call(
-            addr,
-            "GET",
-            &format!("/api/v1/dead-letters?{query}"),
-            &[],
-            None,
-        )
-        .await;
+        let (status, list) = get(addr, &format!("/api/v1/dead-letters?{query}")).await;
         assert_eq!(status, 200, "{query}: {list}");
         assert_eq!(list.as_array().unwrap().len(), n, "{query}");
     }
-    let (status, e) = call(
-        addr,
-        "GET",
-        "/api/v1/dead-letters?created_after=yesterday",
-        &[],
-        None,
-    )
-    .await;
+    let (status, e) = get(addr, "/api/v1/dead-letters?created_after=yesterday").await;
     assert_eq!(status, 400, "{e}");
 
     // One whole, payload included: only with the token.
-    let (_, all) = call(addr, "GET", "/api/v1/dead-letters", &[], None).await;
+    let (_, all) = get(addr, "/api/v1/dead-letters").await;
     let first = all[0]["event_id"].as_str().unwrap().to_owned();
     let path = format!("/api/v1/dead-letters/{first}");
-    let (status, e) = call(addr, "GET", &path, &[], None).await;
+    let (status, e) = get(addr, &path).await;
     assert_eq!(status, 401, "{e}");
     let (status, d) = call(addr, "GET", &path, &ok, None).await;
     assert_eq!(status, 200, "{d}");
@@ -918,14 +844,7 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
 
     // Requeue a group, by filter, on the server.
     let body = r#"{"filter": {"reason_group": "publish timed out after # ms"}, "reason": "broker back", "actor": "alice"}"#;
-    let (status, r) = call(
-        addr,
-        "POST",
-        "/api/v1/dead-letters/requeue",
-        &ok,
-        Some(body),
-    )
-    .await;
+    let (status, r) = post(addr, "/api/v1/dead-letters/requeue", &ok, body).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["requeued"], 2);
     assert_eq!(
@@ -940,12 +859,11 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
         "the retrying row with the same error is untouched"
     );
     // An empty filter is not "all".
-    let (status, e) = call(
+    let (status, e) = post(
         addr,
-        "POST",
         "/api/v1/dead-letters/requeue",
         &ok,
-        Some(r#"{"filter": {}}"#),
+        r#"{"filter": {}}"#,
     )
     .await;
     assert_eq!(status, 400, "{e}");
@@ -953,12 +871,12 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
     // Discard: a reason is required; then the row is kept whole beside the outbox.
     let discard = "/api/v1/dead-letters/discard";
     let body = format!(r#"{{"event_ids": ["{first}"]}}"#);
-    let (status, e) = call(addr, "POST", discard, &ok, Some(&body)).await;
+    let (status, e) = post(addr, discard, &ok, &body).await;
     assert_eq!(status, 400, "{e}");
     assert!(e["error"].as_str().unwrap().contains("reason"), "{e}");
     let body =
         format!(r#"{{"event_ids": ["{first}"], "reason": "order was cancelled", "actor": "bob"}}"#);
-    let (status, r) = call(addr, "POST", discard, &ok, Some(&body)).await;
+    let (status, r) = post(addr, discard, &ok, &body).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["discarded"], 1);
     let audit_id = r["audit_id"].as_i64().unwrap();
@@ -976,7 +894,7 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
 
     // The audit: newest first, who (as typed, with the token's fingerprint), the database
     // role, what, why, how many. The refused discard left no record.
-    let (status, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
+    let (status, audit) = get(addr, "/api/v1/audit").await;
     assert_eq!(status, 200, "{audit}");
     let audit = audit.as_array().unwrap();
     assert_eq!(audit.len(), 2, "{audit:?}");
@@ -1002,25 +920,15 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
     assert!(!credential.contains(TOKEN));
 
     // The trace of the discarded event: no outbox row, its copy, and the record naming it.
-    let (status, t) = call(
-        addr,
-        "GET",
-        &format!("/api/v1/trace/event/{first}"),
-        &[],
-        None,
-    )
-    .await;
+    let (status, t) = get(addr, &format!("/api/v1/trace/event/{first}")).await;
     assert_eq!(status, 200, "{t}");
     assert!(t["outbox"].is_null(), "{t}");
     assert_eq!(t["discarded"]["audit_id"], audit_id);
     assert_eq!(t["audit"][0]["id"], audit_id);
     // The aggregate's trace: the event that waited behind it is its only outbox row now.
-    let (status, t) = call(
+    let (status, t) = get(
         addr,
-        "GET",
         "/api/v1/trace/aggregate?aggregate_type=order&aggregate_id=o-0",
-        &[],
-        None,
     )
     .await;
     assert_eq!(status, 200, "{t}");
@@ -1033,8 +941,7 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
     assert_eq!(versions, vec![2]);
     assert_eq!(t["discarded"][0]["aggregate_version"], 1);
 
-    stop.cancel();
-    db.drop().await;
+    stop_and_drop(stop, db).await;
 }
 
 #[tokio::test]
@@ -1053,28 +960,18 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         );
         outbox.enqueue(&db.pool, &m).await.unwrap();
     }
-    let exec = |sql: String| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query(AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-    };
-    exec(format!(
+    db.exec(&format!(
         "UPDATE {s}.events SET state = 'published', published_at = now() - interval '1 hour' \
          WHERE aggregate_version <= 4"
     ))
     .await;
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
+    let ok = [AUTH];
     let path = "/api/v1/replay";
     let dry = r#"{"aggregate_type": "payment", "aggregate_id": "p-1", "dry_run": true}"#;
 
     // Delete mode keeps no published rows: refused.
     let (addr, stop) = serve(db.admin(), with_token()).await;
-    let (status, e) = call(addr, "POST", path, &ok, Some(dry)).await;
+    let (status, e) = post(addr, path, &ok, dry).await;
     assert_eq!(status, 409, "{e}");
     assert!(
         e["error"]
@@ -1093,10 +990,10 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         },
     );
     let (addr, stop) = serve(mark, with_token()).await;
-    let (status, e) = call(addr, "POST", path, &[], Some(dry)).await;
+    let (status, e) = post(addr, path, &[], dry).await;
     assert_eq!(status, 401, "{e}");
     // The dry run counts and changes nothing.
-    let (status, plan) = call(addr, "POST", path, &ok, Some(dry)).await;
+    let (status, plan) = post(addr, path, &ok, dry).await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!(
         (
@@ -1113,15 +1010,14 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         r#"{"aggregate_type": "payment", "aggregate_id": "p-1", "reason": ""}"#,
         r#"{"published": {"from": "2000-01-01T00:00:00Z"}}"#,
     ] {
-        let (status, e) = call(addr, "POST", path, &ok, Some(bad)).await;
+        let (status, e) = post(addr, path, &ok, bad).await;
         assert_eq!(status, 400, "{bad}: {e}");
     }
-    let (status, e) = call(
+    let (status, e) = post(
         addr,
-        "POST",
         path,
         &ok,
-        Some(r#"{"aggregate_type": "payment", "aggregate_id": "nope", "dry_run": true}"#),
+        r#"{"aggregate_type": "payment", "aggregate_id": "nope", "dry_run": true}"#,
     )
     .await;
     assert_eq!(status, 404, "{e}");
@@ -1133,17 +1029,17 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     let until = (chrono::Utc::now() + chrono::Duration::minutes(1)).to_rfc3339();
     let range =
         format!(r#"{{"created_after": "{since}", "created_before": "{until}", "dry_run": true}}"#);
-    let (status, e) = call(addr, "POST", path, &ok, Some(&range)).await;
+    let (status, e) = post(addr, path, &ok, &range).await;
     assert_eq!(status, 409, "{e}");
     assert!(
         e["error"].as_str().unwrap().contains("replay horizon"),
         "{e}"
     );
-    exec(format!(
+    db.exec(&format!(
         "UPDATE {s}.retention_marks SET through = now() - interval '1 day'"
     ))
     .await;
-    let (status, plan) = call(addr, "POST", path, &ok, Some(&range)).await;
+    let (status, plan) = post(addr, path, &ok, &range).await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!(
         (&plan["events"], &plan["in_range"], &plan["aggregates"]),
@@ -1153,26 +1049,26 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     let mixed = format!(
         r#"{{"aggregate_type": "payment", "aggregate_id": "p-1", "created_after": "{since}", "created_before": "{until}", "dry_run": true}}"#
     );
-    let (status, e) = call(addr, "POST", path, &ok, Some(&mixed)).await;
+    let (status, e) = post(addr, path, &ok, &mixed).await;
     assert_eq!(status, 400, "{e}");
 
     // A relay holds the aggregate (a live lease): refused, retry later.
-    exec(format!(
+    db.exec(&format!(
         "INSERT INTO {s}.leases (aggregate_type, aggregate_id, token, lease_until) \
          VALUES ('payment', 'p-1', 1, now() + interval '1 minute')"
     ))
     .await;
-    let (status, e) = call(addr, "POST", path, &ok, Some(dry)).await;
+    let (status, e) = post(addr, path, &ok, dry).await;
     assert_eq!(status, 409, "{e}");
     assert!(
         e["error"].as_str().unwrap().contains("a relay holds"),
         "{e}"
     );
-    exec(format!("DELETE FROM {s}.leases")).await;
+    db.exec(&format!("DELETE FROM {s}.leases")).await;
 
     // Retention deleted v2: from v1 (or from v2) would leave a gap, so it is refused; from v3
     // it is whole. A changed count is refused too.
-    exec(format!(
+    db.exec(&format!(
         "DELETE FROM {s}.events WHERE aggregate_version = 2"
     ))
     .await;
@@ -1180,7 +1076,7 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         let body = format!(
             r#"{{"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": {from}, "dry_run": true}}"#
         );
-        let (status, e) = call(addr, "POST", path, &ok, Some(&body)).await;
+        let (status, e) = post(addr, path, &ok, &body).await;
         assert_eq!(status, 409, "from {from}: {e}");
         assert!(
             e["error"].as_str().unwrap().contains("replay horizon"),
@@ -1192,13 +1088,13 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
             r#"{{"aggregate_type": "payment", "aggregate_id": "p-1", "from_version": 3, "expect_events": {expect}, "reason": "ledger rebuilt", "actor": "erin"}}"#
         )
     };
-    let (status, e) = call(addr, "POST", path, &ok, Some(&run(3))).await;
+    let (status, e) = post(addr, path, &ok, &run(3)).await;
     assert_eq!(status, 409, "{e}");
     assert!(
         e["error"].as_str().unwrap().contains("not the 3 expected"),
         "{e}"
     );
-    let (status, plan) = call(addr, "POST", path, &ok, Some(&run(2))).await;
+    let (status, plan) = post(addr, path, &ok, &run(2)).await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!(plan["events"], 2);
     // v3 and v4 pending again, their first publish time kept; v1 untouched.
@@ -1217,7 +1113,7 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     );
 
     // One record, the real replay's.
-    let (_, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
+    let (_, audit) = get(addr, "/api/v1/audit").await;
     let audit = audit.as_array().unwrap();
     assert_eq!(audit.len(), 1, "{audit:?}");
     assert_eq!(
@@ -1228,8 +1124,7 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
         ),
         (&"replay".into(), &2.into(), &"erin".into())
     );
-    stop.cancel();
-    db.drop().await;
+    stop_and_drop(stop, db).await;
 }
 
 /// Pausing a route through the API: refused without the token, a route key checked, the
@@ -1237,12 +1132,10 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
 #[tokio::test]
 async fn a_route_and_a_consumer_are_paused_and_resumed_with_the_token() {
     use outbox_core::{ClaimParams, OutboxStore};
-    let db = Db::new(2, 0).await;
-    let (addr, stop) = serve(db.admin(), with_token()).await;
-    let auth = format!("Bearer {TOKEN}");
-    let ok = [("authorization", auth.as_str())];
+    let (db, addr, stop) = db_and_console(2, 0).await;
+    let ok = [AUTH];
     let route = r#"{"route": "type:order", "reason": "downstream incident", "actor": "sam"}"#;
-    let (status, _) = call(addr, "POST", "/api/v1/pauses/pause", &[], Some(route)).await;
+    let (status, _) = post(addr, "/api/v1/pauses/pause", &[], route).await;
     assert_eq!(status, 401);
     for (bad, want) in [
         (r#"{"route": "order", "reason": "r"}"#, 400),
@@ -1253,36 +1146,24 @@ async fn a_route_and_a_consumer_are_paused_and_resumed_with_the_token() {
         ),
         (r#"{"reason": "r"}"#, 400),
     ] {
-        let (status, e) = call(addr, "POST", "/api/v1/pauses/pause", &ok, Some(bad)).await;
+        let (status, e) = post(addr, "/api/v1/pauses/pause", &ok, bad).await;
         assert_eq!(status, want, "{bad}: {e}");
     }
-    let (status, p) = call(addr, "POST", "/api/v1/pauses/pause", &ok, Some(route)).await;
+    let (status, p) = post(addr, "/api/v1/pauses/pause", &ok, route).await;
     assert_eq!(status, 200, "{p}");
     assert_eq!(p["name"], "type:order");
-    let (status, _) = call(addr, "POST", "/api/v1/pauses/pause", &ok, Some(route)).await;
+    let (status, _) = post(addr, "/api/v1/pauses/pause", &ok, route).await;
     assert_eq!(status, 409, "paused twice");
     let consumer = r#"{"consumer": "ledger", "reason": "replaying its database"}"#;
-    let (status, _) = call(addr, "POST", "/api/v1/pauses/pause", &ok, Some(consumer)).await;
+    let (status, _) = post(addr, "/api/v1/pauses/pause", &ok, consumer).await;
     assert_eq!(status, 200);
-    let (status, list) = call(addr, "GET", "/api/v1/pauses", &[], None).await;
+    let (status, list) = get(addr, "/api/v1/pauses").await;
     assert_eq!(status, 200);
-    let names: Vec<(&str, &str, &str)> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["kind"].as_str().unwrap(),
-                p["name"].as_str().unwrap(),
-                p["actor"].as_str().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        names,
-        vec![
-            ("consumer", "ledger", "console operator"),
-            ("route", "type:order", "sam")
+        strings(&list, &["kind", "name", "actor"]),
+        [
+            ["consumer", "ledger", "console operator"],
+            ["route", "type:order", "sam"]
         ]
     );
     // The relay's claim leaves the paused route's rows alone.
@@ -1302,21 +1183,15 @@ async fn a_route_and_a_consumer_are_paused_and_resumed_with_the_token() {
             .is_empty()
     );
     let resume = r#"{"route": "type:order"}"#;
-    let (status, r) = call(addr, "POST", "/api/v1/pauses/resume", &ok, Some(resume)).await;
+    let (status, r) = post(addr, "/api/v1/pauses/resume", &ok, resume).await;
     assert_eq!(status, 200, "{r}");
-    let (status, _) = call(addr, "POST", "/api/v1/pauses/resume", &ok, Some(resume)).await;
+    let (status, _) = post(addr, "/api/v1/pauses/resume", &ok, resume).await;
     assert_eq!(status, 404, "not paused any more");
     assert_eq!(store.claim_batch(params).await.unwrap().messages.len(), 2);
-    let (_, audit) = call(addr, "GET", "/api/v1/audit", &[], None).await;
-    let actions: Vec<&str> = audit
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["action"].as_str().unwrap())
-        .collect();
-    assert_eq!(actions, vec!["resume", "pause", "pause"]);
-    stop.cancel();
-    db.drop().await;
+    let (_, audit) = get(addr, "/api/v1/audit").await;
+    let actions = strings(&audit, &["action"]);
+    assert_eq!(actions, [["resume"], ["pause"], ["pause"]]);
+    stop_and_drop(stop, db).await;
 }
 
 /// A process's `health` (what its engine says about itself, through its heartbeat) comes typed
@@ -1335,8 +1210,7 @@ async fn a_processs_health_says_why_it_is_stuck_with_ages_as_of_now() {
         &"Unavailable: connection refused by nats://broker:4222",
     );
     let beat = Heartbeat::new(
-        db.pool.clone(),
-        db.schema.clone(),
+        outbox_postgres::PgStore::with_schema(db.pool.clone(), db.schema.clone()),
         InstanceKind::Consumer,
         "ledger",
     )
@@ -1348,7 +1222,7 @@ async fn a_processs_health_says_why_it_is_stuck_with_ages_as_of_now() {
     let (addr, stop) = serve(db.admin(), ConsoleConfig::default()).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let list = loop {
-        let (status, list) = call(addr, "GET", "/api/v1/instances", &[], None).await;
+        let (status, list) = get(addr, "/api/v1/instances").await;
         assert_eq!(status, 200, "{list}");
         if list.as_array().is_some_and(|l| !l.is_empty()) {
             break list;
@@ -1374,14 +1248,12 @@ async fn a_processs_health_says_why_it_is_stuck_with_ages_as_of_now() {
         "the consumer's numbers: {list}"
     );
 
-    sqlx::query(AssertSqlSafe(format!(
+    db.exec(&format!(
         "UPDATE {}.instances SET heartbeat_at = heartbeat_at - interval '20 seconds'",
         db.schema.as_str()
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let (_, list) = call(addr, "GET", "/api/v1/instances", &[], None).await;
+    ))
+    .await;
+    let (_, list) = get(addr, "/api/v1/instances").await;
     let age = list[0]["health"]["last_error"]["age_seconds"]
         .as_f64()
         .unwrap();

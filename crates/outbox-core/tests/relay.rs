@@ -33,6 +33,16 @@ fn store_with(events: &[(&str, i64)]) -> MemoryStore {
     s
 }
 
+/// A claim of up to `rows` rows (all of one aggregate if need be) for `lease`, any aggregate.
+fn claim(rows: usize, lease: Duration) -> ClaimParams {
+    ClaimParams {
+        max_rows: rows,
+        max_per_aggregate: rows,
+        lease,
+        scope: Default::default(),
+    }
+}
+
 fn fast_config() -> RelayConfig {
     RelayConfig {
         backoff: Backoff {
@@ -171,22 +181,12 @@ async fn no_publish_starts_once_the_lease_could_expire() {
 async fn a_mark_after_takeover_changes_nothing() {
     let store = store_with(&[("a", 1)]);
     let stale = store
-        .claim_batch(ClaimParams {
-            max_rows: 10,
-            max_per_aggregate: 10,
-            lease: Duration::from_secs(30),
-            scope: Default::default(),
-        })
+        .claim_batch(claim(10, Duration::from_secs(30)))
         .await
         .unwrap();
     store.expire_relay_leases();
     let fresh = store
-        .claim_batch(ClaimParams {
-            max_rows: 10,
-            max_per_aggregate: 10,
-            lease: Duration::from_secs(9),
-            scope: Default::default(),
-        })
+        .claim_batch(claim(10, Duration::from_secs(9)))
         .await
         .unwrap();
     assert_eq!(fresh.messages.len(), 1);
@@ -268,12 +268,7 @@ async fn any_feed_plugs_into_the_publish_engine() {
     }
     let source = store_with(&[("x", 1), ("x", 2), ("y", 1)]);
     let batch = source
-        .claim_batch(ClaimParams {
-            max_rows: 10,
-            max_per_aggregate: 10,
-            lease: Duration::from_secs(30),
-            scope: Default::default(),
-        })
+        .claim_batch(claim(10, Duration::from_secs(30)))
         .await
         .unwrap();
     let feed = Arc::new(ListFeed {
@@ -336,12 +331,7 @@ async fn a_batch_whose_session_is_lost_starts_no_more_publishes() {
     }
     let events: Vec<(&str, i64)> = (1..=40).map(|v| ("a", v)).collect();
     let batch = store_with(&events)
-        .claim_batch(ClaimParams {
-            max_rows: 100,
-            max_per_aggregate: 100,
-            lease: Duration::from_secs(30),
-            scope: Default::default(),
-        })
+        .claim_batch(claim(100, Duration::from_secs(30)))
         .await
         .unwrap();
     let liveness = Arc::new(outbox_core::Liveness::new());

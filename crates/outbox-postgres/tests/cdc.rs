@@ -19,13 +19,7 @@ use sqlx::AssertSqlSafe;
 /// and the guard that removes all three when the test ends, passed or failed: a slot left
 /// behind would pin the server's WAL for good.
 async fn setup() -> (TestDb, CdcConfig, Cleanup) {
-    let db = TestDb::new().await;
-    let config = CdcConfig::default();
-    let cleanup = Cleanup {
-        schema: db.schema.as_str().to_owned(),
-        slot: config.slot_name(&db.schema),
-        publication: config.publication_name(&db.schema),
-    };
+    let (db, config, cleanup) = setup_without_slot().await;
     assert!(
         ensure_publication(&db.pool, &db.schema, &cleanup.publication)
             .await
@@ -43,6 +37,42 @@ async fn setup() -> (TestDb, CdcConfig, Cleanup) {
             .expect("slot (wal_level = logical: .ci/services sets it)")
     );
     (db, config, cleanup)
+}
+
+/// A fresh schema, the default CDC config, and the guard that removes the schema and the
+/// config's slot and publication when the test ends; neither slot nor publication is created.
+async fn setup_without_slot() -> (TestDb, CdcConfig, Cleanup) {
+    let db = TestDb::new().await;
+    let config = CdcConfig::default();
+    let cleanup = Cleanup {
+        schema: db.schema.as_str().to_owned(),
+        slot: config.slot_name(&db.schema),
+        publication: config.publication_name(&db.schema),
+    };
+    (db, config, cleanup)
+}
+
+/// The CDC relay's feed over `db`'s schema with `config`, deleting what it publishes.
+fn cdc_feed(db: &TestDb, config: &CdcConfig) -> std::sync::Arc<outbox_postgres::cdc::CdcFeed> {
+    std::sync::Arc::new(outbox_postgres::cdc::CdcFeed::new(
+        &database_url(),
+        db.pool.clone(),
+        db.schema.clone(),
+        config.clone(),
+        outbox_postgres::OnPublish::Delete,
+    ))
+}
+
+/// The versions of `aggregate` the fake broker acknowledged, each at its first delivery, in
+/// the order they came (copies after a restart left out).
+fn first_deliveries(transport: &outbox_testkit::fakes::FakeTransport, aggregate: &str) -> Vec<i64> {
+    let mut firsts: Vec<i64> = Vec::new();
+    for v in transport.acked_for(aggregate) {
+        if !firsts.contains(&v) {
+            firsts.push(v);
+        }
+    }
+    firsts
 }
 
 /// Drops a test's slot, publication and schema, on a thread of its own (it runs while a failed
@@ -376,13 +406,7 @@ async fn an_idle_outbox_on_a_busy_database_keeps_the_retained_wal_bounded() {
         .unwrap();
 
     // The CDC relay itself (feed and engine), with nothing to publish.
-    let feed = std::sync::Arc::new(outbox_postgres::cdc::CdcFeed::new(
-        &database_url(),
-        db.pool.clone(),
-        db.schema.clone(),
-        config.clone(),
-        outbox_postgres::OnPublish::Delete,
-    ));
+    let feed = cdc_feed(&db, &config);
     let transport = std::sync::Arc::new(outbox_testkit::fakes::FakeTransport::new());
     let relay = std::sync::Arc::new(
         outbox_core::relay::Relay::with_feed(
@@ -554,13 +578,12 @@ mod relay {
     use outbox_core::PublishErrorKind;
     use outbox_core::operator::DeadLetterOps as _;
     use outbox_core::relay::{Relay, RelayConfig};
-    use outbox_postgres::OnPublish;
     use outbox_postgres::cdc::{CdcEvent, CdcFeed, CdcStream};
     use outbox_testkit::fakes::FakeTransport;
     use tokio_util::sync::CancellationToken;
 
     use super::common::{TestDb, database_url, msg};
-    use super::setup;
+    use super::{cdc_feed, setup, setup_without_slot};
 
     fn config() -> RelayConfig {
         RelayConfig {
@@ -592,23 +615,8 @@ mod relay {
         transport: &Arc<FakeTransport>,
         follow: bool,
     ) -> Running {
-        let feed = Arc::new(CdcFeed::new(
-            &database_url(),
-            db.pool.clone(),
-            db.schema.clone(),
-            config.clone(),
-            OnPublish::Delete,
-        ));
-        let relay = Arc::new(
-            Relay::with_feed(
-                Arc::clone(&feed),
-                Arc::clone(transport),
-                super::relay::config(),
-            )
-            .unwrap(),
-        );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let feed = cdc_feed(db, config);
+        let (stop, task) = spawn(&feed, transport);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while follow && !feed.following_the_log() {
             assert!(
@@ -622,6 +630,39 @@ mod relay {
             stop,
             task,
             status_interval: config.status_interval,
+        }
+    }
+
+    /// Runs the relay's engine over `feed` and `transport` until the returned token is
+    /// cancelled.
+    fn spawn(
+        feed: &Arc<CdcFeed>,
+        transport: &Arc<FakeTransport>,
+    ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        let relay =
+            Arc::new(Relay::with_feed(Arc::clone(feed), Arc::clone(transport), config()).unwrap());
+        let stop = CancellationToken::new();
+        (stop.clone(), tokio::spawn(relay.run(stop)))
+    }
+
+    /// Requeues every dead letter, as an operator does.
+    async fn requeue_all(db: &TestDb) {
+        db.store()
+            .requeue_dead_letters(
+                &outbox_core::operator::DeadLetterSelection::All,
+                &outbox_core::operator::Actor::new("test", "test").unwrap(),
+                "test",
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until at least `n` rows match `filter`; after `secs` fails with `what`.
+    async fn wait_for_rows(db: &TestDb, filter: &str, n: i64, secs: u64, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        while db.count(filter).await < n {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -672,14 +713,8 @@ mod relay {
     /// The first delivery of each version of `aggregate` came in order, 1 to `versions`
     /// (copies after a restart are fine).
     fn assert_first_deliveries(transport: &FakeTransport, aggregate: &str, versions: i64) {
-        let mut firsts: Vec<i64> = Vec::new();
-        for v in transport.acked_for(aggregate) {
-            if !firsts.contains(&v) {
-                firsts.push(v);
-            }
-        }
         assert_eq!(
-            firsts,
+            super::first_deliveries(transport, aggregate),
             (1..=versions).collect::<Vec<i64>>(),
             "{aggregate}: first deliveries in order"
         );
@@ -698,6 +733,34 @@ mod relay {
             }
         }
         stream.stop().await.expect("stop");
+    }
+
+    /// `b` waits behind its dead letter: only its v1 acknowledged, its v2 dead in the table and
+    /// `pending` later versions pending there; every other aggregate's rows published.
+    async fn assert_b_parked(db: &TestDb, transport: &FakeTransport, pending: i64) {
+        assert_eq!(
+            transport.acked_for("b"),
+            vec![1],
+            "b waits behind its dead letter"
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND state = 'dead' AND aggregate_version = 2")
+                .await,
+            1,
+            "the dead letter is in the table, as the polling relay records it"
+        );
+        assert_eq!(
+            db.count("aggregate_id = 'b' AND state = 'pending'").await,
+            pending,
+            "b's later versions stay pending in the table"
+        );
+        assert_eq!(db.count("aggregate_id <> 'b'").await, 0);
+    }
+
+    /// Every row published (the table is empty) and every transaction confirmed.
+    async fn all_published_and_confirmed(db: &TestDb, config: &outbox_postgres::cdc::CdcConfig) {
+        assert_eq!(db.count("true").await, 0);
+        nothing_unconfirmed(db, config).await;
     }
 
     async fn enqueue_each(db: &TestDb, messages: &[outbox_core::NewMessage]) {
@@ -759,23 +822,7 @@ mod relay {
             "retried in place"
         );
         assert_eq!(transport.acked_for("c"), vec![1, 2, 3, 4]);
-        assert_eq!(
-            transport.acked_for("b"),
-            vec![1],
-            "b waits behind its dead letter"
-        );
-        assert_eq!(
-            db.count("aggregate_id = 'b' AND state = 'dead' AND aggregate_version = 2")
-                .await,
-            1,
-            "the dead letter is in the table, as the polling relay records it"
-        );
-        assert_eq!(
-            db.count("aggregate_id = 'b' AND state = 'pending'").await,
-            2,
-            "b v3 and v4 stay pending in the table"
-        );
-        assert_eq!(db.count("aggregate_id <> 'b'").await, 0);
+        assert_b_parked(&db, &transport, 2).await;
         nothing_unconfirmed(&db, &config).await;
 
         // A restarted CDC relay keeps b parked (its catch-up leaves the rows behind the dead
@@ -785,15 +832,7 @@ mod relay {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(transport.acked_for("b"), vec![1]);
         assert_eq!(db.count("aggregate_id = 'b'").await, 3);
-        let store = Arc::new(db.store());
-        store
-            .requeue_dead_letters(
-                &outbox_core::operator::DeadLetterSelection::All,
-                &outbox_core::operator::Actor::new("test", "test").unwrap(),
-                "test",
-            )
-            .await
-            .unwrap();
+        requeue_all(&db).await;
         let mut tx = db.pool.begin().await.unwrap();
         db.outbox
             .enqueue_batch(&mut *tx, &[msg("b", 5), msg("c", 5)])
@@ -807,8 +846,7 @@ mod relay {
             .await;
         let b = transport.acked_for("b");
         assert_eq!(b[..5], [1, 2, 3, 4, 5], "first deliveries in order: {b:?}");
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 
     /// Memory bounded whatever a transaction's size: with room for 40 events, a transaction of
@@ -870,8 +908,7 @@ mod relay {
         let healthy = Arc::new(FakeTransport::new());
         run_until(&db, &config, &healthy, |t| t.acked_for("a").len() == 3).await;
         assert_eq!(healthy.acked_for("a"), vec![1, 2, 3]);
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 
     /// With the producer deleting its rows in its own transaction, the table stays empty and
@@ -925,20 +962,11 @@ mod relay {
         assert_eq!(db.count("true").await, 2);
         nothing_unconfirmed(&db, &config).await;
 
-        let store = Arc::new(db.store());
-        store
-            .requeue_dead_letters(
-                &outbox_core::operator::DeadLetterSelection::All,
-                &outbox_core::operator::Actor::new("test", "test").unwrap(),
-                "test",
-            )
-            .await
-            .unwrap();
+        requeue_all(&db).await;
         // Requeued while no relay runs: the next CDC relay's catch-up delivers them, in order.
         run_until(&db, &config, &transport, |t| t.acked_for("b").len() >= 3).await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3]);
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 
     /// Rows the relay cannot publish as stored (a header value that is not a string, a header
@@ -999,14 +1027,14 @@ mod relay {
         // The four dead letters are in the table (written back where the producer deleted
         // its rows) before the relay is stopped: their batches come after their aggregates'
         // first events, at the relay's pace, which a loaded machine slows.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while db.count("state = 'dead'").await < 4 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the four dead letters are not in the table within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_rows(
+            &db,
+            "state = 'dead'",
+            4,
+            30,
+            "the four dead letters are not in the table within 30 s",
+        )
+        .await;
         relay
             .until(&transport, |t| {
                 ["null", "number", "name", "infinity", "ok"]
@@ -1085,11 +1113,7 @@ mod relay {
         assert!(!config.producers_delete_rows);
         let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));
         run_until(&db, &config, &transport, |t| t.acked_for("b").len() == 1).await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while db.count("true").await < 2 {
-            assert!(tokio::time::Instant::now() < deadline, "not written back");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_rows(&db, "true", 2, 10, "not written back").await;
         assert_eq!(
             db.count("aggregate_version = 2 AND state = 'dead' AND attempts = 1")
                 .await,
@@ -1108,21 +1132,11 @@ mod relay {
     #[tokio::test]
     async fn the_lag_is_the_age_of_the_oldest_unconfirmed_transaction() {
         let (db, config, _cleanup) = setup().await;
-        let feed = Arc::new(CdcFeed::new(
-            &database_url(),
-            db.pool.clone(),
-            db.schema.clone(),
-            config.clone(),
-            OnPublish::Delete,
-        ));
+        let feed = cdc_feed(&db, &config);
         assert_eq!(feed.lag(), Duration::ZERO, "nothing streamed yet");
         let failing =
             Arc::new(FakeTransport::new().fail("a", 1, PublishErrorKind::Unavailable, 1_000));
-        let relay = Arc::new(
-            Relay::with_feed(Arc::clone(&feed), Arc::clone(&failing), self::config()).unwrap(),
-        );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let (stop, task) = spawn(&feed, &failing);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         // Committed once the relay follows the log: streamed, not caught up from the table.
         while !feed.following_the_log() {
@@ -1146,19 +1160,9 @@ mod relay {
         task.await.unwrap();
         feed.shutdown().await.unwrap();
 
-        let feed = Arc::new(CdcFeed::new(
-            &database_url(),
-            db.pool.clone(),
-            db.schema.clone(),
-            config.clone(),
-            OnPublish::Delete,
-        ));
+        let feed = cdc_feed(&db, &config);
         let healthy = Arc::new(FakeTransport::new());
-        let relay = Arc::new(
-            Relay::with_feed(Arc::clone(&feed), Arc::clone(&healthy), self::config()).unwrap(),
-        );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+        let (stop, task) = spawn(&feed, &healthy);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while healthy.acked_for("a").is_empty() || feed.lag() > Duration::ZERO {
             assert!(
@@ -1181,13 +1185,7 @@ mod relay {
     /// (the stream skips what the catch-up published); everything confirmed.
     #[tokio::test]
     async fn rows_committed_before_the_slot_are_published_by_the_cdc_relay_itself() {
-        let db = TestDb::new().await;
-        let config = outbox_postgres::cdc::CdcConfig::default();
-        let _cleanup = super::Cleanup {
-            schema: db.schema.as_str().to_owned(),
-            slot: config.slot_name(&db.schema),
-            publication: config.publication_name(&db.schema),
-        };
+        let (db, config, _cleanup) = setup_without_slot().await;
         // Before the slot: a, b (v2 refused for good), c v1..v3.
         let before: Vec<_> = (1..=3)
             .flat_map(|v| ["a", "b", "c"].map(|agg| msg(agg, v)))
@@ -1220,36 +1218,13 @@ mod relay {
             vec![1, 2, 3, 4, 5],
             "once each, in order"
         );
-        assert_eq!(
-            transport.acked_for("b"),
-            vec![1],
-            "b waits behind its dead letter"
-        );
-        assert_eq!(
-            db.count("aggregate_id = 'b' AND state = 'dead' AND aggregate_version = 2")
-                .await,
-            1
-        );
-        assert_eq!(
-            db.count("aggregate_id = 'b' AND state = 'pending'").await,
-            3
-        );
-        assert_eq!(db.count("aggregate_id <> 'b'").await, 0);
+        assert_b_parked(&db, &transport, 3).await;
         nothing_unconfirmed(&db, &config).await;
 
-        let store = db.store();
-        store
-            .requeue_dead_letters(
-                &outbox_core::operator::DeadLetterSelection::All,
-                &outbox_core::operator::Actor::new("test", "test").unwrap(),
-                "test",
-            )
-            .await
-            .unwrap();
+        requeue_all(&db).await;
         run_until(&db, &config, &transport, |t| t.acked_for("b").len() >= 5).await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3, 4, 5]);
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 
     /// A requeue whose wake-up the relay never gets (made with plain SQL, no `NOTIFY`): the
@@ -1261,11 +1236,7 @@ mod relay {
         let transport = Arc::new(FakeTransport::new().fail("b", 2, PublishErrorKind::Invalid, 1));
         let relay = start(&db, &config, &transport, true).await;
         enqueue_each(&db, &[msg("b", 1), msg("b", 2), msg("b", 3)]).await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while db.count("state = 'dead'").await == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "no dead letter");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_rows(&db, "state = 'dead'", 1, 20, "no dead letter").await;
         db.exec(format!(
             "UPDATE \"{}\".events SET state = 'pending', attempts = 0 WHERE state = 'dead'",
             db.schema
@@ -1275,8 +1246,7 @@ mod relay {
             .until(&transport, |t| t.acked_for("b").len() >= 3)
             .await;
         assert_eq!(transport.acked_for("b"), vec![1, 2, 3]);
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 
     /// A slot created while producers write, with no polling relay: every committed event is
@@ -1284,13 +1254,7 @@ mod relay {
     /// from the log), each aggregate's first deliveries in order.
     #[tokio::test]
     async fn a_slot_created_while_producers_write_loses_nothing() {
-        let db = TestDb::new().await;
-        let config = outbox_postgres::cdc::CdcConfig::default();
-        let cleanup = super::Cleanup {
-            schema: db.schema.as_str().to_owned(),
-            slot: config.slot_name(&db.schema),
-            publication: config.publication_name(&db.schema),
-        };
+        let (db, config, cleanup) = setup_without_slot().await;
         outbox_postgres::cdc::ensure_publication(&db.pool, &db.schema, &cleanup.publication)
             .await
             .unwrap();
@@ -1323,8 +1287,7 @@ mod relay {
         for a in &aggregates {
             assert_first_deliveries(&transport, a, 20);
         }
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 
     #[tokio::test]
@@ -1363,8 +1326,7 @@ mod relay {
         for agg in &aggregates {
             assert_first_deliveries(&transport, agg, 10);
         }
-        assert_eq!(db.count("true").await, 0);
-        nothing_unconfirmed(&db, &config).await;
+        all_published_and_confirmed(&db, &config).await;
     }
 }
 
@@ -1378,13 +1340,12 @@ mod switching {
     use std::time::Duration;
 
     use outbox_core::relay::{Relay, RelayConfig};
-    use outbox_postgres::OnPublish;
-    use outbox_postgres::cdc::{CdcConfig, CdcFeed, create_slot, ensure_publication};
+    use outbox_postgres::cdc::{create_slot, ensure_publication};
     use outbox_testkit::fakes::FakeTransport;
     use tokio_util::sync::CancellationToken;
 
-    use super::Cleanup;
-    use super::common::{TestDb, database_url, msg};
+    use super::common::msg;
+    use super::{cdc_feed, setup_without_slot};
 
     fn relay_config() -> RelayConfig {
         RelayConfig {
@@ -1410,13 +1371,7 @@ mod switching {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn polling_to_cdc_to_polling_under_load_loses_nothing_and_keeps_order() {
-        let db = TestDb::new().await;
-        let config = CdcConfig::default();
-        let _cleanup = Cleanup {
-            schema: db.schema.as_str().to_owned(),
-            slot: config.slot_name(&db.schema),
-            publication: config.publication_name(&db.schema),
-        };
+        let (db, config, _cleanup) = setup_without_slot().await;
         ensure_publication(&db.pool, &db.schema, &config.publication_name(&db.schema))
             .await
             .unwrap();
@@ -1457,13 +1412,7 @@ mod switching {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-        let feed = Arc::new(CdcFeed::new(
-            &database_url(),
-            db.pool.clone(),
-            db.schema.clone(),
-            config.clone(),
-            OnPublish::Delete,
-        ));
+        let feed = cdc_feed(&db, &config);
         let cdc_stop = CancellationToken::new();
         let cdc = Arc::new(
             Relay::with_feed(Arc::clone(&feed), Arc::clone(&transport), relay_config()).unwrap(),
@@ -1507,14 +1456,8 @@ mod switching {
 
         for a in 0..20 {
             let agg = format!("sw-{a}");
-            let mut firsts = Vec::new();
-            for v in transport.acked_for(&agg) {
-                if !firsts.contains(&v) {
-                    firsts.push(v);
-                }
-            }
             assert_eq!(
-                firsts,
+                super::first_deliveries(&transport, &agg),
                 (1..=last).collect::<Vec<_>>(),
                 "{agg}: every version, first appearances in order"
             );

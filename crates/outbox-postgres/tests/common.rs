@@ -102,6 +102,14 @@ impl HeldProducer for HeldPg {
 }
 
 impl TestDb {
+    /// Commits `messages` in one transaction.
+    pub async fn enqueue(&self, messages: &[NewMessage]) {
+        self.outbox
+            .enqueue_batch(&self.pool, messages)
+            .await
+            .expect("enqueue");
+    }
+
     /// Writes `messages` in a producer transaction that stays open until the handle commits.
     pub async fn enqueue_held(&self, messages: &[NewMessage]) -> Box<dyn HeldProducer> {
         let mut tx = self.pool.begin().await.expect("begin");

@@ -60,11 +60,7 @@ impl<const MARK: bool> StoreFixture for PgFixture<MARK> {
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) {
-        self.db
-            .outbox
-            .enqueue_batch(&self.db.pool, &messages)
-            .await
-            .expect("enqueue");
+        self.db.enqueue(&messages).await;
     }
 
     async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {

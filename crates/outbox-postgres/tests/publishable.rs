@@ -183,6 +183,22 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
+/// `$query` with the columns of the case `$c` bound next, in the order both statements of the
+/// test take them: aggregate type, aggregate id, event type, headers, content type,
+/// destination, partition key.
+macro_rules! bind_case {
+    ($query:expr, $c:expr) => {
+        $query
+            .bind(&$c.aggregate_type)
+            .bind(&$c.aggregate_id)
+            .bind(&$c.event_type)
+            .bind(&$c.headers)
+            .bind(&$c.content_type)
+            .bind($c.destination.as_deref())
+            .bind($c.partition_key.as_deref())
+    };
+}
+
 #[tokio::test]
 async fn the_table_and_the_relay_refuse_the_same_rows() {
     let db = TestDb::new().await;
@@ -205,17 +221,11 @@ async fn the_table_and_the_relay_refuse_the_same_rows() {
     let (mut accepted, mut refused) = (0, 0);
     for c in &cases {
         let relay = relay_problem(c);
-        let table: Option<String> = sqlx::query_scalar(AssertSqlSafe(problem_sql.clone()))
-            .bind(&c.aggregate_type)
-            .bind(&c.aggregate_id)
-            .bind(&c.event_type)
-            .bind(&c.headers)
-            .bind(&c.content_type)
-            .bind(c.destination.as_deref())
-            .bind(c.partition_key.as_deref())
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let table: Option<String> =
+            bind_case!(sqlx::query_scalar(AssertSqlSafe(problem_sql.clone())), c)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
         assert_eq!(
             relay.is_some(),
             table.is_some(),
@@ -224,17 +234,12 @@ async fn the_table_and_the_relay_refuse_the_same_rows() {
         // And the constraint itself (its fast test, then the rule): an insert of the row, rolled
         // back, succeeds exactly when the rule finds nothing, and fails with the rule's reason.
         let mut tx = db.pool.begin().await.unwrap();
-        let inserted = sqlx::query(AssertSqlSafe(insert_sql.clone()))
-            .bind(uuid::Uuid::now_v7())
-            .bind(&c.aggregate_type)
-            .bind(&c.aggregate_id)
-            .bind(&c.event_type)
-            .bind(&c.headers)
-            .bind(&c.content_type)
-            .bind(c.destination.as_deref())
-            .bind(c.partition_key.as_deref())
-            .execute(&mut *tx)
-            .await;
+        let inserted = bind_case!(
+            sqlx::query(AssertSqlSafe(insert_sql.clone())).bind(uuid::Uuid::now_v7()),
+            c
+        )
+        .execute(&mut *tx)
+        .await;
         drop(tx);
         match (&table, inserted) {
             (None, Ok(_)) => {}

@@ -80,6 +80,54 @@ fn assert_in_order(transport: &FakeTransport, aggregates: usize, versions: i64) 
     }
 }
 
+/// The CDC mode's options with the default CDC settings.
+fn cdc_options(create_slot: bool, heartbeat_every: Option<Duration>) -> CdcRelayOptions {
+    CdcRelayOptions {
+        database_url: database_url(),
+        cdc: CdcConfig::default(),
+        create_slot,
+        heartbeat_every,
+    }
+}
+
+/// The error of the start-up checks of a relay in `mode` over `schema`.
+async fn refused(schema: &Schema, mode: RelayMode) -> RelayError {
+    PgRelay::new(own_store(schema).await, relay_config(), mode)
+        .check()
+        .await
+        .unwrap_err()
+}
+
+/// With a running relay: waits until it published the `n` events written before, checks that
+/// its live session is registered (else fails with `registered`), and that an event written
+/// while it runs is published too.
+async fn delivers_while_running(
+    db: &TestDb,
+    transport: &FakeTransport,
+    n: usize,
+    registered: &str,
+) {
+    wait_acked(transport, n).await;
+    assert_eq!(owners(db).await, 1, "{registered}");
+    // Written while it runs.
+    db.outbox.enqueue(&db.pool, &msg("late", 1)).await.unwrap();
+    wait_acked(transport, n + 1).await;
+}
+
+/// After a relay `name` stopped: the `(aggregates, versions)` written arrived in order,
+/// nothing is left in the table, its heartbeat recorded the stop and its session resigned.
+async fn assert_stopped_after_delivering(
+    db: &TestDb,
+    transport: &FakeTransport,
+    (aggregates, versions): (usize, i64),
+    name: &str,
+) {
+    assert_in_order(transport, aggregates, versions);
+    assert_eq!(db.count("true").await, 0, "delete mode: nothing left");
+    assert_eq!(heartbeat(db).await, vec![(name.to_owned(), true)]);
+    assert_eq!(owners(db).await, 0, "the live session resigned at the stop");
+}
+
 /// Live sessions registered in the schema (relays whose leases are tied to a session).
 async fn owners(db: &TestDb) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -114,29 +162,20 @@ async fn a_polling_relay_runs_from_the_library_api_alone() {
     let relay = PgRelay::new(store, relay_config(), RelayMode::Polling);
     relay.check().await.expect("the start-up checks pass");
     let running = tokio::spawn(relay.run(Arc::clone(&transport), shutdown.clone()));
-    wait_acked(&transport, 100).await;
-    assert_eq!(
-        owners(&db).await,
-        1,
-        "the relay's live session is registered"
-    );
-    // Written while it runs.
-    db.outbox.enqueue(&db.pool, &msg("late", 1)).await.unwrap();
-    wait_acked(&transport, 101).await;
+    delivers_while_running(
+        &db,
+        &transport,
+        100,
+        "the relay's live session is registered",
+    )
+    .await;
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), running)
         .await
         .expect("the relay stops within 10 s of its token")
         .unwrap()
         .expect("a clean stop");
-    assert_in_order(&transport, 20, 5);
-    assert_eq!(db.count("true").await, 0, "delete mode: nothing left");
-    assert_eq!(heartbeat(&db).await, vec![("polling".to_owned(), true)]);
-    assert_eq!(
-        owners(&db).await,
-        0,
-        "the live session resigned at the stop"
-    );
+    assert_stopped_after_delivering(&db, &transport, (20, 5), "polling").await;
     let one: i32 = sqlx::query_scalar("SELECT 1")
         .fetch_one(&shared)
         .await
@@ -150,32 +189,13 @@ async fn the_start_up_checks_refuse_a_missing_schema_publication_or_slot() {
     let db = TestDb::new().await;
     // A schema nobody migrated.
     let missing = Schema::new(&format!("{}_none", db.schema.as_str())).unwrap();
-    let e = PgRelay::new(
-        own_store(&missing).await,
-        relay_config(),
-        RelayMode::Polling,
-    )
-    .check()
-    .await
-    .unwrap_err();
+    let e = refused(&missing, RelayMode::Polling).await;
     assert!(matches!(e, RelayError::Store(_)), "{e}");
     assert!(e.to_string().starts_with("cannot start the relay"), "{e}");
 
     // CDC without the publication `outbox migrate` makes.
-    let cdc = CdcRelayOptions {
-        database_url: database_url(),
-        cdc: CdcConfig::default(),
-        create_slot: false,
-        heartbeat_every: None,
-    };
-    let e = PgRelay::new(
-        own_store(&db.schema).await,
-        relay_config(),
-        RelayMode::Cdc(cdc.clone()),
-    )
-    .check()
-    .await
-    .unwrap_err();
+    let cdc = cdc_options(false, None);
+    let e = refused(&db.schema, RelayMode::Cdc(cdc.clone())).await;
     assert!(matches!(e, RelayError::NoPublication { .. }), "{e}");
 
     // With the publication but no slot, and not asked to create one: refused, nothing created.
@@ -183,14 +203,7 @@ async fn the_start_up_checks_refuse_a_missing_schema_publication_or_slot() {
     ensure_publication(&db.pool, &db.schema, &publication)
         .await
         .unwrap();
-    let e = PgRelay::new(
-        own_store(&db.schema).await,
-        relay_config(),
-        RelayMode::Cdc(cdc.clone()),
-    )
-    .check()
-    .await
-    .unwrap_err();
+    let e = refused(&db.schema, RelayMode::Cdc(cdc.clone())).await;
     assert!(matches!(e, RelayError::NoSlot { .. }), "{e}");
     let slot = cdc.cdc.slot_name(&db.schema);
     assert!(slot_state(&db.pool, &slot).await.unwrap().is_none());
@@ -203,12 +216,7 @@ async fn the_start_up_checks_refuse_a_missing_schema_publication_or_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cdc_relay_runs_from_the_library_api_alone() {
     let db = TestDb::new().await;
-    let cdc = CdcRelayOptions {
-        database_url: database_url(),
-        cdc: CdcConfig::default(),
-        create_slot: true,
-        heartbeat_every: Some(Duration::from_millis(200)),
-    };
+    let cdc = cdc_options(true, Some(Duration::from_millis(200)));
     let (slot, publication) = (
         cdc.cdc.slot_name(&db.schema),
         cdc.cdc.publication_name(&db.schema),
@@ -228,14 +236,13 @@ async fn a_cdc_relay_runs_from_the_library_api_alone() {
     assert!(slot_state(&db.pool, &slot).await.unwrap().is_some());
     write_events(&db, 10, 3).await;
     let running = tokio::spawn(relay.run(Arc::clone(&transport), shutdown.clone()));
-    wait_acked(&transport, 30).await;
-    assert_eq!(
-        owners(&db).await,
-        1,
-        "the CDC relay's live session is registered"
-    );
-    db.outbox.enqueue(&db.pool, &msg("late", 1)).await.unwrap();
-    wait_acked(&transport, 31).await;
+    delivers_while_running(
+        &db,
+        &transport,
+        30,
+        "the CDC relay's live session is registered",
+    )
+    .await;
     shutdown.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(15), running)
         .await
@@ -245,13 +252,6 @@ async fn a_cdc_relay_runs_from_the_library_api_alone() {
         .await
         .unwrap();
     stopped.expect("a clean stop");
-    assert_eq!(
-        owners(&db).await,
-        0,
-        "the live session resigned at the stop"
-    );
-    assert_in_order(&transport, 10, 3);
-    assert_eq!(db.count("true").await, 0, "delete mode: nothing left");
-    assert_eq!(heartbeat(&db).await, vec![("cdc".to_owned(), true)]);
+    assert_stopped_after_delivering(&db, &transport, (10, 3), "cdc").await;
     db.drop().await;
 }

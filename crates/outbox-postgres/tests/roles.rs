@@ -110,6 +110,33 @@ impl Env {
         self.pool_as(&self.role(component)).await
     }
 
+    /// Creates the business table `{b}.<table>` (`columns`) and lets `component`'s role insert
+    /// into it; returns a pool logged in as that role.
+    async fn business_table(&mut self, component: Component, table: &str, columns: &str) -> PgPool {
+        let role = self.role(component);
+        self.exec(&format!(
+            "CREATE TABLE {{b}}.{table} ({columns}); \
+             GRANT USAGE ON SCHEMA {{b}} TO \"{role}\"; \
+             GRANT INSERT ON {{b}}.{table} TO \"{role}\""
+        ))
+        .await;
+        self.pool(component).await
+    }
+
+    /// A heartbeat of a process of `kind` named `name` on the test's schema, through `pool`,
+    /// every 100 ms.
+    fn heartbeat(
+        &self,
+        pool: &PgPool,
+        kind: outbox_postgres::heartbeat::InstanceKind,
+        name: &str,
+    ) -> outbox_postgres::heartbeat::Heartbeat {
+        let store = outbox_postgres::PgStore::with_schema(pool.clone(), self.schema.clone());
+        outbox_postgres::heartbeat::Heartbeat::new(store, kind, name)
+            .unwrap()
+            .with_interval(Duration::from_millis(100))
+    }
+
     /// `sql` as the superuser; `{s}` is the schema, `{b}` the business schema.
     async fn exec(&self, sql: &str) {
         sqlx::raw_sql(AssertSqlSafe(self.render(sql)))
@@ -422,14 +449,14 @@ async fn the_migrator_owns_migrates_and_grants_and_nothing_else() {
 #[tokio::test]
 async fn the_producer_enqueues_allocates_versions_and_replays_requests() {
     let mut env = Env::new().await;
+    let pool = env
+        .business_table(
+            Component::Producer,
+            "payments",
+            "id text PRIMARY KEY, amount bigint NOT NULL",
+        )
+        .await;
     let producer = env.role(Component::Producer);
-    env.exec(&format!(
-        "CREATE TABLE {{b}}.payments (id text PRIMARY KEY, amount bigint NOT NULL); \
-         GRANT USAGE ON SCHEMA {{b}} TO \"{producer}\"; \
-         GRANT INSERT ON {{b}}.payments TO \"{producer}\""
-    ))
-    .await;
-    let pool = env.pool(Component::Producer).await;
     outbox_postgres::check_schema(&pool, &env.schema)
         .await
         .unwrap();
@@ -665,19 +692,12 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
     );
 
     // Its heartbeat writes, under the relay's own grants, and records its stop.
-    let beat = outbox_postgres::heartbeat::Heartbeat::new(
-        pool.clone(),
-        env.schema.clone(),
+    beat_briefly(env.heartbeat(
+        &pool,
         outbox_postgres::heartbeat::InstanceKind::Relay,
         "polling",
-    )
-    .unwrap()
-    .with_interval(Duration::from_millis(100));
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(beat.run(stop.clone()));
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    stop.cancel();
-    task.await.unwrap();
+    ))
+    .await;
     assert_eq!(
         env.count(
             "SELECT count(*) FROM {s}.instances WHERE stopped_at IS NOT NULL AND kind = 'relay'"
@@ -686,6 +706,15 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
         1
     );
     env.cleanup().await;
+}
+
+/// Runs `beat` for 350 ms (a few beats), then stops it, which records the stop.
+async fn beat_briefly(beat: outbox_postgres::heartbeat::Heartbeat) {
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(beat.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    stop.cancel();
+    task.await.unwrap();
 }
 
 /// Writes one ledger row per event (a business table the test grants), and a payout work item
@@ -733,14 +762,14 @@ impl Handler<sqlx::PgConnection> for Ledger {
 #[tokio::test]
 async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
     let mut env = Env::new().await;
+    let pool = env
+        .business_table(
+            Component::Consumer,
+            "ledger",
+            "event_id uuid PRIMARY KEY, aggregate_id text NOT NULL",
+        )
+        .await;
     let consumer_role = env.role(Component::Consumer);
-    env.exec(&format!(
-        "CREATE TABLE {{b}}.ledger (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL); \
-         GRANT USAGE ON SCHEMA {{b}} TO \"{consumer_role}\"; \
-         GRANT INSERT ON {{b}}.ledger TO \"{consumer_role}\""
-    ))
-    .await;
-    let pool = env.pool(Component::Consumer).await;
     let source = FakeSource::new();
     let (p1, p2, poison) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
     source.push_message(&event_message(p1, "pay-1", 1, r#"{"n":1}"#));
@@ -788,20 +817,15 @@ async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
             .await
             .unwrap()
     );
-    let beat = outbox_postgres::heartbeat::Heartbeat::new(
-        pool.clone(),
-        env.schema.clone(),
-        outbox_postgres::heartbeat::InstanceKind::Consumer,
-        "ledger",
+    beat_briefly(
+        env.heartbeat(
+            &pool,
+            outbox_postgres::heartbeat::InstanceKind::Consumer,
+            "ledger",
+        )
+        .with_consumer(consumer.stats()),
     )
-    .unwrap()
-    .with_interval(Duration::from_millis(100))
-    .with_consumer(consumer.stats());
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(beat.run(stop.clone()));
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    stop.cancel();
-    task.await.unwrap();
+    .await;
     assert_eq!(
         env.count(
             "SELECT count(*) FROM {s}.activity WHERE kind = 'consume' AND name = 'ledger' \

@@ -37,10 +37,30 @@ async fn session(db: &TestDb) -> PgSession {
     .expect("a session")
 }
 
-async fn enqueue(db: &TestDb, agg: &str, versions: i64) {
+/// A fresh schema holding versions 1 to `versions` of `agg`, one transaction each.
+async fn with_versions(agg: &str, versions: i64) -> TestDb {
+    let db = TestDb::new().await;
     for v in 1..=versions {
         db.outbox.enqueue(&db.pool, &msg(agg, v)).await.unwrap();
     }
+    db
+}
+
+/// A claim of up to 100 rows by a store whose leases are tied to `session`.
+async fn claim_in(db: &TestDb, session: &PgSession) -> ClaimedBatch {
+    db.store()
+        .with_session(session.clone())
+        .claim_batch(claim(100))
+        .await
+        .unwrap()
+}
+
+/// Closes `sessions`, then drops the schema.
+async fn close<const N: usize>(db: TestDb, sessions: [PgSession; N]) {
+    for s in sessions {
+        s.close().await;
+    }
+    db.drop().await;
 }
 
 /// Ends `session`'s backend from another connection, as an operator's `pg_terminate_backend`
@@ -84,8 +104,7 @@ async fn claimed_within(store: &PgStore, agg: &str, within: Duration) -> Claimed
 
 #[tokio::test]
 async fn an_ended_session_s_aggregates_are_taken_over_at_once_and_its_writes_stay_fenced() {
-    let db = TestDb::new().await;
-    enqueue(&db, "x", 5).await;
+    let db = with_versions("x", 5).await;
     let (a, b) = (session(&db).await, session(&db).await);
     let store_a = db.store().with_session(a.clone());
     let store_b = db.store().with_session(b.clone());
@@ -144,15 +163,12 @@ async fn an_ended_session_s_aggregates_are_taken_over_at_once_and_its_writes_sta
         assert!(Instant::now() < deadline, "no new session");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    a.close().await;
-    b.close().await;
-    db.drop().await;
+    close(db, [a, b]).await;
 }
 
 #[tokio::test]
 async fn a_claim_under_an_owner_already_swept_leases_nothing() {
-    let db = TestDb::new().await;
-    enqueue(&db, "y", 3).await;
+    let db = with_versions("y", 3).await;
     let a = session(&db).await;
     let store_a = db.store().with_session(a.clone());
     let (owner, _) = a.current().unwrap();
@@ -175,39 +191,21 @@ async fn a_claim_under_an_owner_already_swept_leases_nothing() {
     assert_eq!(leases, 0);
     // A relay with a registered owner takes them.
     let b = session(&db).await;
-    let taken = db
-        .store()
-        .with_session(b.clone())
-        .claim_batch(claim(100))
-        .await
-        .unwrap();
+    let taken = claim_in(&db, &b).await;
     assert_eq!(taken.messages.len(), 3);
-    a.close().await;
-    b.close().await;
-    db.drop().await;
+    close(db, [a, b]).await;
 }
 
 #[tokio::test]
 async fn a_closed_session_hands_what_it_still_holds_over_at_once() {
-    let db = TestDb::new().await;
-    enqueue(&db, "z", 2).await;
+    let db = with_versions("z", 2).await;
     let (a, b) = (session(&db).await, session(&db).await);
-    let held = db
-        .store()
-        .with_session(a.clone())
-        .claim_batch(claim(100))
-        .await
-        .unwrap();
+    let held = claim_in(&db, &a).await;
     assert_eq!(held.messages.len(), 2);
     a.close().await;
     assert!(held.liveness.unwrap().is_lost());
     // No wait for a sweep: the clean stop expired its own leases.
-    let taken = db
-        .store()
-        .with_session(b.clone())
-        .claim_batch(claim(100))
-        .await
-        .unwrap();
+    let taken = claim_in(&db, &b).await;
     assert_eq!(taken.messages.len(), 2);
     assert_eq!(taken.takeovers.len(), 1);
     b.close().await;

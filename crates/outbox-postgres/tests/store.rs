@@ -31,6 +31,26 @@ async fn release(store: &PgStore, token: outbox_core::LeaseToken) {
         .unwrap();
 }
 
+/// Marks every row of the claim `b` published, then settles it.
+async fn publish_all(store: &PgStore, b: &outbox_core::ClaimedBatch) {
+    store
+        .mark_published(MarkParams {
+            token: b.token,
+            ids: &b.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        })
+        .await
+        .unwrap();
+    release(store, b.token).await;
+}
+
+/// The aggregate and version of each row of the claim `b`, in claim order.
+fn versions(b: &outbox_core::ClaimedBatch) -> Vec<(String, i64)> {
+    b.messages
+        .iter()
+        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
+        .collect()
+}
+
 #[tokio::test]
 async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
     let db = TestDb::new().await;
@@ -163,13 +183,7 @@ async fn mark_mode_keeps_published_rows_and_still_orders() {
             .messages
             .is_empty()
     );
-    store
-        .release(ReleaseParams {
-            token: b.token,
-            ids: &[],
-        })
-        .await
-        .unwrap();
+    release(&store, b.token).await;
     let b2 = store.claim_batch(claim(10, 30_000)).await.unwrap();
     assert_eq!(
         b2.messages
@@ -264,13 +278,7 @@ async fn mark_mode_indexes_and_retention_keep_only_young_published_rows() {
         .await
         .unwrap();
     assert_eq!(marked, 20);
-    store
-        .release(ReleaseParams {
-            token: b.token,
-            ids: &[],
-        })
-        .await
-        .unwrap();
+    release(&store, b.token).await;
     // Pending and dead rows, made old: never the retention's business.
     db.outbox
         .enqueue_batch(
@@ -643,16 +651,28 @@ async fn versions_from_the_aggregates_own_row_serialise_its_writers() {
     db.drop().await;
 }
 
+/// Opens a transaction and begins the request `key` of `scope` with the fingerprint `request`
+/// in it.
+async fn begin_request(
+    db: &TestDb,
+    scope: &str,
+    key: &str,
+    request: Fingerprint,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, IdempotencyBegin) {
+    let mut tx = db.pool.begin().await.unwrap();
+    let begun = db
+        .outbox
+        .idempotency_begin(&mut tx, scope, key, request)
+        .await
+        .unwrap();
+    (tx, begun)
+}
+
 #[tokio::test]
 async fn request_idempotency_replays_and_detects_conflicts() {
     let db = TestDb::new().await;
     let req = Fingerprint::of(br#"{"amount":100}"#);
-    let mut tx = db.pool.begin().await.unwrap();
-    let b = db
-        .outbox
-        .idempotency_begin(&mut tx, "create_payment", "k1", req)
-        .await
-        .unwrap();
+    let (mut tx, b) = begin_request(&db, "create_payment", "k1", req).await;
     assert_eq!(b, IdempotencyBegin::New);
     let response = serde_json::json!({"payment_id": "pay-1"});
     db.outbox
@@ -661,12 +681,7 @@ async fn request_idempotency_replays_and_detects_conflicts() {
         .unwrap();
     tx.commit().await.unwrap();
 
-    let mut tx = db.pool.begin().await.unwrap();
-    let b = db
-        .outbox
-        .idempotency_begin(&mut tx, "create_payment", "k1", req)
-        .await
-        .unwrap();
+    let (mut tx, b) = begin_request(&db, "create_payment", "k1", req).await;
     assert_eq!(b, IdempotencyBegin::Replay(response));
     let other = Fingerprint::of(br#"{"amount":999}"#);
     let err = db
@@ -678,24 +693,13 @@ async fn request_idempotency_replays_and_detects_conflicts() {
     tx.rollback().await.unwrap();
 
     // Same key in another scope is independent.
-    let mut tx = db.pool.begin().await.unwrap();
-    let b = db
-        .outbox
-        .idempotency_begin(&mut tx, "refund", "k1", other)
-        .await
-        .unwrap();
+    let (tx, b) = begin_request(&db, "refund", "k1", other).await;
     assert_eq!(b, IdempotencyBegin::New);
     tx.rollback().await.unwrap();
 
     // A concurrent first use waits for the owner and then replays its response.
-    let mut t1 = db.pool.begin().await.unwrap();
-    assert_eq!(
-        db.outbox
-            .idempotency_begin(&mut t1, "s", "k2", req)
-            .await
-            .unwrap(),
-        IdempotencyBegin::New
-    );
+    let (mut t1, b) = begin_request(&db, "s", "k2", req).await;
+    assert_eq!(b, IdempotencyBegin::New);
     let pool = db.pool.clone();
     let outbox = db.outbox.clone();
     let waiter = tokio::spawn(async move {
@@ -869,20 +873,8 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
     db.exec(format!("DELETE FROM \"{}\".leases", db.schema))
         .await;
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
-    let got: Vec<(String, i64)> = b
-        .messages
-        .iter()
-        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
-        .collect();
-    assert_eq!(got, vec![("a".into(), 1), ("b".into(), 1)]);
-    store
-        .mark_published(MarkParams {
-            token: b.token,
-            ids: &b.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
-        })
-        .await
-        .unwrap();
-    release(&store, b.token).await;
+    assert_eq!(versions(&b), vec![("a".into(), 1), ("b".into(), 1)]);
+    publish_all(&store, &b).await;
     // a's head is now its paused v2: nothing more to claim.
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
     assert!(b.messages.is_empty(), "{:?}", b.messages);
@@ -895,12 +887,10 @@ async fn a_paused_route_is_not_claimed_and_nothing_of_an_aggregate_passes_it() {
     let gone = admin.resume(&audit, &me, "").await.unwrap_err();
     assert_eq!(gone.kind, OperatorErrorKind::NotFound);
     let b = store.claim_batch(claim(100, 30_000)).await.unwrap();
-    let got: Vec<(String, i64)> = b
-        .messages
-        .iter()
-        .map(|m| (m.aggregate_id.clone(), m.aggregate_version))
-        .collect();
-    assert_eq!(got, vec![("a".into(), 2), ("a".into(), 3), ("c".into(), 1)]);
+    assert_eq!(
+        versions(&b),
+        vec![("a".into(), 2), ("a".into(), 3), ("c".into(), 1)]
+    );
     let actions: Vec<String> = admin
         .audit(None, 10)
         .await
@@ -974,14 +964,7 @@ async fn a_slow_claim_moves_the_start_and_a_rescan_takes_what_lies_below_it() {
     // The next full walk comes within `min_rescan`, or ten times the last full walk's time.
     let b = until_claimed(&store, "late-1").await;
     assert_eq!(ids(&b), vec!["c1", "c2", "late-1"], "the rescan takes it");
-    store
-        .mark_published(MarkParams {
-            token: b.token,
-            ids: &b.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
-        })
-        .await
-        .unwrap();
-    release(&store, b.token).await;
+    publish_all(&store, &b).await;
 
     // Nothing claimable: the next claims start after the last row. A new row is taken at
     // once; another late one waits for the rescan.

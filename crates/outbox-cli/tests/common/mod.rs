@@ -40,6 +40,29 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// Runs each `async fn(Kind)` `$body` of the calling file as three tests, on NATS, RabbitMQ
+/// and Kafka, named `$nats`, `$rabbitmq` and `$kafka`, each with the test attribute given
+/// first (`#[tokio::test]` ...).
+#[macro_export]
+macro_rules! each_broker {
+    (#[$attr:meta] $($body:ident => $nats:ident, $rabbitmq:ident, $kafka:ident;)+) => {$(
+        #[$attr]
+        async fn $nats() {
+            $body($crate::common::Kind::Nats).await;
+        }
+
+        #[$attr]
+        async fn $rabbitmq() {
+            $body($crate::common::Kind::Rabbit).await;
+        }
+
+        #[$attr]
+        async fn $kafka() {
+            $body($crate::common::Kind::Kafka).await;
+        }
+    )+};
+}
+
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 pub fn database_url() -> String {
@@ -160,6 +183,16 @@ impl TestDb {
             .fetch_one(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Waits up to `timeout` until [`TestDb::count`] of `filter` is `n`; panics naming `what`.
+    pub async fn wait_count(&self, filter: &str, n: i64, timeout: Duration, what: &str) {
+        wait_until(
+            timeout,
+            what,
+            || async move { self.count(filter).await == n },
+        )
+        .await;
     }
 
     /// Rows of the outbox table matching `filter`.
@@ -492,8 +525,7 @@ impl NatsEnv {
         let stop = tokio_util::sync::CancellationToken::new();
         // With its heartbeat, as `outbox relay` runs one (the console shows both).
         let beat = outbox_postgres::heartbeat::Heartbeat::new(
-            db.pool.clone(),
-            db.store().schema().clone(),
+            outbox_postgres::PgStore::with_schema(db.pool.clone(), db.store().schema().clone()),
             outbox_postgres::heartbeat::InstanceKind::Relay,
             "polling",
         )
@@ -1588,6 +1620,20 @@ pub async fn spawn_console(mut cmd: std::process::Command, port: u16) -> ChildGu
     }
     console.assert_running();
     console
+}
+
+/// `outbox console` on `db`'s schema with `OUTBOX_CONSOLE_TOKEN=token`, on a free loopback
+/// port, once ready (see [`spawn_console`]); its port and its process.
+pub async fn spawn_console_with_token(db: &TestDb, token: &str) -> (u16, ChildGuard) {
+    let port = free_port();
+    let mut cmd = outbox(Some(db.name()), None, None);
+    cmd.env("OUTBOX_CONSOLE_TOKEN", token);
+    (port, spawn_console(cmd, port).await)
+}
+
+/// `GET path` of the console on `port`, without a token; the status and the body.
+pub async fn console_get(port: u16, path: &str) -> (u16, serde_json::Value) {
+    console_call(port, "GET", path, None, "").await
 }
 
 /// A GET's status, or the connection error (the console may not listen yet).

@@ -54,6 +54,11 @@ macro_rules! on_both_brokers {
     )*};
 }
 
+/// The body limit of most of the tests' sources: 1 MiB.
+pub const MIB: usize = 1 << 20;
+/// How long the tests wait for a consumer to settle what they published, or for a CLI command.
+pub const T: Duration = Duration::from_secs(20);
+
 /// NATS ack wait of the in-process sources: an unacknowledged delivery comes back after 1 s.
 pub const ACK_WAIT_SECS: u64 = 1;
 /// Longer than the ack wait: long enough to see a redelivery of anything not acknowledged.
@@ -214,6 +219,63 @@ impl Env {
         .expect("valid consumer config")
     }
 
+    /// A runner named `ledger` with a fresh [`TestHandler`] over `source`.
+    pub fn ledger_consumer(
+        &self,
+        source: Src,
+        ordering: OrderingGuard,
+    ) -> PgConsumer<Src, TestHandler> {
+        self.consumer("ledger", source, TestHandler::new(self, "ledger"), ordering)
+    }
+
+    /// [`Env::ledger_consumer`] over a source on a fresh durable / queue / group (messages up
+    /// to `max_message_bytes`), and that source's delivery log.
+    pub async fn ledger(
+        &self,
+        max_message_bytes: usize,
+        ordering: OrderingGuard,
+    ) -> (PgConsumer<Src, TestHandler>, Arc<Mutex<Log>>) {
+        self.ledger_with(
+            max_message_bytes,
+            TestHandler::new(self, "ledger"),
+            ordering,
+        )
+        .await
+    }
+
+    /// [`Env::ledger`] with `handler` in place of a fresh [`TestHandler`].
+    pub async fn ledger_with(
+        &self,
+        max_message_bytes: usize,
+        handler: TestHandler,
+        ordering: OrderingGuard,
+    ) -> (PgConsumer<Src, TestHandler>, Arc<Mutex<Log>>) {
+        self.ledger_on(&self.endpoint_name(), max_message_bytes, handler, ordering)
+            .await
+    }
+
+    /// A runner named `ledger` with `handler` over a source on the durable / queue / group
+    /// `endpoint` (messages up to `max_message_bytes`), and that source's delivery log.
+    pub async fn ledger_on(
+        &self,
+        endpoint: &str,
+        max_message_bytes: usize,
+        handler: TestHandler,
+        ordering: OrderingGuard,
+    ) -> (PgConsumer<Src, TestHandler>, Arc<Mutex<Log>>) {
+        let src = self.source(endpoint, max_message_bytes).await;
+        let log = src.log_handle();
+        (self.consumer("ledger", src, handler, ordering), log)
+    }
+
+    /// Runs `outbox <args>` on the test's schema (no broker, no config file), killed after
+    /// [`T`].
+    pub async fn cli(&self, args: &[&str]) -> Run {
+        let mut cmd = outbox(Some(self.db.name()), None, None);
+        cmd.args(args);
+        run(cmd, T).await
+    }
+
     /// Publishes `msg` with the real transport (on NATS with `Nats-Msg-Id` = event id).
     pub async fn publish(&self, msg: &OutboxMessage) {
         let receipt = self
@@ -246,12 +308,7 @@ impl Env {
                         headers.insert(k.as_str(), v.as_str());
                     }
                 }
-                t.jetstream()
-                    .publish_with_headers(subject, headers, msg.payload.bytes.clone())
-                    .await
-                    .expect("publish copy")
-                    .await
-                    .expect("copy not stored");
+                jetstream_publish(t, subject, headers, msg.payload.bytes.clone()).await;
             }
         }
     }
@@ -280,12 +337,7 @@ impl Env {
                     headers.insert(format!("ce-{k}").as_str(), v.as_str());
                 }
                 headers.insert("Content-Type", msg.payload.content_type.0.as_str());
-                t.jetstream()
-                    .publish_with_headers(subject, headers, body.into())
-                    .await
-                    .expect("publish raw")
-                    .await
-                    .expect("raw not stored");
+                jetstream_publish(t, subject, headers, body.into()).await;
             }
             (None, BrokerEnv::Rabbit(r)) => {
                 let mut table = FieldTable::default();
@@ -299,21 +351,9 @@ impl Env {
                     .with_headers(table)
                     .with_content_type(msg.payload.content_type.0.as_str().into())
                     .with_delivery_mode(2);
-                r.channel
-                    .basic_publish(
-                        r.exchange.as_str().into(),
-                        format!("payment.{}", msg.aggregate_id).as_str().into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        props,
-                    )
-                    .await
-                    .expect("basic.publish")
-                    .await
-                    .expect("publish confirm");
+                amqp_publish(r, &format!("payment.{}", msg.aggregate_id), &body, props).await;
             }
             (None, BrokerEnv::Kafka(k)) => {
-                let producer: FutureProducer = kafka_client().create().expect("producer");
                 let mut headers = OwnedHeaders::new();
                 for (key, value) in &attrs {
                     headers = headers.insert(Header {
@@ -325,15 +365,7 @@ impl Env {
                     key: "content-type",
                     value: Some(msg.payload.content_type.0.as_bytes()),
                 });
-                let record = FutureRecord::to(&k.topic)
-                    .key(msg.aggregate_id.as_bytes())
-                    .payload(&body)
-                    .headers(headers);
-                producer
-                    .send(record, Duration::from_secs(10))
-                    .await
-                    .map_err(|(e, _)| e)
-                    .expect("produce raw");
+                kafka_produce(k, msg.aggregate_id.as_bytes(), headers, &body).await;
             }
             _ => unreachable!(),
         }
@@ -406,6 +438,54 @@ impl Env {
         self.broker.cleanup().await;
         self.db.cleanup().await;
     }
+}
+
+/// Publishes `body` with `headers` on `subject` through the JetStream context of `t` (the
+/// test's stream), waiting until the stream stored it.
+pub async fn jetstream_publish(
+    t: &NatsTransport,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    body: bytes::Bytes,
+) {
+    t.jetstream()
+        .publish_with_headers(subject, headers, body)
+        .await
+        .expect("publish")
+        .await
+        .expect("not stored");
+}
+
+/// Publishes `body` with `props` to the test's exchange under `routing_key`, waiting for the
+/// broker's confirm.
+pub async fn amqp_publish(r: &RabbitEnv, routing_key: &str, body: &[u8], props: BasicProperties) {
+    r.channel
+        .basic_publish(
+            r.exchange.as_str().into(),
+            routing_key.into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
+        .await
+        .expect("basic.publish")
+        .await
+        .expect("publish confirm");
+}
+
+/// Writes a record of `body` with `key` and `headers` to the test's topic (librdkafka's
+/// partitioner picks the partition), waiting for the broker's acknowledgement.
+pub async fn kafka_produce(k: &KafkaEnv, key: &[u8], headers: OwnedHeaders, body: &[u8]) {
+    let producer: FutureProducer = kafka_client().create().expect("producer");
+    let record = FutureRecord::to(&k.topic)
+        .key(key)
+        .payload(body)
+        .headers(headers);
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
 }
 
 /// A consumer dead letter as stored, with the raw columns.
