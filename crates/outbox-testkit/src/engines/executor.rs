@@ -182,10 +182,16 @@ pub async fn not_found_resends_with_the_same_key_or_parks<F: StoreFixture>() {
 pub async fn an_expired_lease_goes_unknown_and_the_stale_record_is_refused<F: StoreFixture>() {
     let f = F::new().await;
     let (id, key) = work_item(&f, "ledger").await;
-    let slow = Arc::new(executor(
-        f.store(),
-        CallMode::SucceedAfter(Duration::from_millis(600)),
-    ));
+    // The call is held by a gate until its lease has expired and the item was swept.
+    let held = ExecutorConfig {
+        call_timeout: Duration::from_secs(60),
+        lease: Duration::from_secs(600),
+        ..executor_config()
+    };
+    let slow = Arc::new(executor_with(f.store(), CallMode::Succeed, held));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    slow.provider()
+        .with(|s| s.gates.insert(key.clone(), Arc::clone(&gate)));
     let sweeper = executor_with(
         f.store(),
         CallMode::Succeed,
@@ -198,17 +204,18 @@ pub async fn an_expired_lease_goes_unknown_and_the_stale_record_is_refused<F: St
         let slow = Arc::clone(&slow);
         async move { slow.run_once().await }
     });
-    let mut claimed = false;
-    for _ in 0..100 {
-        if f.work_item(id).await.state == WorkItemState::InProgress {
-            claimed = true;
-            break;
-        }
+    // Not a measure of speed: how long a stuck executor may take before the case fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while f.work_item(id).await.state != WorkItemState::InProgress {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow executor did not claim the item"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(claimed, "the slow executor claimed the item");
     f.expire_work_item_leases().await;
     assert_eq!(sweeper.run_once().await.unwrap().expired, 1);
+    gate.add_permits(1);
     let r = task.await.unwrap().unwrap();
     assert_eq!((r.lease_lost, r.succeeded), (1, 0), "{r:?}");
     let w = f.work_item(id).await;
@@ -283,14 +290,22 @@ pub async fn calls_of_a_batch_run_concurrently_and_record_independently<F: Store
     for _ in 0..3 {
         fast.push(work_item(&f, "ledger").await.0);
     }
-    let ex = Arc::new(executor(f.store(), CallMode::Succeed));
+    // The slow call is held by a gate until the fast ones are recorded, far within its timeout.
+    let config = ExecutorConfig {
+        call_timeout: Duration::from_secs(60),
+        lease: Duration::from_secs(600),
+        ..executor_config()
+    };
+    let ex = Arc::new(executor_with(f.store(), CallMode::Succeed, config));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     ex.provider()
-        .with(|s| s.slow_keys.insert(slow_key, Duration::from_millis(2000)));
+        .with(|s| s.gates.insert(slow_key, Arc::clone(&gate)));
     let task = tokio::spawn({
         let ex = Arc::clone(&ex);
         async move { ex.run_once().await }
     });
-    let deadline = std::time::Instant::now() + Duration::from_millis(1500);
+    // Not a measure of speed: how long a stuck executor may take before the case fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let mut done = 0;
         for id in &fast {
@@ -308,6 +323,7 @@ pub async fn calls_of_a_batch_run_concurrently_and_record_independently<F: Store
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(f.work_item(slow).await.state, WorkItemState::InProgress);
+    gate.add_permits(1);
     let r = task.await.unwrap().unwrap();
     assert_eq!((r.called, r.succeeded), (4, 4), "{r:?}");
     assert_eq!(f.work_item(slow).await.state, WorkItemState::Succeeded);

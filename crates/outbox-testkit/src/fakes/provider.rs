@@ -1,7 +1,7 @@
 //! [`FakeProvider`]: a payment provider with switches.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::{CallOutcome, LookupOutcome, RemoteEffect, WorkItem};
@@ -32,6 +32,9 @@ pub struct ProviderState {
     pub mode: CallMode,
     /// Keys whose calls take this long before answering (as `mode` says).
     pub slow_keys: HashMap<String, Duration>,
+    /// Keys whose calls answer only once their gate has a permit (the test adds one): a call
+    /// held as long as the test needs, with no clock involved.
+    pub gates: HashMap<String, Arc<tokio::sync::Semaphore>>,
     /// Answer every lookup with `Unknown`.
     pub lookup_unknown: bool,
     /// Whether a second call with a known key returns the first result instead of acting again.
@@ -56,6 +59,7 @@ impl FakeProvider {
         Self(Mutex::new(ProviderState {
             mode,
             slow_keys: HashMap::new(),
+            gates: HashMap::new(),
             lookup_unknown: false,
             honour_keys: true,
             calls: Vec::new(),
@@ -101,6 +105,10 @@ impl FakeProvider {
 impl RemoteEffect for FakeProvider {
     async fn call(&self, item: &WorkItem) -> CallOutcome {
         let key = item.idempotency_key.clone();
+        let gate = self.with(|s| s.gates.get(&key).cloned());
+        if let Some(gate) = gate {
+            gate.acquire().await.expect("gate open").forget();
+        }
         let (outcome, wait) = self.with(|s| {
             s.calls.push(key.clone());
             let slow = s.slow_keys.get(&key).copied();
