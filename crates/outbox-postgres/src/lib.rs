@@ -65,12 +65,12 @@ pub use migrate::{
     MigrateReport, UnpublishablePending, UnpublishableRowReport, check_schema, migrate,
     migrate_mark_mode, missing_mark_mode_indexes, unpublishable_pending,
 };
+pub use outbox_core::claim_window::ClaimWindow;
 pub use producer::{IdempotencyBegin, PgOutbox, RESERVED_HEADERS, RelayWaker};
 pub use roles::{Component, PermissionDenied, RoleName, RolePlan, RolesError};
 pub use schema::{DEFAULT_SCHEMA, InvalidSchema, Schema};
 pub use store::{OnPublish, PgStore, PgStoreConfig};
 pub use version::{AggregateRow, AggregateRowError, InvalidAggregateRow};
-pub use outbox_core::claim_window::ClaimWindow;
 
 /// The core's remote-effect executor on PostgreSQL.
 pub type PgExecutor<P> = outbox_core::effect::Executor<PgStore, P>;
