@@ -135,6 +135,16 @@ impl Default for MaintenanceConfig {
 }
 
 impl MaintenanceConfig {
+    /// How old rows of `what` must be to be deleted; `None` when that job is off.
+    fn keep(&self, what: Purge) -> Option<Duration> {
+        match what {
+            Purge::Inbox => self.inbox.map(|r| r.keep),
+            Purge::WorkItems => self.work_items_keep,
+            Purge::Published => self.published_keep,
+            Purge::Leases => self.lease_reap_after,
+        }
+    }
+
     /// Checks the values.
     ///
     /// # Errors
@@ -193,60 +203,49 @@ pub trait MaintenanceStore: Send + Sync + 'static {
         session: &'a mut Self::Session,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
-    /// Deletes up to `limit` inbox identities received more than `older_than` ago.
+    /// Deletes up to `limit` rows of `what` older than `older_than` (which rows, and what a
+    /// purge never touches, is said on each [`Purge`]); returns how many it deleted. The
+    /// [`Maintainer`] calls it again until a batch comes back short of `limit`.
     ///
     /// # Errors
-    /// [`StoreError`].
-    fn inbox_purge<'a>(
+    /// [`StoreError`] when the store could not run the delete: kind `Unavailable` on an outage
+    /// or a broken session, `PermissionDenied` when the store's role lacks the maintainer's
+    /// grants. The session should then be dropped and a new one opened.
+    fn purge<'a>(
         &'a self,
         session: &'a mut Self::Session,
+        what: Purge,
         older_than: Duration,
-        limit: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
-
-    /// Deletes up to `limit` `succeeded` work items resolved more than `older_than` ago.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    fn work_item_purge<'a>(
-        &'a self,
-        session: &'a mut Self::Session,
-        older_than: Duration,
-        limit: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
-
-    /// Deletes up to `limit` published outbox rows that were published more than `older_than`
-    /// ago, never a pending or dead row and never waiting on a relay's locks. A store that
-    /// deletes rows when they are published has none and returns 0.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    fn published_purge<'a>(
-        &'a self,
-        session: &'a mut Self::Session,
-        older_than: Duration,
-        limit: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
-
-    /// Deletes up to `limit` relay leases that expired more than `expired_for` ago.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    fn lease_reap<'a>(
-        &'a self,
-        session: &'a mut Self::Session,
-        expired_for: Duration,
         limit: i64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
 }
 
-/// One purge job of a round.
-#[derive(Debug, Clone, Copy)]
-enum Job {
+/// What one [`MaintenanceStore::purge`] deletes: one job of a maintenance round. Every store
+/// handles all of them (hence no `#[non_exhaustive]`: a new one must reach every store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Purge {
+    /// Inbox identities received more than `older_than` ago.
     Inbox,
+    /// `succeeded` work items resolved more than `older_than` ago; items in any other state
+    /// (pending, in progress, unknown, failed) are kept.
     WorkItems,
+    /// Published outbox rows published more than `older_than` ago: never a pending or dead row,
+    /// and never waiting on a relay's locks. A store that deletes rows when they are published
+    /// has none and returns 0.
     Published,
+    /// Relay leases that expired more than `older_than` ago (left by crashed relays; a live
+    /// relay deletes its own when it settles a batch).
     Leases,
+}
+
+impl Purge {
+    /// Every purge, in the order a [`Maintainer`] round runs them.
+    pub const ALL: [Purge; 4] = [
+        Purge::Inbox,
+        Purge::WorkItems,
+        Purge::Published,
+        Purge::Leases,
+    ];
 }
 
 /// Runs the maintenance jobs of a [`MaintenanceConfig`] on exactly one instance at a time.
@@ -281,6 +280,16 @@ impl RoundReport {
     pub fn total(&self) -> u64 {
         self.inbox + self.work_items + self.published + self.leases
     }
+
+    /// The count of `what`.
+    fn count_mut(&mut self, what: Purge) -> &mut u64 {
+        match what {
+            Purge::Inbox => &mut self.inbox,
+            Purge::WorkItems => &mut self.work_items,
+            Purge::Published => &mut self.published,
+            Purge::Leases => &mut self.leases,
+        }
+    }
 }
 
 impl<S: MaintenanceStore> Maintainer<S> {
@@ -312,29 +321,15 @@ impl<S: MaintenanceStore> Maintainer<S> {
         }
         let limit = self.config.batch_size;
         let mut report = RoundReport::default();
-        let jobs = [
-            (Job::Inbox, self.config.inbox.map(|r| r.keep)),
-            (Job::WorkItems, self.config.work_items_keep),
-            (Job::Published, self.config.published_keep),
-            (Job::Leases, self.config.lease_reap_after),
-        ];
-        for (job, age) in jobs {
-            let Some(age) = age else { continue };
+        for what in Purge::ALL {
+            let Some(age) = self.config.keep(what) else {
+                continue;
+            };
             // Batches until one comes back short: each is its own statement, so a long purge
             // never holds locks for long.
             loop {
-                let n = match job {
-                    Job::Inbox => self.store.inbox_purge(session, age, limit).await?,
-                    Job::WorkItems => self.store.work_item_purge(session, age, limit).await?,
-                    Job::Published => self.store.published_purge(session, age, limit).await?,
-                    Job::Leases => self.store.lease_reap(session, age, limit).await?,
-                };
-                *match job {
-                    Job::Inbox => &mut report.inbox,
-                    Job::WorkItems => &mut report.work_items,
-                    Job::Published => &mut report.published,
-                    Job::Leases => &mut report.leases,
-                } += n;
+                let n = self.store.purge(session, what, age, limit).await?;
+                *report.count_mut(what) += n;
                 if n < limit as u64 {
                     break;
                 }

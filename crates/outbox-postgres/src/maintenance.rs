@@ -29,7 +29,7 @@
 use std::time::Duration;
 
 use outbox_core::StoreError;
-use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::maintenance::{MaintenanceStore, Purge};
 use sqlx::PgConnection;
 
 use crate::error::store_error;
@@ -41,25 +41,6 @@ const ELECT: &str =
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-impl PgStore {
-    async fn purge(
-        &self,
-        sql: &std::sync::Arc<str>,
-        session: &mut PgConnection,
-        older_than: Duration,
-        limit: i64,
-        what: &'static str,
-    ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.q(sql))
-            .bind(millis(older_than))
-            .bind(limit)
-            .execute(session)
-            .await
-            .map_err(self.err(Component::Maintainer, what))?
-            .rows_affected())
-    }
 }
 
 impl MaintenanceStore for PgStore {
@@ -86,68 +67,38 @@ impl MaintenanceStore for PgStore {
             .map_err(self.err(Component::Maintainer, "maintainer election"))
     }
 
-    async fn inbox_purge<'a>(
+    async fn purge<'a>(
         &'a self,
         session: &'a mut PgConnection,
+        what: Purge,
         older_than: Duration,
         limit: i64,
     ) -> Result<u64, StoreError> {
-        self.purge(
-            &self.sql().inbox_purge,
-            session,
-            older_than,
-            limit,
-            "inbox retention",
-        )
-        .await
-    }
-
-    async fn work_item_purge<'a>(
-        &'a self,
-        session: &'a mut PgConnection,
-        older_than: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        self.purge(
-            &self.sql().work_item_purge,
-            session,
-            older_than,
-            limit,
-            "work-item retention",
-        )
-        .await
-    }
-
-    async fn published_purge<'a>(
-        &'a self,
-        session: &'a mut PgConnection,
-        older_than: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        // One statement deletes and raises the retention mark (the replay horizon), so it
-        // answers its count as a row rather than as rows affected.
-        let deleted: i64 = sqlx::query_scalar(self.q(&self.sql().published_purge))
+        let sql = self.sql();
+        let (statement, context) = match what {
+            Purge::Inbox => (&sql.inbox_purge, "inbox retention"),
+            Purge::WorkItems => (&sql.work_item_purge, "work-item retention"),
+            Purge::Published => (&sql.published_purge, "published-row retention"),
+            Purge::Leases => (&sql.lease_reap, "lease reaping"),
+        };
+        let failed = self.err(Component::Maintainer, context);
+        if what == Purge::Published {
+            // One statement deletes and raises the retention mark (the replay horizon), so it
+            // answers its count as a row rather than as rows affected.
+            let deleted: i64 = sqlx::query_scalar(self.q(statement))
+                .bind(millis(older_than))
+                .bind(limit)
+                .fetch_one(session)
+                .await
+                .map_err(failed)?;
+            return Ok(u64::try_from(deleted).unwrap_or(0));
+        }
+        Ok(sqlx::query(self.q(statement))
             .bind(millis(older_than))
             .bind(limit)
-            .fetch_one(session)
+            .execute(session)
             .await
-            .map_err(self.err(Component::Maintainer, "published-row retention"))?;
-        Ok(u64::try_from(deleted).unwrap_or(0))
-    }
-
-    async fn lease_reap<'a>(
-        &'a self,
-        session: &'a mut PgConnection,
-        expired_for: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        self.purge(
-            &self.sql().lease_reap,
-            session,
-            expired_for,
-            limit,
-            "lease reaping",
-        )
-        .await
+            .map_err(failed)?
+            .rows_affected())
     }
 }

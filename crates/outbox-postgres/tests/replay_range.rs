@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::{TestDb, msg};
-use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::maintenance::{MaintenanceStore, Purge};
 use outbox_core::operator::prelude::*;
 use outbox_core::operator::{Actor, OperatorErrorKind, RangeSelection};
 use outbox_postgres::OnPublish;
@@ -157,7 +157,12 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
     let store = db.store_with(OnPublish::Mark);
     let mut session = store.maintenance_session().await.unwrap();
     let deleted = store
-        .published_purge(&mut session, Duration::from_secs(150 * 60), 100)
+        .purge(
+            &mut session,
+            Purge::Published,
+            Duration::from_secs(150 * 60),
+            100,
+        )
         .await
         .unwrap();
     assert_eq!(deleted, 1);

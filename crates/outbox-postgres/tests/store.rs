@@ -485,7 +485,7 @@ async fn claims_walk_the_index_when_a_drained_table_looks_empty_to_the_planner()
 /// it at 10 million rows: one batch ran for minutes). Told apart by the index's entries read.
 #[tokio::test]
 async fn retention_deletes_by_ctid_when_the_statistics_predate_the_publishing() {
-    use outbox_core::maintenance::MaintenanceStore as _;
+    use outbox_core::maintenance::{MaintenanceStore as _, Purge};
     const ROWS: i64 = 30_000;
     let (pool, schema) = planner_schema(2, true, ROWS, 3_000).await;
     let s = schema.to_string();
@@ -542,7 +542,12 @@ async fn retention_deletes_by_ctid_when_the_statistics_predate_the_publishing() 
     );
 
     let deleted = store
-        .published_purge(&mut session, Duration::from_secs(60), 1000)
+        .purge(
+            &mut session,
+            Purge::Published,
+            Duration::from_secs(60),
+            1000,
+        )
         .await
         .unwrap();
     assert_eq!(deleted, 1000);

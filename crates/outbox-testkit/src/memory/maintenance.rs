@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_core::StoreError;
 use outbox_core::effect::WorkItemState;
-use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::maintenance::{MaintenanceStore, Purge};
 
 use super::{Lease, MemoryStore, WorkRow, chrono, lock};
 
@@ -73,64 +73,52 @@ impl MaintenanceStore for MemoryStore {
         }
     }
 
-    async fn inbox_purge<'a>(
+    async fn purge<'a>(
         &'a self,
         _session: &'a mut MemorySession,
+        what: Purge,
         older_than: Duration,
         limit: i64,
     ) -> Result<u64, StoreError> {
-        let _tx = self.inner.tx_lock.lock().await;
-        let cutoff = before(older_than);
-        let mut c = lock(&self.inner.consumer);
-        let old = first(
-            c.inbox.iter().filter(|(_, r)| r.received_at < cutoff),
-            limit,
-        );
-        Ok(purged(old, |k| {
-            c.inbox.remove(k);
-            c.stale.remove(k);
-        }))
-    }
-
-    async fn work_item_purge<'a>(
-        &'a self,
-        _session: &'a mut MemorySession,
-        older_than: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        let cutoff = before(older_than);
-        let mut w = lock(&self.inner.work);
-        let settled = |r: &WorkRow| {
-            r.state == WorkItemState::Succeeded && r.resolved_at.is_some_and(|t| t < cutoff)
+        // The inbox belongs to the consumer's transactions, which write their whole state back
+        // on commit: wait for the open one.
+        let _tx = match what {
+            Purge::Inbox => Some(self.inner.tx_lock.lock().await),
+            _ => None,
         };
-        let old = first(w.items.iter().filter(|(_, r)| settled(r)), limit);
-        Ok(purged(old, |id| {
-            w.items.remove(id);
-        }))
-    }
-
-    /// Nothing to purge: this fake deletes a row when it is published (delete mode only).
-    async fn published_purge<'a>(
-        &'a self,
-        _session: &'a mut MemorySession,
-        _older_than: Duration,
-        _limit: i64,
-    ) -> Result<u64, StoreError> {
-        Ok(0)
-    }
-
-    async fn lease_reap<'a>(
-        &'a self,
-        _session: &'a mut MemorySession,
-        expired_for: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        let cutoff = before(expired_for);
-        let mut o = lock(&self.inner.outbox);
-        let reapable = |l: &Lease| l.until < cutoff && l.takeovers == 0;
-        let old = first(o.leases.iter().filter(|(_, l)| reapable(l)), limit);
-        Ok(purged(old, |k| {
-            o.leases.remove(k);
-        }))
+        let cutoff = before(older_than);
+        Ok(match what {
+            Purge::Inbox => {
+                let mut c = lock(&self.inner.consumer);
+                let old = first(
+                    c.inbox.iter().filter(|(_, r)| r.received_at < cutoff),
+                    limit,
+                );
+                purged(old, |k| {
+                    c.inbox.remove(k);
+                    c.stale.remove(k);
+                })
+            }
+            Purge::WorkItems => {
+                let mut w = lock(&self.inner.work);
+                let settled = |r: &WorkRow| {
+                    r.state == WorkItemState::Succeeded && r.resolved_at.is_some_and(|t| t < cutoff)
+                };
+                let old = first(w.items.iter().filter(|(_, r)| settled(r)), limit);
+                purged(old, |id| {
+                    w.items.remove(id);
+                })
+            }
+            // Nothing to purge: this fake deletes a row when it is published (delete mode only).
+            Purge::Published => 0,
+            Purge::Leases => {
+                let mut o = lock(&self.inner.outbox);
+                let reapable = |l: &Lease| l.until < cutoff && l.takeovers == 0;
+                let old = first(o.leases.iter().filter(|(_, l)| reapable(l)), limit);
+                purged(old, |k| {
+                    o.leases.remove(k);
+                })
+            }
+        })
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use outbox_core::OutboxStore;
 use outbox_core::effect::{ClaimPurpose, WorkItemClaimParams, WorkItemStore, WorkItemUpdate};
-use outbox_core::maintenance::MaintenanceStore;
+use outbox_core::maintenance::{MaintenanceStore, Purge};
 
 use super::{claim, msg};
 use crate::fixture::StoreFixture;
@@ -26,9 +26,13 @@ pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>()
 
     old_and_young_inbox(&f, Duration::from_secs(3 * 86_400)).await;
     let keep = Duration::from_secs(2 * 86_400);
-    assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 3);
-    assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 2);
-    assert_eq!(store.inbox_purge(&mut a, keep, 3).await.unwrap(), 0);
+    // One batch of `what` on the leader's session; how many rows it deleted.
+    let mut purge = async |what: Purge, older_than: Duration, limit: i64| {
+        store.purge(&mut a, what, older_than, limit).await.unwrap()
+    };
+    assert_eq!(purge(Purge::Inbox, keep, 3).await, 3);
+    assert_eq!(purge(Purge::Inbox, keep, 3).await, 2);
+    assert_eq!(purge(Purge::Inbox, keep, 3).await, 0);
     assert_eq!(f.inbox_len().await, 1, "the young identity stays");
 
     let ok = enqueue_work_item(&f, &payout_item("old-ok", None)).await;
@@ -48,9 +52,9 @@ pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>()
     };
     record_call(&store, ok, claimed[0].token, &done).await;
     let week = Duration::from_secs(7 * 86_400);
-    assert_eq!(store.work_item_purge(&mut a, week, 10).await.unwrap(), 0);
+    assert_eq!(purge(Purge::WorkItems, week, 10).await, 0);
     f.age_work_items(week * 2).await;
-    assert_eq!(store.work_item_purge(&mut a, week, 10).await.unwrap(), 1);
+    assert_eq!(purge(Purge::WorkItems, week, 10).await, 1);
     let left: Vec<i64> = f.work_items().await.iter().map(|w| w.id).collect();
     assert_eq!(
         left,
@@ -63,9 +67,9 @@ pub async fn maintenance_is_elected_and_deletes_only_old_rows<F: StoreFixture>()
     assert_eq!(c.messages.len(), 1);
     assert_eq!(f.relay_lease_count().await, 1);
     let ten_minutes = Duration::from_secs(600);
-    assert_eq!(store.lease_reap(&mut a, ten_minutes, 10).await.unwrap(), 0);
+    assert_eq!(purge(Purge::Leases, ten_minutes, 10).await, 0);
     f.age_relay_leases(Duration::from_secs(3600)).await;
-    assert_eq!(store.lease_reap(&mut a, ten_minutes, 10).await.unwrap(), 1);
+    assert_eq!(purge(Purge::Leases, ten_minutes, 10).await, 1);
     assert_eq!(f.relay_lease_count().await, 0);
 
     drop(a);
