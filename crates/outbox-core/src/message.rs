@@ -265,6 +265,25 @@ pub struct NewMessage {
     pub partition_key: Option<String>,
 }
 
+/// The [`Fields`] of a [`NewMessage`] or an [`OutboxMessage`] (the same names on both), with
+/// the header names `reserved`.
+macro_rules! fields_of {
+    ($m:expr, $reserved:expr) => {
+        Fields {
+            aggregate_type: &$m.aggregate_type,
+            aggregate_id: &$m.aggregate_id,
+            aggregate_version: $m.aggregate_version,
+            event_type: &$m.event_type,
+            schema_version: $m.schema_version,
+            content_type: &$m.payload.content_type.0,
+            destination: $m.destination.as_deref(),
+            partition_key: $m.partition_key.as_deref(),
+            headers: &$m.headers,
+            reserved: $reserved,
+        }
+    };
+}
+
 impl NewMessage {
     /// A message with a fresh UUIDv7 event id, schema version 1 and no headers.
     pub fn new(
@@ -392,18 +411,7 @@ impl NewMessage {
     /// # Errors
     /// The first [`MessageError`] found.
     pub fn validate_reserving(&self, reserved: &[ReservedHeaders]) -> Result<(), MessageError> {
-        check_fields(Fields {
-            aggregate_type: &self.aggregate_type,
-            aggregate_id: &self.aggregate_id,
-            aggregate_version: self.aggregate_version,
-            event_type: &self.event_type,
-            schema_version: self.schema_version,
-            content_type: &self.payload.content_type.0,
-            destination: self.destination.as_deref(),
-            partition_key: self.partition_key.as_deref(),
-            headers: &self.headers,
-            reserved,
-        })?;
+        check_fields(fields_of!(self, reserved))?;
         if self.payload.content_type.is_json() {
             serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload.bytes).map_err(|e| {
                 MessageError::PayloadNotJson {
@@ -413,6 +421,41 @@ impl NewMessage {
             })?;
         }
         Ok(())
+    }
+
+    /// The row a store holds for this message once written under storage id `id` at
+    /// `created_at`: every field the producer set, unchanged, with the [`Fingerprint`] of the
+    /// payload's exact bytes and no failed attempts yet. It validates nothing (see
+    /// [`NewMessage::validate`]).
+    ///
+    /// ```
+    /// use outbox_core::{NewMessage, Payload};
+    /// let msg = NewMessage::new("payment", "p-1", 1, "PaymentCreated", Payload::json(&1).unwrap())
+    ///     .with_header("tenant", "acme");
+    /// let now = chrono::Utc::now();
+    /// let row = msg.clone().stored(7, now);
+    /// assert_eq!((row.id, row.event_id, row.created_at), (7, msg.event_id, now));
+    /// assert_eq!(row.fingerprint, msg.payload.fingerprint());
+    /// assert_eq!((row.attempts, row.partition_key()), (0, "p-1"));
+    /// assert_eq!(row.headers, msg.headers);
+    /// ```
+    pub fn stored(self, id: i64, created_at: DateTime<Utc>) -> OutboxMessage {
+        OutboxMessage {
+            id,
+            event_id: self.event_id,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            aggregate_version: self.aggregate_version,
+            event_type: self.event_type,
+            schema_version: self.schema_version,
+            fingerprint: self.payload.fingerprint(),
+            payload: self.payload,
+            headers: self.headers,
+            destination: self.destination,
+            partition_key: self.partition_key,
+            created_at,
+            attempts: 0,
+        }
     }
 }
 
@@ -670,18 +713,7 @@ impl OutboxMessage {
         &self,
         reserved: &[ReservedHeaders],
     ) -> Result<(), MessageError> {
-        check_fields(Fields {
-            aggregate_type: &self.aggregate_type,
-            aggregate_id: &self.aggregate_id,
-            aggregate_version: self.aggregate_version,
-            event_type: &self.event_type,
-            schema_version: self.schema_version,
-            content_type: &self.payload.content_type.0,
-            destination: self.destination.as_deref(),
-            partition_key: self.partition_key.as_deref(),
-            headers: &self.headers,
-            reserved,
-        })
+        check_fields(fields_of!(self, reserved))
     }
 }
 

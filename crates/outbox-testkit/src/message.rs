@@ -1,11 +1,8 @@
 //! [`OutboxMessage`]s for tests, as the relay would hand them to a transport.
 
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use outbox_core::{OutboxMessage, Payload};
-use uuid::Uuid;
+use outbox_core::{NewMessage, OutboxMessage, Payload};
 
 /// A W3C trace context carried as a user header by [`rich`].
 pub const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -21,22 +18,8 @@ pub fn now_micros() -> DateTime<Utc> {
 /// fresh UUIDv7 event id, schema version 1, no headers and no overrides.
 pub fn event(aggregate_id: &str, version: i64, body: impl Into<Bytes>) -> OutboxMessage {
     let payload = Payload::bytes("application/json", body.into());
-    OutboxMessage {
-        id: version,
-        event_id: Uuid::now_v7(),
-        aggregate_type: "payment".to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        aggregate_version: version,
-        event_type: "PaymentCreated".to_owned(),
-        schema_version: 1,
-        fingerprint: payload.fingerprint(),
-        payload,
-        headers: BTreeMap::new(),
-        destination: None,
-        partition_key: None,
-        created_at: now_micros(),
-        attempts: 0,
-    }
+    NewMessage::new("payment", aggregate_id, version, "PaymentCreated", payload)
+        .stored(version, now_micros())
 }
 
 /// [`event`] with a payload of `len` bytes (`x` repeated, content type

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use outbox::{OutboxMessage, Payload, Transport};
+use outbox::{NewMessage, OutboxMessage, Payload, Transport};
 use sqlx::PgPool;
 
 use crate::bets::BetEvent;
@@ -80,22 +80,9 @@ pub async fn inject(
         payout: Some(payout),
     };
     let payload = Payload::json(&settled(changed_payout))?;
-    let message = OutboxMessage {
-        id: 0,
-        event_id,
-        aggregate_type: AGGREGATE.into(),
-        aggregate_id: bet_id.clone(),
-        aggregate_version: version,
-        event_type: BET_SETTLED.into(),
-        schema_version: 1,
-        fingerprint: payload.fingerprint(),
-        payload,
-        headers: Default::default(),
-        destination: None,
-        partition_key: None,
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    };
+    let message = NewMessage::new(AGGREGATE, bet_id.clone(), version, BET_SETTLED, payload)
+        .with_event_id(event_id)
+        .stored(0, chrono::Utc::now());
     let transport = outbox::brokers()
         .connect_transport(broker_url, &topology.transport_settings())
         .await

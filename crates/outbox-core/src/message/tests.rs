@@ -32,25 +32,34 @@ fn headers_from_json_names_the_header_that_is_not_a_string() {
 }
 
 #[test]
+fn stored_keeps_every_field_the_producer_set() {
+    let m = msg()
+        .with_schema_version(2)
+        .with_destination("d")
+        .with_partition_key("k")
+        .with_header("h", "v");
+    let at = Utc::now();
+    let row = m.clone().stored(9, at);
+    assert_eq!((row.id, row.created_at, row.attempts), (9, at, 0));
+    assert_eq!(row.fingerprint, Fingerprint::of(&m.payload.bytes));
+    assert_eq!(
+        (row.event_id, row.aggregate_version, row.schema_version),
+        (m.event_id, 1, 2)
+    );
+    assert_eq!(
+        (row.aggregate_type, row.aggregate_id, row.event_type),
+        (m.aggregate_type, m.aggregate_id, m.event_type)
+    );
+    assert_eq!(
+        (row.payload, row.headers, row.destination, row.partition_key),
+        (m.payload, m.headers, m.destination, m.partition_key)
+    );
+}
+
+#[test]
 fn check_publishable_refuses_what_no_binding_can_carry() {
     let row = |f: &dyn Fn(&mut OutboxMessage)| {
-        let payload = Payload::json(&1).unwrap();
-        let mut m = OutboxMessage {
-            id: 1,
-            event_id: uuid::Uuid::now_v7(),
-            aggregate_type: "payment".into(),
-            aggregate_id: "p-1".into(),
-            aggregate_version: 1,
-            event_type: "PaymentCreated".into(),
-            schema_version: 1,
-            fingerprint: Fingerprint::of(&payload.bytes),
-            payload,
-            headers: BTreeMap::new(),
-            destination: None,
-            partition_key: None,
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+        let mut m = msg().stored(1, Utc::now());
         f(&mut m);
         m.check_publishable()
     };
@@ -117,22 +126,7 @@ fn reserved_names_are_refused_only_when_reserved() {
         // The core reserves nothing of its own.
         assert_eq!(m.validate(), Ok(()), "{name}");
         assert!(bad(m.validate_reserving(&[ACME, OTHER])), "{name}");
-        let row = OutboxMessage {
-            id: 1,
-            event_id: m.event_id,
-            aggregate_type: m.aggregate_type.clone(),
-            aggregate_id: m.aggregate_id.clone(),
-            aggregate_version: 1,
-            event_type: m.event_type.clone(),
-            schema_version: 1,
-            fingerprint: m.payload.fingerprint(),
-            payload: m.payload.clone(),
-            headers: m.headers.clone(),
-            destination: None,
-            partition_key: None,
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+        let row = m.clone().stored(1, Utc::now());
         assert_eq!(row.check_publishable(), Ok(()), "{name}");
         assert!(
             bad(row.check_publishable_reserving(&[OTHER, ACME])),

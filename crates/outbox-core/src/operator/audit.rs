@@ -105,6 +105,112 @@ pub trait AuditOps {
     ) -> impl Future<Output = Result<Vec<AuditEntry>, OperatorError>> + Send;
 }
 
+/// One operator action as its audit record and its log line name it: what (`operation`), who
+/// (`actor`), on what (`selection`) and why (`reason`). Every store runs its actions through one,
+/// so that a refused action is logged once, and every outcome's line is the same in every store
+/// ([`log_action`]).
+///
+/// The flow of an action: [`check`](Self::check) the request (a refusal is logged and returned;
+/// nothing was changed or recorded), make the change with its audit record (a failure on the way
+/// is logged through [`fail`](Self::fail) where the outcome is not logged otherwise), then
+/// [`logged`](Self::logged) logs the outcome, the rows changed or why it failed.
+///
+/// ```
+/// use outbox_core::operator::{Action, Actor, require_reason};
+/// let actor = Actor::new("alice", "cli").unwrap();
+/// let action = Action::new("discard dead letters", &actor, serde_json::json!({"all": true}), "");
+/// // No reason: refused, and logged once at `warn`.
+/// let refused = action.check(require_reason(action.operation(), action.reason()));
+/// assert!(refused.is_err());
+/// // An outcome: logged at `info` with the rows it changed.
+/// assert_eq!(action.logged(Ok(3_u64), |n| *n).unwrap(), 3);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Action<'a> {
+    operation: &'static str,
+    actor: &'a Actor,
+    selection: serde_json::Value,
+    reason: &'a str,
+}
+
+impl<'a> Action<'a> {
+    /// The action `operation` (`requeue dead letters`, `pause`, ...) by `actor` on `selection`
+    /// (ids, a filter, a target: what the audit record keeps), for `reason`.
+    pub fn new(
+        operation: &'static str,
+        actor: &'a Actor,
+        selection: serde_json::Value,
+        reason: &'a str,
+    ) -> Self {
+        Self {
+            operation,
+            actor,
+            selection,
+            reason,
+        }
+    }
+
+    /// What is done: the audit record's `action`, and the `operation` of its errors.
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+
+    /// Who acts.
+    pub fn actor(&self) -> &'a Actor {
+        self.actor
+    }
+
+    /// What it selects, as the audit record keeps it.
+    pub fn selection(&self) -> &serde_json::Value {
+        &self.selection
+    }
+
+    /// Why, as the actor said.
+    pub fn reason(&self) -> &'a str {
+        self.reason
+    }
+
+    /// The request's check passed through: a refusal is logged (once, at `warn`) and returned.
+    ///
+    /// # Errors
+    /// The error of `checked` (a refused request: nothing was changed or recorded), logged.
+    pub fn check(&self, checked: Result<(), OperatorError>) -> Result<(), OperatorError> {
+        checked.map_err(|e| self.fail(e))
+    }
+
+    /// Logs the failure `error` of this action (at `warn`) and returns it: for the steps of an
+    /// action that fail before its outcome is logged ([`logged`](Self::logged) logs the rest).
+    pub fn fail(&self, error: OperatorError) -> OperatorError {
+        log_action(
+            self.actor,
+            self.operation,
+            &self.selection,
+            self.reason,
+            Err(&error),
+        );
+        error
+    }
+
+    /// Logs the outcome of this action, `affected` telling the rows it changed, and returns it.
+    ///
+    /// # Errors
+    /// The error of `result` (the action failed: nothing was changed or recorded), logged.
+    pub fn logged<T>(
+        &self,
+        result: Result<T, OperatorError>,
+        affected: impl FnOnce(&T) -> u64,
+    ) -> Result<T, OperatorError> {
+        log_action(
+            self.actor,
+            self.operation,
+            &self.selection,
+            self.reason,
+            result.as_ref().map(affected),
+        );
+        result
+    }
+}
+
 /// The log line of an action (target `outbox::audit`): `outcome` is the rows it changed, or
 /// why it failed. Every store's actions log through this, so the line is the same everywhere.
 pub fn log_action(

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{Actor, OperatorError, PayloadView};
+use super::{Actor, MAX_LIST, OperatorError, PayloadView, require_reason};
 use crate::EventId;
 
 /// An inbox conflict as the operator sees it: the same event id arrived at a consumer with
@@ -64,6 +64,38 @@ pub struct ConflictDetail {
     /// The first payload (the one the consumer applied), when this database still holds the
     /// producer's row with that fingerprint; the inbox keeps only the fingerprint.
     pub first_payload: Option<PayloadView>,
+}
+
+/// The selection of a resolution of the conflicts `ids`, as the audit record keeps it.
+pub fn conflicts_selection(ids: &[i64]) -> serde_json::Value {
+    serde_json::json!({ "conflicts": ids })
+}
+
+/// Checks a request to resolve the conflicts `ids` ([`ConflictOps::resolve_conflicts`]): 1 to
+/// [`MAX_LIST`] ids, and a reason.
+///
+/// # Errors
+/// [`OperatorError`] of kind `InvalidRequest` for no ids or too many, or no reason.
+pub fn check_conflicts_request(
+    operation: &'static str,
+    ids: &[i64],
+    reason: &str,
+) -> Result<(), OperatorError> {
+    if ids.is_empty() || ids.len() > usize::try_from(MAX_LIST).unwrap_or(usize::MAX) {
+        return Err(OperatorError::invalid(
+            operation,
+            format!("give 1 to {MAX_LIST} conflict ids, not {}", ids.len()),
+        ));
+    }
+    require_reason(operation, reason)
+}
+
+/// The refusal (`NotFound`) of a resolution none of whose `ids` is an inbox conflict.
+pub fn no_such_conflicts(operation: &'static str, ids: &[i64]) -> OperatorError {
+    OperatorError::not_found(
+        operation,
+        format!("none of the ids {ids:?} is an inbox conflict"),
+    )
 }
 
 /// Inbox conflicts.

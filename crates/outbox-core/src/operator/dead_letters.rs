@@ -265,6 +265,43 @@ impl DeadLetterSelection {
     }
 }
 
+impl ConsumerSelection {
+    /// The selection as the audit record keeps it.
+    pub fn audit_selection(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// Puts the groups of one group read largest first (a stable sort: groups of one count keep the
+/// order given) and says whether the read was complete: fewer than [`GROUP_SCAN`] rows read, each
+/// read row being counted in exactly one group.
+fn largest_first<G>(groups: &mut [G], count: impl Fn(&G) -> i64) -> bool {
+    groups.sort_by_key(|g| std::cmp::Reverse(count(g)));
+    let read: i64 = groups.iter().map(&count).sum();
+    read < GROUP_SCAN
+}
+
+impl DeadLetterGroups {
+    /// The groups of one group read of at most [`GROUP_SCAN`] dead letters (every one read
+    /// counted in exactly one group): largest first, groups of one count in the order given (a
+    /// store gives them by reason), `complete` when fewer than [`GROUP_SCAN`] were read.
+    pub fn from_scan(mut groups: Vec<DeadLetterGroup>) -> Self {
+        let complete = largest_first(&mut groups, |g| g.count);
+        Self { groups, complete }
+    }
+}
+
+impl ConsumerDeadLetterGroups {
+    /// The groups of one group read of at most [`GROUP_SCAN`] consumer dead letters (every one
+    /// read counted in exactly one group): largest first, groups of one count in the order given
+    /// (a store gives them by consumer, then reason), `complete` when fewer than [`GROUP_SCAN`]
+    /// were read.
+    pub fn from_scan(mut groups: Vec<ConsumerDeadLetterGroup>) -> Self {
+        let complete = largest_first(&mut groups, |g| g.count);
+        Self { groups, complete }
+    }
+}
+
 impl DeadLetterFilter {
     /// Whether a dead letter with these fields matches (every given field holds); `reason` is
     /// its [`reason_key`].
@@ -417,7 +454,27 @@ pub trait DeadLetterOps {
 
 #[cfg(test)]
 mod tests {
-    use super::reason_key;
+    use super::{ConsumerDeadLetterGroup, ConsumerDeadLetterGroups, GROUP_SCAN, reason_key};
+
+    #[test]
+    fn a_group_read_is_largest_first_in_the_given_order_and_complete_below_the_scan() {
+        let at = chrono::Utc::now();
+        let group = |reason: &str, count| ConsumerDeadLetterGroup {
+            consumer_name: "ledger".into(),
+            reason: reason.into(),
+            count,
+            first_at: at,
+            last_at: at,
+            example_error: String::new(),
+        };
+        let read =
+            ConsumerDeadLetterGroups::from_scan(vec![group("a", 1), group("b", 2), group("c", 1)]);
+        let reasons: Vec<&str> = read.groups.iter().map(|g| g.reason.as_str()).collect();
+        assert_eq!((reasons, read.complete), (vec!["b", "a", "c"], true));
+        let full =
+            ConsumerDeadLetterGroups::from_scan(vec![group("a", GROUP_SCAN - 1), group("b", 1)]);
+        assert!(!full.complete);
+    }
 
     #[test]
     fn reason_keys_replace_uuids_and_numbers_and_stop_at_200_characters() {

@@ -13,7 +13,8 @@
 //! What every implementation guarantees (the testkit's `operator_suite!` checks it):
 //!
 //! * **Every action is audited**: the change and its [`AuditEntry`] commit together, and a
-//!   refused action changes nothing and records nothing (it is logged, [`log_action`]).
+//!   refused action changes nothing and records nothing (it is logged, [`log_action`]). A store
+//!   runs each action through an [`Action`], which checks the request and logs the outcome.
 //! * **Pages are bounded**: a list takes a limit of 1 to [`MAX_LIST`]; a group read looks at
 //!   most [`GROUP_SCAN`] rows and says when it stopped (`complete`).
 //! * **Errors are classed** ([`OperatorErrorKind`]) so that a caller maps them (the console to
@@ -36,8 +37,11 @@ use serde::Serialize;
 
 use crate::{StoreError, StoreErrorKind};
 
-pub use audit::{Actor, AuditEntry, AuditOps, log_action};
-pub use conflicts::{ConflictDetail, ConflictOps, ConflictView, ConflictsResolved};
+pub use audit::{Action, Actor, AuditEntry, AuditOps, log_action};
+pub use conflicts::{
+    ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, check_conflicts_request,
+    conflicts_selection, no_such_conflicts,
+};
 pub use dead_letters::{
     ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
     ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
@@ -57,7 +61,9 @@ pub use trace::{
     AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TraceOps,
     TracedEvent,
 };
-pub use work_items::{Resolution, WorkItemOps, WorkItemRow};
+pub use work_items::{
+    Resolution, WorkItemOps, WorkItemRow, no_work_item, not_reconcilable, work_item_selection,
+};
 
 /// Every operator trait in scope: `use outbox_core::operator::prelude::*`.
 pub mod prelude {
@@ -103,6 +109,20 @@ pub enum Counting {
     /// Each count stops at this many rows, so that the overview costs milliseconds at any
     /// backlog size; a count equal to the bound means "at least". What the console does.
     UpTo(i64),
+}
+
+impl Counting {
+    /// The bound each count stops at: `None` for [`Counting::Exact`].
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` in `operation` for a bound below 1
+    /// ([`check_bound`]).
+    pub fn bound(self, operation: &'static str) -> Result<Option<i64>, OperatorError> {
+        match self {
+            Self::Exact => Ok(None),
+            Self::UpTo(bound) => check_bound(operation, bound).map(|()| Some(bound)),
+        }
+    }
 }
 
 /// What went wrong in an operator read or action.
@@ -244,6 +264,16 @@ pub fn check_limit(operation: &'static str, limit: i64) -> Result<(), OperatorEr
     }
 }
 
+/// [`check_limit`], and the limit as a number of items: for a store that takes a page from an
+/// iterator (`.take(n)`).
+///
+/// # Errors
+/// [`OperatorError`] of kind `InvalidRequest` for a `limit` outside 1 to [`MAX_LIST`].
+pub fn page_size(operation: &'static str, limit: i64) -> Result<usize, OperatorError> {
+    check_limit(operation, limit)?;
+    Ok(usize::try_from(limit).unwrap_or(usize::MAX))
+}
+
 /// Refuses an action without a reason (`InvalidRequest`): the audit record keeps it.
 ///
 /// # Errors
@@ -279,4 +309,22 @@ pub fn count_changed(expected: Option<i64>, events: i64) -> Option<String> {
     expected.filter(|e| *e != events).map(|expected| {
         format!("the replay would now take {events} event(s), not the {expected} expected: dry-run again")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Counting, MAX_LIST, OperatorErrorKind, page_size};
+
+    #[test]
+    fn a_count_bound_and_a_page_size_are_checked() {
+        assert_eq!(Counting::Exact.bound("overview").unwrap(), None);
+        assert_eq!(Counting::UpTo(5).bound("overview").unwrap(), Some(5));
+        let e = Counting::UpTo(0).bound("overview").unwrap_err();
+        assert_eq!(
+            (e.operation, e.kind),
+            ("overview", OperatorErrorKind::InvalidRequest)
+        );
+        assert_eq!(page_size("audit", MAX_LIST).unwrap(), 10_000);
+        assert!(page_size("audit", 0).is_err() && page_size("audit", MAX_LIST + 1).is_err());
+    }
 }

@@ -3,6 +3,8 @@
 use serde::Serialize;
 
 use super::{Counting, OperatorError};
+use crate::OutboxStats;
+use crate::effect::EffectsStats;
 
 /// The numbers of `outbox status` and of the console's overview.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -45,6 +47,53 @@ pub struct WorkItems {
     pub oldest_unknown_age_seconds: f64,
     /// Failed for good.
     pub failed: i64,
+}
+
+impl Overview {
+    /// The overview of the store whose schema is `schema` from its counts: the outbox's
+    /// (`outbox`, counted up to `counted_up_to` when given, [`Counting::bound`]), the open inbox
+    /// conflicts, the consumer dead letters not resolved, and the work items by state
+    /// (`work_items`). Ages are in seconds, 0 when there is nothing of the kind.
+    pub fn from_counts(
+        schema: impl Into<String>,
+        counted_up_to: Option<i64>,
+        outbox: &OutboxStats,
+        inbox_conflicts: i64,
+        consumer_dead_letters: i64,
+        work_items: &EffectsStats,
+    ) -> Self {
+        Self {
+            schema: schema.into(),
+            counted_up_to,
+            pending: outbox.pending,
+            oldest_pending_age_seconds: seconds(outbox.oldest_pending_age),
+            in_flight: outbox.in_flight,
+            retrying: outbox.retrying,
+            dead_letters: outbox.dead,
+            published_retained: outbox.published_retained,
+            inbox_conflicts,
+            consumer_dead_letters,
+            work_items: WorkItems::from(work_items),
+        }
+    }
+}
+
+impl From<&EffectsStats> for WorkItems {
+    /// The open work items by state and the failed ones (the settled `succeeded` are left out).
+    fn from(s: &EffectsStats) -> Self {
+        Self {
+            pending: s.pending,
+            in_progress: s.in_progress,
+            unknown: s.unknown,
+            oldest_unknown_age_seconds: seconds(s.oldest_unknown_age),
+            failed: s.failed,
+        }
+    }
+}
+
+/// An age in seconds, 0 without one.
+fn seconds(age: Option<std::time::Duration>) -> f64 {
+    age.map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The overview: is the store there, and what is waiting, stuck or failed.

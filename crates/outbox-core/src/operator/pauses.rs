@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Actor, OperatorError};
+use super::{Action, Actor, OperatorError};
 
 /// The route key of a row: `destination:<destination>` for a row that names its destination,
 /// else `type:<aggregate type>` (the keys [`PauseTarget::Route`] and the routes' view use).
@@ -96,6 +96,27 @@ impl PauseTarget {
         Ok(())
     }
 
+    /// The target as the audit record keeps it (`{"route": ...}` or `{"consumer": ...}`).
+    pub fn audit_selection(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// The refusal (`Refused`) of a pause of a target that is paused already.
+    pub fn paused_already(&self, operation: &'static str) -> OperatorError {
+        OperatorError::refused(
+            operation,
+            format!("{} {} is paused already", self.kind(), self.name()),
+        )
+    }
+
+    /// The refusal (`NotFound`) of a resume of a target that is not paused.
+    pub fn not_paused(&self, operation: &'static str) -> OperatorError {
+        OperatorError::not_found(
+            operation,
+            format!("{} {} is not paused", self.kind(), self.name()),
+        )
+    }
+
     fn check_name(&self, operation: &'static str) -> Result<(), OperatorError> {
         let invalid = |message: String| OperatorError::invalid(operation, message);
         let name = self.name();
@@ -134,6 +155,26 @@ pub struct Pause {
     pub actor: Option<String>,
     /// Why (from the audit record).
     pub reason: Option<String>,
+}
+
+impl Pause {
+    /// The pause of `target` that `action` just made, since `paused_at`, under the audit record
+    /// `audit_id` (whose actor and reason it shows).
+    pub fn new(
+        target: &PauseTarget,
+        action: &Action<'_>,
+        paused_at: DateTime<Utc>,
+        audit_id: i64,
+    ) -> Self {
+        Self {
+            kind: target.kind().to_owned(),
+            name: target.name().to_owned(),
+            paused_at,
+            audit_id,
+            actor: Some(action.actor().name().to_owned()),
+            reason: Some(action.reason().to_owned()),
+        }
+    }
 }
 
 /// Pauses.

@@ -18,6 +18,13 @@ pub struct ReplaySelection {
     pub from_version: Option<i64>,
 }
 
+impl ReplaySelection {
+    /// The selection as the audit record keeps it.
+    pub fn audit_selection(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
 /// What a replay takes, or took.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReplayPlan {
@@ -55,6 +62,13 @@ pub struct RangeSelection {
     /// Only events with this destination override.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<String>,
+}
+
+impl RangeSelection {
+    /// The selection as the audit record keeps it.
+    pub fn audit_selection(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
 }
 
 /// What a time-range replay takes, or took.

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::{ConflictView, OperatorError};
-use crate::EventId;
+use crate::{EventId, OutboxMessage};
 
 /// An outbox row as a trace shows it (everything but the payload and headers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -47,6 +47,52 @@ pub struct TracedEvent {
     pub last_error: Option<String>,
     /// When the broker confirmed it (mark mode).
     pub published_at: Option<DateTime<Utc>>,
+}
+
+impl TracedEvent {
+    /// The trace of the outbox row `m` in `state` (`pending`, `published` or `dead`): its
+    /// fields but the payload and headers, with the payload's content type and fingerprint
+    /// (hex) in their place, and the relay's bookkeeping of it (`available_at`, `last_error`,
+    /// `published_at`), for a store that holds its rows as [`OutboxMessage`]s.
+    ///
+    /// ```
+    /// use outbox_core::operator::TracedEvent;
+    /// use outbox_core::{NewMessage, Payload};
+    /// let now = chrono::Utc::now();
+    /// let row = NewMessage::new("payment", "p-1", 1, "PaymentCreated", Payload::json(&1).unwrap())
+    ///     .stored(7, now);
+    /// let t = TracedEvent::of_message(&row, "pending", now, None, None);
+    /// assert_eq!((t.id, t.event_id, t.state.as_str()), (7, row.event_id, "pending"));
+    /// assert_eq!(t.payload_sha256, row.fingerprint.to_hex());
+    /// assert_eq!(t.content_type, "application/json");
+    /// ```
+    pub fn of_message(
+        m: &OutboxMessage,
+        state: impl Into<String>,
+        available_at: DateTime<Utc>,
+        last_error: Option<String>,
+        published_at: Option<DateTime<Utc>>,
+    ) -> Self {
+        Self {
+            id: m.id,
+            event_id: m.event_id,
+            aggregate_type: m.aggregate_type.clone(),
+            aggregate_id: m.aggregate_id.clone(),
+            aggregate_version: m.aggregate_version,
+            event_type: m.event_type.clone(),
+            schema_version: m.schema_version,
+            content_type: m.payload.content_type.0.clone(),
+            payload_sha256: m.fingerprint.to_hex(),
+            destination: m.destination.clone(),
+            partition_key: m.partition_key.clone(),
+            created_at: m.created_at,
+            state: state.into(),
+            attempts: m.attempts,
+            available_at,
+            last_error,
+            published_at,
+        }
+    }
 }
 
 /// A dead letter an operator discarded.

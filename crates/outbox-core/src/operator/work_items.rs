@@ -82,6 +82,31 @@ impl Resolution {
             Self::Resend => "resend",
         }
     }
+
+    /// The selection of this resolution of the work item `id`, as the audit record keeps it.
+    pub fn audit_selection(&self, id: i64) -> serde_json::Value {
+        serde_json::json!({ "work_item": id, "resolution": self.name() })
+    }
+}
+
+/// The selection of an action on the work item `id` (a reconciliation), as the audit record
+/// keeps it.
+pub fn work_item_selection(id: i64) -> serde_json::Value {
+    serde_json::json!({ "work_item": id })
+}
+
+/// The refusal (`NotFound`) of a reconciliation of a work item that does not exist.
+pub fn no_work_item(operation: &'static str, id: i64) -> OperatorError {
+    OperatorError::not_found(operation, format!("no work item {id}"))
+}
+
+/// The refusal (`Refused`) of a reconciliation of the work item `id`, whose outcome is not
+/// unknown: it is in `state` (the state's stored name).
+pub fn not_reconcilable(operation: &'static str, id: i64, state: &str) -> OperatorError {
+    OperatorError::refused(
+        operation,
+        format!("work item {id} is {state}: only an unknown outcome is reconciled"),
+    )
 }
 
 /// Work items.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::message::{Fingerprint, Payload};
+use crate::message::{NewMessage, Payload};
 
 #[test]
 fn a_costly_gauge_refresh_spaces_the_next_one_out() {
@@ -21,22 +21,9 @@ fn a_costly_gauge_refresh_spaces_the_next_one_out() {
 /// A row of aggregate type `payment` (also the activity's tests').
 pub(super) fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {
     let payload = Payload::json(&serde_json::json!({ "v": version })).unwrap();
-    OutboxMessage {
-        id,
-        event_id: uuid::Uuid::from_u128(id as u128),
-        aggregate_type: "payment".into(),
-        aggregate_id: aggregate_id.into(),
-        aggregate_version: version,
-        event_type: "PaymentUpdated".into(),
-        schema_version: 1,
-        fingerprint: Fingerprint::of(&payload.bytes),
-        payload,
-        headers: Default::default(),
-        destination: None,
-        partition_key: None,
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
+    NewMessage::new("payment", aggregate_id, version, "PaymentUpdated", payload)
+        .with_event_id(uuid::Uuid::from_u128(id as u128))
+        .stored(id, chrono::Utc::now())
 }
 
 fn ids(messages: &[OutboxMessage]) -> Vec<i64> {

@@ -41,23 +41,8 @@ pub(super) async fn replay(
         .collect();
     let mut r = Replay::default();
     let mut out = Vec::new();
-    for (i, m) in messages.iter().enumerate() {
-        let msg = outbox_core::OutboxMessage {
-            id: i as i64,
-            event_id: m.event_id,
-            aggregate_type: m.aggregate_type.clone(),
-            aggregate_id: m.aggregate_id.clone(),
-            aggregate_version: m.aggregate_version,
-            event_type: m.event_type.clone(),
-            schema_version: m.schema_version,
-            payload: m.payload.clone(),
-            fingerprint: m.payload.fingerprint(),
-            headers: m.headers.clone(),
-            destination: m.destination.clone(),
-            partition_key: m.partition_key.clone(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+    for (i, m) in messages.into_iter().enumerate() {
+        let msg = m.stored(i as i64, chrono::Utc::now());
         let receipt = transport.publish(&msg).await?;
         r.sent += 1;
         if receipt.duplicate {

@@ -7,7 +7,7 @@
 //! operator grants, which include inserting audit rows and nothing else on that table: a
 //! record cannot be changed or deleted through the tools.
 
-use outbox_core::operator::{Actor, AuditEntry, AuditOps, OperatorError, check_limit};
+use outbox_core::operator::{Action, AuditEntry, AuditOps, OperatorError, check_limit};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 use super::op_err;
@@ -28,24 +28,22 @@ const OF_EVENT: &str = "SELECT id, at, actor, via, credential, db_role, action, 
     OR id IN (SELECT audit_id FROM {s}.discarded_events WHERE event_id = $2) \
     ORDER BY id DESC LIMIT 100";
 
-/// Writes the record of an action on the action's own connection (its transaction); returns
-/// the record's id.
+/// Writes the record of `action`, which changed `affected` rows, on the action's own connection
+/// (its transaction); returns the record's id.
 pub(super) async fn record(
     conn: &mut PgConnection,
     schema: &Schema,
-    actor: &Actor,
-    action: &str,
-    selection: &serde_json::Value,
-    reason: &str,
+    action: &Action<'_>,
     affected: u64,
 ) -> Result<i64, sqlx::Error> {
+    let actor = action.actor();
     sqlx::query_scalar(AssertSqlSafe(schema.render(INSERT)))
         .bind(actor.name())
         .bind(actor.via())
         .bind(actor.credential())
-        .bind(action)
-        .bind(selection)
-        .bind(reason)
+        .bind(action.operation())
+        .bind(action.selection())
+        .bind(action.reason())
         .bind(i64::try_from(affected).unwrap_or(i64::MAX))
         .fetch_one(conn)
         .await

@@ -2,8 +2,8 @@
 
 use outbox_core::EventId;
 use outbox_core::operator::{
-    Actor, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, MAX_LIST, OperatorError,
-    OperatorErrorKind, PayloadView, check_limit, log_action, require_reason,
+    Action, Actor, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
+    PayloadView, check_conflicts_request, check_limit, conflicts_selection, no_such_conflicts,
 };
 use sqlx::{AssertSqlSafe, Row};
 
@@ -87,21 +87,10 @@ impl ConflictOps for PgStore {
         reason: &str,
     ) -> Result<ConflictsResolved, OperatorError> {
         const OP: &str = "resolve conflicts";
-        let selection = serde_json::json!({ "conflicts": ids });
-        let fail = |e: OperatorError| {
-            log_action(actor, OP, &selection, reason, Err(&e));
-            e
-        };
-        if ids.is_empty() || ids.len() > usize::try_from(MAX_LIST).unwrap_or(usize::MAX) {
-            return Err(fail(OperatorError {
-                operation: OP,
-                kind: OperatorErrorKind::InvalidRequest,
-                message: format!("give 1 to {MAX_LIST} conflict ids, not {}", ids.len()),
-            }));
-        }
-        require_reason(OP, reason).map_err(fail)?;
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
-        let err = |e| fail(self.action_error(OP, e));
+        let action = Action::new(OP, actor, conflicts_selection(ids), reason);
+        action.check(check_conflicts_request(OP, ids, reason))?;
+        let mut tx = self.begin_action(&action).await?;
+        let err = |e| action.fail(self.action_error(OP, e));
         let open: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.render(LOCK_OPEN_CONFLICTS)))
             .bind(ids)
             .fetch_all(&mut *tx)
@@ -114,34 +103,25 @@ impl ConflictOps for PgStore {
                 .await
                 .map_err(err)?;
             if known == 0 {
-                return Err(fail(OperatorError::not_found(
-                    OP,
-                    format!("none of the ids {ids:?} is an inbox conflict"),
-                )));
+                return Err(action.fail(no_such_conflicts(OP, ids)));
             }
         }
         // Recorded even when every id was resolved already: every action is in the audit.
         let resolved = u64::try_from(open.len()).unwrap_or(u64::MAX);
-        let audit_id = audit::record(
-            &mut tx,
-            self.schema(),
-            actor,
-            OP,
-            &selection,
-            reason,
-            resolved,
-        )
-        .await
-        .map_err(err)?;
+        let audit_id = audit::record(&mut tx, self.schema(), &action, resolved)
+            .await
+            .map_err(err)?;
         sqlx::query(AssertSqlSafe(self.render(RESOLVE_CONFLICTS)))
             .bind(&open)
             .bind(audit_id)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        tx.commit().await.map_err(|e| fail(op_err(OP, e)))?;
-        log_action(actor, OP, &selection, reason, Ok(resolved));
-        Ok(ConflictsResolved { resolved, audit_id })
+        let committed = tx.commit().await.map_err(|e| op_err(OP, e));
+        action.logged(
+            committed.map(|()| ConflictsResolved { resolved, audit_id }),
+            |r| r.resolved,
+        )
     }
 
     async fn conflict(&self, id: i64) -> Result<ConflictDetail, OperatorError> {

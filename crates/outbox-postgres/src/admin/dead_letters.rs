@@ -17,10 +17,10 @@
 
 use outbox_core::EventId;
 use outbox_core::operator::{
-    Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    Action, Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
     ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
     DeadLetterGroups, DeadLetterOps, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN,
-    MAX_LIST, OperatorError, PayloadView, check_limit, log_action, require_reason,
+    MAX_LIST, OperatorError, PayloadView, check_limit, require_reason,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -274,7 +274,7 @@ impl DeadLetterOps for PgStore {
     ) -> Result<DeadLetterGroups, OperatorError> {
         let selection = DeadLetterSelection::Matching(filter.clone());
         let sql = self.render(&outbox_sql(GROUPS, &selection));
-        let groups: Vec<DeadLetterGroup> = selection
+        selection
             .bind_match(sqlx::query(AssertSqlSafe(sql)))
             .bind(GROUP_SCAN)
             .fetch_all(self.pool())
@@ -283,12 +283,8 @@ impl DeadLetterOps for PgStore {
             .iter()
             .map(group)
             .collect::<Result<_, _>>()
-            .map_err(|e| op_err("dead letter groups", e))?;
-        let read: i64 = groups.iter().map(|g| g.count).sum();
-        Ok(DeadLetterGroups {
-            groups,
-            complete: read < GROUP_SCAN,
-        })
+            .map(DeadLetterGroups::from_scan)
+            .map_err(|e| op_err("dead letter groups", e))
     }
 
     async fn dead_letter(&self, event_id: EventId) -> Result<DeadLetterDetail, OperatorError> {
@@ -328,8 +324,8 @@ impl DeadLetterOps for PgStore {
         reason: &str,
     ) -> Result<u64, OperatorError> {
         const OP: &str = "requeue dead letters";
-        let selection = which.audit_selection();
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        let mut tx = self.begin_action(&action).await?;
         let sql = self.render(&outbox_sql(REQUEUE, which));
         let result = match which
             .bind_match(sqlx::query(AssertSqlSafe(sql)))
@@ -345,8 +341,7 @@ impl DeadLetterOps for PgStore {
             Err(e) => Err(e),
         }
         .map_err(|e| self.action_error(OP, e));
-        self.finish_action(tx, OP, actor, &selection, reason, result)
-            .await
+        self.finish_action(tx, &action, result).await
     }
 
     async fn discard_dead_letters(
@@ -356,9 +351,8 @@ impl DeadLetterOps for PgStore {
         reason: &str,
     ) -> Result<Discarded, OperatorError> {
         const OP: &str = "discard dead letters";
-        let selection = which.audit_selection();
-        require_reason(OP, reason)
-            .inspect_err(|e| log_action(actor, OP, &selection, reason, Err(e)))?;
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        action.check(require_reason(OP, reason))?;
         let sql = self.render(&outbox_sql(DISCARD, which));
         let mut conn = self.pool().begin().await.map_err(|e| op_err(OP, e))?;
         let result = which
@@ -366,7 +360,7 @@ impl DeadLetterOps for PgStore {
             .bind(actor.name())
             .bind(actor.via())
             .bind(actor.credential())
-            .bind(&selection)
+            .bind(action.selection())
             .bind(reason)
             .fetch_one(&mut *conn)
             .await
@@ -391,14 +385,7 @@ impl DeadLetterOps for PgStore {
             Ok(d) => conn.commit().await.map(|()| d).map_err(|e| op_err(OP, e)),
             Err(e) => Err(e),
         };
-        log_action(
-            actor,
-            OP,
-            &selection,
-            reason,
-            result.as_ref().map(|d| d.discarded),
-        );
-        result
+        action.logged(result, |d| d.discarded)
     }
 
     async fn consumer_dead_letters(
@@ -425,7 +412,7 @@ impl DeadLetterOps for PgStore {
         which: &ConsumerSelection,
     ) -> Result<ConsumerDeadLetterGroups, OperatorError> {
         let sql = consumer_sql(CONSUMER_GROUPS, which, OPEN_STATES);
-        let groups: Vec<ConsumerDeadLetterGroup> = which
+        which
             .bind_match(sqlx::query(AssertSqlSafe(self.render(&sql))))
             .bind(GROUP_SCAN)
             .fetch_all(self.pool())
@@ -434,12 +421,8 @@ impl DeadLetterOps for PgStore {
             .iter()
             .map(consumer_group)
             .collect::<Result<_, _>>()
-            .map_err(|e| op_err("consumer dead letter groups", e))?;
-        let read: i64 = groups.iter().map(|g| g.count).sum();
-        Ok(ConsumerDeadLetterGroups {
-            groups,
-            complete: read < GROUP_SCAN,
-        })
+            .map(ConsumerDeadLetterGroups::from_scan)
+            .map_err(|e| op_err("consumer dead letter groups", e))
     }
 
     async fn consumer_dead_letter(
@@ -485,14 +468,9 @@ impl DeadLetterOps for PgStore {
         actor: &Actor,
         reason: &str,
     ) -> Result<u64, OperatorError> {
-        self.consumer_action(
-            "requeue consumer dead letters",
-            CONSUMER_REQUEUE,
-            which,
-            actor,
-            reason,
-        )
-        .await
+        const OP: &str = "requeue consumer dead letters";
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        self.consumer_action(&action, CONSUMER_REQUEUE, which).await
     }
 
     async fn discard_consumer_dead_letters(
@@ -502,12 +480,9 @@ impl DeadLetterOps for PgStore {
         reason: &str,
     ) -> Result<u64, OperatorError> {
         const OP: &str = "discard consumer dead letters";
-        require_reason(OP, reason).inspect_err(|e| {
-            let selection = serde_json::to_value(which).unwrap_or_default();
-            log_action(actor, OP, &selection, reason, Err(e));
-        })?;
-        self.consumer_action(OP, CONSUMER_DISCARD, which, actor, reason)
-            .await
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        action.check(require_reason(OP, reason))?;
+        self.consumer_action(&action, CONSUMER_DISCARD, which).await
     }
 }
 
@@ -529,27 +504,23 @@ impl PgStore {
             .map_err(|e| op_err("dead letter", e))
     }
 
+    /// Runs `action` as `template` on the consumer dead letters `which` selects (in state
+    /// `dead`), with its audit record.
     async fn consumer_action(
         &self,
-        operation: &'static str,
+        action: &Action<'_>,
         template: &str,
         which: &ConsumerSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        let selection = serde_json::to_value(which).unwrap_or_default();
-        let mut tx = self
-            .begin_action(operation, actor, &selection, reason)
-            .await?;
+        let mut tx = self.begin_action(action).await?;
         let sql = self.render(&consumer_sql(template, which, "'dead'"));
         let result = which
             .bind_match(sqlx::query(AssertSqlSafe(sql)))
             .execute(&mut *tx)
             .await
             .map(|r| r.rows_affected())
-            .map_err(|e| self.action_error(operation, e));
-        self.finish_action(tx, operation, actor, &selection, reason, result)
-            .await
+            .map_err(|e| self.action_error(action.operation(), e));
+        self.finish_action(tx, action, result).await
     }
 }
 

@@ -37,7 +37,7 @@ mod replay;
 mod trace;
 mod work_items;
 
-use outbox_core::operator::{Actor, OperatorError, OperatorErrorKind, log_action};
+use outbox_core::operator::{Action, OperatorError, OperatorErrorKind};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::effects::EffectsError;
@@ -110,16 +110,12 @@ impl PgStore {
     /// The transaction of an action; a failure to begin it is logged as the action's.
     pub(crate) async fn begin_action(
         &self,
-        operation: &'static str,
-        actor: &Actor,
-        selection: &serde_json::Value,
-        reason: &str,
+        action: &Action<'_>,
     ) -> Result<Transaction<'static, Postgres>, OperatorError> {
-        self.pool().begin().await.map_err(|e| {
-            let e = op_err(operation, e);
-            log_action(actor, operation, selection, reason, Err(&e));
-            e
-        })
+        self.pool()
+            .begin()
+            .await
+            .map_err(|e| action.fail(op_err(action.operation(), e)))
     }
 
     /// Ends an action: on success records it and commits, on failure rolls back; logs the
@@ -127,21 +123,11 @@ impl PgStore {
     pub(crate) async fn finish_action(
         &self,
         tx: Transaction<'static, Postgres>,
-        operation: &'static str,
-        actor: &Actor,
-        selection: &serde_json::Value,
-        reason: &str,
+        action: &Action<'_>,
         result: Result<u64, OperatorError>,
     ) -> Result<u64, OperatorError> {
-        self.finish_action_with(
-            tx,
-            operation,
-            actor,
-            selection,
-            reason,
-            result.map(|n| (n, n)),
-        )
-        .await
+        self.finish_action_with(tx, action, result.map(|n| (n, n)))
+            .await
     }
 
     /// As [`finish_action`](Self::finish_action), for an action that returns a value beside
@@ -149,33 +135,22 @@ impl PgStore {
     pub(crate) async fn finish_action_with<T>(
         &self,
         mut tx: Transaction<'static, Postgres>,
-        operation: &'static str,
-        actor: &Actor,
-        selection: &serde_json::Value,
-        reason: &str,
+        action: &Action<'_>,
         result: Result<(u64, T), OperatorError>,
     ) -> Result<T, OperatorError> {
+        let operation = action.operation();
         let result = match result {
-            Ok((n, value)) => {
-                match record(&mut tx, self, actor, operation, selection, reason, n).await {
-                    Ok(()) => tx
-                        .commit()
-                        .await
-                        .map(|()| (n, value))
-                        .map_err(|e| op_err(operation, e)),
-                    Err(e) => Err(self.action_error(operation, e)),
-                }
-            }
+            Ok((n, value)) => match audit::record(&mut tx, self.schema(), action, n).await {
+                Ok(_) => tx
+                    .commit()
+                    .await
+                    .map(|()| (n, value))
+                    .map_err(|e| op_err(operation, e)),
+                Err(e) => Err(self.action_error(operation, e)),
+            },
             Err(e) => Err(e),
         };
-        log_action(
-            actor,
-            operation,
-            selection,
-            reason,
-            result.as_ref().map(|(n, _)| *n),
-        );
-        result.map(|(_, value)| value)
+        action.logged(result, |(n, _)| *n).map(|(_, value)| value)
     }
 
     /// Wakes the relays at the transaction's commit: requeued, replayed or resumed rows (and
@@ -188,26 +163,4 @@ impl PgStore {
             .await
             .map(|_| ())
     }
-}
-
-async fn record(
-    conn: &mut PgConnection,
-    store: &PgStore,
-    actor: &Actor,
-    operation: &str,
-    selection: &serde_json::Value,
-    reason: &str,
-    affected: u64,
-) -> Result<(), sqlx::Error> {
-    audit::record(
-        conn,
-        store.schema(),
-        actor,
-        operation,
-        selection,
-        reason,
-        affected,
-    )
-    .await
-    .map(|_| ())
 }

@@ -4,9 +4,7 @@
 //! dead ones through their partial indexes (migration 7), each stopped at the bound; the rest
 //! reads partial indexes of open rows.
 
-use outbox_core::operator::{
-    Counting, OperatorError, Overview, OverviewOps, WorkItems, check_bound,
-};
+use outbox_core::operator::{Counting, OperatorError, Overview, OverviewOps};
 use outbox_core::{OutboxStats, OutboxStore};
 use sqlx::AssertSqlSafe;
 
@@ -48,15 +46,13 @@ impl OverviewOps for PgStore {
     async fn overview_counting(&self, counting: Counting) -> Result<Overview, OperatorError> {
         let pool = self.pool();
         let schema = self.schema();
-        let (s, counted_up_to) = match counting {
-            Counting::Exact => (
-                self.stats()
-                    .await
-                    .map_err(|e| OperatorError::store("overview", &e))?,
-                None,
-            ),
-            Counting::UpTo(bound) if bound >= 1 => (self.bounded_stats(bound).await?, Some(bound)),
-            Counting::UpTo(bound) => return Err(check_bound("overview", bound).unwrap_err()),
+        let counted_up_to = counting.bound("overview")?;
+        let s = match counted_up_to {
+            None => self
+                .stats()
+                .await
+                .map_err(|e| OperatorError::store("overview", &e))?,
+            Some(bound) => self.bounded_stats(bound).await?,
         };
         let inbox_conflicts = self
             .inbox()
@@ -87,27 +83,14 @@ impl OverviewOps for PgStore {
             },
         }
         .map_err(|e| effects_err("overview: work items", e))?;
-        Ok(Overview {
-            schema: schema.as_str().to_owned(),
+        Ok(Overview::from_counts(
+            schema.as_str(),
             counted_up_to,
-            pending: s.pending,
-            oldest_pending_age_seconds: s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()),
-            in_flight: s.in_flight,
-            retrying: s.retrying,
-            dead_letters: s.dead,
-            published_retained: s.published_retained,
+            &s,
             inbox_conflicts,
             consumer_dead_letters,
-            work_items: WorkItems {
-                pending: effects.pending,
-                in_progress: effects.in_progress,
-                unknown: effects.unknown,
-                oldest_unknown_age_seconds: effects
-                    .oldest_unknown_age
-                    .map_or(0.0, |d| d.as_secs_f64()),
-                failed: effects.failed,
-            },
-        })
+            &effects,
+        ))
     }
 }
 

@@ -9,9 +9,7 @@
 //! once a second, and leaves a paused route's aggregates pending in the table
 //! (`outbox_core::relay::log`); the resume's wake-up starts its new session.
 
-use outbox_core::operator::{
-    Actor, OperatorError, OperatorErrorKind, Pause, PauseOps, PauseTarget, log_action,
-};
+use outbox_core::operator::{Action, Actor, OperatorError, Pause, PauseOps, PauseTarget};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -54,15 +52,11 @@ impl PauseOps for PgStore {
         reason: &str,
     ) -> Result<Pause, OperatorError> {
         const OP: &str = "pause";
-        let selection = serde_json::to_value(target).unwrap_or_default();
-        let fail = |e: OperatorError| {
-            log_action(actor, OP, &selection, reason, Err(&e));
-            e
-        };
-        target.check_pause(OP, reason).map_err(fail)?;
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
-        let err = |e| fail(self.action_error(OP, e));
-        let audit_id = audit::record(&mut tx, self.schema(), actor, OP, &selection, reason, 1)
+        let action = Action::new(OP, actor, target.audit_selection(), reason);
+        action.check(target.check_pause(OP, reason))?;
+        let mut tx = self.begin_action(&action).await?;
+        let err = |e| action.fail(self.action_error(OP, e));
+        let audit_id = audit::record(&mut tx, self.schema(), &action, 1)
             .await
             .map_err(err)?;
         let inserted = sqlx::query(AssertSqlSafe(self.render(INSERT)))
@@ -74,11 +68,7 @@ impl PauseOps for PgStore {
             .map_err(err)?
             .rows_affected();
         if inserted == 0 {
-            return Err(fail(OperatorError {
-                operation: OP,
-                kind: OperatorErrorKind::Refused,
-                message: format!("{} {} is paused already", target.kind(), target.name()),
-            }));
+            return Err(action.fail(target.paused_already(OP)));
         }
         let paused_at = sqlx::query_scalar(AssertSqlSafe(
             self.render("SELECT paused_at FROM {s}.pauses WHERE kind = $1 AND name = $2"),
@@ -88,16 +78,11 @@ impl PauseOps for PgStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(err)?;
-        tx.commit().await.map_err(|e| fail(op_err(OP, e)))?;
-        log_action(actor, OP, &selection, reason, Ok(1));
-        Ok(Pause {
-            kind: target.kind().to_owned(),
-            name: target.name().to_owned(),
-            paused_at,
-            audit_id,
-            actor: Some(actor.name().to_owned()),
-            reason: Some(reason.to_owned()),
-        })
+        let committed = tx.commit().await.map_err(|e| op_err(OP, e));
+        action.logged(
+            committed.map(|()| Pause::new(target, &action, paused_at, audit_id)),
+            |_| 1,
+        )
     }
 
     async fn resume(
@@ -107,22 +92,16 @@ impl PauseOps for PgStore {
         reason: &str,
     ) -> Result<(), OperatorError> {
         const OP: &str = "resume";
-        let selection = serde_json::to_value(target).unwrap_or_default();
-        if let Err(e) = target.check(OP) {
-            log_action(actor, OP, &selection, reason, Err(&e));
-            return Err(e);
-        }
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let action = Action::new(OP, actor, target.audit_selection(), reason);
+        action.check(target.check(OP))?;
+        let mut tx = self.begin_action(&action).await?;
         let result = match sqlx::query(AssertSqlSafe(self.render(DELETE)))
             .bind(target.kind())
             .bind(target.name())
             .execute(&mut *tx)
             .await
         {
-            Ok(r) if r.rows_affected() == 0 => Err(OperatorError::not_found(
-                OP,
-                format!("{} {} is not paused", target.kind(), target.name()),
-            )),
+            Ok(r) if r.rows_affected() == 0 => Err(target.not_paused(OP)),
             Ok(r) => self
                 .wake_relays(&mut tx)
                 .await
@@ -130,8 +109,6 @@ impl PauseOps for PgStore {
                 .map_err(|e| self.action_error(OP, e)),
             Err(e) => Err(self.action_error(OP, e)),
         };
-        self.finish_action(tx, OP, actor, &selection, reason, result)
-            .await
-            .map(|_| ())
+        self.finish_action(tx, &action, result).await.map(|_| ())
     }
 }

@@ -61,8 +61,8 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::operator::{
-    Actor, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind, RangePlan,
-    RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed, log_action,
+    Action, Actor, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind,
+    RangePlan, RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed,
 };
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
@@ -165,19 +165,10 @@ impl ReplayOps for PgStore {
         reason: &str,
     ) -> Result<ReplayPlan, OperatorError> {
         const OP: &str = "replay";
-        let selection = serde_json::to_value(which).unwrap_or_default();
         // A refusal changes nothing and writes no record; it is logged.
-        let fail = |e: OperatorError| {
-            log_action(actor, OP, &selection, reason, Err(&e));
-            e
-        };
-        let refuse = |kind, message: String| {
-            fail(OperatorError {
-                operation: OP,
-                kind,
-                message,
-            })
-        };
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        let fail = |e| action.fail(e);
+        let refuse = |kind, message: String| fail(OperatorError::new(OP, kind, message));
         if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
             return Err(refuse(kind, message));
         }
@@ -189,7 +180,7 @@ impl ReplayOps for PgStore {
                 format!("versions start at 1, not {from}"),
             ));
         }
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let mut tx = self.begin_action(&action).await?;
         let q = |sql: &str| {
             sqlx::query(AssertSqlSafe(self.render(sql)))
                 .bind(t.clone())
@@ -267,9 +258,7 @@ impl ReplayOps for PgStore {
         }
         let changed = q(REPLAY).bind(from).execute(&mut *tx).await;
         let result = self.replayed(&mut tx, OP, changed, plan.events).await;
-        let n = self
-            .finish_action(tx, OP, actor, &selection, reason, result)
-            .await?;
+        let n = self.finish_action(tx, &action, result).await?;
         Ok(ReplayPlan {
             events: i64::try_from(n).unwrap_or(i64::MAX),
             ..plan
@@ -284,29 +273,21 @@ impl ReplayOps for PgStore {
         actor: &Actor,
         reason: &str,
     ) -> Result<RangePlan, OperatorError> {
-        let selection = serde_json::to_value(which).unwrap_or_default();
         // A refusal changes nothing and writes no record; it is logged.
-        let fail = |e: OperatorError| {
-            log_action(actor, RANGE_OP, &selection, reason, Err(&e));
-            e
-        };
-        self.range_allowed(which, dry_run, reason).map_err(fail)?;
-        let mut tx = self
-            .begin_action(RANGE_OP, actor, &selection, reason)
-            .await?;
+        let action = Action::new(RANGE_OP, actor, which.audit_selection(), reason);
+        action.check(self.range_allowed(which, dry_run, reason))?;
+        let mut tx = self.begin_action(&action).await?;
         let (plan, found) = self
             .plan_range(&mut tx, which, dry_run, expect_events)
             .await
-            .map_err(fail)?;
+            .map_err(|e| action.fail(e))?;
         if dry_run {
             let _ = tx.rollback().await;
             return Ok(plan);
         }
         let changed = found.bind(self, &range_replay()).execute(&mut *tx).await;
         let result = self.replayed(&mut tx, RANGE_OP, changed, plan.events).await;
-        let n = self
-            .finish_action(tx, RANGE_OP, actor, &selection, reason, result)
-            .await?;
+        let n = self.finish_action(tx, &action, result).await?;
         Ok(RangePlan {
             events: i64::try_from(n).unwrap_or(i64::MAX),
             ..plan

@@ -5,7 +5,8 @@
 
 use outbox_core::effect::EffectsStats;
 use outbox_core::operator::{
-    Actor, OperatorError, OperatorErrorKind, Resolution, WorkItemOps, WorkItemRow, check_limit,
+    Action, Actor, OperatorError, Resolution, WorkItemOps, WorkItemRow, check_limit, no_work_item,
+    not_reconcilable, work_item_selection,
 };
 use sqlx::AssertSqlSafe;
 
@@ -48,8 +49,8 @@ impl WorkItemOps for PgStore {
         reason: &str,
     ) -> Result<WorkItemRow, OperatorError> {
         const OP: &str = "resolve work item";
-        let selection = serde_json::json!({ "work_item": id, "resolution": resolution.name() });
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let action = Action::new(OP, actor, resolution.audit_selection(id), reason);
+        let mut tx = self.begin_action(&action).await?;
         let result = self
             .effects()
             .resolve_in(&mut tx, &pool_role(self.pool()), id, resolution)
@@ -60,7 +61,7 @@ impl WorkItemOps for PgStore {
             Ok((n, row)) => Ok((n, Some(row))),
             Err(e) => Err(e),
         };
-        self.finish_action_with(tx, OP, actor, &selection, reason, result)
+        self.finish_action_with(tx, &action, result)
             .await
             .map(|row| row.expect("a resolved work item"))
     }
@@ -72,8 +73,8 @@ impl WorkItemOps for PgStore {
         reason: &str,
     ) -> Result<(), OperatorError> {
         const OP: &str = "reconcile work item";
-        let selection = serde_json::json!({ "work_item": id });
-        let mut tx = self.begin_action(OP, actor, &selection, reason).await?;
+        let action = Action::new(OP, actor, work_item_selection(id), reason);
+        let mut tx = self.begin_action(&action).await?;
         let result = match sqlx::query(AssertSqlSafe(self.render(RECONCILE_NOW)))
             .bind(id)
             .execute(&mut *tx)
@@ -87,21 +88,13 @@ impl WorkItemOps for PgStore {
                         .fetch_optional(&mut *tx)
                         .await;
                 Err(match state {
-                    Ok(None) => OperatorError::not_found(OP, format!("no work item {id}")),
-                    Ok(Some(state)) => OperatorError {
-                        operation: OP,
-                        kind: OperatorErrorKind::Refused,
-                        message: format!(
-                            "work item {id} is {state}: only an unknown outcome is reconciled"
-                        ),
-                    },
+                    Ok(None) => no_work_item(OP, id),
+                    Ok(Some(state)) => not_reconcilable(OP, id, &state),
                     Err(e) => self.action_error(OP, e),
                 })
             }
             Err(e) => Err(self.action_error(OP, e)),
         };
-        self.finish_action(tx, OP, actor, &selection, reason, result)
-            .await
-            .map(|_| ())
+        self.finish_action(tx, &action, result).await.map(|_| ())
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimParams, ClaimScope, ClaimedBatch, FailureParams, Fingerprint, LeaseToken, MarkParams,
-    NewMessage, OutboxMessage, OutboxStats, OutboxStore, ReleaseParams, StoreError, Takeover,
+    ClaimParams, ClaimScope, ClaimedBatch, FailureParams, LeaseToken, MarkParams, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, ReleaseParams, StoreError, Takeover,
 };
 
 use super::{
@@ -17,24 +17,8 @@ use super::{
 
 /// The row of `m` under `id`: everything the producer wrote, moved out of a copy.
 fn to_row(id: i64, m: &NewMessage) -> OutboxRow {
-    let m = m.clone();
     OutboxRow {
-        msg: OutboxMessage {
-            id,
-            event_id: m.event_id,
-            aggregate_type: m.aggregate_type,
-            aggregate_id: m.aggregate_id,
-            aggregate_version: m.aggregate_version,
-            event_type: m.event_type,
-            schema_version: m.schema_version,
-            fingerprint: Fingerprint::of(&m.payload.bytes),
-            payload: m.payload,
-            headers: m.headers,
-            destination: m.destination,
-            partition_key: m.partition_key,
-            created_at: Utc::now(),
-            attempts: 0,
-        },
+        msg: m.clone().stored(id, Utc::now()),
         state: RowState::Pending,
         available_at: Utc::now(),
         last_error: None,

@@ -3,11 +3,11 @@
 use chrono::Utc;
 use outbox_core::EventId;
 use outbox_core::operator::{
-    Actor, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, MAX_LIST, OperatorError,
-    PayloadView, check_limit, require_reason,
+    Action, Actor, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
+    PayloadView, check_conflicts_request, conflicts_selection, no_such_conflicts, page_size,
 };
 
-use super::{OpsState, logged};
+use super::OpsState;
 use crate::memory::{ConflictRow, MemoryStore, lock};
 
 pub(super) fn conflict_view(c: &ConflictRow, ops: &OpsState) -> ConflictView {
@@ -37,7 +37,7 @@ impl ConflictOps for MemoryStore {
         open_only: bool,
         limit: i64,
     ) -> Result<Vec<ConflictView>, OperatorError> {
-        check_limit("conflicts", limit)?;
+        let take = page_size("conflicts", limit)?;
         let mut rows: Vec<ConflictRow> = lock(&self.inner.consumer)
             .conflicts
             .iter()
@@ -46,7 +46,7 @@ impl ConflictOps for MemoryStore {
             .cloned()
             .collect();
         rows.sort_by_key(|c| std::cmp::Reverse(c.id));
-        rows.truncate(usize::try_from(limit).unwrap_or(0));
+        rows.truncate(take);
         let ops = lock(&self.inner.ops);
         Ok(rows.iter().map(|c| conflict_view(c, &ops)).collect())
     }
@@ -58,19 +58,8 @@ impl ConflictOps for MemoryStore {
         reason: &str,
     ) -> Result<ConflictsResolved, OperatorError> {
         const OP: &str = "resolve conflicts";
-        let selection = serde_json::json!({ "conflicts": ids });
-        let max = usize::try_from(MAX_LIST).unwrap_or(usize::MAX);
-        let checked = if ids.is_empty() || ids.len() > max {
-            Err(OperatorError::invalid(
-                OP,
-                format!("give 1 to {MAX_LIST} conflict ids, not {}", ids.len()),
-            ))
-        } else {
-            require_reason(OP, reason)
-        };
-        if let Err(e) = checked {
-            return logged(actor, OP, &selection, reason, Err(e), |r| r.resolved);
-        }
+        let action = Action::new(OP, actor, conflicts_selection(ids), reason);
+        action.check(check_conflicts_request(OP, ids, reason))?;
         let _tx = self.inner.tx_lock.lock().await;
         let result = {
             let mut c = lock(&self.inner.consumer);
@@ -81,15 +70,11 @@ impl ConflictOps for MemoryStore {
                 })
                 .collect();
             if open.is_empty() && !c.conflicts.iter().any(|x| ids.contains(&x.id)) {
-                Err(OperatorError::not_found(
-                    OP,
-                    format!("none of the ids {ids:?} is an inbox conflict"),
-                ))
+                Err(no_such_conflicts(OP, ids))
             } else {
                 // Recorded even when every id was resolved already: every action is audited.
                 let resolved = open.len() as u64;
-                let audit_id =
-                    lock(&self.inner.ops).record(actor, OP, &selection, reason, resolved);
+                let audit_id = lock(&self.inner.ops).record(&action, resolved);
                 let now = Utc::now();
                 for i in open {
                     c.conflicts[i].resolved_at = Some(now);
@@ -98,7 +83,7 @@ impl ConflictOps for MemoryStore {
                 Ok(ConflictsResolved { resolved, audit_id })
             }
         };
-        logged(actor, OP, &selection, reason, result, |r| r.resolved)
+        action.logged(result, |r| r.resolved)
     }
 
     /// The first payload is found while the outbox holds the producer's row with the first

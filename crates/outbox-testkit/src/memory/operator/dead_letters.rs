@@ -7,14 +7,14 @@ use chrono::{DateTime, Utc};
 use outbox_core::EventId;
 use outbox_core::consumer::{ConsumerDeadLetterState, RawMessage};
 use outbox_core::operator::{
-    Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    Action, Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
     ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
     DeadLetterGroups, DeadLetterOps, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN,
-    OperatorError, PayloadView, check_limit, reason_key, require_reason,
+    OperatorError, PayloadView, page_size, reason_key, require_reason,
 };
 use serde_json::Value;
 
-use super::{Discard, count, is_open, logged};
+use super::{Discard, count, is_open};
 use crate::memory::{DeadLetterRow, MemoryStore, OutboxRow, RowState, lock};
 
 fn row_reason(r: &OutboxRow) -> String {
@@ -103,12 +103,12 @@ impl DeadLetterOps for MemoryStore {
         filter: &DeadLetterFilter,
         limit: i64,
     ) -> Result<Vec<DeadLetterView>, OperatorError> {
-        check_limit("dead letters", limit)?;
+        let take = page_size("dead letters", limit)?;
         let o = lock(&self.inner.outbox);
         Ok(o.rows
             .values()
             .filter(|r| r.state == RowState::Dead && matches_filter(filter, r))
-            .take(usize::try_from(limit).unwrap_or(0))
+            .take(take)
             .map(|r| dead_letter_view(&o.rows, r))
             .collect())
     }
@@ -126,7 +126,6 @@ impl DeadLetterOps for MemoryStore {
             example: Option<String>,
         }
         let mut by_reason: BTreeMap<String, Acc> = BTreeMap::new();
-        let mut read = 0;
         {
             let o = lock(&self.inner.outbox);
             let scan = usize::try_from(GROUP_SCAN).unwrap_or(usize::MAX);
@@ -136,7 +135,6 @@ impl DeadLetterOps for MemoryStore {
                 .filter(|r| r.state == RowState::Dead && matches_filter(filter, r))
                 .take(scan)
             {
-                read += 1;
                 let at = r.msg.created_at;
                 let acc = by_reason.entry(row_reason(r)).or_insert_with(|| Acc {
                     count: 0,
@@ -154,7 +152,7 @@ impl DeadLetterOps for MemoryStore {
                 acc.events.insert(r.msg.event_type.clone());
             }
         }
-        let mut groups: Vec<DeadLetterGroup> = by_reason
+        let groups: Vec<DeadLetterGroup> = by_reason
             .into_iter()
             .map(|(reason, a)| DeadLetterGroup {
                 reason,
@@ -166,12 +164,9 @@ impl DeadLetterOps for MemoryStore {
                 example_error: a.example,
             })
             .collect();
-        // Largest first, then by reason (the map's order; the sort is stable).
-        groups.sort_by_key(|g| std::cmp::Reverse(g.count));
-        Ok(DeadLetterGroups {
-            groups,
-            complete: read < GROUP_SCAN,
-        })
+        // In reason order (the map's): `from_scan` puts the largest first, that order kept
+        // among groups of one count.
+        Ok(DeadLetterGroups::from_scan(groups))
     }
 
     async fn dead_letter(&self, event_id: EventId) -> Result<DeadLetterDetail, OperatorError> {
@@ -201,7 +196,7 @@ impl DeadLetterOps for MemoryStore {
         reason: &str,
     ) -> Result<u64, OperatorError> {
         const OP: &str = "requeue dead letters";
-        let selection = which.audit_selection();
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
         let n = {
             let mut o = lock(&self.inner.outbox);
             let now = Utc::now();
@@ -212,13 +207,13 @@ impl DeadLetterOps for MemoryStore {
                 r.available_at = now;
                 n += 1;
             }
-            lock(&self.inner.ops).record(actor, OP, &selection, reason, n);
+            lock(&self.inner.ops).record(&action, n);
             n
         };
         if n > 0 {
             self.inner.wake.notify_waiters();
         }
-        logged(actor, OP, &selection, reason, Ok(n), |n| *n)
+        action.logged(Ok(n), |n| *n)
     }
 
     async fn discard_dead_letters(
@@ -228,7 +223,7 @@ impl DeadLetterOps for MemoryStore {
         reason: &str,
     ) -> Result<Discarded, OperatorError> {
         const OP: &str = "discard dead letters";
-        let selection = which.audit_selection();
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
         let result = require_reason(OP, reason).map(|()| {
             let mut o = lock(&self.inner.outbox);
             let ids: Vec<i64> = o
@@ -240,7 +235,7 @@ impl DeadLetterOps for MemoryStore {
             let removed: Vec<OutboxRow> = ids.iter().filter_map(|id| o.rows.remove(id)).collect();
             let discarded = removed.len() as u64;
             let mut ops = lock(&self.inner.ops);
-            let audit_id = ops.record(actor, OP, &selection, reason, discarded);
+            let audit_id = ops.record(&action, discarded);
             let discarded_at = Utc::now();
             ops.discarded.extend(removed.into_iter().map(|row| Discard {
                 row,
@@ -256,7 +251,7 @@ impl DeadLetterOps for MemoryStore {
         if result.as_ref().is_ok_and(|d| d.discarded > 0) {
             self.inner.wake.notify_waiters();
         }
-        logged(actor, OP, &selection, reason, result, |d| d.discarded)
+        action.logged(result, |d| d.discarded)
     }
 
     async fn consumer_dead_letters(
@@ -264,12 +259,12 @@ impl DeadLetterOps for MemoryStore {
         which: &ConsumerSelection,
         limit: i64,
     ) -> Result<Vec<ConsumerDeadLetterView>, OperatorError> {
-        check_limit("consumer dead letters", limit)?;
+        let take = page_size("consumer dead letters", limit)?;
         let c = lock(&self.inner.consumer);
         Ok(c.dead
             .iter()
             .filter(|(id, d)| is_open(d) && consumer_selects(which, **id, d))
-            .take(usize::try_from(limit).unwrap_or(0))
+            .take(take)
             .map(|(id, d)| ConsumerDeadLetterView {
                 dead_letter: d.view(*id),
                 reason: reason_key(Some(&d.error)),
@@ -282,7 +277,6 @@ impl DeadLetterOps for MemoryStore {
         which: &ConsumerSelection,
     ) -> Result<ConsumerDeadLetterGroups, OperatorError> {
         let mut by_key: BTreeMap<(String, String), ConsumerDeadLetterGroup> = BTreeMap::new();
-        let mut read = 0;
         {
             let c = lock(&self.inner.consumer);
             let scan = usize::try_from(GROUP_SCAN).unwrap_or(usize::MAX);
@@ -292,7 +286,6 @@ impl DeadLetterOps for MemoryStore {
                 .filter(|(id, d)| is_open(d) && consumer_selects(which, **id, d))
                 .take(scan)
             {
-                read += 1;
                 let key = (d.consumer.clone(), reason_key(Some(&d.error)));
                 let g = by_key
                     .entry(key.clone())
@@ -309,12 +302,11 @@ impl DeadLetterOps for MemoryStore {
                 g.last_at = g.last_at.max(d.created_at);
             }
         }
-        let mut groups: Vec<ConsumerDeadLetterGroup> = by_key.into_values().collect();
-        groups.sort_by_key(|g| std::cmp::Reverse(g.count));
-        Ok(ConsumerDeadLetterGroups {
-            groups,
-            complete: read < GROUP_SCAN,
-        })
+        // By consumer, then reason (the map's order): `from_scan` puts the largest first, that
+        // order kept among groups of one count.
+        Ok(ConsumerDeadLetterGroups::from_scan(
+            by_key.into_values().collect(),
+        ))
     }
 
     async fn consumer_dead_letter(
@@ -346,7 +338,8 @@ impl DeadLetterOps for MemoryStore {
         reason: &str,
     ) -> Result<u64, OperatorError> {
         const OP: &str = "requeue consumer dead letters";
-        self.consumer_action(OP, ConsumerDeadLetterState::Requeued, which, actor, reason)
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        self.consumer_action(&action, ConsumerDeadLetterState::Requeued, which)
             .await
     }
 
@@ -357,27 +350,23 @@ impl DeadLetterOps for MemoryStore {
         reason: &str,
     ) -> Result<u64, OperatorError> {
         const OP: &str = "discard consumer dead letters";
-        let selection = serde_json::to_value(which).unwrap_or_default();
-        if let Err(e) = require_reason(OP, reason) {
-            return logged(actor, OP, &selection, reason, Err(e), |n: &u64| *n);
-        }
-        self.consumer_action(OP, ConsumerDeadLetterState::Resolved, which, actor, reason)
+        let action = Action::new(OP, actor, which.audit_selection(), reason);
+        action.check(require_reason(OP, reason))?;
+        self.consumer_action(&action, ConsumerDeadLetterState::Resolved, which)
             .await
     }
 }
 
 impl MemoryStore {
     /// Moves the consumer dead letters `which` selects from `dead` to `to`, with the audit
-    /// record, under the transaction lock (no consumer transaction is open meanwhile).
+    /// record of `action`, under the transaction lock (no consumer transaction is open
+    /// meanwhile).
     async fn consumer_action(
         &self,
-        operation: &'static str,
+        action: &Action<'_>,
         to: ConsumerDeadLetterState,
         which: &ConsumerSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        let selection = serde_json::to_value(which).unwrap_or_default();
         let _tx = self.inner.tx_lock.lock().await;
         let n = {
             let mut guard = lock(&self.inner.consumer);
@@ -392,9 +381,9 @@ impl MemoryStore {
                     n += 1;
                 }
             }
-            lock(&self.inner.ops).record(actor, operation, &selection, reason, n);
+            lock(&self.inner.ops).record(action, n);
             n
         };
-        logged(actor, operation, &selection, reason, Ok(n), |n| *n)
+        action.logged(Ok(n), |n| *n)
     }
 }

@@ -5,9 +5,9 @@
 //! Every action changes the store and appends its [`AuditEntry`] under the same locks (the
 //! data's, then the operator state's, always in that order: outbox, consumer side, work items,
 //! operator state), so a reader never sees one without the other; a refused action changes
-//! nothing, records nothing, and is logged ([`log_action`]). Actions on the consumer side also
-//! hold the transaction lock, as a consumer's transaction would, so that no open transaction
-//! commits over them.
+//! nothing, records nothing, and is logged once ([`Action::check`]). Actions on the consumer
+//! side also hold the transaction lock, as a consumer's transaction would, so that no open
+//! transaction commits over them.
 //!
 //! What the fake does not model, and what it answers instead (what an empty database answers):
 //!
@@ -32,8 +32,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use outbox_core::consumer::ConsumerDeadLetterState;
-use outbox_core::operator::{Actor, AuditEntry, OperatorError, log_action};
-use serde_json::Value;
+use outbox_core::operator::{Action, AuditEntry};
 
 use super::{DeadLetterRow, OutboxRow};
 
@@ -114,16 +113,10 @@ impl OpsState {
         }
     }
 
-    /// Appends the record of an action; returns its id.
-    fn record(
-        &mut self,
-        actor: &Actor,
-        action: &str,
-        selection: &Value,
-        reason: &str,
-        affected: u64,
-    ) -> i64 {
+    /// Appends the record of `action`, which changed `affected` rows; returns its id.
+    fn record(&mut self, action: &Action<'_>, affected: u64) -> i64 {
         let id = self.audit.last().map_or(1, |a| a.id + 1);
+        let actor = action.actor();
         self.audit.push(AuditEntry {
             id,
             at: Utc::now(),
@@ -131,9 +124,9 @@ impl OpsState {
             via: actor.via().to_owned(),
             credential: actor.credential().map(str::to_owned),
             db_role: DB_ROLE.to_owned(),
-            action: action.to_owned(),
-            selection: selection.clone(),
-            reason: reason.to_owned(),
+            action: action.operation().to_owned(),
+            selection: action.selection().clone(),
+            reason: action.reason().to_owned(),
             affected: i64::try_from(affected).unwrap_or(i64::MAX),
         });
         id
@@ -146,25 +139,6 @@ impl OpsState {
             .ok()
             .map(|i| &self.audit[i])
     }
-}
-
-/// Logs the outcome of an action ([`log_action`]), `affected` telling the rows it changed.
-fn logged<T>(
-    actor: &Actor,
-    action: &str,
-    selection: &Value,
-    reason: &str,
-    result: Result<T, OperatorError>,
-    affected: impl FnOnce(&T) -> u64,
-) -> Result<T, OperatorError> {
-    log_action(
-        actor,
-        action,
-        selection,
-        reason,
-        result.as_ref().map(affected),
-    );
-    result
 }
 
 fn count(n: usize) -> i64 {

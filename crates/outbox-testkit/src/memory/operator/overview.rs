@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use chrono::Utc;
+use outbox_core::OutboxStats;
 use outbox_core::operator::{
     ConsumerView, Counting, Instance, MINUTES, OperatorError, Overview, OverviewOps, ProcessOps,
-    RouteView, Routes, WorkItems, check_bound, route_key,
+    RouteView, Routes, check_bound, route_key,
 };
 
 use super::{SCHEMA, count, is_open, work_stats};
@@ -20,13 +21,7 @@ impl OverviewOps for MemoryStore {
     /// The overview numbers; the schema is named `memory`, and `published_retained` is 0 (the
     /// fake deletes a row when it is published).
     async fn overview_counting(&self, counting: Counting) -> Result<Overview, OperatorError> {
-        let bound = match counting {
-            Counting::Exact => None,
-            Counting::UpTo(bound) => {
-                check_bound("overview", bound)?;
-                Some(bound)
-            }
-        };
+        let bound = counting.bound("overview")?;
         let cap = |n: i64| bound.map_or(n, |b| n.min(b));
         let now = Utc::now();
         let (mut pending, mut in_flight, mut retrying, mut dead, mut published) = (0, 0, 0, 0, 0);
@@ -67,28 +62,24 @@ impl OverviewOps for MemoryStore {
                 count(c.dead.values().filter(|d| is_open(d)).count()),
             )
         };
-        let effects = work_stats(&lock(&self.inner.work), None);
-        Ok(Overview {
-            schema: SCHEMA.to_owned(),
-            counted_up_to: bound,
+        let outbox = OutboxStats {
             pending: cap(pending),
-            oldest_pending_age_seconds: oldest.map_or(0.0, |d| d.as_secs_f64()),
+            oldest_pending_age: oldest,
             in_flight: cap(in_flight),
             retrying: cap(retrying),
-            dead_letters: cap(dead),
+            dead: cap(dead),
             published_retained: cap(published),
+        };
+        let mut effects = work_stats(&lock(&self.inner.work), None);
+        effects.failed = cap(effects.failed);
+        Ok(Overview::from_counts(
+            SCHEMA,
+            bound,
+            &outbox,
             inbox_conflicts,
             consumer_dead_letters,
-            work_items: WorkItems {
-                pending: effects.pending,
-                in_progress: effects.in_progress,
-                unknown: effects.unknown,
-                oldest_unknown_age_seconds: effects
-                    .oldest_unknown_age
-                    .map_or(0.0, |d| d.as_secs_f64()),
-                failed: cap(effects.failed),
-            },
-        })
+            &effects,
+        ))
     }
 }
 impl ProcessOps for MemoryStore {

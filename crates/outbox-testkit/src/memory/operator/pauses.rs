@@ -1,9 +1,9 @@
 //! Pauses of the [`MemoryStore`]: of routes (not claimed) and of consumers.
 
 use chrono::Utc;
-use outbox_core::operator::{Actor, OperatorError, Pause, PauseOps, PauseTarget};
+use outbox_core::operator::{Action, Actor, OperatorError, Pause, PauseOps, PauseTarget};
 
-use super::{PauseRow, logged};
+use super::PauseRow;
 use crate::memory::{MemoryStore, lock};
 
 impl PauseOps for MemoryStore {
@@ -36,17 +36,14 @@ impl PauseOps for MemoryStore {
         reason: &str,
     ) -> Result<Pause, OperatorError> {
         const OP: &str = "pause";
-        let selection = serde_json::to_value(target).unwrap_or_default();
+        let action = Action::new(OP, actor, target.audit_selection(), reason);
         let result = target.check_pause(OP, reason).and_then(|()| {
             let mut ops = lock(&self.inner.ops);
             let key = (target.kind(), target.name().to_owned());
             if ops.pauses.contains_key(&key) {
-                return Err(OperatorError::refused(
-                    OP,
-                    format!("{} {} is paused already", target.kind(), target.name()),
-                ));
+                return Err(target.paused_already(OP));
             }
-            let audit_id = ops.record(actor, OP, &selection, reason, 1);
+            let audit_id = ops.record(&action, 1);
             let paused_at = Utc::now();
             ops.pauses.insert(
                 key,
@@ -55,16 +52,9 @@ impl PauseOps for MemoryStore {
                     audit_id,
                 },
             );
-            Ok(Pause {
-                kind: target.kind().to_owned(),
-                name: target.name().to_owned(),
-                paused_at,
-                audit_id,
-                actor: Some(actor.name().to_owned()),
-                reason: Some(reason.to_owned()),
-            })
+            Ok(Pause::new(target, &action, paused_at, audit_id))
         });
-        logged(actor, OP, &selection, reason, result, |_| 1)
+        action.logged(result, |_| 1)
     }
 
     async fn resume(
@@ -74,19 +64,16 @@ impl PauseOps for MemoryStore {
         reason: &str,
     ) -> Result<(), OperatorError> {
         const OP: &str = "resume";
-        let selection = serde_json::to_value(target).unwrap_or_default();
+        let action = Action::new(OP, actor, target.audit_selection(), reason);
         let result = target.check(OP).and_then(|()| {
             let mut ops = lock(&self.inner.ops);
             match ops
                 .pauses
                 .remove(&(target.kind(), target.name().to_owned()))
             {
-                None => Err(OperatorError::not_found(
-                    OP,
-                    format!("{} {} is not paused", target.kind(), target.name()),
-                )),
+                None => Err(target.not_paused(OP)),
                 Some(_) => {
-                    ops.record(actor, OP, &selection, reason, 1);
+                    ops.record(&action, 1);
                     Ok(())
                 }
             }
@@ -95,6 +82,6 @@ impl PauseOps for MemoryStore {
         if result.is_ok() && matches!(target, PauseTarget::Route(_)) {
             self.inner.wake.notify_waiters();
         }
-        logged(actor, OP, &selection, reason, result, |()| 1)
+        action.logged(result, |()| 1)
     }
 }

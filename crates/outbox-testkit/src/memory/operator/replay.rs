@@ -1,10 +1,10 @@
 //! Replays of the [`MemoryStore`]: always refused (it keeps no published rows).
 
 use outbox_core::operator::{
-    Actor, OperatorError, RangePlan, RangeSelection, ReplayOps, ReplayPlan, ReplaySelection,
+    Action, Actor, OperatorError, RangePlan, RangeSelection, ReplayOps, ReplayPlan, ReplaySelection,
 };
 
-use super::{NO_PUBLISHED_ROWS, logged};
+use super::NO_PUBLISHED_ROWS;
 use crate::memory::MemoryStore;
 
 impl ReplayOps for MemoryStore {
@@ -17,16 +17,8 @@ impl ReplayOps for MemoryStore {
         actor: &Actor,
         reason: &str,
     ) -> Result<ReplayPlan, OperatorError> {
-        let selection = serde_json::to_value(which).unwrap_or_default();
-        let refused = Err(OperatorError::refused("replay", NO_PUBLISHED_ROWS));
-        logged(
-            actor,
-            "replay",
-            &selection,
-            reason,
-            refused,
-            |p: &ReplayPlan| u64::try_from(p.events).unwrap_or(0),
-        )
+        let action = Action::new("replay", actor, which.audit_selection(), reason);
+        Err(action.fail(OperatorError::refused("replay", NO_PUBLISHED_ROWS)))
     }
 
     /// Always refused (`Refused`): the fake keeps no published rows (see the module docs).
@@ -38,15 +30,7 @@ impl ReplayOps for MemoryStore {
         actor: &Actor,
         reason: &str,
     ) -> Result<RangePlan, OperatorError> {
-        let selection = serde_json::to_value(which).unwrap_or_default();
-        let refused = Err(OperatorError::refused("replay range", NO_PUBLISHED_ROWS));
-        logged(
-            actor,
-            "replay range",
-            &selection,
-            reason,
-            refused,
-            |p: &RangePlan| u64::try_from(p.events).unwrap_or(0),
-        )
+        let action = Action::new("replay range", actor, which.audit_selection(), reason);
+        Err(action.fail(OperatorError::refused("replay range", NO_PUBLISHED_ROWS)))
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use outbox_core::EventId;
 use outbox_core::operator::{
     AggregateTrace, AuditEntry, AuditOps, ConsumerProgress, DiscardedEvent, EventTrace,
-    InboxRecord, OperatorError, TraceOps, TracedEvent, check_limit,
+    InboxRecord, OperatorError, TraceOps, TracedEvent, page_size,
 };
 use serde_json::Value;
 
@@ -23,27 +23,14 @@ fn state_name(state: RowState) -> &'static str {
 }
 
 fn traced(r: &OutboxRow) -> TracedEvent {
-    let m = &r.msg;
-    TracedEvent {
-        id: m.id,
-        event_id: m.event_id,
-        aggregate_type: m.aggregate_type.clone(),
-        aggregate_id: m.aggregate_id.clone(),
-        aggregate_version: m.aggregate_version,
-        event_type: m.event_type.clone(),
-        schema_version: m.schema_version,
-        content_type: m.payload.content_type.0.clone(),
-        payload_sha256: m.fingerprint.to_hex(),
-        destination: m.destination.clone(),
-        partition_key: m.partition_key.clone(),
-        created_at: m.created_at,
-        state: state_name(r.state).to_owned(),
-        attempts: m.attempts,
-        available_at: r.available_at,
-        last_error: r.last_error.clone(),
+    TracedEvent::of_message(
+        &r.msg,
+        state_name(r.state),
+        r.available_at,
+        r.last_error.clone(),
         // Never set: a published row is deleted.
-        published_at: None,
-    }
+        None,
+    )
 }
 
 fn discarded_event(d: &Discard) -> DiscardedEvent {
@@ -67,13 +54,13 @@ impl AuditOps for MemoryStore {
         before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<AuditEntry>, OperatorError> {
-        check_limit("audit", limit)?;
+        let take = page_size("audit", limit)?;
         Ok(lock(&self.inner.ops)
             .audit
             .iter()
             .rev()
             .filter(|a| before.is_none_or(|b| a.id < b))
-            .take(usize::try_from(limit).unwrap_or(0))
+            .take(take)
             .cloned()
             .collect())
     }
@@ -172,8 +159,7 @@ impl TraceOps for MemoryStore {
         aggregate_id: &str,
         limit: i64,
     ) -> Result<AggregateTrace, OperatorError> {
-        check_limit("trace", limit)?;
-        let take = usize::try_from(limit).unwrap_or(0);
+        let take = page_size("trace", limit)?;
         let of = |t: &str, i: &str| t == aggregate_type && i == aggregate_id;
         let mut outbox: Vec<TracedEvent> = lock(&self.inner.outbox)
             .rows

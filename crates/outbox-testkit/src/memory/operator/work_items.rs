@@ -4,10 +4,10 @@
 use chrono::{DateTime, Utc};
 use outbox_core::effect::{EffectsStats, WorkItemState};
 use outbox_core::operator::{
-    Actor, OperatorError, Resolution, WorkItemOps, WorkItemRow, check_limit,
+    Action, Actor, OperatorError, Resolution, WorkItemOps, WorkItemRow, no_work_item,
+    not_reconcilable, page_size, work_item_selection,
 };
 
-use super::logged;
 use crate::memory::{MemoryStore, WorkRow, WorkState, age, lock};
 
 pub(super) fn work_item_row(r: &WorkRow) -> WorkItemRow {
@@ -74,7 +74,7 @@ impl WorkItemOps for MemoryStore {
         state: Option<&str>,
         limit: i64,
     ) -> Result<Vec<WorkItemRow>, OperatorError> {
-        check_limit("work items", limit)?;
+        let take = page_size("work items", limit)?;
         let state = match state {
             None => None,
             Some(name) => Some(WorkItemState::parse(name).ok_or_else(|| {
@@ -92,7 +92,7 @@ impl WorkItemOps for MemoryStore {
             .items
             .values()
             .filter(|r| state.is_none_or(|s| s == r.state))
-            .take(usize::try_from(limit).unwrap_or(0))
+            .take(take)
             .map(work_item_row)
             .collect())
     }
@@ -105,7 +105,7 @@ impl WorkItemOps for MemoryStore {
         reason: &str,
     ) -> Result<WorkItemRow, OperatorError> {
         const OP: &str = "resolve work item";
-        let selection = serde_json::json!({ "work_item": id, "resolution": resolution.name() });
+        let action = Action::new(OP, actor, resolution.audit_selection(id), reason);
         let result = {
             let mut w = lock(&self.inner.work);
             match w.items.get_mut(&id) {
@@ -146,7 +146,7 @@ impl WorkItemOps for MemoryStore {
                         // Clearing the lease fences off a lookup in flight.
                         r.lease = None;
                         r.updated_at = now;
-                        lock(&self.inner.ops).record(actor, OP, &selection, reason, 1);
+                        lock(&self.inner.ops).record(&action, 1);
                         Ok(work_item_row(r))
                     } else {
                         Err(OperatorError::refused(
@@ -161,7 +161,7 @@ impl WorkItemOps for MemoryStore {
                 }
             }
         };
-        logged(actor, OP, &selection, reason, result, |_| 1)
+        action.logged(result, |_| 1)
     }
 
     async fn reconcile_work_item(
@@ -171,27 +171,21 @@ impl WorkItemOps for MemoryStore {
         reason: &str,
     ) -> Result<(), OperatorError> {
         const OP: &str = "reconcile work item";
-        let selection = serde_json::json!({ "work_item": id });
+        let action = Action::new(OP, actor, work_item_selection(id), reason);
         let result = {
             let mut w = lock(&self.inner.work);
             match w.items.get_mut(&id) {
-                None => Err(OperatorError::not_found(OP, format!("no work item {id}"))),
+                None => Err(no_work_item(OP, id)),
                 Some(r) if r.state == WorkItemState::Unknown => {
                     let now = Utc::now();
                     r.next_attempt_at = now;
                     r.updated_at = now;
-                    lock(&self.inner.ops).record(actor, OP, &selection, reason, 1);
+                    lock(&self.inner.ops).record(&action, 1);
                     Ok(())
                 }
-                Some(r) => Err(OperatorError::refused(
-                    OP,
-                    format!(
-                        "work item {id} is {}: only an unknown outcome is reconciled",
-                        r.state.as_str()
-                    ),
-                )),
+                Some(r) => Err(not_reconcilable(OP, id, r.state.as_str())),
             }
         };
-        logged(actor, OP, &selection, reason, result, |()| 1)
+        action.logged(result, |()| 1)
     }
 }
