@@ -9,9 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestDb, database_url};
-use outbox_core::operator::{
-    Actor, DeadLetterOps as _, DeadLetterSelection, PauseOps as _, PauseTarget,
-};
 use outbox_core::relay::PollingFeed;
 use outbox_core::{NewMessage, OutboxStore as _};
 use outbox_postgres::cdc::{CdcConfig, CdcFeed, create_slot, ensure_publication, remove};
@@ -36,33 +33,6 @@ impl Outbox {
         let s = self.store.stats().await.expect("stats");
         usize::try_from(s.pending + s.dead).expect("counts")
     }
-
-    async fn set_route_paused(&self, route: &str, paused: bool) {
-        let target = PauseTarget::Route(route.to_owned());
-        let actor = Actor::new("suite", "test").expect("actor");
-        if paused {
-            self.store
-                .pause(&target, &actor, "feed suite")
-                .await
-                .expect("pause");
-        } else {
-            self.store
-                .resume(&target, &actor, "feed suite")
-                .await
-                .expect("resume");
-        }
-    }
-
-    async fn requeue_all(&self) -> u64 {
-        self.store
-            .requeue_dead_letters(
-                &DeadLetterSelection::All,
-                &Actor::new("suite", "test").expect("actor"),
-                "feed suite",
-            )
-            .await
-            .expect("requeue")
-    }
 }
 
 /// The [`FeedFixture`] methods both fixtures share: their feed (`self.feed`) and what their
@@ -85,12 +55,8 @@ macro_rules! outbox_fixture_methods {
             self.outbox.unpublished().await
         }
 
-        async fn requeue_all(&self) -> u64 {
-            self.outbox.requeue_all().await
-        }
-
-        async fn set_route_paused(&self, route: &str, paused: bool) {
-            self.outbox.set_route_paused(route, paused).await;
+        fn operator(&self) -> PgStore {
+            self.outbox.store.clone()
         }
     };
 }
@@ -103,6 +69,7 @@ struct Polling {
 
 impl FeedFixture for Polling {
     type Feed = PollingFeed<PgStore>;
+    type Operator = PgStore;
 
     async fn new() -> Self {
         let outbox = Outbox::new().await;
@@ -160,6 +127,7 @@ impl Drop for Cdc {
 
 impl FeedFixture for Cdc {
     type Feed = CdcFeed;
+    type Operator = PgStore;
 
     async fn new() -> Self {
         let outbox = Outbox::new().await;

@@ -16,6 +16,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outbox_core::operator::prelude::*;
+use outbox_core::operator::{Actor, DeadLetterSelection, PauseTarget};
 use outbox_core::relay::{FailedRow, Feed, FeedBatch, Settlement};
 use outbox_core::{EventId, NewMessage, OutboxMessage};
 
@@ -52,15 +54,46 @@ pub trait FeedFixture: Send + Sync + Sized + 'static {
     /// Outbox rows not published yet (pending or dead).
     fn unpublished(&self) -> impl Future<Output = usize> + Send;
 
-    /// An operator's requeue of every dead letter. Returns how many.
-    fn requeue_all(&self) -> impl Future<Output = u64> + Send;
+    /// The store's operator contract: the cases requeue dead letters and pause routes through
+    /// it, as an operator does.
+    type Operator: OperatorStore;
 
-    /// An operator's pause of the route `route` (a route key: `destination:<name>` or
-    /// `type:<aggregate type>`), or its resume when `paused` is false.
-    fn set_route_paused(&self, route: &str, paused: bool) -> impl Future<Output = ()> + Send;
+    /// The operator contract of the store the feed reads.
+    fn operator(&self) -> Self::Operator;
 
     /// Removes what the fixture created.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The suite's operator.
+fn actor() -> Actor {
+    Actor::new("suite", "test").expect("actor")
+}
+
+/// An operator's requeue of every dead letter. Returns how many.
+async fn requeue_all<F: FeedFixture>(f: &F) -> u64 {
+    f.operator()
+        .requeue_dead_letters(&DeadLetterSelection::All, &actor(), "feed suite")
+        .await
+        .expect("requeue")
+}
+
+/// An operator's pause of the route `route` (a route key: `destination:<name>` or
+/// `type:<aggregate type>`), or its resume when `paused` is false.
+async fn set_route_paused<F: FeedFixture>(f: &F, route: &str, paused: bool) {
+    let target = PauseTarget::Route(route.to_owned());
+    let store = f.operator();
+    if paused {
+        store
+            .pause(&target, &actor(), "feed suite")
+            .await
+            .expect("pause");
+    } else {
+        store
+            .resume(&target, &actor(), "feed suite")
+            .await
+            .expect("resume");
+    }
 }
 
 /// What a case decides for each event of a batch.
@@ -304,7 +337,7 @@ pub async fn a_dead_letter_holds_only_its_aggregate_until_requeued<F: FeedFixtur
         names(&held)
     );
     assert_eq!(f.unpublished().await, 2, "a/1 dead, a/2 pending");
-    assert_eq!(f.requeue_all().await, 1);
+    assert_eq!(requeue_all(&f).await, 1);
     let after = read_until(
         &*feed,
         &|_| Outcome::Publish,
@@ -382,7 +415,7 @@ pub async fn a_late_commit_is_handed_out_after_the_events_that_overtook_it<F: Fe
 pub async fn a_paused_route_holds_its_aggregates_until_resumed<F: FeedFixture>() {
     let f = F::new().await;
     let feed = f.feed();
-    f.set_route_paused("destination:held", true).await;
+    set_route_paused(&f, "destination:held", true).await;
     let held = |agg: &str, v: i64| {
         let mut m = msg(agg, v);
         m.destination = Some("held".into());
@@ -413,7 +446,7 @@ pub async fn a_paused_route_holds_its_aggregates_until_resumed<F: FeedFixture>()
         names(&seen)
     );
     assert_eq!(f.unpublished().await, 4, "a/2, a/3, c/1 and c/2 pending");
-    f.set_route_paused("destination:held", false).await;
+    set_route_paused(&f, "destination:held", false).await;
     let after = read_until(
         &*feed,
         &|_| Outcome::Publish,

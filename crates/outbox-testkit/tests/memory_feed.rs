@@ -4,9 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::operator::{
-    Actor, DeadLetterOps as _, DeadLetterSelection, PauseOps as _, PauseTarget,
-};
 use outbox_core::relay::PollingFeed;
 use outbox_core::{NewMessage, OutboxStore as _};
 use outbox_testkit::feed::FeedFixture;
@@ -20,6 +17,7 @@ struct MemoryFeedFixture {
 
 impl FeedFixture for MemoryFeedFixture {
     type Feed = PollingFeed<MemoryStore>;
+    type Operator = MemoryStore;
 
     async fn new() -> Self {
         let store = MemoryFixture::new().await;
@@ -48,33 +46,8 @@ impl FeedFixture for MemoryFeedFixture {
         usize::try_from(s.pending + s.dead).expect("counts")
     }
 
-    async fn requeue_all(&self) -> u64 {
-        self.store
-            .store()
-            .requeue_dead_letters(
-                &DeadLetterSelection::All,
-                &Actor::new("suite", "test").expect("actor"),
-                "feed suite",
-            )
-            .await
-            .expect("requeue")
-    }
-
-    async fn set_route_paused(&self, route: &str, paused: bool) {
-        let store = self.store.store();
-        let target = PauseTarget::Route(route.to_owned());
-        let actor = Actor::new("suite", "test").expect("actor");
-        if paused {
-            store
-                .pause(&target, &actor, "feed suite")
-                .await
-                .expect("pause");
-        } else {
-            store
-                .resume(&target, &actor, "feed suite")
-                .await
-                .expect("resume");
-        }
+    fn operator(&self) -> MemoryStore {
+        self.store.store()
     }
 
     async fn cleanup(&self) {

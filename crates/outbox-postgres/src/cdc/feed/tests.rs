@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use outbox_core::relay::log::{Leave, Waiting};
-use outbox_core::{NewMessage, OutboxMessage, Payload};
+use outbox_core::{NewMessage, Payload};
 use sqlx::PgPool;
 
 use super::row::Row;
@@ -69,50 +69,77 @@ async fn enqueue_open(
     (tx, id, xid)
 }
 
+/// A fresh schema of its own on the test database, a CDC feed over it (never started: the
+/// cases call its table statements), and the pool.
+struct Fixture {
+    pool: PgPool,
+    schema: Schema,
+    feed: CdcFeed,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Self {
+        let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPool::connect(&url)
+            .await
+            .expect("PostgreSQL on OUTBOX_TEST_DATABASE_URL");
+        let schema = Schema::new(&format!("{prefix}_{}", uuid::Uuid::now_v7().simple())).unwrap();
+        crate::migrate(&pool, &schema).await.unwrap();
+        let feed = CdcFeed::new(
+            &url,
+            pool.clone(),
+            schema.clone(),
+            CdcConfig::default(),
+            OnPublish::Delete,
+        );
+        Self { pool, schema, feed }
+    }
+
+    /// A new message of aggregate `t`/`id`, version 1.
+    fn message(id: &str) -> NewMessage {
+        NewMessage::new(
+            "t",
+            id,
+            1,
+            "T",
+            Payload::bytes("application/json", b"{}".to_vec()),
+        )
+    }
+
+    /// The one value of `sql` (`{s}` is the schema).
+    async fn scalar<T>(&self, sql: &str) -> T
+    where
+        T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    {
+        sqlx::query_scalar::<_, T>(sqlx::AssertSqlSafe(self.schema.render(sql)))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn remove(self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema.quoted()
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
 /// A dead letter of a row whose transaction the statement does not see yet is not counted
 /// as recorded (it would stay pending unseen, its position confirmed): it is kept for a
 /// later try, which records it once the transaction is visible. An open transaction stands
 /// for the window, as below.
 #[tokio::test]
 async fn a_dead_letter_of_a_row_not_visible_yet_is_recorded_later() {
-    let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let pool = PgPool::connect(&url)
-        .await
-        .expect("PostgreSQL on OUTBOX_TEST_DATABASE_URL");
-    let schema = Schema::new(&format!("cdc_late_dead_{}", uuid::Uuid::now_v7().simple())).unwrap();
-    crate::migrate(&pool, &schema).await.unwrap();
-    let feed = CdcFeed::new(
-        &url,
-        pool.clone(),
-        schema.clone(),
-        CdcConfig::default(),
-        OnPublish::Delete,
-    );
-    let new = NewMessage::new(
-        "t",
-        "a",
-        1,
-        "T",
-        Payload::bytes("application/json", b"{}".to_vec()),
-    );
-    let (tx, id, xid) = enqueue_open(&pool, &schema, &new).await;
-    let message = OutboxMessage {
-        id,
-        event_id: new.event_id,
-        aggregate_type: new.aggregate_type.clone(),
-        aggregate_id: new.aggregate_id.clone(),
-        aggregate_version: 1,
-        event_type: new.event_type.clone(),
-        schema_version: 1,
-        fingerprint: outbox_core::Fingerprint::of(&new.payload.bytes),
-        payload: new.payload.clone(),
-        headers: std::collections::BTreeMap::new(),
-        destination: None,
-        partition_key: None,
-        created_at: chrono::Utc::now(),
-        attempts: 1,
-    };
+    let f = Fixture::new("cdc_late_dead").await;
+    let new = Fixture::message("a");
+    let (tx, id, xid) = enqueue_open(&f.pool, &f.schema, &new).await;
+    let mut message = new.stored(id, chrono::Utc::now());
+    message.attempts = 1;
     let leave = || Leave {
         event: Waiting {
             row: Row::Message(message.clone()),
@@ -122,16 +149,8 @@ async fn a_dead_letter_of_a_row_not_visible_yet_is_recorded_later() {
         },
         dead: Some("refused".to_owned()),
     };
-    let state = || async {
-        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
-            "SELECT state FROM {}.events",
-            schema.quoted()
-        )))
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-    };
-    let (late, written) = feed.leave_rows(&[leave()]).await.unwrap();
+    let state = || f.scalar::<String>("SELECT state FROM {s}.events");
+    let (late, written) = f.feed.leave_rows(&[leave()]).await.unwrap();
     assert_eq!((late, written), (HashSet::from([id]), 0), "not seen yet");
     tx.commit().await.unwrap();
     assert_eq!(
@@ -139,16 +158,10 @@ async fn a_dead_letter_of_a_row_not_visible_yet_is_recorded_later() {
         "pending",
         "nothing recorded before it was seen"
     );
-    let (late, written) = feed.leave_rows(&[leave()]).await.unwrap();
+    let (late, written) = f.feed.leave_rows(&[leave()]).await.unwrap();
     assert_eq!((late, written), (HashSet::new(), 0));
     assert_eq!(state().await, "dead", "recorded once seen");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA {} CASCADE",
-        schema.quoted()
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    f.remove().await;
 }
 
 /// The window between a transaction's commit record reaching the log and the commit
@@ -156,40 +169,11 @@ async fn a_dead_letter_of_a_row_not_visible_yet_is_recorded_later() {
 /// its row is invisible to the settle's snapshot exactly as a row in that window is.
 #[tokio::test]
 async fn a_row_of_a_transaction_the_settle_does_not_see_yet_is_left_for_later() {
-    let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let pool = PgPool::connect(&url)
-        .await
-        .expect("PostgreSQL on OUTBOX_TEST_DATABASE_URL");
-    let schema = Schema::new(&format!("cdc_late_{}", uuid::Uuid::now_v7().simple())).unwrap();
-    crate::migrate(&pool, &schema).await.unwrap();
-    let feed = CdcFeed::new(
-        &url,
-        pool.clone(),
-        schema.clone(),
-        CdcConfig::default(),
-        OnPublish::Delete,
-    );
-    let message = |id: &str| {
-        NewMessage::new(
-            "t",
-            id,
-            1,
-            "T",
-            Payload::bytes("application/json", b"{}".to_vec()),
-        )
-    };
-    let count = || async {
-        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}.events",
-            schema.quoted()
-        )))
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-    };
+    let f = Fixture::new("cdc_late").await;
+    let (pool, schema, feed) = (&f.pool, &f.schema, &f.feed);
+    let count = || f.scalar::<i64>("SELECT count(*) FROM {s}.events");
 
-    let (tx, id, xid) = enqueue_open(&pool, &schema, &message("a")).await;
+    let (tx, id, xid) = enqueue_open(pool, schema, &Fixture::message("a")).await;
     let row = (id, xid & 0xFFFF_FFFF);
     assert_eq!(
         feed.settle_rows(&[row]).await.unwrap(),
@@ -205,7 +189,7 @@ async fn a_row_of_a_transaction_the_settle_does_not_see_yet_is_left_for_later() 
     let mut tx = pool.begin().await.unwrap();
     PgOutbox::new(schema.clone())
         .delete_in_transaction(true)
-        .enqueue(&mut *tx, &message("b"))
+        .enqueue(&mut *tx, &Fixture::message("b"))
         .await
         .unwrap();
     let (gone, xid): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -222,11 +206,5 @@ async fn a_row_of_a_transaction_the_settle_does_not_see_yet_is_left_for_later() 
             .unwrap()
             .is_empty()
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA {} CASCADE",
-        schema.quoted()
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    f.remove().await;
 }
