@@ -42,8 +42,6 @@ use consumer::drive_consumer;
 use verdict::{Replay, replay, verdict};
 
 const SCHEMA: &str = "outbox_demo";
-const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
-const DEFAULT_BROKER: &str = "nats://127.0.0.1:4222";
 const CONSUMER: &str = "reporting";
 /// The work-item kind of the demo's payouts.
 pub const PAYOUT_KIND: &str = "payout";
@@ -75,14 +73,8 @@ struct Ledger {
 
 /// Runs `outbox demo` and prints its verdict; exit status 1 when a check failed.
 pub async fn run(args: DemoArgs, ctx: &Context) -> Result<std::process::ExitCode> {
-    let db_url = ctx
-        .database_url
-        .clone()
-        .unwrap_or_else(|| DEFAULT_DB.to_owned());
-    let broker_url = ctx
-        .broker_url
-        .clone()
-        .unwrap_or_else(|| DEFAULT_BROKER.to_owned());
+    let db_url = ctx.database_url_or_local();
+    let broker_url = ctx.broker_url_or_local();
     let broker = ctx.brokers.find(&broker_url)?.name;
     println!(
         "outbox demo: {} payments from {} clients",

@@ -50,7 +50,27 @@ pub struct Context {
     pub settings: BrokerSettings,
 }
 
+/// The test tools' database when none was given: the local test database.
+const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// The test tools' broker when none was given: the local NATS.
+const DEFAULT_BROKER: &str = "nats://127.0.0.1:4222";
+
 impl Context {
+    /// The database URL given, or the local test database (the demo's and the crash
+    /// matrix's default).
+    fn database_url_or_local(&self) -> String {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DB.to_owned())
+    }
+
+    /// The broker URL given, or the local NATS.
+    fn broker_url_or_local(&self) -> String {
+        self.broker_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BROKER.to_owned())
+    }
+
     fn database_url(&self) -> Result<&str> {
         self.database_url.as_deref().context(
             "invalid configuration `database_url`: not set (use --database-url, OUTBOX_DATABASE_URL, DATABASE_URL or the config file)",

@@ -59,8 +59,6 @@ use cells::{CELLS, Cell};
 use env::Env;
 use report::splice_markdown_check;
 
-const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
-const DEFAULT_BROKER: &str = "nats://127.0.0.1:4222";
 const CONSUMER: &str = "reporting";
 /// Relay lease in the harness's relay configuration (seconds).
 const RELAY_LEASE_SECS: f64 = 3.0;
@@ -145,14 +143,8 @@ pub async fn run(args: MatrixArgs, ctx: &Context) -> Result<ExitCode> {
         list_cells(args.relay_mode);
         return Ok(ExitCode::SUCCESS);
     }
-    let db_url = ctx
-        .database_url
-        .clone()
-        .unwrap_or_else(|| DEFAULT_DB.to_owned());
-    let broker_url = ctx
-        .broker_url
-        .clone()
-        .unwrap_or_else(|| DEFAULT_BROKER.to_owned());
+    let db_url = ctx.database_url_or_local();
+    let broker_url = ctx.broker_url_or_local();
     let break_ack = parse_break(args.break_mode.as_deref())?;
     check_prefix(&args.prefix)?;
     let mode = args.relay_mode;
