@@ -11,9 +11,11 @@
 //! Settings travel as named sections ([`BrokerSettings`]): an entry reads its own sections
 //! (typically one named after the broker for the transport and one for the delivery source)
 //! and refuses unknown keys in them, so a typo in any section is reported at startup, whatever
-//! broker the URL names. TLS and credential files given on the command line
-//! ([`BrokerSettings::set_file`]) override the sections' own keys; an entry refuses a file kind
-//! it has no use for.
+//! broker the URL names. The source's section inherits the connection's security from the
+//! transport's unless it sets its own, and names the source after the consumer unless it
+//! names it itself ([`BrokerSettings::source_section`], [`BrokerSettings::consumer_name`]).
+//! TLS and credential files given on the command line ([`BrokerSettings::set_file`]) override
+//! the sections' own keys; an entry refuses a file kind it has no use for.
 //!
 //! What the rest of the toolkit must know of a broker without connecting to it comes from its
 //! entry too, so that the core holds no broker's names: the header names its wire binding sets
@@ -32,6 +34,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
+use crate::error::ConfigError;
 use crate::message::{OutboxMessage, ReservedHeaders};
 use crate::secrets::{Redactor, UrlRules};
 use crate::transport::{PublishError, PublishReceipt, Transport};
@@ -305,6 +308,12 @@ impl BrokerError {
         }
     }
 
+    /// A [`BrokerError::Config`] for a configuration's refusal, `error` naming the key in
+    /// `section`.
+    pub fn from_config(section: &str, error: ConfigError) -> Self {
+        Self::config(section, error.key, error.reason)
+    }
+
     /// A [`BrokerError::Connect`] for `broker` (its title) at `url`, redacted here by the
     /// generic rules ([`crate::secrets::redact_url`]).
     pub fn connect(broker: &'static str, url: &str, reason: impl std::fmt::Display) -> Self {
@@ -407,6 +416,46 @@ impl BrokerSettings {
             .is_some()
     }
 
+    /// A delivery source's section `source` as `S` (its defaults when absent), inheriting `key`
+    /// from the transport's section `transport` unless `source` sets it itself: then `inherit`
+    /// takes it from that section as `T`. What the source inherits is the connection's
+    /// security (TLS, authentication), so that one setting serves both sides.
+    ///
+    /// # Errors
+    /// [`BrokerError::Config`] naming the section that does not read as its type (`source`
+    /// first), as [`BrokerSettings::section`].
+    pub fn source_section<S, T>(
+        &self,
+        source: &str,
+        transport: &str,
+        key: &str,
+        inherit: impl FnOnce(&mut S, T),
+    ) -> Result<S, BrokerError>
+    where
+        S: serde::de::DeserializeOwned + Default,
+        T: serde::de::DeserializeOwned + Default,
+    {
+        let mut config = self.section(source)?;
+        if !self.sets(source, key) {
+            inherit(&mut config, self.section(transport)?);
+        }
+        Ok(config)
+    }
+
+    /// The consumer's name, as the default of a delivery source's setting `key` (its durable
+    /// consumer, group or queue): `Some` when connecting a consumer (`options` given, `None`
+    /// when only checking) whose section `section` does not set `key` itself.
+    pub fn consumer_name<'a>(
+        &self,
+        section: &str,
+        key: &str,
+        options: Option<&'a SourceOptions>,
+    ) -> Option<&'a str> {
+        options
+            .filter(|_| !self.sets(section, key))
+            .map(|o| o.consumer.as_str())
+    }
+
     /// The file overrides, by kind.
     pub fn files(&self) -> &BTreeMap<&'static str, PathBuf> {
         &self.files
@@ -440,6 +489,68 @@ pub struct SourceOptions {
     /// The consumer's name: the default durable consumer / queue name when the section does not
     /// set one.
     pub consumer: String,
+}
+
+/// `config` of `section`, once `validate` accepts it: the last step of
+/// [`Backend::transport_config`] and [`Backend::source_config`].
+///
+/// # Errors
+/// `validate`'s [`ConfigError`] as the [`BrokerError::Config`] of its key in `section`
+/// ([`BrokerError::from_config`]).
+pub fn validated<T>(
+    section: &str,
+    config: T,
+    validate: impl FnOnce(&T) -> Result<(), ConfigError>,
+) -> Result<T, BrokerError> {
+    validate(&config).map_err(|e| BrokerError::from_config(section, e))?;
+    Ok(config)
+}
+
+/// How a transport or a delivery source connects, from a URL and its configuration: what a
+/// [`Backend`]'s connectors call ([`Backend::connect_transport`],
+/// [`Backend::connect_source`]). A type that connects with an inherent `connect` of this
+/// signature implements it with [`impl_connect!`](crate::impl_connect).
+pub trait Connect: Sized {
+    /// Its configuration, as [`Backend::transport_config`] or [`Backend::source_config`]
+    /// builds it.
+    type Config: Send;
+    /// Why it could not connect (unreachable, refused, set-up failed), which the registry
+    /// reports as [`BrokerError::Connect`].
+    type Error: std::fmt::Display;
+
+    /// Connects to `url` with `config`.
+    ///
+    /// # Errors
+    /// [`Connect::Error`].
+    fn connect(
+        url: &str,
+        config: Self::Config,
+    ) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+}
+
+/// Implements [`Connect`](crate::broker::Connect) for transports and delivery sources that
+/// connect with an inherent `async fn connect(url: &str, config: Config) -> Result<Self, Error>`,
+/// as the toolkit's own do: `Type: Config => Error`, one a line.
+///
+/// ```ignore
+/// outbox_core::impl_connect! {
+///     AcmeTransport: AcmeConfig => AcmeConnectError,
+///     AcmeSource: AcmeConsumerConfig => AcmeConsumerError,
+/// }
+/// ```
+#[macro_export]
+macro_rules! impl_connect {
+    ($($ty:ty: $config:ty => $error:ty),+ $(,)?) => {$(
+        impl $crate::broker::Connect for $ty {
+            type Config = $config;
+            type Error = $error;
+
+            async fn connect(url: &str, config: $config) -> Result<Self, $error> {
+                // The inherent `connect`, which takes precedence over this one.
+                <$ty>::connect(url, config).await
+            }
+        }
+    )+};
 }
 
 /// Connects a transport: `(url, settings)`.
@@ -479,12 +590,17 @@ pub struct BrokerEntry {
     pub source: SourceConnector,
 }
 
-/// A transport crate's side of its [`BrokerEntry`]: how the settings become its two
-/// configurations, and how each side connects. The entry's functions are then [`check`],
-/// [`transport`] and [`source`] instantiated for it, which do what every broker does the same
-/// way: refuse file overrides outside [`Backend::FILES`], check both sections, connect, and
-/// report a connect error as [`BrokerError::Connect`] with the URL redacted by
-/// [`Backend::URL_RULES`].
+/// A transport crate's side of its [`BrokerEntry`]: its transport and its delivery source
+/// (each [`Connect`]ing from its configuration), and how the settings become their two
+/// configurations. The entry's functions are then [`check`], [`transport`] and [`source`]
+/// instantiated for it, which do what every broker does the same way: refuse file overrides
+/// outside [`Backend::FILES`], check both sections, connect, and report a connect error as
+/// [`BrokerError::Connect`] with the URL redacted by [`Backend::URL_RULES`].
+///
+/// A backend builds each configuration the same way: its section (the source's with
+/// [`BrokerSettings::source_section`], inheriting the connection's security, and
+/// [`BrokerSettings::consumer_name`] for the name of its durable consumer, group or queue),
+/// the file overrides applied to its own keys, then [`validated`].
 ///
 /// The entry of a made-up broker, "Acme MQ", whose binding writes `acme-*` headers and whose
 /// URLs may name a user alone:
@@ -511,7 +627,36 @@ pub struct BrokerEntry {
 ///         lone_userinfo_is_user: true,
 ///         shown_params: &["heartbeat"],
 ///     };
-///     // The configurations, the transport, the source and how they connect ...
+///     type Transport = AcmeTransport;
+///     type Source = AcmeSource;
+///
+///     fn transport_config(settings: &BrokerSettings) -> Result<AcmeConfig, BrokerError> {
+///         let mut config: AcmeConfig = settings.section("acme")?;
+///         apply_files(&mut config.tls, settings);
+///         broker::validated("acme", config, AcmeConfig::validate)
+///     }
+///
+///     fn source_config(
+///         settings: &BrokerSettings,
+///         options: Option<&SourceOptions>,
+///     ) -> Result<AcmeConsumerConfig, BrokerError> {
+///         let inherit = |c: &mut AcmeConsumerConfig, t: AcmeConfig| c.tls = t.tls;
+///         let mut config = settings.source_section("acme_consumer", "acme", "tls", inherit)?;
+///         if let Some(name) = settings.consumer_name("acme_consumer", "queue", options) {
+///             name.clone_into(&mut config.queue);
+///         }
+///         apply_files(&mut config.tls, settings);
+///         broker::validated("acme_consumer", config, AcmeConsumerConfig::validate)
+///     }
+/// }
+///
+/// /// The file overrides, over the TLS keys of either side.
+/// fn apply_files(tls: &mut AcmeTls, settings: &BrokerSettings) { /* ... */ }
+///
+/// // Both sides connect with their own `connect(url, config)`.
+/// outbox_core::impl_connect! {
+///     AcmeTransport: AcmeConfig => AcmeConnectError,
+///     AcmeSource: AcmeConsumerConfig => AcmeConsumerError,
 /// }
 /// ```
 pub trait Backend: 'static {
@@ -525,24 +670,18 @@ pub trait Backend: 'static {
     /// rules ([`UrlRules::NONE`]) unless it says more. Its entry gives the same value as
     /// [`BrokerEntry::url_rules`].
     const URL_RULES: UrlRules = UrlRules::NONE;
-    /// The transport's configuration.
-    type TransportConfig: Send;
-    /// The delivery source's configuration.
-    type SourceConfig: Send;
-    /// The transport.
-    type Transport: Transport;
-    /// The delivery source.
-    type Source: DeliverySource + Sync;
-    /// Why the transport could not connect.
-    type TransportError: std::fmt::Display;
-    /// Why the delivery source could not connect.
-    type SourceError: std::fmt::Display;
+    /// The transport, connecting from its configuration.
+    type Transport: Transport + Connect;
+    /// The delivery source, connecting from its configuration.
+    type Source: DeliverySource + Sync + Connect;
 
     /// The transport's configuration from `settings`, file overrides applied, validated.
     ///
     /// # Errors
     /// [`BrokerError::Config`] naming the section and key.
-    fn transport_config(settings: &BrokerSettings) -> Result<Self::TransportConfig, BrokerError>;
+    fn transport_config(
+        settings: &BrokerSettings,
+    ) -> Result<<Self::Transport as Connect>::Config, BrokerError>;
 
     /// The delivery source's configuration from `settings` and, when connecting, the
     /// consumer's `options` (`None` when only checking), file overrides applied, validated.
@@ -552,26 +691,31 @@ pub trait Backend: 'static {
     fn source_config(
         settings: &BrokerSettings,
         options: Option<&SourceOptions>,
-    ) -> Result<Self::SourceConfig, BrokerError>;
+    ) -> Result<<Self::Source as Connect>::Config, BrokerError>;
 
-    /// Connects the transport.
+    /// Connects the transport; by default with its [`Connect::connect`].
     ///
     /// # Errors
     /// The transport's connect error (unreachable, refused, set-up failed), which the registry
     /// reports as [`BrokerError::Connect`].
     fn connect_transport(
         url: &str,
-        config: Self::TransportConfig,
-    ) -> impl Future<Output = Result<Self::Transport, Self::TransportError>> + Send;
+        config: <Self::Transport as Connect>::Config,
+    ) -> impl Future<Output = Result<Self::Transport, <Self::Transport as Connect>::Error>> + Send
+    {
+        Self::Transport::connect(url, config)
+    }
 
-    /// Connects the delivery source.
+    /// Connects the delivery source; by default with its [`Connect::connect`].
     ///
     /// # Errors
     /// The source's connect error, which the registry reports as [`BrokerError::Connect`].
     fn connect_source(
         url: &str,
-        config: Self::SourceConfig,
-    ) -> impl Future<Output = Result<Self::Source, Self::SourceError>> + Send;
+        config: <Self::Source as Connect>::Config,
+    ) -> impl Future<Output = Result<Self::Source, <Self::Source as Connect>::Error>> + Send {
+        Self::Source::connect(url, config)
+    }
 }
 
 /// [`BrokerEntry::check`] of backend `B`: both configurations build from `settings`.

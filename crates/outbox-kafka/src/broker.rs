@@ -98,41 +98,31 @@ impl Backend for Kafka {
     const NAME: &'static str = "kafka";
     const TITLE: &'static str = "Kafka";
     const FILES: &'static [&'static str] = &[file::CA, file::CERT, file::KEY];
-    type TransportConfig = KafkaConfig;
-    type SourceConfig = KafkaConsumerConfig;
     type Transport = KafkaTransport;
     type Source = KafkaSource;
-    type TransportError = KafkaConnectError;
-    type SourceError = KafkaConsumerError;
 
     fn transport_config(settings: &BrokerSettings) -> Result<KafkaConfig, BrokerError> {
         let mut config: KafkaConfig = settings.section(TRANSPORT_SECTION)?;
         apply_files(&mut config.properties, settings, TRANSPORT_SECTION)?;
-        config
-            .validate()
-            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
-        Ok(config)
+        broker::validated(TRANSPORT_SECTION, config, KafkaConfig::validate)
     }
 
     fn source_config(
         settings: &BrokerSettings,
         options: Option<&SourceOptions>,
     ) -> Result<KafkaConsumerConfig, BrokerError> {
-        let mut config: KafkaConsumerConfig = settings.section(SOURCE_SECTION)?;
-        if !settings.sets(SOURCE_SECTION, "properties") {
-            let transport: KafkaConfig = settings.section(TRANSPORT_SECTION)?;
-            config.properties.0.extend(
-                transport
-                    .properties
-                    .0
-                    .into_iter()
-                    .filter(|(name, _)| is_security_property(name)),
-            );
-        }
-        if let Some(o) = options
-            && !settings.sets(SOURCE_SECTION, "group_id")
-        {
-            config.group_id.clone_from(&o.consumer);
+        let inherit = |c: &mut KafkaConsumerConfig, t: KafkaConfig| {
+            let security = t
+                .properties
+                .0
+                .into_iter()
+                .filter(|(name, _)| is_security_property(name));
+            c.properties.0.extend(security);
+        };
+        let mut config =
+            settings.source_section(SOURCE_SECTION, TRANSPORT_SECTION, "properties", inherit)?;
+        if let Some(name) = settings.consumer_name(SOURCE_SECTION, "group_id", options) {
+            name.clone_into(&mut config.group_id);
         }
         apply_files(&mut config.properties, settings, SOURCE_SECTION)?;
         // The registry's check runs without a consumer name: a placeholder group then stands
@@ -140,25 +130,13 @@ impl Backend for Kafka {
         if options.is_none() && config.group_id.is_empty() {
             config.group_id = "outbox-consumer".to_owned();
         }
-        config
-            .validate()
-            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
-        Ok(config)
+        broker::validated(SOURCE_SECTION, config, KafkaConsumerConfig::validate)
     }
+}
 
-    async fn connect_transport(
-        url: &str,
-        config: KafkaConfig,
-    ) -> Result<KafkaTransport, KafkaConnectError> {
-        KafkaTransport::connect(url, config).await
-    }
-
-    async fn connect_source(
-        url: &str,
-        config: KafkaConsumerConfig,
-    ) -> Result<KafkaSource, KafkaConsumerError> {
-        KafkaSource::connect(url, config).await
-    }
+outbox_core::impl_connect! {
+    KafkaTransport: KafkaConfig => KafkaConnectError,
+    KafkaSource: KafkaConsumerConfig => KafkaConsumerError,
 }
 
 #[cfg(test)]
@@ -217,22 +195,8 @@ mod tests {
     #[test]
     fn every_header_the_cloudevents_format_sets_is_reserved() {
         let payload = outbox_core::Payload::json(&1).unwrap();
-        let mut m = outbox_core::OutboxMessage {
-            id: 1,
-            event_id: uuid::Uuid::now_v7(),
-            aggregate_type: "payment".into(),
-            aggregate_id: "p-1".into(),
-            aggregate_version: 1,
-            event_type: "PaymentCreated".into(),
-            schema_version: 1,
-            fingerprint: payload.fingerprint(),
-            payload,
-            headers: Default::default(),
-            destination: None,
-            partition_key: None,
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+        let mut m = outbox_core::NewMessage::new("payment", "p-1", 1, "PaymentCreated", payload)
+            .stored(1, chrono::Utc::now());
         let headers = crate::wire_headers(&m, "/outbox").unwrap();
         assert!(!headers.is_empty());
         for (name, _) in headers {

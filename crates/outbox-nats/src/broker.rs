@@ -79,55 +79,33 @@ impl Backend for Nats {
         lone_userinfo_is_user: false,
         shown_params: &[],
     };
-    type TransportConfig = NatsConfig;
-    type SourceConfig = NatsConsumerConfig;
     type Transport = NatsTransport;
     type Source = NatsSource;
-    type TransportError = NatsConnectError;
-    type SourceError = NatsConsumerError;
 
     fn transport_config(settings: &BrokerSettings) -> Result<NatsConfig, BrokerError> {
         let mut config: NatsConfig = settings.section(TRANSPORT_SECTION)?;
         apply_files(&mut config.security, settings);
-        config
-            .validate()
-            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
-        Ok(config)
+        broker::validated(TRANSPORT_SECTION, config, NatsConfig::validate)
     }
 
     fn source_config(
         settings: &BrokerSettings,
         options: Option<&SourceOptions>,
     ) -> Result<NatsConsumerConfig, BrokerError> {
-        let mut config: NatsConsumerConfig = settings.section(SOURCE_SECTION)?;
-        if !settings.sets(SOURCE_SECTION, "security") {
-            config.security = settings.section::<NatsConfig>(TRANSPORT_SECTION)?.security;
-        }
-        if let Some(o) = options
-            && !settings.sets(SOURCE_SECTION, "durable_name")
-        {
-            config.durable_name.clone_from(&o.consumer);
+        let inherit = |c: &mut NatsConsumerConfig, t: NatsConfig| c.security = t.security;
+        let mut config =
+            settings.source_section(SOURCE_SECTION, TRANSPORT_SECTION, "security", inherit)?;
+        if let Some(name) = settings.consumer_name(SOURCE_SECTION, "durable_name", options) {
+            name.clone_into(&mut config.durable_name);
         }
         apply_files(&mut config.security, settings);
-        config
-            .validate()
-            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
-        Ok(config)
+        broker::validated(SOURCE_SECTION, config, NatsConsumerConfig::validate)
     }
+}
 
-    async fn connect_transport(
-        url: &str,
-        config: NatsConfig,
-    ) -> Result<NatsTransport, NatsConnectError> {
-        NatsTransport::connect(url, config).await
-    }
-
-    async fn connect_source(
-        url: &str,
-        config: NatsConsumerConfig,
-    ) -> Result<NatsSource, NatsConsumerError> {
-        NatsSource::connect(url, config).await
-    }
+outbox_core::impl_connect! {
+    NatsTransport: NatsConfig => NatsConnectError,
+    NatsSource: NatsConsumerConfig => NatsConsumerError,
 }
 
 #[cfg(test)]
@@ -148,6 +126,39 @@ mod tests {
         assert_eq!(r.redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
         assert_eq!(r.secrets("nats://s3cr3t@h"), vec!["s3cr3t".to_owned()]);
         assert!(r.secrets("nats://h:4222").is_empty());
+    }
+
+    #[test]
+    fn the_source_inherits_security_and_takes_the_consumers_name_unless_set() {
+        let opts = SourceOptions {
+            consumer: "billing".into(),
+        };
+        let mut settings = BrokerSettings::new()
+            .with_section(
+                TRANSPORT_SECTION,
+                serde_json::json!({"security": {"ca_file": "/ca.pem"}}),
+            )
+            .with_section(SOURCE_SECTION, serde_json::json!({}));
+        let c = Nats::source_config(&settings, Some(&opts)).unwrap();
+        assert_eq!(c.durable_name, "billing");
+        assert_eq!(c.security.ca_file.as_deref(), Some("/ca.pem".as_ref()));
+        // Only checking: no consumer, the section's own (default) name.
+        let c = Nats::source_config(&settings, None).unwrap();
+        assert_eq!(c.durable_name, "outbox-consumer");
+        settings.set_section(
+            SOURCE_SECTION,
+            serde_json::json!({"durable_name": "d1", "security": {}}),
+        );
+        let c = Nats::source_config(&settings, Some(&opts)).unwrap();
+        assert_eq!(c.durable_name, "d1");
+        assert_eq!(c.security.ca_file, None);
+        // A refusal names the section and the key.
+        settings.set_section(SOURCE_SECTION, serde_json::json!({"durable_name": "a b"}));
+        let e = (BROKER.check)(&settings).unwrap_err();
+        assert!(
+            matches!(&e, BrokerError::Config { key, .. } if key == "nats_consumer.durable_name"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -82,6 +82,82 @@ fn bad(key: &'static str, reason: impl Into<String>) -> Result<(), ConfigError> 
     Err(ConfigError::new(key, reason))
 }
 
+/// A side's configuration as the connect path reads it
+/// ([`connect_side`](crate::transport::connect_side)).
+pub(crate) trait ClientConfig {
+    /// Checks every key (the configuration's own `validate`).
+    fn check(&self) -> Result<(), ConfigError>;
+    /// TLS and authentication of the connection (its `security`).
+    fn client_security(&self) -> &NatsSecurity;
+    /// How long connecting may take (its `connect_timeout`).
+    fn client_connect_timeout(&self) -> Duration;
+}
+
+/// Checks the keys of the client connection both sides hold: each timeout (`(key, seconds)`)
+/// positive and, when `max_secs` is given, at most that; then the security settings.
+fn check_client_keys(
+    timeouts: [(&'static str, u64); 2],
+    max_secs: Option<u64>,
+    security: &NatsSecurity,
+) -> Result<(), ConfigError> {
+    for (key, secs) in timeouts {
+        match max_secs {
+            None if secs == 0 => return bad(key, "must be positive"),
+            Some(max) if secs == 0 || secs > max => {
+                return bad(key, format!("must be between 1 and {max}"));
+            }
+            _ => {}
+        }
+    }
+    security.validate()
+}
+
+/// What both sides' configurations do alike with the keys of their client connection
+/// (`connect_timeout_secs`, `ack_timeout_secs`, `security`): the timeouts as durations, their
+/// check ([`check_client_keys`], timeouts of at most `max_timeout_secs`, if given) and
+/// [`ClientConfig`].
+macro_rules! client_keys {
+    ($config:ident, max_timeout_secs: $max:expr) => {
+        impl $config {
+            #[doc = concat!("[`", stringify!($config), "::connect_timeout_secs`] as a duration.")]
+            pub fn connect_timeout(&self) -> Duration {
+                Duration::from_secs(self.connect_timeout_secs)
+            }
+
+            #[doc = concat!("[`", stringify!($config), "::ack_timeout_secs`] as a duration.")]
+            pub fn ack_timeout(&self) -> Duration {
+                Duration::from_secs(self.ack_timeout_secs)
+            }
+
+            /// Checks the keys of the client connection ([`check_client_keys`]).
+            fn check_client(&self) -> Result<(), ConfigError> {
+                let timeouts = [
+                    ("connect_timeout_secs", self.connect_timeout_secs),
+                    ("ack_timeout_secs", self.ack_timeout_secs),
+                ];
+                check_client_keys(timeouts, $max, &self.security)
+            }
+        }
+
+        impl ClientConfig for $config {
+            fn check(&self) -> Result<(), ConfigError> {
+                self.validate()
+            }
+
+            fn client_security(&self) -> &NatsSecurity {
+                &self.security
+            }
+
+            fn client_connect_timeout(&self) -> Duration {
+                self.connect_timeout()
+            }
+        }
+    };
+}
+
+client_keys!(NatsConfig, max_timeout_secs: None);
+client_keys!(NatsConsumerConfig, max_timeout_secs: Some(MAX_TIMEOUT_SECS));
+
 /// Placeholders [`NatsConfig::subject_template`] may contain.
 const PLACEHOLDERS: [&str; 3] = ["{aggregate_type}", "{aggregate_id}", "{event_type}"];
 
@@ -143,28 +219,12 @@ impl NatsConfig {
         if self.max_in_flight == 0 || self.max_in_flight > tokio::sync::Semaphore::MAX_PERMITS / 2 {
             return bad("max_in_flight", "must be at least 1 (and sanely bounded)");
         }
-        if self.connect_timeout_secs == 0 {
-            return bad("connect_timeout_secs", "must be positive");
-        }
-        if self.ack_timeout_secs == 0 {
-            return bad("ack_timeout_secs", "must be positive");
-        }
-        self.security.validate()
+        self.check_client()
     }
 
     /// [`NatsConfig::duplicate_window_secs`] as a duration.
     pub fn duplicate_window(&self) -> Duration {
         Duration::from_secs(self.duplicate_window_secs)
-    }
-
-    /// [`NatsConfig::connect_timeout_secs`] as a duration.
-    pub fn connect_timeout(&self) -> Duration {
-        Duration::from_secs(self.connect_timeout_secs)
-    }
-
-    /// [`NatsConfig::ack_timeout_secs`] as a duration.
-    pub fn ack_timeout(&self) -> Duration {
-        Duration::from_secs(self.ack_timeout_secs)
     }
 }
 
@@ -287,30 +347,12 @@ impl NatsConsumerConfig {
                 ),
             );
         }
-        for (key, v) in [
-            ("connect_timeout_secs", self.connect_timeout_secs),
-            ("ack_timeout_secs", self.ack_timeout_secs),
-        ] {
-            if v == 0 || v > MAX_TIMEOUT_SECS {
-                return bad(key, format!("must be between 1 and {MAX_TIMEOUT_SECS}"));
-            }
-        }
-        self.security.validate()
+        self.check_client()
     }
 
     /// [`NatsConsumerConfig::ack_wait_secs`] as a duration.
     pub fn ack_wait(&self) -> Duration {
         Duration::from_secs(self.ack_wait_secs)
-    }
-
-    /// [`NatsConsumerConfig::connect_timeout_secs`] as a duration.
-    pub fn connect_timeout(&self) -> Duration {
-        Duration::from_secs(self.connect_timeout_secs)
-    }
-
-    /// [`NatsConsumerConfig::ack_timeout_secs`] as a duration.
-    pub fn ack_timeout(&self) -> Duration {
-        Duration::from_secs(self.ack_timeout_secs)
     }
 
     /// The pull consumer configuration this config asks for.
@@ -349,6 +391,9 @@ mod tests {
         r.expect_err("config must be refused").key
     }
 
+    /// Changes a configuration must refuse, each with the key it must name.
+    type Refused<'a, C> = &'a [(&'static str, fn(&mut C))];
+
     #[test]
     fn defaults_are_valid() {
         let c = NatsConfig::default();
@@ -365,42 +410,38 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_key() {
-        assert_eq!(key_of(with(|c| c.stream = "A.B".into())), "stream");
-        assert_eq!(key_of(with(|c| c.stream = String::new())), "stream");
-        assert_eq!(
-            key_of(with(|c| c.stream_subjects.clear())),
-            "stream_subjects"
-        );
-        assert_eq!(
-            key_of(with(|c| c.stream_subjects = vec!["a..b".into()])),
-            "stream_subjects"
-        );
-        assert_eq!(
-            key_of(with(|c| c.subject_template = "a.{nope}".into())),
-            "subject_template"
-        );
-        assert_eq!(
-            key_of(with(|c| c.subject_template = "a.*.{event_type}".into())),
-            "subject_template"
-        );
-        assert_eq!(
-            key_of(with(|c| c.subject_template = "a..{event_type}".into())),
-            "subject_template"
-        );
-        assert_eq!(
-            key_of(with(|c| c.duplicate_window_secs = 0)),
-            "duplicate_window_secs"
-        );
-        assert_eq!(key_of(with(|c| c.source = " ".into())), "source");
-        assert_eq!(key_of(with(|c| c.source = "x".repeat(256))), "source");
-        assert_eq!(key_of(with(|c| c.max_in_flight = 0)), "max_in_flight");
-        assert_eq!(
-            key_of(with(|c| c.connect_timeout_secs = 0)),
-            "connect_timeout_secs"
-        );
-        assert_eq!(key_of(with(|c| c.ack_timeout_secs = 0)), "ack_timeout_secs");
+        let refused: Refused<NatsConfig> = &[
+            ("stream", |c| c.stream = "A.B".into()),
+            ("stream", |c| c.stream = String::new()),
+            ("stream_subjects", |c| c.stream_subjects.clear()),
+            ("stream_subjects", |c| {
+                c.stream_subjects = vec!["a..b".into()]
+            }),
+            ("subject_template", |c| {
+                c.subject_template = "a.{nope}".into()
+            }),
+            ("subject_template", |c| {
+                c.subject_template = "a.*.{event_type}".into();
+            }),
+            ("subject_template", |c| {
+                c.subject_template = "a..{event_type}".into();
+            }),
+            ("duplicate_window_secs", |c| c.duplicate_window_secs = 0),
+            ("source", |c| c.source = " ".into()),
+            ("source", |c| c.source = "x".repeat(256)),
+            ("max_in_flight", |c| c.max_in_flight = 0),
+            ("connect_timeout_secs", |c| c.connect_timeout_secs = 0),
+            ("ack_timeout_secs", |c| c.ack_timeout_secs = 0),
+        ];
+        for (i, &(key, change)) in refused.iter().enumerate() {
+            assert_eq!(key_of(with(change)), key, "case {i}");
+        }
         let e = with(|c| c.max_in_flight = 0).unwrap_err();
         assert!(e.to_string().contains("`max_in_flight`"), "{e}");
+        // The transport's timeouts are only bounded below.
+        let e = with(|c| c.ack_timeout_secs = 0).unwrap_err();
+        assert_eq!(e.reason, "must be positive");
+        assert!(with(|c| c.connect_timeout_secs = 301).is_ok());
     }
 
     #[test]
@@ -430,51 +471,31 @@ mod tests {
 
     #[test]
     fn bad_consumer_values_name_their_key() {
-        assert_eq!(key_of(consumer_with(|c| c.stream = "A.B".into())), "stream");
-        assert_eq!(
-            key_of(consumer_with(|c| c.durable_name = String::new())),
-            "durable_name"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.durable_name = "a b".into())),
-            "durable_name"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.filter_subject = "a..b".into())),
-            "filter_subject"
-        );
-        assert!(consumer_with(|c| c.filter_subject = "outbox.*.x".into()).is_ok());
-        assert_eq!(
-            key_of(consumer_with(|c| c.ack_wait_secs = 0)),
-            "ack_wait_secs"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.max_ack_pending = 0)),
-            "max_ack_pending"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.max_message_bytes = 0)),
-            "max_message_bytes"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.connect_timeout_secs = 0)),
-            "connect_timeout_secs"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.ack_timeout_secs = 301)),
-            "ack_timeout_secs"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| c.prefetch = MAX_PREFETCH + 1)),
-            "prefetch"
-        );
-        assert_eq!(
-            key_of(consumer_with(|c| {
+        let refused: Refused<NatsConsumerConfig> = &[
+            ("stream", |c| c.stream = "A.B".into()),
+            ("durable_name", |c| c.durable_name = String::new()),
+            ("durable_name", |c| c.durable_name = "a b".into()),
+            ("filter_subject", |c| c.filter_subject = "a..b".into()),
+            ("ack_wait_secs", |c| c.ack_wait_secs = 0),
+            ("max_ack_pending", |c| c.max_ack_pending = 0),
+            ("max_message_bytes", |c| c.max_message_bytes = 0),
+            ("connect_timeout_secs", |c| c.connect_timeout_secs = 0),
+            ("ack_timeout_secs", |c| c.ack_timeout_secs = 301),
+            ("prefetch", |c| c.prefetch = MAX_PREFETCH + 1),
+            ("prefetch", |c| {
                 c.max_ack_pending = 10;
                 c.prefetch = 11;
-            })),
-            "prefetch"
+            }),
+        ];
+        for (i, &(key, change)) in refused.iter().enumerate() {
+            assert_eq!(key_of(consumer_with(change)), key, "case {i}");
+        }
+        let e = consumer_with(|c| c.connect_timeout_secs = 0).unwrap_err();
+        assert_eq!(
+            e.reason,
+            format!("must be between 1 and {MAX_TIMEOUT_SECS}")
         );
+        assert!(consumer_with(|c| c.filter_subject = "outbox.*.x".into()).is_ok());
         assert!(
             consumer_with(|c| {
                 c.max_ack_pending = 10;

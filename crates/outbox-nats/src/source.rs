@@ -174,9 +174,8 @@ use outbox_core::wire::{DecodeError, EventIdentity, IncomingEvent};
 
 use crate::binding::{decode_raw, identify_raw};
 use crate::config::NatsConsumerConfig;
-use crate::connection::{
-    ClientConnectError, connect_client, is_stream_not_found, logged_connect_options,
-};
+use crate::connection::{ClientConnectError, is_stream_not_found, logged_connect_options};
+use crate::transport::connect_side;
 #[cfg(doc)]
 use {crate::RAW_HEADER_BLOCK, outbox_core::consumer::Delivery};
 
@@ -305,8 +304,7 @@ impl NatsSource {
         fields(server = %redact_url(url), stream = %config.stream, durable = %config.durable_name)
     )]
     pub async fn connect(url: &str, config: NatsConsumerConfig) -> Result<Self, NatsConsumerError> {
-        let options = logged_connect_options("outbox-consumer");
-        Self::connect_with_options(url, options, config).await
+        Self::connect_with_options(url, logged_connect_options("outbox-consumer"), config).await
     }
 
     /// Like [`NatsSource::connect`] with caller-built [`ConnectOptions`] (event callback, or
@@ -323,11 +321,7 @@ impl NatsSource {
         options: ConnectOptions,
         config: NatsConsumerConfig,
     ) -> Result<Self, NatsConsumerError> {
-        config.validate()?;
-        let timeout = config.connect_timeout();
-        let client =
-            connect_client::<NatsConsumerError>(url, options, &config.security, timeout).await?;
-        Self::from_client(client, config).await
+        connect_side(url, options, config, Self::from_client).await
     }
 
     /// Wraps an already connected client, then gets or creates the durable pull consumer:

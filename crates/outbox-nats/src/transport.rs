@@ -15,7 +15,7 @@ use outbox_core::{
 use tokio::sync::Semaphore;
 
 use crate::binding::{build_headers, header_map, headers_wire_len, subject_of};
-use crate::config::NatsConfig;
+use crate::config::{ClientConfig, NatsConfig};
 use crate::connection::{
     ClientConnectError, connect_client, is_stream_not_found, logged_connect_options,
 };
@@ -72,6 +72,28 @@ impl ClientConnectError for NatsConnectError {
     }
 }
 
+/// How both sides connect ([`NatsTransport::connect_with_options`],
+/// [`NatsSource::connect_with_options`](crate::NatsSource::connect_with_options)): `config`
+/// checked, the client connected as its security and connect timeout say
+/// ([`connect_client`]), then handed over with `config` to the side's `from_client`.
+pub(crate) async fn connect_side<C, S, E, F>(
+    url: &str,
+    options: ConnectOptions,
+    config: C,
+    from_client: impl FnOnce(async_nats::Client, C) -> F,
+) -> Result<S, E>
+where
+    C: ClientConfig,
+    E: ClientConnectError + From<ConfigError>,
+    F: Future<Output = Result<S, E>>,
+{
+    config.check()?;
+    let security = config.client_security();
+    let client =
+        connect_client::<E>(url, options, security, config.client_connect_timeout()).await?;
+    from_client(client, config).await
+}
+
 /// The NATS JetStream [`Transport`].
 ///
 /// Cheap to clone: clones share the connection and the in-flight bound.
@@ -110,8 +132,7 @@ impl NatsTransport {
         fields(server = %redact_url(url), stream = %config.stream)
     )]
     pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, NatsConnectError> {
-        let options = logged_connect_options("outbox-relay");
-        Self::connect_with_options(url, options, config).await
+        Self::connect_with_options(url, logged_connect_options("outbox-relay"), config).await
     }
 
     /// Like [`NatsTransport::connect`] with caller-built [`ConnectOptions`] (event callback,
@@ -127,11 +148,7 @@ impl NatsTransport {
         options: ConnectOptions,
         config: NatsConfig,
     ) -> Result<Self, NatsConnectError> {
-        config.validate()?;
-        let timeout = config.connect_timeout();
-        let client =
-            connect_client::<NatsConnectError>(url, options, &config.security, timeout).await?;
-        Self::from_client(client, config).await
+        connect_side(url, options, config, Self::from_client).await
     }
 
     /// Wraps an already connected client (for embedding or tests), then looks up or creates the

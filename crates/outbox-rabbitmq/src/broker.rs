@@ -76,55 +76,33 @@ impl Backend for Rabbit {
     const TITLE: &'static str = "RabbitMQ";
     const FILES: &'static [&'static str] = &[file::CA, file::CERT, file::KEY];
     const URL_RULES: UrlRules = URL_RULES;
-    type TransportConfig = RabbitConfig;
-    type SourceConfig = RabbitConsumerConfig;
     type Transport = RabbitTransport;
     type Source = RabbitSource;
-    type TransportError = RabbitConnectError;
-    type SourceError = RabbitConnectError;
 
     fn transport_config(settings: &BrokerSettings) -> Result<RabbitConfig, BrokerError> {
         let mut config: RabbitConfig = settings.section(TRANSPORT_SECTION)?;
         apply_files(&mut config.tls, settings);
-        config
-            .validate()
-            .map_err(|e| BrokerError::config(TRANSPORT_SECTION, e.key, e.reason))?;
-        Ok(config)
+        broker::validated(TRANSPORT_SECTION, config, RabbitConfig::validate)
     }
 
     fn source_config(
         settings: &BrokerSettings,
         options: Option<&SourceOptions>,
     ) -> Result<RabbitConsumerConfig, BrokerError> {
-        let mut config: RabbitConsumerConfig = settings.section(SOURCE_SECTION)?;
-        if !settings.sets(SOURCE_SECTION, "tls") {
-            config.tls = settings.section::<RabbitConfig>(TRANSPORT_SECTION)?.tls;
-        }
-        if let Some(o) = options
-            && !settings.sets(SOURCE_SECTION, "queue")
-        {
-            config.queue.clone_from(&o.consumer);
+        let inherit = |c: &mut RabbitConsumerConfig, t: RabbitConfig| c.tls = t.tls;
+        let mut config =
+            settings.source_section(SOURCE_SECTION, TRANSPORT_SECTION, "tls", inherit)?;
+        if let Some(name) = settings.consumer_name(SOURCE_SECTION, "queue", options) {
+            name.clone_into(&mut config.queue);
         }
         apply_files(&mut config.tls, settings);
-        config
-            .validate()
-            .map_err(|e| BrokerError::config(SOURCE_SECTION, e.key, e.reason))?;
-        Ok(config)
+        broker::validated(SOURCE_SECTION, config, RabbitConsumerConfig::validate)
     }
+}
 
-    async fn connect_transport(
-        url: &str,
-        config: RabbitConfig,
-    ) -> Result<RabbitTransport, RabbitConnectError> {
-        RabbitTransport::connect(url, config).await
-    }
-
-    async fn connect_source(
-        url: &str,
-        config: RabbitConsumerConfig,
-    ) -> Result<RabbitSource, RabbitConnectError> {
-        RabbitSource::connect(url, config).await
-    }
+outbox_core::impl_connect! {
+    RabbitTransport: RabbitConfig => RabbitConnectError,
+    RabbitSource: RabbitConsumerConfig => RabbitConnectError,
 }
 
 #[cfg(test)]
