@@ -38,6 +38,50 @@ pub struct Ledger {
     pub players: i64,
 }
 
+impl Ledger {
+    /// The ledger database's numbers.
+    async fn read(ledger: &PgPool) -> Result<Self> {
+        let (postings, bets_paid, bets_paid_twice): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(DISTINCT bet_id), \
+         (SELECT count(*) FROM (SELECT bet_id FROM ledger_postings GROUP BY bet_id \
+                                HAVING count(*) > 1) twice) \
+         FROM ledger_postings",
+        )
+        .fetch_one(ledger)
+        .await?;
+        let unbalanced_postings: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM ledger_postings p WHERE \
+         (SELECT count(*) FILTER (WHERE side = 'debit') || '/' || \
+                 count(*) FILTER (WHERE side = 'credit') \
+          FROM ledger_entries e WHERE e.business_key = p.business_key) <> '1/1'",
+        )
+        .fetch_one(ledger)
+        .await?;
+        let (debits, credits, house, players): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT coalesce(sum(amount) FILTER (WHERE side = 'debit'), 0)::bigint, \
+                coalesce(sum(amount) FILTER (WHERE side = 'credit'), 0)::bigint, \
+                coalesce(sum(CASE side WHEN 'credit' THEN amount ELSE -amount END) \
+                         FILTER (WHERE account = $1), 0)::bigint, \
+                coalesce(sum(CASE side WHEN 'credit' THEN amount ELSE -amount END) \
+                         FILTER (WHERE account <> $1), 0)::bigint \
+         FROM ledger_entries",
+        )
+        .bind(HOUSE_ACCOUNT)
+        .fetch_one(ledger)
+        .await?;
+        Ok(Self {
+            postings,
+            bets_paid,
+            bets_paid_twice,
+            unbalanced_postings,
+            debits,
+            credits,
+            house,
+            players,
+        })
+    }
+}
+
 /// Everything counted at one moment.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -170,34 +214,7 @@ impl Snapshot {
         )
         .fetch_one(history)
         .await?;
-        let (postings, bets_paid, bets_paid_twice): (i64, i64, i64) = sqlx::query_as(
-            "SELECT count(*), count(DISTINCT bet_id), \
-             (SELECT count(*) FROM (SELECT bet_id FROM ledger_postings GROUP BY bet_id \
-                                    HAVING count(*) > 1) twice) \
-             FROM ledger_postings",
-        )
-        .fetch_one(ledger)
-        .await?;
-        let unbalanced_postings: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM ledger_postings p WHERE \
-             (SELECT count(*) FILTER (WHERE side = 'debit') || '/' || \
-                     count(*) FILTER (WHERE side = 'credit') \
-              FROM ledger_entries e WHERE e.business_key = p.business_key) <> '1/1'",
-        )
-        .fetch_one(ledger)
-        .await?;
-        let (debits, credits, house, players): (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT coalesce(sum(amount) FILTER (WHERE side = 'debit'), 0)::bigint, \
-                    coalesce(sum(amount) FILTER (WHERE side = 'credit'), 0)::bigint, \
-                    coalesce(sum(CASE side WHEN 'credit' THEN amount ELSE -amount END) \
-                             FILTER (WHERE account = $1), 0)::bigint, \
-                    coalesce(sum(CASE side WHEN 'credit' THEN amount ELSE -amount END) \
-                             FILTER (WHERE account <> $1), 0)::bigint \
-             FROM ledger_entries",
-        )
-        .bind(HOUSE_ACCOUNT)
-        .fetch_one(ledger)
-        .await?;
+        let ledger_numbers = Ledger::read(ledger).await?;
         let (mut won, mut payouts) = (HashMap::new(), HashMap::new());
         if full {
             let rows: Vec<(String, i64, i32)> =
@@ -248,16 +265,7 @@ impl Snapshot {
             history_settled,
             history_wrong_events,
             totals_wrong,
-            ledger: Ledger {
-                postings,
-                bets_paid,
-                bets_paid_twice,
-                unbalanced_postings,
-                debits,
-                credits,
-                house,
-                players,
-            },
+            ledger: ledger_numbers,
             payouts,
             bets_db: overview(bets).overview().await?,
             history_db: overview(history).overview().await?,
@@ -317,14 +325,14 @@ impl Snapshot {
 /// The checks of the table of the story's end state, in order (the run adds those of the
 /// load's requests and of the kills).
 pub fn checks(s: &Snapshot, load: &LoadReport, injected: &Injected) -> Vec<Check> {
-    let l = &s.ledger;
-    let matching = s
-        .won
-        .iter()
-        .filter(|(id, (stake, odds))| s.payouts.get(*id) == Some(&payout_of(*stake, *odds)))
-        .count() as i64;
-    let resent_payout = s.payouts.get(&injected.bet_id).copied().unwrap_or(0);
-    let conflicts_total = s.ledger_db.inbox_conflicts + s.history_db.inbox_conflicts;
+    let mut all = bets_and_history(s, load);
+    all.extend(ledger_checks(s));
+    all.extend(resent_and_left(s, injected));
+    all
+}
+
+/// The bets and the history projection against the load's answers.
+fn bets_and_history(s: &Snapshot, load: &LoadReport) -> Vec<Check> {
     vec![
         eq(
             "bets accepted (bets DB) = accepted answers",
@@ -361,6 +369,18 @@ pub fn checks(s: &Snapshot, load: &LoadReport, injected: &Injected) -> Vec<Check
             0,
             s.totals_wrong,
         ),
+    ]
+}
+
+/// The ledger: one balanced posting per won bet, of the right amount.
+fn ledger_checks(s: &Snapshot) -> Vec<Check> {
+    let l = &s.ledger;
+    let matching = s
+        .won
+        .iter()
+        .filter(|(id, (stake, odds))| s.payouts.get(*id) == Some(&payout_of(*stake, *odds)))
+        .count() as i64;
+    vec![
         eq(
             "ledger payouts (distinct bet ids) = bets won",
             s.bets_won,
@@ -401,6 +421,14 @@ pub fn checks(s: &Snapshot, load: &LoadReport, injected: &Injected) -> Vec<Check
             s.bets_won,
             matching,
         ),
+    ]
+}
+
+/// The re-sent and re-emitted events, and what is left in the outboxes and dead letters.
+fn resent_and_left(s: &Snapshot, injected: &Injected) -> Vec<Check> {
+    let resent_payout = s.payouts.get(&injected.bet_id).copied().unwrap_or(0);
+    let conflicts_total = s.ledger_db.inbox_conflicts + s.history_db.inbox_conflicts;
+    vec![
         eq(
             "re-sent event: conflict recorded at payouts (ledger DB)",
             1,
