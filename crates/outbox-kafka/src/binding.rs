@@ -253,12 +253,7 @@ pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
 /// [`DecodeError`] naming the first problem; an attribute found only among the binary headers
 /// is [`DecodeError::Invalid`].
 pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
-    if raw.payload.len() > max_bytes {
-        return Err(DecodeError::TooLarge {
-            size: raw.payload.len(),
-            max: max_bytes,
-        });
-    }
+    raw.check_size(max_bytes)?;
     if let Some(key) = raw
         .binary_headers
         .keys()
@@ -283,19 +278,12 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
     if let Some(refused) = raw.binary_attribute(CE_PREFIX) {
         return Err(refused);
     }
-    let content_type = raw
-        .content_type
-        .clone()
-        .or_else(|| raw.header(CONTENT_TYPE_HEADER))
-        .filter(|c| !c.trim().is_empty());
     // A user header whose value is not UTF-8 reaches the handler with U+FFFD for the bytes
     // that are not (as on RabbitMQ); its bytes stay in the raw message.
-    let user_headers = raw.user_headers(&PROTOCOL_HEADERS);
-    wire::decode(
+    raw.decode_binary(
         |name| raw.header(&format!("{CE_PREFIX}{name}")),
-        content_type,
-        raw.payload.clone(),
-        user_headers,
+        CONTENT_TYPE_HEADER,
+        &PROTOCOL_HEADERS,
         max_bytes,
     )
 }

@@ -211,12 +211,7 @@ pub fn identify_raw(raw: &RawMessage) -> EventIdentity {
 /// whose value is not UTF-8, missing or invalid (including a malformed percent-encoding); a
 /// fingerprint mismatch.
 pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, DecodeError> {
-    if raw.payload.len() > max_bytes {
-        return Err(DecodeError::TooLarge {
-            size: raw.payload.len(),
-            max: max_bytes,
-        });
-    }
+    raw.check_size(max_bytes)?;
     if let Some(block) = raw_header_block(raw) {
         let problem = header_block::read(block)
             .problem
@@ -239,17 +234,10 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
         })?;
         attributes.insert(name, value);
     }
-    let content_type = raw
-        .content_type
-        .clone()
-        .or_else(|| raw.header(CONTENT_TYPE_HEADER))
-        .filter(|c| !c.trim().is_empty());
-    let user_headers = raw.user_headers(&PROTOCOL_HEADERS);
-    wire::decode(
+    raw.decode_binary(
         |name| attributes.get(name).cloned(),
-        content_type,
-        raw.payload.clone(),
-        user_headers,
+        CONTENT_TYPE_HEADER,
+        &PROTOCOL_HEADERS,
         max_bytes,
     )
 }

@@ -62,6 +62,49 @@ pub struct RawMessage {
 pub const HEADER_KEY_ESCAPE: char = '\0';
 
 impl RawMessage {
+    /// A binding's first check: [`DecodeError::TooLarge`] when the body is over `max_bytes`
+    /// (before any header is looked at, so an oversize message is refused as such).
+    ///
+    /// # Errors
+    /// [`DecodeError::TooLarge`] with the body's size and the bound.
+    pub fn check_size(&self, max_bytes: usize) -> Result<(), DecodeError> {
+        if self.payload.len() > max_bytes {
+            return Err(DecodeError::TooLarge {
+                size: self.payload.len(),
+                max: max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The last step of a binding's decode, once its own checks passed: the content type (the
+    /// protocol's, else the header `content_type_header`; empty counts as none), the user
+    /// headers ([`RawMessage::user_headers`] without the names `protocol` reserves), and
+    /// [`crate::wire::decode`] with the CloudEvents attributes `attribute` reads.
+    ///
+    /// # Errors
+    /// [`crate::wire::decode`]'s [`DecodeError`]s.
+    pub fn decode_binary(
+        &self,
+        attribute: impl Fn(&'static str) -> Option<String>,
+        content_type_header: &str,
+        protocol: &crate::ReservedHeaders,
+        max_bytes: usize,
+    ) -> Result<IncomingEvent, DecodeError> {
+        let content_type = self
+            .content_type
+            .clone()
+            .or_else(|| self.header(content_type_header))
+            .filter(|c| !c.trim().is_empty());
+        crate::wire::decode(
+            attribute,
+            content_type,
+            self.payload.clone(),
+            self.user_headers(protocol),
+            max_bytes,
+        )
+    }
+
     /// The text header `name`, in any case (`headers`); several matches joined with `, `.
     pub fn header(&self, name: &str) -> Option<String> {
         crate::wire::header_ci(&self.headers, name)
