@@ -441,11 +441,17 @@ impl<R: LogRow> LogScheduler<R> {
                 keep.push_back(aggregate);
                 continue;
             }
-            let n = queue
-                .iter()
-                .take(max_rows - out.len())
-                .take_while(|w| !Self::is_paused(&self.paused_routes, &w.row))
-                .count();
+            let room = max_rows - out.len();
+            // Walked event by event only while some route is paused.
+            let n = if self.paused_routes.is_empty() {
+                queue.len().min(room)
+            } else {
+                queue
+                    .iter()
+                    .take(room)
+                    .take_while(|w| !Self::is_paused(&self.paused_routes, &w.row))
+                    .count()
+            };
             if n == 0 {
                 paused.push(aggregate);
                 continue;
