@@ -4,19 +4,21 @@
 //! same cases.
 
 mod common;
+#[path = "support/pg_fixture.rs"]
+mod pg_fixture;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestDb, database_url};
-use outbox_core::relay::PollingFeed;
 use outbox_core::{NewMessage, OutboxStore as _};
 use outbox_postgres::cdc::{CdcConfig, CdcFeed, create_slot, ensure_publication, remove};
 use outbox_postgres::{OnPublish, PgStore};
 use outbox_testkit::feed::FeedFixture;
 use outbox_testkit::fixture::HeldProducer;
+use pg_fixture::PgFixture;
 
-/// What both fixtures share: a fresh schema and its store.
+/// A fresh schema and its store, under the CDC feed.
 struct Outbox {
     db: TestDb,
     store: PgStore,
@@ -27,68 +29,6 @@ impl Outbox {
         let db = TestDb::new().await;
         let store = db.store();
         Self { db, store }
-    }
-
-    async fn unpublished(&self) -> usize {
-        let s = self.store.stats().await.expect("stats");
-        usize::try_from(s.pending + s.dead).expect("counts")
-    }
-}
-
-/// The [`FeedFixture`] methods both fixtures share: their feed (`self.feed`) and what their
-/// [`Outbox`] (`self.outbox`) does.
-macro_rules! outbox_fixture_methods {
-    () => {
-        fn feed(&self) -> Arc<Self::Feed> {
-            Arc::clone(&self.feed)
-        }
-
-        async fn enqueue(&self, messages: Vec<NewMessage>) {
-            self.outbox.db.enqueue(&messages).await;
-        }
-
-        async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-            self.outbox.db.enqueue_held(&messages).await
-        }
-
-        async fn unpublished(&self) -> usize {
-            self.outbox.unpublished().await
-        }
-
-        fn operator(&self) -> PgStore {
-            self.outbox.store.clone()
-        }
-    };
-}
-
-/// The polling feed over the store.
-struct Polling {
-    outbox: Outbox,
-    feed: Arc<PollingFeed<PgStore>>,
-}
-
-impl FeedFixture for Polling {
-    type Feed = PollingFeed<PgStore>;
-    type Operator = PgStore;
-
-    async fn new() -> Self {
-        let outbox = Outbox::new().await;
-        let feed = Arc::new(PollingFeed::new(
-            Arc::new(outbox.store.clone()),
-            100,
-            Duration::from_secs(30),
-        ));
-        Self { outbox, feed }
-    }
-
-    outbox_fixture_methods!();
-
-    async fn cleanup(&self) {
-        common::exec(
-            &self.outbox.db.pool,
-            format!("DROP SCHEMA \"{}\" CASCADE", self.outbox.db.schema),
-        )
-        .await;
     }
 }
 
@@ -159,7 +99,26 @@ impl FeedFixture for Cdc {
         }
     }
 
-    outbox_fixture_methods!();
+    fn feed(&self) -> Arc<Self::Feed> {
+        Arc::clone(&self.feed)
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) {
+        self.outbox.db.enqueue(&messages).await;
+    }
+
+    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+        self.outbox.db.enqueue_held(&messages).await
+    }
+
+    async fn unpublished(&self) -> usize {
+        let s = self.outbox.store.stats().await.expect("stats");
+        usize::try_from(s.pending + s.dead).expect("counts")
+    }
+
+    fn operator(&self) -> PgStore {
+        self.outbox.store.clone()
+    }
 
     async fn cleanup(&self) {
         let _ = self.feed.shutdown().await;
@@ -179,7 +138,7 @@ impl FeedFixture for Cdc {
 }
 
 mod polling {
-    outbox_testkit::feed_suite!(super::Polling);
+    outbox_testkit::feed_suite!(outbox_testkit::feed::PollingFixture<super::PgFixture>);
 }
 
 mod cdc {

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use outbox_core::operator::prelude::*;
 use outbox_core::operator::{Actor, DeadLetterSelection, PauseTarget};
-use outbox_core::relay::{FailedRow, Feed, FeedBatch, Settlement};
-use outbox_core::{EventId, NewMessage, OutboxMessage};
+use outbox_core::relay::{FailedRow, Feed, FeedBatch, PollingFeed, Settlement};
+use outbox_core::{EventId, NewMessage, OutboxMessage, OutboxStore as _};
 
-use crate::fixture::HeldProducer;
+use crate::fixture::{HeldProducer, StoreFixture};
 use crate::store::msg;
 
 /// How long a case waits for what it expects a feed to hand out.
@@ -63,6 +63,54 @@ pub trait FeedFixture: Send + Sync + Sized + 'static {
 
     /// Removes what the fixture created.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The polling feed over any store's [`StoreFixture`]: how a store runs this suite on its
+/// polling feed (`feed_suite!(PollingFixture<MyStoreFixture>)`), 100 rows of an aggregate a
+/// batch under a 30 s lease.
+pub struct PollingFixture<F: StoreFixture> {
+    store: F,
+    feed: Arc<PollingFeed<F::Store>>,
+}
+
+impl<F: StoreFixture> FeedFixture for PollingFixture<F> {
+    type Feed = PollingFeed<F::Store>;
+    type Operator = F::Store;
+
+    async fn new() -> Self {
+        let store = F::new().await;
+        let feed = Arc::new(PollingFeed::new(
+            Arc::new(store.store()),
+            100,
+            Duration::from_secs(30),
+        ));
+        Self { store, feed }
+    }
+
+    fn feed(&self) -> Arc<Self::Feed> {
+        Arc::clone(&self.feed)
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) {
+        self.store.enqueue(messages).await;
+    }
+
+    async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
+        self.store.enqueue_held(messages).await
+    }
+
+    async fn unpublished(&self) -> usize {
+        let s = self.store.store().stats().await.expect("stats");
+        usize::try_from(s.pending + s.dead).expect("counts")
+    }
+
+    fn operator(&self) -> F::Store {
+        self.store.store()
+    }
+
+    async fn cleanup(&self) {
+        self.store.cleanup().await;
+    }
 }
 
 /// The suite's operator.

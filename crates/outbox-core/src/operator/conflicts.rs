@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{Actor, MAX_LIST, OperatorError, PayloadView, require_reason};
+use super::{Action, Actor, MAX_LIST, OperatorError, PayloadView, require_reason};
 use crate::EventId;
 
 /// An inbox conflict as the operator sees it: the same event id arrived at a consumer with
@@ -99,7 +99,10 @@ pub fn no_such_conflicts(operation: &'static str, ids: &[i64]) -> OperatorError 
 }
 
 /// Inbox conflicts.
-pub trait ConflictOps {
+///
+/// The action ([`resolve_conflicts`](Self::resolve_conflicts)) is provided: it names its [`Action`], checks the request ([`check_conflicts_request`]), runs the store's `apply_*` hook and logs the outcome, so every
+/// store audits, refuses and logs alike. A store implements the reads and the hooks.
+pub trait ConflictOps: Sync {
     /// Inbox conflicts, newest first, of `event_id` or of every event, the open ones only
     /// when `open_only`, at most `limit` (1 to [`MAX_LIST`](super::MAX_LIST)).
     ///
@@ -136,6 +139,26 @@ pub trait ConflictOps {
         ids: &[i64],
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<ConflictsResolved, OperatorError>> + Send {
+        async move {
+            let action = Action::new("resolve conflicts", actor, conflicts_selection(ids), reason);
+            action.check(check_conflicts_request(action.operation(), ids, reason))?;
+            let result = self.apply_resolve_conflicts(&action, ids).await;
+            action.logged(result, |r| r.resolved)
+        }
+    }
+
+    /// The store's part of [`resolve_conflicts`](Self::resolve_conflicts), called once the
+    /// request was checked: in one transaction, `action`'s audit record (written even when
+    /// every id was resolved already) and the open conflicts among `ids` marked resolved under
+    /// it. Logs nothing.
+    ///
+    /// # Errors
+    /// As [`resolve_conflicts`](Self::resolve_conflicts).
+    fn apply_resolve_conflicts(
+        &self,
+        action: &Action<'_>,
+        ids: &[i64],
     ) -> impl Future<Output = Result<ConflictsResolved, OperatorError>> + Send;
 
     /// One conflict with its payloads: the conflicting one, and the first one where the store

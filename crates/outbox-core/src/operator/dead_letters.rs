@@ -15,7 +15,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Actor, OperatorError, PayloadView};
+use super::{Action, Actor, OperatorError, PayloadView, require_reason};
 use crate::EventId;
 
 /// The longest reason key, in characters.
@@ -328,7 +328,11 @@ impl DeadLetterFilter {
 }
 
 /// Outbox and consumer dead letters.
-pub trait DeadLetterOps {
+///
+/// The actions (`requeue_*`, `discard_*`) are provided: each names its [`Action`], checks the
+/// request (a discard needs a reason), runs the store's `apply_*` hook and logs the outcome,
+/// so every store audits, refuses and logs alike. A store implements the reads and the hooks.
+pub trait DeadLetterOps: Sync {
     /// Outbox dead letters matching `filter`, oldest first, at most `limit` (1 to
     /// [`MAX_LIST`](super::MAX_LIST)).
     ///
@@ -374,7 +378,18 @@ pub trait DeadLetterOps {
         which: &DeadLetterSelection,
         actor: &Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<u64, OperatorError>> + Send;
+    ) -> impl Future<Output = Result<u64, OperatorError>> + Send {
+        async move {
+            let action = Action::new(
+                "requeue dead letters",
+                actor,
+                which.audit_selection(),
+                reason,
+            );
+            let result = self.apply_requeue_dead_letters(&action, which).await;
+            action.logged(result, |n| *n)
+        }
+    }
 
     /// Discards the outbox dead letters `which` selects: they will never be published. Each
     /// is kept whole as a discarded event with the id of the audit record that names the actor
@@ -390,7 +405,19 @@ pub trait DeadLetterOps {
         which: &DeadLetterSelection,
         actor: &Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<Discarded, OperatorError>> + Send;
+    ) -> impl Future<Output = Result<Discarded, OperatorError>> + Send {
+        async move {
+            let action = Action::new(
+                "discard dead letters",
+                actor,
+                which.audit_selection(),
+                reason,
+            );
+            action.check(require_reason(action.operation(), reason))?;
+            let result = self.apply_discard_dead_letters(&action, which).await;
+            action.logged(result, |d| d.discarded)
+        }
+    }
 
     /// Consumer dead letters not resolved that `which` selects, oldest first, at most `limit`
     /// (1 to [`MAX_LIST`](super::MAX_LIST)).
@@ -435,7 +462,20 @@ pub trait DeadLetterOps {
         which: &ConsumerSelection,
         actor: &Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<u64, OperatorError>> + Send;
+    ) -> impl Future<Output = Result<u64, OperatorError>> + Send {
+        async move {
+            let action = Action::new(
+                "requeue consumer dead letters",
+                actor,
+                which.audit_selection(),
+                reason,
+            );
+            let result = self
+                .apply_requeue_consumer_dead_letters(&action, which)
+                .await;
+            action.logged(result, |n| *n)
+        }
+    }
 
     /// Gives up the consumer dead letters `which` selects (in state `dead`): they become
     /// `resolved` and are never applied; the audit record keeps the actor and `reason`.
@@ -449,6 +489,71 @@ pub trait DeadLetterOps {
         which: &ConsumerSelection,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<u64, OperatorError>> + Send {
+        async move {
+            let action = Action::new(
+                "discard consumer dead letters",
+                actor,
+                which.audit_selection(),
+                reason,
+            );
+            action.check(require_reason(action.operation(), reason))?;
+            let result = self
+                .apply_discard_consumer_dead_letters(&action, which)
+                .await;
+            action.logged(result, |n| *n)
+        }
+    }
+    /// The store's part of [`requeue_dead_letters`](Self::requeue_dead_letters): requeues the
+    /// outbox dead letters `which` selects, with `action`'s audit record in the same
+    /// transaction, and wakes the relays when any was requeued. Logs nothing (the provided
+    /// method does). Returns how many.
+    ///
+    /// # Errors
+    /// As [`requeue_dead_letters`](Self::requeue_dead_letters).
+    fn apply_requeue_dead_letters(
+        &self,
+        action: &Action<'_>,
+        which: &DeadLetterSelection,
+    ) -> impl Future<Output = Result<u64, OperatorError>> + Send;
+
+    /// The store's part of [`discard_dead_letters`](Self::discard_dead_letters), called once
+    /// the reason was checked: keeps each selected dead letter as a discarded event under
+    /// `action`'s audit record and removes it from the outbox, in one transaction, and wakes
+    /// the relays when any was discarded. Logs nothing.
+    ///
+    /// # Errors
+    /// As [`discard_dead_letters`](Self::discard_dead_letters).
+    fn apply_discard_dead_letters(
+        &self,
+        action: &Action<'_>,
+        which: &DeadLetterSelection,
+    ) -> impl Future<Output = Result<Discarded, OperatorError>> + Send;
+
+    /// The store's part of
+    /// [`requeue_consumer_dead_letters`](Self::requeue_consumer_dead_letters): marks the
+    /// selected consumer dead letters (state `dead`) requeued, with `action`'s audit record in
+    /// the same transaction. Logs nothing. Returns how many.
+    ///
+    /// # Errors
+    /// As [`requeue_consumer_dead_letters`](Self::requeue_consumer_dead_letters).
+    fn apply_requeue_consumer_dead_letters(
+        &self,
+        action: &Action<'_>,
+        which: &ConsumerSelection,
+    ) -> impl Future<Output = Result<u64, OperatorError>> + Send;
+
+    /// The store's part of
+    /// [`discard_consumer_dead_letters`](Self::discard_consumer_dead_letters), called once the
+    /// reason was checked: marks the selected consumer dead letters (state `dead`) resolved,
+    /// with `action`'s audit record in the same transaction. Logs nothing. Returns how many.
+    ///
+    /// # Errors
+    /// As [`discard_consumer_dead_letters`](Self::discard_consumer_dead_letters).
+    fn apply_discard_consumer_dead_letters(
+        &self,
+        action: &Action<'_>,
+        which: &ConsumerSelection,
     ) -> impl Future<Output = Result<u64, OperatorError>> + Send;
 }
 

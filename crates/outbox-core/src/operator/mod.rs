@@ -13,8 +13,14 @@
 //! What every implementation guarantees (the testkit's `operator_suite!` checks it):
 //!
 //! * **Every action is audited**: the change and its [`AuditEntry`] commit together, and a
-//!   refused action changes nothing and records nothing (it is logged, [`log_action`]). A store
-//!   runs each action through an [`Action`], which checks the request and logs the outcome.
+//!   refused action changes nothing and records nothing (it is logged, [`log_action`]).
+//! * **Actions are the core's, changes the store's**: each action (requeue, discard, resolve,
+//!   pause, resume, replay, ...) is a provided method that names its [`Action`], checks the
+//!   request that needs no store (a reason, a target's form, the ids), calls the store's
+//!   `apply_*` hook and logs the outcome once. A store implements only the hooks: the change
+//!   and its audit record in one transaction, and the refusals only it can make (a row's
+//!   state, a lease held, published rows not kept). A new store cannot forget a log line or a
+//!   reason check, and its actions are named as every other store's.
 //! * **Pages are bounded**: a list takes a limit of 1 to [`MAX_LIST`]; a group read looks at
 //!   most [`GROUP_SCAN`] rows and says when it stopped (`complete`).
 //! * **Errors are classed** ([`OperatorErrorKind`]) so that a caller maps them (the console to

@@ -178,7 +178,7 @@ impl Pause {
 }
 
 /// Pauses.
-pub trait PauseOps {
+pub trait PauseOps: Sync {
     /// Every pause in force, by kind (consumers, then routes) and name, with who paused it
     /// and why.
     ///
@@ -198,6 +198,25 @@ pub trait PauseOps {
         target: &PauseTarget,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<Pause, OperatorError>> + Send {
+        async move {
+            let action = Action::new("pause", actor, target.audit_selection(), reason);
+            action.check(target.check_pause(action.operation(), reason))?;
+            let result = self.apply_pause(&action, target).await;
+            action.logged(result, |_| 1)
+        }
+    }
+
+    /// The store's part of [`pause`](Self::pause), called once the target and the reason were
+    /// checked: the pause and `action`'s audit record in one transaction, refused
+    /// ([`PauseTarget::paused_already`]) when the target is paused already. Logs nothing.
+    ///
+    /// # Errors
+    /// As [`pause`](Self::pause).
+    fn apply_pause(
+        &self,
+        action: &Action<'_>,
+        target: &PauseTarget,
     ) -> impl Future<Output = Result<Pause, OperatorError>> + Send;
 
     /// Resumes a paused route or consumer, with the audit record; a resumed route wakes the
@@ -211,6 +230,26 @@ pub trait PauseOps {
         target: &PauseTarget,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<(), OperatorError>> + Send {
+        async move {
+            let action = Action::new("resume", actor, target.audit_selection(), reason);
+            action.check(target.check(action.operation()))?;
+            let result = self.apply_resume(&action, target).await;
+            action.logged(result, |()| 1)
+        }
+    }
+
+    /// The store's part of [`resume`](Self::resume), called once the target was checked: the
+    /// pause removed with `action`'s audit record in one transaction (refused with
+    /// [`PauseTarget::not_paused`] when there is none), and a resumed route's relays woken.
+    /// Logs nothing.
+    ///
+    /// # Errors
+    /// As [`resume`](Self::resume).
+    fn apply_resume(
+        &self,
+        action: &Action<'_>,
+        target: &PauseTarget,
     ) -> impl Future<Output = Result<(), OperatorError>> + Send;
 }
 

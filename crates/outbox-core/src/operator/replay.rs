@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Actor, OperatorError};
+use super::{Action, Actor, OperatorError};
 
 /// What to replay: one aggregate's published events from `from_version` (1 when absent) on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,7 +115,7 @@ pub struct RangePlan {
 ///   `[created_after, created_before)`, that aggregate's published events from its first one
 ///   in the range through its newest (per-aggregate extension), at most
 ///   [`MAX_RANGE_AGGREGATES`] aggregates and [`MAX_RANGE_EVENTS`] events.
-pub trait ReplayOps {
+pub trait ReplayOps: Sync {
     /// Replays one aggregate's published events with their original ids ([`ReplaySelection`];
     /// see the trait docs): with `dry_run`, only says how many rows it would take;
     /// otherwise makes them pending again, with the audit record, and wakes the relays.
@@ -134,6 +134,29 @@ pub trait ReplayOps {
         expect_events: Option<i64>,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<ReplayPlan, OperatorError>> + Send {
+        async move {
+            let action = Action::new("replay", actor, which.audit_selection(), reason);
+            let result = self
+                .apply_replay(&action, which, dry_run, expect_events)
+                .await;
+            logged_unless_dry(&action, result, dry_run, |p| p.events)
+        }
+    }
+
+    /// The store's part of [`replay`](Self::replay): every check of the request (the store's
+    /// own first, such as whether it keeps published rows), then, unless `dry_run`, the rows
+    /// made pending with `action`'s audit record in one transaction and the relays woken.
+    /// Logs nothing.
+    ///
+    /// # Errors
+    /// As [`replay`](Self::replay).
+    fn apply_replay(
+        &self,
+        action: &Action<'_>,
+        which: &ReplaySelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
     ) -> impl Future<Output = Result<ReplayPlan, OperatorError>> + Send;
 
     /// Replays the published events written in a time range ([`RangeSelection`]), each
@@ -150,5 +173,40 @@ pub trait ReplayOps {
         expect_events: Option<i64>,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<RangePlan, OperatorError>> + Send {
+        async move {
+            let action = Action::new("replay range", actor, which.audit_selection(), reason);
+            let result = self
+                .apply_replay_range(&action, which, dry_run, expect_events)
+                .await;
+            logged_unless_dry(&action, result, dry_run, |p| p.events)
+        }
+    }
+
+    /// The store's part of [`replay_range`](Self::replay_range), as
+    /// [`apply_replay`](Self::apply_replay) is of [`replay`](Self::replay).
+    ///
+    /// # Errors
+    /// As [`replay_range`](Self::replay_range).
+    fn apply_replay_range(
+        &self,
+        action: &Action<'_>,
+        which: &RangeSelection,
+        dry_run: bool,
+        expect_events: Option<i64>,
     ) -> impl Future<Output = Result<RangePlan, OperatorError>> + Send;
+}
+
+/// A replay's outcome logged, but for a dry run's plan: a dry run changes nothing and is not
+/// an action (its refusals are logged, as every refusal is).
+fn logged_unless_dry<T>(
+    action: &Action<'_>,
+    result: Result<T, OperatorError>,
+    dry_run: bool,
+    events: impl FnOnce(&T) -> i64,
+) -> Result<T, OperatorError> {
+    match result {
+        Ok(plan) if dry_run => Ok(plan),
+        result => action.logged(result, |p| u64::try_from(events(p)).unwrap_or(0)),
+    }
 }

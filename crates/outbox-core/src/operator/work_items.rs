@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{Actor, OperatorError};
+use super::{Action, Actor, OperatorError};
 use crate::effect::EffectsStats;
 
 /// One work item with every column an operator needs.
@@ -110,7 +110,10 @@ pub fn not_reconcilable(operation: &'static str, id: i64, state: &str) -> Operat
 }
 
 /// Work items.
-pub trait WorkItemOps {
+///
+/// The actions are provided: each names its [`Action`], runs the store's `apply_*` hook and logs the outcome, so every
+/// store audits, refuses and logs alike. A store implements the reads and the hooks.
+pub trait WorkItemOps: Sync {
     /// Remote effects by state (settled ones included), for `kind` or for every kind.
     ///
     /// # Errors
@@ -145,6 +148,26 @@ pub trait WorkItemOps {
         resolution: Resolution,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<WorkItemRow, OperatorError>> + Send {
+        async move {
+            let selection = resolution.audit_selection(id);
+            let action = Action::new("resolve work item", actor, selection, reason);
+            let result = self.apply_resolve_work_item(&action, id, resolution).await;
+            action.logged(result, |_| 1)
+        }
+    }
+
+    /// The store's part of [`resolve_work_item`](Self::resolve_work_item): the resolution and
+    /// `action`'s audit record in one transaction (a lookup in flight fenced off). Logs
+    /// nothing.
+    ///
+    /// # Errors
+    /// As [`resolve_work_item`](Self::resolve_work_item).
+    fn apply_resolve_work_item(
+        &self,
+        action: &Action<'_>,
+        id: i64,
+        resolution: Resolution,
     ) -> impl Future<Output = Result<WorkItemRow, OperatorError>> + Send;
 
     /// "Reconcile now": the next lookup of a work item whose outcome is unknown is due at
@@ -158,5 +181,27 @@ pub trait WorkItemOps {
         id: i64,
         actor: &Actor,
         reason: &str,
+    ) -> impl Future<Output = Result<(), OperatorError>> + Send {
+        async move {
+            let action = Action::new(
+                "reconcile work item",
+                actor,
+                work_item_selection(id),
+                reason,
+            );
+            let result = self.apply_reconcile_work_item(&action, id).await;
+            action.logged(result, |()| 1)
+        }
+    }
+
+    /// The store's part of [`reconcile_work_item`](Self::reconcile_work_item): the lookup made
+    /// due and `action`'s audit record, in one transaction. Logs nothing.
+    ///
+    /// # Errors
+    /// As [`reconcile_work_item`](Self::reconcile_work_item).
+    fn apply_reconcile_work_item(
+        &self,
+        action: &Action<'_>,
+        id: i64,
     ) -> impl Future<Output = Result<(), OperatorError>> + Send;
 }

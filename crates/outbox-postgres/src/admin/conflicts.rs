@@ -2,8 +2,8 @@
 
 use outbox_core::EventId;
 use outbox_core::operator::{
-    Action, Actor, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
-    PayloadView, check_conflicts_request, check_limit, conflicts_selection, no_such_conflicts,
+    Action, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
+    PayloadView, check_limit, no_such_conflicts,
 };
 use sqlx::{AssertSqlSafe, Row};
 
@@ -80,17 +80,14 @@ impl ConflictOps for PgStore {
         .map_err(|e| op_err("conflicts", e))
     }
 
-    async fn resolve_conflicts(
+    async fn apply_resolve_conflicts(
         &self,
+        action: &Action<'_>,
         ids: &[i64],
-        actor: &Actor,
-        reason: &str,
     ) -> Result<ConflictsResolved, OperatorError> {
         const OP: &str = "resolve conflicts";
-        let action = Action::new(OP, actor, conflicts_selection(ids), reason);
-        action.check(check_conflicts_request(OP, ids, reason))?;
-        let mut tx = self.begin_action(&action).await?;
-        let err = |e| action.fail(self.action_error(OP, e));
+        let mut tx = self.begin_action(action).await?;
+        let err = |e| self.action_error(OP, e);
         let open: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.render(LOCK_OPEN_CONFLICTS)))
             .bind(ids)
             .fetch_all(&mut *tx)
@@ -103,12 +100,12 @@ impl ConflictOps for PgStore {
                 .await
                 .map_err(err)?;
             if known == 0 {
-                return Err(action.fail(no_such_conflicts(OP, ids)));
+                return Err(no_such_conflicts(OP, ids));
             }
         }
         // Recorded even when every id was resolved already: every action is in the audit.
         let resolved = u64::try_from(open.len()).unwrap_or(u64::MAX);
-        let audit_id = audit::record(&mut tx, self.schema(), &action, resolved)
+        let audit_id = audit::record(&mut tx, self.schema(), action, resolved)
             .await
             .map_err(err)?;
         sqlx::query(AssertSqlSafe(self.render(RESOLVE_CONFLICTS)))
@@ -117,11 +114,10 @@ impl ConflictOps for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let committed = tx.commit().await.map_err(|e| op_err(OP, e));
-        action.logged(
-            committed.map(|()| ConflictsResolved { resolved, audit_id }),
-            |r| r.resolved,
-        )
+        tx.commit()
+            .await
+            .map(|()| ConflictsResolved { resolved, audit_id })
+            .map_err(|e| op_err(OP, e))
     }
 
     async fn conflict(&self, id: i64) -> Result<ConflictDetail, OperatorError> {

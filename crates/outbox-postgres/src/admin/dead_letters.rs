@@ -17,10 +17,10 @@
 
 use outbox_core::EventId;
 use outbox_core::operator::{
-    Action, Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    Action, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
     ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
     DeadLetterGroups, DeadLetterOps, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN,
-    MAX_LIST, OperatorError, PayloadView, check_limit, require_reason,
+    MAX_LIST, OperatorError, PayloadView, check_limit,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -317,15 +317,12 @@ impl DeadLetterOps for PgStore {
         decode().map_err(|e| op_err(OP, e))
     }
 
-    async fn requeue_dead_letters(
+    async fn apply_requeue_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &DeadLetterSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        const OP: &str = "requeue dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        let mut tx = self.begin_action(&action).await?;
+        let mut tx = self.begin_action(action).await?;
         let sql = self.render(&outbox_sql(REQUEUE, which));
         let result = match which
             .bind_match(sqlx::query(AssertSqlSafe(sql)))
@@ -340,19 +337,17 @@ impl DeadLetterOps for PgStore {
             Ok(r) => Ok(r.rows_affected()),
             Err(e) => Err(e),
         }
-        .map_err(|e| self.action_error(OP, e));
-        self.finish_action(tx, &action, result).await
+        .map_err(|e| self.action_error(action.operation(), e));
+        self.finish_action(tx, action, result).await
     }
 
-    async fn discard_dead_letters(
+    async fn apply_discard_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &DeadLetterSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<Discarded, OperatorError> {
         const OP: &str = "discard dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        action.check(require_reason(OP, reason))?;
+        let actor = action.actor();
         let sql = self.render(&outbox_sql(DISCARD, which));
         let mut conn = self.pool().begin().await.map_err(|e| op_err(OP, e))?;
         let result = which
@@ -361,7 +356,7 @@ impl DeadLetterOps for PgStore {
             .bind(actor.via())
             .bind(actor.credential())
             .bind(action.selection())
-            .bind(reason)
+            .bind(action.reason())
             .fetch_one(&mut *conn)
             .await
             .and_then(|r| {
@@ -381,11 +376,10 @@ impl DeadLetterOps for PgStore {
                 .map_err(|e| self.action_error(OP, e)),
             other => other,
         };
-        let result = match result {
+        match result {
             Ok(d) => conn.commit().await.map(|()| d).map_err(|e| op_err(OP, e)),
             Err(e) => Err(e),
-        };
-        action.logged(result, |d| d.discarded)
+        }
     }
 
     async fn consumer_dead_letters(
@@ -462,27 +456,20 @@ impl DeadLetterOps for PgStore {
         decode().map_err(|e| op_err(OP, e))
     }
 
-    async fn requeue_consumer_dead_letters(
+    async fn apply_requeue_consumer_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &ConsumerSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        const OP: &str = "requeue consumer dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        self.consumer_action(&action, CONSUMER_REQUEUE, which).await
+        self.consumer_action(action, CONSUMER_REQUEUE, which).await
     }
 
-    async fn discard_consumer_dead_letters(
+    async fn apply_discard_consumer_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &ConsumerSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        const OP: &str = "discard consumer dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        action.check(require_reason(OP, reason))?;
-        self.consumer_action(&action, CONSUMER_DISCARD, which).await
+        self.consumer_action(action, CONSUMER_DISCARD, which).await
     }
 }
 

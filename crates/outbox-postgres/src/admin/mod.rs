@@ -107,7 +107,7 @@ impl PgStore {
         }
     }
 
-    /// The transaction of an action; a failure to begin it is logged as the action's.
+    /// The transaction of an action.
     pub(crate) async fn begin_action(
         &self,
         action: &Action<'_>,
@@ -115,11 +115,11 @@ impl PgStore {
         self.pool()
             .begin()
             .await
-            .map_err(|e| action.fail(op_err(action.operation(), e)))
+            .map_err(|e| op_err(action.operation(), e))
     }
 
-    /// Ends an action: on success records it and commits, on failure rolls back; logs the
-    /// outcome either way. Returns the rows changed.
+    /// Ends an action: on success records it and commits, on failure rolls back (the trait's
+    /// provided method logs the outcome). Returns the rows changed.
     pub(crate) async fn finish_action(
         &self,
         tx: Transaction<'static, Postgres>,
@@ -139,18 +139,17 @@ impl PgStore {
         result: Result<(u64, T), OperatorError>,
     ) -> Result<T, OperatorError> {
         let operation = action.operation();
-        let result = match result {
+        match result {
             Ok((n, value)) => match audit::record(&mut tx, self.schema(), action, n).await {
                 Ok(_) => tx
                     .commit()
                     .await
-                    .map(|()| (n, value))
+                    .map(|()| value)
                     .map_err(|e| op_err(operation, e)),
                 Err(e) => Err(self.action_error(operation, e)),
             },
             Err(e) => Err(e),
-        };
-        action.logged(result, |(n, _)| *n).map(|(_, value)| value)
+        }
     }
 
     /// Wakes the relays at the transaction's commit: requeued, replayed or resumed rows (and

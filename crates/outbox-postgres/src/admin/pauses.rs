@@ -9,7 +9,7 @@
 //! once a second, and leaves a paused route's aggregates pending in the table
 //! (`outbox_core::relay::log`); the resume's wake-up starts its new session.
 
-use outbox_core::operator::{Action, Actor, OperatorError, Pause, PauseOps, PauseTarget};
+use outbox_core::operator::{Action, OperatorError, Pause, PauseOps, PauseTarget};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -45,18 +45,15 @@ impl PauseOps for PgStore {
             .map_err(|e| op_err("pauses", e))
     }
 
-    async fn pause(
+    async fn apply_pause(
         &self,
+        action: &Action<'_>,
         target: &PauseTarget,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<Pause, OperatorError> {
         const OP: &str = "pause";
-        let action = Action::new(OP, actor, target.audit_selection(), reason);
-        action.check(target.check_pause(OP, reason))?;
-        let mut tx = self.begin_action(&action).await?;
-        let err = |e| action.fail(self.action_error(OP, e));
-        let audit_id = audit::record(&mut tx, self.schema(), &action, 1)
+        let mut tx = self.begin_action(action).await?;
+        let err = |e| self.action_error(OP, e);
+        let audit_id = audit::record(&mut tx, self.schema(), action, 1)
             .await
             .map_err(err)?;
         let inserted = sqlx::query(AssertSqlSafe(self.render(INSERT)))
@@ -68,7 +65,7 @@ impl PauseOps for PgStore {
             .map_err(err)?
             .rows_affected();
         if inserted == 0 {
-            return Err(action.fail(target.paused_already(OP)));
+            return Err(target.paused_already(OP));
         }
         let paused_at = sqlx::query_scalar(AssertSqlSafe(
             self.render("SELECT paused_at FROM {s}.pauses WHERE kind = $1 AND name = $2"),
@@ -78,23 +75,19 @@ impl PauseOps for PgStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(err)?;
-        let committed = tx.commit().await.map_err(|e| op_err(OP, e));
-        action.logged(
-            committed.map(|()| Pause::new(target, &action, paused_at, audit_id)),
-            |_| 1,
-        )
+        tx.commit()
+            .await
+            .map(|()| Pause::new(target, action, paused_at, audit_id))
+            .map_err(|e| op_err(OP, e))
     }
 
-    async fn resume(
+    async fn apply_resume(
         &self,
+        action: &Action<'_>,
         target: &PauseTarget,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<(), OperatorError> {
         const OP: &str = "resume";
-        let action = Action::new(OP, actor, target.audit_selection(), reason);
-        action.check(target.check(OP))?;
-        let mut tx = self.begin_action(&action).await?;
+        let mut tx = self.begin_action(action).await?;
         let result = match sqlx::query(AssertSqlSafe(self.render(DELETE)))
             .bind(target.kind())
             .bind(target.name())
@@ -109,6 +102,6 @@ impl PauseOps for PgStore {
                 .map_err(|e| self.action_error(OP, e)),
             Err(e) => Err(self.action_error(OP, e)),
         };
-        self.finish_action(tx, &action, result).await.map(|_| ())
+        self.finish_action(tx, action, result).await.map(|_| ())
     }
 }

@@ -61,8 +61,8 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::operator::{
-    Action, Actor, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind,
-    RangePlan, RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed,
+    Action, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind, RangePlan,
+    RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed,
 };
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
@@ -156,20 +156,17 @@ pub(super) fn range_replay() -> String {
 }
 
 impl ReplayOps for PgStore {
-    async fn replay(
+    async fn apply_replay(
         &self,
+        action: &Action<'_>,
         which: &ReplaySelection,
         dry_run: bool,
         expect_events: Option<i64>,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<ReplayPlan, OperatorError> {
         const OP: &str = "replay";
-        // A refusal changes nothing and writes no record; it is logged.
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        let fail = |e| action.fail(e);
-        let refuse = |kind, message: String| fail(OperatorError::new(OP, kind, message));
-        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
+        // A refusal changes nothing and writes no record (the provided method logs it).
+        let refuse = |kind, message: String| OperatorError::new(OP, kind, message);
+        if let Err((kind, message)) = self.replay_allowed(dry_run, action.reason()) {
             return Err(refuse(kind, message));
         }
         let (t, i) = (&which.aggregate_type, &which.aggregate_id);
@@ -180,13 +177,13 @@ impl ReplayOps for PgStore {
                 format!("versions start at 1, not {from}"),
             ));
         }
-        let mut tx = self.begin_action(&action).await?;
+        let mut tx = self.begin_action(action).await?;
         let q = |sql: &str| {
             sqlx::query(AssertSqlSafe(self.render(sql)))
                 .bind(t.clone())
                 .bind(i.clone())
         };
-        let err = |e| fail(self.action_error(OP, e));
+        let err = |e| self.action_error(OP, e);
         q(LOCK).execute(&mut *tx).await.map_err(err)?;
         let leased: bool = q(LEASED)
             .fetch_one(&mut *tx)
@@ -218,15 +215,15 @@ impl ReplayOps for PgStore {
                 r.try_get(3)?,
             ))
         };
-        let (plan, held_from) = decode().map_err(|e| fail(op_err(OP, e)))?;
+        let (plan, held_from) = decode().map_err(|e| op_err(OP, e))?;
         let (Some(lowest), Some(newest)) = (plan.lowest_version_held, plan.newest_version_held)
         else {
-            return Err(fail(OperatorError::not_found(
+            return Err(OperatorError::not_found(
                 OP,
                 format!(
                     "nothing of {t}/{i} is held by the outbox (never written here, or deleted by retention)"
                 ),
-            )));
+            ));
         };
         if lowest > from {
             return Err(refuse(
@@ -258,36 +255,33 @@ impl ReplayOps for PgStore {
         }
         let changed = q(REPLAY).bind(from).execute(&mut *tx).await;
         let result = self.replayed(&mut tx, OP, changed, plan.events).await;
-        let n = self.finish_action(tx, &action, result).await?;
+        let n = self.finish_action(tx, action, result).await?;
         Ok(ReplayPlan {
             events: i64::try_from(n).unwrap_or(i64::MAX),
             ..plan
         })
     }
 
-    async fn replay_range(
+    async fn apply_replay_range(
         &self,
+        action: &Action<'_>,
         which: &RangeSelection,
         dry_run: bool,
         expect_events: Option<i64>,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<RangePlan, OperatorError> {
-        // A refusal changes nothing and writes no record; it is logged.
-        let action = Action::new(RANGE_OP, actor, which.audit_selection(), reason);
-        action.check(self.range_allowed(which, dry_run, reason))?;
-        let mut tx = self.begin_action(&action).await?;
+        // A refusal changes nothing and writes no record (the provided method logs it).
+        self.range_allowed(which, dry_run, action.reason())?;
+        let mut tx = self.begin_action(action).await?;
         let (plan, found) = self
             .plan_range(&mut tx, which, dry_run, expect_events)
-            .await
-            .map_err(|e| action.fail(e))?;
+            .await?;
         if dry_run {
             let _ = tx.rollback().await;
             return Ok(plan);
         }
         let changed = found.bind(self, &range_replay()).execute(&mut *tx).await;
         let result = self.replayed(&mut tx, RANGE_OP, changed, plan.events).await;
-        let n = self.finish_action(tx, &action, result).await?;
+        let n = self.finish_action(tx, action, result).await?;
         Ok(RangePlan {
             events: i64::try_from(n).unwrap_or(i64::MAX),
             ..plan

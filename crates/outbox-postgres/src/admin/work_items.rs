@@ -5,8 +5,8 @@
 
 use outbox_core::effect::EffectsStats;
 use outbox_core::operator::{
-    Action, Actor, OperatorError, Resolution, WorkItemOps, WorkItemRow, check_limit, no_work_item,
-    not_reconcilable, work_item_selection,
+    Action, OperatorError, Resolution, WorkItemOps, WorkItemRow, check_limit, no_work_item,
+    not_reconcilable,
 };
 use sqlx::AssertSqlSafe;
 
@@ -41,40 +41,34 @@ impl WorkItemOps for PgStore {
             .map_err(|e| effects_err("work items", e))
     }
 
-    async fn resolve_work_item(
+    async fn apply_resolve_work_item(
         &self,
+        action: &Action<'_>,
         id: i64,
         resolution: Resolution,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<WorkItemRow, OperatorError> {
-        const OP: &str = "resolve work item";
-        let action = Action::new(OP, actor, resolution.audit_selection(id), reason);
-        let mut tx = self.begin_action(&action).await?;
+        let mut tx = self.begin_action(action).await?;
         let result = self
             .effects()
             .resolve_in(&mut tx, &pool_role(self.pool()), id, resolution)
             .await
             .map(|row| (1, row))
-            .map_err(|e| effects_err(OP, e));
+            .map_err(|e| effects_err(action.operation(), e));
         let result = match result {
             Ok((n, row)) => Ok((n, Some(row))),
             Err(e) => Err(e),
         };
-        self.finish_action_with(tx, &action, result)
+        self.finish_action_with(tx, action, result)
             .await
             .map(|row| row.expect("a resolved work item"))
     }
 
-    async fn reconcile_work_item(
+    async fn apply_reconcile_work_item(
         &self,
+        action: &Action<'_>,
         id: i64,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<(), OperatorError> {
-        const OP: &str = "reconcile work item";
-        let action = Action::new(OP, actor, work_item_selection(id), reason);
-        let mut tx = self.begin_action(&action).await?;
+        let mut tx = self.begin_action(action).await?;
         let result = match sqlx::query(AssertSqlSafe(self.render(RECONCILE_NOW)))
             .bind(id)
             .execute(&mut *tx)
@@ -88,13 +82,13 @@ impl WorkItemOps for PgStore {
                         .fetch_optional(&mut *tx)
                         .await;
                 Err(match state {
-                    Ok(None) => no_work_item(OP, id),
-                    Ok(Some(state)) => not_reconcilable(OP, id, &state),
-                    Err(e) => self.action_error(OP, e),
+                    Ok(None) => no_work_item(action.operation(), id),
+                    Ok(Some(state)) => not_reconcilable(action.operation(), id, &state),
+                    Err(e) => self.action_error(action.operation(), e),
                 })
             }
-            Err(e) => Err(self.action_error(OP, e)),
+            Err(e) => Err(self.action_error(action.operation(), e)),
         };
-        self.finish_action(tx, &action, result).await.map(|_| ())
+        self.finish_action(tx, action, result).await.map(|_| ())
     }
 }

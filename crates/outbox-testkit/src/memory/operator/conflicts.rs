@@ -3,8 +3,8 @@
 use chrono::Utc;
 use outbox_core::EventId;
 use outbox_core::operator::{
-    Action, Actor, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
-    PayloadView, check_conflicts_request, conflicts_selection, no_such_conflicts, page_size,
+    Action, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
+    PayloadView, no_such_conflicts, page_size,
 };
 
 use super::OpsState;
@@ -51,39 +51,32 @@ impl ConflictOps for MemoryStore {
         Ok(rows.iter().map(|c| conflict_view(c, &ops)).collect())
     }
 
-    async fn resolve_conflicts(
+    async fn apply_resolve_conflicts(
         &self,
+        action: &Action<'_>,
         ids: &[i64],
-        actor: &Actor,
-        reason: &str,
     ) -> Result<ConflictsResolved, OperatorError> {
-        const OP: &str = "resolve conflicts";
-        let action = Action::new(OP, actor, conflicts_selection(ids), reason);
-        action.check(check_conflicts_request(OP, ids, reason))?;
         let _tx = self.inner.tx_lock.lock().await;
-        let result = {
-            let mut c = lock(&self.inner.consumer);
-            let open: Vec<usize> = (0..c.conflicts.len())
-                .filter(|i| {
-                    let x = &c.conflicts[*i];
-                    ids.contains(&x.id) && x.resolved_at.is_none()
-                })
-                .collect();
-            if open.is_empty() && !c.conflicts.iter().any(|x| ids.contains(&x.id)) {
-                Err(no_such_conflicts(OP, ids))
-            } else {
-                // Recorded even when every id was resolved already: every action is audited.
-                let resolved = open.len() as u64;
-                let audit_id = lock(&self.inner.ops).record(&action, resolved);
-                let now = Utc::now();
-                for i in open {
-                    c.conflicts[i].resolved_at = Some(now);
-                    c.conflicts[i].resolved_audit_id = Some(audit_id);
-                }
-                Ok(ConflictsResolved { resolved, audit_id })
+        let mut c = lock(&self.inner.consumer);
+        let open: Vec<usize> = (0..c.conflicts.len())
+            .filter(|i| {
+                let x = &c.conflicts[*i];
+                ids.contains(&x.id) && x.resolved_at.is_none()
+            })
+            .collect();
+        if open.is_empty() && !c.conflicts.iter().any(|x| ids.contains(&x.id)) {
+            Err(no_such_conflicts(action.operation(), ids))
+        } else {
+            // Recorded even when every id was resolved already: every action is audited.
+            let resolved = open.len() as u64;
+            let audit_id = lock(&self.inner.ops).record(action, resolved);
+            let now = Utc::now();
+            for i in open {
+                c.conflicts[i].resolved_at = Some(now);
+                c.conflicts[i].resolved_audit_id = Some(audit_id);
             }
-        };
-        action.logged(result, |r| r.resolved)
+            Ok(ConflictsResolved { resolved, audit_id })
+        }
     }
 
     /// The first payload is found while the outbox holds the producer's row with the first

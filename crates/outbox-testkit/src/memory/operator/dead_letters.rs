@@ -7,10 +7,10 @@ use chrono::{DateTime, Utc};
 use outbox_core::EventId;
 use outbox_core::consumer::{ConsumerDeadLetterState, RawMessage};
 use outbox_core::operator::{
-    Action, Actor, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
+    Action, ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
     ConsumerDeadLetterView, ConsumerSelection, DeadLetterDetail, DeadLetterFilter, DeadLetterGroup,
     DeadLetterGroups, DeadLetterOps, DeadLetterSelection, DeadLetterView, Discarded, GROUP_SCAN,
-    OperatorError, PayloadView, page_size, reason_key, require_reason,
+    OperatorError, PayloadView, page_size, reason_key,
 };
 use serde_json::Value;
 
@@ -189,14 +189,11 @@ impl DeadLetterOps for MemoryStore {
         })
     }
 
-    async fn requeue_dead_letters(
+    async fn apply_requeue_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &DeadLetterSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        const OP: &str = "requeue dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
         let n = {
             let mut o = lock(&self.inner.outbox);
             let now = Utc::now();
@@ -207,24 +204,21 @@ impl DeadLetterOps for MemoryStore {
                 r.available_at = now;
                 n += 1;
             }
-            lock(&self.inner.ops).record(&action, n);
+            lock(&self.inner.ops).record(action, n);
             n
         };
         if n > 0 {
             self.inner.wake.notify_waiters();
         }
-        action.logged(Ok(n), |n| *n)
+        Ok(n)
     }
 
-    async fn discard_dead_letters(
+    async fn apply_discard_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &DeadLetterSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<Discarded, OperatorError> {
-        const OP: &str = "discard dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        let result = require_reason(OP, reason).map(|()| {
+        let discarded = {
             let mut o = lock(&self.inner.outbox);
             let ids: Vec<i64> = o
                 .rows
@@ -235,7 +229,7 @@ impl DeadLetterOps for MemoryStore {
             let removed: Vec<OutboxRow> = ids.iter().filter_map(|id| o.rows.remove(id)).collect();
             let discarded = removed.len() as u64;
             let mut ops = lock(&self.inner.ops);
-            let audit_id = ops.record(&action, discarded);
+            let audit_id = ops.record(action, discarded);
             let discarded_at = Utc::now();
             ops.discarded.extend(removed.into_iter().map(|row| Discard {
                 row,
@@ -246,12 +240,12 @@ impl DeadLetterOps for MemoryStore {
                 discarded,
                 audit_id,
             }
-        });
+        };
         // The events that waited behind the discarded ones may be claimed now.
-        if result.as_ref().is_ok_and(|d| d.discarded > 0) {
+        if discarded.discarded > 0 {
             self.inner.wake.notify_waiters();
         }
-        action.logged(result, |d| d.discarded)
+        Ok(discarded)
     }
 
     async fn consumer_dead_letters(
@@ -331,28 +325,21 @@ impl DeadLetterOps for MemoryStore {
         })
     }
 
-    async fn requeue_consumer_dead_letters(
+    async fn apply_requeue_consumer_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &ConsumerSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        const OP: &str = "requeue consumer dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        self.consumer_action(&action, ConsumerDeadLetterState::Requeued, which)
+        self.consumer_action(action, ConsumerDeadLetterState::Requeued, which)
             .await
     }
 
-    async fn discard_consumer_dead_letters(
+    async fn apply_discard_consumer_dead_letters(
         &self,
+        action: &Action<'_>,
         which: &ConsumerSelection,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<u64, OperatorError> {
-        const OP: &str = "discard consumer dead letters";
-        let action = Action::new(OP, actor, which.audit_selection(), reason);
-        action.check(require_reason(OP, reason))?;
-        self.consumer_action(&action, ConsumerDeadLetterState::Resolved, which)
+        self.consumer_action(action, ConsumerDeadLetterState::Resolved, which)
             .await
     }
 }
@@ -384,6 +371,6 @@ impl MemoryStore {
             lock(&self.inner.ops).record(action, n);
             n
         };
-        action.logged(Ok(n), |n| *n)
+        Ok(n)
     }
 }

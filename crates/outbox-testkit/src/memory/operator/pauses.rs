@@ -1,7 +1,7 @@
 //! Pauses of the [`MemoryStore`]: of routes (not claimed) and of consumers.
 
 use chrono::Utc;
-use outbox_core::operator::{Action, Actor, OperatorError, Pause, PauseOps, PauseTarget};
+use outbox_core::operator::{Action, OperatorError, Pause, PauseOps, PauseTarget};
 
 use super::PauseRow;
 use crate::memory::{MemoryStore, lock};
@@ -29,59 +29,52 @@ impl PauseOps for MemoryStore {
 
     /// Pauses a route or a consumer; never refused for a log-streaming relay (the fake has
     /// none).
-    async fn pause(
+    async fn apply_pause(
         &self,
+        action: &Action<'_>,
         target: &PauseTarget,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<Pause, OperatorError> {
-        const OP: &str = "pause";
-        let action = Action::new(OP, actor, target.audit_selection(), reason);
-        let result = target.check_pause(OP, reason).and_then(|()| {
-            let mut ops = lock(&self.inner.ops);
-            let key = (target.kind(), target.name().to_owned());
-            if ops.pauses.contains_key(&key) {
-                return Err(target.paused_already(OP));
-            }
-            let audit_id = ops.record(&action, 1);
-            let paused_at = Utc::now();
-            ops.pauses.insert(
-                key,
-                PauseRow {
-                    paused_at,
-                    audit_id,
-                },
-            );
-            Ok(Pause::new(target, &action, paused_at, audit_id))
-        });
-        action.logged(result, |_| 1)
+        let mut ops = lock(&self.inner.ops);
+        let key = (target.kind(), target.name().to_owned());
+        if ops.pauses.contains_key(&key) {
+            return Err(target.paused_already(action.operation()));
+        }
+        let audit_id = ops.record(action, 1);
+        let paused_at = Utc::now();
+        ops.pauses.insert(
+            key,
+            PauseRow {
+                paused_at,
+                audit_id,
+            },
+        );
+        Ok(Pause::new(target, action, paused_at, audit_id))
     }
 
-    async fn resume(
+    async fn apply_resume(
         &self,
+        action: &Action<'_>,
         target: &PauseTarget,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<(), OperatorError> {
-        const OP: &str = "resume";
-        let action = Action::new(OP, actor, target.audit_selection(), reason);
-        let result = target.check(OP).and_then(|()| {
+        let removed = {
             let mut ops = lock(&self.inner.ops);
-            match ops
+            let removed = ops
                 .pauses
-                .remove(&(target.kind(), target.name().to_owned()))
-            {
-                None => Err(target.not_paused(OP)),
-                Some(_) => {
-                    ops.record(&action, 1);
-                    Ok(())
-                }
+                .remove(&(target.kind(), target.name().to_owned()));
+            if removed.is_some() {
+                ops.record(action, 1);
             }
-        });
-        // A resumed route's rows may be claimed now.
-        if result.is_ok() && matches!(target, PauseTarget::Route(_)) {
-            self.inner.wake.notify_waiters();
+            removed
+        };
+        match removed {
+            None => Err(target.not_paused(action.operation())),
+            Some(_) => {
+                // A resumed route's rows may be claimed now.
+                if matches!(target, PauseTarget::Route(_)) {
+                    self.inner.wake.notify_waiters();
+                }
+                Ok(())
+            }
         }
-        action.logged(result, |()| 1)
     }
 }

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use outbox_core::effect::{EffectsStats, WorkItemState};
 use outbox_core::operator::{
-    Action, Actor, OperatorError, Resolution, WorkItemOps, WorkItemRow, no_work_item,
-    not_reconcilable, page_size, work_item_selection,
+    Action, OperatorError, Resolution, WorkItemOps, WorkItemRow, no_work_item, not_reconcilable,
+    page_size,
 };
 
 use crate::memory::{MemoryStore, WorkRow, WorkState, age, lock};
@@ -97,20 +97,18 @@ impl WorkItemOps for MemoryStore {
             .collect())
     }
 
-    async fn resolve_work_item(
+    async fn apply_resolve_work_item(
         &self,
+        action: &Action<'_>,
         id: i64,
         resolution: Resolution,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<WorkItemRow, OperatorError> {
-        const OP: &str = "resolve work item";
-        let action = Action::new(OP, actor, resolution.audit_selection(id), reason);
-        let result = {
+        let op = action.operation();
+        {
             let mut w = lock(&self.inner.work);
             match w.items.get_mut(&id) {
                 None => Err(OperatorError::not_found(
-                    OP,
+                    op,
                     format!("work item {id} does not exist"),
                 )),
                 Some(r) => {
@@ -146,11 +144,11 @@ impl WorkItemOps for MemoryStore {
                         // Clearing the lease fences off a lookup in flight.
                         r.lease = None;
                         r.updated_at = now;
-                        lock(&self.inner.ops).record(&action, 1);
+                        lock(&self.inner.ops).record(action, 1);
                         Ok(work_item_row(r))
                     } else {
                         Err(OperatorError::refused(
-                            OP,
+                            op,
                             format!(
                                 "work item {id} is `{}`: {} is not allowed from this state",
                                 r.state.as_str(),
@@ -160,32 +158,26 @@ impl WorkItemOps for MemoryStore {
                     }
                 }
             }
-        };
-        action.logged(result, |_| 1)
+        }
     }
 
-    async fn reconcile_work_item(
+    async fn apply_reconcile_work_item(
         &self,
+        action: &Action<'_>,
         id: i64,
-        actor: &Actor,
-        reason: &str,
     ) -> Result<(), OperatorError> {
-        const OP: &str = "reconcile work item";
-        let action = Action::new(OP, actor, work_item_selection(id), reason);
-        let result = {
-            let mut w = lock(&self.inner.work);
-            match w.items.get_mut(&id) {
-                None => Err(no_work_item(OP, id)),
-                Some(r) if r.state == WorkItemState::Unknown => {
-                    let now = Utc::now();
-                    r.next_attempt_at = now;
-                    r.updated_at = now;
-                    lock(&self.inner.ops).record(&action, 1);
-                    Ok(())
-                }
-                Some(r) => Err(not_reconcilable(OP, id, r.state.as_str())),
+        let op = action.operation();
+        let mut w = lock(&self.inner.work);
+        match w.items.get_mut(&id) {
+            None => Err(no_work_item(op, id)),
+            Some(r) if r.state == WorkItemState::Unknown => {
+                let now = Utc::now();
+                r.next_attempt_at = now;
+                r.updated_at = now;
+                lock(&self.inner.ops).record(action, 1);
+                Ok(())
             }
-        };
-        action.logged(result, |()| 1)
+            Some(r) => Err(not_reconcilable(op, id, r.state.as_str())),
+        }
     }
 }
