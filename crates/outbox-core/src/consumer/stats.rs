@@ -3,29 +3,24 @@
 //! so that the operator's console shows each consumer's lag and throughput as the engine
 //! itself counts them, and, when it is stuck, why ([`ConsumerStats::health`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 
 use super::engine::{ConsumerReport, metric};
 use crate::health::Health;
 
-/// Counters of one [`Consumer`](super::Consumer) since it was built, updated after each batch
-/// (relaxed atomics: a reader sees each number as of some recent batch, never a torn one).
+/// Counters of one [`Consumer`](super::Consumer) since it was built, added after each batch
+/// under a short lock (once a batch, never per message), so that a reader sees every count as
+/// of the same batch.
 /// Get it with [`Consumer::stats`](super::Consumer::stats).
 #[derive(Debug)]
 pub struct ConsumerStats {
     /// The consumer's name ([`ConsumerConfig::name`](super::ConsumerConfig::name)).
     name: String,
-    received: AtomicU64,
-    processed: AtomicU64,
-    duplicates: AtomicU64,
-    stale: AtomicU64,
-    conflicts: AtomicU64,
-    dead_lettered: AtomicU64,
-    nacked: AtomicU64,
-    requeued_resolved: AtomicU64,
+    /// Every batch's counts added up.
+    totals: Mutex<ConsumerReport>,
     /// The source's last lag reading; -1 while unknown.
     lag: AtomicI64,
     paused: AtomicBool,
@@ -43,14 +38,7 @@ impl ConsumerStats {
                 vec![("consumer", name.clone())],
             )),
             name,
-            received: AtomicU64::new(0),
-            processed: AtomicU64::new(0),
-            duplicates: AtomicU64::new(0),
-            stale: AtomicU64::new(0),
-            conflicts: AtomicU64::new(0),
-            dead_lettered: AtomicU64::new(0),
-            nacked: AtomicU64::new(0),
-            requeued_resolved: AtomicU64::new(0),
+            totals: Mutex::new(ConsumerReport::default()),
             lag: AtomicI64::new(-1),
             paused: AtomicBool::new(false),
         }
@@ -98,16 +86,17 @@ impl ConsumerStats {
 
     /// The numbers now.
     pub fn snapshot(&self) -> ConsumerStatsSnapshot {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let t = self.totals().clone();
+        let n = |count: usize| u64::try_from(count).unwrap_or(u64::MAX);
         ConsumerStatsSnapshot {
-            received: get(&self.received),
-            processed: get(&self.processed),
-            duplicates: get(&self.duplicates),
-            stale: get(&self.stale),
-            conflicts: get(&self.conflicts),
-            dead_lettered: get(&self.dead_lettered),
-            nacked: get(&self.nacked),
-            requeued_resolved: get(&self.requeued_resolved),
+            received: n(t.received),
+            processed: n(t.processed),
+            duplicates: n(t.duplicates),
+            stale: n(t.stale),
+            conflicts: n(t.conflicts),
+            dead_lettered: n(t.dead_lettered),
+            nacked: n(t.nacked),
+            requeued_resolved: n(t.requeued_resolved),
             lag: u64::try_from(self.lag.load(Ordering::Relaxed)).ok(),
             paused: self.paused.load(Ordering::Relaxed),
         }
@@ -115,29 +104,13 @@ impl ConsumerStats {
 
     /// Adds one batch's counts.
     pub(super) fn add(&self, r: &ConsumerReport) {
-        let ConsumerReport {
-            received,
-            processed,
-            duplicates,
-            stale,
-            conflicts,
-            dead_lettered,
-            nacked,
-            requeued_resolved,
-        } = r;
-        let add = |a: &AtomicU64, n: &usize| {
-            if *n > 0 {
-                a.fetch_add(*n as u64, Ordering::Relaxed);
-            }
-        };
-        add(&self.received, received);
-        add(&self.processed, processed);
-        add(&self.duplicates, duplicates);
-        add(&self.stale, stale);
-        add(&self.conflicts, conflicts);
-        add(&self.dead_lettered, dead_lettered);
-        add(&self.nacked, nacked);
-        add(&self.requeued_resolved, requeued_resolved);
+        *self.totals() += r;
+    }
+
+    /// The totals, locked (a panic while they were held left them whole: an addition is the
+    /// only thing done under the lock).
+    fn totals(&self) -> std::sync::MutexGuard<'_, ConsumerReport> {
+        self.totals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn set_lag(&self, lag: u64) {
