@@ -1,7 +1,7 @@
 //! Shared test set-up: a real PostgreSQL (never a fake), one fresh schema per test.
 #![allow(dead_code, missing_docs)]
 
-use outbox_core::{NewMessage, Payload};
+use outbox_core::NewMessage;
 use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
 use outbox_testkit::fixture::{BoxFuture, HeldProducer};
 use sqlx::postgres::PgPoolOptions;
@@ -82,15 +82,9 @@ pub async fn exec(pool: &PgPool, sql: String) {
     sqlx::query(AssertSqlSafe(sql)).execute(pool).await.unwrap();
 }
 
-pub fn msg(agg: &str, version: i64) -> NewMessage {
-    NewMessage::new(
-        "payment",
-        agg,
-        version,
-        "PaymentCreated",
-        Payload::json(&serde_json::json!({"id": agg, "v": version})).unwrap(),
-    )
-}
+/// A `payment` event of aggregate `agg` at `version` (the suites' own).
+#[allow(unused_imports)] // not every test binary writes events
+pub use outbox_testkit::store::msg;
 
 /// A producer transaction held open until the suite commits it.
 pub struct HeldPg(pub Transaction<'static, Postgres>);

@@ -1132,7 +1132,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     assert_eq!(e.kind, OperatorErrorKind::PermissionDenied, "{e}");
     let as_operator = store(&operator, &env.schema);
     let detail = as_operator.dead_letter(dead).await.unwrap();
-    assert!(detail.payload.text.unwrap().contains(r#""id":"b""#));
+    assert!(detail.payload.text.unwrap().contains(r#""agg":"b""#));
     let d = as_operator
         .discard_dead_letters(&DeadLetterSelection::Ids(vec![dead]), &who, "test")
         .await
