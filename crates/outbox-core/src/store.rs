@@ -17,7 +17,7 @@ use crate::message::{EventId, OutboxMessage};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LeaseToken(pub i64);
 
-/// Parameters of [`Store::claim_batch`].
+/// Parameters of [`OutboxStore::claim_batch`](crate::OutboxStore::claim_batch).
 #[derive(Debug, Clone)]
 pub struct ClaimParams {
     /// At most this many rows in total.
@@ -190,7 +190,7 @@ pub struct Takeover {
     pub orphaned_for: Option<Duration>,
 }
 
-/// Parameters of [`Store::mark_published`].
+/// Parameters of [`OutboxStore::mark_published`](crate::OutboxStore::mark_published).
 #[derive(Debug, Clone)]
 pub struct MarkParams<'a> {
     /// The claim's token.
@@ -199,7 +199,7 @@ pub struct MarkParams<'a> {
     pub ids: &'a [i64],
 }
 
-/// Parameters of [`Store::record_failure`].
+/// Parameters of [`OutboxStore::record_failure`](crate::OutboxStore::record_failure).
 #[derive(Debug, Clone)]
 pub struct FailureParams<'a> {
     /// The claim's token.
@@ -212,7 +212,7 @@ pub struct FailureParams<'a> {
     pub retry_after: Option<Duration>,
 }
 
-/// Parameters of [`Store::release`].
+/// Parameters of [`OutboxStore::release`](crate::OutboxStore::release).
 #[derive(Debug, Clone)]
 pub struct ReleaseParams<'a> {
     /// The claim's token.

@@ -1,22 +1,4 @@
-//! The database side of a consumer: the [`InboxStore`] trait a store crate implements, and the
-//! values it speaks in.
-//!
-//! An inbox store owns transactions on the consumer's own database. The consumer engine begins
-//! one, records the delivery's identity `(consumer, event_id)` with its payload fingerprint in
-//! it, lets the user's handler write its effect on the same transaction (the handler receives
-//! [`InboxStore::Conn`], the database connection of the transaction), commits, and only
-//! then acknowledges the broker.
-//!
-//! # What an implementation must guarantee (checked by the store conformance suite)
-//!
-//! * Recording is atomic with the transaction: a rolled-back transaction leaves no identity.
-//! * Two transactions recording the same `(consumer, event_id)` meet: the second waits for the
-//!   first, then sees [`InboxOutcome::Duplicate`] (or `Conflict`) if it committed, or records the
-//!   event itself if it rolled back. A unique key under READ COMMITTED suffices for this.
-//! * A known id with a different fingerprint is [`InboxOutcome::Conflict`], and the conflict is
-//!   written in the same transaction.
-//! * With an ordering guard, versions per `(consumer, aggregate)` are tracked in the same
-//!   transaction, and the aggregate is locked until it ends.
+//! [`InboxStore`] and its values: the contract is in [`InboxStore`]'s docs (this module is private).
 
 use std::future::Future;
 use std::ops::DerefMut;
@@ -189,8 +171,27 @@ pub struct ConsumerDeadLetter {
     pub created_at: DateTime<Utc>,
 }
 
-/// The consumer's view of its database: transactions, the inbox and its dead letters. See the
-/// [module docs](self) for the contract.
+/// The consumer's view of its database: transactions, the inbox and its dead letters.
+///
+/// The database side of a consumer: the [`InboxStore`] trait a store crate implements, and the
+/// values it speaks in.
+///
+/// An inbox store owns transactions on the consumer's own database. The consumer engine begins
+/// one, records the delivery's identity `(consumer, event_id)` with its payload fingerprint in
+/// it, lets the user's handler write its effect on the same transaction (the handler receives
+/// [`InboxStore::Conn`], the database connection of the transaction), commits, and only
+/// then acknowledges the broker.
+///
+/// # What an implementation must guarantee (checked by the store conformance suite)
+///
+/// * Recording is atomic with the transaction: a rolled-back transaction leaves no identity.
+/// * Two transactions recording the same `(consumer, event_id)` meet: the second waits for the
+///   first, then sees [`InboxOutcome::Duplicate`] (or `Conflict`) if it committed, or records the
+///   event itself if it rolled back. A unique key under READ COMMITTED suffices for this.
+/// * A known id with a different fingerprint is [`InboxOutcome::Conflict`], and the conflict is
+///   written in the same transaction.
+/// * With an ordering guard, versions per `(consumer, aggregate)` are tracked in the same
+///   transaction, and the aggregate is locked until it ends.
 pub trait InboxStore: Send + Sync + 'static {
     /// The connection the user's handler writes its effect on (the database driver's
     /// connection type).

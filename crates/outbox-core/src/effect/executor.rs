@@ -1,42 +1,4 @@
-//! The remote-effect executor: claims work items under a lease, calls the provider, records the
-//! answers fenced by the lease, and reconciles unknown outcomes by lookup. Written once against
-//! [`WorkItemStore`] and [`RemoteEffect`].
-//!
-//! # The path of one effect
-//!
-//! 1. **Enqueue** (store crate, e.g. `outbox_postgres::PgEffects::enqueue`) in the consumer's own
-//!    inbox transaction: one work item with a stable idempotency key, so a rolled-back consumer
-//!    leaves no item and a redelivered event maps to the same key.
-//! 2. **Claim**: the executor takes due `pending` items of its kind, sets them `in_progress`
-//!    with `attempts + 1`, a fresh lease token and `lease_until = now() + lease`.
-//! 3. **Call** the provider under `call_timeout`; a timeout is [`CallOutcome::Unknown`]. Calls of
-//!    one batch run concurrently (up to `concurrency`); each item is recorded as soon as its own
-//!    call returns.
-//! 4. **Record**, fenced by the lease token and the claimed state: `Succeeded` → `succeeded`
-//!    with the provider's reference; `Failed` → `failed`; `NotSent` → back to `pending` with
-//!    `retry_backoff` (or `failed` once `attempts` reaches `max_not_sent_attempts`); `Unknown` →
-//!    `unknown`, to be looked up after `reconcile_after`. A record that changes nothing means the
-//!    lease was lost: it is logged, counted ([`metric::LEASE_LOST`]) and changes nothing.
-//! 5. **Expired leases**: an item still `in_progress` after its lease belongs to an executor
-//!    that died (or stalled) between claim and record, possibly *after* the provider acted. It
-//!    goes to `unknown`, never back to `pending`: a blind retry could pay twice.
-//! 6. **Reconciliation**: due `unknown` items are leased (state stays `unknown`) and looked up by
-//!    key: `Succeeded` / `Failed` settle the item; `NotFound` sends it back to `pending` for a new
-//!    call **with the same key** when [`ExecutorConfig::resend_when_not_found`] is set, or parks
-//!    it in `unknown` for an operator otherwise; `Unknown` asks again later (`lookup_backoff`).
-//!
-//! # Guarantees and their limits
-//!
-//! * An item whose outcome is not known is never called again without a lookup first. A second
-//!   call happens only after the provider said it has no record of the key (and resend is on),
-//!   after a provable `NotSent`, or by an operator's resend; every call carries the same key.
-//! * Exactly one remote effect is **not** promised (G10): it holds when the provider honours the
-//!   idempotency key or answers lookups truthfully.
-//! * A database outage loses nothing: errors are logged, the executor backs off and carries on.
-//!   A call whose result could not be recorded leaves the item `in_progress` until its lease
-//!   expires, and then it is `unknown`.
-//!
-//! Crash points: [`crash::EFFECTS_AFTER_CALL`] and [`crash::EFFECTS_AFTER_RECORD`].
+//! [`Executor`] and its values: the contract is in [`Executor`]'s docs (this module is private).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -249,9 +211,48 @@ enum Settled {
 }
 
 /// Claims work items of one kind, calls the provider, records the answers, and reconciles
-/// unknown outcomes. See the [module docs](self) for the guarantees. Several executors (in one
-/// or many processes) may serve the same kind; they coordinate through the store's claims and
-/// leases.
+/// unknown outcomes. Several executors (in one or many processes) may serve the same kind;
+/// they coordinate through the store's claims and leases.
+///
+/// The remote-effect executor: claims work items under a lease, calls the provider, records the
+/// answers fenced by the lease, and reconciles unknown outcomes by lookup. Written once against
+/// [`WorkItemStore`] and [`RemoteEffect`].
+///
+/// # The path of one effect
+///
+/// 1. **Enqueue** (store crate, e.g. `outbox_postgres::PgEffects::enqueue`) in the consumer's own
+///    inbox transaction: one work item with a stable idempotency key, so a rolled-back consumer
+///    leaves no item and a redelivered event maps to the same key.
+/// 2. **Claim**: the executor takes due `pending` items of its kind, sets them `in_progress`
+///    with `attempts + 1`, a fresh lease token and `lease_until = now() + lease`.
+/// 3. **Call** the provider under `call_timeout`; a timeout is [`CallOutcome::Unknown`]. Calls of
+///    one batch run concurrently (up to `concurrency`); each item is recorded as soon as its own
+///    call returns.
+/// 4. **Record**, fenced by the lease token and the claimed state: `Succeeded` → `succeeded`
+///    with the provider's reference; `Failed` → `failed`; `NotSent` → back to `pending` with
+///    `retry_backoff` (or `failed` once `attempts` reaches `max_not_sent_attempts`); `Unknown` →
+///    `unknown`, to be looked up after `reconcile_after`. A record that changes nothing means the
+///    lease was lost: it is logged, counted ([`metric::LEASE_LOST`]) and changes nothing.
+/// 5. **Expired leases**: an item still `in_progress` after its lease belongs to an executor
+///    that died (or stalled) between claim and record, possibly *after* the provider acted. It
+///    goes to `unknown`, never back to `pending`: a blind retry could pay twice.
+/// 6. **Reconciliation**: due `unknown` items are leased (state stays `unknown`) and looked up by
+///    key: `Succeeded` / `Failed` settle the item; `NotFound` sends it back to `pending` for a new
+///    call **with the same key** when [`ExecutorConfig::resend_when_not_found`] is set, or parks
+///    it in `unknown` for an operator otherwise; `Unknown` asks again later (`lookup_backoff`).
+///
+/// # Guarantees and their limits
+///
+/// * An item whose outcome is not known is never called again without a lookup first. A second
+///   call happens only after the provider said it has no record of the key (and resend is on),
+///   after a provable `NotSent`, or by an operator's resend; every call carries the same key.
+/// * Exactly one remote effect is **not** promised (G10): it holds when the provider honours the
+///   idempotency key or answers lookups truthfully.
+/// * A database outage loses nothing: errors are logged, the executor backs off and carries on.
+///   A call whose result could not be recorded leaves the item `in_progress` until its lease
+///   expires, and then it is `unknown`.
+///
+/// Crash points: [`crash::EFFECTS_AFTER_CALL`] and [`crash::EFFECTS_AFTER_RECORD`].
 pub struct Executor<S, P> {
     store: Arc<S>,
     provider: P,

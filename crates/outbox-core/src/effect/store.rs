@@ -1,19 +1,4 @@
-//! The database side of remote effects: the [`WorkItemStore`] trait the executor runs against.
-//!
-//! Writing a work item happens in the consumer's own transaction with the store crate's API
-//! ([`NewWorkItem`](super::NewWorkItem)); this trait is what the executor needs
-//! afterwards: claim due items under a lease, write results fenced by that lease, send items
-//! whose lease expired to `unknown`, and count the open backlog.
-//!
-//! # What an implementation must guarantee (checked by the store conformance suite)
-//!
-//! * A claim takes each due item at most once while its lease is live (concurrent executors
-//!   skip each other's items), gives it a fresh, never reused token, and for calls counts the
-//!   attempt (`attempts + 1`) and moves it to `in_progress`.
-//! * [`WorkItemStore::work_item_record`] changes the item only if it is still in the state it was
-//!   claimed in and still holds the claim's token; otherwise it changes nothing and returns
-//!   `false`.
-//! * Expiry moves `in_progress` items whose lease ended to `unknown`, never back to `pending`.
+//! [`WorkItemStore`] and its values: the contract is in [`WorkItemStore`]'s docs (this module is private).
 
 use std::future::Future;
 use std::time::Duration;
@@ -160,7 +145,24 @@ pub struct EffectsStats {
     pub oldest_pending_age: Option<Duration>,
 }
 
-/// The executor's view of the work-item table. See the [module docs](self) for the contract.
+/// The executor's view of the work-item table.
+///
+/// The database side of remote effects: the [`WorkItemStore`] trait the executor runs against.
+///
+/// Writing a work item happens in the consumer's own transaction with the store crate's API
+/// ([`NewWorkItem`](super::NewWorkItem)); this trait is what the executor needs
+/// afterwards: claim due items under a lease, write results fenced by that lease, send items
+/// whose lease expired to `unknown`, and count the open backlog.
+///
+/// # What an implementation must guarantee (checked by the store conformance suite)
+///
+/// * A claim takes each due item at most once while its lease is live (concurrent executors
+///   skip each other's items), gives it a fresh, never reused token, and for calls counts the
+///   attempt (`attempts + 1`) and moves it to `in_progress`.
+/// * [`WorkItemStore::work_item_record`] changes the item only if it is still in the state it was
+///   claimed in and still holds the claim's token; otherwise it changes nothing and returns
+///   `false`.
+/// * Expiry moves `in_progress` items whose lease ended to `unknown`, never back to `pending`.
 pub trait WorkItemStore: Send + Sync + 'static {
     /// Moves `in_progress` items of `kind` whose lease ended to `unknown`, to be looked up after
     /// `reconcile_after`, with `reason` as the last error. Returns their ids.

@@ -1,27 +1,4 @@
-//! How the relay finds pending events and confirms what happened to them: the [`Feed`] seam.
-//!
-//! The publish engine ([`super::Relay`]) does not know where events come from. A feed hands it
-//! batches of pending events and later receives the batch's [`Settlement`]: which rows the broker
-//! acknowledged, which failed (with the engine's decision: retry after a delay, or dead letter),
-//! and which were not attempted. Publishing, ordering, the failure policy and metrics stay in the
-//! engine; a feed only claims and confirms.
-//!
-//! * [`PollingFeed`] claims rows from an [`OutboxStore`] under a lease and settles them with
-//!   fenced writes (mark, record failure, release).
-//! * A log-based feed (change data capture) streams committed inserts and confirms its log
-//!   position once every event up to it was acknowledged; it plugs in here without touching the
-//!   engine.
-//!
-//! # What a feed must guarantee
-//!
-//! * Only committed events are handed out (G2), each aggregate's events in version order, the
-//!   first one of each aggregate being its lowest unpublished version.
-//! * While a batch is out, no other batch (of this or another relay) holds the same aggregate's
-//!   events, until [`FeedBatch::owned_until`] has passed or its [`FeedBatch::liveness`] no
-//!   longer allows a publish to start.
-//! * [`Feed::settle`] confirms a row as sent only for the ids in [`Settlement::published`] (G3);
-//!   every other row of the batch stays pending, so it is handed out again later with the same
-//!   event id (G4).
+//! [`Feed`] and its values: the contract is in [`Feed`]'s docs (this module is private).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -98,7 +75,32 @@ pub struct SettleReport {
     pub released: usize,
 }
 
-/// Where the relay's pending events come from. See the [module docs](self) for the contract.
+/// Where the relay's pending events come from.
+///
+/// How the relay finds pending events and confirms what happened to them: the [`Feed`] seam.
+///
+/// The publish engine ([`super::Relay`]) does not know where events come from. A feed hands it
+/// batches of pending events and later receives the batch's [`Settlement`]: which rows the broker
+/// acknowledged, which failed (with the engine's decision: retry after a delay, or dead letter),
+/// and which were not attempted. Publishing, ordering, the failure policy and metrics stay in the
+/// engine; a feed only claims and confirms.
+///
+/// * [`PollingFeed`] claims rows from an [`OutboxStore`] under a lease and settles them with
+///   fenced writes (mark, record failure, release).
+/// * A log-based feed (change data capture) streams committed inserts and confirms its log
+///   position once every event up to it was acknowledged; it plugs in here without touching the
+///   engine.
+///
+/// # What a feed must guarantee
+///
+/// * Only committed events are handed out (G2), each aggregate's events in version order, the
+///   first one of each aggregate being its lowest unpublished version.
+/// * While a batch is out, no other batch (of this or another relay) holds the same aggregate's
+///   events, until [`FeedBatch::owned_until`] has passed or its [`FeedBatch::liveness`] no
+///   longer allows a publish to start.
+/// * [`Feed::settle`] confirms a row as sent only for the ids in [`Settlement::published`] (G3);
+///   every other row of the batch stays pending, so it is handed out again later with the same
+///   event id (G4).
 pub trait Feed: Send + Sync + 'static {
     /// The handle of one batch.
     type Ticket: Send + Sync + 'static;
