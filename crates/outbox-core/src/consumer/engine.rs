@@ -135,7 +135,8 @@ pub struct ConsumerReport {
 }
 
 impl std::ops::AddAssign<&ConsumerReport> for ConsumerReport {
-    /// Adds every count of `other` (totals over several batches).
+    /// Adds every count of `other` (totals over several batches), each saturating at
+    /// `usize::MAX` (never a panic, never a count torn half-way).
     fn add_assign(&mut self, other: &ConsumerReport) {
         let ConsumerReport {
             received,
@@ -147,14 +148,14 @@ impl std::ops::AddAssign<&ConsumerReport> for ConsumerReport {
             nacked,
             requeued_resolved,
         } = other;
-        self.received += received;
-        self.processed += processed;
-        self.duplicates += duplicates;
-        self.stale += stale;
-        self.conflicts += conflicts;
-        self.dead_lettered += dead_lettered;
-        self.nacked += nacked;
-        self.requeued_resolved += requeued_resolved;
+        self.received = self.received.saturating_add(*received);
+        self.processed = self.processed.saturating_add(*processed);
+        self.duplicates = self.duplicates.saturating_add(*duplicates);
+        self.stale = self.stale.saturating_add(*stale);
+        self.conflicts = self.conflicts.saturating_add(*conflicts);
+        self.dead_lettered = self.dead_lettered.saturating_add(*dead_lettered);
+        self.nacked = self.nacked.saturating_add(*nacked);
+        self.requeued_resolved = self.requeued_resolved.saturating_add(*requeued_resolved);
     }
 }
 

@@ -107,8 +107,8 @@ impl ConsumerStats {
         *self.totals() += r;
     }
 
-    /// The totals, locked (a panic while they were held left them whole: an addition is the
-    /// only thing done under the lock).
+    /// The totals, locked. Nothing done under the lock panics (the addition saturates), so a
+    /// poisoned lock's totals are whole.
     fn totals(&self) -> std::sync::MutexGuard<'_, ConsumerReport> {
         self.totals.lock().unwrap_or_else(PoisonError::into_inner)
     }

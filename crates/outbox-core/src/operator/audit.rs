@@ -2,8 +2,8 @@
 //!
 //! Every action of the operator contract writes one [`AuditEntry`] in the transaction that
 //! does it, so an action and its record commit together or not at all; it also logs one line
-//! at `info` under the target `outbox::audit` ([`log_action`]; failures, which change nothing
-//! and write no record, at `warn`). A store keeps the records append-only for the tools: a
+//! at `info` under the target `outbox::audit` (failures, which change nothing and write no
+//! record, at `warn`): the core's provided action methods write that line, never a store. A store keeps the records append-only for the tools: a
 //! record cannot be changed or deleted through them.
 
 use chrono::{DateTime, Utc};
@@ -106,25 +106,14 @@ pub trait AuditOps {
 }
 
 /// One operator action as its audit record and its log line name it: what (`operation`), who
-/// (`actor`), on what (`selection`) and why (`reason`). Every store runs its actions through one,
-/// so that a refused action is logged once, and every outcome's line is the same in every store
-/// ([`log_action`]).
+/// (`actor`), on what (`selection`) and why (`reason`).
 ///
-/// The flow of an action: [`check`](Self::check) the request (a refusal is logged and returned;
-/// nothing was changed or recorded), make the change with its audit record (a failure on the way
-/// is logged through [`fail`](Self::fail) where the outcome is not logged otherwise), then
-/// [`logged`](Self::logged) logs the outcome, the rows changed or why it failed.
-///
-/// ```
-/// use outbox_core::operator::{Action, Actor, require_reason};
-/// let actor = Actor::new("alice", "cli").unwrap();
-/// let action = Action::new("discard dead letters", &actor, serde_json::json!({"all": true}), "");
-/// // No reason: refused, and logged once at `warn`.
-/// let refused = action.check(require_reason(action.operation(), action.reason()));
-/// assert!(refused.is_err());
-/// // An outcome: logged at `info` with the rows it changed.
-/// assert_eq!(action.logged(Ok(3_u64), |n| *n).unwrap(), 3);
-/// ```
+/// Only the core makes one: each provided action method of the operator traits names its
+/// action, checks the request (a refusal is logged once and returned; nothing was changed or
+/// recorded), hands the action to the store's `apply_*` hook, which makes the change with the
+/// audit record it reads from here, and logs the outcome once, the rows changed or why it
+/// failed. A store can neither make an action (so none reaches a hook unchecked) nor log one
+/// (so no line is written twice, and every store's lines are the same).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Action<'a> {
     operation: &'static str,
@@ -136,7 +125,7 @@ pub struct Action<'a> {
 impl<'a> Action<'a> {
     /// The action `operation` (`requeue dead letters`, `pause`, ...) by `actor` on `selection`
     /// (ids, a filter, a target: what the audit record keeps), for `reason`.
-    pub fn new(
+    pub(crate) fn new(
         operation: &'static str,
         actor: &'a Actor,
         selection: serde_json::Value,
@@ -174,13 +163,12 @@ impl<'a> Action<'a> {
     ///
     /// # Errors
     /// The error of `checked` (a refused request: nothing was changed or recorded), logged.
-    pub fn check(&self, checked: Result<(), OperatorError>) -> Result<(), OperatorError> {
+    pub(crate) fn check(&self, checked: Result<(), OperatorError>) -> Result<(), OperatorError> {
         checked.map_err(|e| self.fail(e))
     }
 
-    /// Logs the failure `error` of this action (at `warn`) and returns it: for the steps of an
-    /// action that fail before its outcome is logged ([`logged`](Self::logged) logs the rest).
-    pub fn fail(&self, error: OperatorError) -> OperatorError {
+    /// Logs the failure `error` of this action (at `warn`) and returns it.
+    fn fail(&self, error: OperatorError) -> OperatorError {
         log_action(
             self.actor,
             self.operation,
@@ -195,7 +183,7 @@ impl<'a> Action<'a> {
     ///
     /// # Errors
     /// The error of `result` (the action failed: nothing was changed or recorded), logged.
-    pub fn logged<T>(
+    pub(crate) fn logged<T>(
         &self,
         result: Result<T, OperatorError>,
         affected: impl FnOnce(&T) -> u64,
@@ -212,8 +200,8 @@ impl<'a> Action<'a> {
 }
 
 /// The log line of an action (target `outbox::audit`): `outcome` is the rows it changed, or
-/// why it failed. Every store's actions log through this, so the line is the same everywhere.
-pub fn log_action(
+/// why it failed.
+fn log_action(
     actor: &Actor,
     action: &str,
     selection: &serde_json::Value,

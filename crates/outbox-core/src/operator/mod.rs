@@ -13,14 +13,16 @@
 //! What every implementation guarantees (the testkit's `operator_suite!` checks it):
 //!
 //! * **Every action is audited**: the change and its [`AuditEntry`] commit together, and a
-//!   refused action changes nothing and records nothing (it is logged, [`log_action`]).
+//!   refused action changes nothing and records nothing (it is logged).
 //! * **Actions are the core's, changes the store's**: each action (requeue, discard, resolve,
-//!   pause, resume, replay, ...) is a provided method that names its [`Action`], checks the
-//!   request that needs no store (a reason, a target's form, the ids), calls the store's
-//!   `apply_*` hook and logs the outcome once. A store implements only the hooks: the change
-//!   and its audit record in one transaction, and the refusals only it can make (a row's
-//!   state, a lease held, published rows not kept). A new store cannot forget a log line or a
-//!   reason check, and its actions are named as every other store's.
+//!   pause, resume, replay, replay range) is a provided method that names its [`Action`],
+//!   checks the request where that needs no store (a reason, a target's form, the ids, a
+//!   version or a range), calls the store's `apply_*` hook and logs the outcome once. A store
+//!   implements only the hooks: the change and its audit record in one transaction, and the
+//!   refusals only it can make (a row's state, a lease held, published rows not kept). Only the
+//!   core makes an [`Action`] and only it logs one, so a hook never runs on an unchecked
+//!   request, no outcome is logged twice, and a new store's actions are named as every other
+//!   store's.
 //! * **Pages are bounded**: a list takes a limit of 1 to [`MAX_LIST`]; a group read looks at
 //!   most [`GROUP_SCAN`] rows and says when it stopped (`complete`).
 //! * **Errors are classed** ([`OperatorErrorKind`]) so that a caller maps them (the console to
@@ -43,7 +45,7 @@ use serde::Serialize;
 
 use crate::{StoreError, StoreErrorKind};
 
-pub use audit::{Action, Actor, AuditEntry, AuditOps, log_action};
+pub use audit::{Action, Actor, AuditEntry, AuditOps};
 pub use conflicts::{
     ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, check_conflicts_request,
     conflicts_selection, no_such_conflicts,

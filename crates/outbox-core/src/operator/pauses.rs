@@ -280,4 +280,83 @@ mod tests {
             serde_json::json!({"route": "destination:p"})
         );
     }
+
+    /// A fake store (pure logic): each hook counts its calls; a pause succeeds, a resume is
+    /// refused as not paused.
+    #[derive(Default)]
+    struct FakePauses {
+        applied: std::sync::atomic::AtomicUsize,
+    }
+
+    impl PauseOps for FakePauses {
+        async fn pauses(&self) -> Result<Vec<Pause>, OperatorError> {
+            Ok(Vec::new())
+        }
+
+        async fn apply_pause(
+            &self,
+            action: &Action<'_>,
+            target: &PauseTarget,
+        ) -> Result<Pause, OperatorError> {
+            self.applied
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Pause::new(target, action, Utc::now(), 1))
+        }
+
+        async fn apply_resume(
+            &self,
+            action: &Action<'_>,
+            target: &PauseTarget,
+        ) -> Result<(), OperatorError> {
+            self.applied
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err(target.not_paused(action.operation()))
+        }
+    }
+
+    /// Counts the events of the target `outbox::audit` by level.
+    #[derive(Clone, Default)]
+    struct AuditLines(std::sync::Arc<std::sync::Mutex<Vec<tracing::Level>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AuditLines {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if event.metadata().target() == "outbox::audit" {
+                self.0.lock().unwrap().push(*event.metadata().level());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_action_is_checked_before_its_hook_and_logged_once_by_the_core() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let lines = AuditLines::default();
+        let _guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(lines.clone()));
+        let store = FakePauses::default();
+        let actor = Actor::new("alice", "test").unwrap();
+        let route = PauseTarget::destination("payments");
+        let applied = || store.applied.load(std::sync::atomic::Ordering::SeqCst);
+        let taken = || std::mem::take(&mut *lines.0.lock().unwrap());
+
+        let p = store.pause(&route, &actor, "broker down").await.unwrap();
+        assert_eq!(
+            (p.actor.as_deref(), p.reason.as_deref()),
+            (Some("alice"), Some("broker down"))
+        );
+        assert_eq!((applied(), taken()), (1, vec![tracing::Level::INFO]));
+
+        // No reason: refused by the core, the hook never called, one warning.
+        let e = store.pause(&route, &actor, " ").await.unwrap_err();
+        assert_eq!(e.kind, super::super::OperatorErrorKind::InvalidRequest);
+        assert_eq!((applied(), taken()), (1, vec![tracing::Level::WARN]));
+
+        // The hook's refusal: logged once, by the core.
+        let e = store.resume(&route, &actor, "").await.unwrap_err();
+        assert_eq!(e.operation, "resume");
+        assert_eq!((applied(), taken()), (2, vec![tracing::Level::WARN]));
+    }
 }

@@ -23,6 +23,43 @@ impl ReplaySelection {
     pub fn audit_selection(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_default()
     }
+
+    /// The checks of a replay request that need no store: a first version of at least 1, and
+    /// a reason unless it is a dry run.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` in `operation`.
+    pub fn check(
+        &self,
+        operation: &'static str,
+        dry_run: bool,
+        reason: &str,
+    ) -> Result<(), OperatorError> {
+        match self.from_version {
+            Some(from) if from < 1 => Err(OperatorError::invalid(
+                operation,
+                format!("versions start at 1, not {from}"),
+            )),
+            _ => replay_reason(operation, dry_run, reason),
+        }
+    }
+}
+
+/// A replay needs a reason, kept in the audit record; a dry run (which records nothing) does
+/// not.
+fn replay_reason(
+    operation: &'static str,
+    dry_run: bool,
+    reason: &str,
+) -> Result<(), OperatorError> {
+    if dry_run || !reason.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(OperatorError::invalid(
+            operation,
+            "a replay needs a reason (it is kept in the audit record)",
+        ))
+    }
 }
 
 /// What a replay takes, or took.
@@ -68,6 +105,30 @@ impl RangeSelection {
     /// The selection as the audit record keeps it.
     pub fn audit_selection(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// The checks of a time-range replay request that need no store: a range that is not
+    /// empty, and a reason unless it is a dry run.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` in `operation`.
+    pub fn check(
+        &self,
+        operation: &'static str,
+        dry_run: bool,
+        reason: &str,
+    ) -> Result<(), OperatorError> {
+        if self.created_after >= self.created_before {
+            return Err(OperatorError::invalid(
+                operation,
+                format!(
+                    "an empty range: created_after {} is not before created_before {}",
+                    self.created_after.to_rfc3339(),
+                    self.created_before.to_rfc3339()
+                ),
+            ));
+        }
+        replay_reason(operation, dry_run, reason)
     }
 }
 
@@ -137,6 +198,7 @@ pub trait ReplayOps: Sync {
     ) -> impl Future<Output = Result<ReplayPlan, OperatorError>> + Send {
         async move {
             let action = Action::new("replay", actor, which.audit_selection(), reason);
+            action.check(which.check(action.operation(), dry_run, reason))?;
             let result = self
                 .apply_replay(&action, which, dry_run, expect_events)
                 .await;
@@ -144,10 +206,11 @@ pub trait ReplayOps: Sync {
         }
     }
 
-    /// The store's part of [`replay`](Self::replay): every check of the request (the store's
-    /// own first, such as whether it keeps published rows), then, unless `dry_run`, the rows
-    /// made pending with `action`'s audit record in one transaction and the relays woken.
-    /// Logs nothing.
+    /// The store's part of [`replay`](Self::replay), called once the request was checked
+    /// ([`ReplaySelection::check`]): the store's refusals (published rows not kept, a lease
+    /// held, a log-streaming relay running, the replay horizon, a count changed), then, unless
+    /// `dry_run`, the rows made pending with `action`'s audit record in one transaction and the
+    /// relays woken. Logs nothing.
     ///
     /// # Errors
     /// As [`replay`](Self::replay).
@@ -176,6 +239,7 @@ pub trait ReplayOps: Sync {
     ) -> impl Future<Output = Result<RangePlan, OperatorError>> + Send {
         async move {
             let action = Action::new("replay range", actor, which.audit_selection(), reason);
+            action.check(which.check(action.operation(), dry_run, reason))?;
             let result = self
                 .apply_replay_range(&action, which, dry_run, expect_events)
                 .await;

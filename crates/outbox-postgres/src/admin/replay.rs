@@ -166,17 +166,9 @@ impl ReplayOps for PgStore {
         const OP: &str = "replay";
         // A refusal changes nothing and writes no record (the provided method logs it).
         let refuse = |kind, message: String| OperatorError::new(OP, kind, message);
-        if let Err((kind, message)) = self.replay_allowed(dry_run, action.reason()) {
-            return Err(refuse(kind, message));
-        }
+        self.replay_allowed(OP)?;
         let (t, i) = (&which.aggregate_type, &which.aggregate_id);
         let from = which.from_version.unwrap_or(1);
-        if from < 1 {
-            return Err(refuse(
-                OperatorErrorKind::InvalidRequest,
-                format!("versions start at 1, not {from}"),
-            ));
-        }
         let mut tx = self.begin_action(action).await?;
         let q = |sql: &str| {
             sqlx::query(AssertSqlSafe(self.render(sql)))
@@ -270,7 +262,7 @@ impl ReplayOps for PgStore {
         expect_events: Option<i64>,
     ) -> Result<RangePlan, OperatorError> {
         // A refusal changes nothing and writes no record (the provided method logs it).
-        self.range_allowed(which, dry_run, action.reason())?;
+        self.replay_allowed(RANGE_OP)?;
         let mut tx = self.begin_action(action).await?;
         let (plan, found) = self
             .plan_range(&mut tx, which, dry_run, expect_events)
@@ -290,25 +282,17 @@ impl ReplayOps for PgStore {
 }
 
 impl PgStore {
-    /// Whether a replay may run at all: mark mode, and a reason unless it is a dry run. The
-    /// refusal's kind and message otherwise.
-    pub(super) fn replay_allowed(
-        &self,
-        dry_run: bool,
-        reason: &str,
-    ) -> Result<(), (OperatorErrorKind, String)> {
+    /// Whether a replay may run at all: only in mark mode (a store that deletes its published
+    /// rows holds nothing to replay).
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `Refused` in `operation`, in delete mode.
+    pub(super) fn replay_allowed(&self, operation: &'static str) -> Result<(), OperatorError> {
         if self.config().on_publish == OnPublish::Delete {
-            return Err((
-                OperatorErrorKind::Refused,
+            return Err(OperatorError::refused(
+                operation,
                 "the outbox keeps no published events (relay.on_publish = \"delete\"): nothing \
-                 can be replayed from it; replay from the broker's retention, or run in mark mode"
-                    .into(),
-            ));
-        }
-        if !dry_run && reason.trim().is_empty() {
-            return Err((
-                OperatorErrorKind::InvalidRequest,
-                "a replay needs a reason (it is kept in the audit record)".into(),
+                 can be replayed from it; replay from the broker's retention, or run in mark mode",
             ));
         }
         Ok(())
@@ -410,35 +394,6 @@ fn too_big(events: i64, aggregates: i64) -> String {
 }
 
 impl PgStore {
-    /// Whether a time-range replay may run at all: as [`PgStore::replay_allowed`], and a range
-    /// that is not empty.
-    fn range_allowed(
-        &self,
-        which: &RangeSelection,
-        dry_run: bool,
-        reason: &str,
-    ) -> Result<(), OperatorError> {
-        if let Err((kind, message)) = self.replay_allowed(dry_run, reason) {
-            return Err(OperatorError {
-                operation: RANGE_OP,
-                kind,
-                message,
-            });
-        }
-        if which.created_after >= which.created_before {
-            return Err(OperatorError {
-                operation: RANGE_OP,
-                kind: OperatorErrorKind::InvalidRequest,
-                message: format!(
-                    "an empty range: created_after {} is not before created_before {}",
-                    which.created_after.to_rfc3339(),
-                    which.created_before.to_rfc3339()
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// The plan of a time-range replay in `tx`, with its aggregates (locked, see the module
     /// docs), or its refusal: beyond the replay horizon, nothing in the range, too big, an
     /// aggregate a relay holds, a CDC relay running, a gap, a count changed since the dry run.

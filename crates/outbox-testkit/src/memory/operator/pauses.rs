@@ -27,8 +27,7 @@ impl PauseOps for MemoryStore {
         Ok(pauses)
     }
 
-    /// Pauses a route or a consumer; never refused for a log-streaming relay (the fake has
-    /// none).
+    /// Pauses a route or a consumer; refused when it is paused already.
     async fn apply_pause(
         &self,
         action: &Action<'_>,
