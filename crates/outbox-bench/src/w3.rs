@@ -103,7 +103,7 @@ struct Outcome {
     checks: String,
     load: String,
     /// Kafka only: the raw clients' latency on the same broker, right after (see
-    /// [`KafkaBench::raw_latency`]).
+    /// [`KafkaBench::raw_latency`](crate::brokers::KafkaBench::raw_latency)).
     floor: Option<RawLatency>,
 }
 

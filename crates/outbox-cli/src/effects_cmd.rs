@@ -76,7 +76,7 @@ pub struct RunArgs {
     /// Work-item kind to execute.
     #[arg(long, default_value = "payout")]
     kind: String,
-    /// Base URL of the payout provider (https://host[:port][/prefix], or http:// on a
+    /// Base URL of the payout provider (`https://host[:port][/prefix]`, or `http://` on a
     /// trusted network).
     #[arg(long, env = "OUTBOX_PROVIDER_URL", hide_env_values = true)]
     provider_url: String,

@@ -65,7 +65,7 @@ fn hostile_char() -> impl Strategy<Value = char> {
     ]
 }
 
-/// Text of up to `max` [`hostile_char`]s.
+/// Text of up to `max` hostile characters (`hostile_char`).
 pub fn hostile_text(max: usize) -> impl Strategy<Value = String> {
     prop::collection::vec(hostile_char(), 0..max).prop_map(|v| v.into_iter().collect())
 }

@@ -33,7 +33,7 @@
 //!   sends (hostile-input tests).
 //! * [`nats_wire`]: the NATS protocol written by hand on a TCP socket, to store in a stream
 //!   what no client library sends (hostile header blocks).
-//! * [`message`], [`env`], [`wait`]: test messages, service addresses, bounded polling.
+//! * [`message`], [`env`](mod@env), [`wait`]: test messages, service addresses, bounded polling.
 //! * [`fuzz`]: property harnesses for the decoders at the boundaries (generated hostile
 //!   messages, and what a decoder must hold for each), with a short run in every `cargo test`
 //!   and a long mode (`OUTBOX_FUZZ_CASES`).
