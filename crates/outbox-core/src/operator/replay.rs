@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Action, Actor, OperatorError};
+use super::{Action, Actor, OperatorError, require_reason};
 
 /// What to replay: one aggregate's published events from `from_version` (1 when absent) on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,20 +45,17 @@ impl ReplaySelection {
     }
 }
 
-/// A replay needs a reason, kept in the audit record; a dry run (which records nothing) does
-/// not.
+/// A replay needs a reason ([`require_reason`], kept in the audit record); a dry run, which
+/// records nothing, does not.
 fn replay_reason(
     operation: &'static str,
     dry_run: bool,
     reason: &str,
 ) -> Result<(), OperatorError> {
-    if dry_run || !reason.trim().is_empty() {
+    if dry_run {
         Ok(())
     } else {
-        Err(OperatorError::invalid(
-            operation,
-            "a replay needs a reason (it is kept in the audit record)",
-        ))
+        require_reason(operation, reason)
     }
 }
 
