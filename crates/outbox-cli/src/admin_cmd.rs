@@ -237,12 +237,18 @@ pub(crate) enum ConsumerDeadLetterCmd {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: i64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
     /// Open consumer dead letters grouped by consumer and reason, largest first.
     Groups {
         /// Only this consumer.
         #[arg(long)]
         consumer: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
     /// One consumer dead letter whole, payload and headers as received, as JSON (needs the
     /// operator role).
@@ -290,6 +296,39 @@ fn print_list<T: serde::Serialize>(
     Ok(())
 }
 
+/// `whole` as JSON when given; else one entry per group as `line` writes it, and a note when
+/// the groups count only the oldest [`GROUP_SCAN`] of the `what` that match.
+fn print_groups<T: serde::Serialize, G>(
+    whole: Option<&T>,
+    groups: &[G],
+    complete: bool,
+    what: &str,
+    line: impl Fn(&G) -> String,
+) -> Result<()> {
+    if let Some(whole) = whole {
+        return print_json(whole);
+    }
+    if groups.is_empty() {
+        println!("no {what}");
+    }
+    for g in groups {
+        println!("{}", line(g));
+    }
+    if !complete {
+        println!(
+            "note: {GROUP_SCAN} or more {what} match; these groups count the oldest {GROUP_SCAN} only"
+        );
+    }
+    Ok(())
+}
+
+/// Prints what an action did (`said`) and returns its exit code: 1, with a note, when of
+/// `asked` named ids fewer than all were acted on (see [`not_all`]).
+fn acted(said: &str, asked: Option<usize>, done: u64, what: &str) -> ExitCode {
+    println!("{said}");
+    not_all(asked, done, what).unwrap_or(ExitCode::SUCCESS)
+}
+
 /// `outbox dead-letters`.
 pub(crate) async fn dead_letters<O: OperatorStore>(
     admin: O,
@@ -319,15 +358,10 @@ pub(crate) async fn dead_letters<O: OperatorStore>(
             })?;
         }
         DeadLetterCmd::Groups { filter, json } => {
-            let groups = admin.dead_letter_groups(&filter.filter()).await?;
-            if json {
-                return print_json(&groups).map(|()| ExitCode::SUCCESS);
-            }
-            if groups.groups.is_empty() {
-                println!("no dead letters");
-            }
-            for g in &groups.groups {
-                println!(
+            let all = admin.dead_letter_groups(&filter.filter()).await?;
+            let shown = json.then_some(&all);
+            print_groups(shown, &all.groups, all.complete, "dead letters", |g| {
+                format!(
                     "{:>7}  {}\n         types {}  events {}  created {} .. {}",
                     g.count,
                     g.reason,
@@ -335,38 +369,28 @@ pub(crate) async fn dead_letters<O: OperatorStore>(
                     g.event_types.join(","),
                     g.first_created_at.to_rfc3339(),
                     g.last_created_at.to_rfc3339()
-                );
-            }
-            if !groups.complete {
-                println!(
-                    "note: {} or more dead letters match; these groups count the oldest {} only",
-                    GROUP_SCAN, GROUP_SCAN
-                );
-            }
+                )
+            })?;
         }
         DeadLetterCmd::Show { event_id } => print_json(&admin.dead_letter(event_id).await?)?,
         DeadLetterCmd::Requeue { select, action } => {
-            let which = select.selection()?;
+            let (which, actor) = (select.selection()?, action.actor()?);
             let n = admin
-                .requeue_dead_letters(&which, &action.actor()?, action.reason())
+                .requeue_dead_letters(&which, &actor, action.reason())
                 .await?;
-            println!("requeued {n} dead letter(s)");
-            if let Some(code) = not_all(ids_asked(&which), n, "dead letters") {
-                return Ok(code);
-            }
+            let said = format!("requeued {n} dead letter(s)");
+            return Ok(acted(&said, ids_asked(&which), n, "dead letters"));
         }
         DeadLetterCmd::Discard { select, action } => {
-            let which = select.selection()?;
+            let (which, actor) = (select.selection()?, action.actor()?);
             let d = admin
-                .discard_dead_letters(&which, &action.actor()?, action.reason())
+                .discard_dead_letters(&which, &actor, action.reason())
                 .await?;
-            println!(
+            let said = format!(
                 "discarded {} dead letter(s) (kept in discarded_events; audit record {})",
                 d.discarded, d.audit_id
             );
-            if let Some(code) = not_all(ids_asked(&which), d.discarded, "dead letters") {
-                return Ok(code);
-            }
+            return Ok(acted(&said, ids_asked(&which), d.discarded, "dead letters"));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -442,6 +466,7 @@ pub(crate) async fn consumer_dead_letters<O: OperatorStore>(
             consumer,
             group,
             limit,
+            json,
         } => {
             let which = ConsumerSelection {
                 consumer,
@@ -449,12 +474,9 @@ pub(crate) async fn consumer_dead_letters<O: OperatorStore>(
                 reason_group: group,
             };
             let list = admin.consumer_dead_letters(&which, limit).await?;
-            if list.is_empty() {
-                println!("no consumer dead letters");
-            }
-            for v in list {
-                let d = v.dead_letter;
-                println!(
+            print_list(&list, json, "no consumer dead letters", |v| {
+                let d = &v.dead_letter;
+                format!(
                     "#{}  consumer={}  state={}  event={}  {}/{} v{}  {}  attempts={}  since {}\n    error: {}",
                     d.id,
                     d.consumer_name,
@@ -468,57 +490,54 @@ pub(crate) async fn consumer_dead_letters<O: OperatorStore>(
                     d.attempts,
                     d.created_at.to_rfc3339(),
                     d.error
-                );
-            }
+                )
+            })?;
         }
-        ConsumerDeadLetterCmd::Groups { consumer } => {
+        ConsumerDeadLetterCmd::Groups { consumer, json } => {
             let which = ConsumerSelection {
                 consumer,
                 ..ConsumerSelection::default()
             };
             let all = admin.consumer_dead_letter_groups(&which).await?;
-            if all.groups.is_empty() {
-                println!("no consumer dead letters");
-            }
-            if !all.complete {
-                println!(
-                    "note: {} or more match; these groups count the oldest {} only",
-                    GROUP_SCAN, GROUP_SCAN
-                );
-            }
-            for g in all.groups {
-                println!(
-                    "{:>7}  consumer={}  {}\n         since {} .. {}",
-                    g.count,
-                    g.consumer_name,
-                    g.reason,
-                    g.first_at.to_rfc3339(),
-                    g.last_at.to_rfc3339()
-                );
-            }
+            let shown = json.then_some(&all);
+            print_groups(
+                shown,
+                &all.groups,
+                all.complete,
+                "consumer dead letters",
+                |g| {
+                    format!(
+                        "{:>7}  consumer={}  {}\n         since {} .. {}",
+                        g.count,
+                        g.consumer_name,
+                        g.reason,
+                        g.first_at.to_rfc3339(),
+                        g.last_at.to_rfc3339()
+                    )
+                },
+            )?;
         }
         ConsumerDeadLetterCmd::Show { id } => print_json(&admin.consumer_dead_letter(id).await?)?,
         ConsumerDeadLetterCmd::Requeue { select, action } => {
-            let which = select.selection()?;
+            let (which, actor) = (select.selection()?, action.actor()?);
             let n = admin
-                .requeue_consumer_dead_letters(&which, &action.actor()?, action.reason())
+                .requeue_consumer_dead_letters(&which, &actor, action.reason())
                 .await?;
-            println!(
+            let said = format!(
                 "requeued {n} consumer dead letter(s); the consumer applies them through its inbox"
             );
-            if let Some(code) = not_all(which.ids.as_ref().map(Vec::len), n, "open dead letters") {
-                return Ok(code);
-            }
+            let asked = which.ids.as_ref().map(Vec::len);
+            return Ok(acted(&said, asked, n, "open dead letters"));
         }
         ConsumerDeadLetterCmd::Discard { select, action } => {
-            let which = select.selection()?;
+            let (which, actor) = (select.selection()?, action.actor()?);
             let n = admin
-                .discard_consumer_dead_letters(&which, &action.actor()?, action.reason())
+                .discard_consumer_dead_letters(&which, &actor, action.reason())
                 .await?;
-            println!("discarded {n} consumer dead letter(s) (state resolved, never applied)");
-            if let Some(code) = not_all(which.ids.as_ref().map(Vec::len), n, "open dead letters") {
-                return Ok(code);
-            }
+            let said =
+                format!("discarded {n} consumer dead letter(s) (state resolved, never applied)");
+            let asked = which.ids.as_ref().map(Vec::len);
+            return Ok(acted(&said, asked, n, "open dead letters"));
         }
     }
     Ok(ExitCode::SUCCESS)

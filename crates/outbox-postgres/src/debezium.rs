@@ -494,17 +494,9 @@ struct Values {
 
 /// The bridge's SQL: the trigger function inserting [`Values`] into `schema`'s `events`, and
 /// the trigger on the table.
-fn function_sql(schema: &Schema, found: &Found, values: &Values) -> String {
-    let Values {
-        id,
-        route,
-        key,
-        ty,
-        payload,
-        content_type,
-        headers,
-        created_at,
-    } = values;
+fn function_sql(schema: &Schema, found: &Found, v: &Values) -> String {
+    let (id, route, key, ty) = (&v.id, &v.route, &v.key, &v.ty);
+    let (payload, headers, created_at) = (&v.payload, &v.headers, &v.created_at);
     let s = schema.quoted();
     let function = format!("{s}.{}", function_name(&found.name));
     let mut sql = String::new();
@@ -534,7 +526,7 @@ fn function_sql(schema: &Schema, found: &Found, values: &Values) -> String {
          CREATE TRIGGER {trigger} AFTER INSERT ON {table}\n\
          \x20   FOR EACH ROW EXECUTE FUNCTION {function}();\n",
         table = found.name,
-        ct = quote_literal(content_type),
+        ct = quote_literal(v.content_type),
         trigger = quote_ident(&trigger_name(schema)),
     );
     sql

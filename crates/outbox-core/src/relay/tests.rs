@@ -18,6 +18,19 @@ fn a_costly_gauge_refresh_spaces_the_next_one_out() {
     assert_eq!(stats_wait(long, Duration::from_secs(10)), long);
 }
 
+/// Rows of [`row`], one per `id:aggregate version` word of `spec` (`"3:a2"`: id 3, aggregate
+/// `a`, version 2; one-letter aggregate ids).
+fn rows(spec: &str) -> Vec<OutboxMessage> {
+    let number = |s: &str| s.parse::<i64>().expect("a number in the spec");
+    spec.split_whitespace()
+        .map(|word| {
+            let (id, rest) = word.split_once(':').expect("id:aggregate version");
+            let (aggregate, version) = rest.split_at(1);
+            row(number(id), aggregate, number(version))
+        })
+        .collect()
+}
+
 /// A row of aggregate type `payment` (also the activity's tests').
 pub(super) fn row(id: i64, aggregate_id: &str, version: i64) -> OutboxMessage {
     let payload = Payload::json(&serde_json::json!({ "v": version })).unwrap();
@@ -33,15 +46,7 @@ fn ids(messages: &[OutboxMessage]) -> Vec<i64> {
 #[test]
 fn a_head_taken_over_too_often_is_dead_lettered_with_the_rest_of_its_run_given_back() {
     // a: 1, 2, 3 (taken over twice); b: 4, 5 (not taken over); c: 6, 7 (three times).
-    let batch = vec![
-        row(1, "a", 1),
-        row(2, "a", 2),
-        row(3, "a", 3),
-        row(4, "b", 1),
-        row(5, "b", 2),
-        row(6, "c", 1),
-        row(7, "c", 2),
-    ];
+    let batch = rows("1:a1 2:a2 3:a3 4:b1 5:b2 6:c1 7:c2");
     let takeovers = [
         Takeover {
             head: 1,
@@ -80,14 +85,7 @@ fn a_head_taken_over_too_often_is_dead_lettered_with_the_rest_of_its_run_given_b
 #[test]
 fn an_undecodable_row_is_dead_lettered_and_its_aggregate_stops_behind_it() {
     // a: 1, 2, [3 undecodable], 4, 5; b: 6, 7 (nothing wrong); c: [8 undecodable].
-    let batch = vec![
-        row(1, "a", 1),
-        row(2, "a", 2),
-        row(4, "a", 4),
-        row(5, "a", 5),
-        row(6, "b", 1),
-        row(7, "b", 2),
-    ];
+    let batch = rows("1:a1 2:a2 4:a4 5:a5 6:b1 7:b2");
     let bad = |id: i64, aggregate_id: &str, version: i64| UndecodableRow {
         id,
         event_id: None,
