@@ -1,5 +1,5 @@
 //! The console in a real browser (headless Chromium from Debian's packages, driven over
-//! WebDriver by fantoccini through chromedriver; `.ci/services` installs both): the overview's
+//! WebDriver by fantoccini through chromedriver; `scripts/services` installs both): the overview's
 //! numbers are the database's, a reason is shown as text, an action without the token is
 //! refused, and a dead letter requeued through the page reaches the broker.
 //!
@@ -29,7 +29,7 @@ async fn browser() -> Browser {
     for bin in [CHROMIUM, CHROMEDRIVER] {
         assert!(
             std::path::Path::new(bin).exists(),
-            "{bin} is required (Debian packages chromium and chromium-driver; .ci/services installs them)"
+            "{bin} is required (Debian packages chromium and chromium-driver; scripts/services installs them)"
         );
     }
     let port = free_port();

@@ -2,7 +2,7 @@
 //! SUMMARY.md exists and is compiled as a doctest of the `outbox` crate (its Rust blocks are
 //! tested, not pasted: crates/outbox/src/lib.rs), and no relative link of the guide or of the
 //! README points to a missing file or to a heading the target does not have.
-//! The mdbook binary comes from `scripts/mdbook` (run by `.ci/services`), which installs the version pinned there into
+//! The mdbook binary comes from `scripts/mdbook` (run by `scripts/services`), which installs the version pinned there into
 //! /var/cache/outbox (or $OUTBOX_CACHE_DIR); a missing binary fails the test, it never skips.
 #![allow(missing_docs)]
 
@@ -21,7 +21,7 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The mdbook binary `scripts/mdbook` installs (`.ci/services` runs it): its path comes from
+/// The mdbook binary `scripts/mdbook` installs (`scripts/services` runs it): its path comes from
 /// the script, so the two cannot drift apart.
 fn mdbook() -> PathBuf {
     let out = Command::new("bash")
@@ -33,7 +33,7 @@ fn mdbook() -> PathBuf {
     let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     assert!(
         bin.is_file(),
-        "mdbook is not installed at {}: run `bash .ci/services`, which installs it (cargo \
+        "mdbook is not installed at {}: run `bash scripts/services`, which installs it (cargo \
          install, once, into the cache)",
         bin.display()
     );

@@ -3,7 +3,7 @@
 //! every metric they, the dashboard's queries and the guide's metrics table
 //! (docs/guide/src/operations.md, "Metrics") name is one the code exports, and the guide
 //! documents every one the code exports.
-//! `promtool` comes from Debian's prometheus package, which `.ci/services` installs; a missing
+//! `promtool` comes from Debian's prometheus package, which `scripts/services` installs; a missing
 //! promtool fails the test.
 #![allow(missing_docs)]
 
@@ -79,7 +79,7 @@ fn promtool(args: &[&str]) {
         .output()
         .unwrap_or_else(|e| {
             panic!(
-                "promtool is required (Debian's prometheus package; .ci/services installs it): {e}"
+                "promtool is required (Debian's prometheus package; scripts/services installs it): {e}"
             )
         });
     assert!(

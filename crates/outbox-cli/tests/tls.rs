@@ -51,7 +51,7 @@ async fn encrypted(url: &str) -> Result<bool, sqlx::Error> {
     Ok(ssl)
 }
 
-/// The server's certificate file (Debian's snakeoil or the one `.ci/services` makes: SAN `localhost`,
+/// The server's certificate file (Debian's snakeoil or the one `scripts/services` makes: SAN `localhost`,
 /// self-signed); fails loudly when the server has TLS off.
 async fn server_certificate() -> PathBuf {
     let mut conn = sqlx::PgConnection::connect(&pg_url("sslmode=disable"))
@@ -85,7 +85,7 @@ async fn postgres_sslmode_require_connects_encrypted() {
 async fn postgres_verify_modes_check_the_ca_and_the_name() {
     let cert = server_certificate().await;
     let root = format!("sslrootcert={}", cert.display());
-    // The server's certificate names `localhost` (`.ci/services` sees to it): verify-full
+    // The server's certificate names `localhost` (`scripts/services` sees to it): verify-full
     // passes for that name only.
     assert!(
         encrypted(&pg_url_with_host(
@@ -221,7 +221,7 @@ impl NatsServer {
             ".conf",
             &format!("listen: \"127.0.0.1:{port}\"\n{jetstream}{body}\n"),
         );
-        // On PATH, or where Debian's package puts it (`.ci/services` checks one exists).
+        // On PATH, or where Debian's package puts it (`scripts/services` checks one exists).
         let exe = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .map(|d| d.join("nats-server"))
             .find(|p| p.is_file())

@@ -1,4 +1,4 @@
-//! The CDC stream against the real server with `wal_level = logical` (set by `.ci/services`):
+//! The CDC stream against the real server with `wal_level = logical` (set by `scripts/services`):
 //! committed inserts of the outbox table, whole transactions in commit order, decoded exactly as
 //! the table holds them; rollbacks never seen; a restart resumes after the confirmed position
 //! with the same rows; slot errors are told apart.
@@ -34,7 +34,7 @@ async fn setup() -> (TestDb, CdcConfig, Cleanup) {
     assert!(
         create_slot(&db.pool, &cleanup.slot)
             .await
-            .expect("slot (wal_level = logical: .ci/services sets it)")
+            .expect("slot (wal_level = logical: scripts/services sets it)")
     );
     (db, config, cleanup)
 }

@@ -79,7 +79,7 @@ impl FeedFixture for Cdc {
             .expect("publication");
         create_slot(&db.pool, &slot)
             .await
-            .expect("slot (wal_level = logical: .ci/services sets it)");
+            .expect("slot (wal_level = logical: scripts/services sets it)");
         let feed = Arc::new(
             CdcFeed::new(
                 &database_url(),

@@ -47,7 +47,7 @@ impl Service {
     /// (without credentials), the variable and how to start the services, then `cause`.
     pub fn unreachable(&self, cause: impl fmt::Display) -> anyhow::Error {
         anyhow::anyhow!(
-            "{} must run at {} (set {} to use another address; `bash .ci/services` starts the \
+            "{} must run at {} (set {} to use another address; `bash scripts/services` starts the \
              test services): {cause}",
             self.name,
             redact(&self.url()),
