@@ -134,22 +134,45 @@ pub async fn relay(store: PgStore, run: RelayRun<'_>) -> Result<ExitCode> {
     let relay = PgRelay::new(store, file.relay.to_relay_config()?, mode)
         .with_live_session(file.relay.session_config()?)
         .with_claim_window(file.relay.claim_window);
-    relay.check().await?;
-    let transport = brokers.connect_transport(broker_url, settings).await?;
     let addr = metrics_addr.or(file
         .metrics_addr
         .as_deref()
         .map(|a| a.parse().context("invalid configuration `metrics_addr`"))
         .transpose()?);
+    // Served from the start, so that `/readyz` says `starting` (503) during the checks and the
+    // broker's connection, rather than a refused connection.
     if let Some(addr) = addr {
-        crate::metrics::install(addr)?;
-        info!(%addr, "serving Prometheus metrics");
+        crate::metrics::serve(addr, relay.readiness()).await?;
+        info!(%addr, "serving Prometheus metrics, /healthz and /readyz");
     }
+    relay.check().await?;
+    let transport = brokers.connect_transport(broker_url, settings).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
     info!(broker = %redact(broker_url), "connected to the broker");
     relay.run(Arc::new(transport), shutdown).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox ready`: asks `GET /readyz` of the process at `addr` every 0.5 s until it answers
+/// 200 or `wait` has passed. Prints the last answer; exit 0 when ready, 1 when not.
+pub async fn ready(addr: &str, wait: std::time::Duration) -> Result<ExitCode> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let answer = crate::scrape::get(addr, "/readyz").await;
+        if let Ok((200, body)) = &answer {
+            println!("{body}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            match answer {
+                Ok((status, body)) => println!("not ready ({status}): {body}"),
+                Err(e) => println!("not ready: {e:#}"),
+            }
+            return Ok(ExitCode::from(1));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 /// The heartbeat of this process (`outbox_postgres::heartbeat`): the console shows it as up,
@@ -257,46 +280,62 @@ pub async fn status(
         println!("{v}");
     } else {
         let w = &o.work_items;
-        println!("schema                      {}", o.schema);
-        println!("pending                     {}", o.pending);
-        println!(
-            "oldest pending age (s)      {:.3}",
-            o.oldest_pending_age_seconds
+        print_fields(
+            "",
+            &[
+                ("schema", o.schema.clone()),
+                ("pending", o.pending.to_string()),
+                (
+                    "oldest pending age (s)",
+                    format!("{:.3}", o.oldest_pending_age_seconds),
+                ),
+                ("in flight (leased)", o.in_flight.to_string()),
+                ("retrying (failed >= once)", o.retrying.to_string()),
+                ("dead letters", o.dead_letters.to_string()),
+                (
+                    "published (kept, mark mode)",
+                    o.published_retained.to_string(),
+                ),
+                ("inbox conflicts", o.inbox_conflicts.to_string()),
+                ("consumer dead letters", o.consumer_dead_letters.to_string()),
+                ("work items pending", w.pending.to_string()),
+                ("work items unknown", w.unknown.to_string()),
+                (
+                    "oldest unknown age (s)",
+                    format!("{:.3}", w.oldest_unknown_age_seconds),
+                ),
+                ("work items failed", w.failed.to_string()),
+            ],
         );
-        println!("in flight (leased)          {}", o.in_flight);
-        println!("retrying (failed >= once)   {}", o.retrying);
-        println!("dead letters                {}", o.dead_letters);
-        println!("published (kept, mark mode) {}", o.published_retained);
-        println!("inbox conflicts             {}", o.inbox_conflicts);
-        println!("consumer dead letters       {}", o.consumer_dead_letters);
-        println!("work items pending          {}", w.pending);
-        println!("work items unknown          {}", w.unknown);
-        println!(
-            "oldest unknown age (s)      {:.3}",
-            w.oldest_unknown_age_seconds
-        );
-        println!("work items failed           {}", w.failed);
         if relay.is_some() {
             let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x}"));
             println!("relay at {}:", relay_metrics.as_deref().unwrap_or(""));
-            println!("  published                 {}", f(total(m::PUBLISHED)));
-            println!(
-                "  failed attempts           {}",
-                f(total(m::PUBLISH_FAILURES))
+            print_fields(
+                "  ",
+                &[
+                    ("published", f(total(m::PUBLISHED))),
+                    ("failed attempts", f(total(m::PUBLISH_FAILURES))),
+                    ("dead-lettered", f(total(m::DEAD_LETTERED))),
+                    ("broker duplicates", f(total(m::BROKER_DUPLICATES))),
+                    ("leases lost", f(total(m::LEASE_LOST))),
+                    ("publish latency p50 <= s", f(q(0.5))),
+                    ("publish latency p99 <= s", f(q(0.99))),
+                ],
             );
-            println!("  dead-lettered             {}", f(total(m::DEAD_LETTERED)));
-            println!(
-                "  broker duplicates         {}",
-                f(total(m::BROKER_DUPLICATES))
-            );
-            println!("  leases lost               {}", f(total(m::LEASE_LOST)));
-            println!("  publish latency p50 <= s  {}", f(q(0.5)));
-            println!("  publish latency p99 <= s  {}", f(q(0.99)));
         }
         print_routes(&routes);
         print_processes(&processes);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints one `label  value` line per field, `indent` first and the values in one column (28
+/// characters from the line's start, as `outbox status` always printed them).
+fn print_fields(indent: &str, fields: &[(&str, String)]) {
+    let width = 28 - indent.len();
+    for (label, value) in fields {
+        println!("{indent}{label:<width$}{value}");
+    }
 }
 
 /// Prints `rows` under `headers`, each column as wide as its widest cell, numbers aligned

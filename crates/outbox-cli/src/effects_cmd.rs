@@ -154,8 +154,9 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
                 Executor::<PgStore, _>::new(PgStore::with_schema(pool, schema), provider, config)
                     .context("cannot start the executor")?,
             );
+            let readiness = outbox::health::Readiness::new();
             if let Some(addr) = a.metrics_addr {
-                crate::metrics::install(addr)?;
+                crate::metrics::serve(addr, readiness.clone()).await?;
             }
             let shutdown = CancellationToken::new();
             tokio::spawn(outbox::cancel_on_signal(shutdown.clone()));
@@ -164,7 +165,9 @@ pub async fn run(cmd: EffectsCmd, pool: PgPool, schema: Schema) -> Result<()> {
                     .run(shutdown.clone()),
             );
             tracing::info!(kind = %a.kind, provider = %redact(&a.provider_url), "executor started");
+            readiness.running();
             executor.run(shutdown.clone()).await;
+            readiness.stopped();
             shutdown.cancel();
             let _ = beat.await;
             tracing::info!("executor stopped");

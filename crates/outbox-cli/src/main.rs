@@ -3,6 +3,7 @@
 //! ```text
 //! outbox migrate                      create / upgrade the tables
 //! outbox relay                        move committed rows to the broker (Prometheus on --metrics-addr)
+//! outbox ready [--wait-secs N]        whether that relay is ready (GET /readyz), as an exit code
 //! outbox status [--json]              pending, oldest age, in flight, retrying, dead letters
 //! outbox dead-letters list            what exhausted its attempts, and what waits behind it
 //! outbox dead-letters requeue ID…|--all
@@ -131,6 +132,18 @@ enum Command {
         /// Also read a running relay's counters from its metrics address (host:port).
         #[arg(long, env = "OUTBOX_RELAY_METRICS")]
         relay_metrics: Option<String>,
+    },
+    /// Whether a running relay or effects executor is ready: `GET /readyz` on its metrics
+    /// address (running, and not failing). Exit 0 when ready; 1 when not ready, or not
+    /// answering, after --wait-secs (asked every 0.5 s). Needs no database: for a systemd
+    /// unit's start-up wait or a container's health check.
+    Ready {
+        /// The process's metrics address (host:port), as given to `outbox relay`.
+        #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+        metrics_addr: String,
+        /// Keep asking this long before giving up.
+        #[arg(long, default_value_t = 0.0)]
+        wait_secs: f64,
     },
     /// Outbox dead letters: list, group by reason, show one whole, requeue or discard by ids,
     /// filter or all (each action recorded in the audit table).
@@ -408,6 +421,15 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
         };
         return outbox_harness::run(tool, ctx).await;
     }
+    if let Command::Ready {
+        metrics_addr,
+        wait_secs,
+    } = &cli.command
+    {
+        let wait = std::time::Duration::try_from_secs_f64(*wait_secs)
+            .context("--wait-secs must be a number of seconds, 0 or more")?;
+        return commands::ready(metrics_addr, wait).await;
+    }
     if let Command::Roles(cmd) = cli.command {
         return roles_cmd::run(cmd, cli.database_url, cli.schema, &file, &brokers).await;
     }
@@ -495,7 +517,7 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
         Command::Debezium(cmd) => {
             debezium_cmd::run(cmd, &pool, schema, file.debezium.as_ref()).await
         }
-        Command::Roles(_) | Command::Completions { .. } | Command::Man => {
+        Command::Roles(_) | Command::Ready { .. } | Command::Completions { .. } | Command::Man => {
             unreachable!("dispatched above")
         }
         #[cfg(feature = "harness")]

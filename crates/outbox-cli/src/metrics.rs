@@ -1,15 +1,42 @@
-//! The Prometheus endpoint of `outbox relay` and `outbox effects run`.
+//! The HTTP endpoint of `outbox relay` and `outbox effects run` (`--metrics-addr`):
+//!
+//! | path | answer |
+//! |---|---|
+//! | `GET /metrics` | the Prometheus metrics |
+//! | `GET /healthz` | `200 ok` while the process answers (a liveness probe) |
+//! | `GET /readyz` | `200` when the engine runs and is not `failing`, else `503`; a JSON body with the phase (`starting`, `running`, `stopped`) and the engine's health ([`Readiness`]) |
+//!
+//! A systemd unit waits for `/readyz` before it counts the relay as started
+//! (`ops/systemd/outbox-relay.service`); Kubernetes probes `/healthz` for liveness and `/readyz`
+//! for readiness. A relay whose broker or database is down reads not ready, but alive: it
+//! recovers by itself, so nothing should restart it for that.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use outbox::health::Readiness;
 
-/// Serves Prometheus metrics on `addr` and describes the relay's metrics.
+/// How often the recorder's upkeep runs (histogram buckets drained), as the exporter's own
+/// listener does it.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Binds `addr`, then serves the metrics, `/healthz` and `/readyz` of `readiness` on it (see
+/// the module docs) until the process exits, and describes the relay's metrics.
 ///
 /// The endpoint has no authentication and no TLS, and its numbers (backlog, dead letters,
 /// consumer names) describe the business. Loopback is the recommended address, scraped by a
 /// local agent; any other address is served, with a warning, for interfaces a firewall guards.
-pub fn install(addr: SocketAddr) -> Result<()> {
+///
+/// # Errors
+/// The address cannot be bound (in use, not this machine's), or a metrics recorder is already
+/// installed.
+pub async fn serve(addr: SocketAddr, readiness: Readiness) -> Result<()> {
     use outbox::relay::metric;
     if !addr.ip().is_loopback() {
         tracing::warn!(
@@ -18,8 +45,10 @@ pub fn install(addr: SocketAddr) -> Result<()> {
              reaches this interface can read it; prefer 127.0.0.1 with a local scraper"
         );
     }
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(metric::PUBLISH_LATENCY.to_owned()),
             &[
@@ -34,8 +63,55 @@ pub fn install(addr: SocketAddr) -> Result<()> {
             ],
         )
         .context("invalid metrics buckets")?
-        .install()
-        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(handle, readiness)).await {
+            tracing::error!(error = %e, %addr, "the metrics and health endpoint stopped");
+        }
+    });
+    describe();
+    Ok(())
+}
+
+/// The endpoint's routes.
+fn router(metrics: PrometheusHandle, readiness: Readiness) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = metrics.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let report = readiness.check();
+                async move {
+                    let status = if report.ready {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    (status, axum::Json(report)).into_response()
+                }
+            }),
+        )
+}
+
+/// Describes the metrics the relay and the executor export.
+fn describe() {
+    use outbox::relay::metric;
     metrics::describe_counter!(
         metric::PUBLISHED,
         "Messages the broker durably acknowledged"
@@ -86,5 +162,4 @@ pub fn install(addr: SocketAddr) -> Result<()> {
             "Leases this relay's sweeps expired because their owner's session had ended"
         );
     }
-    Ok(())
 }

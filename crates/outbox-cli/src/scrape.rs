@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Counters summed over labels, and the latency histogram's cumulative buckets.
 #[derive(Debug, Default, PartialEq)]
@@ -77,50 +76,79 @@ pub fn parse(text: &str) -> RelayCounters {
 /// kilobytes; anything near this is not a relay, and reading it whole would cost memory.
 pub const MAX_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
 
-/// Fetches `http://{addr}/metrics`, reading at most [`MAX_ANSWER_BYTES`].
+/// How long connecting, and then the answer, may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `GET http://{addr}{path}` (hyper's HTTP/1 client over one connection): the status code and
+/// the body, at most [`MAX_ANSWER_BYTES`] of UTF-8 text.
 ///
 /// # Errors
-/// The address cannot be reached within 3 s, the answer takes longer than 3 s, is larger than
-/// [`MAX_ANSWER_BYTES`], is not UTF-8 or is not a 200.
+/// The address cannot be reached within 3 s, the answer takes longer than 3 s, is not HTTP,
+/// is larger than [`MAX_ANSWER_BYTES`] or is not UTF-8.
+pub async fn get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    use hyper::body::Bytes;
+    let stream = tokio::time::timeout(HTTP_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .with_context(|| format!("{addr}: connect timed out"))?
+        .with_context(|| format!("cannot reach {addr}"))?;
+    let exchange = async {
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let request = hyper::Request::get(path)
+            .header(hyper::header::HOST, addr)
+            .body(Empty::<Bytes>::new())?;
+        let answer = sender.send_request(request).await?;
+        let status = answer.status().as_u16();
+        let body = Limited::new(answer.into_body(), MAX_ANSWER_BYTES as usize)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    anyhow::anyhow!(
+                        "the answer is larger than {MAX_ANSWER_BYTES} bytes; is this a relay's metrics address?"
+                    )
+                } else {
+                    anyhow::anyhow!("reading the answer: {e}")
+                }
+            })?
+            .to_bytes();
+        anyhow::Ok((status, body))
+    };
+    let (status, body) = tokio::time::timeout(HTTP_TIMEOUT, exchange)
+        .await
+        .with_context(|| format!("{addr}: the answer timed out"))?
+        .with_context(|| format!("GET http://{addr}{path}"))?;
+    let body = String::from_utf8(body.to_vec())
+        .map_err(|_| anyhow::anyhow!("{addr}: the answer is not UTF-8 text"))?;
+    Ok((status, body))
+}
+
+/// Fetches `http://{addr}/metrics` ([`get`]) and parses it.
+///
+/// # Errors
+/// As [`get`], and an answer that is not a 200.
 pub async fn fetch(addr: &str) -> Result<RelayCounters> {
     let addr = addr
         .trim_start_matches("http://")
         .trim_end_matches("/metrics");
-    let mut stream =
-        tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
-            .await
-            .with_context(|| format!("relay metrics at {addr}: connect timed out"))?
-            .with_context(|| format!("cannot reach relay metrics at {addr}"))?;
-    stream
-        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = Vec::new();
-    tokio::time::timeout(
-        Duration::from_secs(3),
-        (&mut stream)
-            .take(MAX_ANSWER_BYTES + 1)
-            .read_to_end(&mut raw),
-    )
-    .await
-    .with_context(|| format!("relay metrics at {addr}: read timed out"))??;
-    if raw.len() as u64 > MAX_ANSWER_BYTES {
+    let (status, body) = get(addr, "/metrics")
+        .await
+        .with_context(|| format!("relay metrics at {addr}"))?;
+    if status != 200 {
         bail!(
-            "relay metrics at {addr}: the answer is larger than {MAX_ANSWER_BYTES} bytes; is this a relay's metrics address?"
-        );
-    }
-    let body = String::from_utf8(raw)
-        .map_err(|_| anyhow::anyhow!("relay metrics at {addr}: the answer is not UTF-8 text"))?;
-    if !body.starts_with("HTTP/1.") || body.split_whitespace().nth(1).is_none_or(|c| c != "200") {
-        bail!(
-            "relay metrics at {addr}: unexpected answer `{}`",
+            "relay metrics at {addr}: unexpected answer {status} `{}`",
             body.lines().next().unwrap_or("")
         );
     }
-    Ok(parse(body.split_once("\r\n\r\n").map_or("", |(_, b)| b)))
+    Ok(parse(&body))
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
     /// A one-shot server that answers `answer` to whatever it is asked.
@@ -140,10 +168,10 @@ mod tests {
     #[tokio::test]
     async fn an_oversized_answer_is_refused() {
         let mut answer = b"HTTP/1.0 200 OK\r\n\r\n".to_vec();
-        answer.extend(std::iter::repeat_n(b'#', MAX_ANSWER_BYTES as usize));
+        answer.extend(std::iter::repeat_n(b'#', MAX_ANSWER_BYTES as usize + 1));
         let addr = serve_once(answer).await;
         let e = fetch(&addr).await.unwrap_err();
-        assert!(e.to_string().contains("larger than"), "{e:#}");
+        assert!(format!("{e:#}").contains("larger than"), "{e:#}");
     }
 
     #[tokio::test]

@@ -187,6 +187,20 @@ async fn relay_health(
     }
 }
 
+/// `outbox ready` asked once of the relay at `port`.
+async fn outbox_ready(port: u16) -> Run {
+    let mut c = outbox(None, None, None);
+    c.args(["ready", "--metrics-addr", &format!("127.0.0.1:{port}")]);
+    run(c, QUICK).await
+}
+
+/// `GET /readyz`, expected to answer `status`: its JSON body.
+async fn readyz(port: u16, status: u16) -> serde_json::Value {
+    let (got, body) = http_get(port, "/readyz").await;
+    assert_eq!(got, status, "/readyz: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz: {e}: {body}"))
+}
+
 /// The sum of `name`'s series carrying `label` in a Prometheus exposition.
 fn labelled(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
@@ -231,6 +245,16 @@ async fn a_stuck_relay_says_why_in_status_and_on_the_console() {
     let h = relay_health(&db, "an idle relay", |h| h["state"] == "idle").await;
     assert_eq!(h["last_error"], serde_json::Value::Null, "{h}");
     assert_eq!(h["errors"], 0, "{h}");
+    // Its probes: alive, and ready (running, not failing).
+    assert_eq!(
+        http_get(metrics_port, "/healthz").await,
+        (200, "ok".to_owned())
+    );
+    let ready = readyz(metrics_port, 200).await;
+    assert_eq!(ready["phase"], "running", "{ready}");
+    assert_eq!(ready["health"]["state"], "idle", "{ready}");
+    let r = outbox_ready(metrics_port).await;
+    assert!(r.status.success(), "{r:?}");
 
     let first = event("acc-1", 1);
     db.enqueue(std::slice::from_ref(&first)).await;
@@ -253,6 +277,14 @@ async fn a_stuck_relay_says_why_in_status_and_on_the_console() {
         "{h}"
     );
     assert_eq!(db.count("state = 'pending'").await, 3);
+    // Not ready while failing, but alive (restarting it would not bring the broker back).
+    let ready = readyz(metrics_port, 503).await;
+    assert_eq!(ready["ready"], false, "{ready}");
+    assert_eq!(ready["health"]["state"], "failing", "{ready}");
+    assert_eq!(http_get(metrics_port, "/healthz").await.0, 200);
+    let r = outbox_ready(metrics_port).await;
+    assert_eq!(r.status.code(), Some(1), "{r:?}");
+    assert!(r.stdout.starts_with("not ready (503)"), "{r:?}");
 
     // The human form: the state in the processes' table, the reason below it.
     let mut c = outbox(Some(db.name()), None, None);
@@ -314,6 +346,8 @@ async fn a_stuck_relay_says_why_in_status_and_on_the_console() {
     })
     .await;
     assert_eq!(h["last_error"]["kind"], "publish", "kept: {h}");
+    let ready = readyz(metrics_port, 200).await;
+    assert_eq!(ready["ready"], true, "{ready}");
 
     let exit = relay.terminate().await;
     assert!(exit.success(), "{exit:?}");

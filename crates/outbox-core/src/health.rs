@@ -427,6 +427,97 @@ impl Health {
     }
 }
 
+/// Whether an engine is ready, for a process's readiness probe (`GET /readyz` of `outbox
+/// relay`, a systemd unit's start-up wait, a Kubernetes readiness probe).
+///
+/// A clonable handle: the process keeps one, the engine's runner marks it
+/// [`started`](Self::started) once its start-up checks passed and the engine runs, and
+/// [`stopped`](Self::stopped) when the engine returns. [`Readiness::check`] is then:
+///
+/// | state | ready |
+/// |---|---|
+/// | not started yet (start-up checks, connecting) | no: `starting` |
+/// | running, its [`HealthReport::state`] `working`, `idle` or `degraded` | yes |
+/// | running, `failing` (its last error is open: the broker or the store is down, a grant is missing) | no |
+/// | stopped | no: `stopped` |
+///
+/// Ready is not alive: a failing relay is not ready, yet restarting it would not help (it
+/// recovers by itself when the broker or the database comes back), so a liveness probe should
+/// only ask whether the process answers.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    inner: std::sync::Arc<Mutex<Phase>>,
+}
+
+#[derive(Debug, Default)]
+enum Phase {
+    #[default]
+    Starting,
+    Running(Option<std::sync::Arc<Health>>),
+    Stopped,
+}
+
+/// What [`Readiness::check`] found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReadinessReport {
+    /// Whether the engine is ready (see [`Readiness`]).
+    pub ready: bool,
+    /// `starting`, `running` or `stopped`.
+    pub phase: &'static str,
+    /// The engine's health while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthReport>,
+}
+
+impl Readiness {
+    /// A handle in the `starting` phase.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The engine runs from now on and records into `health`.
+    pub fn started(&self, health: std::sync::Arc<Health>) {
+        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Running(Some(health));
+    }
+
+    /// The engine runs from now on and keeps no [`Health`] record (the effects executor): it
+    /// reads ready while it runs.
+    pub fn running(&self) {
+        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Running(None);
+    }
+
+    /// The engine returned: never ready again.
+    pub fn stopped(&self) {
+        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Stopped;
+    }
+
+    /// The phase, and while running the engine's health, with the verdict.
+    pub fn check(&self) -> ReadinessReport {
+        match &*self.inner.lock().unwrap_or_else(|e| e.into_inner()) {
+            Phase::Starting => ReadinessReport {
+                ready: false,
+                phase: "starting",
+                health: None,
+            },
+            Phase::Running(health) => {
+                let report = health.as_ref().map(|h| h.report());
+                ReadinessReport {
+                    ready: report
+                        .as_ref()
+                        .is_none_or(|r| r.state != HealthState::Failing),
+                    phase: "running",
+                    health: report,
+                }
+            }
+            Phase::Stopped => ReadinessReport {
+                ready: false,
+                phase: "stopped",
+                health: None,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,5 +633,31 @@ mod tests {
             TroubleKind::ALL.iter().map(|k| k.code()).collect();
         assert_eq!(codes.len(), TroubleKind::ALL.len());
         assert!(!codes.contains(&0));
+    }
+
+    #[test]
+    fn readiness_is_started_and_not_failing() {
+        let readiness = Readiness::new();
+        let probe = readiness.clone();
+        assert_eq!(probe.check().phase, "starting");
+        assert!(!probe.check().ready);
+
+        let health = std::sync::Arc::new(Health::new());
+        readiness.started(std::sync::Arc::clone(&health));
+        let idle = probe.check();
+        assert!(idle.ready, "{idle:?}");
+        assert_eq!(idle.health.map(|h| h.state), Some(HealthState::Idle));
+
+        health.failed(TroubleKind::Publish, 1, &"broker unreachable");
+        let failing = probe.check();
+        assert!(!failing.ready, "{failing:?}");
+        assert_eq!(failing.health.map(|h| h.state), Some(HealthState::Failing));
+
+        health.progressed();
+        assert!(probe.check().ready, "degraded is ready");
+
+        readiness.stopped();
+        assert_eq!(probe.check().phase, "stopped");
+        assert!(!probe.check().ready);
     }
 }

@@ -44,6 +44,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_core::health::Readiness;
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{ConfigError, StoreError, Transport};
@@ -163,6 +164,7 @@ pub struct PgRelay {
     session: Option<SessionConfig>,
     claim_window: bool,
     lease_reap_after: Option<Duration>,
+    readiness: Readiness,
 }
 
 impl PgRelay {
@@ -177,7 +179,15 @@ impl PgRelay {
             session: Some(SessionConfig::default()),
             claim_window: false,
             lease_reap_after: Some(LEASE_REAP_AFTER),
+            readiness: Readiness::new(),
         }
+    }
+
+    /// The relay's readiness (a clonable handle; take it before [`run`](Self::run)): `starting`
+    /// until the checks passed and the engine runs, then ready unless its health is `failing`,
+    /// and `stopped` once `run` returns. `outbox relay` serves it as `GET /readyz`.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
     }
 
     /// The live session's settings; `None` ties no lease to a session (a crashed relay's
@@ -241,6 +251,8 @@ impl PgRelay {
         transport: Arc<T>,
         shutdown: CancellationToken,
     ) -> Result<(), RelayError> {
+        // Not ready once `run` returns, however it returns (an error, a panic, a drop).
+        let _stopped = StoppedOnDrop(self.readiness.clone());
         if !self.checked.load(std::sync::atomic::Ordering::Relaxed) {
             self.check().await?;
         }
@@ -270,12 +282,21 @@ impl PgRelay {
             }
             None => None,
         };
+        let ready = &self.readiness;
         let result = match self.mode {
             RelayMode::Polling => {
-                run_polling(&store, transport, self.config, shutdown.clone()).await
+                run_polling(&store, transport, self.config, ready, shutdown.clone()).await
             }
             RelayMode::Cdc(options) => {
-                run_cdc(&store, transport, self.config, options, shutdown.clone()).await
+                run_cdc(
+                    &store,
+                    transport,
+                    self.config,
+                    options,
+                    ready,
+                    shutdown.clone(),
+                )
+                .await
             }
         };
         shutdown.cancel();
@@ -290,11 +311,21 @@ impl PgRelay {
     }
 }
 
+/// Marks a relay's readiness `stopped` when dropped.
+struct StoppedOnDrop(Readiness);
+
+impl Drop for StoppedOnDrop {
+    fn drop(&mut self) {
+        self.0.stopped();
+    }
+}
+
 /// The polling relay until `shutdown`.
 async fn run_polling<T: Transport>(
     store: &Arc<PgStore>,
     transport: Arc<T>,
     config: RelayConfig,
+    ready: &Readiness,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
     let beat = heartbeat(store, "polling")?;
@@ -306,6 +337,7 @@ async fn run_polling<T: Transport>(
             .with_health(relay.health())
             .run(beat_stop.clone()),
     );
+    ready.started(relay.health());
     info!(schema = %store.schema(), "relay started");
     relay.run(shutdown).await;
     beat_stop.cancel();
@@ -319,6 +351,7 @@ async fn run_cdc<T: Transport>(
     transport: Arc<T>,
     config: RelayConfig,
     options: CdcRelayOptions,
+    ready: &Readiness,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
     let (pool, schema) = (store.pool().clone(), store.schema().clone());
@@ -352,6 +385,7 @@ async fn run_cdc<T: Transport>(
             .with_health(relay.health())
             .run(beat_stop.clone()),
     );
+    ready.started(relay.health());
     info!(schema = %schema, %slot, "CDC relay started");
     relay.run(shutdown.clone()).await;
     shutdown.cancel();

@@ -809,7 +809,7 @@ impl KafkaEnv {
         .await
         .unwrap_or_else(|_| {
             panic!(
-                "Kafka at {url} is required (set OUTBOX_TEST_KAFKA_URL; `bash .ci/services` \
+                "Kafka at {url} is required (set OUTBOX_TEST_KAFKA_URL; `bash scripts/services` \
                  starts it): creating a topic timed out"
             )
         })
@@ -1440,13 +1440,13 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
-/// `GET /metrics` over a plain TCP connection.
-pub async fn scrape_metrics(port: u16) -> String {
+/// `GET path` on 127.0.0.1:`port` over a plain TCP connection: the status code and the body.
+pub async fn http_get(port: u16, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port))
         .await
-        .unwrap_or_else(|e| panic!("metrics endpoint 127.0.0.1:{port}: {e}"));
+        .unwrap_or_else(|e| panic!("endpoint 127.0.0.1:{port}: {e}"));
     s.write_all(
-        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
             .as_bytes(),
     )
     .await
@@ -1454,10 +1454,25 @@ pub async fn scrape_metrics(port: u16) -> String {
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
         .await
-        .expect("metrics response timed out")
-        .expect("read metrics");
+        .unwrap_or_else(|_| panic!("GET {path} timed out"))
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
     let text = String::from_utf8_lossy(&buf).into_owned();
-    assert!(text.starts_with("HTTP/1.1 200"), "metrics response: {text}");
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: not an HTTP/1.1 answer: {text}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// `GET /metrics`: the exposition (a status other than 200 fails the test).
+pub async fn scrape_metrics(port: u16) -> String {
+    let (status, text) = http_get(port, "/metrics").await;
+    assert_eq!(status, 200, "metrics response: {text}");
     text
 }
 
