@@ -138,9 +138,10 @@ enum Command {
     /// answering, after --wait-secs (asked every 0.5 s). Needs no database: for a systemd
     /// unit's start-up wait or a container's health check.
     Ready {
-        /// The process's metrics address (host:port), as given to `outbox relay`.
+        /// The process's metrics address (host:port), as given to `outbox relay` [default: the
+        /// config file's `metrics_addr`].
         #[arg(long, env = "OUTBOX_METRICS_ADDR")]
-        metrics_addr: String,
+        metrics_addr: Option<String>,
         /// Keep asking this long before giving up.
         #[arg(long, default_value_t = 0.0)]
         wait_secs: f64,
@@ -428,7 +429,14 @@ async fn run(cli: Cli, file: FileConfig, brokers: Registry) -> Result<ExitCode> 
     {
         let wait = std::time::Duration::try_from_secs_f64(*wait_secs)
             .context("--wait-secs must be a number of seconds, 0 or more")?;
-        return commands::ready(metrics_addr, wait).await;
+        let addr = metrics_addr
+            .as_deref()
+            .or(file.metrics_addr.as_deref())
+            .context(
+                "no metrics address to ask: give --metrics-addr, OUTBOX_METRICS_ADDR or the \
+                 config file's metrics_addr, as the relay has",
+            )?;
+        return commands::ready(addr, wait).await;
     }
     if let Command::Roles(cmd) = cli.command {
         return roles_cmd::run(cmd, cli.database_url, cli.schema, &file, &brokers).await;

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /metrics` | the Prometheus metrics |
 //! | `GET /healthz` | `200 ok` while the process answers (a liveness probe) |
-//! | `GET /readyz` | `200` when the engine runs and is not `failing`, else `503`; a JSON body with the phase (`starting`, `running`, `stopped`) and the engine's health ([`Readiness`]) |
+//! | `GET /readyz` | `200` when the engine runs, has worked and is not `failing`, else `503`; a JSON body with the phase (`starting`, `running`, `stopped`) and the engine's health ([`Readiness`]), without the last error's text |
 //!
 //! A systemd unit waits for `/readyz` before it counts the relay as started
 //! (`ops/systemd/outbox-relay.service`); Kubernetes probes `/healthz` for liveness and `/readyz`
@@ -103,10 +103,24 @@ fn router(metrics: PrometheusHandle, readiness: Readiness) -> Router {
                     } else {
                         StatusCode::SERVICE_UNAVAILABLE
                     };
-                    (status, axum::Json(report)).into_response()
+                    (status, axum::Json(probe_body(&report))).into_response()
                 }
             }),
         )
+}
+
+/// `/readyz`'s body: the report without the last error's text. The endpoint has no
+/// authentication, and an error's text is the store's or the broker's own words (a host name,
+/// a role, a table); its kind and age stay. `outbox status` and the console show the text.
+fn probe_body(report: &outbox::health::ReadinessReport) -> serde_json::Value {
+    let mut body = serde_json::to_value(report).unwrap_or_default();
+    if let Some(error) = body
+        .pointer_mut("/health/last_error")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        error.remove("message");
+    }
+    body
 }
 
 /// Describes the metrics the relay and the executor export.

@@ -130,8 +130,18 @@ fn the_units_commands_are_the_binarys() {
         let args: Vec<&str> = words.collect();
         accepts("ops/systemd/outbox-relay.service", &args);
     }
-    // The relay waits for readiness, on the address the relay serves.
-    assert!(unit.contains("ExecStartPost=/usr/local/bin/outbox ready --wait-secs"));
+    // The start waits for readiness, asked where the relay serves it: the same settings (the
+    // environment file, and the same config file, which may hold `metrics_addr`).
+    let config_of = |key: &str| {
+        let line = unit_values(&unit, key)[0];
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "--config");
+        (words[1], at.map(|i| words[i + 1]))
+    };
+    let (command, config) = config_of("ExecStartPost");
+    assert_eq!(command, "ready");
+    assert!(config.is_some(), "ExecStartPost names no --config");
+    assert_eq!(config_of("ExecStart"), ("relay", config));
 
     // Every setting of the example environment file is one the relay reads.
     let help = Command::new(env!("CARGO_BIN_EXE_outbox"))

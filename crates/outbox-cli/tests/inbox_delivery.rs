@@ -323,6 +323,22 @@ async fn permanent_handler_error_is_dead_lettered_then_requeued_once(kind: Kind)
         "dead letter with its reason: {}",
         list.stdout
     );
+    // The same, machine-readable: the list and the groups.
+    let json = env.cli(&["consumer-dead-letters", "list", "--json"]).await;
+    let letters: serde_json::Value = serde_json::from_str(&json.stdout).expect("a JSON list");
+    assert_eq!(letters.as_array().map(Vec::len), Some(1), "{letters}");
+    assert_eq!(
+        letters[0]["event_id"],
+        msg.event_id.to_string(),
+        "{letters}"
+    );
+    assert_eq!(letters[0]["consumer_name"], "ledger", "{letters}");
+    let json = env
+        .cli(&["consumer-dead-letters", "groups", "--json"])
+        .await;
+    let groups: serde_json::Value = serde_json::from_str(&json.stdout).expect("a JSON object");
+    assert_eq!(groups["groups"][0]["count"], 1, "{groups}");
+    assert_eq!(groups["groups"][0]["consumer_name"], "ledger", "{groups}");
 
     permanent.store(false, std::sync::atomic::Ordering::SeqCst);
     let requeue = env

@@ -281,6 +281,11 @@ async fn a_stuck_relay_says_why_in_status_and_on_the_console() {
     let ready = readyz(metrics_port, 503).await;
     assert_eq!(ready["ready"], false, "{ready}");
     assert_eq!(ready["health"]["state"], "failing", "{ready}");
+    assert_eq!(ready["health"]["last_error"]["kind"], "publish", "{ready}");
+    assert!(
+        ready["health"]["last_error"].get("message").is_none(),
+        "no error text on an unauthenticated probe: {ready}"
+    );
     assert_eq!(http_get(metrics_port, "/healthz").await.0, 200);
     let r = outbox_ready(metrics_port).await;
     assert_eq!(r.status.code(), Some(1), "{r:?}");

@@ -42,7 +42,7 @@
 //! record with their count), never per acknowledged event.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -272,6 +272,9 @@ pub struct Health {
     gauge_second: AtomicU64,
     /// [`TroubleKind::code`] of the open error; 0 when none is.
     open: AtomicU8,
+    /// Whether an operation succeeded since the record started (progress counts too: see
+    /// [`Health::has_worked`]).
+    worked: AtomicBool,
     inner: Mutex<Inner>,
     exported: Option<Exported>,
 }
@@ -291,6 +294,7 @@ impl Health {
             progress: AtomicU64::new(0),
             gauge_second: AtomicU64::new(u64::MAX),
             open: AtomicU8::new(0),
+            worked: AtomicBool::new(false),
             inner: Mutex::default(),
             exported: None,
         }
@@ -384,11 +388,26 @@ impl Health {
     /// (a claim after a failed claim, a read from the broker after a failed one). One relaxed
     /// load when none is open.
     pub fn succeeded(&self, kind: TroubleKind) {
+        self.mark_worked();
         let code = kind.code();
         if self.open.load(Ordering::Relaxed) == code {
             let _ = self
                 .open
                 .compare_exchange(code, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether an operation succeeded ([`succeeded`](Self::succeeded)) or work went through
+    /// ([`progressed`](Self::progressed)) since the record started: a relay's first claim, a
+    /// consumer's first read from its broker.
+    pub fn has_worked(&self) -> bool {
+        self.worked.load(Ordering::Relaxed) || self.progress.load(Ordering::Relaxed) != 0
+    }
+
+    /// Sets `worked`, once: a relaxed load on every later call.
+    fn mark_worked(&self) {
+        if !self.worked.load(Ordering::Relaxed) {
+            self.worked.store(true, Ordering::Relaxed);
         }
     }
 
@@ -437,7 +456,8 @@ impl Health {
 /// | state | ready |
 /// |---|---|
 /// | not started yet (start-up checks, connecting) | no: `starting` |
-/// | running, its [`HealthReport::state`] `working`, `idle` or `degraded` | yes |
+/// | running, nothing succeeded yet ([`Health::has_worked`]: a relay before its first claim, a CDC relay before its replication stream answered) | no |
+/// | running, has worked, its [`HealthReport::state`] `working`, `idle` or `degraded` | yes |
 /// | running, `failing` (its last error is open: the broker or the store is down, a grant is missing) | no |
 /// | stopped | no: `stopped` |
 ///
@@ -500,13 +520,13 @@ impl Readiness {
                 health: None,
             },
             Phase::Running(health) => {
-                let report = health.as_ref().map(|h| h.report());
+                let report = health.as_ref().map(|h| (h.has_worked(), h.report()));
                 ReadinessReport {
                     ready: report
                         .as_ref()
-                        .is_none_or(|r| r.state != HealthState::Failing),
+                        .is_none_or(|(worked, r)| *worked && r.state != HealthState::Failing),
                     phase: "running",
-                    health: report,
+                    health: report.map(|(_, r)| r),
                 }
             }
             Phase::Stopped => ReadinessReport {
@@ -644,6 +664,11 @@ mod tests {
 
         let health = std::sync::Arc::new(Health::new());
         readiness.started(std::sync::Arc::clone(&health));
+        let first = probe.check();
+        assert_eq!(first.phase, "running");
+        assert!(!first.ready, "not before its first claim: {first:?}");
+
+        health.succeeded(TroubleKind::Claim);
         let idle = probe.check();
         assert!(idle.ready, "{idle:?}");
         assert_eq!(idle.health.map(|h| h.state), Some(HealthState::Idle));
