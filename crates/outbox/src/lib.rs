@@ -231,6 +231,8 @@ mod guide {
     mod consumer {}
     #[doc = include_str!("../../../docs/guide/src/remote-effects.md")]
     mod remote_effects {}
+    #[doc = include_str!("../../../docs/guide/src/deployment.md")]
+    mod deployment {}
     #[doc = include_str!("../../../docs/guide/src/operations.md")]
     mod operations {}
     #[doc = include_str!("../../../docs/guide/src/retention.md")]
