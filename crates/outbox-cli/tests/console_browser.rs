@@ -541,3 +541,107 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     assert!(exit.success(), "{exit:?}");
     db.cleanup().await;
 }
+
+/// The bars of the activity chart in `row`, oldest first: each bar's count (its title) for the
+/// bars drawn above zero, and how many bars (minutes) the chart has.
+async fn bars(c: &Client, row: &str) -> (Vec<i64>, usize) {
+    let got = c
+        .execute(
+            "const rects = [...document.querySelectorAll(arguments[0] + ' svg rect')];\n\
+             return [rects.filter((r) => Number(r.getAttribute('height')) > 0)\n\
+                       .map((r) => Number(r.textContent.split(' ')[0])), rects.length];",
+            vec![serde_json::json!(row)],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(got).unwrap()
+}
+
+/// Chooses `minutes` in the window menu `select` (the page reads the activity again).
+async fn choose_window(c: &Client, select: &str, minutes: &str) {
+    c.find(Locator::Css(select))
+        .await
+        .unwrap()
+        .select_by_value(minutes)
+        .await
+        .unwrap();
+}
+
+/// The activity charts draw what the heartbeats recorded, over the window the operator
+/// chooses: counts the test writes into `activity` (a route's publishes 0, 5, 30, 50 and 90
+/// minutes ago, a consumer's effects) are the charts' bars, totals and busiest minutes. The
+/// minutes are chosen so that a minute turning during the test moves every bar by one
+/// without moving any across a window's edge.
+#[tokio::test]
+async fn the_console_charts_the_activity_the_heartbeats_recorded() {
+    let db = TestDb::new().await;
+    let record = |kind: &'static str, name: &'static str, ago: i64, count: i64| {
+        format!(
+            "INSERT INTO {{s}}.activity (minute, kind, name, count) VALUES \
+             (date_trunc('minute', now()) - make_interval(mins => {ago}), '{kind}', '{name}', {count})"
+        )
+    };
+    for (ago, count) in [(0, 7), (5, 11), (30, 13), (50, 17), (90, 19)] {
+        db.exec(&record(
+            "publish",
+            "destination:payments.charts",
+            ago,
+            count,
+        ))
+        .await;
+    }
+    db.exec(&record("publish", "type:refund", 3, 2)).await;
+    db.exec(&record("consume", "ledger", 2, 5)).await;
+    db.exec(&record("consume", "ledger", 40, 4)).await;
+
+    let (mut console, b) = console_in_a_browser(&db).await;
+    let c = &b.client;
+    let row = "#activity-publish tr[data-series='destination:payments.charts']";
+
+    // The last hour, the default: four of the five minutes, oldest first.
+    wait_text(c, &format!("{row} td.total"), "the hour's total", |t| {
+        t == "48"
+    })
+    .await;
+    assert_eq!(text(c, &format!("{row} td.busiest")).await, "17");
+    assert_eq!(bars(c, row).await, (vec![17, 13, 11, 7], 60));
+    // Busiest first: the other route after it.
+    let order = text(c, "#activity-publish tbody").await;
+    let (charts, refund) = (
+        order.find("payments.charts").unwrap(),
+        order.find("type refund (topic template)").unwrap(),
+    );
+    assert!(charts < refund, "{order}");
+    screenshot(c, "activity.png").await;
+
+    // Two hours: the fifth minute too. A quarter of an hour: only the last two.
+    choose_window(c, "#activity-publish-minutes", "120").await;
+    wait_text(c, &format!("{row} td.total"), "two hours' total", |t| {
+        t == "67"
+    })
+    .await;
+    assert_eq!(bars(c, row).await, (vec![19, 17, 13, 11, 7], 120));
+    choose_window(c, "#activity-publish-minutes", "15").await;
+    wait_text(c, &format!("{row} td.total"), "15 minutes' total", |t| {
+        t == "18"
+    })
+    .await;
+    assert_eq!(bars(c, row).await, (vec![11, 7], 15));
+
+    // The consumers' tab: the effects the consumer applied.
+    let ledger = "#activity-consume tr[data-series='ledger']";
+    open_tab(
+        c,
+        "consumers",
+        &format!("{ledger} td.total"),
+        "the consumer's hour",
+        |t| t == "9",
+    )
+    .await;
+    assert_eq!(bars(c, ledger).await, (vec![4, 5], 60));
+
+    b.client.close().await.expect("close the browser");
+    let exit = console.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    db.cleanup().await;
+}

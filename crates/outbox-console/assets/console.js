@@ -130,9 +130,9 @@ function renderOverview(o) {
 }
 
 // A small bar chart of a series, as SVG built node by node (no markup from data).
-function sparkline(values) {
+function sparkline(values, w = 150, h = 28) {
   const ns = "http://www.w3.org/2000/svg";
-  const w = 150, h = 28, max = Math.max(1, ...values), bw = w / values.length;
+  const max = Math.max(1, ...values), bw = w / values.length;
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", w);
   svg.setAttribute("height", h);
@@ -142,7 +142,7 @@ function sparkline(values) {
     const bh = Math.max(v > 0 ? 1 : 0, (v / max) * h);
     r.setAttribute("x", i * bw + 1);
     r.setAttribute("y", h - bh);
-    r.setAttribute("width", bw - 2);
+    r.setAttribute("width", Math.max(1, bw - (bw > 4 ? 2 : 0.5)));
     r.setAttribute("height", bh);
     const t = document.createElementNS(ns, "title");
     t.textContent = v + " in minute " + (i - values.length + 1);
@@ -150,6 +150,38 @@ function sparkline(values) {
     svg.append(r);
   });
   return svg;
+}
+
+// The activity of one kind (publish: per route, consume: per consumer) as a bar chart per
+// series over the chosen window, its total and its busiest minute.
+function renderActivity(kind, a) {
+  const tbody = document.querySelector("#activity-" + kind + " tbody");
+  tbody.replaceChildren();
+  for (const series of a.series) {
+    const tr = el("tr");
+    tr.dataset.series = series.name;
+    const chart = el("td", null, "chart");
+    chart.append(sparkline(series.per_minute, 480, 48));
+    const axis = el("div", "", "axis muted");
+    axis.append(el("span", "−" + a.minutes + " min"), el("span", "now"));
+    chart.append(axis);
+    const busiest = Math.max(0, ...series.per_minute);
+    const name = kind === "publish" ? routeLabel(series.name) : series.name;
+    tr.append(cell(name, "id"), chart, cell(String(series.total), "total"), cell(String(busiest), "busiest"));
+    tbody.append(tr);
+  }
+  $("no-activity-" + kind).hidden = a.series.length > 0;
+}
+
+// A route key ("destination:<d>" or "type:<aggregate type>") as the routes table names it.
+function routeLabel(key) {
+  if (key.startsWith("destination:")) return key.slice("destination:".length);
+  if (key.startsWith("type:")) return "type " + key.slice("type:".length) + " (topic template)";
+  return key;
+}
+
+function activityQuery(kind) {
+  return "activity?kind=" + kind + "&minutes=" + encodeURIComponent($("activity-" + kind + "-minutes").value);
 }
 
 // What is paused, as "route:<key>" and "consumer:<name>".
@@ -677,26 +709,30 @@ async function refresh() {
     renderOverview(o);
     if (currentTab === "outbox") {
       const q = new URLSearchParams(deadFilter());
-      const [pauses, routes, instances, groups, dead] = await Promise.all([
+      const [pauses, routes, activity, instances, groups, dead] = await Promise.all([
         getJson("pauses"),
         getJson("routes"),
+        getJson(activityQuery("publish")),
         getJson("instances"),
         getJson("dead-letters/groups?" + q),
         getJson("dead-letters?limit=500&" + q),
       ]);
       renderPauses(pauses);
       renderRoutes(routes);
+      renderActivity("publish", activity);
       renderInstances(instances);
       renderDeadGroups(groups);
       renderDeadLetters(dead);
     } else if (currentTab === "consumers") {
-      const [consumers, groups, dead, conflicts] = await Promise.all([
+      const [consumers, activity, groups, dead, conflicts] = await Promise.all([
         getJson("consumers"),
+        getJson(activityQuery("consume")),
         getJson("consumer-dead-letters/groups"),
         getJson("consumer-dead-letters?limit=500"),
         getJson("conflicts?limit=500"),
       ]);
       renderConsumers(consumers);
+      renderActivity("consume", activity);
       renderConsumerGroups(groups);
       renderConsumerDeadLetters(dead);
       renderConflicts(conflicts);
@@ -774,6 +810,7 @@ $("consumer-discard-selected").addEventListener("click", () => {
   if (confirm("Discard " + ids.length + " consumer dead letter(s)? They will never be applied.")) consumerAction("discard", { ids });
 });
 $("effects-state").addEventListener("change", refresh);
+for (const select of document.querySelectorAll(".activity-window")) select.addEventListener("change", refresh);
 $("trace-form").addEventListener("submit", trace);
 $("replay-dry-run").addEventListener("click", () => replay(false));
 $("replay-run").addEventListener("click", () => replay(true));

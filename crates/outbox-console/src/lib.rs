@@ -28,6 +28,7 @@
 //! | `GET /api/v1/overview[?exact=true]` | [`Overview`](outbox_core::operator::Overview) as JSON; the outbox counts stop at [`OVERVIEW_COUNT_BOUND`] (`counted_up_to`; a count equal to it means at least that many) unless `exact=true`, which counts every row (seconds at millions of rows) and needs the token |
 //! | `GET /api/v1/routes` | per route (the rows' destination, or their aggregate type): pending rows, the oldest one's age and dead letters, counted among the oldest [`ROUTES_COUNT_BOUND`] (`complete` says whether that was all), and publishes per minute over the last 15 minutes from the relays' heartbeats ([`Routes`](outbox_core::operator::Routes)) |
 //! | `GET /api/v1/consumers` | per consumer: its processes up, its lag and the effects it committed per minute over the last 15 minutes as its engines report them through their heartbeats, whether it is paused, its open dead letters and its conflicts ([`ConsumerView`](outbox_core::operator::ConsumerView)) |
+//! | `GET /api/v1/activity?kind=publish\|consume[&minutes=N]` | the relays' publishes per route, or the consumers' committed effects per consumer, per minute over the last `minutes` (1 to 120, default 60) as their heartbeats recorded them, busiest first ([`Activity`](outbox_core::operator::Activity)): the activity charts |
 //! | `GET /api/v1/instances` | the relays, consumers and executors that run a heartbeat, each `up`, `late`, `gone` or `stopped`, with their own numbers and, for a relay or a consumer, its `health`: state (`working`, `idle`, `degraded`, `failing`), last progress, last error with its kind and age, errors in the last minute ([`Instance`](outbox_core::operator::Instance), [`HealthReport`](outbox_core::health::HealthReport)) |
 //! | `GET /api/v1/dead-letters?limit=N&<filter>` | outbox dead letters, oldest first (`limit` 1 to 10,000, default 100); the filter fields are those of [`DeadLetterFilter`](outbox_core::operator::DeadLetterFilter): `aggregate_type`, `event_type`, `destination`, `reason_group`, `created_after`, `created_before` (RFC 3339) |
 //! | `GET /api/v1/dead-letters/groups?<filter>` | the matching dead letters grouped by reason ([`DeadLetterGroups`](outbox_core::operator::DeadLetterGroups)); a group's `reason` is a filter's `reason_group` |
@@ -227,6 +228,7 @@ pub fn router<O: OperatorStore>(admin: O, config: ConsoleConfig) -> Result<Route
         .route("/readyz", get(status::ready::<O>))
         .route("/api/v1/overview", status::overview())
         .route("/api/v1/routes", status::routes())
+        .route("/api/v1/activity", status::activity())
         .route("/api/v1/instances", status::instances())
         .route("/api/v1/consumers", consumers::list())
         .route("/api/v1/dead-letters", dead_letters::list())

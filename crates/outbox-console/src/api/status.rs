@@ -1,9 +1,9 @@
-//! What runs and how it goes: readiness, the overview, the routes, the instances, the audit
-//! log and the traces of an event or an aggregate.
+//! What runs and how it goes: readiness, the overview, the routes, the activity per minute,
+//! the instances, the audit log and the traces of an event or an aggregate.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use outbox_core::operator::{Counting, OperatorStore};
+use outbox_core::operator::{ActivityKind, Counting, OperatorStore};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -49,6 +49,25 @@ pub(crate) fn overview<O: OperatorStore>() -> Route<O> {
 /// `GET /api/v1/routes`.
 pub(crate) fn routes<O: OperatorStore>() -> Route<O> {
     read(async |s: Shared<O>, ()| Ok(s.admin.routes(ROUTES_COUNT_BOUND).await?))
+}
+
+/// The window of `GET /api/v1/activity` when none is given, minutes.
+const DEFAULT_ACTIVITY_MINUTES: usize = 60;
+
+/// The query of `GET /api/v1/activity`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActivityQuery {
+    kind: ActivityKind,
+    minutes: Option<usize>,
+}
+
+/// `GET /api/v1/activity?kind=publish|consume[&minutes=N]`.
+pub(crate) fn activity<O: OperatorStore>() -> Route<O> {
+    read(async |s: Shared<O>, Q(q): Q<ActivityQuery>| {
+        let minutes = q.minutes.unwrap_or(DEFAULT_ACTIVITY_MINUTES);
+        Ok(s.admin.activity(q.kind, minutes).await?)
+    })
 }
 
 /// `GET /api/v1/instances`.

@@ -2,7 +2,7 @@
 //! console's overview shows beside the totals.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::OperatorError;
@@ -141,6 +141,96 @@ pub fn minute_slot(minutes_ago: i64) -> Option<usize> {
         .map(|ago| MINUTES - 1 - ago)
 }
 
+/// The longest window [`ProcessOps::activity`] reads: the heartbeats keep two hours of
+/// activity.
+pub const ACTIVITY_MINUTES: usize = 120;
+
+/// Which work [`ProcessOps::activity`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivityKind {
+    /// The relays' broker-confirmed publishes, per route (`destination:` and the rows'
+    /// destination, or `type:` and their aggregate type: [`route_key`](super::route_key)).
+    Publish,
+    /// The consumers' committed effects, per consumer.
+    Consume,
+}
+
+impl ActivityKind {
+    /// `publish` or `consume`, as the heartbeats record it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Publish => "publish",
+            Self::Consume => "consume",
+        }
+    }
+}
+
+/// A count of work as a store keeps it: `count` of `name`'s, `minutes_ago` minutes before the
+/// current minute (0: the current minute so far), summed over the processes that reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MinuteCount {
+    /// The route key or the consumer's name.
+    pub name: String,
+    /// Whole minutes before the current one.
+    pub minutes_ago: i64,
+    /// The work done in that minute.
+    pub count: i64,
+}
+
+/// One route's or consumer's work per minute.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActivitySeries {
+    /// The route key or the consumer's name.
+    pub name: String,
+    /// Per minute, oldest first, the last being the current minute so far (one per minute of
+    /// the window).
+    pub per_minute: Vec<i64>,
+    /// The window's sum.
+    pub total: i64,
+}
+
+/// The work of one kind per minute over a window: the console's activity charts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Activity {
+    /// What was counted.
+    pub kind: ActivityKind,
+    /// The window, in minutes (the length of every series).
+    pub minutes: usize,
+    /// Busiest (largest total) first, then by name.
+    pub series: Vec<ActivitySeries>,
+}
+
+impl Activity {
+    /// The series of `counts` over the last `minutes` minutes; counts outside the window are
+    /// left out, counts of one name and minute are added.
+    pub fn of(kind: ActivityKind, minutes: usize, counts: Vec<MinuteCount>) -> Self {
+        let mut by_name: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+        for c in counts {
+            let Some(ago) = usize::try_from(c.minutes_ago).ok().filter(|a| *a < minutes) else {
+                continue;
+            };
+            let series = by_name.entry(c.name).or_insert_with(|| vec![0; minutes]);
+            let slot = &mut series[minutes - 1 - ago];
+            *slot = slot.saturating_add(c.count);
+        }
+        let mut series: Vec<ActivitySeries> = by_name
+            .into_iter()
+            .map(|(name, per_minute)| ActivitySeries {
+                total: per_minute.iter().fold(0i64, |a, b| a.saturating_add(*b)),
+                name,
+                per_minute,
+            })
+            .collect();
+        series.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name.cmp(&b.name)));
+        Self {
+            kind,
+            minutes,
+            series,
+        }
+    }
+}
+
 /// The heartbeat status of a process: `stopped` when it recorded a clean stop, else `up` (its
 /// last heartbeat within two intervals), `late` (within six) or `gone`.
 pub fn heartbeat_status(stopped: bool, age_seconds: f64, interval_ms: i32) -> &'static str {
@@ -154,7 +244,7 @@ pub fn heartbeat_status(stopped: bool, age_seconds: f64, interval_ms: i32) -> &'
 }
 
 /// The running processes, routes and consumers.
-pub trait ProcessOps {
+pub trait ProcessOps: Sync {
     /// The processes that run a heartbeat (relays, consumers, executors), with their status
     /// ([`heartbeat_status`]). At most 1,000, by kind and name.
     ///
@@ -179,4 +269,78 @@ pub trait ProcessOps {
     /// # Errors
     /// [`OperatorError`]: the store's failure.
     fn consumers(&self) -> impl Future<Output = Result<Vec<ConsumerView>, OperatorError>> + Send;
+
+    /// The work of `kind` per minute over the last `minutes` minutes (1 to
+    /// [`ACTIVITY_MINUTES`]), per route or consumer, busiest first ([`Activity::of`] of the
+    /// store's [`activity_counts`](Self::activity_counts)).
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` for a window out of range; otherwise the
+    /// store's failure.
+    fn activity(
+        &self,
+        kind: ActivityKind,
+        minutes: usize,
+    ) -> impl Future<Output = Result<Activity, OperatorError>> + Send {
+        async move {
+            if !(1..=ACTIVITY_MINUTES).contains(&minutes) {
+                return Err(OperatorError::invalid(
+                    "activity",
+                    format!("the window must be 1 to {ACTIVITY_MINUTES} minutes, not {minutes}"),
+                ));
+            }
+            let counts = self.activity_counts(kind, minutes).await?;
+            Ok(Activity::of(kind, minutes, counts))
+        }
+    }
+
+    /// The store's part of [`activity`](Self::activity): the counts of `kind` its processes
+    /// recorded in the last `minutes` minutes (a store no process reports to has none).
+    ///
+    /// # Errors
+    /// [`OperatorError`]: the store's failure.
+    fn activity_counts(
+        &self,
+        kind: ActivityKind,
+        minutes: usize,
+    ) -> impl Future<Output = Result<Vec<MinuteCount>, OperatorError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(name: &str, minutes_ago: i64, count: i64) -> MinuteCount {
+        MinuteCount {
+            name: name.to_owned(),
+            minutes_ago,
+            count,
+        }
+    }
+
+    #[test]
+    fn activity_places_counts_by_minute_and_leaves_out_the_rest() {
+        let counts = vec![
+            count("b", 0, 7),
+            count("a", 0, 1),
+            count("b", 4, 11),
+            count("b", 4, 2),
+            count("b", 5, 99),
+            count("a", -1, 99),
+        ];
+        let a = Activity::of(ActivityKind::Publish, 5, counts);
+        assert_eq!(a.minutes, 5);
+        let got: Vec<(&str, &[i64], i64)> = a
+            .series
+            .iter()
+            .map(|s| (s.name.as_str(), &s.per_minute[..], s.total))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("b", &[13, 0, 0, 0, 7][..], 20),
+                ("a", &[0, 0, 0, 0, 1][..], 1)
+            ]
+        );
+    }
 }

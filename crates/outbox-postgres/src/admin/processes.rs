@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use outbox_core::health::HealthReport;
 use outbox_core::operator::{
-    ConsumerView, Instance, MINUTES, OperatorError, ProcessOps, RouteView, Routes, check_bound,
-    heartbeat_status, minute_slot,
+    ActivityKind, ConsumerView, Instance, MINUTES, MinuteCount, OperatorError, ProcessOps,
+    RouteView, Routes, check_bound, heartbeat_status, minute_slot,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -183,7 +183,8 @@ impl ProcessOps for PgStore {
         .fetch_all(self.pool())
         .await
         .map_err(|e| op_err(OP, e))?;
-        let rates = self.rates("publish").await.map_err(|e| op_err(OP, e))?;
+        let rates =
+            (self.rates(ActivityKind::Publish, MINUTES).await).map_err(|e| op_err(OP, e))?;
         routes_of(&counts, &rates, bound).map_err(|e| op_err(OP, e))
     }
 
@@ -193,20 +194,40 @@ impl ProcessOps for PgStore {
             .fetch_all(self.pool())
             .await
             .map_err(|e| op_err(OP, e))?;
-        let rates = self.rates("consume").await.map_err(|e| op_err(OP, e))?;
+        let rates =
+            (self.rates(ActivityKind::Consume, MINUTES).await).map_err(|e| op_err(OP, e))?;
         consumers_of(&rows, &rates).map_err(|e| op_err(OP, e))
+    }
+
+    async fn activity_counts(
+        &self,
+        kind: ActivityKind,
+        minutes: usize,
+    ) -> Result<Vec<MinuteCount>, OperatorError> {
+        let rows = (self.rates(kind, minutes).await).map_err(|e| op_err("activity", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(MinuteCount {
+                    name: r.try_get(0)?,
+                    minutes_ago: i64::from(r.try_get::<i32, _>(1)?),
+                    count: r.try_get(2)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| op_err("activity", e))
     }
 }
 
 impl PgStore {
-    /// The `kind` activity of the last [`MINUTES`] minutes.
+    /// The `kind` activity of the last `minutes` minutes ([`RATES`]).
     pub(super) async fn rates(
         &self,
-        kind: &str,
+        kind: ActivityKind,
+        minutes: usize,
     ) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
         sqlx::query(AssertSqlSafe(self.render(RATES)))
-            .bind(i32::try_from(MINUTES).unwrap_or(15))
-            .bind(kind)
+            .bind(i32::try_from(minutes).unwrap_or(i32::MAX))
+            .bind(kind.as_str())
             .fetch_all(self.pool())
             .await
     }

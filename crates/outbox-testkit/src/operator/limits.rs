@@ -2,7 +2,8 @@
 
 use outbox_core::operator::prelude::*;
 use outbox_core::operator::{
-    Actor, ConsumerSelection, Counting, DeadLetterFilter, MAX_LIST, OperatorErrorKind,
+    ACTIVITY_MINUTES, ActivityKind, Actor, ConsumerSelection, Counting, DeadLetterFilter, MAX_LIST,
+    OperatorErrorKind,
 };
 
 use super::steps::*;
@@ -52,6 +53,14 @@ pub async fn every_list_refuses_a_limit_out_of_range<F: StoreFixture>() {
     }
     assert_eq!(kind(s.overview_counting(Counting::UpTo(0)).await), invalid);
     assert_eq!(kind(s.routes(0).await), invalid);
+    for minutes in [0, ACTIVITY_MINUTES + 1] {
+        assert_eq!(
+            kind(s.activity(ActivityKind::Publish, minutes).await),
+            invalid
+        );
+    }
+    let window = s.activity(ActivityKind::Consume, ACTIVITY_MINUTES).await;
+    assert_eq!(window.map(|a| a.minutes).ok(), Some(ACTIVITY_MINUTES));
     let too_many: Vec<i64> = (1..=MAX_LIST + 1).collect();
     assert_eq!(
         kind(s.resolve_conflicts(&too_many, &actor(), "x").await),

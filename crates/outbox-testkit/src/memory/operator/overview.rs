@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use chrono::Utc;
 use outbox_core::OutboxStats;
 use outbox_core::operator::{
-    ConsumerView, Counting, Instance, MINUTES, OperatorError, Overview, OverviewOps, ProcessOps,
-    RouteView, Routes, check_bound, route_key,
+    ActivityKind, ConsumerView, Counting, Instance, MINUTES, MinuteCount, OperatorError, Overview,
+    OverviewOps, ProcessOps, RouteView, Routes, check_bound, route_key,
 };
 
 use super::{SCHEMA, count, is_open, work_stats};
@@ -176,5 +176,14 @@ impl ProcessOps for MemoryStore {
             }
         }
         Ok(by_name.into_values().take(1000).collect())
+    }
+
+    /// None: no engine reports a heartbeat, and so no activity, to the fake.
+    async fn activity_counts(
+        &self,
+        _kind: ActivityKind,
+        _minutes: usize,
+    ) -> Result<Vec<MinuteCount>, OperatorError> {
+        Ok(Vec::new())
     }
 }
