@@ -810,7 +810,24 @@ $("consumer-discard-selected").addEventListener("click", () => {
   if (confirm("Discard " + ids.length + " consumer dead letter(s)? They will never be applied.")) consumerAction("discard", { ids });
 });
 $("effects-state").addEventListener("change", refresh);
-for (const select of document.querySelectorAll(".activity-window")) select.addEventListener("change", refresh);
+// The activity charts' sections, from one template: ids by kind (activity-<kind>,
+// activity-<kind>-minutes, no-activity-<kind>), texts from the section's data attributes.
+for (const section of document.querySelectorAll("section.activity-chart")) {
+  const kind = section.dataset.kind;
+  section.append(document.getElementById("activity-template").content.cloneNode(true));
+  const title = section.querySelector("h2");
+  title.id = "activity-" + kind + "-title";
+  title.textContent = section.dataset.title;
+  section.setAttribute("aria-labelledby", title.id);
+  section.querySelector(".about").textContent = section.dataset.about;
+  section.querySelector("select").id = "activity-" + kind + "-minutes";
+  section.querySelector("table").id = "activity-" + kind;
+  section.querySelector("th.name").textContent = section.dataset.name;
+  const none = section.querySelector("p.none");
+  none.id = "no-activity-" + kind;
+  none.textContent = section.dataset.none;
+  section.querySelector("select").addEventListener("change", refresh);
+}
 $("trace-form").addEventListener("submit", trace);
 $("replay-dry-run").addEventListener("click", () => replay(false));
 $("replay-run").addEventListener("click", () => replay(true));
