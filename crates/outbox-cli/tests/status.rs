@@ -194,11 +194,21 @@ async fn outbox_ready(port: u16) -> Run {
     run(c, QUICK).await
 }
 
-/// `GET /readyz`, expected to answer `status`: its JSON body.
+/// `GET /readyz` until it answers `status` (the relay is ready only once its first claim
+/// went through, which may come after the heartbeat that said it was idle): its JSON body.
 async fn readyz(port: u16, status: u16) -> serde_json::Value {
-    let (got, body) = http_get(port, "/readyz").await;
-    assert_eq!(got, status, "/readyz: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz: {e}: {body}"))
+    let deadline = std::time::Instant::now() + QUICK;
+    loop {
+        let (got, body) = http_get(port, "/readyz").await;
+        if got == status {
+            return serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz: {e}: {body}"));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still answers {got}, not {status}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The sum of `name`'s series carrying `label` in a Prometheus exposition.

@@ -163,7 +163,7 @@ function renderActivity(kind, a) {
     const chart = el("td", null, "chart");
     chart.append(sparkline(series.per_minute, 480, 48));
     const axis = el("div", "", "axis muted");
-    axis.append(el("span", "−" + a.minutes + " min"), el("span", "now"));
+    axis.append(el("span", "−" + (a.minutes - 1) + " min"), el("span", "now"));
     chart.append(axis);
     const busiest = Math.max(0, ...series.per_minute);
     const name = kind === "publish" ? routeLabel(series.name) : series.name;
@@ -703,9 +703,16 @@ function renderAudit(list) {
 
 // ---- refresh ----------------------------------------------------------------------------
 
+// The latest refresh: a slower, older one (the 5 s timer's, overtaken by a change of a menu)
+// draws nothing when it ends, so what is shown is what the menus say now.
+let refreshes = 0;
+
 async function refresh() {
+  const mine = ++refreshes;
+  const current = () => mine === refreshes;
   try {
     const o = await getJson("overview");
+    if (!current()) return;
     renderOverview(o);
     if (currentTab === "outbox") {
       const q = new URLSearchParams(deadFilter());
@@ -717,6 +724,7 @@ async function refresh() {
         getJson("dead-letters/groups?" + q),
         getJson("dead-letters?limit=500&" + q),
       ]);
+      if (!current()) return;
       renderPauses(pauses);
       renderRoutes(routes);
       renderActivity("publish", activity);
@@ -731,15 +739,20 @@ async function refresh() {
         getJson("consumer-dead-letters?limit=500"),
         getJson("conflicts?limit=500"),
       ]);
+      if (!current()) return;
       renderConsumers(consumers);
       renderActivity("consume", activity);
       renderConsumerGroups(groups);
       renderConsumerDeadLetters(dead);
       renderConflicts(conflicts);
     } else if (currentTab === "effects") {
-      renderWorkItems(await getJson("work-items?limit=500&state=" + encodeURIComponent($("effects-state").value)));
+      const items = await getJson("work-items?limit=500&state=" + encodeURIComponent($("effects-state").value));
+      if (!current()) return;
+      renderWorkItems(items);
     } else if (currentTab === "audit") {
-      renderAudit(await getJson("audit?limit=200"));
+      const audit = await getJson("audit?limit=200");
+      if (!current()) return;
+      renderAudit(audit);
     }
     $("refreshed").textContent = "refreshed " + new Date().toLocaleTimeString();
     showError("");

@@ -203,7 +203,8 @@ pub struct Activity {
 
 impl Activity {
     /// The series of `counts` over the last `minutes` minutes; counts outside the window are
-    /// left out, counts of one name and minute are added.
+    /// left out, counts of one name and minute are added. Each series holds `minutes` numbers:
+    /// [`ProcessOps::activity`] checks the window (at most [`ACTIVITY_MINUTES`]) first.
     pub fn of(kind: ActivityKind, minutes: usize, counts: Vec<MinuteCount>) -> Self {
         let mut by_name: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
         for c in counts {
