@@ -184,7 +184,8 @@ impl PgRelay {
     }
 
     /// The relay's readiness (a clonable handle; take it before [`run`](Self::run)): `starting`
-    /// until the checks passed and the engine runs, then ready unless its health is `failing`,
+    /// until the checks passed and the engine runs, then ready once its first claim went through
+    /// (a CDC relay's: its replication stream answered) and unless its health is `failing`,
     /// and `stopped` once `run` returns. `outbox relay` serves it as `GET /readyz`.
     pub fn readiness(&self) -> Readiness {
         self.readiness.clone()
