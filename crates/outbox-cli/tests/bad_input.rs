@@ -46,7 +46,7 @@ async fn lease_shorter_than_publish_window_is_refused_naming_the_key() {
     )
     .await;
     assert_clean_failure(&r, &["relay.lease"]);
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// A zero poll or stats interval turns the relay into a busy loop of claim / full-table stats
@@ -82,7 +82,7 @@ async fn zero_poll_or_stats_interval_is_refused_naming_the_key() {
         }
     }
     nats.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -122,7 +122,7 @@ async fn unreachable_broker_at_startup_is_a_clean_error() {
             r.stderr
         );
     }
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test]
@@ -169,7 +169,7 @@ async fn relay_against_unmigrated_schema_says_to_run_migrate() {
         .await,
         0
     );
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// An event over the broker's size limit is dead-lettered at once with the reason; other
@@ -275,7 +275,7 @@ async fn oversized_payload_is_dead_lettered_and_parks_only_its_aggregate(kind: K
     relay.terminate().await;
     drop(sub);
     broker.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

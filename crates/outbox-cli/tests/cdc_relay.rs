@@ -439,7 +439,7 @@ async fn the_binarys_heartbeats_keep_an_idle_slot_bounded_while_other_tables_are
     );
     drop(relays);
     for db in [on, off] {
-        db.cleanup().await;
+        db.drop().await;
     }
     broker_on.cleanup().await;
     broker_off.cleanup().await;

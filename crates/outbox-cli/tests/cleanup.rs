@@ -219,6 +219,6 @@ async fn mark_mode_keeps_published_events_until_cleanup_deletes_the_old_ones() {
             .await,
         10
     );
-    db.cleanup().await;
+    db.drop().await;
     broker.cleanup().await;
 }

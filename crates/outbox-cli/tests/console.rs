@@ -86,7 +86,7 @@ async fn a_dead_letter_requeued_through_the_console_reaches_the_broker() {
         "{log}"
     );
     assert!(!log.contains(TOKEN), "the token reached the log:\n{log}");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test]
@@ -106,7 +106,7 @@ async fn an_open_address_without_a_token_or_a_weak_token_is_refused_at_start() {
     )
     .await;
     assert!(r.stderr.contains("at least 16 characters"), "{r:?}");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// `outbox …` with these arguments against `db`, as the actor carol; its output.
@@ -168,7 +168,7 @@ async fn requeue_with_the_token_only(port: u16, body: &str) -> Value {
 async fn stop_console(mut console: ChildGuard, db: TestDb) {
     let exit = console.terminate().await;
     assert!(exit.success(), "{exit:?}");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// A relay running in this process (see [`relay_in_process`]).
@@ -515,7 +515,7 @@ async fn a_replayed_aggregate_reaches_the_broker_again_in_order_under_its_ids() 
     );
     running.stop().await;
     rabbit.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// `outbox pause` holds a route at a running relay: its events stay pending, nothing reaches
@@ -586,5 +586,5 @@ async fn a_paused_route_holds_its_events_at_a_running_relay_until_resumed() {
     assert!(out.stdout.contains("nothing is paused"), "{out:?}");
     running.stop().await;
     rabbit.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }

@@ -256,7 +256,7 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     let exit = console.terminate().await;
     assert!(exit.success(), "{exit:?}");
     assert!(console.log().contains("broker limit raised"));
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// Clicks the element; again when the page's refresh (every 5 s) replaced it between the
@@ -539,7 +539,7 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;
     assert!(exit.success(), "{exit:?}");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// The bars of the activity chart in `row`, oldest first: each bar's count (its title) for the
@@ -643,5 +643,5 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;
     assert!(exit.success(), "{exit:?}");
-    db.cleanup().await;
+    db.drop().await;
 }

@@ -133,7 +133,7 @@ async fn crash_after_broker_ack_before_mark(kind: Kind) {
     );
     drop(wire);
     broker.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -303,7 +303,7 @@ async fn a_debezium_layout_table_drains_as_the_routers_defaults_emit_it() {
     let after = q(&Uuid::now_v7());
     produce(&db, &row([&after, &at, "'a-4'", "'After'", "'{}'"]), false).await;
     assert_eq!(db.count("true").await, 0);
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test]
@@ -357,7 +357,7 @@ async fn bridge_settings_that_do_not_fit_the_table_are_refused_by_name() {
     let id = format!("'{}'", Uuid::now_v7());
     produce(&db, &row([&id, "'X'", "'x'", "'T'", "'{}'"]), false).await;
     assert_eq!(db.count("true").await, 0);
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// The reverse direction, as far as it can be checked without Kafka Connect: Debezium's
@@ -425,7 +425,7 @@ async fn our_table_is_what_the_documented_debezium_connector_reads() {
     .execute(&db.pool)
     .await;
     assert!(view.is_err(), "a view was accepted into a publication");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// Non-default column names (as a connector's `table.field.event.*` options give them), a text
@@ -506,5 +506,5 @@ async fn custom_columns_placements_and_json_string_values() {
         records[1].value.as_deref(),
         Some(&br#""plain \"text\"""#[..])
     );
-    db.cleanup().await;
+    db.drop().await;
 }

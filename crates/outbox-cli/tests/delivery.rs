@@ -163,7 +163,7 @@ async fn rollback_publishes_nothing_commit_publishes_exactly_its_events(kind: Ki
     stop_relay(relay).await;
     drop(sub);
     broker.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,5 +244,5 @@ async fn nats_late_commit_with_lower_id_is_not_skipped() {
     stop_relay(relay).await;
     drop(sub);
     broker.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }

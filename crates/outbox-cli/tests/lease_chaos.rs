@@ -272,7 +272,7 @@ async fn three_relays_with_expiring_leases(kind: Kind) {
     drop(sub);
     drop(relays);
     broker.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }
 
 async fn broker_stream_len(broker: &BrokerEnv) -> u64 {

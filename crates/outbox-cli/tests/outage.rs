@@ -109,7 +109,7 @@ async fn tear_down(
     drop(proxy);
     drop(private);
     broker.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }
 
 async fn attempts_and_latest_retry(db: &TestDb) -> (i64, f64) {

@@ -256,5 +256,5 @@ async fn no_command_prints_a_planted_secret_at_trace_level() {
         traced * 2 > runs,
         "only {traced} of {runs} runs logged at debug/trace level"
     );
-    db.cleanup().await;
+    db.drop().await;
 }

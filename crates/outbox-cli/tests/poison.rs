@@ -157,6 +157,6 @@ async fn a_row_that_crashes_every_relay_is_dead_lettered_and_the_fleet_moves_on(
         async move { db.count("true").await == 0 }
     })
     .await;
-    db.cleanup().await;
+    db.drop().await;
     broker.cleanup().await;
 }

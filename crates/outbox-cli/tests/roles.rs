@@ -114,7 +114,7 @@ async fn the_relay_process_publishes_wakes_and_reaps_under_the_relay_role() {
 
     drop(sub);
     nats.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
     roles.cleanup().await;
 }
 
@@ -270,7 +270,7 @@ async fn the_reader_reads_and_only_the_operator_requeues_and_resolves() {
     );
     assert!(!r.stderr.contains("outbox migrate"), "{}", r.stderr);
 
-    db.cleanup().await;
+    db.drop().await;
     roles.cleanup().await;
 }
 
@@ -347,7 +347,7 @@ async fn cleanup_runs_under_the_maintainer_role_only() {
         1
     );
     assert_eq!(db.scalar("SELECT count(*) FROM {s}.events").await, 1);
-    db.cleanup().await;
+    db.drop().await;
     roles.cleanup().await;
 }
 
@@ -427,6 +427,6 @@ async fn roles_bootstrap_migrate_grant_and_check_end_to_end() {
     let r = as_role(&relay, &["roles", "apply", "--relay", &relay]).await;
     assert_clean_failure(&r, &[&format!("role `{relay}` does not own")]);
 
-    db.cleanup().await;
+    db.drop().await;
     roles.cleanup().await;
 }

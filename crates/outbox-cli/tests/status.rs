@@ -126,7 +126,7 @@ async fn migrate_twice_is_fine_and_status_matches_the_table() {
     assert!(third.status.success(), "{third:?}");
     assert_eq!(db.count("true").await, 7, "migrate must not touch the rows");
 
-    db.cleanup().await;
+    db.drop().await;
 }
 
 #[tokio::test]
@@ -154,7 +154,7 @@ async fn concurrent_migrations_of_one_schema_all_succeed() {
     let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!(v["pending"], 0);
     assert_eq!(v["dead_letters"], 0);
-    db.cleanup().await;
+    db.drop().await;
 }
 
 /// `outbox status --json`, parsed.
@@ -370,5 +370,5 @@ async fn a_stuck_relay_says_why_in_status_and_on_the_console() {
     assert!(exit.success(), "{exit:?}");
     drop(proxy);
     nats.cleanup().await;
-    db.cleanup().await;
+    db.drop().await;
 }

@@ -183,7 +183,7 @@ async fn cli_honours_sslmode_in_the_database_url() {
     let r = run(cmd, QUICK).await;
     assert_eq!(r.status.code(), Some(2), "{r:?}");
     assert!(r.stderr.contains("cannot connect to PostgreSQL"), "{r:?}");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -537,7 +537,7 @@ async fn relay_command_publishes_over_nats_tls_from_cli_flags() {
     let r = run(cmd, QUICK).await;
     assert_eq!(r.status.code(), Some(2), "{r:?}");
     assert!(r.stderr.contains("NATS"), "{r:?}");
-    db.cleanup().await;
+    db.drop().await;
 }
 
 // ------------------------------------------------------------------------------------------

@@ -346,6 +346,6 @@ async fn rows_no_binding_can_carry(mode: Mode) {
     let seen = sub.wait_ids(&ids, Duration::from_secs(30)).await;
     assert_first_appearances_in_order(seen);
 
-    db.cleanup().await;
+    db.drop().await;
     broker.cleanup().await;
 }

@@ -13,10 +13,10 @@ use outbox_console::{ConsoleConfig, ConsoleError, check_bind, router};
 use outbox_core::operator::Counting;
 use outbox_core::operator::prelude::*;
 use outbox_core::{NewMessage, Payload};
-use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
+use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig};
+use outbox_testkit::pg::TestDb;
 use serde_json::Value;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 use tokio_util::sync::CancellationToken;
 
 /// The console token of the tests, as a literal (for [`TOKEN`] and [`AUTH`]).
@@ -29,107 +29,46 @@ const TOKEN: &str = token!();
 /// The `authorization` header carrying [`TOKEN`].
 const AUTH: (&str, &str) = ("authorization", concat!("Bearer ", token!()));
 
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-struct Db {
-    pool: PgPool,
-    schema: Schema,
-}
-
-impl Db {
-    /// A fresh schema with `pending` pending events and `dead` dead letters (each its own
-    /// aggregate, with one event waiting behind the first dead letter).
-    async fn new(pending: usize, dead: usize) -> Db {
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&database_url())
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL at {} is required: {e}", database_url()));
-        let schema = Schema::new(&format!("c_{}", uuid::Uuid::now_v7().simple())).unwrap();
-        migrate(&pool, &schema).await.expect("migrate");
-        let outbox = PgOutbox::new(schema.clone());
-        let mut tx = pool.begin().await.unwrap();
-        for i in 0..pending + dead {
-            let m = NewMessage::new(
-                "order",
-                format!("o-{i}"),
-                1,
-                "OrderPlaced",
-                Payload::json(&serde_json::json!({ "i": i })).unwrap(),
-            );
-            outbox.enqueue(&mut *tx, &m).await.unwrap();
-        }
-        // The event behind the first dead letter.
+/// A fresh schema with `pending` pending events and `dead` dead letters (each its own
+/// aggregate, with one event waiting behind the first dead letter).
+async fn seeded(pending: usize, dead: usize) -> TestDb {
+    let db = TestDb::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    for i in 0..pending + dead {
         let m = NewMessage::new(
             "order",
-            format!("o-{pending}"),
-            2,
-            "OrderShipped",
-            Payload::json(&serde_json::json!({})).unwrap(),
+            format!("o-{i}"),
+            1,
+            "OrderPlaced",
+            Payload::json(&serde_json::json!({ "i": i })).unwrap(),
         );
-        if dead > 0 {
-            outbox.enqueue(&mut *tx, &m).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-        let s = schema.as_str();
-        if dead == 0 {
-            return Db { pool, schema };
-        }
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {s}.events SET state = 'dead', attempts = 3, \
+        db.outbox.enqueue(&mut *tx, &m).await.unwrap();
+    }
+    // The event behind the first dead letter.
+    let m = NewMessage::new(
+        "order",
+        format!("o-{pending}"),
+        2,
+        "OrderShipped",
+        Payload::json(&serde_json::json!({})).unwrap(),
+    );
+    if dead > 0 {
+        db.outbox.enqueue(&mut *tx, &m).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    if dead > 0 {
+        db.exec(format!(
+            "UPDATE {{s}}.events SET state = 'dead', attempts = 3, \
              last_error = 'broker refused: message too large <b>x</b>' \
              WHERE aggregate_version = 1 AND aggregate_id IN ({})",
             (pending..pending + dead)
                 .map(|i| format!("'o-{i}'"))
                 .collect::<Vec<_>>()
                 .join(",")
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        Db { pool, schema }
+        ))
+        .await;
     }
-
-    fn admin(&self) -> PgStore {
-        PgStore::new(
-            self.pool.clone(),
-            PgStoreConfig {
-                schema: self.schema.clone(),
-                ..PgStoreConfig::default()
-            },
-        )
-    }
-
-    async fn count(&self, filter: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}.events WHERE {filter}",
-            self.schema.as_str()
-        )))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-
-    /// Runs the statement `sql`.
-    async fn exec(&self, sql: &str) {
-        sqlx::query(AssertSqlSafe(sql.to_owned()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-
-    async fn drop(self) {
-        sqlx::query(AssertSqlSafe(format!(
-            "DROP SCHEMA {} CASCADE",
-            self.schema.as_str()
-        )))
-        .execute(&self.pool)
-        .await
-        .unwrap();
-    }
+    db
 }
 
 /// A console served on a free loopback port until the returned token is cancelled.
@@ -146,16 +85,16 @@ async fn serve(admin: PgStore, config: ConsoleConfig) -> (SocketAddr, Cancellati
     (addr, stop)
 }
 
-/// A fresh [`Db`] with `pending` pending events and `dead` dead letters, and a console with
+/// A fresh [`seeded`] schema with `pending` pending events and `dead` dead letters, and a console with
 /// the token serving it (see [`serve`]).
-async fn db_and_console(pending: usize, dead: usize) -> (Db, SocketAddr, CancellationToken) {
-    let db = Db::new(pending, dead).await;
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+async fn db_and_console(pending: usize, dead: usize) -> (TestDb, SocketAddr, CancellationToken) {
+    let db = seeded(pending, dead).await;
+    let (addr, stop) = serve(db.store(), with_token()).await;
     (db, addr, stop)
 }
 
 /// Stops the console `stop` belongs to, then drops `db`'s schema.
-async fn stop_and_drop(stop: CancellationToken, db: Db) {
+async fn stop_and_drop(stop: CancellationToken, db: TestDb) {
     stop.cancel();
     db.drop().await;
 }
@@ -227,7 +166,7 @@ fn with_token() -> ConsoleConfig {
 
 #[tokio::test]
 async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
-    let db = Db::new(5, 3).await;
+    let db = seeded(5, 3).await;
     // One pending row failed twice; one pending aggregate under a live lease.
     let sch = db.schema.as_str();
     for sql in [
@@ -239,7 +178,7 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
     ] {
         db.exec(&sql).await;
     }
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (addr, stop) = serve(db.store(), with_token()).await;
 
     let (status, o) = get(addr, "/api/v1/overview").await;
     assert_eq!(status, 200, "{o}");
@@ -256,7 +195,7 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
         "{o}"
     );
     // The CLI's JSON is the same object (one admin module), but for the age, which moved on.
-    let mut cli = serde_json::to_value(db.admin().overview().await.unwrap()).unwrap();
+    let mut cli = serde_json::to_value(db.store().overview().await.unwrap()).unwrap();
     assert_eq!(o["counted_up_to"], outbox_console::OVERVIEW_COUNT_BOUND);
     assert_eq!(cli["counted_up_to"], Value::Null);
     let (status, e) = get(addr, "/api/v1/overview?exact=true").await;
@@ -276,7 +215,7 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
 
     // A bound below the counts: each stops there.
     let bounded = db
-        .admin()
+        .store()
         .overview_counting(Counting::UpTo(2))
         .await
         .unwrap();
@@ -285,7 +224,7 @@ async fn the_overview_and_the_dead_letters_are_the_databases_numbers() {
         (2, 2, Some(2))
     );
     assert!(
-        db.admin()
+        db.store()
             .overview_counting(Counting::UpTo(0))
             .await
             .is_err()
@@ -374,7 +313,7 @@ async fn a_requeue_needs_the_token_and_keeps_the_event_ids() {
 
 #[tokio::test]
 async fn read_only_and_tokenless_consoles_refuse_every_action() {
-    let db = Db::new(0, 1).await;
+    let db = seeded(0, 1).await;
     let ok = [AUTH];
     let path = "/api/v1/dead-letters/requeue";
     for config in [
@@ -385,7 +324,7 @@ async fn read_only_and_tokenless_consoles_refuse_every_action() {
         },
         ConsoleConfig::default(),
     ] {
-        let (addr, stop) = serve(db.admin(), config).await;
+        let (addr, stop) = serve(db.store(), config).await;
         for (path, body) in [
             (path, r#"{"all": true}"#),
             ("/api/v1/consumer-dead-letters/requeue", r#"{"all": true}"#),
@@ -422,13 +361,13 @@ async fn an_open_bind_without_a_token_and_a_weak_token_are_refused() {
     assert!(check_bind("127.0.0.1:8080".parse().unwrap(), &ConsoleConfig::default()).is_ok());
     assert!(check_bind("[::1]:8080".parse().unwrap(), &ConsoleConfig::default()).is_ok());
 
-    let db = Db::new(0, 0).await;
+    let db = seeded(0, 0).await;
     let weak = ConsoleConfig {
         token: Some("short".into()),
         ..ConsoleConfig::default()
     };
     assert!(matches!(
-        router(db.admin(), weak),
+        router(db.store(), weak),
         Err(ConsoleError::WeakToken)
     ));
     db.drop().await;
@@ -436,7 +375,7 @@ async fn an_open_bind_without_a_token_and_a_weak_token_are_refused() {
 
 #[tokio::test]
 async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_token() {
-    let db = Db::new(0, 0).await;
+    let db = seeded(0, 0).await;
     let s = db.schema.as_str();
     for sql in [
         format!(
@@ -453,7 +392,7 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
     ] {
         db.exec(&sql).await;
     }
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (addr, stop) = serve(db.store(), with_token()).await;
 
     let (status, list) = get(addr, "/api/v1/conflicts").await;
     assert_eq!(status, 200, "{list}");
@@ -612,14 +551,14 @@ async fn conflicts_and_consumer_dead_letters_are_listed_and_requeued_with_the_to
 
 #[tokio::test]
 async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
-    let db = Db::new(0, 0).await;
+    let db = seeded(0, 0).await;
     let s = db.schema.as_str();
     db.exec(&format!(
         "INSERT INTO {s}.work_items (kind, idempotency_key, payload, state, unknown_since) \
          VALUES ('payout', 'k-1', '{{\"amount\": 5}}', 'unknown', now())"
     ))
     .await;
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (addr, stop) = serve(db.store(), with_token()).await;
 
     let (status, list) = get(addr, "/api/v1/work-items?state=unknown").await;
     assert_eq!(status, 200, "{list}");
@@ -693,9 +632,9 @@ async fn work_items_are_listed_and_settled_by_hand_with_the_token() {
 
 #[tokio::test]
 async fn a_console_nested_under_a_prefix_serves_its_page_files_and_api_there() {
-    let db = Db::new(1, 0).await;
+    let db = seeded(1, 0).await;
     let app = axum::Router::new()
-        .merge(outbox_console::nested("/ops/outbox", db.admin(), with_token()).unwrap());
+        .merge(outbox_console::nested("/ops/outbox", db.store(), with_token()).unwrap());
     let (addr, server) = serve_app(app).await;
 
     let (status, page) = get(addr, "/ops/outbox").await;
@@ -747,7 +686,7 @@ async fn a_loopback_console_answers_loopback_hosts_only_and_an_open_one_needs_th
         reads_need_token: true,
         ..with_token()
     };
-    let app = router(db.admin(), config).unwrap();
+    let app = router(db.store(), config).unwrap();
     let (addr, server) = serve_app(app).await;
     let (status, e) = get(addr, "/api/v1/overview").await;
     assert_eq!(status, 401, "{e}");
@@ -763,7 +702,7 @@ async fn a_loopback_console_answers_loopback_hosts_only_and_an_open_one_needs_th
 
 #[tokio::test]
 async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_action_audited() {
-    let db = Db::new(0, 4).await;
+    let db = seeded(0, 4).await;
     let s = db.schema.as_str();
     // Two reasons: "too large" (o-0, o-1) and "timed out after N ms" (o-2, o-3), whose
     // numbers differ but whose group is one.
@@ -781,7 +720,7 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
          1, 'OrderPlaced', '\\x00', 2, 'publish timed out after 9000 ms')"
     ))
     .await;
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (addr, stop) = serve(db.store(), with_token()).await;
     let ok = [AUTH];
 
     let (status, g) = get(addr, "/api/v1/dead-letters/groups").await;
@@ -946,7 +885,7 @@ async fn dead_letters_are_grouped_filtered_shown_and_acted_on_by_filter_each_act
 
 #[tokio::test]
 async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
-    let db = Db::new(0, 0).await;
+    let db = seeded(0, 0).await;
     let s = db.schema.as_str();
     // p-1 published v1..v4 an hour ago; v5 pending (not yet published).
     let outbox = PgOutbox::new(db.schema.clone());
@@ -970,7 +909,7 @@ async fn replay_republishes_what_retention_still_holds_with_a_dry_run_first() {
     let dry = r#"{"aggregate_type": "payment", "aggregate_id": "p-1", "dry_run": true}"#;
 
     // Delete mode keeps no published rows: refused.
-    let (addr, stop) = serve(db.admin(), with_token()).await;
+    let (addr, stop) = serve(db.store(), with_token()).await;
     let (status, e) = post(addr, path, &ok, dry).await;
     assert_eq!(status, 409, "{e}");
     assert!(
@@ -1167,7 +1106,7 @@ async fn a_route_and_a_consumer_are_paused_and_resumed_with_the_token() {
         ]
     );
     // The relay's claim leaves the paused route's rows alone.
-    let store = db.admin();
+    let store = db.store();
     let params = ClaimParams {
         max_rows: 10,
         max_per_aggregate: 10,
@@ -1202,7 +1141,7 @@ async fn a_processs_health_says_why_it_is_stuck_with_ages_as_of_now() {
     use outbox_core::consumer::ConsumerStats;
     use outbox_core::health::TroubleKind;
     use outbox_postgres::heartbeat::{Heartbeat, InstanceKind};
-    let db = Db::new(0, 0).await;
+    let db = seeded(0, 0).await;
     let stats = std::sync::Arc::new(ConsumerStats::new("ledger"));
     stats.health().failed(
         TroubleKind::Source,
@@ -1219,7 +1158,7 @@ async fn a_processs_health_says_why_it_is_stuck_with_ages_as_of_now() {
     .with_consumer(stats);
     let beat_stop = CancellationToken::new();
     let beating = tokio::spawn(beat.run(beat_stop.clone()));
-    let (addr, stop) = serve(db.admin(), ConsoleConfig::default()).await;
+    let (addr, stop) = serve(db.store(), ConsoleConfig::default()).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let list = loop {
         let (status, list) = get(addr, "/api/v1/instances").await;

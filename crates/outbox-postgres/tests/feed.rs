@@ -108,7 +108,7 @@ impl FeedFixture for Cdc {
     }
 
     async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        self.outbox.db.enqueue_held(&messages).await
+        crate::common::enqueue_held(&self.outbox.db, &messages).await
     }
 
     async fn unpublished(&self) -> usize {

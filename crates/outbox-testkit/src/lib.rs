@@ -42,7 +42,9 @@
 //! provider, and [`fakes::FaultyStore`], which injects outages into any store) and the
 //! [`memory`] store.
 //!
-//! The kit depends on no database driver or broker client: each backend implements the
+//! By default the kit depends on no database driver or broker client (the `postgres` feature
+//! adds the `pg` module, the fresh-schema helper the PostgreSQL store's tests, the
+//! binary's and the console's share): each backend implements the
 //! fixture or harness traits in its own `tests/` directory and runs a suite in a few lines:
 //!
 //! ```ignore
@@ -67,6 +69,8 @@ pub mod message;
 pub mod nats_wire;
 pub mod net;
 pub mod operator;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod source;
 pub mod store;
 pub mod support;

@@ -138,7 +138,7 @@ impl CdcEnv {
 
     /// Drops the schema, the broker's test resources, then the slot.
     pub async fn cleanup(self) {
-        self.db.cleanup().await;
+        self.db.drop().await;
         self.broker.cleanup().await;
     }
 }

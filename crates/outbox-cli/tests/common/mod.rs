@@ -30,10 +30,8 @@ use outbox_kafka::{KafkaConfig, KafkaTransport};
 use outbox_nats::async_nats;
 use outbox_nats::async_nats::jetstream;
 use outbox_nats::{NatsConfig, NatsTransport};
-use outbox_postgres::{PgOutbox, PgStore, PgStoreConfig, Schema, migrate};
+use outbox_postgres::Schema;
 use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -64,11 +62,6 @@ macro_rules! each_broker {
 }
 
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-
-pub fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 pub fn nats_url() -> String {
     std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
@@ -111,111 +104,7 @@ where
 // PostgreSQL
 // ------------------------------------------------------------------------------------------
 
-pub async fn connect_pool() -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&database_url())
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "PostgreSQL at {} is required (set OUTBOX_TEST_DATABASE_URL): {e}",
-                database_url()
-            )
-        })
-}
-
-/// One fresh schema per test.
-pub struct TestDb {
-    pub pool: PgPool,
-    pub schema: Schema,
-    pub outbox: PgOutbox,
-}
-
-impl TestDb {
-    /// A migrated fresh schema.
-    pub async fn new() -> TestDb {
-        let db = Self::unmigrated().await;
-        migrate(&db.pool, &db.schema).await.expect("migrate");
-        db
-    }
-
-    /// A fresh schema name with nothing created.
-    pub async fn unmigrated() -> TestDb {
-        let pool = connect_pool().await;
-        let schema = Schema::new(&format!("t_{}", uid())).unwrap();
-        let outbox = PgOutbox::new(schema.clone());
-        TestDb {
-            pool,
-            schema,
-            outbox,
-        }
-    }
-
-    pub fn name(&self) -> &str {
-        self.schema.as_str()
-    }
-
-    pub fn store(&self) -> PgStore {
-        PgStore::new(
-            self.pool.clone(),
-            PgStoreConfig {
-                schema: self.schema.clone(),
-                on_publish: outbox_postgres::OnPublish::Delete,
-            },
-        )
-    }
-
-    /// `sql` with `{s}` replaced by the quoted schema.
-    pub fn sql(&self, sql: &str) -> String {
-        sql.replace("{s}", &format!("\"{}\"", self.schema))
-    }
-
-    pub async fn exec(&self, sql: &str) {
-        sqlx::query(AssertSqlSafe(self.sql(sql)))
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-
-    pub async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(self.sql(sql)))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    }
-
-    /// Waits up to `timeout` until [`TestDb::count`] of `filter` is `n`; panics naming `what`.
-    pub async fn wait_count(&self, filter: &str, n: i64, timeout: Duration, what: &str) {
-        wait_until(
-            timeout,
-            what,
-            || async move { self.count(filter).await == n },
-        )
-        .await;
-    }
-
-    /// Rows of the outbox table matching `filter`.
-    pub async fn count(&self, filter: &str) -> i64 {
-        self.scalar(&format!("SELECT count(*) FROM {{s}}.events WHERE {filter}"))
-            .await
-    }
-
-    /// Commits `messages` in one transaction.
-    pub async fn enqueue(&self, messages: &[NewMessage]) {
-        let mut tx = self.pool.begin().await.unwrap();
-        self.outbox
-            .enqueue_batch(&mut *tx, messages)
-            .await
-            .expect("enqueue");
-        tx.commit().await.unwrap();
-    }
-
-    pub async fn cleanup(self) {
-        self.exec("DROP SCHEMA IF EXISTS {s} CASCADE").await;
-        self.pool.close().await;
-    }
-}
+pub use outbox_testkit::pg::{TestDb, database_url};
 
 /// `payment/<agg>` version `v` with a small JSON payload.
 pub fn event(agg: &str, v: i64) -> NewMessage {

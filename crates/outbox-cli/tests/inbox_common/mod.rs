@@ -436,7 +436,7 @@ impl Env {
             }
         }
         self.broker.cleanup().await;
-        self.db.cleanup().await;
+        self.db.drop().await;
     }
 }
 

@@ -61,7 +61,7 @@ impl<const MARK: bool> StoreFixture for PgFixture<MARK> {
     }
 
     async fn enqueue_held(&self, messages: Vec<NewMessage>) -> Box<dyn HeldProducer> {
-        self.db.enqueue_held(&messages).await
+        crate::common::enqueue_held(&self.db, &messages).await
     }
 
     async fn write_effect<'a>(
