@@ -569,9 +569,11 @@ async fn choose_window(c: &Client, select: &str, minutes: &str) {
 
 /// The activity charts draw what the heartbeats recorded, over the window the operator
 /// chooses: counts the test writes into `activity` (a route's publishes 0, 5, 30, 50 and 90
-/// minutes ago, a consumer's effects) are the charts' bars, totals and busiest minutes. The
-/// minutes are chosen so that a minute turning during the test moves every bar by one
-/// without moving any across a window's edge.
+/// minutes ago, a consumer's effects) are the charts' bars, totals and busiest minutes; the
+/// levels (the oldest pending age, the dead letters, a consumer's lag), earlier minutes
+/// written as rows and this minute's readings through the heartbeats' store, are bars of each
+/// minute's highest reading, with no total. The minutes are chosen so that a minute turning
+/// during the test moves every bar by one without moving any across a window's edge.
 #[tokio::test]
 async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     let db = TestDb::new().await;
@@ -593,6 +595,26 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     db.exec(&record("publish", "type:refund", 3, 2)).await;
     db.exec(&record("consume", "ledger", 2, 5)).await;
     db.exec(&record("consume", "ledger", 40, 4)).await;
+    db.exec(&record("oldest_pending_age", "outbox", 20, 300))
+        .await;
+    db.exec(&record("dead_letters", "outbox", 2, 6)).await;
+    db.exec(&record("lag", "ledger", 10, 30)).await;
+    let now = |kind, name: &str, value| outbox_core::heartbeat::Level {
+        kind,
+        name: name.to_owned(),
+        value,
+    };
+    {
+        use outbox_core::heartbeat::HeartbeatStore as _;
+        use outbox_core::operator::ActivityKind::{Lag, OldestPendingAge};
+        for (age, lag) in [(40, 3), (45, 12), (41, 8)] {
+            let levels = vec![
+                now(OldestPendingAge, "outbox", age),
+                now(Lag, "ledger", lag),
+            ];
+            db.store().record_levels(levels).await.unwrap();
+        }
+    }
 
     let (mut console, b) = console_in_a_browser(&db).await;
     let c = &b.client;
@@ -603,7 +625,7 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
         t == "48"
     })
     .await;
-    assert_eq!(text(c, &format!("{row} td.busiest")).await, "17");
+    assert_eq!(text(c, &format!("{row} td.peak")).await, "17");
     assert_eq!(bars(c, row).await, (vec![17, 13, 11, 7], 60));
     // Busiest first: the other route after it.
     let order = text(c, "#activity-publish tbody").await;
@@ -628,6 +650,31 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     .await;
     assert_eq!(bars(c, row).await, (vec![11, 7], 15));
 
+    // The levels: each minute's highest reading, the window's highest, no total.
+    let age = "#activity-oldest_pending_age tr[data-series='outbox']";
+    wait_text(c, &format!("{age} td.peak"), "the highest age", |t| {
+        t == "300"
+    })
+    .await;
+    assert_eq!(bars(c, age).await, (vec![300, 45], 60));
+    let dead = "#activity-dead_letters tr[data-series='outbox']";
+    assert_eq!(text(c, &format!("{dead} td.peak")).await, "6");
+    assert_eq!(bars(c, dead).await, (vec![6], 60));
+    let totals = c
+        .find_all(Locator::Css(&format!(
+            "{age} td.total, {dead} td.total, #activity-oldest_pending_age th.total"
+        )))
+        .await
+        .unwrap();
+    assert!(totals.is_empty(), "a level has no total");
+    c.execute(
+        "document.getElementById('activity-oldest_pending_age').closest('section').scrollIntoView(); window.scrollBy(0, -80)",
+        vec![],
+    )
+    .await
+    .unwrap();
+    screenshot(c, "levels.png").await;
+
     // The consumers' tab: the effects the consumer applied.
     let ledger = "#activity-consume tr[data-series='ledger']";
     open_tab(
@@ -639,6 +686,9 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     )
     .await;
     assert_eq!(bars(c, ledger).await, (vec![4, 5], 60));
+    let lag = "#activity-lag tr[data-series='ledger']";
+    assert_eq!(text(c, &format!("{lag} td.peak")).await, "30");
+    assert_eq!(bars(c, lag).await, (vec![30, 12], 60));
 
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;

@@ -152,8 +152,9 @@ function sparkline(values, w = 150, h = 28) {
   return svg;
 }
 
-// The activity of one kind (publish: per route, consume: per consumer) as a bar chart per
-// series over the chosen window, its total and its busiest minute.
+// The activity of one kind as a bar chart per series over the chosen window: work counted
+// (publish: per route, consume: per consumer) with its total and busiest minute, or a level
+// (lag, oldest_pending_age, dead_letters: total null) with its highest reading.
 function renderActivity(kind, a) {
   const tbody = document.querySelector("#activity-" + kind + " tbody");
   tbody.replaceChildren();
@@ -165,12 +166,28 @@ function renderActivity(kind, a) {
     const axis = el("div", "", "axis muted");
     axis.append(el("span", "−" + (a.minutes - 1) + " min"), el("span", "now"));
     chart.append(axis);
-    const busiest = Math.max(0, ...series.per_minute);
     const name = kind === "publish" ? routeLabel(series.name) : series.name;
-    tr.append(cell(name, "id"), chart, cell(String(series.total), "total"), cell(String(busiest), "busiest"));
+    tr.append(cell(name, "id"), chart);
+    if (!a.level) tr.append(cell(String(series.total), "total"));
+    tr.append(cell(String(series.peak), "peak"));
     tbody.append(tr);
   }
   $("no-activity-" + kind).hidden = a.series.length > 0;
+}
+
+// The kinds of the activity charts on the tab `tab`, in page order.
+function activityKinds(tab) {
+  return [...document.querySelectorAll("#tab-" + tab + " section.activity-chart")].map((s) => s.dataset.kind);
+}
+
+// Reads the activity charts of the tab `tab` (see refresh: what it draws must be current).
+function readActivity(tab) {
+  return Promise.all(activityKinds(tab).map((kind) => getJson(activityQuery(kind))));
+}
+
+// Draws what readActivity read.
+function drawActivity(tab, charts) {
+  activityKinds(tab).forEach((kind, i) => renderActivity(kind, charts[i]));
 }
 
 // A route key ("destination:<d>" or "type:<aggregate type>") as the routes table names it.
@@ -719,7 +736,7 @@ async function refresh() {
       const [pauses, routes, activity, instances, groups, dead] = await Promise.all([
         getJson("pauses"),
         getJson("routes"),
-        getJson(activityQuery("publish")),
+        readActivity("outbox"),
         getJson("instances"),
         getJson("dead-letters/groups?" + q),
         getJson("dead-letters?limit=500&" + q),
@@ -727,21 +744,21 @@ async function refresh() {
       if (!current()) return;
       renderPauses(pauses);
       renderRoutes(routes);
-      renderActivity("publish", activity);
+      drawActivity("outbox", activity);
       renderInstances(instances);
       renderDeadGroups(groups);
       renderDeadLetters(dead);
     } else if (currentTab === "consumers") {
       const [consumers, activity, groups, dead, conflicts] = await Promise.all([
         getJson("consumers"),
-        getJson(activityQuery("consume")),
+        readActivity("consumers"),
         getJson("consumer-dead-letters/groups"),
         getJson("consumer-dead-letters?limit=500"),
         getJson("conflicts?limit=500"),
       ]);
       if (!current()) return;
       renderConsumers(consumers);
-      renderActivity("consume", activity);
+      drawActivity("consumers", activity);
       renderConsumerGroups(groups);
       renderConsumerDeadLetters(dead);
       renderConflicts(conflicts);
@@ -836,6 +853,11 @@ for (const section of document.querySelectorAll("section.activity-chart")) {
   section.querySelector("select").id = "activity-" + kind + "-minutes";
   section.querySelector("table").id = "activity-" + kind;
   section.querySelector("th.name").textContent = section.dataset.name;
+  // A level has no total: its column goes, and the busiest minute is its highest reading.
+  if (section.dataset.level !== undefined) {
+    section.querySelector("th.total").remove();
+    section.querySelector("th.peak").textContent = "highest";
+  }
   const none = section.querySelector("p.none");
   none.id = "no-activity-" + kind;
   none.textContent = section.dataset.none;

@@ -3,17 +3,19 @@
 //! how fast each route publishes (the operator contract's processes and routes,
 //! [`crate::operator::ProcessOps`]).
 //!
-//! [`Heartbeat`] is the loop, written once; a store writes what it says through
-//! [`HeartbeatStore`] (PostgreSQL's: `outbox_postgres::heartbeat`). Every
-//! [`Heartbeat::interval`] (5 s by default) the process upserts its instance row (one
-//! statement) and, for a relay, adds what it published since the last beat to this minute's
-//! activity row of each route (one statement), and for a consumer
-//! ([`Heartbeat::with_consumer`]) the effects it committed. About once a minute a relay also
-//! sweeps instance rows whose heartbeat is a day old and activity rows two hours old (a
-//! consumer's or an executor's grants allow writing their own rows only, no deletes). A beat
-//! that fails (the database is down, a grant is missing) is logged and retried at the next one:
-//! a heartbeat never stops the work it reports on. On shutdown the row is marked stopped, so a
-//! clean stop reads as stopped, not gone.
+//! [`Heartbeat`] is the loop, written once; a store writes what it says through [`HeartbeatStore`]
+//! (PostgreSQL's: `outbox_postgres::heartbeat`). Every [`Heartbeat::interval`] (5 s by default) the
+//! process upserts its instance row (one statement) and, for a relay, adds what it published since
+//! the last beat to this minute's activity row of each route (one statement), and for a consumer
+//! ([`Heartbeat::with_consumer`]) the effects it committed; then the levels it reads (one
+//! statement): a relay's oldest pending age and dead letters as its gauges last read them
+//! ([`PublishActivity::backlog`]), a consumer's lag. A minute keeps the highest reading of each
+//! level, so the console charts them per minute ([`ActivityKind`]). About once a minute a relay
+//! also sweeps instance rows whose heartbeat is a day old and activity rows two hours old (a
+//! consumer's or an executor's grants allow writing their own rows only, no deletes). A beat that
+//! fails (the database is down, a grant is missing) is logged and retried at the next one: a
+//! heartbeat never stops the work it reports on. On shutdown the row is marked stopped, so a clean
+//! stop reads as stopped, not gone.
 //!
 //! An operator reads a process as **up** while its last heartbeat is at most two intervals
 //! old, **late** up to six, **gone** after that (or **stopped**).
@@ -35,6 +37,7 @@ use uuid::Uuid;
 use crate::consumer::ConsumerStats;
 use crate::error::StoreError;
 use crate::health::Health;
+use crate::operator::{ActivityKind, OUTBOX_SERIES};
 use crate::relay::{PublishActivity, Route};
 
 /// The key of the stats under which [`Heartbeat::with_health`] writes the engine's
@@ -110,12 +113,20 @@ pub trait HeartbeatStore: Send + Sync + 'static {
     /// not stopped.
     fn beat(&self, beat: &Beat<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Adds `counts` (a name and a count each) to this minute's activity rows of `kind`
-    /// (`publish` per route key, `consume` per consumer name).
+    /// Adds `counts` (a name and a count each) to this minute's activity rows of `kind`, work
+    /// counted ([`ActivityKind::Publish`] per route key, [`ActivityKind::Consume`] per
+    /// consumer name).
     fn add_activity(
         &self,
-        kind: &str,
+        kind: ActivityKind,
         counts: Vec<(String, i64)>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records `levels` in this minute's activity rows: each row keeps the highest reading any
+    /// process reported in the minute ([`ActivityKind::is_level`]).
+    fn record_levels(
+        &self,
+        levels: Vec<Level>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Records the instance's stop (its last stats with it).
@@ -127,6 +138,17 @@ pub trait HeartbeatStore: Send + Sync + 'static {
 
     /// Deletes instance rows whose heartbeat is a day old and activity rows two hours old.
     fn sweep(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// A level read at a beat: `value` of `name`'s `kind` now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    /// A level kind ([`ActivityKind::is_level`]).
+    pub kind: ActivityKind,
+    /// The consumer's name, or [`OUTBOX_SERIES`].
+    pub name: String,
+    /// The reading.
+    pub value: i64,
 }
 
 /// A source of extra numbers for each beat.
@@ -300,6 +322,27 @@ impl<S: HeartbeatStore> Heartbeat<S> {
         }
     }
 
+    /// The levels of this beat: the relay's backlog as its gauges last read it, the
+    /// consumer's lag once its source has reported one.
+    fn levels(&self) -> Vec<Level> {
+        let level = |kind, name: &str, value: u64| Level {
+            kind,
+            name: name.to_owned(),
+            value: i64::try_from(value).unwrap_or(i64::MAX),
+        };
+        let mut levels = Vec::new();
+        if let Some(backlog) = self.activity.as_ref().and_then(|a| a.backlog()) {
+            let age = backlog.oldest_pending_age.unwrap_or_default().as_secs();
+            let dead = u64::try_from(backlog.dead).unwrap_or(0);
+            levels.push(level(ActivityKind::OldestPendingAge, OUTBOX_SERIES, age));
+            levels.push(level(ActivityKind::DeadLetters, OUTBOX_SERIES, dead));
+        }
+        if let Some(lag) = self.consumer.as_ref().and_then(|c| c.snapshot().lag) {
+            levels.push(level(ActivityKind::Lag, &self.name, lag));
+        }
+        levels
+    }
+
     /// One beat: the instance row, the activity since the last beat, and a sweep every
     /// [`SWEEP_EVERY`]th (a relay's).
     async fn beat(&self, host: &str, reported: &mut Reported, n: u64) -> Result<(), StoreError> {
@@ -326,7 +369,9 @@ impl<S: HeartbeatStore> Heartbeat<S> {
                 })
                 .collect();
             if !counts.is_empty() {
-                self.store.add_activity("publish", counts).await?;
+                self.store
+                    .add_activity(ActivityKind::Publish, counts)
+                    .await?;
             }
             // Only once written: a failed beat's publishes go into the next one.
             reported.published = now;
@@ -338,10 +383,14 @@ impl<S: HeartbeatStore> Heartbeat<S> {
             if delta > 0 {
                 let count = i64::try_from(delta).unwrap_or(i64::MAX);
                 self.store
-                    .add_activity("consume", vec![(self.name.clone(), count)])
+                    .add_activity(ActivityKind::Consume, vec![(self.name.clone(), count)])
                     .await?;
             }
             reported.consumed = total;
+        }
+        let levels = self.levels();
+        if !levels.is_empty() {
+            self.store.record_levels(levels).await?;
         }
         // Only relays sweep (the consumer's and the executor's grants stop at their own row).
         if self.kind == InstanceKind::Relay && n.is_multiple_of(SWEEP_EVERY) {
@@ -378,13 +427,25 @@ mod tests {
 
         async fn add_activity(
             &self,
-            kind: &str,
+            kind: ActivityKind,
             counts: Vec<(String, i64)>,
         ) -> Result<(), StoreError> {
             self.calls
                 .lock()
                 .unwrap()
-                .push(format!("activity {kind} {counts:?}"));
+                .push(format!("activity {} {counts:?}", kind.as_str()));
+            Ok(())
+        }
+
+        async fn record_levels(&self, levels: Vec<Level>) -> Result<(), StoreError> {
+            let levels: Vec<String> = levels
+                .iter()
+                .map(|l| format!("{} {}={}", l.kind.as_str(), l.name, l.value))
+                .collect();
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("levels {}", levels.join(", ")));
             Ok(())
         }
 
@@ -425,6 +486,41 @@ mod tests {
         assert_eq!(calls[1], "sweep", "a relay sweeps at its first beat");
         assert_eq!(calls.last().map(String::as_str), Some("stopped"));
         assert_eq!(calls.iter().filter(|c| *c == "sweep").count(), 1);
+    }
+
+    #[test]
+    fn a_beat_reads_the_relays_backlog_and_the_consumers_lag_as_levels() {
+        let store = Arc::new(FakeInstances::default());
+        let activity = Arc::new(PublishActivity::default());
+        let relay = Heartbeat::new(Arc::clone(&store), InstanceKind::Relay, "relay")
+            .unwrap()
+            .with_publish_activity(Arc::clone(&activity));
+        assert_eq!(relay.levels(), [], "no reading yet, no level");
+        activity.record_backlog(crate::store::OutboxStats {
+            dead: 4,
+            oldest_pending_age: Some(Duration::from_millis(90_700)),
+            ..Default::default()
+        });
+        let level = |kind, name: &str, value| Level {
+            kind,
+            name: name.to_owned(),
+            value,
+        };
+        assert_eq!(
+            relay.levels(),
+            [
+                level(ActivityKind::OldestPendingAge, OUTBOX_SERIES, 90),
+                level(ActivityKind::DeadLetters, OUTBOX_SERIES, 4)
+            ]
+        );
+
+        let stats = Arc::new(ConsumerStats::new("ledger"));
+        let consumer = Heartbeat::new(store, InstanceKind::Consumer, "any")
+            .unwrap()
+            .with_consumer(Arc::clone(&stats));
+        assert_eq!(consumer.levels(), [], "no lag read yet, no level");
+        stats.set_lag(7);
+        assert_eq!(consumer.levels(), [level(ActivityKind::Lag, "ledger", 7)]);
     }
 
     #[test]

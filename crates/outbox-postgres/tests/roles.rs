@@ -19,7 +19,9 @@ use outbox_core::consumer::{ConsumerConfig, Handler, HandlerError, InboxStore, O
 use outbox_core::effect::{Executor, ExecutorConfig, WorkItemStore as _};
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::operator::prelude::*;
-use outbox_core::operator::{Actor, ConsumerSelection, DeadLetterSelection, OperatorErrorKind};
+use outbox_core::operator::{
+    ActivityKind, Actor, ConsumerSelection, DeadLetterSelection, OperatorErrorKind,
+};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{
     ClaimParams, Fingerprint, IncomingEvent, OutboxStore, PublishErrorKind, StoreErrorKind,
@@ -698,6 +700,14 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
         "polling",
     ))
     .await;
+    // And the levels its gauges read.
+    record_level(&pool, &env.schema, ActivityKind::DeadLetters, "outbox", 2).await;
+    record_level(&pool, &env.schema, ActivityKind::DeadLetters, "outbox", 1).await;
+    assert_eq!(
+        env.count("SELECT count FROM {s}.activity WHERE kind = 'dead_letters'")
+            .await,
+        2
+    );
     assert_eq!(
         env.count(
             "SELECT count(*) FROM {s}.instances WHERE stopped_at IS NOT NULL AND kind = 'relay'"
@@ -706,6 +716,20 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
         1
     );
     env.cleanup().await;
+}
+
+/// Records one level reading as a heartbeat does, on `pool` (a component's role).
+async fn record_level(pool: &PgPool, schema: &Schema, kind: ActivityKind, name: &str, value: i64) {
+    use outbox_core::heartbeat::{HeartbeatStore, Level};
+    let level = Level {
+        kind,
+        name: name.to_owned(),
+        value,
+    };
+    store(pool, schema)
+        .record_levels(vec![level])
+        .await
+        .expect("a level recorded under the role's grants");
 }
 
 /// Runs `beat` for 350 ms (a few beats), then stops it, which records the stop.
@@ -834,6 +858,15 @@ async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
         .await,
         1,
         "its two effects, in this minute's row"
+    );
+    // Its lag, a level: this minute's row keeps the highest reading, under its own grants.
+    for lag in [3, 9, 4] {
+        record_level(&pool, &env.schema, ActivityKind::Lag, "ledger", lag).await;
+    }
+    assert_eq!(
+        env.count("SELECT count FROM {s}.activity WHERE kind = 'lag' AND name = 'ledger'")
+            .await,
+        9
     );
     assert_eq!(
         env.count(

@@ -62,7 +62,7 @@ struct ActivityQuery {
     minutes: Option<usize>,
 }
 
-/// `GET /api/v1/activity?kind=publish|consume[&minutes=N]`.
+/// `GET /api/v1/activity?kind=publish|consume|oldest_pending_age|dead_letters|lag[&minutes=N]`.
 pub(crate) fn activity<O: OperatorStore>() -> Route<O> {
     read(async |s: Shared<O>, Q(q): Q<ActivityQuery>| {
         let minutes = q.minutes.unwrap_or(DEFAULT_ACTIVITY_MINUTES);

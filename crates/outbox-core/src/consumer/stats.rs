@@ -113,7 +113,7 @@ impl ConsumerStats {
         self.totals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn set_lag(&self, lag: u64) {
+    pub(crate) fn set_lag(&self, lag: u64) {
         self.lag
             .store(i64::try_from(lag).unwrap_or(i64::MAX), Ordering::Relaxed);
     }

@@ -60,7 +60,7 @@ pub use overview::{Overview, OverviewOps, WorkItems};
 pub use pauses::{Pause, PauseOps, PauseTarget, route_key};
 pub use processes::{
     ACTIVITY_MINUTES, Activity, ActivityKind, ActivitySeries, ConsumerView, Instance, MINUTES,
-    MinuteCount, ProcessOps, RouteView, Routes, heartbeat_status, minute_slot,
+    MinuteCount, OUTBOX_SERIES, ProcessOps, RouteView, Routes, heartbeat_status, minute_slot,
 };
 pub use replay::{
     MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, RangePlan, RangeSelection, ReplayOps, ReplayPlan,

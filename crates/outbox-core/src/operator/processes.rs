@@ -145,7 +145,9 @@ pub fn minute_slot(minutes_ago: i64) -> Option<usize> {
 /// activity.
 pub const ACTIVITY_MINUTES: usize = 120;
 
-/// Which work [`ProcessOps::activity`] counts.
+/// What [`ProcessOps::activity`] charts: work counted per minute (publishes, applied events),
+/// or a level read every beat (lag, the oldest pending row's age, dead letters), of which a
+/// minute keeps the highest reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActivityKind {
@@ -154,58 +156,90 @@ pub enum ActivityKind {
     Publish,
     /// The consumers' committed effects, per consumer.
     Consume,
+    /// A level: each consumer's lag (messages its source holds for it beyond what it has
+    /// taken), the highest any of its processes read in the minute.
+    Lag,
+    /// A level: the age of the oldest pending outbox row, whole seconds, as the relays' gauges
+    /// read it (one series, [`OUTBOX_SERIES`]).
+    OldestPendingAge,
+    /// A level: the outbox's dead letters, as the relays' gauges count them (one series,
+    /// [`OUTBOX_SERIES`]).
+    DeadLetters,
 }
 
+/// The name of the series of a level that belongs to the outbox table as a whole (the oldest
+/// pending age and the dead letters): every relay reads the same table.
+pub const OUTBOX_SERIES: &str = "outbox";
+
 impl ActivityKind {
-    /// `publish` or `consume`, as the heartbeats record it.
+    /// The kind as the heartbeats record it: `publish`, `consume`, `lag`,
+    /// `oldest_pending_age` or `dead_letters`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Publish => "publish",
             Self::Consume => "consume",
+            Self::Lag => "lag",
+            Self::OldestPendingAge => "oldest_pending_age",
+            Self::DeadLetters => "dead_letters",
         }
+    }
+
+    /// Whether this is a level (a minute keeps its highest reading; readings do not add up)
+    /// rather than work counted (a minute's counts add up).
+    pub fn is_level(self) -> bool {
+        matches!(self, Self::Lag | Self::OldestPendingAge | Self::DeadLetters)
     }
 }
 
-/// A count of work as a store keeps it: `count` of `name`'s, `minutes_ago` minutes before the
-/// current minute (0: the current minute so far), summed over the processes that reported it.
+/// A minute of one series as a store keeps it: `count` of `name`'s, `minutes_ago` minutes
+/// before the current minute (0: the current minute so far): work summed over the processes
+/// that reported it, or a level's highest reading ([`ActivityKind::is_level`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MinuteCount {
     /// The route key or the consumer's name.
     pub name: String,
     /// Whole minutes before the current one.
     pub minutes_ago: i64,
-    /// The work done in that minute.
+    /// The work done in that minute, or the level's highest reading.
     pub count: i64,
 }
 
-/// One route's or consumer's work per minute.
+/// One route's or consumer's work per minute, or one level's highest reading per minute.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ActivitySeries {
-    /// The route key or the consumer's name.
+    /// The route key, the consumer's name, or [`OUTBOX_SERIES`].
     pub name: String,
     /// Per minute, oldest first, the last being the current minute so far (one per minute of
-    /// the window).
+    /// the window); 0 for a minute with nothing recorded.
     pub per_minute: Vec<i64>,
-    /// The window's sum.
-    pub total: i64,
+    /// The window's sum for work counted; `None` for a level, whose readings do not add up.
+    pub total: Option<i64>,
+    /// The window's largest minute: the busiest minute's work, or the level's highest reading.
+    pub peak: i64,
 }
 
-/// The work of one kind per minute over a window: the console's activity charts.
+/// The work of one kind per minute over a window, or a level's readings: the console's
+/// activity charts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Activity {
-    /// What was counted.
+    /// What was counted or read.
     pub kind: ActivityKind,
+    /// Whether it is a level ([`ActivityKind::is_level`]).
+    pub level: bool,
     /// The window, in minutes (the length of every series).
     pub minutes: usize,
-    /// Busiest (largest total) first, then by name.
+    /// Busiest first (the largest total, then the highest peak; for a level, the highest
+    /// peak), then by name.
     pub series: Vec<ActivitySeries>,
 }
 
 impl Activity {
     /// The series of `counts` over the last `minutes` minutes; counts outside the window are
-    /// left out, counts of one name and minute are added. Each series holds `minutes` numbers:
-    /// [`ProcessOps::activity`] checks the window (at most [`ACTIVITY_MINUTES`]) first.
+    /// left out, counts of one name and minute are added (for a level, the highest is kept).
+    /// Each series holds `minutes` numbers: [`ProcessOps::activity`] checks the window (at
+    /// most [`ACTIVITY_MINUTES`]) first.
     pub fn of(kind: ActivityKind, minutes: usize, counts: Vec<MinuteCount>) -> Self {
+        let level = kind.is_level();
         let mut by_name: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
         for c in counts {
             let Some(ago) = usize::try_from(c.minutes_ago).ok().filter(|a| *a < minutes) else {
@@ -213,19 +247,28 @@ impl Activity {
             };
             let series = by_name.entry(c.name).or_insert_with(|| vec![0; minutes]);
             let slot = &mut series[minutes - 1 - ago];
-            *slot = slot.saturating_add(c.count);
+            *slot = match level {
+                true => (*slot).max(c.count),
+                false => slot.saturating_add(c.count),
+            };
         }
         let mut series: Vec<ActivitySeries> = by_name
             .into_iter()
             .map(|(name, per_minute)| ActivitySeries {
-                total: per_minute.iter().fold(0i64, |a, b| a.saturating_add(*b)),
+                total: (!level).then(|| per_minute.iter().fold(0i64, |a, b| a.saturating_add(*b))),
+                peak: per_minute.iter().copied().max().unwrap_or(0),
                 name,
                 per_minute,
             })
             .collect();
-        series.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name.cmp(&b.name)));
+        series.sort_by(|a, b| {
+            (b.total, b.peak)
+                .cmp(&(a.total, a.peak))
+                .then_with(|| a.name.cmp(&b.name))
+        });
         Self {
             kind,
+            level,
             minutes,
             series,
         }
@@ -319,6 +362,14 @@ mod tests {
         }
     }
 
+    /// Each series as (name, per minute, total, peak).
+    fn rows(a: &Activity) -> Vec<(&str, &[i64], Option<i64>, i64)> {
+        a.series
+            .iter()
+            .map(|s| (s.name.as_str(), &s.per_minute[..], s.total, s.peak))
+            .collect()
+    }
+
     #[test]
     fn activity_places_counts_by_minute_and_leaves_out_the_rest() {
         let counts = vec![
@@ -331,16 +382,33 @@ mod tests {
         ];
         let a = Activity::of(ActivityKind::Publish, 5, counts);
         assert_eq!(a.minutes, 5);
-        let got: Vec<(&str, &[i64], i64)> = a
-            .series
-            .iter()
-            .map(|s| (s.name.as_str(), &s.per_minute[..], s.total))
-            .collect();
+        assert!(!a.level);
         assert_eq!(
-            got,
+            rows(&a),
             [
-                ("b", &[13, 0, 0, 0, 7][..], 20),
-                ("a", &[0, 0, 0, 0, 1][..], 1)
+                ("b", &[13, 0, 0, 0, 7][..], Some(20), 13),
+                ("a", &[0, 0, 0, 0, 1][..], Some(1), 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_level_keeps_each_minutes_highest_reading_and_has_no_total() {
+        // Three readings in this minute, one two minutes ago; another consumer's, one of them
+        // out of the window.
+        let ledger = [(0, 3), (0, 40), (0, 9), (2, 5)].map(|(ago, n)| count("ledger", ago, n));
+        let audit = [(1, 41), (9, 1000)].map(|(ago, n)| count("audit", ago, n));
+        let a = Activity::of(
+            ActivityKind::Lag,
+            3,
+            [ledger.to_vec(), audit.to_vec()].concat(),
+        );
+        assert!(a.level);
+        assert_eq!(
+            rows(&a),
+            [
+                ("audit", &[0, 41, 0][..], None, 41),
+                ("ledger", &[5, 0, 40][..], None, 40)
             ]
         );
     }

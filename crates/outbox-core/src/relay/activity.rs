@@ -10,12 +10,21 @@
 //! not settled yet ([`PublishActivity::in_flight`]). For the polling feed these are the
 //! relay's leases, one per aggregate, so an operator sees which relay holds how much and for
 //! how long (a relay stuck with old claims shows here before its leases expire).
+//!
+//! And the outbox's numbers as the relay's gauges last read them ([`PublishActivity::backlog`]:
+//! pending rows, the oldest one's age, dead letters), so that its heartbeat records them per
+//! minute for the console's charts without a query of its own.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::message::OutboxMessage;
+use crate::store::OutboxStats;
+
+/// How long a gauge reading stays current for [`PublishActivity::backlog`]: a relay that could
+/// not read the outbox for longer (an outage) reports nothing rather than an old number.
+pub const BACKLOG_FRESH_FOR: Duration = Duration::from_secs(60);
 
 /// Where a row goes, as the database knows it: exactly one of the two is set.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -48,6 +57,7 @@ impl Route {
 pub struct PublishActivity {
     counts: Mutex<HashMap<Route, u64>>,
     held: Mutex<Held>,
+    backlog: Mutex<Option<(OutboxStats, Instant)>>,
 }
 
 /// The batches taken and not settled yet, by a number of this relay's own.
@@ -144,6 +154,22 @@ impl PublishActivity {
         Holding { activity: self, id }
     }
 
+    /// Keeps `stats`, the outbox's numbers the relay's gauges just read.
+    pub(crate) fn record_backlog(&self, stats: OutboxStats) {
+        *self.backlog.lock().unwrap_or_else(|p| p.into_inner()) = Some((stats, Instant::now()));
+    }
+
+    /// The outbox's numbers as the relay's gauges last read them, when that was at most
+    /// [`BACKLOG_FRESH_FOR`] ago (`None` before the first reading, once readings have failed
+    /// for longer, and for a feed that cannot count).
+    pub fn backlog(&self) -> Option<OutboxStats> {
+        let backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        backlog
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() <= BACKLOG_FRESH_FOR)
+            .map(|(stats, _)| stats.clone())
+    }
+
     /// What the relay holds now.
     pub fn in_flight(&self) -> InFlight {
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -170,6 +196,19 @@ mod tests {
 
     fn message(id: i64, aggregate: &str) -> OutboxMessage {
         crate::relay::tests::row(id, aggregate, id)
+    }
+
+    #[test]
+    fn the_backlog_is_the_last_reading() {
+        let activity = PublishActivity::default();
+        assert_eq!(activity.backlog(), None);
+        let reading = |dead| OutboxStats {
+            dead,
+            ..OutboxStats::default()
+        };
+        activity.record_backlog(reading(3));
+        activity.record_backlog(reading(5));
+        assert_eq!(activity.backlog().map(|b| b.dead), Some(5));
     }
 
     #[test]

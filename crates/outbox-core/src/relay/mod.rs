@@ -52,7 +52,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-pub use activity::{InFlight, PublishActivity, Route};
+pub use activity::{BACKLOG_FRESH_FOR, InFlight, PublishActivity, Route};
 pub use feed::{FailedRow, Feed, FeedBatch, PollingFeed, PollingTicket, SettleReport, Settlement};
 
 use crate::backoff::Backoff;
@@ -567,7 +567,8 @@ impl<F: Feed, T: Transport> Relay<F, T> {
         Ok(outcome)
     }
 
-    /// Refreshes the pending / oldest-age / dead gauges once (when the feed can count).
+    /// Refreshes the pending / oldest-age / dead gauges once (when the feed can count), and
+    /// keeps the reading for the heartbeat ([`PublishActivity::backlog`]).
     ///
     /// # Errors
     /// [`StoreError`] on an outage.
@@ -580,6 +581,7 @@ impl<F: Feed, T: Transport> Relay<F, T> {
             .set(s.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()));
         metrics::gauge!(metric::DEAD_LETTERS).set(s.dead as f64);
         metrics::gauge!(metric::RETRYING).set(s.retrying as f64);
+        self.activity.record_backlog(s);
         Ok(())
     }
 

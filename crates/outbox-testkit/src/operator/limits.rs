@@ -61,6 +61,8 @@ pub async fn every_list_refuses_a_limit_out_of_range<F: StoreFixture>() {
     }
     let window = s.activity(ActivityKind::Consume, ACTIVITY_MINUTES).await;
     assert_eq!(window.map(|a| a.minutes).ok(), Some(ACTIVITY_MINUTES));
+    let level = s.activity(ActivityKind::Lag, 15).await;
+    assert_eq!(level.map(|a| (a.level, a.minutes)).ok(), Some((true, 15)));
     let too_many: Vec<i64> = (1..=MAX_LIST + 1).collect();
     assert_eq!(
         kind(s.resolve_conflicts(&too_many, &actor(), "x").await),
