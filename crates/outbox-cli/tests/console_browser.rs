@@ -249,6 +249,15 @@ async fn the_console_page_shows_the_database_and_requeues_with_the_token_only() 
     })
     .await;
     screenshot(c, "after-requeue.png").await;
+    // Its heartbeat also recorded what its gauges read: the dead letters per minute, 2 before
+    // the requeue or 1 after it (whichever minute's highest reading the chart shows).
+    wait_text(
+        c,
+        "#activity-dead_letters tr[data-series='outbox'] td.peak",
+        "the relay's dead-letter reading",
+        |t| t == "2" || t == "1",
+    )
+    .await;
 
     stop.cancel();
     relay_task.await.expect("relay task");
@@ -599,7 +608,7 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
         .await;
     db.exec(&record("dead_letters", "outbox", 2, 6)).await;
     db.exec(&record("lag", "ledger", 10, 30)).await;
-    let now = |kind, name: &str, value| outbox_core::heartbeat::Level {
+    let now = |kind, name: &str, value| outbox_core::heartbeat::ActivityEntry {
         kind,
         name: name.to_owned(),
         value,
@@ -612,7 +621,7 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
                 now(OldestPendingAge, "outbox", age),
                 now(Lag, "ledger", lag),
             ];
-            db.store().record_levels(levels).await.unwrap();
+            db.store().add_activity(levels).await.unwrap();
         }
     }
 

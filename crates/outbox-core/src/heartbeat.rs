@@ -5,12 +5,12 @@
 //!
 //! [`Heartbeat`] is the loop, written once; a store writes what it says through [`HeartbeatStore`]
 //! (PostgreSQL's: `outbox_postgres::heartbeat`). Every [`Heartbeat::interval`] (5 s by default) the
-//! process upserts its instance row (one statement) and, for a relay, adds what it published since
-//! the last beat to this minute's activity row of each route (one statement), and for a consumer
-//! ([`Heartbeat::with_consumer`]) the effects it committed; then the levels it reads (one
-//! statement): a relay's oldest pending age and dead letters as its gauges last read them
-//! ([`PublishActivity::backlog`]), a consumer's lag. A minute keeps the highest reading of each
-//! level, so the console charts them per minute ([`ActivityKind`]). About once a minute a relay
+//! process upserts its instance row (one statement) and writes its activity into this minute's
+//! rows (one statement): for a relay, what it published since the last beat per route, and the
+//! oldest pending age and the dead letters as its gauges last read them
+//! ([`PublishActivity::backlog`]); for a consumer ([`Heartbeat::with_consumer`]), the effects it
+//! committed and its lag. Work adds up; a level keeps the minute's highest reading, so the
+//! console charts both per minute ([`ActivityKind`]). About once a minute a relay
 //! also sweeps instance rows whose heartbeat is a day old and activity rows two hours old (a
 //! consumer's or an executor's grants allow writing their own rows only, no deletes). A beat that
 //! fails (the database is down, a grant is missing) is logged and retried at the next one: a
@@ -113,20 +113,13 @@ pub trait HeartbeatStore: Send + Sync + 'static {
     /// not stopped.
     fn beat(&self, beat: &Beat<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Adds `counts` (a name and a count each) to this minute's activity rows of `kind`, work
-    /// counted ([`ActivityKind::Publish`] per route key, [`ActivityKind::Consume`] per
-    /// consumer name).
+    /// Writes `entries` into this minute's activity rows, in one go: work counted
+    /// ([`ActivityKind::Publish`] per route key, [`ActivityKind::Consume`] per consumer name) is
+    /// added to its row; a level ([`ActivityKind::is_level`]) keeps the highest reading any
+    /// process reported in the minute.
     fn add_activity(
         &self,
-        kind: ActivityKind,
-        counts: Vec<(String, i64)>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Records `levels` in this minute's activity rows: each row keeps the highest reading any
-    /// process reported in the minute ([`ActivityKind::is_level`]).
-    fn record_levels(
-        &self,
-        levels: Vec<Level>,
+        entries: Vec<ActivityEntry>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Records the instance's stop (its last stats with it).
@@ -140,15 +133,25 @@ pub trait HeartbeatStore: Send + Sync + 'static {
     fn sweep(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// A level read at a beat: `value` of `name`'s `kind` now.
+/// What a beat adds to this minute's activity row of `kind` and `name`: work done since the
+/// last beat, or a level's reading now ([`ActivityKind::is_level`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Level {
-    /// A level kind ([`ActivityKind::is_level`]).
+pub struct ActivityEntry {
+    /// What it counts or reads.
     pub kind: ActivityKind,
-    /// The consumer's name, or [`OUTBOX_SERIES`].
+    /// The route key, the consumer's name, or [`OUTBOX_SERIES`].
     pub name: String,
-    /// The reading.
+    /// The work done, or the reading.
     pub value: i64,
+}
+
+/// An entry of `value` (saturated into an `i64`).
+fn entry(kind: ActivityKind, name: String, value: u64) -> ActivityEntry {
+    ActivityEntry {
+        kind,
+        name,
+        value: i64::try_from(value).unwrap_or(i64::MAX),
+    }
 }
 
 /// A source of extra numbers for each beat.
@@ -324,21 +327,20 @@ impl<S: HeartbeatStore> Heartbeat<S> {
 
     /// The levels of this beat: the relay's backlog as its gauges last read it, the
     /// consumer's lag once its source has reported one.
-    fn levels(&self) -> Vec<Level> {
-        let level = |kind, name: &str, value: u64| Level {
-            kind,
-            name: name.to_owned(),
-            value: i64::try_from(value).unwrap_or(i64::MAX),
-        };
+    fn levels(&self) -> Vec<ActivityEntry> {
         let mut levels = Vec::new();
         if let Some(backlog) = self.activity.as_ref().and_then(|a| a.backlog()) {
             let age = backlog.oldest_pending_age.unwrap_or_default().as_secs();
             let dead = u64::try_from(backlog.dead).unwrap_or(0);
-            levels.push(level(ActivityKind::OldestPendingAge, OUTBOX_SERIES, age));
-            levels.push(level(ActivityKind::DeadLetters, OUTBOX_SERIES, dead));
+            levels.push(entry(
+                ActivityKind::OldestPendingAge,
+                OUTBOX_SERIES.into(),
+                age,
+            ));
+            levels.push(entry(ActivityKind::DeadLetters, OUTBOX_SERIES.into(), dead));
         }
         if let Some(lag) = self.consumer.as_ref().and_then(|c| c.snapshot().lag) {
-            levels.push(level(ActivityKind::Lag, &self.name, lag));
+            levels.push(entry(ActivityKind::Lag, self.name.clone(), lag));
         }
         levels
     }
@@ -358,39 +360,32 @@ impl<S: HeartbeatStore> Heartbeat<S> {
                 stats: self.stats(),
             })
             .await?;
-        if let Some(activity) = &self.activity {
-            let now = activity.snapshot();
-            let counts: Vec<(String, i64)> = now
-                .iter()
-                .filter_map(|(route, total)| {
-                    let delta = total - reported.published.get(route).copied().unwrap_or(0);
-                    (delta > 0)
-                        .then(|| (route_key(route), i64::try_from(delta).unwrap_or(i64::MAX)))
-                })
-                .collect();
-            if !counts.is_empty() {
-                self.store
-                    .add_activity(ActivityKind::Publish, counts)
-                    .await?;
-            }
-            // Only once written: a failed beat's publishes go into the next one.
-            reported.published = now;
-        }
-        if let Some(consumer) = &self.consumer {
-            let numbers = consumer.snapshot();
-            let total = numbers.processed + numbers.requeued_resolved;
-            let delta = total.saturating_sub(reported.consumed);
+        let mut entries = Vec::new();
+        let published = self.activity.as_ref().map(|a| a.snapshot());
+        for (route, total) in published.iter().flatten() {
+            let delta = total - reported.published.get(route).copied().unwrap_or(0);
             if delta > 0 {
-                let count = i64::try_from(delta).unwrap_or(i64::MAX);
-                self.store
-                    .add_activity(ActivityKind::Consume, vec![(self.name.clone(), count)])
-                    .await?;
+                entries.push(entry(ActivityKind::Publish, route_key(route), delta));
             }
-            reported.consumed = total;
         }
-        let levels = self.levels();
-        if !levels.is_empty() {
-            self.store.record_levels(levels).await?;
+        let consumed = self.consumer.as_ref().map(|c| {
+            let numbers = c.snapshot();
+            numbers.processed + numbers.requeued_resolved
+        });
+        let delta = consumed.map_or(0, |total| total.saturating_sub(reported.consumed));
+        if delta > 0 {
+            entries.push(entry(ActivityKind::Consume, self.name.clone(), delta));
+        }
+        entries.extend(self.levels());
+        if !entries.is_empty() {
+            self.store.add_activity(entries).await?;
+        }
+        // Only once written: a failed beat's work goes into the next one.
+        if let Some(published) = published {
+            reported.published = published;
+        }
+        if let Some(consumed) = consumed {
+            reported.consumed = consumed;
         }
         // Only relays sweep (the consumer's and the executor's grants stop at their own row).
         if self.kind == InstanceKind::Relay && n.is_multiple_of(SWEEP_EVERY) {
@@ -425,27 +420,15 @@ mod tests {
             Ok(())
         }
 
-        async fn add_activity(
-            &self,
-            kind: ActivityKind,
-            counts: Vec<(String, i64)>,
-        ) -> Result<(), StoreError> {
-            self.calls
-                .lock()
-                .unwrap()
-                .push(format!("activity {} {counts:?}", kind.as_str()));
-            Ok(())
-        }
-
-        async fn record_levels(&self, levels: Vec<Level>) -> Result<(), StoreError> {
-            let levels: Vec<String> = levels
+        async fn add_activity(&self, entries: Vec<ActivityEntry>) -> Result<(), StoreError> {
+            let entries: Vec<String> = entries
                 .iter()
-                .map(|l| format!("{} {}={}", l.kind.as_str(), l.name, l.value))
+                .map(|e| format!("{} {}={}", e.kind.as_str(), e.name, e.value))
                 .collect();
             self.calls
                 .lock()
                 .unwrap()
-                .push(format!("levels {}", levels.join(", ")));
+                .push(format!("activity {}", entries.join(", ")));
             Ok(())
         }
 
@@ -501,11 +484,7 @@ mod tests {
             oldest_pending_age: Some(Duration::from_millis(90_700)),
             ..Default::default()
         });
-        let level = |kind, name: &str, value| Level {
-            kind,
-            name: name.to_owned(),
-            value,
-        };
+        let level = |kind, name: &str, value| entry(kind, name.to_owned(), value);
         assert_eq!(
             relay.levels(),
             [

@@ -20,15 +20,15 @@
 //! ```
 //!
 //! What a beat writes, how often, and how an operator reads it: [`outbox_core::heartbeat`].
-//! Here each beat is one upsert of the process's `instances` row, and, when something was
-//! published or consumed since the last one, one statement adding it to this minute's
-//! `activity` rows; when it read levels (a relay's backlog, a consumer's lag), one statement
-//! keeping the highest reading in this minute's rows of their kinds (`lag`,
-//! `oldest_pending_age`, `dead_letters`: the same table, `count` holding the reading); a
-//! relay's sweep deletes `instances` rows a day old and `activity` rows two hours old.
+//! Here each beat is one upsert of the process's `instances` row, and one statement writing
+//! its activity into this minute's `activity` rows: what it published or consumed since the
+//! last beat added to `publish` and `consume` rows, and the levels it read (a relay's backlog,
+//! a consumer's lag) kept as the highest reading in `lag`, `oldest_pending_age` and
+//! `dead_letters` rows (the same table, `count` holding the reading); a relay's sweep deletes
+//! `instances` rows a day old and `activity` rows two hours old.
 
 use outbox_core::StoreError;
-use outbox_core::heartbeat::{Beat, HeartbeatStore, Level};
+use outbox_core::heartbeat::{ActivityEntry, Beat, HeartbeatStore};
 use outbox_core::operator::ActivityKind;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
@@ -46,14 +46,14 @@ const BEAT: &str = "INSERT INTO {s}.instances (instance_id, kind, name, host, pi
     ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now(), stats = EXCLUDED.stats, \
     stopped_at = NULL";
 
+/// This minute's activity rows: work counted adds up, a level (`$4`: the level kinds) keeps
+/// the highest reading.
 const ACTIVITY: &str = "INSERT INTO {s}.activity AS a (minute, kind, name, count) \
-    SELECT date_trunc('minute', now()), $3, n, c FROM UNNEST($1::text[], $2::int8[]) AS u(n, c) \
-    ON CONFLICT (minute, kind, name) DO UPDATE SET count = a.count + EXCLUDED.count";
-
-const LEVELS: &str = "INSERT INTO {s}.activity AS a (minute, kind, name, count) \
     SELECT date_trunc('minute', now()), k, n, v \
     FROM UNNEST($1::text[], $2::text[], $3::int8[]) AS u(k, n, v) \
-    ON CONFLICT (minute, kind, name) DO UPDATE SET count = GREATEST(a.count, EXCLUDED.count)";
+    ON CONFLICT (minute, kind, name) DO UPDATE SET count = CASE \
+      WHEN a.kind = ANY($4::text[]) THEN GREATEST(a.count, EXCLUDED.count) \
+      ELSE a.count + EXCLUDED.count END";
 
 const STOPPED: &str = "UPDATE {s}.instances SET stopped_at = now(), heartbeat_at = now(), \
     stats = $2 WHERE instance_id = $1";
@@ -79,33 +79,23 @@ impl HeartbeatStore for PgStore {
         Ok(())
     }
 
-    async fn add_activity(
-        &self,
-        kind: ActivityKind,
-        counts: Vec<(String, i64)>,
-    ) -> Result<(), StoreError> {
-        let (names, counts): (Vec<String>, Vec<i64>) = counts.into_iter().unzip();
+    async fn add_activity(&self, entries: Vec<ActivityEntry>) -> Result<(), StoreError> {
+        let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        let values: Vec<i64> = entries.iter().map(|e| e.value).collect();
+        let levels: Vec<&str> = ActivityKind::ALL
+            .into_iter()
+            .filter(|k| k.is_level())
+            .map(ActivityKind::as_str)
+            .collect();
         sqlx::query(AssertSqlSafe(self.schema().render(ACTIVITY)))
-            .bind(names)
-            .bind(counts)
-            .bind(kind.as_str())
-            .execute(self.pool())
-            .await
-            .map_err(|e| store_error("writing the activity", e))?;
-        Ok(())
-    }
-
-    async fn record_levels(&self, levels: Vec<Level>) -> Result<(), StoreError> {
-        let kinds: Vec<&str> = levels.iter().map(|l| l.kind.as_str()).collect();
-        let names: Vec<&str> = levels.iter().map(|l| l.name.as_str()).collect();
-        let values: Vec<i64> = levels.iter().map(|l| l.value).collect();
-        sqlx::query(AssertSqlSafe(self.schema().render(LEVELS)))
             .bind(kinds)
             .bind(names)
             .bind(values)
+            .bind(levels)
             .execute(self.pool())
             .await
-            .map_err(|e| store_error("writing the levels", e))?;
+            .map_err(|e| store_error("writing the activity", e))?;
         Ok(())
     }
 

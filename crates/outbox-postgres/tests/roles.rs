@@ -720,14 +720,14 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
 
 /// Records one level reading as a heartbeat does, on `pool` (a component's role).
 async fn record_level(pool: &PgPool, schema: &Schema, kind: ActivityKind, name: &str, value: i64) {
-    use outbox_core::heartbeat::{HeartbeatStore, Level};
-    let level = Level {
+    use outbox_core::heartbeat::{ActivityEntry, HeartbeatStore};
+    let level = ActivityEntry {
         kind,
         name: name.to_owned(),
         value,
     };
     store(pool, schema)
-        .record_levels(vec![level])
+        .add_activity(vec![level])
         .await
         .expect("a level recorded under the role's grants");
 }

@@ -172,6 +172,15 @@ pub enum ActivityKind {
 pub const OUTBOX_SERIES: &str = "outbox";
 
 impl ActivityKind {
+    /// Every kind.
+    pub const ALL: [ActivityKind; 5] = [
+        Self::Publish,
+        Self::Consume,
+        Self::Lag,
+        Self::OldestPendingAge,
+        Self::DeadLetters,
+    ];
+
     /// The kind as the heartbeats record it: `publish`, `consume`, `lag`,
     /// `oldest_pending_age` or `dead_letters`.
     pub fn as_str(self) -> &'static str {
