@@ -554,11 +554,34 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
 /// The bars of the activity chart in `row`, oldest first: each bar's count (its title) for the
 /// bars drawn above zero, and how many bars (minutes) the chart has.
 async fn bars(c: &Client, row: &str) -> (Vec<i64>, usize) {
+    let (counts, _, _, minutes) = drawn(c, row).await;
+    (counts, minutes)
+}
+
+/// Where the bars above zero of the chart in `row` stand: the minutes between each and the
+/// next (a minute turning moves all of them, not the gaps), and each one's height as a share
+/// of the tallest, in hundredths.
+async fn layout(c: &Client, row: &str) -> (Vec<usize>, Vec<u32>) {
+    let (_, slots, heights, _) = drawn(c, row).await;
+    let gaps = slots.windows(2).map(|w| w[1] - w[0]).collect();
+    let tallest = heights.iter().copied().fold(0.0, f64::max);
+    let shares = heights
+        .iter()
+        .map(|h| (h / tallest * 100.0).round() as u32)
+        .collect();
+    (gaps, shares)
+}
+
+/// The chart in `row` as drawn: the counts (titles), minute slots and heights of the bars above
+/// zero, oldest first, and how many bars (minutes) it has.
+async fn drawn(c: &Client, row: &str) -> (Vec<i64>, Vec<usize>, Vec<f64>, usize) {
     let got = c
         .execute(
             "const rects = [...document.querySelectorAll(arguments[0] + ' svg rect')];\n\
-             return [rects.filter((r) => Number(r.getAttribute('height')) > 0)\n\
-                       .map((r) => Number(r.textContent.split(' ')[0])), rects.length];",
+             const up = rects.map((r, i) => [r, i])\n\
+                             .filter(([r]) => Number(r.getAttribute('height')) > 0);\n\
+             return [up.map(([r]) => Number(r.textContent.split(' ')[0])), up.map(([, i]) => i),\n\
+                     up.map(([r]) => Number(r.getAttribute('height'))), rects.length];",
             vec![serde_json::json!(row)],
         )
         .await
@@ -580,8 +603,8 @@ async fn choose_window(c: &Client, select: &str, minutes: &str) {
 /// chooses: counts the test writes into `activity` (a route's publishes 0, 5, 30, 50 and 90
 /// minutes ago, a consumer's effects) are the charts' bars, totals and busiest minutes; the
 /// levels (the oldest pending age, the dead letters, a consumer's lag), earlier minutes
-/// written as rows and this minute's readings through the heartbeats' store, are bars of each
-/// minute's highest reading, with no total. The minutes are chosen so that a minute turning
+/// written as rows and this minute's three readings through the heartbeats' store, are bars of
+/// each minute's highest reading, with no total. The minutes are chosen so that a minute turning
 /// during the test moves every bar by one without moving any across a window's edge.
 #[tokio::test]
 async fn the_console_charts_the_activity_the_heartbeats_recorded() {
@@ -616,13 +639,18 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     {
         use outbox_core::heartbeat::HeartbeatStore as _;
         use outbox_core::operator::ActivityKind::{Lag, OldestPendingAge};
-        for (age, lag) in [(40, 3), (45, 12), (41, 8)] {
-            let levels = vec![
-                now(OldestPendingAge, "outbox", age),
-                now(Lag, "ledger", lag),
-            ];
-            db.store().add_activity(levels).await.unwrap();
-        }
+        // Three beats' readings in one statement (one minute whatever the clock does),
+        // merged by the store as three statements would be.
+        let levels = [(40, 3), (45, 12), (41, 8)]
+            .into_iter()
+            .flat_map(|(age, lag)| {
+                [
+                    now(OldestPendingAge, "outbox", age),
+                    now(Lag, "ledger", lag),
+                ]
+            })
+            .collect();
+        db.store().add_activity(levels).await.unwrap();
     }
 
     let (mut console, b) = console_in_a_browser(&db).await;
@@ -636,6 +664,11 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     .await;
     assert_eq!(text(c, &format!("{row} td.peak")).await, "17");
     assert_eq!(bars(c, row).await, (vec![17, 13, 11, 7], 60));
+    // In their minutes (50, 30, 5 and 0 minutes ago), as tall as their counts.
+    assert_eq!(
+        layout(c, row).await,
+        (vec![20, 25, 5], vec![100, 76, 65, 41])
+    );
     // Busiest first: the other route after it.
     let order = text(c, "#activity-publish tbody").await;
     let (charts, refund) = (
@@ -652,6 +685,7 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     })
     .await;
     assert_eq!(bars(c, row).await, (vec![19, 17, 13, 11, 7], 120));
+    assert_eq!(layout(c, row).await.0, [40, 20, 25, 5]);
     choose_window(c, "#activity-publish-minutes", "15").await;
     wait_text(c, &format!("{row} td.total"), "15 minutes' total", |t| {
         t == "18"

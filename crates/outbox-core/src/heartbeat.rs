@@ -116,7 +116,8 @@ pub trait HeartbeatStore: Send + Sync + 'static {
     /// Writes `entries` into this minute's activity rows, in one go: work counted
     /// ([`ActivityKind::Publish`] per route key, [`ActivityKind::Consume`] per consumer name) is
     /// added to its row; a level ([`ActivityKind::is_level`]) keeps the highest reading any
-    /// process reported in the minute.
+    /// process reported in the minute. Entries may repeat a kind and name: they are merged
+    /// the same way.
     fn add_activity(
         &self,
         entries: Vec<ActivityEntry>,

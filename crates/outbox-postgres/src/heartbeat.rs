@@ -47,10 +47,12 @@ const BEAT: &str = "INSERT INTO {s}.instances (instance_id, kind, name, host, pi
     stopped_at = NULL";
 
 /// This minute's activity rows: work counted adds up, a level (`$4`: the level kinds) keeps
-/// the highest reading.
+/// the highest reading; entries of one kind and name are merged the same way first (one
+/// INSERT may not update a row twice).
 const ACTIVITY: &str = "INSERT INTO {s}.activity AS a (minute, kind, name, count) \
-    SELECT date_trunc('minute', now()), k, n, v \
-    FROM UNNEST($1::text[], $2::text[], $3::int8[]) AS u(k, n, v) \
+    SELECT date_trunc('minute', now()), k, n, \
+      CASE WHEN k = ANY($4::text[]) THEN max(v) ELSE sum(v)::int8 END \
+    FROM UNNEST($1::text[], $2::text[], $3::int8[]) AS u(k, n, v) GROUP BY k, n \
     ON CONFLICT (minute, kind, name) DO UPDATE SET count = CASE \
       WHEN a.kind = ANY($4::text[]) THEN GREATEST(a.count, EXCLUDED.count) \
       ELSE a.count + EXCLUDED.count END";

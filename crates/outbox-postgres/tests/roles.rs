@@ -704,7 +704,7 @@ async fn the_relay_publishes_wakes_on_notify_and_reaps_leases() {
     record_level(&pool, &env.schema, ActivityKind::DeadLetters, "outbox", 2).await;
     record_level(&pool, &env.schema, ActivityKind::DeadLetters, "outbox", 1).await;
     assert_eq!(
-        env.count("SELECT count FROM {s}.activity WHERE kind = 'dead_letters'")
+        env.count("SELECT max(count) FROM {s}.activity WHERE kind = 'dead_letters'")
             .await,
         2
     );
@@ -859,12 +859,13 @@ async fn the_consumer_applies_dedups_records_conflicts_and_dead_letters() {
         1,
         "its two effects, in this minute's row"
     );
-    // Its lag, a level: this minute's row keeps the highest reading, under its own grants.
+    // Its lag, a level: this minute's row keeps the highest reading, under its own grants (a
+    // minute turning between two readings splits them over two rows: the highest is still 9).
     for lag in [3, 9, 4] {
         record_level(&pool, &env.schema, ActivityKind::Lag, "ledger", lag).await;
     }
     assert_eq!(
-        env.count("SELECT count FROM {s}.activity WHERE kind = 'lag' AND name = 'ledger'")
+        env.count("SELECT max(count) FROM {s}.activity WHERE kind = 'lag' AND name = 'ledger'")
             .await,
         9
     );
