@@ -732,6 +732,13 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     let lag = "#activity-lag tr[data-series='ledger']";
     assert_eq!(text(c, &format!("{lag} td.peak")).await, "30");
     assert_eq!(bars(c, lag).await, (vec![30, 12], 60));
+    c.execute(
+        "document.getElementById('activity-consume').closest('section').scrollIntoView(); window.scrollBy(0, -80)",
+        vec![],
+    )
+    .await
+    .unwrap();
+    screenshot(c, "consumer-charts.png").await;
 
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;
