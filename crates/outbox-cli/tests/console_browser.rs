@@ -609,28 +609,29 @@ async fn choose_window(c: &Client, select: &str, minutes: &str) {
 #[tokio::test]
 async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     let db = TestDb::new().await;
-    let record = |kind: &'static str, name: &'static str, ago: i64, count: i64| {
+    // Every row in one statement: one `now()`, so a minute turning cannot move some of them.
+    let row = |kind: &str, name: &str, ago: i64, count: i64| {
         format!(
-            "INSERT INTO {{s}}.activity (minute, kind, name, count) VALUES \
-             (date_trunc('minute', now()) - make_interval(mins => {ago}), '{kind}', '{name}', {count})"
+            "(date_trunc('minute', now()) - make_interval(mins => {ago}), '{kind}', '{name}', {count})"
         )
     };
-    for (ago, count) in [(0, 7), (5, 11), (30, 13), (50, 17), (90, 19)] {
-        db.exec(&record(
-            "publish",
-            "destination:payments.charts",
-            ago,
-            count,
-        ))
-        .await;
-    }
-    db.exec(&record("publish", "type:refund", 3, 2)).await;
-    db.exec(&record("consume", "ledger", 2, 5)).await;
-    db.exec(&record("consume", "ledger", 40, 4)).await;
-    db.exec(&record("oldest_pending_age", "outbox", 20, 300))
-        .await;
-    db.exec(&record("dead_letters", "outbox", 2, 6)).await;
-    db.exec(&record("lag", "ledger", 10, 30)).await;
+    let mut rows: Vec<String> = [(0, 7), (5, 11), (30, 13), (50, 17), (90, 19)]
+        .into_iter()
+        .map(|(ago, count)| row("publish", "destination:payments.charts", ago, count))
+        .collect();
+    rows.extend([
+        row("publish", "type:refund", 3, 2),
+        row("consume", "ledger", 2, 5),
+        row("consume", "ledger", 40, 4),
+        row("oldest_pending_age", "outbox", 20, 300),
+        row("dead_letters", "outbox", 2, 6),
+        row("lag", "ledger", 10, 30),
+    ]);
+    db.exec(format!(
+        "INSERT INTO {{s}}.activity (minute, kind, name, count) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
     let now = |kind, name: &str, value| outbox_core::heartbeat::ActivityEntry {
         kind,
         name: name.to_owned(),
