@@ -96,6 +96,20 @@ async fn wait_text(client: &Client, css: &str, what: &str, ok: impl Fn(&str) -> 
     }
 }
 
+/// Scrolls the section holding the element `id` to the top of the window (below the page's
+/// header), then takes [`screenshot`] `name`.
+async fn screenshot_at(client: &Client, id: &str, name: &str) {
+    client
+        .execute(
+            "document.getElementById(arguments[0]).closest('section').scrollIntoView(); \
+             window.scrollBy(0, -80)",
+            vec![serde_json::json!(id)],
+        )
+        .await
+        .unwrap();
+    screenshot(client, name).await;
+}
+
 async fn screenshot(client: &Client, name: &str) {
     if let Ok(dir) = std::env::var("OUTBOX_CONSOLE_SCREENSHOTS") {
         let png = client.screenshot().await.expect("screenshot");
@@ -420,13 +434,7 @@ async fn the_console_groups_discards_compares_reconciles_traces_and_audits() {
             .is_empty(),
         "the error went in as text"
     );
-    c.execute(
-        "document.getElementById('instances-title').scrollIntoView()",
-        vec![],
-    )
-    .await
-    .unwrap();
-    screenshot(c, "processes.png").await;
+    screenshot_at(c, "instances-title", "processes.png").await;
     type_into(c, "#actor", "dana").await;
     type_into(c, "#token", TOKEN).await;
     click(c, "#token-save").await;
@@ -711,13 +719,7 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
         .await
         .unwrap();
     assert!(totals.is_empty(), "a level has no total");
-    c.execute(
-        "document.getElementById('activity-oldest_pending_age').closest('section').scrollIntoView(); window.scrollBy(0, -80)",
-        vec![],
-    )
-    .await
-    .unwrap();
-    screenshot(c, "levels.png").await;
+    screenshot_at(c, "activity-oldest_pending_age", "levels.png").await;
 
     // The consumers' tab: the effects the consumer applied.
     let ledger = "#activity-consume tr[data-series='ledger']";
@@ -733,13 +735,7 @@ async fn the_console_charts_the_activity_the_heartbeats_recorded() {
     let lag = "#activity-lag tr[data-series='ledger']";
     assert_eq!(text(c, &format!("{lag} td.peak")).await, "30");
     assert_eq!(bars(c, lag).await, (vec![30, 12], 60));
-    c.execute(
-        "document.getElementById('activity-consume').closest('section').scrollIntoView(); window.scrollBy(0, -80)",
-        vec![],
-    )
-    .await
-    .unwrap();
-    screenshot(c, "consumer-charts.png").await;
+    screenshot_at(c, "activity-consume", "consumer-charts.png").await;
 
     b.client.close().await.expect("close the browser");
     let exit = console.terminate().await;
