@@ -88,7 +88,12 @@ pub async fn run(common: &Common, provider_url: &str, shutdown: CancellationToke
         effects: PgEffects::new(schema.clone()),
     };
     let consumer = subscription
-        .connect(&topology, &common.broker_url, pool.clone(), intent)
+        .connect(
+            &topology,
+            &common.deployment.broker_url,
+            pool.clone(),
+            intent,
+        )
         .await?;
 
     let provider = HttpPayoutProvider::new(provider_url)?;

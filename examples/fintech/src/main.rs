@@ -31,7 +31,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use support::run::DEFAULT_BROKER_URL;
+use support::topology::Deployment;
 
 use crate::topology::Topology;
 
@@ -105,22 +105,15 @@ pub struct Common {
         default_value = "postgres://postgres@127.0.0.1:5432/fintech_reporting"
     )]
     pub reporting_url: String,
-    /// The broker, chosen by scheme: nats://, amqp://.
-    #[arg(long, env = "FINTECH_BROKER_URL", default_value = DEFAULT_BROKER_URL)]
-    pub broker_url: String,
-    /// Names the broker objects of this deployment (NATS stream `FINTECH_<NAME>`, subjects
-    /// `fintech_<name>.>`, RabbitMQ exchange `fintech_<name>`), so runs do not share them.
-    #[arg(long, env = "FINTECH_NAME", default_value = "demo")]
-    pub name: String,
-    /// Timings for a short demonstration (short leases, quick redelivery).
-    #[arg(long)]
-    pub fast: bool,
+    /// The broker and the deployment's name.
+    #[command(flatten)]
+    pub deployment: Deployment,
 }
 
 impl Common {
     /// The broker objects and timings of this deployment.
     pub fn topology(&self) -> Result<Topology> {
-        topology::topology(&self.name, self.fast)
+        topology::topology(&self.deployment.name, self.deployment.fast)
     }
 }
 
@@ -141,7 +134,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             let topology = common.topology()?;
             support::relay::run(
                 &common.payments_url,
-                &common.broker_url,
+                &common.deployment.broker_url,
                 &topology,
                 shutdown,
             )

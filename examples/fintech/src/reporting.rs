@@ -97,7 +97,7 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     // `Wait`: a payment's `PaymentCaptured` is applied only after its `PaymentCreated`.
     let subscription = Subscription::all(REPORTING_CONSUMER, OrderingGuard::Wait);
     let consumer = subscription
-        .connect(&topology, &common.broker_url, pool, Reporting)
+        .connect(&topology, &common.deployment.broker_url, pool, Reporting)
         .await?;
     support::child::serve_until_stopped("reporting consumer", consumer.run(shutdown)).await;
     Ok(())

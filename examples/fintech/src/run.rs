@@ -25,7 +25,7 @@ use anyhow::{Context, Result, bail};
 use hyper::Method;
 use sqlx::PgPool;
 use support::http_client::HttpClient;
-use support::run::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, ModeArgs, Plan, Sandbox};
+use support::run::{ModeArgs, Plan, RunServices, Sandbox};
 use support::supervise::{Supervisor, child_args, free_addr, service_args};
 use support::table::Check;
 use support::watch::LoadWatch;
@@ -41,15 +41,9 @@ pub struct RunArgs {
     /// `--short` / `--long` and the overrides of their numbers.
     #[command(flatten)]
     mode: ModeArgs,
-    /// The broker, chosen by scheme (nats://, amqp://).
-    #[arg(long, env = "FINTECH_BROKER_URL", default_value = DEFAULT_BROKER_URL)]
-    broker_url: String,
-    /// A database on the PostgreSQL server to use: the run creates its own two databases there.
-    #[arg(long, env = "FINTECH_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
-    database_url: String,
-    /// Keep the databases and broker objects of the run (and print where they are).
-    #[arg(long)]
-    keep: bool,
+    /// The broker and the PostgreSQL server the run uses.
+    #[command(flatten)]
+    services: RunServices,
     /// Payments to create (overrides the mode's).
     #[arg(long)]
     payments: Option<u64>,
@@ -85,18 +79,20 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let topology = crate::topology::topology(&name, true)?;
     let names = [PAYMENTS.name, REPORTING.name].map(|db| format!("fintech_{pid}_{db}"));
     // An unknown broker is refused here, before anything is created.
-    outbox::brokers().find(&args.broker_url)?;
+    outbox::brokers().find(&args.services.broker_url)?;
     println!(
         "fintech run ({} mode): {} payments from {} clients, {} round(s) of kills",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
-    let sandbox = Sandbox::create(&args.database_url, &names, &args.broker_url, &topology).await?;
+    let sandbox = Sandbox::create(&args.services, &names, &topology).await?;
     let urls = [sandbox.url(&names[0])?, sandbox.url(&names[1])?];
 
     let result = story(&args, &plan, &topology, &urls).await;
 
     let consumers = [REPORTING_CONSUMER, CAPTURE_CONSUMER];
-    sandbox.keep_or_remove(args.keep, &name, &consumers).await;
+    sandbox
+        .keep_or_remove(args.services.keep, &name, &consumers)
+        .await;
     result
 }
 
@@ -115,7 +111,7 @@ async fn story(
         ("--payments-url", urls[0].as_str()),
         ("--reporting-url", &urls[1]),
     ];
-    let common = service_args(&databases, &args.broker_url, topology);
+    let common = service_args(&databases, &args.services.broker_url, topology);
     let exit = Supervisor::supervise("fintech", async |sup: &mut Supervisor| {
         drive(sup, plan, common, &payments, &reporting).await
     })

@@ -98,7 +98,7 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     // `Wait`: a bet's `BetSettled` is applied only after its `BetAccepted`.
     let subscription = Subscription::all(HISTORY_CONSUMER, OrderingGuard::Wait);
     let consumer = subscription
-        .connect(&topology, &common.broker_url, pool, History)
+        .connect(&topology, &common.deployment.broker_url, pool, History)
         .await?;
     support::child::serve_until_stopped("history consumer", consumer.run(shutdown)).await;
     Ok(())

@@ -32,7 +32,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use support::run::DEFAULT_BROKER_URL;
+use support::topology::Deployment;
 
 use crate::topology::Topology;
 
@@ -102,23 +102,15 @@ pub struct Common {
         default_value = "postgres://postgres@127.0.0.1:5432/igaming_ledger"
     )]
     pub ledger_url: String,
-    /// The broker, chosen by scheme: nats://, amqp://.
-    #[arg(long, env = "IGAMING_BROKER_URL", default_value = DEFAULT_BROKER_URL)]
-    pub broker_url: String,
-    /// Names the broker objects of this deployment (NATS stream `IGAMING_<NAME>`, subjects
-    /// `igaming_<name>.>`, RabbitMQ exchange `igaming_<name>`), so runs do not share them.
-    #[arg(long, env = "IGAMING_NAME", default_value = "demo")]
-    pub name: String,
-    /// Timings for a short demonstration (short leases, quick redelivery, a 2 s NATS
-    /// duplicate window).
-    #[arg(long)]
-    pub fast: bool,
+    /// The broker and the deployment's name.
+    #[command(flatten)]
+    pub deployment: Deployment,
 }
 
 impl Common {
     /// The broker objects and timings of this deployment.
     pub fn topology(&self) -> Result<Topology> {
-        topology::topology(&self.name, self.fast)
+        topology::topology(&self.deployment.name, self.deployment.fast)
     }
 }
 
@@ -145,7 +137,13 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Bets { listen, .. } => bets::serve(&common, listen, shutdown).await?,
         Command::Relay { .. } => {
             let topology = common.topology()?;
-            support::relay::run(&common.bets_url, &common.broker_url, &topology, shutdown).await?;
+            support::relay::run(
+                &common.bets_url,
+                &common.deployment.broker_url,
+                &topology,
+                shutdown,
+            )
+            .await?;
         }
         Command::History { .. } => history::run(&common, shutdown).await?,
         Command::Payouts { .. } => payouts::run(&common, shutdown).await?,

@@ -101,7 +101,7 @@ pub async fn run(common: &Common, shutdown: CancellationToken) -> Result<()> {
     // Only version 2 of each bet arrives here: no ordering guard.
     let subscription = Subscription::only(PAYOUTS_CONSUMER, BET_SETTLED, OrderingGuard::Off);
     let consumer = subscription
-        .connect(&topology, &common.broker_url, pool, Payouts)
+        .connect(&topology, &common.deployment.broker_url, pool, Payouts)
         .await?;
     support::child::serve_until_stopped("payout consumer", consumer.run(shutdown)).await;
     Ok(())

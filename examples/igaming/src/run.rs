@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use sqlx::PgPool;
 use support::http_client::HttpClient;
-use support::run::{DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, ModeArgs, Plan, Sandbox};
+use support::run::{ModeArgs, Plan, RunServices, Sandbox};
 use support::supervise::{Supervisor, child_args, free_addr, service_args};
 use support::table::Check;
 use support::watch::LoadWatch;
@@ -38,15 +38,9 @@ pub struct RunArgs {
     /// `--short` / `--long` and the overrides of their numbers.
     #[command(flatten)]
     mode: ModeArgs,
-    /// The broker, chosen by scheme (nats://, amqp://).
-    #[arg(long, env = "IGAMING_BROKER_URL", default_value = DEFAULT_BROKER_URL)]
-    broker_url: String,
-    /// A database on the PostgreSQL server to use: the run creates its own three databases there.
-    #[arg(long, env = "IGAMING_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
-    database_url: String,
-    /// Keep the databases and broker objects of the run (and print where they are).
-    #[arg(long)]
-    keep: bool,
+    /// The broker and the PostgreSQL server the run uses.
+    #[command(flatten)]
+    services: RunServices,
     /// Bets to place (overrides the mode's).
     #[arg(long)]
     bets: Option<u64>,
@@ -86,12 +80,12 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let topology = crate::topology::topology(&format!("r{pid}"), true)?;
     let names = crate::db::ALL.map(|db| format!("igaming_{pid}_{}", db.name));
     // An unknown broker is refused here, before anything is created.
-    outbox::brokers().find(&args.broker_url)?;
+    outbox::brokers().find(&args.services.broker_url)?;
     println!(
         "igaming run ({} mode): {} bets from {} clients, {} round(s) of kills, one re-sent and one re-emitted event",
         plan.mode, plan.commands, plan.clients, plan.kill_rounds
     );
-    let sandbox = Sandbox::create(&args.database_url, &names, &args.broker_url, &topology).await?;
+    let sandbox = Sandbox::create(&args.services, &names, &topology).await?;
     let urls = [
         sandbox.url(&names[0])?,
         sandbox.url(&names[1])?,
@@ -103,7 +97,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let consumers = [HISTORY_CONSUMER, PAYOUTS_CONSUMER];
     let objects = topology.prefix();
     sandbox
-        .keep_or_remove(args.keep, &objects, &consumers)
+        .keep_or_remove(args.services.keep, &objects, &consumers)
         .await;
     result
 }
@@ -129,9 +123,17 @@ async fn story(
         ("--history-url", &urls[1]),
         ("--ledger-url", &urls[2]),
     ];
-    let common = service_args(&databases, &args.broker_url, topology);
+    let common = service_args(&databases, &args.services.broker_url, topology);
     let exit = Supervisor::supervise("igaming", async |sup: &mut Supervisor| {
-        drive(sup, plan, common, &args.broker_url, topology, &pools).await
+        drive(
+            sup,
+            plan,
+            common,
+            &args.services.broker_url,
+            topology,
+            &pools,
+        )
+        .await
     })
     .await;
     for pool in [&pools.bets, &pools.history, &pools.ledger] {

@@ -17,6 +17,23 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test"
 /// The broker the examples use by default.
 pub const DEFAULT_BROKER_URL: &str = "nats://127.0.0.1:4222";
 
+/// The services a run uses, flattened into each example's `run` options. Flags only, on
+/// purpose: a run creates and drops databases and broker objects, so it never takes its
+/// servers from the environment, where a relay's own settings (`OUTBOX_DATABASE_URL`,
+/// `OUTBOX_BROKER_URL`) may point at a service that matters.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunServices {
+    /// The broker, chosen by scheme (nats://, amqp://).
+    #[arg(long, default_value = DEFAULT_BROKER_URL)]
+    pub broker_url: String,
+    /// A database on the PostgreSQL server to use: the run creates its own databases there.
+    #[arg(long, default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+    /// Keep the databases and broker objects of the run (and print where they are).
+    #[arg(long)]
+    pub keep: bool,
+}
+
 /// The mode of a run and its overrides, flattened into each example's `run` options. The
 /// number of commands has a flag of the example's own (`--payments`, `--bets`).
 #[derive(clap::Args, Debug, Clone)]
@@ -134,19 +151,19 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// Prints where the run keeps its state (the server of `database_url` with the databases
-    /// `names`; the broker of `broker_url`, with `topology`'s stream on NATS or exchange on
+    /// Prints where the run keeps its state (the PostgreSQL server of `services` with the
+    /// databases `names`; its broker, with `topology`'s stream on NATS or exchange on
     /// RabbitMQ), then creates the databases (dropped first if a former run left them).
     ///
     /// # Errors
-    /// No broker of this build takes `broker_url`, the server is unreachable, or the role may
-    /// not create databases.
+    /// No broker of this build takes the broker URL, the server is unreachable, or the role
+    /// may not create databases.
     pub async fn create(
-        database_url: &str,
+        services: &RunServices,
         names: &[String],
-        broker_url: &str,
         topology: &Topology,
     ) -> Result<Self> {
+        let (database_url, broker_url) = (&services.database_url, &services.broker_url);
         let broker = outbox::brokers().find(broker_url)?.name;
         println!(
             "  postgres {} (databases {})",

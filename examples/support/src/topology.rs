@@ -11,6 +11,25 @@ use anyhow::{Context, Result, bail};
 use outbox::broker::{BoxSource, BrokerSettings, SourceOptions};
 use serde_json::json;
 
+/// The options that name a deployment and its broker, flattened into each example's options
+/// of its service processes (`fintech run` and `igaming run` pass them to their children; see
+/// [`crate::supervise::service_args`]). Flags only, like [`crate::run::RunServices`].
+#[derive(clap::Args, Debug, Clone)]
+pub struct Deployment {
+    /// The broker, chosen by scheme: nats://, amqp://.
+    #[arg(long, default_value = crate::run::DEFAULT_BROKER_URL)]
+    pub broker_url: String,
+    /// Names the broker objects of this deployment (for the application `app`: NATS stream
+    /// `<APP>_<NAME>`, subjects `<app>_<name>.>`, RabbitMQ exchange `<app>_<name>`), so runs do
+    /// not share them.
+    #[arg(long, default_value = "demo")]
+    pub name: String,
+    /// Timings for a short demonstration (short leases, quick redelivery, and where the
+    /// example asks for it a short NATS duplicate window).
+    #[arg(long)]
+    pub fast: bool,
+}
+
 /// Names and timings of one deployment.
 #[derive(Debug, Clone)]
 pub struct Topology {
