@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use chrono::Utc;
 use futures::StreamExt;
-use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
+use outbox_core::consumer::{Delivery, DeliverySource, SourceError};
 use outbox_core::consumer::{Handler, HandlerError};
-use outbox_core::{DecodeError, IncomingEvent, OutboxMessage, Payload, Transport};
+use outbox_core::{IncomingEvent, OutboxMessage, Payload, Transport};
+use outbox_testkit::tap::{Tap, Tapped};
 use sqlx::{Acquire, AssertSqlSafe, PgConnection, PgPool};
 
 use crate::common::{payment_body, synthetic_message};
@@ -207,117 +208,58 @@ impl SourceStats {
 }
 
 /// A [`DeliverySource`] that times the inner one and the acks of its deliveries.
-pub struct TimedSource<S> {
-    inner: S,
-    pub stats: Arc<SourceStats>,
-}
+pub type TimedSource<S> = Tapped<S, SourceStats>;
 
-impl<S> TimedSource<S> {
-    pub fn new(inner: S, stats: Arc<SourceStats>) -> Self {
-        Self { inner, stats }
+impl Tap for SourceStats {
+    /// The batch a delivery belongs to.
+    type Mark = u64;
+
+    fn fetching(&self) {
+        Self::close_batch(&mut self.acc.lock().unwrap(), Instant::now());
     }
-}
 
-impl<S: DeliverySource> DeliverySource for TimedSource<S> {
-    type Delivery = TimedDelivery<S::Delivery>;
+    fn fetched<D: Delivery>(&self, started: Instant, batch: &[D]) -> Vec<u64> {
+        let now = Instant::now();
+        let mut acc = self.acc.lock().unwrap();
+        acc.fetch_max = acc.fetch_max.max(now - started);
+        if batch.is_empty() {
+            acc.empty += 1;
+            acc.empty_wait += now - started;
+        } else {
+            acc.batches += 1;
+            acc.deliveries += batch.len();
+            acc.fetch += now - started;
+            acc.last_fetched = Some(now);
+            acc.seq += 1;
+        }
+        vec![acc.seq; batch.len()]
+    }
 
-    async fn next_batch(
-        &mut self,
-        max: usize,
-        wait: Duration,
-    ) -> Result<Vec<Self::Delivery>, SourceError> {
-        let t0 = Instant::now();
-        SourceStats::close_batch(&mut self.stats.acc.lock().unwrap(), t0);
-        let r = self.inner.next_batch(max, wait).await;
-        let t1 = Instant::now();
-        if let Ok(v) = &r {
-            let mut acc = self.stats.acc.lock().unwrap();
-            acc.fetch_max = acc.fetch_max.max(t1 - t0);
-            if v.is_empty() {
-                acc.empty += 1;
-                acc.empty_wait += t1 - t0;
-            } else {
-                acc.batches += 1;
-                acc.deliveries += v.len();
-                acc.fetch += t1 - t0;
-                acc.last_fetched = Some(t1);
-                acc.seq += 1;
+    fn acking<D: Delivery>(&self, batch: &u64, delivery: &D) {
+        let now = Instant::now();
+        {
+            let mut acc = self.acc.lock().unwrap();
+            if acc.seq == *batch && acc.last_fetched.is_some() {
+                acc.first_ack.get_or_insert(now);
             }
         }
-        let batch = self.stats.acc.lock().unwrap().seq;
-        r.map(|v| {
-            v.into_iter()
-                .map(|inner| TimedDelivery {
-                    inner,
-                    stats: Arc::clone(&self.stats),
-                    batch,
-                })
-                .collect()
-        })
-    }
-
-    async fn lag(&mut self) -> Result<Option<u64>, SourceError> {
-        self.inner.lag().await
-    }
-
-    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
-        self.inner.decode(raw)
-    }
-    fn identify(&self, raw: &RawMessage) -> outbox_core::EventIdentity {
-        self.inner.identify(raw)
-    }
-
-    async fn release(&mut self) {
-        self.inner.release().await;
-    }
-}
-
-/// A delivery of a [`TimedSource`].
-pub struct TimedDelivery<D> {
-    inner: D,
-    stats: Arc<SourceStats>,
-    batch: u64,
-}
-
-impl<D: Delivery> Delivery for TimedDelivery<D> {
-    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
-        self.inner.event()
-    }
-
-    fn raw(&self) -> &RawMessage {
-        self.inner.raw()
-    }
-
-    fn delivery_count(&self) -> Option<u32> {
-        self.inner.delivery_count()
-    }
-
-    async fn ack(self) -> Result<(), SourceError> {
-        let t = Instant::now();
+        if self.record_ack_times
+            && let Ok(e) = delivery.event()
         {
-            let mut acc = self.stats.acc.lock().unwrap();
-            if acc.seq == self.batch && acc.last_fetched.is_some() {
-                acc.first_ack.get_or_insert(t);
-            }
+            self.ack_at.lock().unwrap().insert(e.event_id, now);
         }
-        if self.stats.record_ack_times
-            && let Ok(e) = self.inner.event()
-        {
-            self.stats.ack_at.lock().unwrap().insert(e.event_id, t);
-        }
-        let stats = self.stats;
-        let r = self.inner.ack().await;
-        let us = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
-        stats.acc.lock().unwrap().ack_us.push(us);
-        if r.is_ok() {
-            stats.acked.fetch_add(1, Ordering::Relaxed);
-        }
-        r
     }
 
-    async fn nack(self, delay: Duration) -> Result<(), SourceError> {
-        self.stats.acc.lock().unwrap().nacks += 1;
-        self.inner.nack(delay).await
+    fn acked(&self, _batch: u64, took: Duration, result: &Result<(), SourceError>) {
+        let us = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        self.acc.lock().unwrap().ack_us.push(us);
+        if result.is_ok() {
+            self.acked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn nacking(&self, _batch: u64) {
+        self.acc.lock().unwrap().nacks += 1;
     }
 }
 

@@ -639,7 +639,7 @@ mod property {
             .exec("CREATE TABLE {s}.probe_effects (event_id uuid NOT NULL, payload bytea NOT NULL)")
             .await;
         let source = env.source(&env.endpoint_name(), MAX_BODY).await;
-        let log = source.log_handle();
+        let log = source.tap();
         let handler = ProbeHandler {
             insert: env
                 .db

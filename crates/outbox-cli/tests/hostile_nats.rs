@@ -60,7 +60,7 @@ async fn source(env: &Env, prefetch: usize) -> (Src, async_nats::Client) {
     .await
     .unwrap_or_else(|e| panic!("NatsSource: {e}"));
     let client = source.client().clone();
-    (Src::new(source), client)
+    (src(source), client)
 }
 
 async fn hostile_then_valid(prefetch: usize) {

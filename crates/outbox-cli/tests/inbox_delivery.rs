@@ -40,7 +40,7 @@ async fn versions_with_a_gap(
     ordering: OrderingGuard,
 ) -> (
     outbox_postgres::PgConsumer<Src, TestHandler>,
-    Arc<std::sync::Mutex<Log>>,
+    LogHandle,
     Vec<outbox_core::OutboxMessage>,
 ) {
     let (c, log) = env.ledger(MIB, ordering).await;
@@ -60,7 +60,7 @@ async fn dead_lettered_by_the_handler(
     env: &Env,
 ) -> (
     outbox_postgres::PgConsumer<Src, TestHandler>,
-    Arc<std::sync::Mutex<Log>>,
+    LogHandle,
     Arc<std::sync::atomic::AtomicBool>,
     outbox_core::OutboxMessage,
     ConsumerReport,
@@ -121,7 +121,7 @@ async fn two_instances_racing_on_one_event_have_one_effect(kind: Kind) {
     for _ in 0..2 {
         // Prefetch 1 on RabbitMQ: the broker cannot push both copies to one instance.
         let src = env.source_with(&endpoint, MIB, 1).await;
-        logs.push(src.log_handle());
+        logs.push(src.tap());
         let mut handler = TestHandler::new(&env, "ledger");
         handler.delay = Duration::from_millis(500);
         let mut c = env.consumer("ledger", src, handler, OrderingGuard::Off);

@@ -325,7 +325,7 @@ async fn versions_on_two_partitions_are_applied_in_order_through_a_small_window(
     )
     .await
     .expect("Kafka source");
-    let mut c = env.ledger_consumer(Src::new(source), OrderingGuard::Wait);
+    let mut c = env.ledger_consumer(src(source), OrderingGuard::Wait);
     let aggregate = format!("pay-{}", uid());
     let versions: Vec<OutboxMessage> = (1..=12)
         .map(|v| message(&aggregate, v, "PaymentChanged", json!({"v": v})))

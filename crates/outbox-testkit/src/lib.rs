@@ -34,6 +34,8 @@
 //! * [`nats_wire`]: the NATS protocol written by hand on a TCP socket, to store in a stream
 //!   what no client library sends (hostile header blocks).
 //! * [`message`], [`env`](mod@env), [`wait`]: test messages, service addresses, bounded polling.
+//! * [`tap`]: a delivery source that shows each fetch and settlement of another to a
+//!   [`tap::Tap`] (the benchmarks' timings, tests' delivery logs).
 //! * [`fuzz`]: property harnesses for the decoders at the boundaries (generated hostile
 //!   messages, and what a decoder must hold for each), with a short run in every `cargo test`
 //!   and a long mode (`OUTBOX_FUZZ_CASES`).
@@ -75,6 +77,7 @@ pub mod source;
 pub mod store;
 pub mod support;
 pub mod tansu;
+pub mod tap;
 pub mod tls;
 pub mod transport;
 pub mod wait;

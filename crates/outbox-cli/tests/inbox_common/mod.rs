@@ -15,7 +15,7 @@ use lapin::options::{
     BasicPublishOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use outbox::broker::{BoxDelivery, BoxSource, BoxTransport};
+use outbox::broker::{BoxSource, BoxTransport};
 use outbox_core::Backoff;
 use outbox_core::consumer::{ConsumerConfig, ConsumerReport, Handler, HandlerError, OrderingGuard};
 use outbox_core::consumer::{Delivery, DeliverySource, RawMessage, SourceError};
@@ -27,6 +27,7 @@ use outbox_nats::async_nats;
 use outbox_nats::{NatsConsumerConfig, NatsSource, NatsTransport};
 use outbox_postgres::{PgConsumer, PgStore};
 use outbox_rabbitmq::{RabbitConsumerConfig, RabbitSource};
+use outbox_testkit::tap::{Tap, Tapped};
 use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
 
@@ -156,49 +157,43 @@ impl Env {
         prefetch: u32,
     ) -> Src {
         match &self.broker {
-            BrokerEnv::Nats(n) => Src::new(
-                NatsSource::connect(
-                    &nats_url(),
-                    NatsConsumerConfig {
-                        stream: n.stream.clone(),
-                        durable_name: endpoint.to_owned(),
-                        ack_wait_secs: ACK_WAIT_SECS,
+            BrokerEnv::Nats(n) => src(NatsSource::connect(
+                &nats_url(),
+                NatsConsumerConfig {
+                    stream: n.stream.clone(),
+                    durable_name: endpoint.to_owned(),
+                    ack_wait_secs: ACK_WAIT_SECS,
+                    max_message_bytes,
+                    ..NatsConsumerConfig::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("NatsSource: {e}"))),
+            BrokerEnv::Rabbit(r) => {
+                self.declare_queue(endpoint).await;
+                src(RabbitSource::connect(
+                    &amqp_url(),
+                    RabbitConsumerConfig {
+                        queue: endpoint.to_owned(),
+                        bind_exchange: Some(r.exchange.clone()),
+                        binding_key: "#".into(),
+                        prefetch,
                         max_message_bytes,
-                        ..NatsConsumerConfig::default()
+                        requeue_delay_cap_ms: 200,
+                        connect_timeout_secs: 5,
+                        reconnect_min_delay_ms: 200,
+                        ..RabbitConsumerConfig::default()
                     },
                 )
                 .await
-                .unwrap_or_else(|e| panic!("NatsSource: {e}")),
-            ),
-            BrokerEnv::Rabbit(r) => {
-                self.declare_queue(endpoint).await;
-                Src::new(
-                    RabbitSource::connect(
-                        &amqp_url(),
-                        RabbitConsumerConfig {
-                            queue: endpoint.to_owned(),
-                            bind_exchange: Some(r.exchange.clone()),
-                            binding_key: "#".into(),
-                            prefetch,
-                            max_message_bytes,
-                            requeue_delay_cap_ms: 200,
-                            connect_timeout_secs: 5,
-                            reconnect_min_delay_ms: 200,
-                            ..RabbitConsumerConfig::default()
-                        },
-                    )
-                    .await
-                    .unwrap_or_else(|e| panic!("RabbitSource: {e}")),
-                )
+                .unwrap_or_else(|e| panic!("RabbitSource: {e}")))
             }
-            BrokerEnv::Kafka(k) => Src::new(
-                KafkaSource::connect(
-                    &kafka_url(),
-                    kafka_source_config(&k.topic, endpoint, max_message_bytes),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("KafkaSource: {e}")),
-            ),
+            BrokerEnv::Kafka(k) => src(KafkaSource::connect(
+                &kafka_url(),
+                kafka_source_config(&k.topic, endpoint, max_message_bytes),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("KafkaSource: {e}"))),
         }
     }
 
@@ -234,7 +229,7 @@ impl Env {
         &self,
         max_message_bytes: usize,
         ordering: OrderingGuard,
-    ) -> (PgConsumer<Src, TestHandler>, Arc<Mutex<Log>>) {
+    ) -> (PgConsumer<Src, TestHandler>, LogHandle) {
         self.ledger_with(
             max_message_bytes,
             TestHandler::new(self, "ledger"),
@@ -249,7 +244,7 @@ impl Env {
         max_message_bytes: usize,
         handler: TestHandler,
         ordering: OrderingGuard,
-    ) -> (PgConsumer<Src, TestHandler>, Arc<Mutex<Log>>) {
+    ) -> (PgConsumer<Src, TestHandler>, LogHandle) {
         self.ledger_on(&self.endpoint_name(), max_message_bytes, handler, ordering)
             .await
     }
@@ -262,9 +257,9 @@ impl Env {
         max_message_bytes: usize,
         handler: TestHandler,
         ordering: OrderingGuard,
-    ) -> (PgConsumer<Src, TestHandler>, Arc<Mutex<Log>>) {
+    ) -> (PgConsumer<Src, TestHandler>, LogHandle) {
         let src = self.source(endpoint, max_message_bytes).await;
-        let log = src.log_handle();
+        let log = src.tap();
         (self.consumer("ledger", src, handler, ordering), log)
     }
 
@@ -748,29 +743,46 @@ impl Log {
     }
 }
 
-/// Any broker's source, boxed as the broker registry boxes it.
-pub struct Src {
-    inner: BoxSource,
-    pub log: Arc<Mutex<Log>>,
+/// The tap that writes a source's [`Log`].
+#[derive(Default)]
+pub struct Recorder(Mutex<Log>);
+
+impl Recorder {
+    /// The log so far.
+    pub fn lock(&self) -> std::sync::LockResult<std::sync::MutexGuard<'_, Log>> {
+        self.0.lock()
+    }
 }
 
-impl Src {
-    pub fn new<S: DeliverySource + Sync>(source: S) -> Src {
-        Src {
-            inner: BoxSource::new(source),
-            log: Arc::default(),
+impl Tap for Recorder {
+    type Mark = String;
+    fn fetched<D: Delivery>(&self, _started: Instant, batch: &[D]) -> Vec<String> {
+        let keys: Vec<String> = batch.iter().map(|d| key_of(d.event(), d.raw())).collect();
+        self.0
+            .lock()
+            .unwrap()
+            .delivered
+            .extend(keys.iter().cloned());
+        keys
+    }
+    fn acked(&self, key: String, _took: Duration, result: &Result<(), SourceError>) {
+        if result.is_ok() {
+            self.0.lock().unwrap().acked.push(key);
         }
     }
-
-    pub fn log_handle(&self) -> Arc<Mutex<Log>> {
-        Arc::clone(&self.log)
+    fn nacking(&self, key: String) {
+        self.0.lock().unwrap().nacked.push(key);
     }
 }
 
-pub struct Dlv {
-    inner: BoxDelivery,
-    key: String,
-    log: Arc<Mutex<Log>>,
+/// Any broker's source, boxed as the broker registry boxes it, writing its delivery log.
+pub type Src = Tapped<BoxSource, Recorder>;
+/// A source's delivery log, as the test keeps it while the consumer owns the source.
+pub type LogHandle = Arc<Recorder>;
+
+/// `source` boxed, with a fresh delivery log.
+pub fn src<S: DeliverySource + Sync>(source: S) -> Src {
+    Tapped::new(BoxSource::new(source), Arc::default())
 }
 
 /// The log key of a message: its event id when it decodes, else `raw:` + the body's start.
@@ -786,59 +798,4 @@ pub fn raw_key(body: &[u8]) -> String {
         "raw:{}",
         String::from_utf8_lossy(&body[..body.len().min(24)])
     )
-}
-
-impl Delivery for Dlv {
-    fn event(&self) -> &Result<IncomingEvent, DecodeError> {
-        self.inner.event()
-    }
-    fn raw(&self) -> &RawMessage {
-        self.inner.raw()
-    }
-    fn delivery_count(&self) -> Option<u32> {
-        self.inner.delivery_count()
-    }
-    async fn ack(self) -> Result<(), SourceError> {
-        let r = self.inner.ack().await;
-        if r.is_ok() {
-            self.log.lock().unwrap().acked.push(self.key);
-        }
-        r
-    }
-    async fn nack(self, delay: Duration) -> Result<(), SourceError> {
-        self.log.lock().unwrap().nacked.push(self.key.clone());
-        self.inner.nack(delay).await
-    }
-}
-
-impl DeliverySource for Src {
-    type Delivery = Dlv;
-    async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<Dlv>, SourceError> {
-        let inner = self.inner.next_batch(max, wait).await?;
-        let mut log = self.log.lock().unwrap();
-        Ok(inner
-            .into_iter()
-            .map(|d| {
-                let key = key_of(d.event(), d.raw());
-                log.delivered.push(key.clone());
-                Dlv {
-                    inner: d,
-                    key,
-                    log: Arc::clone(&self.log),
-                }
-            })
-            .collect())
-    }
-    async fn lag(&mut self) -> Result<Option<u64>, SourceError> {
-        self.inner.lag().await
-    }
-    fn decode(&self, raw: &RawMessage) -> Result<IncomingEvent, DecodeError> {
-        self.inner.decode(raw)
-    }
-    fn identify(&self, raw: &RawMessage) -> outbox_core::EventIdentity {
-        self.inner.identify(raw)
-    }
-    async fn release(&mut self) {
-        self.inner.release().await;
-    }
 }
