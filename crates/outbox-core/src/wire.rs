@@ -36,6 +36,7 @@
 //! attribute repeated, not UTF-8, too long, empty where it is required or unparsable is a
 //! [`DecodeError`]: the consumer dead-letters the message instead of failing on it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use chrono::SecondsFormat;
@@ -108,31 +109,88 @@ pub mod attr {
     ];
 }
 
+/// The header name a binding gives the CloudEvents attribute `name`: its `prefix` (a string
+/// literal) and the name, as a `&'static str`, for every name of [`attr::ALL`]; `None` for
+/// any other. Each transport names its attribute headers with it, so that a publish formats
+/// no names and the attribute list stands here once.
+///
+/// ```
+/// use outbox_core::wire::attr;
+/// assert_eq!(outbox_core::attribute_header!("ce_", attr::ID), Some("ce_id"));
+/// assert_eq!(outbox_core::attribute_header!("ce_", "other"), None);
+/// ```
+#[macro_export]
+macro_rules! attribute_header {
+    ($prefix:literal, $name:expr) => {{
+        use $crate::wire::attr;
+        match $name {
+            attr::SPECVERSION => Some(concat!($prefix, "specversion")),
+            attr::ID => Some(concat!($prefix, "id")),
+            attr::SOURCE => Some(concat!($prefix, "source")),
+            attr::TYPE => Some(concat!($prefix, "type")),
+            attr::SUBJECT => Some(concat!($prefix, "subject")),
+            attr::TIME => Some(concat!($prefix, "time")),
+            attr::AGGREGATE_TYPE => Some(concat!($prefix, "aggregatetype")),
+            attr::AGGREGATE_ID => Some(concat!($prefix, "aggregateid")),
+            attr::AGGREGATE_VERSION => Some(concat!($prefix, "aggregateversion")),
+            attr::SCHEMA_VERSION => Some(concat!($prefix, "schemaversion")),
+            attr::PARTITION_KEY => Some(concat!($prefix, "partitionkey")),
+            attr::PAYLOAD_SHA256 => Some(concat!($prefix, "payloadsha256")),
+            attr::DATA_CONTENT_TYPE => Some(concat!($prefix, "datacontenttype")),
+            _ => None,
+        }
+    }};
+}
+
 /// The CloudEvents attributes of `msg` except `datacontenttype` (which each binding carries as
-/// its native content type), in a fixed order.
+/// its native content type), in a fixed order. [`attribute_values`] gives the same pairs
+/// without copying what the message holds.
 pub fn attributes(msg: &OutboxMessage, source: &str) -> Vec<(&'static str, String)> {
+    attribute_values(msg, source)
+        .into_iter()
+        .map(|(name, value)| (name, value.into_owned()))
+        .collect()
+}
+
+/// [`attributes`] for the publish path: the same pairs in the same order, each value borrowed
+/// from `msg` or `source` where they hold it (`id`, `time`, the two versions and
+/// `payloadsha256` are formatted). A transport copies each value once, into its own header.
+pub fn attribute_values<'a>(
+    msg: &'a OutboxMessage,
+    source: &'a str,
+) -> Vec<(&'static str, Cow<'a, str>)> {
     vec![
-        (attr::SPECVERSION, SPEC_VERSION.to_owned()),
-        (attr::ID, msg.event_id.hyphenated().to_string()),
-        (attr::SOURCE, source.to_owned()),
-        (attr::TYPE, msg.event_type.clone()),
-        (attr::SUBJECT, msg.aggregate_id.clone()),
+        (attr::SPECVERSION, Cow::Borrowed(SPEC_VERSION)),
+        (attr::ID, Cow::Owned(msg.event_id.hyphenated().to_string())),
+        (attr::SOURCE, Cow::Borrowed(source)),
+        (attr::TYPE, Cow::Borrowed(&msg.event_type)),
+        (attr::SUBJECT, Cow::Borrowed(&msg.aggregate_id)),
         (
             attr::TIME,
-            msg.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+            Cow::Owned(msg.created_at.to_rfc3339_opts(SecondsFormat::Micros, true)),
         ),
-        (attr::AGGREGATE_TYPE, msg.aggregate_type.clone()),
-        (attr::AGGREGATE_ID, msg.aggregate_id.clone()),
-        (attr::AGGREGATE_VERSION, msg.aggregate_version.to_string()),
-        (attr::SCHEMA_VERSION, msg.schema_version.to_string()),
-        (attr::PARTITION_KEY, msg.partition_key().to_owned()),
-        (attr::PAYLOAD_SHA256, msg.fingerprint.to_hex()),
+        (attr::AGGREGATE_TYPE, Cow::Borrowed(&msg.aggregate_type)),
+        (attr::AGGREGATE_ID, Cow::Borrowed(&msg.aggregate_id)),
+        (
+            attr::AGGREGATE_VERSION,
+            Cow::Owned(msg.aggregate_version.to_string()),
+        ),
+        (
+            attr::SCHEMA_VERSION,
+            Cow::Owned(msg.schema_version.to_string()),
+        ),
+        (attr::PARTITION_KEY, Cow::Borrowed(msg.partition_key())),
+        (attr::PAYLOAD_SHA256, Cow::Owned(msg.fingerprint.to_hex())),
     ]
 }
 
 /// Expands a destination template: `{aggregate_type}`, `{aggregate_id}`, `{event_type}` are
 /// replaced by the message's values passed through `sanitize` (each transport knows which
 /// characters its subjects / routing keys allow). A message's own destination override wins.
+///
+/// One pass over the template: a value is never searched for placeholders again (an aggregate
+/// id that reads `{event_type}` stays that text), `sanitize` runs only for the placeholders
+/// the template holds, and any other `{` is kept as it is.
 pub fn destination(
     msg: &OutboxMessage,
     template: &str,
@@ -141,10 +199,29 @@ pub fn destination(
     if let Some(d) = &msg.destination {
         return d.clone();
     }
-    template
-        .replace("{aggregate_type}", &sanitize(&msg.aggregate_type))
-        .replace("{aggregate_id}", &sanitize(&msg.aggregate_id))
-        .replace("{event_type}", &sanitize(&msg.event_type))
+    let placeholders: [(&str, &str); 3] = [
+        ("{aggregate_type}", &msg.aggregate_type),
+        ("{aggregate_id}", &msg.aggregate_id),
+        ("{event_type}", &msg.event_type),
+    ];
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(at) = rest.find('{') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        match placeholders.iter().find(|(p, _)| rest.starts_with(p)) {
+            Some((placeholder, value)) => {
+                out.push_str(&sanitize(value));
+                rest = &rest[placeholder.len()..];
+            }
+            None => {
+                out.push('{');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An event as a consumer received it, decoded from the wire format above.
@@ -487,6 +564,56 @@ mod tests {
 
     use super::*;
     use crate::{Fingerprint, OutboxMessage, Payload};
+
+    #[test]
+    fn the_attribute_header_macro_names_every_attribute() {
+        for name in attr::ALL {
+            assert_eq!(
+                crate::attribute_header!("p-", name),
+                Some(format!("p-{name}").as_str())
+            );
+        }
+        assert_eq!(crate::attribute_header!("p-", "nope"), None);
+    }
+
+    #[test]
+    fn a_destination_template_is_expanded_in_one_pass() {
+        let mut m = OutboxMessage {
+            aggregate_type: "pay ment".into(),
+            aggregate_id: "{event_type}".into(),
+            event_type: "Created".into(),
+            ..message()
+        };
+        let underscores = |v: &str| v.replace(' ', "_");
+        assert_eq!(
+            destination(
+                &m,
+                "{aggregate_type}.{event_type}.{aggregate_id}",
+                underscores
+            ),
+            "pay_ment.Created.{event_type}",
+            "a value is not expanded again"
+        );
+        assert_eq!(destination(&m, "fixed", underscores), "fixed");
+        assert_eq!(
+            destination(&m, "{x}.{event_type}{", underscores),
+            "{x}.Created{"
+        );
+        assert_eq!(destination(&m, "", underscores), "");
+        let calls = std::cell::Cell::new(0);
+        let counted = |v: &str| {
+            calls.set(calls.get() + 1);
+            v.to_owned()
+        };
+        assert_eq!(destination(&m, "ev.{event_type}", counted), "ev.Created");
+        assert_eq!(
+            calls.get(),
+            1,
+            "sanitize runs for the placeholders present only"
+        );
+        m.destination = Some("override".into());
+        assert_eq!(destination(&m, "{event_type}", underscores), "override");
+    }
 
     fn message() -> OutboxMessage {
         OutboxMessage {

@@ -15,7 +15,7 @@ use outbox_core::{OutboxMessage, PublishError, PublishErrorKind, ReservedHeaders
 use rdkafka::message::{BorrowedMessage, Message as _};
 
 use crate::config::KafkaConfig;
-use crate::debezium::{self, RecordParts, WireFormat};
+use crate::debezium::{self, Headers, RecordParts, WireFormat};
 use crate::topic;
 
 /// Prefix of the CloudEvents attribute headers (Kafka protocol binding).
@@ -85,17 +85,14 @@ pub(crate) struct Record<'m> {
 /// [`PublishErrorKind::TooLarge`] for a record over `max_bytes`.
 pub(crate) fn record_of<'m>(
     message: &'m OutboxMessage,
-    config: &KafkaConfig,
+    config: &'m KafkaConfig,
     max_bytes: usize,
 ) -> Result<Record<'m>, PublishError> {
     let topic = topic_of(message, config)?;
     let parts = match config.format {
         WireFormat::Cloudevents => RecordParts {
             key: message.partition_key(),
-            headers: wire_headers(message, &config.source)?
-                .into_iter()
-                .map(|(n, v)| (Cow::Owned(n), Cow::Owned(v)))
-                .collect(),
+            headers: header_parts(message, &config.source)?,
             value: Some(Cow::Borrowed(&message.payload.bytes[..])),
         },
         WireFormat::Debezium => {
@@ -140,13 +137,30 @@ pub fn wire_headers(
     message: &OutboxMessage,
     source: &str,
 ) -> Result<Vec<(String, String)>, PublishError> {
-    let mut pairs: Vec<(String, String)> = wire::attributes(message, source)
+    Ok(header_parts(message, source)?
         .into_iter()
-        .map(|(name, value)| (format!("{CE_PREFIX}{name}"), value))
+        .map(|(name, value)| (name.into_owned(), value.into_owned()))
+        .collect())
+}
+
+/// [`wire_headers`] as the record carries them: constant names, and values borrowed from
+/// `message` and `source` where they hold them, so a publish copies each value once (into
+/// librdkafka's headers) and formats no name.
+///
+/// # Errors
+/// As [`wire_headers`].
+fn header_parts<'m>(
+    message: &'m OutboxMessage,
+    source: &'m str,
+) -> Result<Headers<'m>, PublishError> {
+    let mut pairs: Headers<'m> = wire::attribute_values(message, source)
+        .into_iter()
+        .map(|(name, value)| (attribute_header(name), value))
         .collect();
+    pairs.reserve(1 + message.headers.len());
     pairs.push((
-        CONTENT_TYPE_HEADER.to_owned(),
-        message.payload.content_type.0.clone(),
+        Cow::Borrowed(CONTENT_TYPE_HEADER),
+        Cow::Borrowed(message.payload.content_type.0.as_str()),
     ));
     for (name, value) in &message.headers {
         if is_reserved_header(name) {
@@ -159,14 +173,18 @@ pub fn wire_headers(
                 ),
             ));
         }
-        pairs.push((name.clone(), value.clone()));
+        pairs.push((Cow::Borrowed(name.as_str()), Cow::Borrowed(value.as_str())));
     }
-    debug_assert!(
-        pairs
-            .iter()
-            .any(|(n, _)| n == &format!("{CE_PREFIX}{}", attr::ID))
-    );
     Ok(pairs)
+}
+
+/// The header of the CloudEvents attribute `name`: [`CE_PREFIX`] and the name, a constant for
+/// every attribute [`wire::attribute_values`] gives.
+fn attribute_header(name: &'static str) -> Cow<'static, str> {
+    match outbox_core::attribute_header!("ce_", name) {
+        Some(header) => Cow::Borrowed(header),
+        None => Cow::Owned(format!("{CE_PREFIX}{name}")),
+    }
 }
 
 /// A message as received: value, every header, the content type, and where it was read.
@@ -291,6 +309,18 @@ pub fn decode_raw(raw: &RawMessage, max_bytes: usize) -> Result<IncomingEvent, D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_attribute_header_is_the_prefix_and_the_name() {
+        for name in attr::ALL {
+            assert_eq!(attribute_header(name), format!("{CE_PREFIX}{name}"));
+        }
+        assert_eq!(
+            attribute_header("other"),
+            "ce_other",
+            "a new attribute is still named"
+        );
+    }
 
     /// A record's headers, as (name, value) byte pairs.
     type Pairs = Vec<(Vec<u8>, Vec<u8>)>;

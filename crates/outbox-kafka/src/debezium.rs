@@ -64,13 +64,16 @@ pub enum DebeziumPayload {
     ExpandedJson,
 }
 
+/// A record's headers in order, as (name, value) text, borrowed where the message holds them.
+pub type Headers<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
 /// The parts of a record: key, headers and value (the topic comes from the template).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordParts<'a> {
     /// The record key.
     pub key: &'a str,
     /// Headers in order: `id`, then the user headers.
-    pub headers: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    pub headers: Headers<'a>,
     /// The value; `None` is a null value.
     pub value: Option<Cow<'a, [u8]>>,
 }

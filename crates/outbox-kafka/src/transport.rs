@@ -361,7 +361,7 @@ impl KafkaTransport {
 
     /// The record of `message` ([`record_of`]), checked against this producer's
     /// `message.max.bytes`.
-    fn record<'m>(&self, message: &'m OutboxMessage) -> Result<Record<'m>, PublishError> {
+    fn record<'m>(&'m self, message: &'m OutboxMessage) -> Result<Record<'m>, PublishError> {
         record_of(message, &self.inner.config, self.inner.message_max_bytes)
     }
 

@@ -5,6 +5,7 @@
 //! ([`RESERVED_HEADERS`]) and the ones a reader does not hand to the application
 //! ([`PROTOCOL_HEADERS`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
@@ -74,23 +75,34 @@ fn is_reserved_header(name: &str) -> bool {
     RESERVED_HEADERS.reserves(name)
 }
 
+/// The headers `message` is published with, as text: see
+/// [`NatsTransport::headers_for`](crate::NatsTransport::headers_for).
+///
+/// # Errors
+/// As [`header_parts`].
 pub(crate) fn build_headers(
     message: &OutboxMessage,
     source: &str,
 ) -> Result<Vec<(String, String)>, PublishError> {
-    let attributes = wire::attributes(message, source);
-    let content_type = &message.payload.content_type.0;
-    let mut pairs = Vec::with_capacity(attributes.len() + 3 + message.headers.len());
-    for (name, value) in attributes {
-        pairs.push((
-            format!("{CE_PREFIX}{name}"),
-            subject::percent_encode(&value),
-        ));
-    }
-    pairs.push((
-        format!("{CE_PREFIX}datacontenttype"),
-        subject::percent_encode(content_type),
-    ));
+    Ok(header_parts(message, source)?
+        .into_iter()
+        .map(|(name, value)| (AsRef::<str>::as_ref(&name).to_owned(), value.into_owned()))
+        .collect())
+}
+
+/// The headers `message` is published with, in order: `ce-<attribute>` for every CloudEvents
+/// attribute (percent-encoded), `ce-datacontenttype`, `Content-Type`, `Nats-Msg-Id`, then the
+/// user headers unchanged. The names the binding sets are constants, not parsed per message;
+/// a value is borrowed from `message` or `source` unless percent-encoding changed it.
+///
+/// # Errors
+/// [`PublishErrorKind::Invalid`] for a user header name the NATS protocol refuses or that
+/// collides with a header set here, or a content type or user header value with CR/LF.
+pub(crate) fn header_parts<'m>(
+    message: &'m OutboxMessage,
+    source: &'m str,
+) -> Result<Vec<(HeaderName, Cow<'m, str>)>, PublishError> {
+    let content_type = message.payload.content_type.0.as_str();
     if content_type.contains(['\r', '\n']) {
         return Err(invalid(
             message,
@@ -98,10 +110,23 @@ pub(crate) fn build_headers(
             "CR/LF in the content type",
         ));
     }
-    pairs.push((CONTENT_TYPE_HEADER.to_owned(), content_type.clone()));
-    pairs.push((
-        MSG_ID_HEADER.to_owned(),
-        message.event_id.hyphenated().to_string(),
+    let attributes = wire::attribute_values(message, source);
+    let mut parts = Vec::with_capacity(attributes.len() + 3 + message.headers.len());
+    for (name, value) in attributes {
+        let header = attribute_header(name, message)?;
+        parts.push((header, subject::percent_encoded(value)));
+    }
+    parts.push((
+        attribute_header(attr::DATA_CONTENT_TYPE, message)?,
+        subject::percent_encoded(Cow::Borrowed(content_type)),
+    ));
+    parts.push((
+        HeaderName::from_static(CONTENT_TYPE_HEADER),
+        Cow::Borrowed(content_type),
+    ));
+    parts.push((
+        HeaderName::from_static(MSG_ID_HEADER),
+        Cow::Owned(message.event_id.hyphenated().to_string()),
     ));
     for (name, value) in &message.headers {
         if is_reserved_header(name) {
@@ -111,34 +136,59 @@ pub(crate) fn build_headers(
                 "the name is reserved for headers the transport sets",
             ));
         }
-        pairs.push((name.clone(), value.clone()));
+        let header = HeaderName::from_str(name).map_err(|e| invalid(message, name, e))?;
+        if value.contains(['\r', '\n']) {
+            return Err(invalid(message, name, "CR/LF in the value"));
+        }
+        parts.push((header, Cow::Borrowed(value.as_str())));
     }
-    Ok(pairs)
+    Ok(parts)
+}
+
+/// The header of the CloudEvents attribute `name`: [`CE_PREFIX`] and the name, a constant for
+/// every attribute [`wire::attribute_values`] gives (another is built, and refused as
+/// [`PublishErrorKind::Invalid`] of `message` if NATS could not carry it).
+fn attribute_header(
+    name: &'static str,
+    message: &OutboxMessage,
+) -> Result<HeaderName, PublishError> {
+    match outbox_core::attribute_header!("ce-", name) {
+        Some(header) => Ok(HeaderName::from_static(header)),
+        None => {
+            let header = format!("{CE_PREFIX}{name}");
+            HeaderName::try_from(header.as_str()).map_err(|e| invalid(message, &header, e))
+        }
+    }
 }
 
 /// Serialized size of a NATS header block: `NATS/1.0\r\n`, each `name: value\r\n`, `\r\n`.
-pub(crate) fn headers_wire_len(pairs: &[(String, String)]) -> usize {
+pub(crate) fn headers_wire_len<N: AsRef<str>, V: AsRef<str>>(pairs: &[(N, V)]) -> usize {
     "NATS/1.0\r\n".len()
         + "\r\n".len()
         + pairs
             .iter()
-            .map(|(n, v)| n.len() + ": ".len() + v.len() + "\r\n".len())
+            .map(|(n, v)| n.as_ref().len() + ": ".len() + v.as_ref().len() + "\r\n".len())
             .sum::<usize>()
 }
 
-/// The header block of `pairs` (from [`build_headers`]) as the client library sends it.
+/// The header block of `parts` (from [`header_parts`]) as the client library sends it: each
+/// value copied once, into the block.
 ///
 /// # Errors
-/// [`PublishErrorKind::Invalid`] for a name or value the NATS protocol refuses.
+/// [`PublishErrorKind::Invalid`] for a value with CR/LF, which the NATS protocol refuses
+/// ([`header_parts`] refuses them already; this check is what keeps the client library's own
+/// assertion from ever seeing one).
 pub(crate) fn header_map(
     message: &OutboxMessage,
-    pairs: Vec<(String, String)>,
+    parts: Vec<(HeaderName, Cow<'_, str>)>,
 ) -> Result<HeaderMap, PublishError> {
     let mut headers = HeaderMap::new();
-    for (name, value) in pairs {
-        let header = HeaderName::from_str(&name).map_err(|e| invalid(message, &name, e))?;
-        let value = HeaderValue::from_str(&value).map_err(|e| invalid(message, &name, e))?;
-        headers.append(header, value);
+    for (name, value) in parts {
+        if value.contains(['\r', '\n']) {
+            return Err(invalid(message, name.as_ref(), "CR/LF in the value"));
+        }
+        // `From<String>` checks CR/LF again (by assertion): the check above refused them.
+        headers.append(name, HeaderValue::from(value.into_owned()));
     }
     Ok(headers)
 }
@@ -302,6 +352,52 @@ mod tests {
         );
         assert_eq!(get("traceparent"), Some("00-abc-def-01"));
         assert_eq!(h.len(), 12 + 3 + 1);
+    }
+
+    #[test]
+    fn every_attribute_header_is_the_prefix_and_the_name() {
+        let m = message();
+        for name in attr::ALL {
+            let header = attribute_header(name, &m).unwrap();
+            assert_eq!(AsRef::<str>::as_ref(&header), format!("{CE_PREFIX}{name}"));
+        }
+        let other = attribute_header("other", &m).unwrap();
+        assert_eq!(
+            AsRef::<str>::as_ref(&other),
+            "ce-other",
+            "a new attribute is still named"
+        );
+    }
+
+    #[test]
+    fn a_value_with_cr_or_lf_is_invalid_never_a_panic() {
+        let m = message();
+        for value in ["a\r\nNats-Expected-Stream: X", "a\nb", "a\r"] {
+            let parts = vec![(HeaderName::from_static("x-user"), Cow::Borrowed(value))];
+            let e = header_map(&m, parts).unwrap_err();
+            assert_eq!(e.kind, PublishErrorKind::Invalid, "{value:?}");
+            let mut with_user = message();
+            with_user.headers.insert("x-user".into(), value.into());
+            let e = header_parts(&with_user, "/outbox").unwrap_err();
+            assert_eq!(e.kind, PublishErrorKind::Invalid, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn values_that_need_no_escaping_are_not_copied() {
+        let m = message();
+        let parts = header_parts(&m, "/outbox").unwrap();
+        let value = |n: &str| {
+            &parts
+                .iter()
+                .find(|(k, _)| AsRef::<str>::as_ref(k) == n)
+                .unwrap()
+                .1
+        };
+        assert!(matches!(value("ce-type"), Cow::Borrowed(_)));
+        assert!(matches!(value("ce-source"), Cow::Borrowed(_)));
+        assert!(matches!(value("Content-Type"), Cow::Borrowed(_)));
+        assert!(matches!(value("ce-subject"), Cow::Owned(v) if v == "pay%2042"));
     }
 
     #[test]

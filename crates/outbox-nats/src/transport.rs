@@ -14,7 +14,7 @@ use outbox_core::{
 };
 use tokio::sync::Semaphore;
 
-use crate::binding::{build_headers, header_map, headers_wire_len, subject_of};
+use crate::binding::{build_headers, header_map, header_parts, headers_wire_len, subject_of};
 use crate::config::{ClientConfig, NatsConfig};
 use crate::connection::{
     ClientConnectError, connect_client, is_stream_not_found, logged_connect_options,
@@ -210,7 +210,7 @@ impl NatsTransport {
     /// # Errors
     /// [`PublishErrorKind::Invalid`] when a user header cannot be carried: a name the NATS
     /// protocol refuses or that collides with a header set here (`ce-*`, `nats-*`,
-    /// `content-type`, any case), or a value with CR/LF.
+    /// `content-type`, any case), or a value with CR/LF; a content type with CR/LF.
     pub fn headers_for(
         &self,
         message: &OutboxMessage,
@@ -326,9 +326,9 @@ impl Transport for NatsTransport {
 
     async fn publish(&self, message: &OutboxMessage) -> Result<PublishReceipt, PublishError> {
         let subject = self.subject_for(message)?;
-        let pairs = build_headers(message, &self.config.source)?;
+        let parts = header_parts(message, &self.config.source)?;
 
-        let size = headers_wire_len(&pairs) + message.payload.bytes.len();
+        let size = headers_wire_len(&parts) + message.payload.bytes.len();
         let max = self.max_payload();
         if size > max {
             return Err(PublishError::new(
@@ -342,7 +342,7 @@ impl Transport for NatsTransport {
             ));
         }
 
-        let headers = header_map(message, pairs)?;
+        let headers = header_map(message, parts)?;
 
         let _permit = self.in_flight.acquire().await.map_err(|_| {
             PublishError::new(PublishErrorKind::Unavailable, "the transport was closed")

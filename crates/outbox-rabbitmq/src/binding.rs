@@ -10,6 +10,8 @@
 //! truncated length prefix in release builds, which corrupts the frame and kills the whole
 //! connection, so every short string is checked.)
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -79,7 +81,7 @@ fn invalid(message: String) -> PublishError {
     PublishError::new(PublishErrorKind::Invalid, message)
 }
 
-fn short(field: &str, value: &str) -> Result<ShortString, PublishError> {
+fn short(field: impl std::fmt::Display, value: &str) -> Result<ShortString, PublishError> {
     ShortString::try_new(value).map_err(|_| {
         invalid(format!(
             "{field} is {} bytes; AMQP allows at most {MAX_SHORT_STRING}",
@@ -90,6 +92,15 @@ fn short(field: &str, value: &str) -> Result<ShortString, PublishError> {
 
 fn shortstr_bytes(s: &str) -> usize {
     1 + s.len()
+}
+
+/// The header of the CloudEvents attribute `name`: [`CLOUDEVENTS_HEADER_PREFIX`] and the name,
+/// a constant for every attribute [`wire::attribute_values`] gives.
+fn attribute_header(name: &'static str) -> Cow<'static, str> {
+    match outbox_core::attribute_header!("cloudEvents_", name) {
+        Some(header) => Cow::Borrowed(header),
+        None => Cow::Owned(format!("{CLOUDEVENTS_HEADER_PREFIX}{name}")),
+    }
 }
 
 /// Builds the routing key, properties and headers of `msg`. Never alters `msg`; the same
@@ -106,12 +117,12 @@ pub(crate) fn envelope(
     let mut table_bytes = 4usize;
     let mut headers = FieldTable::default();
 
-    for (name, value) in wire::attributes(msg, &config.source) {
-        let key = format!("{CLOUDEVENTS_HEADER_PREFIX}{name}");
+    for (name, value) in wire::attribute_values(msg, &config.source) {
+        let key = attribute_header(name);
         table_bytes += shortstr_bytes(&key) + 1 + 4 + value.len();
         headers.insert(
             short("header name", &key)?,
-            AMQPValue::LongString(LongString::from(value)),
+            AMQPValue::LongString(LongString::from(value.as_bytes())),
         );
     }
     for (name, value) in &msg.headers {
@@ -123,7 +134,8 @@ pub(crate) fn envelope(
                 "header name `{name}` is empty or uses the reserved `cloudEvents` prefix"
             )));
         }
-        let key = short(&format!("header name `{name}`"), name)?;
+        // The field's name is formatted only if the check fails.
+        let key = short(format_args!("header name `{name}`"), name)?;
         table_bytes += shortstr_bytes(name) + 1 + 4 + value.len();
         headers.insert(
             key,

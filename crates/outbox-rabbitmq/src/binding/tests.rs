@@ -8,6 +8,26 @@ use outbox_core::{Fingerprint, Payload};
 
 use super::*;
 
+#[test]
+fn every_attribute_header_is_the_prefix_and_the_name() {
+    for name in wire::attr::ALL {
+        assert_eq!(
+            attribute_header(name),
+            format!("{CLOUDEVENTS_HEADER_PREFIX}{name}")
+        );
+    }
+    assert_eq!(attribute_header("other"), "cloudEvents_other");
+}
+
+#[test]
+fn a_user_header_name_over_a_short_string_is_invalid() {
+    let mut m = msg();
+    m.headers.insert("h".repeat(300), "v".into());
+    let e = envelope(&m, &RabbitConfig::default()).unwrap_err();
+    assert_eq!(e.kind, PublishErrorKind::Invalid);
+    assert!(e.message.contains("is 300 bytes"), "{}", e.message);
+}
+
 fn msg() -> OutboxMessage {
     let payload = Payload::json(&serde_json::json!({"amount": 100})).unwrap();
     OutboxMessage {
