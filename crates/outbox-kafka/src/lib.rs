@@ -71,9 +71,9 @@
 //! the relay hands it an aggregate's whole run of versions at once
 //! ([`publish_run`](outbox_core::Transport::publish_run)) and reads the delivery reports in
 //! order, instead of waiting for each version's report before sending the next (W2 in
-//! BENCHMARKS.md: the sequential path reached 0.31x of the raw producer). The run goes out in
-//! one piece while its records share one topic and key, i.e. one partition; a row whose
-//! `destination` sends it elsewhere ends the piece and goes out in the next claim.
+//! docs/benchmarks-history.md: the sequential path reached 0.31x of the raw producer). The run
+//! goes out in one piece while its records share one topic and key, i.e. one partition; a row
+//! whose `destination` sends it elsewhere ends the piece and goes out in the next claim.
 //!
 //! What makes this safe is that **the broker never stores a version of an aggregate unless it
 //! stored every earlier version before it**:

@@ -135,11 +135,12 @@ const CLAIM: &str = "WITH heads AS ( \
 /// backlog was drained and VACUUM recorded the table as nearly empty but as large as at its peak
 /// (VACUUM does not give pages back), the claim's own estimate made a scan of every page plus a
 /// sort look cheaper than the index, and each claim read the whole table (1.0-1.6 s per claim
-/// after a 10-million-event drain, W6 in BENCHMARKS.md; 50 ms at 1 million). Turning the scan
-/// off for the claim's transaction (`SET LOCAL`, sent with the `BEGIN`; with the `COMMIT` the
-/// claim costs two round trips more than a statement of its own) leaves the planner the index
-/// paths only; nothing else the connection runs is affected. (A transaction per claim also
-/// means a pooler in front of PostgreSQL must pool by transaction, not by statement.)
+/// after a 10-million-event drain, W6 in docs/benchmarks-history.md; 50 ms at 1 million).
+/// Turning the scan off for the claim's transaction (`SET LOCAL`, sent with the `BEGIN`; with
+/// the `COMMIT` the claim costs two round trips more than a statement of its own) leaves the
+/// planner the index paths only; nothing else the connection runs is affected. (A transaction
+/// per claim also means a pooler in front of PostgreSQL must pool by transaction, not by
+/// statement.)
 ///
 /// JIT compilation is off for the same transaction: on such a table the claim's estimated
 /// cost passes PostgreSQL's JIT thresholds, and each claim then compiled itself for about

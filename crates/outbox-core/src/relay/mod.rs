@@ -673,10 +673,10 @@ pub const SOLO_TAKEOVER_CHECK: Duration = Duration::from_millis(250);
 /// [`STATS_MAX_WAIT`].
 ///
 /// The statement counts the whole backlog: a few milliseconds normally, but 1.3-10 s per count
-/// at 1-10 million pending rows (W6 in BENCHMARKS.md), which at the default 5 s interval kept
-/// one database connection counting most of the time, beside the claims, during exactly the
-/// incident the backlog is. Spaced this way a count takes a twentieth of one connection's
-/// time, or a seventh at worst under the cap.
+/// at 1-10 million pending rows (W6 in docs/benchmarks-history.md), which at the default 5 s
+/// interval kept one database connection counting most of the time, beside the claims, during
+/// exactly the incident the backlog is. Spaced this way a count takes a twentieth of one
+/// connection's time, or a seventh at worst under the cap.
 pub const STATS_SPACING: u32 = 20;
 
 /// The longest wait between two gauge refreshes (unless `stats_interval` is longer): how old
