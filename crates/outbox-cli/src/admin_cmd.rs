@@ -10,8 +10,8 @@ use anyhow::{Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use outbox_core::operator::{
-    Actor, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, GROUP_SCAN, OperatorStore,
-    PauseTarget, RangeSelection, ReplaySelection,
+    Actor, ConflictFilter, ConsumerSelection, DeadLetterFilter, DeadLetterSelection, GROUP_SCAN,
+    OperatorStore, PauseTarget, RangeSelection, ReplaySelection,
 };
 
 /// Who acts and why: every action's audit record.
@@ -405,7 +405,15 @@ pub(crate) async fn conflicts<O: OperatorStore>(admin: O, cmd: ConflictsCmd) -> 
             event_id,
             open,
         } => {
-            let list = admin.conflicts(event_id, open, limit).await?;
+            let list = admin
+                .conflicts(
+                    ConflictFilter {
+                        event_id,
+                        open_only: open,
+                    },
+                    limit,
+                )
+                .await?;
             if list.is_empty() {
                 println!("no conflicts");
             }
@@ -638,7 +646,7 @@ pub(crate) async fn replay<O: OperatorStore>(admin: O, a: ReplayArgs) -> Result<
             destination: a.destination.clone(),
         };
         let plan = admin
-            .replay_range(
+            .replay(
                 &which,
                 a.dry_run,
                 a.expect_events,

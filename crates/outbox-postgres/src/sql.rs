@@ -259,9 +259,9 @@ pub(crate) const WORK_ITEM_PURGE: &str = "DELETE FROM {s}.work_items WHERE id IN
 /// the check and leaves the planner the ctid scan only.
 ///
 /// The same statement raises the `published` retention mark (schema 11) to the newest
-/// `created_at` it deleted: the replay horizon of a time range (`ReplayOps::replay_range`); every
-/// row written after the mark is still held, by construction. It answers how many rows it
-/// deleted.
+/// `created_at` it deleted: the replay horizon of a time range (`ReplayOps::replay` of a
+/// `RangeSelection`); every row written after the mark is still held, by construction. It
+/// answers how many rows it deleted.
 pub(crate) const PUBLISHED_PURGE: &str = "WITH d AS (DELETE FROM {s}.events WHERE ctid = ANY(ARRAY( \
     SELECT ctid FROM {s}.events WHERE state = 'published' \
       AND published_at < now() - $1 * interval '1 millisecond' \

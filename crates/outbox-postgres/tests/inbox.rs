@@ -160,7 +160,7 @@ async fn concurrent_deliveries_to_two_instances_give_one_effect() {
 #[tokio::test]
 async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
     use outbox_core::operator::prelude::*;
-    use outbox_core::operator::{Actor, OperatorErrorKind};
+    use outbox_core::operator::{Actor, ConflictFilter, OperatorErrorKind};
     let db = TestDb::new().await;
     let table = effects_table(&db).await;
     let inbox = PgInbox::new(db.schema.clone());
@@ -173,7 +173,7 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
         let outcome = deliver(&db.pool, &inbox, &table, "ledger", OrderingGuard::Off, e).await;
         assert!(format!("{outcome:?}").starts_with(expected), "{outcome:?}");
     }
-    let open = admin.conflicts(None, true, 10).await.unwrap();
+    let open = admin.conflicts(ConflictFilter::OPEN, 10).await.unwrap();
     assert_eq!(open.len(), 1);
     assert_eq!(open[0].resolved_at, None);
     assert_eq!(inbox.conflict_count(&db.pool).await.unwrap(), 1);
@@ -197,9 +197,18 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
         .await
         .unwrap();
     assert_eq!(r.resolved, 1);
-    assert!(admin.conflicts(None, true, 10).await.unwrap().is_empty());
+    assert!(
+        admin
+            .conflicts(ConflictFilter::OPEN, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(inbox.conflict_count(&db.pool).await.unwrap(), 0);
-    let all = admin.conflicts(None, false, 10).await.unwrap();
+    let all = admin
+        .conflicts(ConflictFilter::default(), 10)
+        .await
+        .unwrap();
     assert!(all[0].resolved_at.is_some());
     assert_eq!(all[0].resolved_by.as_deref(), Some("oncall"));
     assert_eq!(
@@ -216,7 +225,10 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
     assert_eq!(audit.len(), 2);
     assert_eq!((audit[0].id, audit[0].affected), (again.audit_id, 0));
     assert_eq!(
-        admin.conflicts(None, false, 10).await.unwrap()[0]
+        admin
+            .conflicts(ConflictFilter::default(), 10)
+            .await
+            .unwrap()[0]
             .resolution_reason
             .as_deref(),
         Some("producer fixed in release 42"),
@@ -233,7 +245,7 @@ async fn a_resolved_conflict_leaves_the_open_list_until_it_comes_again() {
         &changed,
     )
     .await;
-    let open = admin.conflicts(None, true, 10).await.unwrap();
+    let open = admin.conflicts(ConflictFilter::OPEN, 10).await.unwrap();
     assert_eq!(open.len(), 1, "reopened");
     assert_eq!(open[0].occurrences, 2);
     assert_eq!(

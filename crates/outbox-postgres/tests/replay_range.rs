@@ -64,10 +64,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
     .await;
     let day_ago = ago(24 * 60);
 
-    let plan = admin
-        .replay_range(&in_range, true, None, &who, "")
-        .await
-        .unwrap();
+    let plan = admin.replay(&in_range, true, None, &who, "").await.unwrap();
     assert_eq!(
         (plan.events, plan.in_range, plan.aggregates),
         (4, 3, 3),
@@ -76,7 +73,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
     let horizon = plan.horizon.expect("a horizon from the migration on");
     assert!((horizon - day_ago).num_seconds().abs() < 60, "{horizon}");
     let e = admin
-        .replay_range(&range(25 * 60, 60), true, None, &who, "")
+        .replay(&range(25 * 60, 60), true, None, &who, "")
         .await
         .unwrap_err();
     assert!(e.message.starts_with("beyond the replay horizon"), "{e}");
@@ -89,30 +86,27 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
         aggregate_type: Some("payment".into()),
         ..in_range.clone()
     };
-    let plan = admin
-        .replay_range(&payments, true, None, &who, "")
-        .await
-        .unwrap();
+    let plan = admin.replay(&payments, true, None, &who, "").await.unwrap();
     assert_eq!((plan.events, plan.in_range, plan.aggregates), (3, 2, 2));
 
     // Refusals: no reason, an empty range, nothing in it, a changed count, a held aggregate.
     let e = admin
-        .replay_range(&payments, false, Some(3), &who, " ")
+        .replay(&payments, false, Some(3), &who, " ")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::InvalidRequest, "{e}");
     let e = admin
-        .replay_range(&range(60, 100), true, None, &who, "")
+        .replay(&range(60, 100), true, None, &who, "")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::InvalidRequest, "{e}");
     let e = admin
-        .replay_range(&range(20, 10), true, None, &who, "")
+        .replay(&range(20, 10), true, None, &who, "")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::NotFound, "{e}");
     let e = admin
-        .replay_range(&payments, false, Some(2), &who, "rebuild reporting")
+        .replay(&payments, false, Some(2), &who, "rebuild reporting")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
@@ -124,7 +118,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
     ))
     .await;
     let e = admin
-        .replay_range(&payments, false, Some(3), &who, "rebuild reporting")
+        .replay(&payments, false, Some(3), &who, "rebuild reporting")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
@@ -134,7 +128,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
 
     // The replay: a v1 and v2 and b v1 pending again, order c and d left alone.
     let done = admin
-        .replay_range(&payments, false, Some(3), &who, "rebuild reporting")
+        .replay(&payments, false, Some(3), &who, "rebuild reporting")
         .await
         .unwrap();
     assert_eq!((done.events, done.dry_run), (3, false));
@@ -167,13 +161,13 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
         .unwrap();
     assert_eq!(deleted, 1);
     let e = admin
-        .replay_range(&range(200, 60), true, None, &who, "")
+        .replay(&range(200, 60), true, None, &who, "")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
     assert!(e.message.starts_with("beyond the replay horizon"), "{e}");
     let plan = admin
-        .replay_range(&range(170, 60), true, None, &who, "")
+        .replay(&range(170, 60), true, None, &who, "")
         .await
         .unwrap();
     let horizon = plan
@@ -191,7 +185,7 @@ async fn a_time_range_replays_each_aggregate_to_its_newest_version_within_the_ho
     ))
     .await;
     let e = admin
-        .replay_range(&range(170, 60), true, None, &who, "")
+        .replay(&range(170, 60), true, None, &who, "")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");
@@ -205,7 +199,7 @@ async fn a_time_range_is_refused_in_delete_mode() {
     let admin = db.store();
     let who = Actor::new("oncall", "test").unwrap();
     let e = admin
-        .replay_range(&range(100, 60), true, None, &who, "")
+        .replay(&range(100, 60), true, None, &who, "")
         .await
         .unwrap_err();
     assert_eq!(e.kind, OperatorErrorKind::Refused, "{e}");

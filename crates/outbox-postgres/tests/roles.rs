@@ -20,7 +20,7 @@ use outbox_core::effect::{Executor, ExecutorConfig, WorkItemStore as _};
 use outbox_core::maintenance::{Maintainer, MaintenanceConfig};
 use outbox_core::operator::prelude::*;
 use outbox_core::operator::{
-    ActivityKind, Actor, ConsumerSelection, DeadLetterSelection, OperatorErrorKind,
+    ActivityKind, Actor, ConflictFilter, ConsumerSelection, DeadLetterSelection, OperatorErrorKind,
 };
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::{
@@ -1261,7 +1261,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
          'PaymentCaptured', '\\x00')",
     )
     .await;
-    let conflict = as_reader.conflicts(None, true, 10).await.unwrap()[0].id;
+    let conflict = as_reader.conflicts(ConflictFilter::OPEN, 10).await.unwrap()[0].id;
     let e = as_reader
         .resolve_conflicts(&[conflict], &who, "t")
         .await
@@ -1274,7 +1274,7 @@ async fn the_reader_reads_and_only_the_operator_writes() {
     assert_eq!(r.resolved, 1);
     assert!(
         as_reader
-            .conflicts(None, true, 10)
+            .conflicts(ConflictFilter::OPEN, 10)
             .await
             .unwrap()
             .is_empty()

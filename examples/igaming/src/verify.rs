@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use outbox::operator::prelude::*;
-use outbox::operator::{ConsumerSelection, Overview};
+use outbox::operator::{ConflictFilter, ConsumerSelection, Overview};
 use outbox::postgres::PgStore;
 use sqlx::PgPool;
 use support::table::{Check, eq};
@@ -170,7 +170,7 @@ async fn absorbed_as_stale(db: &PgPool, event_id: outbox::EventId, consumer: &st
 /// Conflicts of `event_id` recorded by `consumer` in `db`.
 async fn conflicts_of(db: &PgPool, event_id: outbox::EventId, consumer: &str) -> Result<i64> {
     let list = overview(db)
-        .conflicts(Some(event_id), false, 100)
+        .conflicts(ConflictFilter::of(event_id), 100)
         .await
         .context("cannot list the inbox conflicts")?;
     Ok(list.iter().filter(|c| c.consumer_name == consumer).count() as i64)

@@ -1,6 +1,6 @@
 //! The inbox's conflicts: a page of them, one whole (with the token), and resolving them.
 
-use outbox_core::operator::OperatorStore;
+use outbox_core::operator::{ConflictFilter, OperatorStore};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -19,8 +19,13 @@ struct ConflictQuery {
 /// `GET /api/v1/conflicts`.
 pub(crate) fn list<O: OperatorStore>() -> Route<O> {
     read(async |s: Shared<O>, Q(q): Q<ConflictQuery>| {
-        let (open, limit) = (q.open.unwrap_or(false), q.limit.unwrap_or(DEFAULT_LIMIT));
-        Ok(s.admin.conflicts(q.event_id, open, limit).await?)
+        let filter = ConflictFilter {
+            event_id: q.event_id,
+            open_only: q.open.unwrap_or(false),
+        };
+        Ok(s.admin
+            .conflicts(filter, q.limit.unwrap_or(DEFAULT_LIMIT))
+            .await?)
     })
 }
 

@@ -99,7 +99,7 @@ pub(crate) fn replay<O: OperatorStore>() -> Route<O> {
         Ok(match body.selection()? {
             Replay::Range(which) => Plan::Range(
                 s.admin
-                    .replay_range(&which, dry_run, expect, &actor, &reason)
+                    .replay(&which, dry_run, expect, &actor, &reason)
                     .await?,
             ),
             Replay::Aggregate(which) => Plan::Aggregate(

@@ -66,6 +66,36 @@ pub struct ConflictDetail {
     pub first_payload: Option<PayloadView>,
 }
 
+/// Which inbox conflicts a list takes ([`ConflictOps::conflicts`]); the default takes all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConflictFilter {
+    /// Only the conflicts of this event id.
+    pub event_id: Option<EventId>,
+    /// Only the open ones (not resolved).
+    pub open_only: bool,
+}
+
+impl ConflictFilter {
+    /// The open conflicts of every event.
+    pub const OPEN: Self = Self {
+        event_id: None,
+        open_only: true,
+    };
+
+    /// Every conflict of `event_id`, resolved or not.
+    pub fn of(event_id: EventId) -> Self {
+        Self {
+            event_id: Some(event_id),
+            open_only: false,
+        }
+    }
+
+    /// Whether a conflict of `event_id`, resolved or not, is selected.
+    pub fn matches(&self, event_id: EventId, resolved: bool) -> bool {
+        self.event_id.is_none_or(|e| e == event_id) && !(self.open_only && resolved)
+    }
+}
+
 /// The selection of a resolution of the conflicts `ids`, as the audit record keeps it.
 pub fn conflicts_selection(ids: &[i64]) -> serde_json::Value {
     serde_json::json!({ "conflicts": ids })
@@ -100,19 +130,19 @@ pub fn no_such_conflicts(operation: &'static str, ids: &[i64]) -> OperatorError 
 
 /// Inbox conflicts.
 ///
-/// The action ([`resolve_conflicts`](Self::resolve_conflicts)) is provided: it names its [`Action`], checks the request ([`check_conflicts_request`]), runs the store's `apply_*` hook and logs the outcome, so every
-/// store audits, refuses and logs alike. A store implements the reads and the hooks.
+/// The action ([`resolve_conflicts`](Self::resolve_conflicts)) is provided: it names its
+/// [`Action`], checks the request ([`check_conflicts_request`]), runs the store's `apply_*`
+/// hook and logs the outcome, so every store audits, refuses and logs alike. A store implements the reads and the hooks.
 pub trait ConflictOps: Sync {
-    /// Inbox conflicts, newest first, of `event_id` or of every event, the open ones only
-    /// when `open_only`, at most `limit` (1 to [`MAX_LIST`](super::MAX_LIST)).
+    /// Inbox conflicts that `filter` selects, newest first, at most `limit` (1 to
+    /// [`MAX_LIST`](super::MAX_LIST)).
     ///
     /// # Errors
     /// [`OperatorError`] of kind `InvalidRequest` for a `limit` out of range; otherwise the
     /// store's failure.
     fn conflicts(
         &self,
-        event_id: Option<EventId>,
-        open_only: bool,
+        filter: ConflictFilter,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<ConflictView>, OperatorError>> + Send;
 

@@ -47,8 +47,8 @@ use crate::{StoreError, StoreErrorKind};
 
 pub use audit::{Action, Actor, AuditEntry, AuditOps};
 pub use conflicts::{
-    ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, check_conflicts_request,
-    conflicts_selection, no_such_conflicts,
+    ConflictDetail, ConflictFilter, ConflictOps, ConflictView, ConflictsResolved,
+    check_conflicts_request, conflicts_selection, no_such_conflicts,
 };
 pub use dead_letters::{
     ConsumerDeadLetterDetail, ConsumerDeadLetterGroup, ConsumerDeadLetterGroups,
@@ -64,7 +64,7 @@ pub use processes::{
 };
 pub use replay::{
     MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, RangePlan, RangeSelection, ReplayOps, ReplayPlan,
-    ReplaySelection,
+    ReplayRequest, ReplaySelection, Replayable,
 };
 pub use trace::{
     AggregateTrace, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord, TraceOps,
@@ -78,7 +78,7 @@ pub use work_items::{
 pub mod prelude {
     pub use super::{
         AuditOps, ConflictOps, DeadLetterOps, OperatorStore, OverviewOps, PauseOps, ProcessOps,
-        ReplayOps, TraceOps, WorkItemOps,
+        ReplayOps, Replayable, TraceOps, WorkItemOps,
     };
 }
 

@@ -19,28 +19,17 @@ pub struct ReplaySelection {
 }
 
 impl ReplaySelection {
-    /// The selection as the audit record keeps it.
-    pub fn audit_selection(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or_default()
-    }
-
-    /// The checks of a replay request that need no store: a first version of at least 1, and
-    /// a reason unless it is a dry run.
+    /// The checks of the selection that need no store: a first version of at least 1.
     ///
     /// # Errors
     /// [`OperatorError`] of kind `InvalidRequest` in `operation`.
-    pub fn check(
-        &self,
-        operation: &'static str,
-        dry_run: bool,
-        reason: &str,
-    ) -> Result<(), OperatorError> {
+    pub fn check(&self, operation: &'static str) -> Result<(), OperatorError> {
         match self.from_version {
             Some(from) if from < 1 => Err(OperatorError::invalid(
                 operation,
                 format!("versions start at 1, not {from}"),
             )),
-            _ => replay_reason(operation, dry_run, reason),
+            _ => Ok(()),
         }
     }
 }
@@ -99,33 +88,22 @@ pub struct RangeSelection {
 }
 
 impl RangeSelection {
-    /// The selection as the audit record keeps it.
-    pub fn audit_selection(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or_default()
-    }
-
-    /// The checks of a time-range replay request that need no store: a range that is not
-    /// empty, and a reason unless it is a dry run.
+    /// The checks of the selection that need no store: a range that is not empty.
     ///
     /// # Errors
     /// [`OperatorError`] of kind `InvalidRequest` in `operation`.
-    pub fn check(
-        &self,
-        operation: &'static str,
-        dry_run: bool,
-        reason: &str,
-    ) -> Result<(), OperatorError> {
-        if self.created_after >= self.created_before {
-            return Err(OperatorError::invalid(
-                operation,
-                format!(
-                    "an empty range: created_after {} is not before created_before {}",
-                    self.created_after.to_rfc3339(),
-                    self.created_before.to_rfc3339()
-                ),
-            ));
+    pub fn check(&self, operation: &'static str) -> Result<(), OperatorError> {
+        if self.created_after < self.created_before {
+            return Ok(());
         }
-        replay_reason(operation, dry_run, reason)
+        Err(OperatorError::invalid(
+            operation,
+            format!(
+                "an empty range: created_after {} is not before created_before {}",
+                self.created_after.to_rfc3339(),
+                self.created_before.to_rfc3339()
+            ),
+        ))
     }
 }
 
@@ -174,100 +152,160 @@ pub struct RangePlan {
 ///   in the range through its newest (per-aggregate extension), at most
 ///   [`MAX_RANGE_AGGREGATES`] aggregates and [`MAX_RANGE_EVENTS`] events.
 pub trait ReplayOps: Sync {
-    /// Replays one aggregate's published events with their original ids ([`ReplaySelection`];
-    /// see the trait docs): with `dry_run`, only says how many rows it would take;
+    /// Replays the published events `which` selects with their original ids (see the
+    /// trait docs): one aggregate from a version ([`ReplaySelection`], a [`ReplayPlan`]), or
+    /// those written in a time range, each aggregate extended to its newest version
+    /// ([`RangeSelection`], a [`RangePlan`]). With `dry_run`, only says what it would take;
     /// otherwise makes them pending again, with the audit record, and wakes the relays.
     /// `expect_events` (the dry run's count) refuses the replay when the count changed.
     ///
     /// # Errors
     /// [`OperatorError`] of kind `Refused` when the store keeps no published rows, beyond the
-    /// replay horizon, while a relay holds the aggregate or a log-streaming relay runs, or when
-    /// the count changed (nothing changed; the message says why), `NotFound` when nothing of
-    /// the aggregate is held, `InvalidRequest` for a version below 1 or no reason,
-    /// `PermissionDenied` when the role may not act; otherwise the store's failure.
-    fn replay(
+    /// replay horizon, while a relay holds the aggregate or a log-streaming relay runs, when
+    /// the count changed, or for a range that takes more than [`MAX_RANGE_AGGREGATES`]
+    /// aggregates or [`MAX_RANGE_EVENTS`] events (nothing changed; the message says why);
+    /// `NotFound` when nothing of the aggregate is held; `InvalidRequest` for a version below
+    /// 1, an empty range, or no reason; `PermissionDenied` when the role may not act;
+    /// otherwise the store's failure.
+    fn replay<W: Replayable>(
         &self,
-        which: &ReplaySelection,
+        which: &W,
         dry_run: bool,
         expect_events: Option<i64>,
         actor: &Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<ReplayPlan, OperatorError>> + Send {
+    ) -> impl Future<Output = Result<W::Plan, OperatorError>> + Send {
         async move {
-            let action = Action::new("replay", actor, which.audit_selection(), reason);
-            action.check(which.check(action.operation(), dry_run, reason))?;
-            let result = self
-                .apply_replay(&action, which, dry_run, expect_events)
-                .await;
-            logged_unless_dry(&action, result, dry_run, |p| p.events)
+            let action = Action::new(W::OPERATION, actor, which.audit_selection(), reason);
+            action.check(which.check_selection(action.operation()))?;
+            action.check(replay_reason(action.operation(), dry_run, reason))?;
+            let request = ReplayRequest {
+                action: &action,
+                which,
+                dry_run,
+                expect_events,
+            };
+            let result = W::apply(self, &request).await;
+            // A dry run changes nothing and is not an action: its plan is not logged (its
+            // refusals are, as every refusal is).
+            match result {
+                Ok(plan) if dry_run => Ok(plan),
+                result => action.logged(result, |p| u64::try_from(W::events(p)).unwrap_or(0)),
+            }
         }
     }
 
-    /// The store's part of [`replay`](Self::replay), called once the request was checked
-    /// ([`ReplaySelection::check`]): the store's refusals (published rows not kept, a lease
-    /// held, a log-streaming relay running, the replay horizon, a count changed), then, unless
-    /// `dry_run`, the rows made pending with `action`'s audit record in one transaction and the
-    /// relays woken. Logs nothing.
+    /// The store's part of a replay of one aggregate, called once the request was checked:
+    /// the store's refusals (published rows not kept, a lease held, a log-streaming relay
+    /// running, the replay horizon, a count changed), then, unless it is a dry run, the rows
+    /// made pending with the action's audit record in one transaction and the relays woken.
+    /// Logs nothing.
     ///
     /// # Errors
     /// As [`replay`](Self::replay).
     fn apply_replay(
         &self,
-        action: &Action<'_>,
-        which: &ReplaySelection,
-        dry_run: bool,
-        expect_events: Option<i64>,
+        request: &ReplayRequest<'_, ReplaySelection>,
     ) -> impl Future<Output = Result<ReplayPlan, OperatorError>> + Send;
 
-    /// Replays the published events written in a time range ([`RangeSelection`]), each
-    /// aggregate extended to its newest version; as [`replay`](Self::replay) otherwise.
+    /// The store's part of a time-range replay, as [`apply_replay`](Self::apply_replay) is of
+    /// a replay of one aggregate.
     ///
     /// # Errors
-    /// As [`replay`](Self::replay), and `Refused` for a range that starts at or before the
-    /// replay horizon or takes more than [`MAX_RANGE_AGGREGATES`] aggregates or
-    /// [`MAX_RANGE_EVENTS`] events, `InvalidRequest` for an empty range.
-    fn replay_range(
-        &self,
-        which: &RangeSelection,
-        dry_run: bool,
-        expect_events: Option<i64>,
-        actor: &Actor,
-        reason: &str,
-    ) -> impl Future<Output = Result<RangePlan, OperatorError>> + Send {
-        async move {
-            let action = Action::new("replay range", actor, which.audit_selection(), reason);
-            action.check(which.check(action.operation(), dry_run, reason))?;
-            let result = self
-                .apply_replay_range(&action, which, dry_run, expect_events)
-                .await;
-            logged_unless_dry(&action, result, dry_run, |p| p.events)
-        }
-    }
-
-    /// The store's part of [`replay_range`](Self::replay_range), as
-    /// [`apply_replay`](Self::apply_replay) is of [`replay`](Self::replay).
-    ///
-    /// # Errors
-    /// As [`replay_range`](Self::replay_range).
+    /// As [`replay`](Self::replay).
     fn apply_replay_range(
         &self,
-        action: &Action<'_>,
-        which: &RangeSelection,
-        dry_run: bool,
-        expect_events: Option<i64>,
+        request: &ReplayRequest<'_, RangeSelection>,
     ) -> impl Future<Output = Result<RangePlan, OperatorError>> + Send;
 }
 
-/// A replay's outcome logged, but for a dry run's plan: a dry run changes nothing and is not
-/// an action (its refusals are logged, as every refusal is).
-fn logged_unless_dry<T>(
-    action: &Action<'_>,
-    result: Result<T, OperatorError>,
-    dry_run: bool,
-    events: impl FnOnce(&T) -> i64,
-) -> Result<T, OperatorError> {
-    match result {
-        Ok(plan) if dry_run => Ok(plan),
-        result => action.logged(result, |p| u64::try_from(events(p)).unwrap_or(0)),
+/// A replay request once checked, as a store's hook takes it.
+#[derive(Debug)]
+pub struct ReplayRequest<'r, W> {
+    /// The action: its operation, actor, reason and audit selection.
+    pub action: &'r Action<'r>,
+    /// What it replays.
+    pub which: &'r W,
+    /// Only say what it would take; change nothing, record nothing.
+    pub dry_run: bool,
+    /// The dry run's count: refuse (`Refused`) when it changed meanwhile
+    /// ([`count_changed`](super::count_changed)).
+    pub expect_events: Option<i64>,
+}
+
+impl<W> Clone for ReplayRequest<'_, W> {
+    fn clone(&self) -> Self {
+        *self
     }
 }
+
+impl<W> Copy for ReplayRequest<'_, W> {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What [`ReplayOps::replay`] takes: [`ReplaySelection`] (one aggregate from a version) or
+/// [`RangeSelection`] (a time range). Sealed: each kind has its own store hook.
+pub trait Replayable: Serialize + Sync + Sized + sealed::Sealed {
+    /// What the replay takes, or took.
+    type Plan: Send;
+
+    /// The operation's name, in the audit record and the log.
+    const OPERATION: &'static str;
+
+    /// The selection as the audit record keeps it.
+    fn audit_selection(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// The checks of the selection that need no store.
+    ///
+    /// # Errors
+    /// [`OperatorError`] of kind `InvalidRequest` in `operation`.
+    fn check_selection(&self, operation: &'static str) -> Result<(), OperatorError>;
+
+    /// The rows a plan republishes (or would).
+    fn events(plan: &Self::Plan) -> i64;
+
+    /// Runs this kind's store hook.
+    fn apply<S: ReplayOps + ?Sized>(
+        store: &S,
+        request: &ReplayRequest<'_, Self>,
+    ) -> impl Future<Output = Result<Self::Plan, OperatorError>> + Send;
+}
+
+/// [`Replayable`] for a selection type: its plan, operation name and store hook.
+macro_rules! replayable {
+    ($which:ty, $plan:ty, $operation:literal, $hook:ident) => {
+        impl sealed::Sealed for $which {}
+
+        impl Replayable for $which {
+            type Plan = $plan;
+            const OPERATION: &'static str = $operation;
+
+            fn check_selection(&self, operation: &'static str) -> Result<(), OperatorError> {
+                self.check(operation)
+            }
+
+            fn events(plan: &$plan) -> i64 {
+                plan.events
+            }
+
+            fn apply<S: ReplayOps + ?Sized>(
+                store: &S,
+                request: &ReplayRequest<'_, Self>,
+            ) -> impl Future<Output = Result<$plan, OperatorError>> + Send {
+                store.$hook(request)
+            }
+        }
+    };
+}
+
+replayable!(ReplaySelection, ReplayPlan, "replay", apply_replay);
+replayable!(
+    RangeSelection,
+    RangePlan,
+    "replay range",
+    apply_replay_range
+);

@@ -1,9 +1,8 @@
 //! Inbox conflicts on PostgreSQL (`inbox_conflicts`, resolved under an audit record).
 
-use outbox_core::EventId;
 use outbox_core::operator::{
-    Action, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
-    PayloadView, check_limit, no_such_conflicts,
+    Action, ConflictDetail, ConflictFilter, ConflictOps, ConflictView, ConflictsResolved,
+    OperatorError, PayloadView, check_limit, no_such_conflicts,
 };
 use sqlx::{AssertSqlSafe, Row};
 
@@ -64,8 +63,7 @@ pub(super) fn conflict_view(r: &sqlx::postgres::PgRow) -> Result<ConflictView, s
 impl ConflictOps for PgStore {
     async fn conflicts(
         &self,
-        event_id: Option<EventId>,
-        open_only: bool,
+        filter: ConflictFilter,
         limit: i64,
     ) -> Result<Vec<ConflictView>, OperatorError> {
         check_limit("conflicts", limit)?;
@@ -73,7 +71,7 @@ impl ConflictOps for PgStore {
             self.pool(),
             self.schema(),
             &format!("SELECT {CONFLICT_COLUMNS} {LIST_CONFLICTS}"),
-            |q| q.bind(event_id).bind(limit).bind(open_only),
+            |q| q.bind(filter.event_id).bind(limit).bind(filter.open_only),
             conflict_view,
         )
         .await

@@ -29,7 +29,7 @@
 //! nothing; a replay given `expect_events` (the dry run's count) is refused when the count
 //! changed meanwhile, and any replay is rolled back when fewer rows changed than planned.
 //!
-//! **A time range** ([`RangeSelection`], [`ReplayOps::replay_range`]): the events written in
+//! **A time range** ([`RangeSelection`], [`ReplayOps::replay`]): the events written in
 //! `[created_after, created_before)` that were published, of one aggregate type or destination
 //! when given, across aggregates. Two rules keep it whole and ordered:
 //!
@@ -61,8 +61,8 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::operator::{
-    Action, MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind, RangePlan,
-    RangeSelection, ReplayOps, ReplayPlan, ReplaySelection, count_changed,
+    MAX_RANGE_AGGREGATES, MAX_RANGE_EVENTS, OperatorError, OperatorErrorKind, RangePlan,
+    RangeSelection, ReplayOps, ReplayPlan, ReplayRequest, ReplaySelection, count_changed,
 };
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
@@ -158,18 +158,16 @@ pub(super) fn range_replay() -> String {
 impl ReplayOps for PgStore {
     async fn apply_replay(
         &self,
-        action: &Action<'_>,
-        which: &ReplaySelection,
-        dry_run: bool,
-        expect_events: Option<i64>,
+        request: &ReplayRequest<'_, ReplaySelection>,
     ) -> Result<ReplayPlan, OperatorError> {
         const OP: &str = "replay";
+        let which = request.which;
         // A refusal changes nothing and writes no record (the provided method logs it).
         let refuse = |kind, message: String| OperatorError::new(OP, kind, message);
         self.replay_allowed(OP)?;
         let (t, i) = (&which.aggregate_type, &which.aggregate_id);
         let from = which.from_version.unwrap_or(1);
-        let mut tx = self.begin_action(action).await?;
+        let mut tx = self.begin_action(request.action).await?;
         let q = |sql: &str| {
             sqlx::query(AssertSqlSafe(self.render(sql)))
                 .bind(t.clone())
@@ -202,7 +200,7 @@ impl ReplayOps for PgStore {
                     lowest_version_held: r.try_get(1)?,
                     newest_version_held: r.try_get(2)?,
                     first_published_at: r.try_get(4)?,
-                    dry_run,
+                    dry_run: request.dry_run,
                 },
                 r.try_get(3)?,
             ))
@@ -237,47 +235,29 @@ impl ReplayOps for PgStore {
                 ),
             ));
         }
-        if let Some(message) = count_changed(expect_events, plan.events) {
+        if let Some(message) = count_changed(request.expect_events, plan.events) {
             return Err(refuse(OperatorErrorKind::Refused, message));
         }
-        if dry_run {
-            // Nothing changed and nothing to record.
-            let _ = tx.rollback().await;
-            return Ok(plan);
-        }
-        let changed = q(REPLAY).bind(from).execute(&mut *tx).await;
-        let result = self.replayed(&mut tx, OP, changed, plan.events).await;
-        let n = self.finish_action(tx, action, result).await?;
-        Ok(ReplayPlan {
-            events: i64::try_from(n).unwrap_or(i64::MAX),
-            ..plan
-        })
+        let replay = q(REPLAY).bind(from);
+        let events = self
+            .finish_replay(tx, request, OP, plan.events, replay)
+            .await?;
+        Ok(ReplayPlan { events, ..plan })
     }
 
     async fn apply_replay_range(
         &self,
-        action: &Action<'_>,
-        which: &RangeSelection,
-        dry_run: bool,
-        expect_events: Option<i64>,
+        request: &ReplayRequest<'_, RangeSelection>,
     ) -> Result<RangePlan, OperatorError> {
         // A refusal changes nothing and writes no record (the provided method logs it).
         self.replay_allowed(RANGE_OP)?;
-        let mut tx = self.begin_action(action).await?;
-        let (plan, found) = self
-            .plan_range(&mut tx, which, dry_run, expect_events)
+        let mut tx = self.begin_action(request.action).await?;
+        let (plan, found) = self.plan_range(&mut tx, request).await?;
+        let replay = found.bind(self, &range_replay());
+        let events = self
+            .finish_replay(tx, request, RANGE_OP, plan.events, replay)
             .await?;
-        if dry_run {
-            let _ = tx.rollback().await;
-            return Ok(plan);
-        }
-        let changed = found.bind(self, &range_replay()).execute(&mut *tx).await;
-        let result = self.replayed(&mut tx, RANGE_OP, changed, plan.events).await;
-        let n = self.finish_action(tx, action, result).await?;
-        Ok(RangePlan {
-            events: i64::try_from(n).unwrap_or(i64::MAX),
-            ..plan
-        })
+        Ok(RangePlan { events, ..plan })
     }
 }
 
@@ -314,18 +294,25 @@ impl PgStore {
         }))
     }
 
-    /// A replay's update done: exactly the `planned` rows changed wakes the relays (at commit);
-    /// any other count refuses it (the caller rolls back).
-    pub(super) async fn replayed(
+    /// A replay's end, once planned: a dry run rolls back (nothing changed, nothing to record)
+    /// and returns `planned`. Otherwise `replay` makes the rows pending; exactly the `planned`
+    /// rows changed wakes the relays (at commit) and commits with the audit record, returning
+    /// how many; any other count refuses it and rolls back.
+    pub(super) async fn finish_replay<W>(
         &self,
-        tx: &mut Transaction<'static, Postgres>,
+        mut tx: Transaction<'static, Postgres>,
+        request: &ReplayRequest<'_, W>,
         operation: &'static str,
-        changed: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
         planned: i64,
-    ) -> Result<u64, OperatorError> {
-        match changed {
+        replay: Query<'static, Postgres, PgArguments>,
+    ) -> Result<i64, OperatorError> {
+        if request.dry_run {
+            let _ = tx.rollback().await;
+            return Ok(planned);
+        }
+        let result = match replay.execute(&mut *tx).await {
             Ok(r) if i64::try_from(r.rows_affected()) == Ok(planned) => self
-                .wake_relays(tx)
+                .wake_relays(&mut tx)
                 .await
                 .map(|_| r.rows_affected())
                 .map_err(|e| self.action_error(operation, e)),
@@ -339,7 +326,9 @@ impl PgStore {
                 ),
             }),
             Err(e) => Err(self.action_error(operation, e)),
-        }
+        };
+        let n = self.finish_action(tx, request.action, result).await?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 }
 
@@ -400,10 +389,9 @@ impl PgStore {
     async fn plan_range(
         &self,
         tx: &mut Transaction<'static, Postgres>,
-        which: &RangeSelection,
-        dry_run: bool,
-        expect_events: Option<i64>,
+        request: &ReplayRequest<'_, RangeSelection>,
     ) -> Result<(RangePlan, RangeAggregates), OperatorError> {
+        let which = request.which;
         let horizon = self.range_horizon(tx, which).await?;
         let Some(found) = self
             .range_aggregates(tx, which)
@@ -426,9 +414,9 @@ impl PgStore {
             in_range: found.in_range,
             aggregates,
             horizon,
-            dry_run,
+            dry_run: request.dry_run,
         };
-        if let Some(message) = count_changed(expect_events, plan.events) {
+        if let Some(message) = count_changed(request.expect_events, plan.events) {
             return Err(range_refused(message));
         }
         Ok((plan, found))

@@ -14,8 +14,8 @@
 
 use outbox_core::EventId;
 use outbox_core::operator::{
-    AggregateTrace, ConflictOps, ConsumerProgress, DiscardedEvent, EventTrace, InboxRecord,
-    MAX_LIST, OperatorError, TraceOps, TracedEvent, check_limit,
+    AggregateTrace, ConflictFilter, ConflictOps, ConsumerProgress, DiscardedEvent, EventTrace,
+    InboxRecord, MAX_LIST, OperatorError, TraceOps, TracedEvent, check_limit,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -165,7 +165,9 @@ impl TraceOps for PgStore {
             inbox: rows(pool, schema, &inbox_of_event(), bind, inbox_record)
                 .await
                 .map_err(err)?,
-            conflicts: self.conflicts(Some(event_id), false, MAX_LIST).await?,
+            conflicts: self
+                .conflicts(ConflictFilter::of(event_id), MAX_LIST)
+                .await?,
             consumer_dead_letters: rows(
                 pool,
                 schema,

@@ -2,7 +2,7 @@
 
 use outbox_core::consumer::{InboxOutcome, InboxStore, OrderingGuard};
 use outbox_core::operator::prelude::*;
-use outbox_core::operator::{ConflictView, OperatorErrorKind};
+use outbox_core::operator::{ConflictFilter, ConflictView, OperatorErrorKind};
 use outbox_core::{EventId, IncomingEvent};
 use serde_json::json;
 use uuid::Uuid;
@@ -66,16 +66,19 @@ async fn they_are_listed_newest_first<S: OperatorStore>(
     e1: &IncomingEvent,
     e2: &IncomingEvent,
 ) -> (ConflictView, ConflictView) {
-    let open = s.conflicts(None, true, 100).await.unwrap();
+    let open = s.conflicts(ConflictFilter::OPEN, 100).await.unwrap();
     assert_eq!(open.len(), 2);
     assert!(open[0].id > open[1].id, "newest first");
     let (ca, cb) = (open[1].clone(), open[0].clone());
     assert_eq!((ca.event_id, cb.event_id), (id1, id2));
     assert_eq!(
-        s.conflicts(Some(id1), false, 100).await.unwrap(),
+        s.conflicts(ConflictFilter::of(id1), 100).await.unwrap(),
         vec![ca.clone()]
     );
-    assert_eq!(s.conflicts(None, true, 1).await.unwrap(), vec![cb.clone()]);
+    assert_eq!(
+        s.conflicts(ConflictFilter::OPEN, 1).await.unwrap(),
+        vec![cb.clone()]
+    );
     assert_eq!(
         (
             ca.consumer_name.as_str(),
@@ -160,10 +163,10 @@ async fn they_are_resolved_by_ids<S: OperatorStore>(
         )
     );
     assert_eq!(
-        s.conflicts(None, true, 100).await.unwrap(),
+        s.conflicts(ConflictFilter::OPEN, 100).await.unwrap(),
         vec![cb.clone()]
     );
-    let resolved = s.conflicts(Some(id1), false, 100).await.unwrap();
+    let resolved = s.conflicts(ConflictFilter::of(id1), 100).await.unwrap();
     assert_eq!(resolved.len(), 1, "still listed among all");
     assert!(resolved[0].resolved_at.is_some());
     assert_eq!(resolved[0].resolved_by.as_deref(), Some("alice"));
@@ -198,7 +201,7 @@ async fn the_conflicting_payload_again_reopens_one<S: OperatorStore + InboxStore
         record(s, "c1", OrderingGuard::Off, e2).await,
         InboxOutcome::Conflict { .. }
     ));
-    let reopened = s.conflicts(Some(id1), true, 100).await.unwrap();
+    let reopened = s.conflicts(open_of(id1), 100).await.unwrap();
     assert_eq!(
         reopened.len(),
         1,
@@ -213,5 +216,13 @@ async fn the_conflicting_payload_again_reopens_one<S: OperatorStore + InboxStore
             .find(|c| c.name == name)
             .expect("known by its conflict");
         assert_eq!(v.conflicts, 1, "{name}");
+    }
+}
+
+/// The open conflicts of `event_id`.
+fn open_of(event_id: Uuid) -> ConflictFilter {
+    ConflictFilter {
+        open_only: true,
+        ..ConflictFilter::of(event_id)
     }
 }

@@ -2,8 +2,8 @@
 
 use outbox_core::operator::prelude::*;
 use outbox_core::operator::{
-    ACTIVITY_MINUTES, ActivityKind, Actor, ConsumerSelection, Counting, DeadLetterFilter, MAX_LIST,
-    OperatorErrorKind,
+    ACTIVITY_MINUTES, ActivityKind, Actor, ConflictFilter, ConsumerSelection, Counting,
+    DeadLetterFilter, MAX_LIST, OperatorErrorKind,
 };
 
 use super::steps::*;
@@ -24,7 +24,10 @@ pub async fn every_list_refuses_a_limit_out_of_range<F: StoreFixture>() {
             kind(s.consumer_dead_letters(&consumers, limit).await),
             invalid
         );
-        assert_eq!(kind(s.conflicts(None, false, limit).await), invalid);
+        assert_eq!(
+            kind(s.conflicts(ConflictFilter::default(), limit).await),
+            invalid
+        );
         assert_eq!(kind(s.work_items(None, limit).await), invalid);
         assert_eq!(kind(s.audit(None, limit).await), invalid);
         assert_eq!(
@@ -40,7 +43,12 @@ pub async fn every_list_refuses_a_limit_out_of_range<F: StoreFixture>() {
                 .unwrap()
                 .is_empty()
         );
-        assert!(s.conflicts(None, false, limit).await.unwrap().is_empty());
+        assert!(
+            s.conflicts(ConflictFilter::default(), limit)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert!(s.work_items(None, limit).await.unwrap().is_empty());
         assert!(s.audit(None, limit).await.unwrap().is_empty());
         assert!(

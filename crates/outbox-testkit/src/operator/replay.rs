@@ -72,7 +72,7 @@ async fn delete_mode_refuses_every_replay<S: OperatorStore + OutboxStore>(
             OperatorErrorKind::Refused
         );
         assert_eq!(
-            kind(s.replay_range(range, dry_run, None, &me, "rebuild").await),
+            kind(s.replay(range, dry_run, None, &me, "rebuild").await),
             OperatorErrorKind::Refused
         );
     }
@@ -146,10 +146,7 @@ async fn wrong_replays_are_refused<S: OperatorStore>(
         assert_eq!(kind(refused), want, "{why}");
     }
     assert_eq!(
-        kind(
-            s.replay_range(empty_range, true, None, &me, "rebuild")
-                .await
-        ),
+        kind(s.replay(empty_range, true, None, &me, "rebuild").await),
         OperatorErrorKind::InvalidRequest
     );
     assert!(audit(s).await.is_empty(), "refusals record nothing");

@@ -1,10 +1,9 @@
 //! Inbox conflicts of the [`MemoryStore`]: listed, read, resolved.
 
 use chrono::Utc;
-use outbox_core::EventId;
 use outbox_core::operator::{
-    Action, ConflictDetail, ConflictOps, ConflictView, ConflictsResolved, OperatorError,
-    PayloadView, no_such_conflicts, page_size,
+    Action, ConflictDetail, ConflictFilter, ConflictOps, ConflictView, ConflictsResolved,
+    OperatorError, PayloadView, no_such_conflicts, page_size,
 };
 
 use super::OpsState;
@@ -33,16 +32,14 @@ pub(super) fn conflict_view(c: &ConflictRow, ops: &OpsState) -> ConflictView {
 impl ConflictOps for MemoryStore {
     async fn conflicts(
         &self,
-        event_id: Option<EventId>,
-        open_only: bool,
+        filter: ConflictFilter,
         limit: i64,
     ) -> Result<Vec<ConflictView>, OperatorError> {
         let take = page_size("conflicts", limit)?;
         let mut rows: Vec<ConflictRow> = lock(&self.inner.consumer)
             .conflicts
             .iter()
-            .filter(|c| event_id.is_none_or(|e| e == c.event_id))
-            .filter(|c| !open_only || c.resolved_at.is_none())
+            .filter(|c| filter.matches(c.event_id, c.resolved_at.is_some()))
             .cloned()
             .collect();
         rows.sort_by_key(|c| std::cmp::Reverse(c.id));

@@ -1,7 +1,8 @@
 //! Replays of the [`MemoryStore`]: always refused (it keeps no published rows).
 
 use outbox_core::operator::{
-    Action, OperatorError, RangePlan, RangeSelection, ReplayOps, ReplayPlan, ReplaySelection,
+    Action, OperatorError, RangePlan, RangeSelection, ReplayOps, ReplayPlan, ReplayRequest,
+    ReplaySelection,
 };
 
 use super::NO_PUBLISHED_ROWS;
@@ -11,28 +12,24 @@ impl ReplayOps for MemoryStore {
     /// Always refused (`Refused`): the fake keeps no published rows (see the module docs).
     async fn apply_replay(
         &self,
-        action: &Action<'_>,
-        _which: &ReplaySelection,
-        _dry_run: bool,
-        _expect_events: Option<i64>,
+        request: &ReplayRequest<'_, ReplaySelection>,
     ) -> Result<ReplayPlan, OperatorError> {
-        Err(OperatorError::refused(
-            action.operation(),
-            NO_PUBLISHED_ROWS,
-        ))
+        refused(request.action)
     }
 
     /// Always refused (`Refused`): the fake keeps no published rows (see the module docs).
     async fn apply_replay_range(
         &self,
-        action: &Action<'_>,
-        _which: &RangeSelection,
-        _dry_run: bool,
-        _expect_events: Option<i64>,
+        request: &ReplayRequest<'_, RangeSelection>,
     ) -> Result<RangePlan, OperatorError> {
-        Err(OperatorError::refused(
-            action.operation(),
-            NO_PUBLISHED_ROWS,
-        ))
+        refused(request.action)
     }
+}
+
+/// Every replay's answer here: the fake keeps no published rows.
+fn refused<T>(action: &Action<'_>) -> Result<T, OperatorError> {
+    Err(OperatorError::refused(
+        action.operation(),
+        NO_PUBLISHED_ROWS,
+    ))
 }
