@@ -371,9 +371,9 @@ impl CpuSnap {
     pub fn cells(&self, transport: &str, events: f64, secs: f64) -> [String; 5] {
         let k = 1e6 / events;
         [
-            format!("{:.0}", self.pg * k),
-            format!("{:.0}", self.broker(transport) * k),
-            format!("{:.0}", self.me * k),
+            format!("{:.1}", self.pg * k),
+            format!("{:.1}", self.broker(transport) * k),
+            format!("{:.1}", self.me * k),
             format!("{:.2}", self.other() / secs),
             format!("{:.0}%", self.busy / self.total * 100.0),
         ]

@@ -23,7 +23,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::brokers::AnyBench;
-use crate::common::{BenchSchema, Env, TransportChoice, connect_pool, loadavg, print_table};
+use crate::common::{
+    BenchSchema, CpuSnap, Env, TransportChoice, connect_pool, cpu_snapshot, loadavg,
+    print_phases_cpu, print_table,
+};
 use crate::timing::TimedTransport;
 use crate::w2;
 
@@ -42,6 +45,9 @@ struct Round {
     /// The CDC relay when the producers delete their rows in their own transactions.
     cdc_producers_delete: f64,
     cdc_lag_mb: f64,
+    /// CPU of each phase (raw client at its best window, polling, the two CDC drains) and its
+    /// seconds: from the relay's start until every row is gone from the table.
+    cpu: Vec<(&'static str, CpuSnap, f64)>,
 }
 
 pub async fn run(env: &Env, args: Args) -> Result<()> {
@@ -137,7 +143,10 @@ async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
     for round in 1..=args.rounds {
         // The ceiling: the raw client at the relay's window and at the ceiling window.
         let mut ceiling = 0.0_f64;
+        let mut cpu = Vec::new();
+        let mut raw_cpu = None;
         for window in windows.into_iter().filter(|w| *w > 0) {
+            let cpu0 = cpu_snapshot();
             let elapsed = broker
                 .baseline(&w2::synthetic(args), window, args.baseline_tasks)
                 .await?;
@@ -145,13 +154,21 @@ async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
                 format!("round {round}: the raw client left {held} of {n} in the broker")
             })
             .await?;
+            let used = cpu_snapshot().since(&cpu0);
             let rate = n as f64 / elapsed.as_secs_f64();
             eprintln!("  round {round} raw client, window {window}: {rate:>8.0} ev/s");
+            if rate > ceiling {
+                raw_cpu = Some((used, elapsed.as_secs_f64()));
+            }
             ceiling = ceiling.max(rate);
+        }
+        if let Some((used, secs)) = raw_cpu {
+            cpu.push(("raw client (ceiling)", used, secs));
         }
 
         // Polling.
         w2::enqueue_backlog(pool, bench, args).await?;
+        let cpu0 = cpu_snapshot();
         let (elapsed, _) = w2::drain(
             pool,
             bench,
@@ -162,6 +179,11 @@ async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
             timeout,
         )
         .await?;
+        cpu.push((
+            "polling relay",
+            cpu_snapshot().since(&cpu0),
+            elapsed.as_secs_f64(),
+        ));
         take_all(broker, n, |held| {
             format!("polling round {round}: the broker holds {held} of {n}")
         })
@@ -177,9 +199,16 @@ async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
         let mut cdc = [0.0_f64; 2];
         let mut lag = 0;
         for (i, producers_delete) in [false, true].into_iter().enumerate() {
-            let (rate, bytes) = cdc_drain(run, producers_delete).await.with_context(|| {
-                format!("CDC round {round}, producers delete: {producers_delete}")
-            })?;
+            let (rate, bytes, used) =
+                cdc_drain(run, producers_delete).await.with_context(|| {
+                    format!("CDC round {round}, producers delete: {producers_delete}")
+                })?;
+            let phase = if producers_delete {
+                "CDC relay, rows deleted by the producers"
+            } else {
+                "CDC relay"
+            };
+            cpu.push((phase, used, n as f64 / rate));
             cdc[i] = rate;
             lag = bytes;
             eprintln!(
@@ -199,6 +228,7 @@ async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
             cdc: cdc[0],
             cdc_producers_delete: cdc[1],
             cdc_lag_mb: lag as f64 / 1e6,
+            cpu,
         });
     }
     Ok(out)
@@ -207,8 +237,9 @@ async fn rounds(run: &Run<'_>) -> Result<Vec<Round>> {
 /// One CDC drain of a fresh backlog: the slot, the backlog (through an outbox that deletes
 /// its rows in the producer's transaction when `producers_delete`), the relay until the broker
 /// holds every event; then, untimed, the rows deleted and the slot dropped. Returns events per
-/// second and the log the slot had to read, in bytes.
-async fn cdc_drain(run: &Run<'_>, producers_delete: bool) -> Result<(f64, i64)> {
+/// second, the log the slot had to read, in bytes, and the CPU spent from the relay's start
+/// until the table was empty (its deletes included).
+async fn cdc_drain(run: &Run<'_>, producers_delete: bool) -> Result<(f64, i64, CpuSnap)> {
     let (pool, bench, args, workers, broker) =
         (run.pool, run.bench, run.args, run.workers, run.broker);
     let n = args.messages;
@@ -236,6 +267,7 @@ async fn cdc_drain(run: &Run<'_>, producers_delete: bool) -> Result<(f64, i64)> 
         w2::relay_config(args, workers),
     )?);
     let stop = CancellationToken::new();
+    let cpu0 = cpu_snapshot();
     let started = Instant::now();
     let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
     let mut held = 0;
@@ -261,6 +293,7 @@ async fn cdc_drain(run: &Run<'_>, producers_delete: bool) -> Result<(f64, i64)> 
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let used = cpu_snapshot().since(&cpu0);
     stop.cancel();
     task.await?;
     feed.shutdown().await?;
@@ -276,7 +309,7 @@ async fn cdc_drain(run: &Run<'_>, producers_delete: bool) -> Result<(f64, i64)> 
     if held != n as u64 {
         bail!("the broker holds {held} of {n}");
     }
-    Ok((n as f64 / elapsed.as_secs_f64(), lag))
+    Ok((n as f64 / elapsed.as_secs_f64(), lag, used))
 }
 
 fn report(args: &w2::Args, broker: &str, rounds: &[Round]) {
@@ -331,5 +364,18 @@ fn report(args: &w2::Args, broker: &str, rounds: &[Round]) {
             "log to read (MB)",
         ],
         &rows,
+    );
+    println!(
+        "#### W5: CPU per 1,000 events during each phase (ms; from /proc; a relay's phase runs \
+         from its start until the table is empty)\n"
+    );
+    print_phases_cpu(
+        "bench process (relay / raw client)",
+        rounds.iter().flat_map(|r| {
+            r.cpu.iter().map(move |(phase, cpu, secs)| {
+                let cells = cpu.cells(broker, args.messages as f64, *secs);
+                (broker, r.round, (*phase).to_owned(), cells)
+            })
+        }),
     );
 }
