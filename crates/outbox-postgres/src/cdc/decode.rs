@@ -265,11 +265,15 @@ pub(super) fn decode_row(
             .map(|m| m.0),
         attempts: 0,
     };
-    let message = match r.problem {
-        Some(problem) => Err(problem),
-        None => message_of(&stored),
-    };
-    Ok(message.map_err(|reason| CdcUnpublishable {
+    Ok(match r.problem {
+        Some(problem) => Err(unpublishable(stored, problem)),
+        None => message_of(stored).map_err(|unpublishable| *unpublishable),
+    })
+}
+
+/// A row that cannot be published as stored, kept whole with `reason`.
+fn unpublishable(stored: StoredRow, reason: String) -> CdcUnpublishable {
+    CdcUnpublishable {
         row: UndecodableRow {
             id: stored.id,
             event_id: stored.event_id,
@@ -279,12 +283,29 @@ pub(super) fn decode_row(
             reason,
         },
         stored,
-    }))
+    }
 }
 
-/// The message of a row whose every column was read, or why it cannot be published as stored.
-fn message_of(s: &StoredRow) -> Result<OutboxMessage, String> {
+/// What a row whose every column was read needs beside its values to become a message.
+struct Checked {
+    headers: std::collections::BTreeMap<String, String>,
+    created_at: DateTime<Utc>,
+}
+
+/// The checks of a row's values that need no message: every NOT NULL column present, the
+/// headers a JSON object of strings, `created_at` a date.
+fn check(s: &StoredRow) -> Result<Checked, String> {
     let missing = |name: &str| format!("column `{name}` is NULL");
+    let nulls = [
+        ("event_id", s.event_id.is_none()),
+        ("event_type", s.event_type.is_none()),
+        ("schema_version", s.schema_version.is_none()),
+        ("content_type", s.content_type.is_none()),
+        ("payload", s.payload.is_none()),
+    ];
+    if let Some((name, _)) = nulls.iter().find(|(_, null)| *null) {
+        return Err(missing(name));
+    }
     let headers = s.headers.as_deref().ok_or_else(|| missing("headers"))?;
     let headers: serde_json::Value = serde_json::from_str(headers)
         .map_err(|e| format!("column `headers` cannot be read: {e}"))?;
@@ -293,36 +314,82 @@ fn message_of(s: &StoredRow) -> Result<OutboxMessage, String> {
     let created_at = pg_time_checked(micros).ok_or_else(|| {
         "column `created_at` is out of the range of a date (infinity?)".to_owned()
     })?;
-    let payload = s.payload.clone().ok_or_else(|| missing("payload"))?;
+    Ok(Checked {
+        headers,
+        created_at,
+    })
+}
+
+/// The message of a row whose every column was read, its values moved into it (the payload is
+/// not copied), or the row back, as it was, with why it cannot be published as stored (boxed:
+/// the rare path).
+fn message_of(s: StoredRow) -> Result<OutboxMessage, Box<CdcUnpublishable>> {
+    let checked = match check(&s) {
+        Ok(checked) => checked,
+        Err(reason) => return Err(Box::new(unpublishable(s, reason))),
+    };
+    // `check` found every value below present: the defaults are never taken.
+    let StoredRow {
+        id,
+        event_id,
+        aggregate_type,
+        aggregate_id,
+        aggregate_version,
+        event_type,
+        schema_version,
+        content_type,
+        payload,
+        headers: headers_text,
+        destination,
+        partition_key,
+        created_at: micros,
+        attempts,
+    } = s;
+    let payload = payload.unwrap_or_default();
     let message = OutboxMessage {
-        id: s.id,
-        event_id: s.event_id.ok_or_else(|| missing("event_id"))?,
-        aggregate_type: s.aggregate_type.clone(),
-        aggregate_id: s.aggregate_id.clone(),
-        aggregate_version: s.aggregate_version,
-        event_type: s.event_type.clone().ok_or_else(|| missing("event_type"))?,
-        schema_version: s.schema_version.ok_or_else(|| missing("schema_version"))?,
+        id,
+        event_id: event_id.unwrap_or_default(),
+        aggregate_type,
+        aggregate_id,
+        aggregate_version,
+        event_type: event_type.unwrap_or_default(),
+        schema_version: schema_version.unwrap_or_default(),
         // `payload_sha256` is a generated column, which PostgreSQL before 18 leaves out of the
         // log: the same SHA-256, computed here.
         fingerprint: Fingerprint::of(&payload),
         payload: Payload {
-            content_type: ContentType(
-                s.content_type
-                    .clone()
-                    .ok_or_else(|| missing("content_type"))?,
-            ),
+            content_type: ContentType(content_type.unwrap_or_default()),
             bytes: Bytes::from(payload),
         },
-        headers,
-        destination: s.destination.clone(),
-        partition_key: s.partition_key.clone(),
-        created_at,
-        attempts: s.attempts,
+        headers: checked.headers,
+        destination,
+        partition_key,
+        created_at: checked.created_at,
+        attempts,
     };
-    message
-        .check_publishable_reserving(&[crate::RESERVED_HEADERS])
-        .map_err(|e| e.to_string())?;
-    Ok(message)
+    match message.check_publishable_reserving(&[crate::RESERVED_HEADERS]) {
+        Ok(()) => Ok(message),
+        Err(e) => {
+            // Back to the row as stored: the values moved out, the headers' own text.
+            let stored = StoredRow {
+                headers: headers_text,
+                created_at: micros,
+                payload: Some(Vec::from(message.payload.bytes)),
+                content_type: Some(message.payload.content_type.0),
+                id: message.id,
+                event_id: Some(message.event_id),
+                aggregate_type: message.aggregate_type,
+                aggregate_id: message.aggregate_id,
+                aggregate_version: message.aggregate_version,
+                event_type: Some(message.event_type),
+                schema_version: Some(message.schema_version),
+                destination: message.destination,
+                partition_key: message.partition_key,
+                attempts: message.attempts,
+            };
+            Err(Box::new(unpublishable(stored, e.to_string())))
+        }
+    }
 }
 
 /// [`StoredRow::created_at`] as SQL text for `::timestamptz`: `infinity` as such; a date

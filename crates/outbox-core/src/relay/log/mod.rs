@@ -203,6 +203,14 @@ impl<R> LogBatch<R> {
     }
 }
 
+/// The scheduler's own maps and sets. Hashed with foldhash (a random seed per map) rather than
+/// the standard SipHash: the stream path looks each event's aggregate up three or four times,
+/// and SipHash on those keys was about 8 % of the path's samples (W5, issue 36). Their keys
+/// are aggregates and ids the relay's own outbox table holds.
+pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// See [`Map`].
+pub(crate) type Set<K> = HashSet<K, foldhash::fast::RandomState>;
+
 /// The in-memory state of a log feed's session; see the [module docs](self).
 #[derive(Debug)]
 pub struct LogScheduler<R> {
@@ -215,21 +223,21 @@ pub struct LogScheduler<R> {
     /// Transactions in commit order, settled ones popped from the front.
     open: VecDeque<Open>,
     /// Events not handed out, per aggregate in version order.
-    waiting: HashMap<Aggregate, VecDeque<Waiting<R>>>,
+    waiting: Map<Aggregate, VecDeque<Waiting<R>>>,
     /// Aggregates in the order their first waiting event arrived (may hold stale entries).
     order: VecDeque<Aggregate>,
     /// Aggregates of a batch not settled yet.
-    busy: HashSet<Aggregate>,
+    busy: Set<Aggregate>,
     /// Aggregates left to the table: their events are not published from the log.
-    parked: HashSet<Aggregate>,
+    parked: Set<Aggregate>,
     /// Events left to the table, recorded there before they count as settled.
     restore: Vec<Leave<R>>,
     /// Published rows whose transaction was not visible yet when their settle ran.
     late: Vec<Late>,
     /// Aggregates checked against the table in this session.
-    verified: HashSet<Aggregate>,
+    verified: Set<Aggregate>,
     /// Aggregates found behind the table, since then.
-    behind: HashMap<Aggregate, Instant>,
+    behind: Map<Aggregate, Instant>,
     /// The highest idle position seen, confirmed once nothing before it is open.
     idle: Option<u64>,
     /// The paused routes' keys.
@@ -244,14 +252,14 @@ impl<R> Default for LogScheduler<R> {
             caught_up: IdSet::default(),
             caught_up_until: None,
             open: VecDeque::new(),
-            waiting: HashMap::new(),
+            waiting: Map::default(),
             order: VecDeque::new(),
-            busy: HashSet::new(),
-            parked: HashSet::new(),
+            busy: Set::default(),
+            parked: Set::default(),
             restore: Vec::new(),
             late: Vec::new(),
-            verified: HashSet::new(),
-            behind: HashMap::new(),
+            verified: Set::default(),
+            behind: Map::default(),
             idle: None,
             paused_routes: HashSet::new(),
         }
@@ -397,11 +405,13 @@ impl<R: LogRow> LogScheduler<R> {
                 self.restore.push(Leave { event, dead: None });
                 continue;
             }
-            let queue = self.waiting.entry(aggregate.clone()).or_default();
-            if queue.is_empty() {
-                self.order.push_back(aggregate);
+            match self.waiting.get_mut(&aggregate) {
+                Some(queue) if !queue.is_empty() => queue.push_back(event),
+                _ => {
+                    self.order.push_back(aggregate.clone());
+                    self.waiting.entry(aggregate).or_default().push_back(event);
+                }
             }
-            queue.push_back(event);
         }
         match self.open.back_mut().filter(|_| continued.is_some()) {
             Some(open) => {
@@ -429,6 +439,13 @@ impl<R: LogRow> LogScheduler<R> {
         let mut paused = Vec::new();
         let mut keep = VecDeque::with_capacity(self.order.len());
         while let Some(aggregate) = self.order.pop_front() {
+            if out.len() >= max_rows {
+                // Full: the rest keep their places unlooked at (thousands of aggregates may
+                // wait behind a batch; looking each up per batch cost more than the batch).
+                keep.push_back(aggregate);
+                keep.extend(self.order.drain(..));
+                break;
+            }
             let Some(queue) = self.waiting.get_mut(&aggregate) else {
                 continue;
             };
@@ -437,7 +454,7 @@ impl<R: LogRow> LogScheduler<R> {
                 continue;
             }
             let due = queue.front().and_then(|w| w.due).is_none_or(|d| d <= now);
-            if out.len() >= max_rows || self.busy.contains(&aggregate) || !due {
+            if self.busy.contains(&aggregate) || !due {
                 keep.push_back(aggregate);
                 continue;
             }
@@ -546,7 +563,7 @@ impl<R: LogRow> LogScheduler<R> {
     /// The parked aggregates none of whose events waits to be recorded in the table: those a
     /// feed may look up to see whether they are still blocked.
     pub fn parked_settled(&self) -> Vec<&Aggregate> {
-        let recording: HashSet<Aggregate> = self
+        let recording: Set<Aggregate> = self
             .restore
             .iter()
             .map(|l| l.event.row.aggregate())

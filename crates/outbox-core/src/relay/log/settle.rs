@@ -6,7 +6,7 @@ use std::time::Instant;
 use tracing::info;
 
 use super::{Aggregate, BEHIND_PATIENCE, BEHIND_RECHECK, Late, Leave, LogBatch, LogRow};
-use super::{LogScheduler, Waiting};
+use super::{LogScheduler, Map, Set, Waiting};
 use crate::relay::{SettleReport, Settlement};
 
 /// What [`LogScheduler::hold_behind`] decided for a batch's events.
@@ -25,10 +25,16 @@ impl<R: LogRow> LogScheduler<R> {
     /// with their versions: the feed asks the table which of them have an older version
     /// pending or dead there, then calls [`LogScheduler::hold_behind`].
     pub fn unverified_heads(&self, taken: &[Waiting<R>]) -> Vec<(Aggregate, i64)> {
+        // Each aggregate looked at once, by its borrowed key (a batch holds up to a thousand
+        // rows of a few hundred aggregates: no owned key per row, no scan of the heads).
+        let mut seen: Set<(&str, &str)> = Set::default();
         let mut heads: Vec<(Aggregate, i64)> = Vec::new();
         for w in taken {
+            if !seen.insert(w.row.key()) {
+                continue;
+            }
             let aggregate = w.row.aggregate();
-            if !self.verified.contains(&aggregate) && !heads.iter().any(|(a, _)| *a == aggregate) {
+            if !self.verified.contains(&aggregate) {
                 heads.push((aggregate, w.row.version()));
             }
         }
@@ -122,13 +128,13 @@ impl<R: LogRow> LogScheduler<R> {
             report.released = batch.rows.len();
             return report;
         }
-        let by_id: HashMap<i64, &R> = batch.events.iter().map(|r| (r.id(), r)).collect();
-        let of: HashMap<i64, (u64, u64)> = batch
+        let by_id: Map<i64, &R> = batch.events.iter().map(|r| (r.id(), r)).collect();
+        let of: Map<i64, (u64, u64)> = batch
             .rows
             .iter()
             .map(|&(id, tx, source_tx)| (id, (tx, source_tx)))
             .collect();
-        let mut settled_per_tx: HashMap<u64, usize> = HashMap::new();
+        let mut settled_per_tx: Map<u64, usize> = Map::default();
         for id in &settlement.published {
             if let Some(&(tx, source_tx)) = of.get(id) {
                 if late.contains(id) {
@@ -153,9 +159,9 @@ impl<R: LogRow> LogScheduler<R> {
             })
         };
         // Per aggregate, what goes back to the head of its queue, in version order.
-        let mut back: HashMap<Aggregate, Vec<Waiting<R>>> = HashMap::new();
+        let mut back: Map<Aggregate, Vec<Waiting<R>>> = Map::default();
         // Aggregates with a dead letter in this batch.
-        let mut dead: HashSet<Aggregate> = HashSet::new();
+        let mut dead: Set<Aggregate> = Set::default();
         for failed in &settlement.failed {
             let Some(&row) = by_id.get(&failed.id) else {
                 continue;
@@ -207,8 +213,9 @@ impl<R: LogRow> LogScheduler<R> {
             events.sort_by_key(|w| w.row.version());
             self.put_back(&aggregate, events);
         }
-        for row in &batch.events {
-            self.busy.remove(&row.aggregate());
+        let keys: Set<(&str, &str)> = batch.events.iter().map(LogRow::key).collect();
+        for (t, i) in keys {
+            self.busy.remove(&(t.to_owned(), i.to_owned()));
         }
         report
     }
