@@ -1,4 +1,4 @@
-//! A time-range replay (`replay_range`) against the real PostgreSQL: what it takes (each
+//! A time-range replay (`ReplayOps::replay` of a `RangeSelection`) against the real PostgreSQL: what it takes (each
 //! aggregate extended to its newest version), the dry run, the replay horizon that retention
 //! raises, and its refusals.
 

@@ -132,7 +132,8 @@ pub fn no_such_conflicts(operation: &'static str, ids: &[i64]) -> OperatorError 
 ///
 /// The action ([`resolve_conflicts`](Self::resolve_conflicts)) is provided: it names its
 /// [`Action`], checks the request ([`check_conflicts_request`]), runs the store's `apply_*`
-/// hook and logs the outcome, so every store audits, refuses and logs alike. A store implements the reads and the hooks.
+/// hook and logs the outcome, so every store audits, refuses and logs alike. A store
+/// implements the reads and the hooks.
 pub trait ConflictOps: Sync {
     /// Inbox conflicts that `filter` selects, newest first, at most `limit` (1 to
     /// [`MAX_LIST`](super::MAX_LIST)).
