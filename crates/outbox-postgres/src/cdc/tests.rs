@@ -216,6 +216,53 @@ mod fuzz {
         ]
     }
 
+    /// A row that decodes but cannot be published (a reserved header) is given back exactly as
+    /// stored: its values were moved into a message first, then back into the row.
+    #[test]
+    fn a_row_refused_after_decoding_is_given_back_as_stored() {
+        let id: i64 = 41;
+        let event_id = uuid::Uuid::now_v7();
+        let micros: i64 = 812_345_678_901_234;
+        let headers = r#"{"ce-id":  "x", "a": "b"}"#;
+        let values = [
+            id.to_be_bytes().to_vec(),
+            event_id.as_bytes().to_vec(),
+            text("payment"),
+            text("pay-1"),
+            7i64.to_be_bytes().to_vec(),
+            text("PaymentCreated"),
+            3i32.to_be_bytes().to_vec(),
+            text("application/json"),
+            br#"{"amount":1}"#.to_vec(),
+            jsonb(headers),
+            text("payments.created"),
+            text("key-9"),
+            micros.to_be_bytes().to_vec(),
+        ];
+        let tuple: Vec<ColumnData> = values.iter().cloned().map(ColumnData::binary).collect();
+        let Ok(Err(u)) = decode_row(&COLUMNS, &tuple) else {
+            panic!("a reserved header must be refused after decoding");
+        };
+        assert!(u.row.reason.contains("ce-id"), "{}", u.row.reason);
+        let expected = super::super::decode::StoredRow {
+            id,
+            event_id: Some(event_id),
+            aggregate_type: "payment".into(),
+            aggregate_id: "pay-1".into(),
+            aggregate_version: 7,
+            event_type: Some("PaymentCreated".into()),
+            schema_version: Some(3),
+            content_type: Some("application/json".into()),
+            payload: Some(br#"{"amount":1}"#.to_vec()),
+            headers: Some(headers.into()),
+            destination: Some("payments.created".into()),
+            partition_key: Some("key-9".into()),
+            created_at: Some(micros),
+            attempts: 0,
+        };
+        assert_eq!(u.stored, expected);
+    }
+
     #[test]
     fn any_tuple_of_the_log() {
         let strategy = (

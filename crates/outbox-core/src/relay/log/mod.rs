@@ -205,8 +205,9 @@ impl<R> LogBatch<R> {
 
 /// The scheduler's own maps and sets. Hashed with foldhash (a random seed per map) rather than
 /// the standard SipHash: the stream path looks each event's aggregate up three or four times,
-/// and SipHash on those keys was about 8 % of the path's samples (W5, issue 36). Their keys
-/// are aggregates and ids the relay's own outbox table holds.
+/// and SipHash on those keys was about 8 % of the path's samples (W5, issue 36). The trade:
+/// aggregate ids may come from end users, and foldhash calls itself only minimally resistant
+/// to keys chosen to collide; the seed is random per map and per process.
 pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// See [`Map`].
 pub(crate) type Set<K> = HashSet<K, foldhash::fast::RandomState>;
@@ -442,6 +443,8 @@ impl<R: LogRow> LogScheduler<R> {
             if out.len() >= max_rows {
                 // Full: the rest keep their places unlooked at (thousands of aggregates may
                 // wait behind a batch; looking each up per batch cost more than the batch).
+                // A stale entry among them (an aggregate parked or drained since) stays until
+                // a take reaches it, as before; it moves no event.
                 keep.push_back(aggregate);
                 keep.extend(self.order.drain(..));
                 break;

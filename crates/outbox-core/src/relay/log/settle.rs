@@ -214,9 +214,8 @@ impl<R: LogRow> LogScheduler<R> {
             self.put_back(&aggregate, events);
         }
         let keys: Set<(&str, &str)> = batch.events.iter().map(LogRow::key).collect();
-        for (t, i) in keys {
-            self.busy.remove(&(t.to_owned(), i.to_owned()));
-        }
+        self.busy
+            .retain(|(t, i)| !keys.contains(&(t.as_str(), i.as_str())));
         report
     }
 }
